@@ -1,0 +1,1 @@
+pub use floodgate_proto as proto;

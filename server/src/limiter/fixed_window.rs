@@ -1,0 +1,170 @@
+//! Fixed window: at most L per window of length W, windows aligned to the Unix
+//! epoch (so every replica agrees where a window starts).
+
+use super::{Decision, Limiter, Status, nanos};
+use crate::time::Timestamp;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub limit: u64,
+    /// Window length in nanoseconds; never zero.
+    pub window: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FixedWindow {
+    start: Timestamp,
+    count: u64,
+}
+
+impl Config {
+    pub fn new(limit: u64, window: u64) -> Self {
+        Config {
+            limit,
+            window: window.max(1),
+        }
+    }
+
+    fn window_start(&self, now: Timestamp) -> Timestamp {
+        let n = now.as_nanos();
+        Timestamp::from_nanos(n - n % self.window)
+    }
+}
+
+impl FixedWindow {
+    /// The window in force at `now` and its count. A stored window later than
+    /// `now` (a replica whose clock runs ahead) is kept: it never under-counts.
+    fn current(&self, cfg: &Config, now: Timestamp) -> (Timestamp, u64) {
+        let start = cfg.window_start(now);
+        if self.start >= start {
+            (self.start, self.count)
+        } else {
+            (start, 0)
+        }
+    }
+}
+
+impl Limiter for FixedWindow {
+    type Config = Config;
+
+    fn new(cfg: &Config, now: Timestamp) -> Self {
+        FixedWindow {
+            start: cfg.window_start(now),
+            count: 0,
+        }
+    }
+
+    fn check(&self, cfg: &Config, now: Timestamp, cost: u64) -> Decision {
+        let (start, used) = self.current(cfg, now);
+        let to_end = start.add_nanos(cfg.window).saturating_since(now);
+        let admitted = used.saturating_add(cost) <= cfg.limit;
+        let after = if admitted { used + cost } else { used };
+        Decision {
+            admitted,
+            status: Status {
+                limit: cfg.limit,
+                remaining: cfg.limit.saturating_sub(after),
+                reset_after: nanos(if after > 0 { to_end } else { 0 }),
+                retry_after: nanos(if admitted { 0 } else { to_end }),
+                wait: nanos(0),
+            },
+        }
+    }
+
+    fn commit(&mut self, cfg: &Config, now: Timestamp, cost: u64) {
+        let (start, used) = self.current(cfg, now);
+        *self = FixedWindow {
+            start,
+            count: used.saturating_add(cost),
+        };
+    }
+
+    fn refund(&mut self, cfg: &Config, now: Timestamp, cost: u64) {
+        let (start, used) = self.current(cfg, now);
+        *self = FixedWindow {
+            start,
+            count: used.saturating_sub(cost),
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::testing::*;
+    use proptest::prelude::*;
+
+    const SEC: u64 = 1_000_000_000;
+
+    #[test]
+    fn admits_the_limit_per_window_and_resets_at_the_boundary() {
+        let c = Config::new(3, SEC);
+        let mut w = FixedWindow::new(&c, at_ms(250));
+        for i in 0..3 {
+            let d = w.try_acquire(&c, at_ms(250), 1);
+            assert!(d.admitted);
+            assert_eq!(d.status.remaining, 2 - i);
+            assert_eq!(
+                d.status.reset_after,
+                ms(750),
+                "end of the epoch-aligned window"
+            );
+        }
+        let d = w.try_acquire(&c, at_ms(999), 1);
+        assert!(!d.admitted);
+        assert_eq!(d.status.retry_after, ms(1));
+        let d = w.try_acquire(&c, at_ms(1000), 1);
+        assert!(d.admitted, "a new window opens exactly at the boundary");
+        assert_eq!(d.status.remaining, 2);
+        assert_eq!(d.status.reset_after, ms(1000));
+    }
+
+    #[test]
+    fn windows_are_aligned_to_the_epoch() {
+        let c = Config::new(1, 60 * SEC);
+        // T0 is a multiple of 60 s; 59.9 s in, the window ends 100 ms later.
+        let mut w = FixedWindow::new(&c, at_ms(59_900));
+        let d = w.try_acquire(&c, at_ms(59_900), 1);
+        assert_eq!(d.status.reset_after, ms(100));
+        assert!(!w.try_acquire(&c, at_ms(59_999), 1).admitted);
+        assert!(w.try_acquire(&c, at_ms(60_000), 1).admitted);
+    }
+
+    #[test]
+    fn cost_equal_to_limit_and_idle_state() {
+        let c = Config::new(5, SEC);
+        let mut w = FixedWindow::new(&c, T0);
+        assert_eq!(
+            w.check(&c, T0, 0).status.reset_after,
+            ms(0),
+            "an empty window is idle"
+        );
+        assert!(w.try_acquire(&c, T0, 5).admitted);
+        assert!(!w.try_acquire(&c, T0, 1).admitted);
+        w.refund(&c, T0, 5);
+        assert!(w.try_acquire(&c, T0, 5).admitted);
+    }
+
+    proptest! {
+        #[test]
+        fn never_admits_more_than_the_limit_in_any_window(
+            limit in 1u64..50,
+            window_ms in 1u64..2000,
+            ops in prop::collection::vec((0u64..300_000_000, 1u64..50), 1..200),
+        ) {
+            let c = Config::new(limit, window_ms * 1_000_000);
+            let mut w = FixedWindow::new(&c, T0);
+            let mut t = 0u64;
+            let mut per_window = std::collections::HashMap::<u64, u64>::new();
+            for (dt, cost) in ops {
+                t += dt;
+                let cost = cost.min(limit);
+                if w.try_acquire(&c, at_ns(t), cost).admitted {
+                    let n = per_window.entry(at_ns(t).as_nanos() / c.window).or_default();
+                    *n += cost;
+                    prop_assert!(*n <= limit);
+                }
+            }
+        }
+    }
+}

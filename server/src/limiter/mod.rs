@@ -1,0 +1,250 @@
+//! The six limiter algorithms of SPEC section 4, each a pure state type.
+//!
+//! Every algorithm takes `now` as an argument; none reads a clock. A bucket does
+//! not hold its configuration: the validated [`Algorithm`] is passed in on each
+//! call, so a bucket costs only its state and a rule change applies at once.
+//!
+//! A [`Decision`] is a value: denied is not an error. A cost that a limit can never
+//! admit is refused earlier, by [`Algorithm::capacity`], as bad input.
+
+use std::time::Duration;
+
+use crate::time::Timestamp;
+
+pub mod fixed_window;
+pub mod gcra;
+pub mod leaky_bucket;
+pub mod rate;
+pub mod sliding_window;
+pub mod sliding_window_log;
+pub mod token_bucket;
+
+pub use fixed_window::FixedWindow;
+pub use gcra::Gcra;
+pub use leaky_bucket::LeakyBucket;
+pub use sliding_window::SlidingWindow;
+pub use sliding_window_log::SlidingWindowLog;
+pub use token_bucket::TokenBucket;
+
+/// The state of one limit after a decision (or a peek).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Status {
+    /// What the limit holds when full.
+    pub limit: u64,
+    /// What could still be taken now, in whole units.
+    pub remaining: u64,
+    /// Time until the limit is back to its initial state.
+    pub reset_after: Duration,
+    /// Time until this cost could be admitted; zero when admitted.
+    pub retry_after: Duration,
+    /// Shaping: how long an admitted caller waits for its turn.
+    pub wait: Duration,
+}
+
+/// One limit's answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub admitted: bool,
+    pub status: Status,
+}
+
+/// A limiter algorithm's per-key state.
+pub trait Limiter: Sized {
+    type Config;
+
+    /// The state of a key seen for the first time.
+    fn new(cfg: &Self::Config, now: Timestamp) -> Self;
+
+    /// What `try_acquire` would answer, changing nothing.
+    fn check(&self, cfg: &Self::Config, now: Timestamp, cost: u64) -> Decision;
+
+    /// Takes `cost`; only called after `check` admitted it at the same `now`.
+    fn commit(&mut self, cfg: &Self::Config, now: Timestamp, cost: u64);
+
+    /// Gives back what a `commit` at the same `now` took, as far as the state allows.
+    fn refund(&mut self, cfg: &Self::Config, now: Timestamp, cost: u64);
+
+    fn try_acquire(&mut self, cfg: &Self::Config, now: Timestamp, cost: u64) -> Decision {
+        let decision = self.check(cfg, now, cost);
+        if decision.admitted {
+            self.commit(cfg, now, cost);
+        }
+        decision
+    }
+}
+
+/// A validated limit configuration: one algorithm and its numbers.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Algorithm {
+    TokenBucket(token_bucket::Config),
+    Gcra(gcra::Config),
+    LeakyBucket(leaky_bucket::Config),
+    FixedWindow(fixed_window::Config),
+    SlidingWindowLog(sliding_window_log::Config),
+    SlidingWindow(sliding_window::Config),
+}
+
+/// One key's state, whatever its algorithm. Kept small: it is stored per key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Bucket {
+    TokenBucket(TokenBucket),
+    Gcra(Gcra),
+    LeakyBucket(LeakyBucket),
+    FixedWindow(FixedWindow),
+    SlidingWindowLog(Box<SlidingWindowLog>),
+    SlidingWindow(SlidingWindow),
+}
+
+// === impl Algorithm ===
+
+impl Algorithm {
+    /// The name used in the rules file.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Algorithm::TokenBucket(_) => "token_bucket",
+            Algorithm::Gcra(_) => "gcra",
+            Algorithm::LeakyBucket(_) => "leaky_bucket",
+            Algorithm::FixedWindow(_) => "fixed_window",
+            Algorithm::SlidingWindowLog(_) => "sliding_window_log",
+            Algorithm::SlidingWindow(_) => "sliding_window",
+        }
+    }
+
+    /// The largest cost this limit can ever admit at once; a bigger cost is bad input.
+    pub fn capacity(&self) -> u64 {
+        match self {
+            Algorithm::TokenBucket(c) => c.capacity,
+            Algorithm::Gcra(c) => c.burst,
+            Algorithm::LeakyBucket(c) => c.capacity,
+            Algorithm::FixedWindow(c) => c.limit,
+            Algorithm::SlidingWindowLog(c) => c.limit,
+            Algorithm::SlidingWindow(c) => c.limit,
+        }
+    }
+
+    /// The policy window: a window algorithm's window, or the time a rate-based
+    /// limit takes to refill from empty.
+    pub fn window(&self) -> Duration {
+        let nanos = match self {
+            Algorithm::TokenBucket(c) => c.refill.time_for(rate::pico(c.capacity)),
+            Algorithm::Gcra(c) => c.emission_interval.saturating_mul(c.burst),
+            Algorithm::LeakyBucket(c) => c.leak.time_for(rate::pico(c.capacity)),
+            Algorithm::FixedWindow(c) => c.window,
+            Algorithm::SlidingWindowLog(c) => c.window,
+            Algorithm::SlidingWindow(c) => c.window,
+        };
+        Duration::from_nanos(nanos)
+    }
+
+    /// A fresh bucket: the initial state of a key never seen.
+    pub fn new_bucket(&self, now: Timestamp) -> Bucket {
+        match self {
+            Algorithm::TokenBucket(c) => Bucket::TokenBucket(TokenBucket::new(c, now)),
+            Algorithm::Gcra(c) => Bucket::Gcra(Gcra::new(c, now)),
+            Algorithm::LeakyBucket(c) => Bucket::LeakyBucket(LeakyBucket::new(c, now)),
+            Algorithm::FixedWindow(c) => Bucket::FixedWindow(FixedWindow::new(c, now)),
+            Algorithm::SlidingWindowLog(c) => {
+                Bucket::SlidingWindowLog(Box::new(SlidingWindowLog::new(c, now)))
+            }
+            Algorithm::SlidingWindow(c) => Bucket::SlidingWindow(SlidingWindow::new(c, now)),
+        }
+    }
+}
+
+/// Applies `$body` to the state and config of matching variants; `$fallback`
+/// when the bucket was made for another algorithm (the rule changed under it).
+macro_rules! dispatch {
+    ($bucket:expr, $alg:expr, |$s:ident, $c:ident| $body:expr, $fallback:expr) => {
+        match ($bucket, $alg) {
+            (Bucket::TokenBucket($s), Algorithm::TokenBucket($c)) => $body,
+            (Bucket::Gcra($s), Algorithm::Gcra($c)) => $body,
+            (Bucket::LeakyBucket($s), Algorithm::LeakyBucket($c)) => $body,
+            (Bucket::FixedWindow($s), Algorithm::FixedWindow($c)) => $body,
+            (Bucket::SlidingWindowLog($s), Algorithm::SlidingWindowLog($c)) => $body,
+            (Bucket::SlidingWindow($s), Algorithm::SlidingWindow($c)) => $body,
+            _ => $fallback,
+        }
+    };
+}
+
+// === impl Bucket ===
+
+impl Bucket {
+    pub fn try_acquire(&mut self, alg: &Algorithm, now: Timestamp, cost: u64) -> Decision {
+        if !self.fits(alg) {
+            *self = alg.new_bucket(now);
+        }
+        dispatch!(
+            self,
+            alg,
+            |s, c| s.try_acquire(c, now, cost),
+            unreachable!()
+        )
+    }
+
+    /// The decision for `cost`, consuming nothing.
+    pub fn check(&self, alg: &Algorithm, now: Timestamp, cost: u64) -> Decision {
+        dispatch!(
+            self,
+            alg,
+            |s, c| s.check(c, now, cost),
+            alg.new_bucket(now).check(alg, now, cost)
+        )
+    }
+
+    pub fn refund(&mut self, alg: &Algorithm, now: Timestamp, cost: u64) {
+        dispatch!(self, alg, |s, c| s.refund(c, now, cost), ())
+    }
+
+    /// The current state, as a zero-cost check.
+    pub fn status(&self, alg: &Algorithm, now: Timestamp) -> Status {
+        self.check(alg, now, 0).status
+    }
+
+    /// Back to its initial state: the key can be forgotten without changing any answer.
+    pub fn is_idle(&self, alg: &Algorithm, now: Timestamp) -> bool {
+        self.status(alg, now).reset_after.is_zero()
+    }
+
+    fn fits(&self, alg: &Algorithm) -> bool {
+        dispatch!(self, alg, |_s, _c| true, false)
+    }
+}
+
+/// Nanoseconds as a `Duration`.
+pub(crate) fn nanos(n: u64) -> Duration {
+    Duration::from_nanos(n)
+}
+
+#[cfg(test)]
+pub(crate) mod testing;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bucket_stays_small() {
+        // Stored once per active key: keep it within 32 bytes.
+        assert!(
+            std::mem::size_of::<Bucket>() <= 32,
+            "{}",
+            std::mem::size_of::<Bucket>()
+        );
+    }
+
+    #[test]
+    fn a_bucket_made_for_another_algorithm_starts_fresh() {
+        let now = Timestamp::from_secs(100);
+        let tb = Algorithm::TokenBucket(token_bucket::Config::new(
+            2,
+            rate::Rate::whole_per_second(1),
+        ));
+        let fw = Algorithm::FixedWindow(fixed_window::Config::new(5, 1_000_000_000));
+        let mut b = tb.new_bucket(now);
+        assert!(b.try_acquire(&tb, now, 2).admitted);
+        let d = b.try_acquire(&fw, now, 1);
+        assert!(d.admitted);
+        assert_eq!(d.status.remaining, 4);
+    }
+}
