@@ -1,0 +1,232 @@
+//! One decision over every limit a request matches, all or nothing.
+
+use std::fmt::Write;
+use std::time::Duration;
+
+use smallvec::SmallVec;
+
+use super::request::{self, Descriptors, Request, RequestError};
+use super::{Engine, Installed};
+use crate::limiter::{Decision, Status};
+use crate::rules::{Limit, Rule, duration};
+use crate::store::BucketKey;
+use crate::time::Timestamp;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Allowed,
+    RateLimited,
+    CircuitOpen,
+    ConcurrencyLimited,
+    Shed,
+}
+
+/// One matched limit after the decision.
+#[derive(Clone, Copy, Debug)]
+pub struct LimitReport<'r> {
+    pub limit: &'r Limit,
+    pub status: Status,
+    /// This limit would not admit the cost.
+    pub exceeded: bool,
+}
+
+/// The answer to one request; borrows names from the rules in force.
+#[derive(Clone, Debug)]
+pub struct Outcome<'r> {
+    pub verdict: Verdict,
+    /// The matched rule's name, if any.
+    pub rule: Option<&'r str>,
+    /// One per matched limit, in rule order.
+    pub limits: SmallVec<[LimitReport<'r>; 4]>,
+    pub retry_after: Duration,
+    pub wait: Duration,
+}
+
+type Matched<'r> = SmallVec<[(&'r Limit, BucketKey); 4]>;
+
+// === impl Outcome ===
+
+impl Outcome<'_> {
+    fn allowed() -> Self {
+        Outcome {
+            verdict: Verdict::Allowed,
+            rule: None,
+            limits: SmallVec::new(),
+            retry_after: Duration::ZERO,
+            wait: Duration::ZERO,
+        }
+    }
+
+    /// One human line for a denial, naming the limit; empty when allowed.
+    pub fn reason(&self) -> String {
+        let mut out = String::new();
+        if self.verdict != Verdict::RateLimited {
+            return out;
+        }
+        for report in self.limits.iter().filter(|r| r.exceeded) {
+            if !out.is_empty() {
+                out.push_str("; ");
+            }
+            let l = report.limit;
+            let alg = &l.algorithm;
+            let _ = write!(
+                out,
+                "limit '{}' ({} {} per {}) exceeded, retry in {}",
+                l.name,
+                alg.name(),
+                alg.capacity(),
+                duration::format(alg.window()),
+                duration::format(report.status.retry_after),
+            );
+        }
+        out
+    }
+}
+
+// === impl Engine ===
+
+impl Engine {
+    /// Decides one request against `rules` (from [`Engine::rules`]).
+    pub fn acquire<'r, D: Descriptors + ?Sized>(
+        &self,
+        rules: &'r Installed,
+        req: &Request<'_, D>,
+    ) -> Result<Outcome<'r>, RequestError> {
+        request::validate(req.resource, req.descriptors)?;
+        let Some(rule) = rules.rules.find(req.resource) else {
+            return Ok(Outcome::allowed());
+        };
+        let cost = u64::from(req.cost.max(1));
+        let matched = matched(rule, req.resource, req.descriptors);
+        for (limit, _) in &matched {
+            let capacity = limit.algorithm.capacity();
+            if cost > capacity {
+                return Err(RequestError::CostExceedsCapacity {
+                    cost,
+                    capacity,
+                    limit: limit.name.clone(),
+                });
+            }
+        }
+        let now = self.clock.now();
+        let mut decisions = if req.dry_run {
+            matched
+                .iter()
+                .map(|(l, k)| self.buckets.check(k, &l.algorithm, now, cost))
+                .collect()
+        } else {
+            self.take_all_or_nothing(&matched, now, cost)
+        };
+        if decisions.iter().any(|d| !d.admitted) {
+            // Nothing was taken: the limits that would have admitted report
+            // what they hold, not what they would hold after this cost.
+            for ((l, k), d) in matched
+                .iter()
+                .zip(&mut decisions)
+                .filter(|(_, d)| d.admitted)
+            {
+                d.status = self.buckets.check(k, &l.algorithm, now, 0).status;
+            }
+        }
+        Ok(outcome(rule, &matched, &decisions))
+    }
+
+    /// The state of a resource's limits for these descriptors, consuming nothing.
+    /// `only` keeps one limit by name.
+    pub fn peek<'r, D: Descriptors + ?Sized>(
+        &self,
+        rules: &'r Installed,
+        resource: &str,
+        descriptors: &D,
+        only: Option<&str>,
+    ) -> Result<Outcome<'r>, RequestError> {
+        request::validate(resource, descriptors)?;
+        let Some(rule) = rules.rules.find(resource) else {
+            return Ok(Outcome::allowed());
+        };
+        let mut matched = matched(rule, resource, descriptors);
+        matched.retain(|(l, _)| only.is_none_or(|name| l.name == name));
+        let now = self.clock.now();
+        let decisions: SmallVec<[Decision; 4]> = matched
+            .iter()
+            .map(|(l, k)| self.buckets.check(k, &l.algorithm, now, 0))
+            .collect();
+        Ok(outcome(rule, &matched, &decisions))
+    }
+
+    /// Takes `cost` from every matched bucket, or from none: when one denies,
+    /// what the earlier ones took is given back, and the later ones are only
+    /// checked so that the answer still reports every limit. A concurrent
+    /// caller may see the taken units for that instant: it can be denied
+    /// spuriously, never admitted beyond a limit.
+    fn take_all_or_nothing(
+        &self,
+        matched: &Matched<'_>,
+        now: Timestamp,
+        cost: u64,
+    ) -> SmallVec<[Decision; 4]> {
+        let mut decisions = SmallVec::new();
+        let mut denied = false;
+        for (limit, key) in matched {
+            let alg = &limit.algorithm;
+            let d = if denied {
+                self.buckets.check(key, alg, now, cost)
+            } else {
+                self.buckets.acquire(key.clone(), alg, now, cost)
+            };
+            if !d.admitted && !denied {
+                denied = true;
+                for (l, k) in &matched[..decisions.len()] {
+                    self.buckets.refund(k, &l.algorithm, now, cost);
+                }
+            }
+            decisions.push(d);
+        }
+        decisions
+    }
+}
+
+/// The limits of `rule` that apply: a keyed limit applies only when every
+/// descriptor it names is present.
+fn matched<'r, D: Descriptors + ?Sized>(rule: &'r Rule, resource: &str, d: &D) -> Matched<'r> {
+    let per_resource = rule.per_resource();
+    rule.limits
+        .iter()
+        .filter_map(|limit| {
+            if limit.key.is_empty() && !per_resource {
+                return Some((limit, BucketKey::global(limit.id)));
+            }
+            let mut parts: SmallVec<[&str; 4]> = SmallVec::new();
+            if per_resource {
+                parts.push(resource);
+            }
+            for k in &limit.key {
+                parts.push(d.get(k)?);
+            }
+            Some((limit, BucketKey::new(limit.id, parts)))
+        })
+        .collect()
+}
+
+fn outcome<'r>(rule: &'r Rule, matched: &Matched<'r>, decisions: &[Decision]) -> Outcome<'r> {
+    let mut out = Outcome {
+        rule: Some(&rule.name),
+        ..Outcome::allowed()
+    };
+    for ((limit, _), d) in matched.iter().zip(decisions) {
+        if !d.admitted {
+            out.verdict = Verdict::RateLimited;
+            out.retry_after = out.retry_after.max(d.status.retry_after);
+        }
+        out.wait = out.wait.max(d.status.wait);
+        out.limits.push(LimitReport {
+            limit,
+            status: d.status,
+            exceeded: !d.admitted,
+        });
+    }
+    if out.verdict != Verdict::Allowed {
+        out.wait = Duration::ZERO;
+    }
+    out
+}

@@ -1,0 +1,229 @@
+//! What a caller may ask, checked before anything is decided.
+
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+
+use crate::rules::{MAX_DESCRIPTORS, MAX_NAME_BYTES};
+
+/// The most items in one batch.
+pub const MAX_BATCH: usize = 1000;
+
+/// The caller's dimensions, however the transport carries them.
+pub trait Descriptors {
+    fn get(&self, key: &str) -> Option<&str>;
+    fn count(&self) -> usize;
+    fn entries(&self) -> impl Iterator<Item = (&str, &str)>;
+}
+
+/// One decision to make.
+#[derive(Clone, Copy, Debug)]
+pub struct Request<'a, D: ?Sized> {
+    pub resource: &'a str,
+    pub descriptors: &'a D,
+    /// 0 is read as 1.
+    pub cost: u32,
+    /// Answer without consuming anything.
+    pub dry_run: bool,
+}
+
+/// Bad input: the message names the field and the value.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    #[error("{field}: must not be empty")]
+    Empty { field: String },
+    #[error("{field}: '{preview}' is {len} bytes long; the limit is {MAX_NAME_BYTES}")]
+    TooLong {
+        field: String,
+        preview: String,
+        len: usize,
+    },
+    #[error("descriptors: {0} entries; the limit is {MAX_DESCRIPTORS}")]
+    TooManyDescriptors(usize),
+    #[error("{field}: {count} items; the limit is {MAX_BATCH}")]
+    BatchTooLarge { field: &'static str, count: usize },
+    #[error("cost {cost} exceeds capacity {capacity} of limit '{limit}'")]
+    CostExceedsCapacity {
+        cost: u64,
+        capacity: u64,
+        limit: String,
+    },
+    #[error("permit_id: '{0}' is not a permit id")]
+    MalformedPermit(String),
+    #[error("{field}: {value} is not one of {expected}")]
+    UnknownEnum {
+        field: &'static str,
+        value: i32,
+        expected: &'static str,
+    },
+    #[error("{field}[{index}].{source}")]
+    InBatch {
+        field: &'static str,
+        index: usize,
+        source: Box<RequestError>,
+    },
+}
+
+impl<S: BuildHasher> Descriptors for HashMap<String, String, S> {
+    fn get(&self, key: &str) -> Option<&str> {
+        HashMap::get(self, key).map(String::as_str)
+    }
+
+    fn count(&self) -> usize {
+        self.len()
+    }
+
+    fn entries(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+}
+
+/// Ordered pairs, as Envoy sends them; the first of a repeated key wins.
+impl<K: AsRef<str>, V: AsRef<str>> Descriptors for [(K, V)] {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.iter()
+            .find(|(k, _)| k.as_ref() == key)
+            .map(|(_, v)| v.as_ref())
+    }
+
+    fn count(&self) -> usize {
+        self.len()
+    }
+
+    fn entries(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.iter().map(|(k, v)| (k.as_ref(), v.as_ref()))
+    }
+}
+
+impl RequestError {
+    /// This error, found in item `index` of the list `field`.
+    pub fn in_batch(self, field: &'static str, index: usize) -> RequestError {
+        RequestError::InBatch {
+            field,
+            index,
+            source: Box::new(self),
+        }
+    }
+}
+
+/// Refuses a batch longer than [`MAX_BATCH`].
+pub fn check_batch(field: &'static str, count: usize) -> Result<(), RequestError> {
+    if count > MAX_BATCH {
+        return Err(RequestError::BatchTooLarge { field, count });
+    }
+    Ok(())
+}
+
+/// Checks the input limits of SPEC section 2.
+pub fn validate<D: Descriptors + ?Sized>(
+    resource: &str,
+    descriptors: &D,
+) -> Result<(), RequestError> {
+    check_name("resource", resource, false)?;
+    let count = descriptors.count();
+    if count > MAX_DESCRIPTORS {
+        return Err(RequestError::TooManyDescriptors(count));
+    }
+    for (k, v) in descriptors.entries() {
+        check_name("descriptors key", k, false)?;
+        if v.len() > MAX_NAME_BYTES {
+            check_name(&format!("descriptors[\"{}\"]", preview(k)), v, true)?;
+        }
+    }
+    Ok(())
+}
+
+fn check_name(field: &str, value: &str, may_be_empty: bool) -> Result<(), RequestError> {
+    if value.is_empty() && !may_be_empty {
+        return Err(RequestError::Empty {
+            field: field.to_string(),
+        });
+    }
+    if value.len() > MAX_NAME_BYTES {
+        return Err(RequestError::TooLong {
+            field: field.to_string(),
+            preview: preview(value),
+            len: value.len(),
+        });
+    }
+    Ok(())
+}
+
+/// The start of a long value, enough to recognise it in an error.
+fn preview(value: &str) -> String {
+    const SHOWN: usize = 40;
+    match value.char_indices().nth(SHOWN) {
+        Some((cut, _)) => format!("{}…", &value[..cut]),
+        None => value.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn names_the_field_and_value() {
+        let none = map(&[]);
+        assert_eq!(
+            validate("", &none).unwrap_err().to_string(),
+            "resource: must not be empty"
+        );
+        let long = "r".repeat(300);
+        assert_eq!(
+            validate(&long, &none).unwrap_err().to_string(),
+            format!(
+                "resource: '{}…' is 300 bytes long; the limit is 256",
+                "r".repeat(40)
+            )
+        );
+        let d = map(&[("user", &"v".repeat(257))]);
+        assert_eq!(
+            validate("x", &d).unwrap_err().to_string(),
+            format!(
+                "descriptors[\"user\"]: '{}…' is 257 bytes long; the limit is 256",
+                "v".repeat(40)
+            )
+        );
+        let d = map(&[("", "v")]);
+        assert_eq!(
+            validate("x", &d).unwrap_err().to_string(),
+            "descriptors key: must not be empty"
+        );
+        let many: HashMap<String, String> = (0..33)
+            .map(|i| (format!("k{i}"), "v".to_string()))
+            .collect();
+        assert_eq!(
+            validate("x", &many).unwrap_err().to_string(),
+            "descriptors: 33 entries; the limit is 32"
+        );
+        assert_eq!(
+            check_batch("requests", 1001).unwrap_err().to_string(),
+            "requests: 1001 items; the limit is 1000"
+        );
+        let e = RequestError::Empty {
+            field: "resource".into(),
+        }
+        .in_batch("requests", 3);
+        assert_eq!(e.to_string(), "requests[3].resource: must not be empty");
+    }
+
+    #[test]
+    fn exact_limits_are_accepted() {
+        let d: HashMap<String, String> = (0..32)
+            .map(|i| (format!("k{i}"), "v".repeat(256)))
+            .collect();
+        assert!(validate(&"r".repeat(256), &d).is_ok());
+        assert!(
+            validate("x", &map(&[("user", "")])).is_ok(),
+            "an empty value is a value"
+        );
+        assert!(check_batch("requests", 1000).is_ok());
+    }
+}

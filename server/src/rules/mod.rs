@@ -1,0 +1,165 @@
+//! Rules: what is configured for each resource, validated once at the edge into
+//! types that cannot hold a bad value.
+//!
+//! Matching: an exact name wins; otherwise the first glob in file order;
+//! otherwise the `"*"` default rule if there is one. A glob rule is a template:
+//! each resource it matches gets buckets of its own.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::limiter::Algorithm;
+
+mod breaker;
+pub mod duration;
+mod fields;
+pub mod glob;
+mod parse;
+
+pub use breaker::{Backoff, BreakerConfig, WindowKind};
+pub use fields::{RuleError, RuleErrors};
+use glob::Glob;
+
+/// The longest resource name, descriptor key or value accepted, in bytes.
+pub const MAX_NAME_BYTES: usize = 256;
+/// The most descriptors one request may carry.
+pub const MAX_DESCRIPTORS: usize = 32;
+
+/// A validated rules file, ready for matching.
+#[derive(Clone, Debug, Default)]
+pub struct RuleSet {
+    rules: Vec<Rule>,
+    exact: HashMap<String, usize, ahash::RandomState>,
+    globs: Vec<(Glob, usize)>,
+    default: Option<usize>,
+}
+
+/// Everything configured for one resource name or pattern.
+#[derive(Clone, Debug)]
+pub struct Rule {
+    /// The name or pattern as written.
+    pub name: String,
+    pub pattern: Pattern,
+    pub limits: Vec<Limit>,
+    pub concurrency: Option<Concurrency>,
+    pub breaker: Option<BreakerConfig>,
+    /// Shed (verdict SHED) while the degradation level is at least this.
+    pub shed_at_level: Option<u32>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Pattern {
+    Exact,
+    Glob,
+    /// The `"*"` rule, used when nothing else matches.
+    Default,
+}
+
+/// One bucket definition.
+#[derive(Clone, Debug)]
+pub struct Limit {
+    /// Stable across reloads while the resource, name and algorithm stay; set
+    /// by the engine when the rules are installed.
+    pub id: LimitId,
+    pub name: String,
+    /// Descriptor names whose values select the bucket; empty for one global bucket.
+    pub key: Vec<String>,
+    pub algorithm: Algorithm,
+    pub sync: SyncMode,
+    pub on_redis_error: OnRedisError,
+}
+
+/// A limit's identity in the bucket store.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LimitId(pub u32);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Concurrency {
+    pub max_in_flight: u32,
+    pub permit_ttl: Duration,
+}
+
+/// How a limit uses Redis, when the server has one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SyncMode {
+    /// Decide from memory, push consumption and pull merged state every interval.
+    #[default]
+    Replicated,
+    /// One atomic Redis script per decision.
+    Strict,
+    /// Never touch Redis.
+    Local,
+}
+
+/// What a `strict` limit does while Redis is unreachable.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnRedisError {
+    /// Decide locally with the limit divided among live replicas.
+    #[default]
+    Local,
+    Allow,
+    Deny,
+}
+
+// === impl RuleSet ===
+
+impl RuleSet {
+    /// Parses and validates a rules file; `file` names it in every error.
+    pub fn from_yaml(text: &str, file: &str) -> Result<RuleSet, RuleErrors> {
+        parse::rule_set(text, file)
+    }
+
+    fn new(rules: Vec<Rule>) -> RuleSet {
+        let mut set = RuleSet {
+            rules,
+            ..RuleSet::default()
+        };
+        for (i, rule) in set.rules.iter().enumerate() {
+            match rule.pattern {
+                Pattern::Exact => {
+                    set.exact.insert(rule.name.clone(), i);
+                }
+                Pattern::Glob => set.globs.push((Glob::new(&rule.name), i)),
+                Pattern::Default => set.default = Some(i),
+            }
+        }
+        set
+    }
+
+    /// The rule for `resource`: exact name, else first glob, else the default.
+    pub fn find(&self, resource: &str) -> Option<&Rule> {
+        let i = self
+            .exact
+            .get(resource)
+            .copied()
+            .or_else(|| {
+                self.globs
+                    .iter()
+                    .find(|(g, _)| g.matches(resource))
+                    .map(|&(_, i)| i)
+            })
+            .or(self.default)?;
+        Some(&self.rules[i])
+    }
+
+    pub fn rules(&self) -> &[Rule] {
+        &self.rules
+    }
+
+    pub(crate) fn rules_mut(&mut self) -> &mut [Rule] {
+        &mut self.rules
+    }
+}
+
+// === impl Rule ===
+
+impl Rule {
+    /// Whether buckets are shared by every resource this rule matches (exact
+    /// rules match one) or kept per resource (globs and the default).
+    pub fn per_resource(&self) -> bool {
+        self.pattern != Pattern::Exact
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,332 @@
+//! YAML to a validated [`RuleSet`], reporting every error at once.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use serde_yaml_ng::Value;
+
+use super::fields::{Collector, Fields, RuleErrors};
+use super::glob::Glob;
+use super::{
+    BreakerConfig, Concurrency, Limit, LimitId, MAX_DESCRIPTORS, MAX_NAME_BYTES, OnRedisError,
+    Pattern, Rule, RuleSet, SyncMode,
+};
+use crate::limiter::leaky_bucket::Mode;
+use crate::limiter::rate::Rate;
+use crate::limiter::{
+    Algorithm, fixed_window, gcra, leaky_bucket, sliding_window, sliding_window_log, token_bucket,
+};
+
+/// The largest capacity, burst or window limit: far beyond any real use, and
+/// small enough that no arithmetic on it can overflow.
+const MAX_AMOUNT: u64 = 1_000_000_000_000;
+/// The longest window or refill period (about 31 years).
+const MAX_SPAN_NANOS: u64 = 1_000_000_000_000_000_000;
+const MIN_WINDOW: Duration = Duration::from_millis(1);
+const COMMON: &[&str] = &["name", "key", "algorithm", "sync", "on_redis_error"];
+
+pub(super) fn rule_set(text: &str, file: &str) -> Result<RuleSet, RuleErrors> {
+    let out = Collector::new(file);
+    let doc: Value = match serde_yaml_ng::from_str(text) {
+        Ok(v) => v,
+        Err(e) => {
+            out.push(None, "", format!("not valid YAML: {e}"));
+            return Err(out.into_errors());
+        }
+    };
+    if doc.is_null() {
+        out.push(None, "", "the file is empty (expected a 'resources' list)");
+        return Err(out.into_errors());
+    }
+    let Some(top) = out.fields(&doc, None, "") else {
+        return Err(out.into_errors());
+    };
+    top.deny_unknown(&["resources"]);
+    let items = match top.get("resources") {
+        Some(Value::Sequence(items)) => items.as_slice(),
+        Some(_) => {
+            top.error("resources", "must be a list of resources");
+            &[]
+        }
+        None => {
+            top.error("resources", "is required");
+            &[]
+        }
+    };
+    let mut rules = Vec::with_capacity(items.len());
+    let mut seen = HashSet::new();
+    for (i, item) in items.iter().enumerate() {
+        if let Some(name) = item.get("name").and_then(Value::as_str)
+            && !seen.insert(name)
+        {
+            out.push(
+                Some(name),
+                "name",
+                "is defined twice; each resource may appear once",
+            );
+        }
+        rules.extend(resource(&out, item, i));
+    }
+    if out.is_empty() {
+        Ok(RuleSet::new(rules))
+    } else {
+        Err(out.into_errors())
+    }
+}
+
+fn resource(out: &Collector, item: &Value, index: usize) -> Option<Rule> {
+    let name = item.get("name").and_then(Value::as_str);
+    let label = name
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("#{}", index + 1));
+    let f = out.fields(item, None, &format!("resources[{index}]"))?;
+    let f = Fields::with_resource(f, &label);
+    let errors_before = out.count();
+    f.deny_unknown(&["name", "limits", "concurrency", "breaker", "shed_at_level"]);
+    let name = f.required("name", Fields::string);
+    if let Some(n) = &name {
+        check_name(&f, "name", n);
+    }
+    let limits = limits(&f);
+    let concurrency = f.nested("concurrency").and_then(|c| concurrency(&c));
+    let breaker = f.nested("breaker").and_then(|b| BreakerConfig::parse(&b));
+    let shed_at_level = f.u64_in("shed_at_level", 1, 3).map(|n| n as u32);
+    if out.count() > errors_before {
+        return None;
+    }
+    let name = name?;
+    let pattern = if name == "*" {
+        Pattern::Default
+    } else if Glob::is_glob(&name) {
+        Pattern::Glob
+    } else {
+        Pattern::Exact
+    };
+    Some(Rule {
+        name,
+        pattern,
+        limits,
+        concurrency,
+        breaker,
+        shed_at_level,
+    })
+}
+
+fn check_name(f: &Fields<'_>, key: &str, name: &str) {
+    if name.is_empty() {
+        f.error(key, "must not be empty");
+    } else if name.len() > MAX_NAME_BYTES {
+        f.error(
+            key,
+            format!(
+                "is {} bytes long; the limit is {MAX_NAME_BYTES}",
+                name.len()
+            ),
+        );
+    }
+}
+
+fn limits(f: &Fields<'_>) -> Vec<Limit> {
+    let items = match f.get("limits") {
+        None => return Vec::new(),
+        Some(Value::Sequence(items)) => items,
+        Some(_) => {
+            f.error("limits", "must be a list of limits");
+            return Vec::new();
+        }
+    };
+    let mut names = HashSet::new();
+    let mut out = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let label = match item.get("name").and_then(Value::as_str) {
+            Some(n) => format!("limits[{i}] '{n}'"),
+            None => format!("limits[{i}]"),
+        };
+        let Some(l) = f.nested_value(item, &label) else {
+            continue;
+        };
+        if let Some(limit) = limit(&l) {
+            if !names.insert(limit.name.clone()) {
+                l.error("name", "is used by another limit of this resource");
+            }
+            out.push(limit);
+        }
+    }
+    out
+}
+
+fn limit(f: &Fields<'_>) -> Option<Limit> {
+    let name = f.required("name", Fields::string);
+    if let Some(n) = &name {
+        check_name(f, "name", n);
+    }
+    let key = f.strings("key").unwrap_or_default();
+    check_key(f, &key);
+    let sync = f.choice(
+        "sync",
+        &[
+            ("replicated", SyncMode::Replicated),
+            ("strict", SyncMode::Strict),
+            ("local", SyncMode::Local),
+        ],
+    );
+    let on_error = f.choice(
+        "on_redis_error",
+        &[
+            ("local", OnRedisError::Local),
+            ("allow", OnRedisError::Allow),
+            ("deny", OnRedisError::Deny),
+        ],
+    );
+    let algorithm = f.required("algorithm", |f, k| {
+        f.choice(
+            k,
+            &[
+                ("token_bucket", 0),
+                ("gcra", 1),
+                ("leaky_bucket", 2),
+                ("fixed_window", 3),
+                ("sliding_window_log", 4),
+                ("sliding_window", 5),
+            ],
+        )
+    });
+    let algorithm = match algorithm? {
+        0 => token_bucket(f),
+        1 => gcra(f),
+        2 => leaky_bucket(f),
+        3 => windowed(f, MAX_AMOUNT)
+            .map(|(l, w)| Algorithm::FixedWindow(fixed_window::Config::new(l, w))),
+        4 => windowed(f, sliding_window_log::MAX_LIMIT)
+            .map(|(l, w)| Algorithm::SlidingWindowLog(sliding_window_log::Config::new(l, w))),
+        _ => windowed(f, MAX_AMOUNT)
+            .map(|(l, w)| Algorithm::SlidingWindow(sliding_window::Config::new(l, w))),
+    };
+    Some(Limit {
+        id: LimitId::default(),
+        name: name?,
+        key,
+        algorithm: algorithm?,
+        sync: sync.unwrap_or_default(),
+        on_redis_error: on_error.unwrap_or_default(),
+    })
+}
+
+fn check_key(f: &Fields<'_>, key: &[String]) {
+    if key.len() > MAX_DESCRIPTORS {
+        f.error(
+            "key",
+            format!(
+                "names {} descriptors; a request carries at most {MAX_DESCRIPTORS}",
+                key.len()
+            ),
+        );
+    }
+    let mut seen = HashSet::new();
+    for (i, k) in key.iter().enumerate() {
+        check_name(f, &format!("key[{i}]"), k);
+        if !seen.insert(k) {
+            f.error(
+                &format!("key[{i}]"),
+                format!("descriptor '{k}' is named twice"),
+            );
+        }
+    }
+}
+
+fn rate(f: &Fields<'_>, key: &str) -> Option<Rate> {
+    let r = f.required(key, Fields::f64)?;
+    Rate::per_second(r)
+        .map_err(|e| f.error(key, e.to_string()))
+        .ok()
+}
+
+fn amount(f: &Fields<'_>, key: &str, max: u64) -> Option<u64> {
+    f.required(key, |f, k| f.u64_in(k, 1, max))
+}
+
+fn token_bucket(f: &Fields<'_>) -> Option<Algorithm> {
+    f.deny_unknown(&[COMMON, &["capacity", "refill_per_second"]].concat());
+    let (capacity, refill) = (
+        amount(f, "capacity", MAX_AMOUNT),
+        rate(f, "refill_per_second"),
+    );
+    let cfg = token_bucket::Config::new(capacity?, refill?);
+    within_span(
+        f,
+        "capacity",
+        cfg.refill
+            .time_for(crate::limiter::rate::pico(cfg.capacity)),
+    )?;
+    Some(Algorithm::TokenBucket(cfg))
+}
+
+fn gcra(f: &Fields<'_>) -> Option<Algorithm> {
+    f.deny_unknown(&[COMMON, &["rate_per_second", "burst"]].concat());
+    let (rate, burst) = (rate(f, "rate_per_second"), amount(f, "burst", MAX_AMOUNT));
+    let cfg = gcra::Config::new(rate?, burst?);
+    within_span(f, "burst", cfg.emission_interval.saturating_mul(cfg.burst))?;
+    Some(Algorithm::Gcra(cfg))
+}
+
+fn leaky_bucket(f: &Fields<'_>) -> Option<Algorithm> {
+    f.deny_unknown(&[COMMON, &["capacity", "leak_per_second", "mode", "max_wait"]].concat());
+    let (capacity, leak) = (
+        amount(f, "capacity", MAX_AMOUNT),
+        rate(f, "leak_per_second"),
+    );
+    let shape = f.choice("mode", &[("police", false), ("shape", true)]);
+    let max_wait = f.duration("max_wait", Duration::ZERO);
+    if f.has("max_wait") && shape != Some(true) {
+        f.error("max_wait", "applies only to mode: shape");
+        return None;
+    }
+    let mode = match shape {
+        Some(true) => Mode::Shape {
+            max_wait: max_wait.map(crate::time::duration_nanos),
+        },
+        Some(false) => Mode::Police,
+        None if f.has("mode") => return None,
+        None => Mode::Police,
+    };
+    let cfg = leaky_bucket::Config::new(capacity?, leak?, mode);
+    within_span(
+        f,
+        "capacity",
+        cfg.leak.time_for(crate::limiter::rate::pico(cfg.capacity)),
+    )?;
+    Some(Algorithm::LeakyBucket(cfg))
+}
+
+/// `limit` and `window` of the window algorithms, the window in nanoseconds.
+fn windowed(f: &Fields<'_>, max_limit: u64) -> Option<(u64, u64)> {
+    f.deny_unknown(&[COMMON, &["limit", "window"]].concat());
+    let limit = amount(f, "limit", max_limit);
+    let window = f.required("window", |f, k| f.duration(k, MIN_WINDOW));
+    let window = crate::time::duration_nanos(window?);
+    within_span(f, "window", window)?;
+    Some((limit?, window))
+}
+
+fn within_span(f: &Fields<'_>, key: &str, nanos: u64) -> Option<()> {
+    if nanos > MAX_SPAN_NANOS {
+        f.error(key, "makes a refill period or window longer than 31 years");
+        return None;
+    }
+    Some(())
+}
+
+fn concurrency(f: &Fields<'_>) -> Option<Concurrency> {
+    f.deny_unknown(&["max_in_flight", "permit_ttl"]);
+    let max = f.required("max_in_flight", |f, k| f.u64_in(k, 1, 10_000_000));
+    let ttl = f.duration("permit_ttl", Duration::from_millis(1));
+    let ttl = if f.has("permit_ttl") {
+        ttl?
+    } else {
+        Duration::from_secs(60)
+    };
+    Some(Concurrency {
+        max_in_flight: max? as u32,
+        permit_ttl: ttl,
+    })
+}

@@ -1,0 +1,244 @@
+//! Rules file parsing, validation and matching.
+
+use std::time::Duration;
+
+use super::*;
+use crate::limiter::leaky_bucket::Mode;
+
+const SPEC_EXAMPLE: &str = r#"
+resources:
+  - name: "GET /api/orders/:id"
+    limits:
+      - name: global
+        algorithm: token_bucket
+        capacity: 200
+        refill_per_second: 100
+      - name: per-user
+        key: [user]
+        algorithm: sliding_window
+        limit: 10
+        window: 1s
+    concurrency: { max_in_flight: 50, permit_ttl: 30s }
+    breaker:
+      failure_rate_threshold: 0.5
+      slow_call_rate_threshold: 1.0
+      slow_call_duration: 800ms
+      window: { kind: count, size: 100 }
+      minimum_calls: 20
+      wait_in_open: 30s
+      half_open_calls: 3
+      max_wait_in_half_open: 10s
+    shed_at_level: 2
+  - name: "payments.*"
+    limits: [ { name: shaped, algorithm: leaky_bucket, capacity: 10, leak_per_second: 5, mode: shape, max_wait: 1s } ]
+  - name: "*"
+    limits: [ { name: default, algorithm: gcra, rate_per_second: 1000, burst: 100 } ]
+"#;
+
+fn errors_of(yaml: &str) -> Vec<String> {
+    match RuleSet::from_yaml(yaml, "rules.yaml") {
+        Ok(_) => panic!("expected errors"),
+        Err(e) => e.0.iter().map(ToString::to_string).collect(),
+    }
+}
+
+#[test]
+fn parses_the_spec_example() {
+    let set = RuleSet::from_yaml(SPEC_EXAMPLE, "rules.yaml").unwrap();
+    let rule = set.find("GET /api/orders/:id").unwrap();
+    assert_eq!(rule.limits.len(), 2);
+    assert_eq!(rule.limits[0].algorithm.capacity(), 200);
+    assert_eq!(rule.limits[1].key, ["user"]);
+    assert_eq!(
+        rule.concurrency,
+        Some(Concurrency {
+            max_in_flight: 50,
+            permit_ttl: Duration::from_secs(30)
+        })
+    );
+    let b = rule.breaker.as_ref().unwrap();
+    assert_eq!(b.slow_call_duration, Duration::from_millis(800));
+    assert_eq!(b.window, WindowKind::Count(100));
+    assert_eq!(b.minimum_calls, 20);
+    assert_eq!(b.wait_in_open, Backoff::fixed(Duration::from_secs(30)));
+    assert_eq!(rule.shed_at_level, Some(2));
+    let shaped = &set.find("payments.charge").unwrap().limits[0];
+    match &shaped.algorithm {
+        Algorithm::LeakyBucket(c) => assert_eq!(
+            c.mode,
+            Mode::Shape {
+                max_wait: Some(1_000_000_000)
+            }
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(set.find("anything else").unwrap().name, "*");
+}
+
+#[test]
+fn exact_wins_then_first_glob_then_default() {
+    let set = RuleSet::from_yaml(
+        r#"
+resources:
+  - { name: "*" }
+  - { name: "api.*" }
+  - { name: "api.orders.*" }
+  - { name: "api.orders.get" }
+"#,
+        "r.yaml",
+    )
+    .unwrap();
+    assert_eq!(set.find("api.orders.get").unwrap().name, "api.orders.get");
+    assert_eq!(
+        set.find("api.orders.put").unwrap().name,
+        "api.*",
+        "first glob in file order"
+    );
+    assert_eq!(set.find("db").unwrap().name, "*");
+    let no_default = RuleSet::from_yaml("resources: [ { name: a } ]", "r.yaml").unwrap();
+    assert!(no_default.find("b").is_none());
+}
+
+#[test]
+fn every_error_names_file_resource_and_field() {
+    let errors = errors_of(
+        r#"
+resources:
+  - name: orders
+    limits:
+      - { name: a, algorithm: token_bucket, capacity: 0, refill_per_second: -1 }
+      - { name: b, algorithm: fixed_window, limit: 5 }
+      - { name: c, algorithm: teleport }
+  - name: users
+    limits:
+      - { name: d, algorithm: sliding_window_log, limit: 20000, window: 5 }
+      - { name: d, algorithm: gcra, rate_per_second: 10, burst: 5, capacity: 3 }
+    shed_at_level: 7
+"#,
+    );
+    let expected = [
+        "rules.yaml: resource 'orders': limits[0] 'a'.capacity: must be between 1 and 1000000000000, got 0",
+        "rules.yaml: resource 'orders': limits[0] 'a'.refill_per_second: must be a positive number, got -1",
+        "rules.yaml: resource 'orders': limits[1] 'b'.window: is required",
+        "rules.yaml: resource 'orders': limits[2] 'c'.algorithm: must be one of token_bucket, gcra, leaky_bucket, fixed_window, sliding_window_log, sliding_window, got 'teleport'",
+        "rules.yaml: resource 'users': limits[0] 'd'.limit: must be between 1 and 10000, got 20000",
+        "rules.yaml: resource 'users': limits[0] 'd'.window: duration '5' needs a unit, e.g. 5s or 5ms",
+        "rules.yaml: resource 'users': limits[1] 'd'.capacity: unknown field (expected one of: name, key, algorithm, sync, on_redis_error, rate_per_second, burst)",
+        "rules.yaml: resource 'users': shed_at_level: must be between 1 and 3, got 7",
+    ];
+    for e in expected {
+        assert!(
+            errors.iter().any(|got| got == e),
+            "missing {e:?} in {errors:#?}"
+        );
+    }
+    assert_eq!(errors.len(), expected.len(), "{errors:#?}");
+}
+
+#[test]
+fn duplicates_are_refused() {
+    let errors = errors_of(
+        r#"
+resources:
+  - { name: a, limits: [ { name: x, algorithm: fixed_window, limit: 1, window: 1s }, { name: x, algorithm: fixed_window, limit: 1, window: 1s } ] }
+  - { name: a }
+"#,
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("resource 'a': limits[1] 'x'.name: is used by another limit")),
+        "{errors:?}"
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("resource 'a': name: is defined twice")),
+        "{errors:?}"
+    );
+}
+
+#[test]
+fn structural_errors_are_reported() {
+    assert!(errors_of("")[0].contains("the file is empty"));
+    assert!(errors_of("resources: [")[0].contains("not valid YAML"));
+    assert!(
+        errors_of("limits: []")
+            .iter()
+            .any(|e| e == "rules.yaml: limits: unknown field (expected one of: resources)")
+    );
+    assert!(errors_of("resources: 5")[0].contains("resources: must be a list"));
+    let e = errors_of("resources: [ { limits: [] } ]");
+    assert_eq!(e, ["rules.yaml: resource '#1': name: is required"]);
+    let long = "x".repeat(300);
+    let e = errors_of(&format!("resources: [ {{ name: {long} }} ]"));
+    assert!(
+        e[0].contains("name: is 300 bytes long; the limit is 256"),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn leaky_bucket_and_breaker_options_are_checked() {
+    let e = errors_of(
+        r#"
+resources:
+  - name: a
+    limits: [ { name: l, algorithm: leaky_bucket, capacity: 5, leak_per_second: 1, max_wait: 1s } ]
+    breaker:
+      failure_rate_threshold: 1.5
+      window: { kind: time, size: 10 }
+      wait_in_open: { initial: 5s, multiplier: 0.5 }
+"#,
+    );
+    assert!(
+        e.iter()
+            .any(|e| e.ends_with("limits[0] 'l'.max_wait: applies only to mode: shape")),
+        "{e:#?}"
+    );
+    assert!(e.iter().any(|e| e.ends_with("breaker.failure_rate_threshold: must be a rate above 0 and at most 1 (e.g. 0.5), got 1.5")), "{e:#?}");
+    assert!(
+        e.iter()
+            .any(|e| e
+                .ends_with("breaker.window.size: unknown field (expected one of: kind, seconds)")),
+        "{e:#?}"
+    );
+    assert!(
+        e.iter()
+            .any(|e| e.ends_with("breaker.window.seconds: is required")),
+        "{e:#?}"
+    );
+    assert!(
+        e.iter()
+            .any(|e| e
+                .ends_with("breaker.wait_in_open.multiplier: must be between 1 and 100, got 0.5")),
+        "{e:#?}"
+    );
+}
+
+#[test]
+fn breaker_defaults_follow_resilience4j() {
+    let set = RuleSet::from_yaml(
+        "resources: [ { name: a, breaker: { window: { kind: count, size: 10 } } } ]",
+        "r",
+    )
+    .unwrap();
+    let b = set.find("a").unwrap().breaker.clone().unwrap();
+    assert_eq!(b.failure_rate_threshold, 0.5);
+    assert_eq!(b.slow_call_rate_threshold, 1.0);
+    assert_eq!(b.minimum_calls, 10, "capped at the count window's size");
+    assert_eq!(b.half_open_calls, 10);
+    let set = RuleSet::from_yaml(
+        "resources: [ { name: a, breaker: { wait_in_open: { initial: 5s, multiplier: 1.5, max: 5m } } } ]",
+        "r",
+    )
+    .unwrap();
+    let w = set
+        .find("a")
+        .unwrap()
+        .breaker
+        .as_ref()
+        .unwrap()
+        .wait_in_open;
+    assert_eq!(w.wait(2), Duration::from_millis(7500));
+}

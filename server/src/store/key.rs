@@ -1,0 +1,90 @@
+//! Bucket keys: which limit, and which of its buckets.
+
+use compact_str::CompactString;
+
+use crate::rules::LimitId;
+
+/// One bucket: a limit and its scope (the resource for per-resource rules, then
+/// the values of the limit's key descriptors). Scopes up to 24 bytes are stored
+/// inline, so most keys cost no allocation.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BucketKey {
+    pub limit: LimitId,
+    pub scope: CompactString,
+}
+
+const SEP: char = '\u{1f}';
+const ESC: char = '\u{1e}';
+
+impl BucketKey {
+    pub fn global(limit: LimitId) -> Self {
+        BucketKey {
+            limit,
+            scope: CompactString::const_new(""),
+        }
+    }
+
+    /// The key for these parts, joined unambiguously: a separator or escape
+    /// character inside a part is escaped, so different parts never share a key.
+    pub fn new<'a>(limit: LimitId, parts: impl IntoIterator<Item = &'a str>) -> Self {
+        let mut scope = CompactString::const_new("");
+        for (i, part) in parts.into_iter().enumerate() {
+            if i > 0 {
+                scope.push(SEP);
+            }
+            if part.contains([SEP, ESC]) {
+                for c in part.chars() {
+                    if c == SEP || c == ESC {
+                        scope.push(ESC);
+                    }
+                    scope.push(c);
+                }
+            } else {
+                scope.push_str(part);
+            }
+        }
+        BucketKey { limit, scope }
+    }
+
+    /// The parts this key was built from.
+    pub fn parts(&self) -> Vec<String> {
+        let mut parts = vec![String::new()];
+        let mut escaped = false;
+        for c in self.scope.chars() {
+            match c {
+                _ if escaped => {
+                    parts.last_mut().unwrap().push(c);
+                    escaped = false;
+                }
+                ESC => escaped = true,
+                SEP => parts.push(String::new()),
+                _ => parts.last_mut().unwrap().push(c),
+            }
+        }
+        parts
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_never_collide() {
+        let id = LimitId(1);
+        let a = BucketKey::new(id, ["a\u{1f}b", "c"]);
+        let b = BucketKey::new(id, ["a", "b\u{1f}c"]);
+        assert_ne!(a, b);
+        assert_eq!(a.parts(), ["a\u{1f}b", "c"]);
+        assert_eq!(b.parts(), ["a", "b\u{1f}c"]);
+        let c = BucketKey::new(id, ["x\u{1e}", "y"]);
+        assert_eq!(c.parts(), ["x\u{1e}", "y"]);
+    }
+
+    #[test]
+    fn short_keys_are_inline() {
+        let k = BucketKey::new(LimitId(3), ["tenant-42", "user-1234"]);
+        assert!(!k.scope.is_heap_allocated());
+        assert_eq!(std::mem::size_of::<BucketKey>(), 32);
+    }
+}

@@ -1,0 +1,167 @@
+//! Every bucket, sharded in memory.
+//!
+//! Keys are evicted two ways: a sweep drops buckets back in their initial state
+//! (forgetting them changes no answer), so memory follows active keys; and a
+//! bound on the number of keys (`--max-keys`) evicts the least recently used
+//! first, so that a flood of distinct keys cannot exhaust memory.
+
+use std::collections::BinaryHeap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+use dashmap::DashMap;
+use dashmap::mapref::entry::Entry;
+
+use crate::limiter::{Algorithm, Bucket, Decision};
+use crate::rules::LimitId;
+use crate::time::Timestamp;
+
+mod key;
+
+pub use key::BucketKey;
+
+/// Shards: enough that two cores rarely meet on one lock, and small enough
+/// that a sweep holds each lock only briefly.
+const SHARDS: usize = 64;
+
+pub struct Buckets {
+    map: DashMap<BucketKey, Slot, ahash::RandomState>,
+    len: AtomicUsize,
+    max_keys: usize,
+    evicting: AtomicBool,
+    evicted: AtomicU64,
+}
+
+struct Slot {
+    bucket: Bucket,
+    /// Last time a decision touched this bucket, for LRU eviction.
+    touched: Timestamp,
+}
+
+// === impl Buckets ===
+
+impl Buckets {
+    /// A store holding at most `max_keys` buckets (`usize::MAX` for no bound).
+    pub fn new(max_keys: usize) -> Self {
+        Buckets {
+            map: DashMap::with_hasher_and_shard_amount(ahash::RandomState::new(), SHARDS),
+            len: AtomicUsize::new(0),
+            max_keys: max_keys.max(1),
+            evicting: AtomicBool::new(false),
+            evicted: AtomicU64::new(0),
+        }
+    }
+
+    /// Decides `cost` on the bucket at `key`, creating it on first use.
+    pub fn acquire(&self, key: BucketKey, alg: &Algorithm, now: Timestamp, cost: u64) -> Decision {
+        let created;
+        let decision = match self.map.entry(key) {
+            Entry::Occupied(mut e) => {
+                created = false;
+                let slot = e.get_mut();
+                slot.touched = now;
+                slot.bucket.try_acquire(alg, now, cost)
+            }
+            Entry::Vacant(e) => {
+                created = true;
+                let mut bucket = alg.new_bucket(now);
+                let decision = bucket.try_acquire(alg, now, cost);
+                e.insert(Slot {
+                    bucket,
+                    touched: now,
+                });
+                decision
+            }
+        };
+        if created && self.len.fetch_add(1, Ordering::Relaxed) >= self.max_keys {
+            self.evict_least_recently_used();
+        }
+        decision
+    }
+
+    /// The decision `acquire` would make, changing nothing (not even creating).
+    pub fn check(&self, key: &BucketKey, alg: &Algorithm, now: Timestamp, cost: u64) -> Decision {
+        match self.map.get(key) {
+            Some(slot) => slot.bucket.check(alg, now, cost),
+            None => alg.new_bucket(now).check(alg, now, cost),
+        }
+    }
+
+    /// Gives back what an `acquire` at the same `now` took.
+    pub fn refund(&self, key: &BucketKey, alg: &Algorithm, now: Timestamp, cost: u64) {
+        if let Some(mut slot) = self.map.get_mut(key) {
+            slot.bucket.refund(alg, now, cost);
+        }
+    }
+
+    /// Buckets held now.
+    pub fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Buckets evicted so far, idle or least recently used.
+    pub fn evicted(&self) -> u64 {
+        self.evicted.load(Ordering::Relaxed)
+    }
+
+    /// Drops every bucket back in its initial state, and every bucket whose
+    /// limit no longer exists (`algorithm` answers `None`). Returns how many.
+    pub fn sweep<'a>(
+        &self,
+        now: Timestamp,
+        algorithm: impl Fn(LimitId) -> Option<&'a Algorithm>,
+    ) -> usize {
+        let mut removed = 0;
+        self.map.retain(|key, slot| {
+            let keep = algorithm(key.limit).is_some_and(|alg| !slot.bucket.is_idle(alg, now));
+            removed += usize::from(!keep);
+            keep
+        });
+        self.forget(removed);
+        removed
+    }
+
+    /// Evicts a batch of the least recently used buckets: the excess over
+    /// `max_keys`, and at least 1% of it so that a flood of new keys pays for a
+    /// scan once per many inserts. One thread evicts at a time; the others go on.
+    fn evict_least_recently_used(&self) {
+        if self.evicting.swap(true, Ordering::Acquire) {
+            return;
+        }
+        let excess = self.len().saturating_sub(self.max_keys);
+        let batch = excess.max(self.max_keys / 100).max(1);
+        // The `batch` oldest, kept in a max-heap on `touched`.
+        let mut oldest: BinaryHeap<(Timestamp, BucketKey)> = BinaryHeap::with_capacity(batch + 1);
+        for entry in self.map.iter() {
+            let touched = entry.value().touched;
+            if oldest.len() < batch {
+                oldest.push((touched, entry.key().clone()));
+            } else if oldest.peek().is_some_and(|(t, _)| touched < *t) {
+                oldest.pop();
+                oldest.push((touched, entry.key().clone()));
+            }
+        }
+        let removed = oldest
+            .into_iter()
+            .filter(|(_, key)| self.map.remove(key).is_some())
+            .count();
+        self.forget(removed);
+        self.evicting.store(false, Ordering::Release);
+    }
+
+    fn forget(&self, removed: usize) {
+        self.len.fetch_sub(removed, Ordering::Relaxed);
+        self.evicted.fetch_add(removed as u64, Ordering::Relaxed);
+    }
+
+    #[cfg(test)]
+    fn contains(&self, key: &BucketKey) -> bool {
+        self.map.contains_key(key)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,117 @@
+use std::sync::Arc;
+
+use super::*;
+use crate::limiter::rate::Rate;
+use crate::limiter::{fixed_window, token_bucket};
+
+const SEC: u64 = 1_000_000_000;
+
+fn t(secs: u64) -> Timestamp {
+    Timestamp::from_secs(1_700_006_400 + secs)
+}
+
+fn tb(capacity: u64) -> Algorithm {
+    Algorithm::TokenBucket(token_bucket::Config::new(
+        capacity,
+        Rate::whole_per_second(1),
+    ))
+}
+
+fn key(name: &str) -> BucketKey {
+    BucketKey::new(LimitId(1), [name])
+}
+
+#[test]
+fn keys_are_independent() {
+    let store = Buckets::new(usize::MAX);
+    let alg = tb(1);
+    assert!(store.acquire(key("a"), &alg, t(0), 1).admitted);
+    assert!(!store.acquire(key("a"), &alg, t(0), 1).admitted);
+    assert!(store.acquire(key("b"), &alg, t(0), 1).admitted);
+    assert_eq!(store.len(), 2);
+}
+
+#[test]
+fn check_creates_nothing_and_consumes_nothing() {
+    let store = Buckets::new(usize::MAX);
+    let alg = tb(1);
+    assert!(store.check(&key("a"), &alg, t(0), 1).admitted);
+    assert!(store.is_empty());
+    assert!(store.acquire(key("a"), &alg, t(0), 1).admitted);
+    assert!(!store.check(&key("a"), &alg, t(0), 1).admitted);
+}
+
+#[test]
+fn sweep_drops_idle_buckets_and_removed_limits() {
+    let store = Buckets::new(usize::MAX);
+    let alg = tb(2);
+    store.acquire(key("a"), &alg, t(0), 1);
+    store.acquire(key("b"), &alg, t(0), 2);
+    store.acquire(BucketKey::new(LimitId(9), ["gone"]), &alg, t(0), 1);
+    let lookup = |id: LimitId| (id == LimitId(1)).then_some(&alg);
+    // At 1 s, 'a' (1 token short) is full again; 'b' still needs a second.
+    assert_eq!(store.sweep(t(1), lookup), 2);
+    assert!(!store.contains(&key("a")));
+    assert!(store.contains(&key("b")));
+    assert_eq!(store.sweep(t(2), lookup), 1);
+    assert!(store.is_empty());
+    assert_eq!(store.evicted(), 3);
+}
+
+#[test]
+fn max_keys_evicts_the_least_recently_used_first() {
+    let store = Buckets::new(3);
+    let alg = tb(10);
+    store.acquire(key("a"), &alg, t(1), 1);
+    store.acquire(key("b"), &alg, t(2), 1);
+    store.acquire(key("c"), &alg, t(3), 1);
+    store.acquire(key("a"), &alg, t(4), 1); // 'a' is now the most recent
+    store.acquire(key("d"), &alg, t(5), 1);
+    assert_eq!(store.len(), 3);
+    assert!(!store.contains(&key("b")), "b was least recently used");
+    assert!(store.contains(&key("a")) && store.contains(&key("c")) && store.contains(&key("d")));
+    store.acquire(key("e"), &alg, t(6), 1);
+    assert!(!store.contains(&key("c")));
+    assert_eq!(store.evicted(), 2);
+}
+
+#[test]
+fn a_flood_of_keys_stays_bounded() {
+    let store = Buckets::new(1000);
+    let alg = tb(10);
+    for i in 0..20_000u64 {
+        store.acquire(
+            key(&i.to_string()),
+            &alg,
+            Timestamp::from_nanos(t(0).as_nanos() + i),
+            1,
+        );
+        assert!(store.len() <= 1000);
+    }
+    // The most recent keys survive.
+    assert!(store.contains(&key("19999")));
+    assert!(!store.contains(&key("0")));
+}
+
+#[test]
+fn concurrent_callers_never_overdraw_one_bucket() {
+    let store = Arc::new(Buckets::new(usize::MAX));
+    let alg = Arc::new(Algorithm::FixedWindow(fixed_window::Config::new(
+        1000,
+        3600 * SEC,
+    )));
+    let admitted: usize = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let (store, alg) = (store.clone(), alg.clone());
+                s.spawn(move || {
+                    (0..600)
+                        .filter(|_| store.acquire(key("hot"), &alg, t(0), 1).admitted)
+                        .count()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).sum()
+    });
+    assert_eq!(admitted, 1000);
+}
