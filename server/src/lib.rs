@@ -1,7 +1,24 @@
 //! Floodgate: a centralized rate-limit and circuit-breaker decision service.
+//!
+//! Read top to bottom, from the wire to the state:
+//! - [`cli`]: the `floodgate` binary's commands; `main` only parses flags.
+//! - [`server`]: `run(options, listeners, shutdown)`, wiring everything below.
+//! - [`grpc`]: proto <-> domain translation and error mapping, nothing else.
+//! - [`http`]: `/healthz`, `/readyz`, `/metrics`.
+//! - [`reload`]: hot reload of the rules file.
+//! - [`engine`]: the decision core: rules in force, all-or-nothing over limits.
+//! - [`rules`]: the rules file, validated into types that cannot hold a bad value.
+//! - [`store`]: every bucket, sharded in memory, with idle and LRU eviction.
+//! - [`limiter`]: the six algorithms, pure state types that take `now`.
+//! - [`time`]: the injected clock.
 
+pub mod cli;
 pub mod engine;
+pub mod grpc;
+pub mod http;
 pub mod limiter;
+pub mod reload;
 pub mod rules;
+pub mod server;
 pub mod store;
 pub mod time;

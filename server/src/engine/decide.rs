@@ -76,11 +76,20 @@ impl Outcome<'_> {
                 alg.name(),
                 alg.capacity(),
                 duration::format(alg.window()),
-                duration::format(report.status.retry_after),
+                duration::human(report.status.retry_after),
             );
         }
         out
     }
+}
+
+/// A request checked and matched against the rules, not yet decided.
+#[derive(Debug)]
+pub struct Prepared<'r> {
+    rule: Option<&'r Rule>,
+    matched: Matched<'r>,
+    cost: u64,
+    dry_run: bool,
 }
 
 // === impl Engine ===
@@ -92,12 +101,23 @@ impl Engine {
         rules: &'r Installed,
         req: &Request<'_, D>,
     ) -> Result<Outcome<'r>, RequestError> {
+        let prepared = self.prepare(rules, req)?;
+        Ok(self.decide(prepared, self.clock.now()))
+    }
+
+    /// Checks a request and matches it, deciding nothing: every error a
+    /// decision could meet is found here, so a batch can be refused whole.
+    pub fn prepare<'r, D: Descriptors + ?Sized>(
+        &self,
+        rules: &'r Installed,
+        req: &Request<'_, D>,
+    ) -> Result<Prepared<'r>, RequestError> {
         request::validate(req.resource, req.descriptors)?;
-        let Some(rule) = rules.rules.find(req.resource) else {
-            return Ok(Outcome::allowed());
-        };
         let cost = u64::from(req.cost.max(1));
-        let matched = matched(rule, req.resource, req.descriptors);
+        let rule = rules.rules.find(req.resource);
+        let matched = rule
+            .map(|r| matched(r, req.resource, req.descriptors))
+            .unwrap_or_default();
         for (limit, _) in &matched {
             let capacity = limit.algorithm.capacity();
             if cost > capacity {
@@ -108,14 +128,27 @@ impl Engine {
                 });
             }
         }
-        let now = self.clock.now();
-        let mut decisions = if req.dry_run {
+        Ok(Prepared {
+            rule,
+            matched,
+            cost,
+            dry_run: req.dry_run,
+        })
+    }
+
+    /// Decides a prepared request at `now`.
+    pub fn decide<'r>(&self, p: Prepared<'r>, now: Timestamp) -> Outcome<'r> {
+        let Some(rule) = p.rule else {
+            return Outcome::allowed();
+        };
+        let (matched, cost) = (&p.matched, p.cost);
+        let mut decisions = if p.dry_run {
             matched
                 .iter()
                 .map(|(l, k)| self.buckets.check(k, &l.algorithm, now, cost))
                 .collect()
         } else {
-            self.take_all_or_nothing(&matched, now, cost)
+            self.take_all_or_nothing(matched, now, cost)
         };
         if decisions.iter().any(|d| !d.admitted) {
             // Nothing was taken: the limits that would have admitted report
@@ -128,7 +161,7 @@ impl Engine {
                 d.status = self.buckets.check(k, &l.algorithm, now, 0).status;
             }
         }
-        Ok(outcome(rule, &matched, &decisions))
+        outcome(rule, matched, &decisions)
     }
 
     /// The state of a resource's limits for these descriptors, consuming nothing.

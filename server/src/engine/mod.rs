@@ -17,7 +17,7 @@ use crate::time::SharedClock;
 mod decide;
 pub mod request;
 
-pub use decide::{LimitReport, Outcome, Verdict};
+pub use decide::{LimitReport, Outcome, Prepared, Verdict};
 pub use request::{Descriptors, Request, RequestError};
 
 /// The rules in force, with where they came from.

@@ -157,7 +157,7 @@ mod tests {
         assert_eq!(c.emission_interval, 333_333_334);
         let mut g = Gcra::new(&c, T0);
         let admitted = (0..3000u64)
-            .filter(|i| g.try_acquire(&c, at_ms(i * 1), 1).admitted)
+            .filter(|i| g.try_acquire(&c, at_ms(*i), 1).admitted)
             .count();
         // Over 3 s at 3/s with a burst of 1: at most 1 + 3 * 2.999 = 9.
         assert_eq!(admitted, 9);

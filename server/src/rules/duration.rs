@@ -73,11 +73,29 @@ pub fn format(d: Duration) -> String {
         ("ms", 1_000_000),
         ("us", 1_000),
     ] {
-        if n >= per && n % per == 0 {
+        if n >= per && n.is_multiple_of(per) {
             return format!("{}{unit}", n / per);
         }
     }
     format!("{n}ns")
+}
+
+/// A duration for people: `250ms`, `1.5s`, `11.809s`, `2m3s`, `40us`; `0s` for zero.
+pub fn human(d: Duration) -> String {
+    let ms = d.as_millis();
+    match ms {
+        0 if d.is_zero() => "0s".to_string(),
+        0 => format!("{}us", d.as_micros().max(1)),
+        1..=999 => format!("{ms}ms"),
+        1000..=59_999 => {
+            let text = format!("{:.3}", ms as f64 / 1000.0);
+            format!("{}s", text.trim_end_matches('0').trim_end_matches('.'))
+        }
+        _ => match (ms / 60_000, (ms % 60_000) / 1000) {
+            (m, 0) => format!("{m}m"),
+            (m, s) => format!("{m}m{s}s"),
+        },
+    }
 }
 
 #[cfg(test)]
@@ -106,6 +124,17 @@ mod tests {
         assert!(parse("1..5s").unwrap_err().contains("malformed"));
         assert!(parse("ms").unwrap_err().contains("malformed"));
         assert!(parse("99999999999999d").unwrap_err().contains("too long"));
+    }
+
+    #[test]
+    fn human_rounds_to_what_people_read() {
+        assert_eq!(human(Duration::ZERO), "0s");
+        assert_eq!(human(Duration::from_nanos(40_500)), "40us");
+        assert_eq!(human(Duration::from_millis(250)), "250ms");
+        assert_eq!(human(Duration::from_millis(1500)), "1.5s");
+        assert_eq!(human(Duration::from_nanos(11_809_133_052)), "11.809s");
+        assert_eq!(human(Duration::from_secs(60)), "1m");
+        assert_eq!(human(Duration::from_secs(123)), "2m3s");
     }
 
     #[test]

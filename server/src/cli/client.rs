@@ -1,0 +1,219 @@
+//! Client commands: `acquire` and `rules`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use floodgate_proto::v1 as pb;
+use tonic::transport::{Channel, Endpoint};
+
+/// Exit status of `acquire` when the last decision was a denial.
+const DENIED: u8 = 3;
+
+#[derive(Args, Debug, Clone)]
+pub struct Server {
+    /// The Floodgate server.
+    #[arg(
+        long,
+        short = 's',
+        default_value = "http://127.0.0.1:50051",
+        env = "FLOODGATE_SERVER"
+    )]
+    server: String,
+}
+
+#[derive(Args, Debug)]
+pub struct AcquireArgs {
+    #[command(flatten)]
+    server: Server,
+    /// The resource to ask about, e.g. "GET /api/orders/:id".
+    resource: String,
+    /// A descriptor, as key=value; repeat for more.
+    #[arg(short = 'd', long = "descriptor", value_parser = parse_pair)]
+    descriptors: Vec<(String, String)>,
+    /// Units to take.
+    #[arg(long, default_value_t = 1)]
+    cost: u32,
+    /// Answer without consuming anything.
+    #[arg(long)]
+    dry_run: bool,
+    /// Ask this many times, one decision after another.
+    #[arg(long, short = 'n', default_value_t = 1)]
+    count: u32,
+}
+
+#[derive(Args, Debug)]
+pub struct RulesArgs {
+    #[command(flatten)]
+    server: Server,
+    #[command(subcommand)]
+    action: Option<RulesAction>,
+}
+
+#[derive(Subcommand, Debug)]
+enum RulesAction {
+    /// Print the rules in force (the default).
+    Get,
+    /// Validate a rules file on the server and swap it in atomically.
+    Apply {
+        file: PathBuf,
+        /// Validate only; change nothing.
+        #[arg(long)]
+        validate_only: bool,
+    },
+}
+
+pub fn block_on(f: impl std::future::Future<Output = anyhow::Result<ExitCode>>) -> ExitCode {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    match runtime.block_on(f) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("floodgate: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+impl Server {
+    pub async fn connect(&self) -> anyhow::Result<Channel> {
+        let url = if self.server.contains("://") {
+            self.server.clone()
+        } else {
+            format!("http://{}", self.server)
+        };
+        Endpoint::from_shared(url.clone())
+            .with_context(|| format!("bad server address '{url}'"))?
+            .connect_timeout(Duration::from_secs(3))
+            .connect()
+            .await
+            .with_context(|| format!("cannot reach floodgate at {url}"))
+    }
+}
+
+fn parse_pair(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) => Ok((k.to_string(), v.to_string())),
+        None => Err(format!("'{s}' is not key=value")),
+    }
+}
+
+pub async fn acquire(args: AcquireArgs) -> anyhow::Result<ExitCode> {
+    let mut client = pb::floodgate_client::FloodgateClient::new(args.server.connect().await?);
+    let request = pb::AcquireRequest {
+        resource: args.resource.clone(),
+        descriptors: args.descriptors.into_iter().collect(),
+        cost: args.cost,
+        dry_run: args.dry_run,
+    };
+    let mut code = ExitCode::SUCCESS;
+    for _ in 0..args.count.max(1) {
+        let response = client
+            .acquire(request.clone())
+            .await
+            .map_err(status_error)?
+            .into_inner();
+        print!("{}", render(&args.resource, &response));
+        code = if response.verdict == pb::Verdict::Allowed as i32 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(DENIED)
+        };
+    }
+    Ok(code)
+}
+
+pub async fn rules(args: RulesArgs) -> anyhow::Result<ExitCode> {
+    let mut client = pb::admin_client::AdminClient::new(args.server.connect().await?);
+    match args.action.unwrap_or(RulesAction::Get) {
+        RulesAction::Get => {
+            let r = client
+                .get_rules(pb::GetRulesRequest {})
+                .await
+                .map_err(status_error)?
+                .into_inner();
+            println!("# version {} from {}", r.version, r.source);
+            print!("{}", r.yaml);
+        }
+        RulesAction::Apply {
+            file,
+            validate_only,
+        } => {
+            let yaml = std::fs::read_to_string(&file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            let r = client
+                .apply_rules(pb::ApplyRulesRequest {
+                    yaml,
+                    validate_only,
+                })
+                .await
+                .map_err(status_error)?
+                .into_inner();
+            let what = if r.applied {
+                "applied"
+            } else {
+                "valid, not applied"
+            };
+            println!(
+                "{}: {what}; version {} ({} resources)",
+                file.display(),
+                r.version,
+                r.resources.len()
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn status_error(s: tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!("{:?}: {}", s.code(), s.message())
+}
+
+/// A decision, readably.
+fn render(resource: &str, r: &pb::AcquireResponse) -> String {
+    use std::fmt::Write;
+    let verdict = pb::Verdict::try_from(r.verdict).map_or("UNKNOWN", |v| v.as_str_name());
+    let mut out = format!("{verdict:<13} {resource}");
+    let retry = r.retry_after.as_ref().map(human).unwrap_or_default();
+    if !retry.is_empty() {
+        let _ = write!(out, "  retry after {retry}");
+    }
+    if let Some(wait) = r.wait.as_ref().map(human).filter(|w| !w.is_empty()) {
+        let _ = write!(out, "  wait {wait}");
+    }
+    out.push('\n');
+    if !r.reason.is_empty() {
+        let _ = writeln!(out, "  reason: {}", r.reason);
+    }
+    for l in &r.limits {
+        let _ = write!(
+            out,
+            "  {:<16} {:<19} remaining {:>6}/{:<6}",
+            l.name, l.algorithm, l.remaining, l.limit
+        );
+        if let Some(reset) = l.reset_after.as_ref().map(human).filter(|s| !s.is_empty()) {
+            let _ = write!(out, "  reset {reset}");
+        }
+        if l.exceeded {
+            let _ = write!(
+                out,
+                "  EXCEEDED, retry {}",
+                l.retry_after.as_ref().map(human).unwrap_or_default()
+            );
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// A proto duration for people; empty for zero.
+fn human(d: &prost_types::Duration) -> String {
+    match crate::grpc::convert::from_duration(d) {
+        Some(d) if !d.is_zero() => crate::rules::duration::human(d),
+        _ => String::new(),
+    }
+}

@@ -1,0 +1,87 @@
+//! The `floodgate` command line.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+mod check_config;
+mod client;
+mod serve;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "floodgate",
+    version,
+    about = "A rate-limit and circuit-breaker decision service"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+
+    /// Log format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Human, env = "FLOODGATE_LOG_FORMAT")]
+    log_format: LogFormat,
+
+    /// Log filter, e.g. `info` or `floodgate=debug` (RUST_LOG syntax).
+    #[arg(long, global = true, default_value = "info", env = "FLOODGATE_LOG")]
+    log_level: String,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    Human,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the server (embedded default rules and memory only unless told otherwise).
+    Serve(serve::ServeArgs),
+    /// Validate a rules file; exits non-zero listing every error.
+    CheckConfig(check_config::CheckConfigArgs),
+    /// Ask a server for one decision and print it.
+    Acquire(client::AcquireArgs),
+    /// Show the rules a server has, or apply a rules file to it.
+    Rules(client::RulesArgs),
+}
+
+impl Cli {
+    pub fn run(self) -> ExitCode {
+        init_logging(self.log_format, &self.log_level);
+        let result = match self.command {
+            Command::Serve(args) => serve::run(args),
+            Command::CheckConfig(args) => return check_config::run(args),
+            Command::Acquire(args) => return client::block_on(client::acquire(args)),
+            Command::Rules(args) => return client::block_on(client::rules(args)),
+        };
+        match result {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("floodgate: {e:#}");
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+fn init_logging(format: LogFormat, filter: &str) {
+    use tracing_subscriber::EnvFilter;
+    let filter = std::env::var("RUST_LOG")
+        .ok()
+        .unwrap_or_else(|| filter.to_string());
+    let filter = EnvFilter::try_new(&filter).unwrap_or_else(|_| EnvFilter::new("info"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Human => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+}
+
+/// Parses a duration flag such as `10s` or `250ms`.
+pub(crate) fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    crate::rules::duration::parse(s)
+}

@@ -1,0 +1,128 @@
+//! The `Admin` control plane service.
+
+use std::sync::Arc;
+
+use floodgate_proto::v1 as pb;
+use pb::admin_server::Admin;
+use tonic::{Request, Response, Status};
+
+use super::convert;
+use crate::engine::Engine;
+use crate::rules::RuleSet;
+
+pub struct ControlPlane {
+    engine: Arc<Engine>,
+}
+
+impl ControlPlane {
+    pub fn new(engine: Arc<Engine>) -> Self {
+        ControlPlane { engine }
+    }
+}
+
+fn resource_names(rules: &RuleSet) -> Vec<String> {
+    rules.rules().iter().map(|r| r.name.clone()).collect()
+}
+
+#[tonic::async_trait]
+impl Admin for ControlPlane {
+    async fn get_rules(
+        &self,
+        _request: Request<pb::GetRulesRequest>,
+    ) -> Result<Response<pb::GetRulesResponse>, Status> {
+        let installed = self.engine.rules();
+        Ok(Response::new(pb::GetRulesResponse {
+            yaml: installed.yaml.clone(),
+            version: installed.version,
+            source: installed.source.clone(),
+            loaded_at: Some(convert::timestamp(installed.loaded_at)),
+            resources: resource_names(&installed.rules),
+        }))
+    }
+
+    async fn apply_rules(
+        &self,
+        request: Request<pb::ApplyRulesRequest>,
+    ) -> Result<Response<pb::ApplyRulesResponse>, Status> {
+        let req = request.into_inner();
+        let rules = RuleSet::from_yaml(&req.yaml, "ApplyRules")?;
+        let resources = resource_names(&rules);
+        if req.validate_only {
+            let version = self.engine.rules().version;
+            return Ok(Response::new(pb::ApplyRulesResponse {
+                version,
+                resources,
+                applied: false,
+            }));
+        }
+        let version = self.engine.install(rules, req.yaml, "admin".into());
+        tracing::info!(version, "rules applied through Admin");
+        Ok(Response::new(pb::ApplyRulesResponse {
+            version,
+            resources,
+            applied: true,
+        }))
+    }
+
+    async fn list_breakers(
+        &self,
+        _request: Request<pb::ListBreakersRequest>,
+    ) -> Result<Response<pb::ListBreakersResponse>, Status> {
+        Err(Status::unimplemented(
+            "ListBreakers arrives with circuit breakers",
+        ))
+    }
+
+    async fn get_breaker(
+        &self,
+        _request: Request<pb::GetBreakerRequest>,
+    ) -> Result<Response<pb::BreakerInfo>, Status> {
+        Err(Status::unimplemented(
+            "GetBreaker arrives with circuit breakers",
+        ))
+    }
+
+    async fn set_breaker_state(
+        &self,
+        _request: Request<pb::SetBreakerStateRequest>,
+    ) -> Result<Response<pb::BreakerInfo>, Status> {
+        Err(Status::unimplemented(
+            "SetBreakerState arrives with circuit breakers",
+        ))
+    }
+
+    async fn set_degradation_level(
+        &self,
+        _request: Request<pb::SetDegradationLevelRequest>,
+    ) -> Result<Response<pb::SetDegradationLevelResponse>, Status> {
+        Err(Status::unimplemented(
+            "SetDegradationLevel arrives with degradation levels",
+        ))
+    }
+
+    async fn peek(
+        &self,
+        request: Request<pb::PeekRequest>,
+    ) -> Result<Response<pb::PeekResponse>, Status> {
+        let req = request.get_ref();
+        let rules = self.engine.rules();
+        let only = (!req.limit.is_empty()).then_some(req.limit.as_str());
+        let out = self
+            .engine
+            .peek(&rules, &req.resource, &req.descriptors, only)?;
+        if let Some(name) = only
+            && out.limits.is_empty()
+        {
+            return Err(Status::not_found(format!(
+                "limit: resource '{}' has no matched limit '{name}'",
+                req.resource
+            )));
+        }
+        Ok(Response::new(pb::PeekResponse {
+            rule: out.rule.unwrap_or_default().to_string(),
+            limits: out.limits.iter().map(convert::limit_status).collect(),
+            breaker_state: pb::BreakerState::Unspecified as i32,
+            degradation_level: 0,
+        }))
+    }
+}

@@ -1,0 +1,18 @@
+//! Every error becomes a gRPC status here, and only here.
+
+use tonic::Status;
+
+use crate::engine::RequestError;
+use crate::rules::RuleErrors;
+
+impl From<RequestError> for Status {
+    fn from(e: RequestError) -> Status {
+        Status::invalid_argument(e.to_string())
+    }
+}
+
+impl From<RuleErrors> for Status {
+    fn from(e: RuleErrors) -> Status {
+        Status::invalid_argument(e.to_string())
+    }
+}

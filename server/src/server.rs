@@ -1,0 +1,126 @@
+//! The server entry: `run(options, listeners, shutdown)`. `main` only parses flags.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::engine::{self, Engine, EngineConfig};
+use crate::rules::{RuleErrors, RuleSet};
+use crate::time::SharedClock;
+use crate::{grpc, http, reload};
+
+/// The rules a fresh server starts with: embedded, memory only.
+pub const DEFAULT_RULES: &str = include_str!("default_rules.yaml");
+
+pub struct Options {
+    /// A rules file to load and watch; `None` for the embedded default rules.
+    pub config: Option<PathBuf>,
+    pub max_keys: usize,
+    pub sweep_interval: Duration,
+    /// How long in-flight calls may take to finish after a shutdown signal.
+    pub shutdown_grace: Duration,
+    pub clock: SharedClock,
+}
+
+pub struct Listeners {
+    pub grpc: TcpListener,
+    pub http: TcpListener,
+}
+
+/// Reads and validates a rules file; every error names the file.
+pub fn load_rules(path: &std::path::Path) -> Result<(RuleSet, String), RuleErrors> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        RuleErrors(vec![crate::rules::RuleError {
+            file: file.clone(),
+            resource: None,
+            field: String::new(),
+            message: format!("cannot read: {e}"),
+        }])
+    })?;
+    let rules = RuleSet::from_yaml(&text, &file)?;
+    Ok((rules, text))
+}
+
+/// Serves until `shutdown` completes, then drains in-flight calls.
+pub async fn run(
+    opts: Options,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let engine = Arc::new(Engine::new(
+        EngineConfig {
+            max_keys: opts.max_keys,
+        },
+        opts.clock.clone(),
+    ));
+    let _reloader = match &opts.config {
+        Some(path) => {
+            let (rules, text) = load_rules(path)?;
+            let version = engine.install(rules, text.clone(), path.display().to_string());
+            tracing::info!(file = %path.display(), version, "rules loaded");
+            Some(
+                reload::spawn(path.clone(), engine.clone(), text)
+                    .context("watching the rules file")?,
+            )
+        }
+        None => {
+            let rules = RuleSet::from_yaml(DEFAULT_RULES, "embedded")
+                .expect("the embedded rules are valid");
+            engine.install(rules, DEFAULT_RULES.to_string(), "embedded".into());
+            tracing::info!("embedded default rules loaded");
+            None
+        }
+    };
+    let _sweeper = engine::spawn_sweeper(&engine, opts.sweep_interval);
+
+    let (reporter, health_service) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+    let routes = grpc::routes(engine.clone(), health_service)?;
+    let health = http::Health::default();
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let incoming =
+        tonic::transport::server::TcpIncoming::from(listeners.grpc).with_nodelay(Some(true));
+    let grpc = tonic::transport::Server::builder()
+        .add_routes(routes)
+        .serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone()));
+    let http = axum::serve(listeners.http, http::router(health.clone()))
+        .with_graceful_shutdown(stopped(stop_rx));
+
+    let grace = opts.shutdown_grace;
+    let signal = {
+        let health = health.clone();
+        async move {
+            shutdown.await;
+            tracing::info!("shutting down: draining in-flight calls");
+            health.set_ready(false);
+            reporter
+                .set_service_status("", tonic_health::ServingStatus::NotServing)
+                .await;
+            let _ = stop_tx.send(true);
+            // Clients that keep their connections open do not hold the exit forever.
+            tokio::time::sleep(grace).await;
+        }
+    };
+    health.set_ready(true);
+    tokio::select! {
+        (grpc, http) = async { tokio::join!(grpc, http) } => {
+            grpc.context("gRPC server")?;
+            http.context("HTTP server")?;
+        }
+        () = signal => tracing::warn!(?grace, "connections still open after the shutdown grace period; closing them"),
+    }
+    tracing::info!("stopped");
+    Ok(())
+}

@@ -1,0 +1,237 @@
+//! Shared by the end-to-end tests: start the real `floodgate` binary on free
+//! loopback ports, talk to it, stop it by PID.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use floodgate_proto::v1 as pb;
+use tonic::transport::Channel;
+
+/// The binary under test, built by cargo for this test run.
+pub const BIN: &str = env!("CARGO_BIN_EXE_floodgate");
+
+/// A running `floodgate serve`, stopped (SIGTERM, then SIGKILL) when dropped.
+pub struct Floodgate {
+    child: Child,
+    pub grpc: String,
+    pub http: String,
+    logs: Arc<Mutex<String>>,
+    log_reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Floodgate {
+    /// Starts `floodgate serve` with `args` on port 0 and waits until it listens.
+    pub fn start(args: &[&str]) -> Floodgate {
+        let mut child = Command::new(BIN)
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
+            .args(args)
+            .env("FLOODGATE_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting floodgate");
+        let logs = Arc::new(Mutex::new(String::new()));
+        let mut stderr = child.stderr.take().unwrap();
+        let sink = logs.clone();
+        let log_reader = std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stderr.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout
+            .read_line(&mut line)
+            .expect("reading floodgate's stdout");
+        let field = |name: &str| {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(&format!("{name}=")))
+                .unwrap_or_else(|| {
+                    panic!("no {name}= in {line:?}; logs:\n{}", logs.lock().unwrap())
+                })
+                .to_string()
+        };
+        let (grpc, http) = (field("grpc"), field("http"));
+        std::thread::spawn(move || for _ in stdout.lines() {});
+        Floodgate {
+            child,
+            grpc,
+            http,
+            logs,
+            log_reader: Some(log_reader),
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn logs(&self) -> String {
+        self.logs.lock().unwrap().clone()
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.grpc)
+    }
+
+    pub async fn channel(&self) -> Channel {
+        Channel::from_shared(self.url())
+            .unwrap()
+            .connect()
+            .await
+            .expect("connecting to floodgate")
+    }
+
+    pub async fn client(&self) -> pb::floodgate_client::FloodgateClient<Channel> {
+        pb::floodgate_client::FloodgateClient::new(self.channel().await)
+    }
+
+    pub async fn admin(&self) -> pb::admin_client::AdminClient<Channel> {
+        pb::admin_client::AdminClient::new(self.channel().await)
+    }
+
+    /// GETs a path on the HTTP port: (status, body).
+    pub fn http_get(&self, path: &str) -> (u16, String) {
+        http_get(&self.http, path)
+    }
+
+    /// Sends SIGTERM and waits for the process to exit; its exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        signal(self.child.id(), "TERM");
+        let status = wait_exit(&mut self.child, Duration::from_secs(30))
+            .expect("floodgate did not stop on SIGTERM");
+        // Every line it logged has been read once its stderr is closed.
+        if let Some(reader) = self.log_reader.take() {
+            let _ = reader.join();
+        }
+        status
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+}
+
+impl Drop for Floodgate {
+    fn drop(&mut self) {
+        if self.is_running() {
+            signal(self.child.id(), "KILL");
+            let _ = self.child.wait();
+        }
+    }
+}
+
+pub fn signal(pid: u32, name: &str) {
+    let _ = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status();
+}
+
+fn wait_exit(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+/// A minimal HTTP/1.1 GET, enough for /healthz, /readyz and /metrics.
+pub fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(addr).expect("connecting to the HTTP port");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// Polls `f` until it returns `Some`, or panics with `what` after `limit`.
+pub async fn eventually<T, F, Fut>(what: &str, limit: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// A temporary directory holding files for one test.
+pub struct TempDir(pub tempfile::TempDir);
+
+impl TempDir {
+    pub fn new() -> Self {
+        TempDir(tempfile::tempdir().unwrap())
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.path().join(name)
+    }
+
+    pub fn write(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.path(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    /// Replaces `name` atomically: written beside it, then renamed over it.
+    pub fn replace(&self, name: &str, text: &str) -> PathBuf {
+        let tmp = self.path(&format!(".{name}.tmp"));
+        std::fs::write(&tmp, text).unwrap();
+        let p = self.path(name);
+        std::fs::rename(&tmp, &p).unwrap();
+        p
+    }
+}
+
+pub fn path_str(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+pub fn acquire(resource: &str, descriptors: &[(&str, &str)], cost: u32) -> pb::AcquireRequest {
+    pb::AcquireRequest {
+        resource: resource.to_string(),
+        descriptors: descriptors
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        cost,
+        dry_run: false,
+    }
+}
