@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use floodgate::engine::{Engine, EngineConfig, Request};
+use floodgate::engine::{Engine, EngineConfig, Request, Verdict};
 use floodgate::limiter::rate::Rate;
 use floodgate::limiter::{
     Algorithm, fixed_window, gcra, leaky_bucket, sliding_window, sliding_window_log, token_bucket,
@@ -63,6 +63,18 @@ fn engine(yaml: &str) -> Engine {
         "bench".into(),
     );
     engine
+}
+
+/// One admitted decision on resource `api`.
+fn decide(e: &Engine, d: &HashMap<String, String>) -> Verdict {
+    let rules = e.rules();
+    let req = Request {
+        resource: "api",
+        descriptors: d,
+        cost: 1,
+        dry_run: false,
+    };
+    e.acquire(&rules, &req).unwrap().verdict
 }
 
 fn descriptors(user: &str) -> HashMap<String, String> {
