@@ -5,26 +5,17 @@ use std::path::PathBuf;
 
 use prost::Message;
 
-const PROTOS: &[&str] = &[
-    "floodgate/v1/floodgate.proto",
-    "envoy/service/ratelimit/v3/rls.proto",
-];
+const PROTOS: &[&str] = &["floodgate/v1/floodgate.proto", "envoy/service/ratelimit/v3/rls.proto"];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?);
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
-    println!(
-        "cargo:rerun-if-changed={}",
-        root.join("floodgate").display()
-    );
+    println!("cargo:rerun-if-changed={}", root.join("floodgate").display());
     println!("cargo:rerun-if-changed={}", root.join("envoy").display());
 
     let fds = protox::compile(PROTOS, [&root])?;
     std::fs::write(out.join("descriptor.bin"), fds.encode_to_vec())?;
 
-    tonic_prost_build::configure()
-        .build_client(true)
-        .build_server(true)
-        .compile_fds(fds)?;
+    tonic_prost_build::configure().build_client(true).build_server(true).compile_fds(fds)?;
     Ok(())
 }

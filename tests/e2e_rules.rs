@@ -22,10 +22,7 @@ resources:
 
 async fn limit_of(fg: &Floodgate) -> Option<u64> {
     let mut admin = fg.admin().await;
-    let peek = pb::PeekRequest {
-        resource: "orders".into(),
-        ..Default::default()
-    };
+    let peek = pb::PeekRequest { resource: "orders".into(), ..Default::default() };
     let r = admin.peek(peek).await.ok()?.into_inner();
     r.limits.first().map(|l| l.limit)
 }
@@ -39,18 +36,10 @@ async fn a_changed_file_applies_and_an_invalid_one_keeps_the_old_rules() {
 
     // Three admitted, the fourth denied: the file's limit is enforced.
     for _ in 0..3 {
-        let r = client
-            .acquire(acquire("orders", &[], 1))
-            .await
-            .unwrap()
-            .into_inner();
+        let r = client.acquire(acquire("orders", &[], 1)).await.unwrap().into_inner();
         assert_eq!(r.verdict(), pb::Verdict::Allowed);
     }
-    let r = client
-        .acquire(acquire("orders", &[], 1))
-        .await
-        .unwrap()
-        .into_inner();
+    let r = client.acquire(acquire("orders", &[], 1)).await.unwrap().into_inner();
     assert_eq!(r.verdict(), pb::Verdict::RateLimited);
     assert!(r.reason.contains("limit 'hourly'"), "{}", r.reason);
 
@@ -61,15 +50,8 @@ async fn a_changed_file_applies_and_an_invalid_one_keeps_the_old_rules() {
         (limit_of(&fg).await == Some(5)).then_some(())
     })
     .await;
-    let r = client
-        .acquire(acquire("orders", &[], 1))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(
-        (r.verdict(), r.limits[0].remaining),
-        (pb::Verdict::Allowed, 1)
-    );
+    let r = client.acquire(acquire("orders", &[], 1)).await.unwrap().into_inner();
+    assert_eq!((r.verdict(), r.limits[0].remaining), (pb::Verdict::Allowed, 1));
 
     // Replaced by an atomic rename: seen too.
     dir.replace("rules.yaml", &rules_with_limit(8));
@@ -80,30 +62,15 @@ async fn a_changed_file_applies_and_an_invalid_one_keeps_the_old_rules() {
 
     // An invalid file is ignored and logged; the limit of 8 stays enforced.
     dir.replace("rules.yaml", "resources:\n  - name: orders\n    limits: [ { name: hourly, algorithm: fixed_window, limit: 0, window: 1h } ]\n");
-    eventually(
-        "the rejection in the log",
-        Duration::from_secs(10),
-        || async {
-            fg.logs()
-                .contains("invalid rules file ignored")
-                .then_some(())
-        },
-    )
+    eventually("the rejection in the log", Duration::from_secs(10), || async {
+        fg.logs().contains("invalid rules file ignored").then_some(())
+    })
     .await;
-    assert!(
-        fg.logs()
-            .contains("limits[0] 'hourly'.limit: must be between 1"),
-        "{}",
-        fg.logs()
-    );
+    assert!(fg.logs().contains("limits[0] 'hourly'.limit: must be between 1"), "{}", fg.logs());
     assert_eq!(limit_of(&fg).await, Some(8));
     let mut admitted = 0;
     for _ in 0..6 {
-        let r = client
-            .acquire(acquire("orders", &[], 1))
-            .await
-            .unwrap()
-            .into_inner();
+        let r = client.acquire(acquire("orders", &[], 1)).await.unwrap().into_inner();
         admitted += u32::from(r.verdict() == pb::Verdict::Allowed);
     }
     assert_eq!(admitted, 4, "4 + 4 = 8 under the rules still in force");
@@ -111,97 +78,46 @@ async fn a_changed_file_applies_and_an_invalid_one_keeps_the_old_rules() {
     // Still healthy.
     assert_eq!(fg.http_get("/healthz"), (200, "ok\n".into()));
     let mut health = tonic_health::pb::health_client::HealthClient::new(fg.channel().await);
-    let status = health
-        .check(tonic_health::pb::HealthCheckRequest {
-            service: String::new(),
-        })
-        .await
-        .unwrap();
-    assert_eq!(
-        status.into_inner().status(),
-        tonic_health::pb::health_check_response::ServingStatus::Serving
-    );
+    let status = health.check(tonic_health::pb::HealthCheckRequest { service: String::new() }).await.unwrap();
+    assert_eq!(status.into_inner().status(), tonic_health::pb::health_check_response::ServingStatus::Serving);
 }
 
 #[tokio::test]
 async fn apply_rules_refuses_a_bad_set_whole_and_lists_every_error() {
     let fg = Floodgate::start(&[]);
     let mut admin = fg.admin().await;
-    let before = admin
-        .get_rules(pb::GetRulesRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let before = admin.get_rules(pb::GetRulesRequest {}).await.unwrap().into_inner();
     assert_eq!(before.source, "embedded");
 
     let bad = "resources:\n  - { name: a, limits: [ { name: x, algorithm: gcra, rate_per_second: 0, burst: 1 } ] }\n  - { name: b, shed_at_level: 9 }\n";
-    let err = admin
-        .apply_rules(pb::ApplyRulesRequest {
-            yaml: bad.into(),
-            validate_only: false,
-        })
-        .await
-        .unwrap_err();
+    let err = admin.apply_rules(pb::ApplyRulesRequest { yaml: bad.into(), validate_only: false }).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().starts_with("2 errors in rules:"), "{}", err.message());
     assert!(
-        err.message().starts_with("2 errors in rules:"),
+        err.message().contains("resource 'a': limits[0] 'x'.rate_per_second: must be a positive number, got 0"),
         "{}",
         err.message()
     );
-    assert!(
-        err.message().contains(
-            "resource 'a': limits[0] 'x'.rate_per_second: must be a positive number, got 0"
-        ),
-        "{}",
-        err.message()
-    );
-    assert!(
-        err.message()
-            .contains("resource 'b': shed_at_level: must be between 1 and 3, got 9"),
-        "{}",
-        err.message()
-    );
-    let after = admin
-        .get_rules(pb::GetRulesRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    assert!(err.message().contains("resource 'b': shed_at_level: must be between 1 and 3, got 9"), "{}", err.message());
+    let after = admin.get_rules(pb::GetRulesRequest {}).await.unwrap().into_inner();
     assert_eq!((after.version, after.yaml), (before.version, before.yaml));
 
     let good = rules_with_limit(2);
     let check = admin
-        .apply_rules(pb::ApplyRulesRequest {
-            yaml: good.clone(),
-            validate_only: true,
-        })
+        .apply_rules(pb::ApplyRulesRequest { yaml: good.clone(), validate_only: true })
         .await
         .unwrap()
         .into_inner();
     assert!(!check.applied);
-    assert_eq!(
-        admin
-            .get_rules(pb::GetRulesRequest {})
-            .await
-            .unwrap()
-            .into_inner()
-            .version,
-        before.version
-    );
+    assert_eq!(admin.get_rules(pb::GetRulesRequest {}).await.unwrap().into_inner().version, before.version);
     let applied = admin
-        .apply_rules(pb::ApplyRulesRequest {
-            yaml: good.clone(),
-            validate_only: false,
-        })
+        .apply_rules(pb::ApplyRulesRequest { yaml: good.clone(), validate_only: false })
         .await
         .unwrap()
         .into_inner();
     assert!(applied.applied);
     assert_eq!(applied.version, before.version + 1);
-    let now = admin
-        .get_rules(pb::GetRulesRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let now = admin.get_rules(pb::GetRulesRequest {}).await.unwrap().into_inner();
     assert_eq!(
         (now.source.as_str(), now.yaml.as_str(), now.resources),
         ("admin", good.as_str(), vec!["orders".to_string()])
@@ -212,11 +128,7 @@ async fn apply_rules_refuses_a_bad_set_whole_and_lists_every_error() {
 fn check_config_lists_every_error_and_exits_non_zero() {
     let dir = TempDir::new();
     let good = dir.write("good.yaml", &rules_with_limit(3));
-    let out = Command::new(BIN)
-        .arg("check-config")
-        .arg(&good)
-        .output()
-        .unwrap();
+    let out = Command::new(BIN).arg("check-config").arg(&good).output().unwrap();
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("OK (1 resources, 1 limits)"));
 
@@ -224,32 +136,17 @@ fn check_config_lists_every_error_and_exits_non_zero() {
         "bad.yaml",
         "resources:\n  - name: orders\n    limits:\n      - { name: a, algorithm: token_bucket, capacity: 10 }\n      - { name: b, algorithm: fixed_window, limit: 5, window: soon }\n",
     );
-    let out = Command::new(BIN)
-        .arg("check-config")
-        .arg(&bad)
-        .output()
-        .unwrap();
+    let out = Command::new(BIN).arg("check-config").arg(&bad).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     let file = bad.display();
+    assert!(err.contains(&format!("{file}: resource 'orders': limits[0] 'a'.refill_per_second: is required")), "{err}");
     assert!(
-        err.contains(&format!(
-            "{file}: resource 'orders': limits[0] 'a'.refill_per_second: is required"
-        )),
-        "{err}"
-    );
-    assert!(
-        err.contains(&format!(
-            "{file}: resource 'orders': limits[1] 'b'.window: duration 'soon' has unknown unit"
-        )),
+        err.contains(&format!("{file}: resource 'orders': limits[1] 'b'.window: duration 'soon' has unknown unit")),
         "{err}"
     );
 
-    let out = Command::new(BIN)
-        .arg("check-config")
-        .arg(dir.path("missing.yaml"))
-        .output()
-        .unwrap();
+    let out = Command::new(BIN).arg("check-config").arg(dir.path("missing.yaml")).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read"));
 }
@@ -259,14 +156,7 @@ fn serve_refuses_to_start_with_an_invalid_file() {
     let dir = TempDir::new();
     let bad = dir.write("bad.yaml", "resources: [ { name: '' } ]\n");
     let out = Command::new(BIN)
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--config",
-        ])
+        .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--config"])
         .arg(&bad)
         .output()
         .unwrap();

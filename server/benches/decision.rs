@@ -24,64 +24,29 @@ use floodgate::rules::RuleSet;
 use floodgate::time::{Clock, SystemClock};
 
 const ALGORITHMS: &[(&str, &str)] = &[
-    (
-        "token_bucket",
-        "algorithm: token_bucket, capacity: 1000000000000, refill_per_second: 1000000000",
-    ),
-    (
-        "gcra",
-        "algorithm: gcra, rate_per_second: 1000000000, burst: 1000000000000",
-    ),
-    (
-        "leaky_bucket",
-        "algorithm: leaky_bucket, capacity: 1000000000000, leak_per_second: 1000000000",
-    ),
-    (
-        "fixed_window",
-        "algorithm: fixed_window, limit: 1000000000000, window: 1ms",
-    ),
-    (
-        "sliding_window_log",
-        "algorithm: sliding_window_log, limit: 10000, window: 1ms",
-    ),
-    (
-        "sliding_window",
-        "algorithm: sliding_window, limit: 1000000000000, window: 1ms",
-    ),
+    ("token_bucket", "algorithm: token_bucket, capacity: 1000000000000, refill_per_second: 1000000000"),
+    ("gcra", "algorithm: gcra, rate_per_second: 1000000000, burst: 1000000000000"),
+    ("leaky_bucket", "algorithm: leaky_bucket, capacity: 1000000000000, leak_per_second: 1000000000"),
+    ("fixed_window", "algorithm: fixed_window, limit: 1000000000000, window: 1ms"),
+    ("sliding_window_log", "algorithm: sliding_window_log, limit: 10000, window: 1ms"),
+    ("sliding_window", "algorithm: sliding_window, limit: 1000000000000, window: 1ms"),
 ];
 
 fn engine(yaml: &str) -> Engine {
-    let engine = Engine::new(
-        EngineConfig {
-            max_keys: 10_000_000,
-        },
-        Arc::new(SystemClock::new()),
-    );
-    engine.install(
-        RuleSet::from_yaml(yaml, "bench").unwrap(),
-        yaml.to_string(),
-        "bench".into(),
-    );
+    let engine = Engine::new(EngineConfig { max_keys: 10_000_000 }, Arc::new(SystemClock::new()));
+    engine.install(RuleSet::from_yaml(yaml, "bench").unwrap(), yaml.to_string(), "bench".into());
     engine
 }
 
 /// One admitted decision on resource `api`.
 fn decide(e: &Engine, d: &HashMap<String, String>) -> Verdict {
     let rules = e.rules();
-    let req = Request {
-        resource: "api",
-        descriptors: d,
-        cost: 1,
-        dry_run: false,
-    };
+    let req = Request { resource: "api", descriptors: d, cost: 1, dry_run: false };
     e.acquire(&rules, &req).unwrap().verdict
 }
 
 fn descriptors(user: &str) -> HashMap<String, String> {
-    HashMap::from([
-        ("user".to_string(), user.to_string()),
-        ("tenant".to_string(), "acme".to_string()),
-    ])
+    HashMap::from([("user".to_string(), user.to_string()), ("tenant".to_string(), "acme".to_string())])
 }
 
 fn algorithms(c: &mut Criterion) {
@@ -90,11 +55,7 @@ fn algorithms(c: &mut Criterion) {
     let cases = [
         Algorithm::TokenBucket(token_bucket::Config::new(1 << 40, rate)),
         Algorithm::Gcra(gcra::Config::new(rate, 1 << 40)),
-        Algorithm::LeakyBucket(leaky_bucket::Config::new(
-            1 << 40,
-            rate,
-            leaky_bucket::Mode::Police,
-        )),
+        Algorithm::LeakyBucket(leaky_bucket::Config::new(1 << 40, rate, leaky_bucket::Mode::Police)),
         Algorithm::FixedWindow(fixed_window::Config::new(1 << 40, 1_000_000)),
         Algorithm::SlidingWindowLog(sliding_window_log::Config::new(10_000, 1_000_000)),
         Algorithm::SlidingWindow(sliding_window::Config::new(1 << 40, 1_000_000)),
@@ -102,9 +63,7 @@ fn algorithms(c: &mut Criterion) {
     for alg in cases {
         let clock = SystemClock::new();
         let mut bucket = alg.new_bucket(clock.now());
-        group.bench_function(alg.name(), |b| {
-            b.iter(|| black_box(bucket.try_acquire(&alg, clock.now(), 1)))
-        });
+        group.bench_function(alg.name(), |b| b.iter(|| black_box(bucket.try_acquire(&alg, clock.now(), 1))));
     }
     group.finish();
 }
@@ -112,38 +71,16 @@ fn algorithms(c: &mut Criterion) {
 fn engine_hot_and_spread(c: &mut Criterion) {
     let mut group = c.benchmark_group("engine");
     for (name, limit) in ALGORITHMS {
-        let yaml = format!(
-            "resources:\n  - name: api\n    limits:\n      - {{ name: l, key: [user], {limit} }}\n"
-        );
+        let yaml = format!("resources:\n  - name: api\n    limits:\n      - {{ name: l, key: [user], {limit} }}\n");
         let e = engine(&yaml);
         let hot = descriptors("u42");
-        group.bench_function(BenchmarkId::new("hot_key", name), |b| {
-            b.iter(|| {
-                let rules = e.rules();
-                let req = Request {
-                    resource: "api",
-                    descriptors: &hot,
-                    cost: 1,
-                    dry_run: false,
-                };
-                black_box(e.acquire(&rules, &req).unwrap().verdict)
-            })
-        });
-        let users: Vec<_> = (0..100_000)
-            .map(|i| descriptors(&format!("user-{i}")))
-            .collect();
+        group.bench_function(BenchmarkId::new("hot_key", name), |b| b.iter(|| black_box(decide(&e, &hot))));
+        let users: Vec<_> = (0..100_000).map(|i| descriptors(&format!("user-{i}"))).collect();
         let mut i = 0;
         group.bench_function(BenchmarkId::new("100k_keys", name), |b| {
             b.iter(|| {
                 i = (i + 1) % users.len();
-                let rules = e.rules();
-                let req = Request {
-                    resource: "api",
-                    descriptors: &users[i],
-                    cost: 1,
-                    dry_run: false,
-                };
-                black_box(e.acquire(&rules, &req).unwrap().verdict)
+                black_box(decide(&e, &users[i]))
             })
         });
     }
@@ -158,24 +95,10 @@ fn multi_limit(c: &mut Criterion) {
         "      - { name: per-tenant, key: [tenant], algorithm: gcra, rate_per_second: 1000000000, burst: 1000000000000 }\n",
     ];
     for n in 1..=limits.len() {
-        let yaml = format!(
-            "resources:\n  - name: api\n    limits:\n{}",
-            limits[..n].concat()
-        );
+        let yaml = format!("resources:\n  - name: api\n    limits:\n{}", limits[..n].concat());
         let e = engine(&yaml);
         let d = descriptors("u42");
-        group.bench_function(BenchmarkId::from_parameter(n), |b| {
-            b.iter(|| {
-                let rules = e.rules();
-                let req = Request {
-                    resource: "api",
-                    descriptors: &d,
-                    cost: 1,
-                    dry_run: false,
-                };
-                black_box(e.acquire(&rules, &req).unwrap().verdict)
-            })
-        });
+        group.bench_function(BenchmarkId::from_parameter(n), |b| b.iter(|| black_box(decide(&e, &d))));
     }
     group.finish();
 }
@@ -204,24 +127,10 @@ fn run_threads(e: &Arc<Engine>, threads: usize, iters: u64, spread: bool) -> Dur
         for t in 0..threads {
             let e = e.clone();
             s.spawn(move || {
-                let users: Vec<_> = (0..1024)
-                    .map(|i| {
-                        descriptors(&if spread {
-                            format!("t{t}-{i}")
-                        } else {
-                            "hot".into()
-                        })
-                    })
-                    .collect();
+                let users: Vec<_> =
+                    (0..1024).map(|i| descriptors(&if spread { format!("t{t}-{i}") } else { "hot".into() })).collect();
                 for i in 0..iters as usize {
-                    let rules = e.rules();
-                    let req = Request {
-                        resource: "api",
-                        descriptors: &users[i % 1024],
-                        cost: 1,
-                        dry_run: false,
-                    };
-                    black_box(e.acquire(&rules, &req).unwrap().verdict);
+                    black_box(decide(&e, &users[i % 1024]));
                 }
             });
         }

@@ -25,17 +25,10 @@ impl Health {
 }
 
 pub fn router(health: Health) -> Router {
-    Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
-        .with_state(health)
+    Router::new().route("/healthz", get(|| async { "ok\n" })).route("/readyz", get(readyz)).with_state(health)
 }
 
 /// Ready once rules are loaded and gRPC is serving; not ready while shutting down.
 async fn readyz(State(health): State<Health>) -> (StatusCode, &'static str) {
-    if health.is_ready() {
-        (StatusCode::OK, "ready\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
-    }
+    if health.is_ready() { (StatusCode::OK, "ready\n") } else { (StatusCode::SERVICE_UNAVAILABLE, "not ready\n") }
 }

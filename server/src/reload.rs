@@ -21,25 +21,20 @@ const DEBOUNCE: Duration = Duration::from_millis(100);
 
 /// Watches `path` and installs every valid change into `engine`, until the
 /// returned task is aborted. `loaded` is the text already in force.
-pub fn spawn(
-    path: PathBuf,
-    engine: Arc<Engine>,
-    loaded: String,
-) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+pub fn spawn(path: PathBuf, engine: Arc<Engine>, loaded: String) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let (tx, mut rx) = mpsc::channel::<()>(1);
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
     let notify_tx = tx.clone();
-    let mut watcher =
-        notify::recommended_watcher(move |event: notify::Result<notify::Event>| match event {
-            Ok(e) if matches!(e.kind, EventKind::Access(_)) => {}
-            Ok(_) => {
-                let _ = notify_tx.try_send(());
-            }
-            Err(e) => tracing::warn!(error = %e, "watching the rules file failed"),
-        })?;
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| match event {
+        Ok(e) if matches!(e.kind, EventKind::Access(_)) => {}
+        Ok(_) => {
+            let _ = notify_tx.try_send(());
+        }
+        Err(e) => tracing::warn!(error = %e, "watching the rules file failed"),
+    })?;
     watcher.watch(&dir, RecursiveMode::NonRecursive)?;
     spawn_sighup(tx);
     Ok(tokio::spawn(async move {
@@ -91,11 +86,7 @@ async fn reload(path: &Path, engine: &Engine, last: &mut String) {
         }
         Err(errors) => {
             let version = engine.rules().version;
-            tracing::error!(
-                file,
-                version,
-                "invalid rules file ignored; keeping the rules in force\n{errors}"
-            );
+            tracing::error!(file, version, "invalid rules file ignored; keeping the rules in force\n{errors}");
         }
     }
     *last = text;

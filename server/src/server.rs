@@ -53,25 +53,16 @@ pub async fn run(
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let engine = Arc::new(Engine::new(
-        EngineConfig {
-            max_keys: opts.max_keys,
-        },
-        opts.clock.clone(),
-    ));
+    let engine = Arc::new(Engine::new(EngineConfig { max_keys: opts.max_keys }, opts.clock.clone()));
     let _reloader = match &opts.config {
         Some(path) => {
             let (rules, text) = load_rules(path)?;
             let version = engine.install(rules, text.clone(), path.display().to_string());
             tracing::info!(file = %path.display(), version, "rules loaded");
-            Some(
-                reload::spawn(path.clone(), engine.clone(), text)
-                    .context("watching the rules file")?,
-            )
+            Some(reload::spawn(path.clone(), engine.clone(), text).context("watching the rules file")?)
         }
         None => {
-            let rules = RuleSet::from_yaml(DEFAULT_RULES, "embedded")
-                .expect("the embedded rules are valid");
+            let rules = RuleSet::from_yaml(DEFAULT_RULES, "embedded").expect("the embedded rules are valid");
             engine.install(rules, DEFAULT_RULES.to_string(), "embedded".into());
             tracing::info!("embedded default rules loaded");
             None
@@ -80,9 +71,7 @@ pub async fn run(
     let _sweeper = engine::spawn_sweeper(&engine, opts.sweep_interval);
 
     let (reporter, health_service) = tonic_health::server::health_reporter();
-    reporter
-        .set_service_status("", tonic_health::ServingStatus::Serving)
-        .await;
+    reporter.set_service_status("", tonic_health::ServingStatus::Serving).await;
     let routes = grpc::routes(engine.clone(), health_service)?;
     let health = http::Health::default();
 
@@ -90,13 +79,11 @@ pub async fn run(
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
-    let incoming =
-        tonic::transport::server::TcpIncoming::from(listeners.grpc).with_nodelay(Some(true));
+    let incoming = tonic::transport::server::TcpIncoming::from(listeners.grpc).with_nodelay(Some(true));
     let grpc = tonic::transport::Server::builder()
         .add_routes(routes)
         .serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone()));
-    let http = axum::serve(listeners.http, http::router(health.clone()))
-        .with_graceful_shutdown(stopped(stop_rx));
+    let http = axum::serve(listeners.http, http::router(health.clone())).with_graceful_shutdown(stopped(stop_rx));
 
     let grace = opts.shutdown_grace;
     let signal = {
@@ -105,9 +92,7 @@ pub async fn run(
             shutdown.await;
             tracing::info!("shutting down: draining in-flight calls");
             health.set_ready(false);
-            reporter
-                .set_service_status("", tonic_health::ServingStatus::NotServing)
-                .await;
+            reporter.set_service_status("", tonic_health::ServingStatus::NotServing).await;
             let _ = stop_tx.send(true);
             // Clients that keep their connections open do not hold the exit forever.
             tokio::time::sleep(grace).await;

@@ -78,14 +78,8 @@ pub fn duration_nanos(d: Duration) -> u64 {
 
 impl SystemClock {
     pub fn new() -> Self {
-        let base_wall = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(duration_nanos)
-            .unwrap_or(0);
-        SystemClock {
-            base_wall,
-            base: std::time::Instant::now(),
-        }
+        let base_wall = SystemTime::now().duration_since(UNIX_EPOCH).map(duration_nanos).unwrap_or(0);
+        SystemClock { base_wall, base: std::time::Instant::now() }
     }
 }
 
@@ -105,9 +99,7 @@ impl Clock for SystemClock {
 
 impl ManualClock {
     pub fn new(start: Timestamp) -> Self {
-        ManualClock {
-            now: AtomicU64::new(start.0),
-        }
+        ManualClock { now: AtomicU64::new(start.0) }
     }
 
     pub fn advance(&self, d: Duration) {
@@ -137,10 +129,7 @@ mod tests {
         assert!(b >= a);
         let wall = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
         let diff = (duration_nanos(wall) as i128 - b.as_nanos() as i128).abs();
-        assert!(
-            diff < 1_000_000_000,
-            "clock is {diff} ns away from wall time"
-        );
+        assert!(diff < 1_000_000_000, "clock is {diff} ns away from wall time");
     }
 
     #[test]

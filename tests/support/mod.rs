@@ -45,33 +45,21 @@ impl Floodgate {
                 if n == 0 {
                     break;
                 }
-                sink.lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+                sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
             }
         });
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
-        stdout
-            .read_line(&mut line)
-            .expect("reading floodgate's stdout");
+        stdout.read_line(&mut line).expect("reading floodgate's stdout");
         let field = |name: &str| {
             line.split_whitespace()
                 .find_map(|w| w.strip_prefix(&format!("{name}=")))
-                .unwrap_or_else(|| {
-                    panic!("no {name}= in {line:?}; logs:\n{}", logs.lock().unwrap())
-                })
+                .unwrap_or_else(|| panic!("no {name}= in {line:?}; logs:\n{}", logs.lock().unwrap()))
                 .to_string()
         };
         let (grpc, http) = (field("grpc"), field("http"));
         std::thread::spawn(move || for _ in stdout.lines() {});
-        Floodgate {
-            child,
-            grpc,
-            http,
-            logs,
-            log_reader: Some(log_reader),
-        }
+        Floodgate { child, grpc, http, logs, log_reader: Some(log_reader) }
     }
 
     pub fn pid(&self) -> u32 {
@@ -87,11 +75,7 @@ impl Floodgate {
     }
 
     pub async fn channel(&self) -> Channel {
-        Channel::from_shared(self.url())
-            .unwrap()
-            .connect()
-            .await
-            .expect("connecting to floodgate")
+        Channel::from_shared(self.url()).unwrap().connect().await.expect("connecting to floodgate")
     }
 
     pub async fn client(&self) -> pb::floodgate_client::FloodgateClient<Channel> {
@@ -110,8 +94,7 @@ impl Floodgate {
     /// Sends SIGTERM and waits for the process to exit; its exit status.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         signal(self.child.id(), "TERM");
-        let status = wait_exit(&mut self.child, Duration::from_secs(30))
-            .expect("floodgate did not stop on SIGTERM");
+        let status = wait_exit(&mut self.child, Duration::from_secs(30)).expect("floodgate did not stop on SIGTERM");
         // Every line it logged has been read once its stderr is closed.
         if let Some(reader) = self.log_reader.take() {
             let _ = reader.join();
@@ -135,10 +118,7 @@ impl Drop for Floodgate {
 }
 
 pub fn signal(pid: u32, name: &str) {
-    let _ = Command::new("kill")
-        .arg(format!("-{name}"))
-        .arg(pid.to_string())
-        .status();
+    let _ = Command::new("kill").arg(format!("-{name}")).arg(pid.to_string()).status();
 }
 
 fn wait_exit(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
@@ -157,22 +137,11 @@ pub fn http_get(addr: &str, path: &str) -> (u16, String) {
     use std::io::Write;
     let mut s = std::net::TcpStream::connect(addr).expect("connecting to the HTTP port");
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
     let mut text = String::new();
     s.read_to_string(&mut text).unwrap();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
+    let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
     (status, body)
 }
 
@@ -227,10 +196,7 @@ pub fn path_str(p: &Path) -> &str {
 pub fn acquire(resource: &str, descriptors: &[(&str, &str)], cost: u32) -> pb::AcquireRequest {
     pb::AcquireRequest {
         resource: resource.to_string(),
-        descriptors: descriptors
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
+        descriptors: descriptors.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         cost,
         dry_run: false,
     }

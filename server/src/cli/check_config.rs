@@ -16,10 +16,7 @@ pub fn run(args: CheckConfigArgs) -> ExitCode {
         Ok((rules, _)) => {
             let n = rules.rules().len();
             let limits: usize = rules.rules().iter().map(|r| r.limits.len()).sum();
-            println!(
-                "{}: OK ({n} resources, {limits} limits)",
-                args.file.display()
-            );
+            println!("{}: OK ({n} resources, {limits} limits)", args.file.display());
             ExitCode::SUCCESS
         }
         Err(errors) => {

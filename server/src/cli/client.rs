@@ -15,12 +15,7 @@ const DENIED: u8 = 3;
 #[derive(Args, Debug, Clone)]
 pub struct Server {
     /// The Floodgate server.
-    #[arg(
-        long,
-        short = 's',
-        default_value = "http://127.0.0.1:50051",
-        env = "FLOODGATE_SERVER"
-    )]
+    #[arg(long, short = 's', default_value = "http://127.0.0.1:50051", env = "FLOODGATE_SERVER")]
     server: String,
 }
 
@@ -66,10 +61,7 @@ enum RulesAction {
 }
 
 pub fn block_on(f: impl std::future::Future<Output = anyhow::Result<ExitCode>>) -> ExitCode {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
     match runtime.block_on(f) {
         Ok(code) => code,
         Err(e) => {
@@ -81,11 +73,7 @@ pub fn block_on(f: impl std::future::Future<Output = anyhow::Result<ExitCode>>) 
 
 impl Server {
     pub async fn connect(&self) -> anyhow::Result<Channel> {
-        let url = if self.server.contains("://") {
-            self.server.clone()
-        } else {
-            format!("http://{}", self.server)
-        };
+        let url = if self.server.contains("://") { self.server.clone() } else { format!("http://{}", self.server) };
         Endpoint::from_shared(url.clone())
             .with_context(|| format!("bad server address '{url}'"))?
             .connect_timeout(Duration::from_secs(3))
@@ -112,17 +100,9 @@ pub async fn acquire(args: AcquireArgs) -> anyhow::Result<ExitCode> {
     };
     let mut code = ExitCode::SUCCESS;
     for _ in 0..args.count.max(1) {
-        let response = client
-            .acquire(request.clone())
-            .await
-            .map_err(status_error)?
-            .into_inner();
+        let response = client.acquire(request.clone()).await.map_err(status_error)?.into_inner();
         print!("{}", render(&args.resource, &response));
-        code = if response.verdict == pb::Verdict::Allowed as i32 {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::from(DENIED)
-        };
+        code = if response.verdict == pb::Verdict::Allowed as i32 { ExitCode::SUCCESS } else { ExitCode::from(DENIED) };
     }
     Ok(code)
 }
@@ -131,39 +111,19 @@ pub async fn rules(args: RulesArgs) -> anyhow::Result<ExitCode> {
     let mut client = pb::admin_client::AdminClient::new(args.server.connect().await?);
     match args.action.unwrap_or(RulesAction::Get) {
         RulesAction::Get => {
-            let r = client
-                .get_rules(pb::GetRulesRequest {})
-                .await
-                .map_err(status_error)?
-                .into_inner();
+            let r = client.get_rules(pb::GetRulesRequest {}).await.map_err(status_error)?.into_inner();
             println!("# version {} from {}", r.version, r.source);
             print!("{}", r.yaml);
         }
-        RulesAction::Apply {
-            file,
-            validate_only,
-        } => {
-            let yaml = std::fs::read_to_string(&file)
-                .with_context(|| format!("reading {}", file.display()))?;
+        RulesAction::Apply { file, validate_only } => {
+            let yaml = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
             let r = client
-                .apply_rules(pb::ApplyRulesRequest {
-                    yaml,
-                    validate_only,
-                })
+                .apply_rules(pb::ApplyRulesRequest { yaml, validate_only })
                 .await
                 .map_err(status_error)?
                 .into_inner();
-            let what = if r.applied {
-                "applied"
-            } else {
-                "valid, not applied"
-            };
-            println!(
-                "{}: {what}; version {} ({} resources)",
-                file.display(),
-                r.version,
-                r.resources.len()
-            );
+            let what = if r.applied { "applied" } else { "valid, not applied" };
+            println!("{}: {what}; version {} ({} resources)", file.display(), r.version, r.resources.len());
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -190,20 +150,12 @@ fn render(resource: &str, r: &pb::AcquireResponse) -> String {
         let _ = writeln!(out, "  reason: {}", r.reason);
     }
     for l in &r.limits {
-        let _ = write!(
-            out,
-            "  {:<16} {:<19} remaining {:>6}/{:<6}",
-            l.name, l.algorithm, l.remaining, l.limit
-        );
+        let _ = write!(out, "  {:<16} {:<19} remaining {:>6}/{:<6}", l.name, l.algorithm, l.remaining, l.limit);
         if let Some(reset) = l.reset_after.as_ref().map(human).filter(|s| !s.is_empty()) {
             let _ = write!(out, "  reset {reset}");
         }
         if l.exceeded {
-            let _ = write!(
-                out,
-                "  EXCEEDED, retry {}",
-                l.retry_after.as_ref().map(human).unwrap_or_default()
-            );
+            let _ = write!(out, "  EXCEEDED, retry {}", l.retry_after.as_ref().map(human).unwrap_or_default());
         }
         out.push('\n');
     }

@@ -9,11 +9,7 @@ mod client;
 mod serve;
 
 #[derive(Parser, Debug)]
-#[command(
-    name = "floodgate",
-    version,
-    about = "A rate-limit and circuit-breaker decision service"
-)]
+#[command(name = "floodgate", version, about = "A rate-limit and circuit-breaker decision service")]
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -66,15 +62,10 @@ impl Cli {
 
 fn init_logging(format: LogFormat, filter: &str) {
     use tracing_subscriber::EnvFilter;
-    let filter = std::env::var("RUST_LOG")
-        .ok()
-        .unwrap_or_else(|| filter.to_string());
+    let filter = std::env::var("RUST_LOG").ok().unwrap_or_else(|| filter.to_string());
     let filter = EnvFilter::try_new(&filter).unwrap_or_else(|_| EnvFilter::new("info"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Human => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),

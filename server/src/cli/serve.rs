@@ -47,17 +47,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(n) = args.threads {
         runtime.worker_threads(n.max(1));
     }
-    let runtime = runtime
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
+    let runtime = runtime.enable_all().build().context("starting the runtime")?;
     runtime.block_on(serve(args))
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let grpc = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("binding gRPC on {}", args.listen))?;
+    let grpc =
+        tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding gRPC on {}", args.listen))?;
     let http = tokio::net::TcpListener::bind(args.http_listen)
         .await
         .with_context(|| format!("binding HTTP on {}", args.http_listen))?;

@@ -115,25 +115,14 @@ impl Engine {
         request::validate(req.resource, req.descriptors)?;
         let cost = u64::from(req.cost.max(1));
         let rule = rules.rules.find(req.resource);
-        let matched = rule
-            .map(|r| matched(r, req.resource, req.descriptors))
-            .unwrap_or_default();
+        let matched = rule.map(|r| matched(r, req.resource, req.descriptors)).unwrap_or_default();
         for (limit, _) in &matched {
             let capacity = limit.algorithm.capacity();
             if cost > capacity {
-                return Err(RequestError::CostExceedsCapacity {
-                    cost,
-                    capacity,
-                    limit: limit.name.clone(),
-                });
+                return Err(RequestError::CostExceedsCapacity { cost, capacity, limit: limit.name.clone() });
             }
         }
-        Ok(Prepared {
-            rule,
-            matched,
-            cost,
-            dry_run: req.dry_run,
-        })
+        Ok(Prepared { rule, matched, cost, dry_run: req.dry_run })
     }
 
     /// Decides a prepared request at `now`.
@@ -143,21 +132,14 @@ impl Engine {
         };
         let (matched, cost) = (&p.matched, p.cost);
         let mut decisions = if p.dry_run {
-            matched
-                .iter()
-                .map(|(l, k)| self.buckets.check(k, &l.algorithm, now, cost))
-                .collect()
+            matched.iter().map(|(l, k)| self.buckets.check(k, &l.algorithm, now, cost)).collect()
         } else {
             self.take_all_or_nothing(matched, now, cost)
         };
         if decisions.iter().any(|d| !d.admitted) {
             // Nothing was taken: the limits that would have admitted report
             // what they hold, not what they would hold after this cost.
-            for ((l, k), d) in matched
-                .iter()
-                .zip(&mut decisions)
-                .filter(|(_, d)| d.admitted)
-            {
+            for ((l, k), d) in matched.iter().zip(&mut decisions).filter(|(_, d)| d.admitted) {
                 d.status = self.buckets.check(k, &l.algorithm, now, 0).status;
             }
         }
@@ -180,10 +162,8 @@ impl Engine {
         let mut matched = matched(rule, resource, descriptors);
         matched.retain(|(l, _)| only.is_none_or(|name| l.name == name));
         let now = self.clock.now();
-        let decisions: SmallVec<[Decision; 4]> = matched
-            .iter()
-            .map(|(l, k)| self.buckets.check(k, &l.algorithm, now, 0))
-            .collect();
+        let decisions: SmallVec<[Decision; 4]> =
+            matched.iter().map(|(l, k)| self.buckets.check(k, &l.algorithm, now, 0)).collect();
         Ok(outcome(rule, &matched, &decisions))
     }
 
@@ -192,12 +172,7 @@ impl Engine {
     /// checked so that the answer still reports every limit. A concurrent
     /// caller may see the taken units for that instant: it can be denied
     /// spuriously, never admitted beyond a limit.
-    fn take_all_or_nothing(
-        &self,
-        matched: &Matched<'_>,
-        now: Timestamp,
-        cost: u64,
-    ) -> SmallVec<[Decision; 4]> {
+    fn take_all_or_nothing(&self, matched: &Matched<'_>, now: Timestamp, cost: u64) -> SmallVec<[Decision; 4]> {
         let mut decisions = SmallVec::new();
         let mut denied = false;
         for (limit, key) in matched {
@@ -242,21 +217,14 @@ fn matched<'r, D: Descriptors + ?Sized>(rule: &'r Rule, resource: &str, d: &D) -
 }
 
 fn outcome<'r>(rule: &'r Rule, matched: &Matched<'r>, decisions: &[Decision]) -> Outcome<'r> {
-    let mut out = Outcome {
-        rule: Some(&rule.name),
-        ..Outcome::allowed()
-    };
+    let mut out = Outcome { rule: Some(&rule.name), ..Outcome::allowed() };
     for ((limit, _), d) in matched.iter().zip(decisions) {
         if !d.admitted {
             out.verdict = Verdict::RateLimited;
             out.retry_after = out.retry_after.max(d.status.retry_after);
         }
         out.wait = out.wait.max(d.status.wait);
-        out.limits.push(LimitReport {
-            limit,
-            status: d.status,
-            exceeded: !d.admitted,
-        });
+        out.limits.push(LimitReport { limit, status: d.status, exceeded: !d.admitted });
     }
     if out.verdict != Verdict::Allowed {
         out.wait = Duration::ZERO;

@@ -92,24 +92,13 @@ impl Engine {
         for (r, rule) in rules.rules_mut().iter_mut().enumerate() {
             for (l, limit) in rule.limits.iter_mut().enumerate() {
                 let next = LimitId(ids.len() as u32 + 1);
-                let identity = (
-                    rule.name.clone(),
-                    limit.name.clone(),
-                    limit.algorithm.name(),
-                );
+                let identity = (rule.name.clone(), limit.name.clone(), limit.algorithm.name());
                 limit.id = *ids.entry(identity).or_insert(next);
                 by_id.insert(limit.id, (r, l));
             }
         }
         let version = self.rules.load().version + 1;
-        let installed = Installed {
-            rules,
-            yaml,
-            version,
-            source,
-            loaded_at: SystemTime::now(),
-            by_id,
-        };
+        let installed = Installed { rules, yaml, version, source, loaded_at: SystemTime::now(), by_id };
         self.rules.store(Arc::new(installed));
         version
     }
@@ -125,8 +114,7 @@ impl Engine {
     /// Forgets idle buckets and buckets of limits no longer in force.
     pub fn sweep(&self) -> usize {
         let rules = self.rules.load_full();
-        self.buckets
-            .sweep(self.clock.now(), |id| rules.algorithm(id))
+        self.buckets.sweep(self.clock.now(), |id| rules.algorithm(id))
     }
 }
 
@@ -140,9 +128,7 @@ pub fn spawn_sweeper(engine: &Arc<Engine>, every: Duration) -> tokio::task::Join
         loop {
             tick.tick().await;
             let Some(engine) = weak.upgrade() else { return };
-            let removed = tokio::task::spawn_blocking(move || engine.sweep())
-                .await
-                .unwrap_or(0);
+            let removed = tokio::task::spawn_blocking(move || engine.sweep()).await.unwrap_or(0);
             tracing::debug!(removed, "swept idle buckets");
         }
     })

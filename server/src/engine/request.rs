@@ -32,35 +32,19 @@ pub enum RequestError {
     #[error("{field}: must not be empty")]
     Empty { field: String },
     #[error("{field}: '{preview}' is {len} bytes long; the limit is {MAX_NAME_BYTES}")]
-    TooLong {
-        field: String,
-        preview: String,
-        len: usize,
-    },
+    TooLong { field: String, preview: String, len: usize },
     #[error("descriptors: {0} entries; the limit is {MAX_DESCRIPTORS}")]
     TooManyDescriptors(usize),
     #[error("{field}: {count} items; the limit is {MAX_BATCH}")]
     BatchTooLarge { field: &'static str, count: usize },
     #[error("cost {cost} exceeds capacity {capacity} of limit '{limit}'")]
-    CostExceedsCapacity {
-        cost: u64,
-        capacity: u64,
-        limit: String,
-    },
+    CostExceedsCapacity { cost: u64, capacity: u64, limit: String },
     #[error("permit_id: '{0}' is not a permit id")]
     MalformedPermit(String),
     #[error("{field}: {value} is not one of {expected}")]
-    UnknownEnum {
-        field: &'static str,
-        value: i32,
-        expected: &'static str,
-    },
+    UnknownEnum { field: &'static str, value: i32, expected: &'static str },
     #[error("{field}[{index}].{source}")]
-    InBatch {
-        field: &'static str,
-        index: usize,
-        source: Box<RequestError>,
-    },
+    InBatch { field: &'static str, index: usize, source: Box<RequestError> },
 }
 
 impl<S: BuildHasher> Descriptors for HashMap<String, String, S> {
@@ -80,9 +64,7 @@ impl<S: BuildHasher> Descriptors for HashMap<String, String, S> {
 /// Ordered pairs, as Envoy sends them; the first of a repeated key wins.
 impl<K: AsRef<str>, V: AsRef<str>> Descriptors for [(K, V)] {
     fn get(&self, key: &str) -> Option<&str> {
-        self.iter()
-            .find(|(k, _)| k.as_ref() == key)
-            .map(|(_, v)| v.as_ref())
+        self.iter().find(|(k, _)| k.as_ref() == key).map(|(_, v)| v.as_ref())
     }
 
     fn count(&self) -> usize {
@@ -97,11 +79,7 @@ impl<K: AsRef<str>, V: AsRef<str>> Descriptors for [(K, V)] {
 impl RequestError {
     /// This error, found in item `index` of the list `field`.
     pub fn in_batch(self, field: &'static str, index: usize) -> RequestError {
-        RequestError::InBatch {
-            field,
-            index,
-            source: Box::new(self),
-        }
+        RequestError::InBatch { field, index, source: Box::new(self) }
     }
 }
 
@@ -114,10 +92,7 @@ pub fn check_batch(field: &'static str, count: usize) -> Result<(), RequestError
 }
 
 /// Checks the input limits of SPEC section 2.
-pub fn validate<D: Descriptors + ?Sized>(
-    resource: &str,
-    descriptors: &D,
-) -> Result<(), RequestError> {
+pub fn validate<D: Descriptors + ?Sized>(resource: &str, descriptors: &D) -> Result<(), RequestError> {
     check_name("resource", resource, false)?;
     let count = descriptors.count();
     if count > MAX_DESCRIPTORS {
@@ -134,16 +109,10 @@ pub fn validate<D: Descriptors + ?Sized>(
 
 fn check_name(field: &str, value: &str, may_be_empty: bool) -> Result<(), RequestError> {
     if value.is_empty() && !may_be_empty {
-        return Err(RequestError::Empty {
-            field: field.to_string(),
-        });
+        return Err(RequestError::Empty { field: field.to_string() });
     }
     if value.len() > MAX_NAME_BYTES {
-        return Err(RequestError::TooLong {
-            field: field.to_string(),
-            preview: preview(value),
-            len: value.len(),
-        });
+        return Err(RequestError::TooLong { field: field.to_string(), preview: preview(value), len: value.len() });
     }
     Ok(())
 }
@@ -162,68 +131,37 @@ mod tests {
     use super::*;
 
     fn map(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
     }
 
     #[test]
     fn names_the_field_and_value() {
         let none = map(&[]);
-        assert_eq!(
-            validate("", &none).unwrap_err().to_string(),
-            "resource: must not be empty"
-        );
+        assert_eq!(validate("", &none).unwrap_err().to_string(), "resource: must not be empty");
         let long = "r".repeat(300);
         assert_eq!(
             validate(&long, &none).unwrap_err().to_string(),
-            format!(
-                "resource: '{}…' is 300 bytes long; the limit is 256",
-                "r".repeat(40)
-            )
+            format!("resource: '{}…' is 300 bytes long; the limit is 256", "r".repeat(40))
         );
         let d = map(&[("user", &"v".repeat(257))]);
         assert_eq!(
             validate("x", &d).unwrap_err().to_string(),
-            format!(
-                "descriptors[\"user\"]: '{}…' is 257 bytes long; the limit is 256",
-                "v".repeat(40)
-            )
+            format!("descriptors[\"user\"]: '{}…' is 257 bytes long; the limit is 256", "v".repeat(40))
         );
         let d = map(&[("", "v")]);
-        assert_eq!(
-            validate("x", &d).unwrap_err().to_string(),
-            "descriptors key: must not be empty"
-        );
-        let many: HashMap<String, String> = (0..33)
-            .map(|i| (format!("k{i}"), "v".to_string()))
-            .collect();
-        assert_eq!(
-            validate("x", &many).unwrap_err().to_string(),
-            "descriptors: 33 entries; the limit is 32"
-        );
-        assert_eq!(
-            check_batch("requests", 1001).unwrap_err().to_string(),
-            "requests: 1001 items; the limit is 1000"
-        );
-        let e = RequestError::Empty {
-            field: "resource".into(),
-        }
-        .in_batch("requests", 3);
+        assert_eq!(validate("x", &d).unwrap_err().to_string(), "descriptors key: must not be empty");
+        let many: HashMap<String, String> = (0..33).map(|i| (format!("k{i}"), "v".to_string())).collect();
+        assert_eq!(validate("x", &many).unwrap_err().to_string(), "descriptors: 33 entries; the limit is 32");
+        assert_eq!(check_batch("requests", 1001).unwrap_err().to_string(), "requests: 1001 items; the limit is 1000");
+        let e = RequestError::Empty { field: "resource".into() }.in_batch("requests", 3);
         assert_eq!(e.to_string(), "requests[3].resource: must not be empty");
     }
 
     #[test]
     fn exact_limits_are_accepted() {
-        let d: HashMap<String, String> = (0..32)
-            .map(|i| (format!("k{i}"), "v".repeat(256)))
-            .collect();
+        let d: HashMap<String, String> = (0..32).map(|i| (format!("k{i}"), "v".repeat(256))).collect();
         assert!(validate(&"r".repeat(256), &d).is_ok());
-        assert!(
-            validate("x", &map(&[("user", "")])).is_ok(),
-            "an empty value is a value"
-        );
+        assert!(validate("x", &map(&[("user", "")])).is_ok(), "an empty value is a value");
         assert!(check_batch("requests", 1000).is_ok());
     }
 }

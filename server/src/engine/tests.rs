@@ -19,25 +19,13 @@ resources:
 
 fn engine(yaml: &str) -> (Engine, Arc<ManualClock>) {
     let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_700_006_400)));
-    let engine = Engine::new(
-        EngineConfig {
-            max_keys: usize::MAX,
-        },
-        clock.clone(),
-    );
-    engine.install(
-        RuleSet::from_yaml(yaml, "test.yaml").unwrap(),
-        yaml.into(),
-        "test".into(),
-    );
+    let engine = Engine::new(EngineConfig { max_keys: usize::MAX }, clock.clone());
+    engine.install(RuleSet::from_yaml(yaml, "test.yaml").unwrap(), yaml.into(), "test".into());
     (engine, clock)
 }
 
 fn d(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-    pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
 }
 
 fn ask(
@@ -47,47 +35,21 @@ fn ask(
     cost: u32,
 ) -> Result<(Verdict, Vec<u64>), RequestError> {
     let rules = e.rules();
-    let out = e.acquire(
-        &rules,
-        &Request {
-            resource,
-            descriptors,
-            cost,
-            dry_run: false,
-        },
-    )?;
-    Ok((
-        out.verdict,
-        out.limits.iter().map(|l| l.status.remaining).collect(),
-    ))
+    let out = e.acquire(&rules, &Request { resource, descriptors, cost, dry_run: false })?;
+    Ok((out.verdict, out.limits.iter().map(|l| l.status.remaining).collect()))
 }
 
 #[test]
 fn a_denial_by_one_limit_takes_nothing_from_the_others() {
     let (e, _) = engine(RULES);
     let u1 = d(&[("user", "u1")]);
-    assert_eq!(
-        ask(&e, "orders", &u1, 1).unwrap(),
-        (Verdict::Allowed, vec![4, 1])
-    );
-    assert_eq!(
-        ask(&e, "orders", &u1, 1).unwrap(),
-        (Verdict::Allowed, vec![3, 0])
-    );
+    assert_eq!(ask(&e, "orders", &u1, 1).unwrap(), (Verdict::Allowed, vec![4, 1]));
+    assert_eq!(ask(&e, "orders", &u1, 1).unwrap(), (Verdict::Allowed, vec![3, 0]));
     // per-user denies: global keeps its 3 tokens.
-    assert_eq!(
-        ask(&e, "orders", &u1, 1).unwrap(),
-        (Verdict::RateLimited, vec![3, 0])
-    );
-    assert_eq!(
-        ask(&e, "orders", &u1, 1).unwrap(),
-        (Verdict::RateLimited, vec![3, 0])
-    );
+    assert_eq!(ask(&e, "orders", &u1, 1).unwrap(), (Verdict::RateLimited, vec![3, 0]));
+    assert_eq!(ask(&e, "orders", &u1, 1).unwrap(), (Verdict::RateLimited, vec![3, 0]));
     let u2 = d(&[("user", "u2")]);
-    assert_eq!(
-        ask(&e, "orders", &u2, 2).unwrap(),
-        (Verdict::Allowed, vec![1, 0])
-    );
+    assert_eq!(ask(&e, "orders", &u2, 2).unwrap(), (Verdict::Allowed, vec![1, 0]));
 }
 
 #[test]
@@ -95,10 +57,7 @@ fn a_keyed_limit_applies_only_when_its_descriptors_are_present() {
     let (e, _) = engine(RULES);
     let none = d(&[]);
     for remaining in (0..5).rev() {
-        assert_eq!(
-            ask(&e, "orders", &none, 1).unwrap(),
-            (Verdict::Allowed, vec![remaining])
-        );
+        assert_eq!(ask(&e, "orders", &none, 1).unwrap(), (Verdict::Allowed, vec![remaining]));
     }
     let (verdict, _) = ask(&e, "orders", &none, 1).unwrap();
     assert_eq!(verdict, Verdict::RateLimited);
@@ -109,20 +68,12 @@ fn the_denial_names_the_limit_and_when_to_retry() {
     let (e, _) = engine(RULES);
     let u1 = d(&[("user", "u1")]);
     let rules = e.rules();
-    let req = Request {
-        resource: "orders",
-        descriptors: &u1,
-        cost: 2,
-        dry_run: false,
-    };
+    let req = Request { resource: "orders", descriptors: &u1, cost: 2, dry_run: false };
     e.acquire(&rules, &req).unwrap();
     let out = e.acquire(&rules, &req).unwrap();
     assert_eq!(out.verdict, Verdict::RateLimited);
     assert_eq!(out.retry_after, Duration::from_secs(60));
-    assert_eq!(
-        out.reason(),
-        "limit 'per-user' (fixed_window 2 per 1m) exceeded, retry in 1m"
-    );
+    assert_eq!(out.reason(), "limit 'per-user' (fixed_window 2 per 1m) exceeded, retry in 1m");
     assert!(!out.limits[0].exceeded && out.limits[1].exceeded);
 }
 
@@ -130,31 +81,16 @@ fn the_denial_names_the_limit_and_when_to_retry() {
 fn glob_rules_keep_buckets_per_resource() {
     let (e, _) = engine(RULES);
     let none = d(&[]);
-    assert_eq!(
-        ask(&e, "payments.charge", &none, 1).unwrap().0,
-        Verdict::Allowed
-    );
-    assert_eq!(
-        ask(&e, "payments.charge", &none, 1).unwrap().0,
-        Verdict::RateLimited
-    );
-    assert_eq!(
-        ask(&e, "payments.refund", &none, 1).unwrap().0,
-        Verdict::Allowed
-    );
+    assert_eq!(ask(&e, "payments.charge", &none, 1).unwrap().0, Verdict::Allowed);
+    assert_eq!(ask(&e, "payments.charge", &none, 1).unwrap().0, Verdict::RateLimited);
+    assert_eq!(ask(&e, "payments.refund", &none, 1).unwrap().0, Verdict::Allowed);
 }
 
 #[test]
 fn unmatched_and_limitless_resources_are_allowed() {
     let (e, _) = engine(RULES);
-    assert_eq!(
-        ask(&e, "nothing matches", &d(&[]), 1).unwrap(),
-        (Verdict::Allowed, vec![])
-    );
-    assert_eq!(
-        ask(&e, "open", &d(&[]), 1).unwrap(),
-        (Verdict::Allowed, vec![])
-    );
+    assert_eq!(ask(&e, "nothing matches", &d(&[]), 1).unwrap(), (Verdict::Allowed, vec![]));
+    assert_eq!(ask(&e, "open", &d(&[]), 1).unwrap(), (Verdict::Allowed, vec![]));
 }
 
 #[test]
@@ -162,15 +98,9 @@ fn a_cost_beyond_capacity_is_an_error_and_changes_nothing() {
     let (e, _) = engine(RULES);
     let u1 = d(&[("user", "u1")]);
     let err = ask(&e, "orders", &u1, 3).unwrap_err();
-    assert_eq!(
-        err.to_string(),
-        "cost 3 exceeds capacity 2 of limit 'per-user'"
-    );
+    assert_eq!(err.to_string(), "cost 3 exceeds capacity 2 of limit 'per-user'");
     assert!(e.buckets().is_empty());
-    assert_eq!(
-        ask(&e, "orders", &u1, 2).unwrap(),
-        (Verdict::Allowed, vec![3, 0])
-    );
+    assert_eq!(ask(&e, "orders", &u1, 2).unwrap(), (Verdict::Allowed, vec![3, 0]));
     let err = ask(&e, "", &u1, 1).unwrap_err();
     assert_eq!(err.to_string(), "resource: must not be empty");
 }
@@ -180,12 +110,7 @@ fn dry_run_answers_without_consuming() {
     let (e, _) = engine(RULES);
     let u1 = d(&[("user", "u1")]);
     let rules = e.rules();
-    let dry = Request {
-        resource: "orders",
-        descriptors: &u1,
-        cost: 2,
-        dry_run: true,
-    };
+    let dry = Request { resource: "orders", descriptors: &u1, cost: 2, dry_run: true };
     for _ in 0..3 {
         let out = e.acquire(&rules, &dry).unwrap();
         assert_eq!(out.verdict, Verdict::Allowed);
@@ -201,13 +126,7 @@ fn peek_reports_state_without_consuming() {
     ask(&e, "orders", &u1, 1).unwrap();
     let rules = e.rules();
     let out = e.peek(&rules, "orders", &u1, None).unwrap();
-    assert_eq!(
-        out.limits
-            .iter()
-            .map(|l| l.status.remaining)
-            .collect::<Vec<_>>(),
-        [4, 1]
-    );
+    assert_eq!(out.limits.iter().map(|l| l.status.remaining).collect::<Vec<_>>(), [4, 1]);
     let out = e.peek(&rules, "orders", &u1, Some("per-user")).unwrap();
     assert_eq!(out.limits.len(), 1);
     assert_eq!(out.rule, Some("orders"));
@@ -220,29 +139,14 @@ fn a_reload_keeps_buckets_of_unchanged_limits() {
     for _ in 0..5 {
         ask(&e, "orders", &none, 1).unwrap();
     }
-    let v = e.install(
-        RuleSet::from_yaml(RULES, "t").unwrap(),
-        RULES.into(),
-        "t".into(),
-    );
+    let v = e.install(RuleSet::from_yaml(RULES, "t").unwrap(), RULES.into(), "t".into());
     assert_eq!(v, 2);
-    assert_eq!(
-        ask(&e, "orders", &none, 1).unwrap().0,
-        Verdict::RateLimited,
-        "the bucket survived the reload"
-    );
+    assert_eq!(ask(&e, "orders", &none, 1).unwrap().0, Verdict::RateLimited, "the bucket survived the reload");
     // A bigger capacity applies at once to the same bucket.
     let bigger = RULES.replace("capacity: 5", "capacity: 50");
-    e.install(
-        RuleSet::from_yaml(&bigger, "t").unwrap(),
-        bigger,
-        "t".into(),
-    );
+    e.install(RuleSet::from_yaml(&bigger, "t").unwrap(), bigger, "t".into());
     clock.advance(Duration::from_secs(2));
-    assert_eq!(
-        ask(&e, "orders", &none, 1).unwrap(),
-        (Verdict::Allowed, vec![1])
-    );
+    assert_eq!(ask(&e, "orders", &none, 1).unwrap(), (Verdict::Allowed, vec![1]));
 }
 
 #[test]

@@ -49,74 +49,47 @@ impl Admin for ControlPlane {
         let resources = resource_names(&rules);
         if req.validate_only {
             let version = self.engine.rules().version;
-            return Ok(Response::new(pb::ApplyRulesResponse {
-                version,
-                resources,
-                applied: false,
-            }));
+            return Ok(Response::new(pb::ApplyRulesResponse { version, resources, applied: false }));
         }
         let version = self.engine.install(rules, req.yaml, "admin".into());
         tracing::info!(version, "rules applied through Admin");
-        Ok(Response::new(pb::ApplyRulesResponse {
-            version,
-            resources,
-            applied: true,
-        }))
+        Ok(Response::new(pb::ApplyRulesResponse { version, resources, applied: true }))
     }
 
     async fn list_breakers(
         &self,
         _request: Request<pb::ListBreakersRequest>,
     ) -> Result<Response<pb::ListBreakersResponse>, Status> {
-        Err(Status::unimplemented(
-            "ListBreakers arrives with circuit breakers",
-        ))
+        Err(Status::unimplemented("ListBreakers arrives with circuit breakers"))
     }
 
-    async fn get_breaker(
-        &self,
-        _request: Request<pb::GetBreakerRequest>,
-    ) -> Result<Response<pb::BreakerInfo>, Status> {
-        Err(Status::unimplemented(
-            "GetBreaker arrives with circuit breakers",
-        ))
+    async fn get_breaker(&self, _request: Request<pb::GetBreakerRequest>) -> Result<Response<pb::BreakerInfo>, Status> {
+        Err(Status::unimplemented("GetBreaker arrives with circuit breakers"))
     }
 
     async fn set_breaker_state(
         &self,
         _request: Request<pb::SetBreakerStateRequest>,
     ) -> Result<Response<pb::BreakerInfo>, Status> {
-        Err(Status::unimplemented(
-            "SetBreakerState arrives with circuit breakers",
-        ))
+        Err(Status::unimplemented("SetBreakerState arrives with circuit breakers"))
     }
 
     async fn set_degradation_level(
         &self,
         _request: Request<pb::SetDegradationLevelRequest>,
     ) -> Result<Response<pb::SetDegradationLevelResponse>, Status> {
-        Err(Status::unimplemented(
-            "SetDegradationLevel arrives with degradation levels",
-        ))
+        Err(Status::unimplemented("SetDegradationLevel arrives with degradation levels"))
     }
 
-    async fn peek(
-        &self,
-        request: Request<pb::PeekRequest>,
-    ) -> Result<Response<pb::PeekResponse>, Status> {
+    async fn peek(&self, request: Request<pb::PeekRequest>) -> Result<Response<pb::PeekResponse>, Status> {
         let req = request.get_ref();
         let rules = self.engine.rules();
         let only = (!req.limit.is_empty()).then_some(req.limit.as_str());
-        let out = self
-            .engine
-            .peek(&rules, &req.resource, &req.descriptors, only)?;
+        let out = self.engine.peek(&rules, &req.resource, &req.descriptors, only)?;
         if let Some(name) = only
             && out.limits.is_empty()
         {
-            return Err(Status::not_found(format!(
-                "limit: resource '{}' has no matched limit '{name}'",
-                req.resource
-            )));
+            return Err(Status::not_found(format!("limit: resource '{}' has no matched limit '{name}'", req.resource)));
         }
         Ok(Response::new(pb::PeekResponse {
             rule: out.rule.unwrap_or_default().to_string(),

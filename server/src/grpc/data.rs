@@ -31,22 +31,14 @@ impl DataPlane {
 }
 
 fn ask(r: &pb::AcquireRequest) -> engine::Request<'_, std::collections::HashMap<String, String>> {
-    engine::Request {
-        resource: &r.resource,
-        descriptors: &r.descriptors,
-        cost: r.cost,
-        dry_run: r.dry_run,
-    }
+    engine::Request { resource: &r.resource, descriptors: &r.descriptors, cost: r.cost, dry_run: r.dry_run }
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl Floodgate for DataPlane {
-    async fn acquire(
-        &self,
-        request: Request<pb::AcquireRequest>,
-    ) -> Result<Response<pb::AcquireResponse>, Status> {
+    async fn acquire(&self, request: Request<pb::AcquireRequest>) -> Result<Response<pb::AcquireResponse>, Status> {
         let rules = self.engine.rules();
         Ok(Response::new(self.decide(&rules, request.get_ref())?))
     }
@@ -62,17 +54,10 @@ impl Floodgate for DataPlane {
         let prepared = items
             .iter()
             .enumerate()
-            .map(|(i, r)| {
-                self.engine
-                    .prepare(&rules, &ask(r))
-                    .map_err(|e| e.in_batch("requests", i))
-            })
+            .map(|(i, r)| self.engine.prepare(&rules, &ask(r)).map_err(|e| e.in_batch("requests", i)))
             .collect::<Result<Vec<_>, _>>()?;
         let now = self.engine.clock().now();
-        let responses = prepared
-            .into_iter()
-            .map(|p| convert::acquire_response(&self.engine.decide(p, now)))
-            .collect();
+        let responses = prepared.into_iter().map(|p| convert::acquire_response(&self.engine.decide(p, now))).collect();
         Ok(Response::new(pb::AcquireBatchResponse { responses }))
     }
 
@@ -80,26 +65,19 @@ impl Floodgate for DataPlane {
         &self,
         _request: Request<pb::ReportOutcomeRequest>,
     ) -> Result<Response<pb::ReportOutcomeResponse>, Status> {
-        Err(Status::unimplemented(
-            "ReportOutcome arrives with circuit breakers",
-        ))
+        Err(Status::unimplemented("ReportOutcome arrives with circuit breakers"))
     }
 
     async fn report_outcome_batch(
         &self,
         _request: Request<pb::ReportOutcomeBatchRequest>,
     ) -> Result<Response<pb::ReportOutcomeBatchResponse>, Status> {
-        Err(Status::unimplemented(
-            "ReportOutcomeBatch arrives with circuit breakers",
-        ))
+        Err(Status::unimplemented("ReportOutcomeBatch arrives with circuit breakers"))
     }
 
     type WatchStream = EventStream;
 
-    async fn watch(
-        &self,
-        _request: Request<pb::WatchRequest>,
-    ) -> Result<Response<Self::WatchStream>, Status> {
+    async fn watch(&self, _request: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
         Err(Status::unimplemented("Watch arrives with circuit breakers"))
     }
 }

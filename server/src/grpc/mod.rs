@@ -19,10 +19,7 @@ pub use data::DataPlane;
 
 /// Every gRPC service on one port: data plane, control plane, health and
 /// reflection (v1 and v1alpha, so grpcurl and other common clients work).
-pub fn routes<H>(
-    engine: Arc<Engine>,
-    health: HealthServer<H>,
-) -> anyhow::Result<tonic::service::Routes>
+pub fn routes<H>(engine: Arc<Engine>, health: HealthServer<H>) -> anyhow::Result<tonic::service::Routes>
 where
     H: Health,
 {

@@ -19,10 +19,7 @@ pub struct FixedWindow {
 
 impl Config {
     pub fn new(limit: u64, window: u64) -> Self {
-        Config {
-            limit,
-            window: window.max(1),
-        }
+        Config { limit, window: window.max(1) }
     }
 
     fn window_start(&self, now: Timestamp) -> Timestamp {
@@ -36,11 +33,7 @@ impl FixedWindow {
     /// `now` (a replica whose clock runs ahead) is kept: it never under-counts.
     fn current(&self, cfg: &Config, now: Timestamp) -> (Timestamp, u64) {
         let start = cfg.window_start(now);
-        if self.start >= start {
-            (self.start, self.count)
-        } else {
-            (start, 0)
-        }
+        if self.start >= start { (self.start, self.count) } else { (start, 0) }
     }
 }
 
@@ -48,10 +41,7 @@ impl Limiter for FixedWindow {
     type Config = Config;
 
     fn new(cfg: &Config, now: Timestamp) -> Self {
-        FixedWindow {
-            start: cfg.window_start(now),
-            count: 0,
-        }
+        FixedWindow { start: cfg.window_start(now), count: 0 }
     }
 
     fn check(&self, cfg: &Config, now: Timestamp, cost: u64) -> Decision {
@@ -73,18 +63,12 @@ impl Limiter for FixedWindow {
 
     fn commit(&mut self, cfg: &Config, now: Timestamp, cost: u64) {
         let (start, used) = self.current(cfg, now);
-        *self = FixedWindow {
-            start,
-            count: used.saturating_add(cost),
-        };
+        *self = FixedWindow { start, count: used.saturating_add(cost) };
     }
 
     fn refund(&mut self, cfg: &Config, now: Timestamp, cost: u64) {
         let (start, used) = self.current(cfg, now);
-        *self = FixedWindow {
-            start,
-            count: used.saturating_sub(cost),
-        };
+        *self = FixedWindow { start, count: used.saturating_sub(cost) };
     }
 }
 
@@ -104,11 +88,7 @@ mod tests {
             let d = w.try_acquire(&c, at_ms(250), 1);
             assert!(d.admitted);
             assert_eq!(d.status.remaining, 2 - i);
-            assert_eq!(
-                d.status.reset_after,
-                ms(750),
-                "end of the epoch-aligned window"
-            );
+            assert_eq!(d.status.reset_after, ms(750), "end of the epoch-aligned window");
         }
         let d = w.try_acquire(&c, at_ms(999), 1);
         assert!(!d.admitted);
@@ -134,11 +114,7 @@ mod tests {
     fn cost_equal_to_limit_and_idle_state() {
         let c = Config::new(5, SEC);
         let mut w = FixedWindow::new(&c, T0);
-        assert_eq!(
-            w.check(&c, T0, 0).status.reset_after,
-            ms(0),
-            "an empty window is idle"
-        );
+        assert_eq!(w.check(&c, T0, 0).status.reset_after, ms(0), "an empty window is idle");
         assert!(w.try_acquire(&c, T0, 5).admitted);
         assert!(!w.try_acquire(&c, T0, 1).admitted);
         w.refund(&c, T0, 5);

@@ -25,11 +25,7 @@ pub struct Gcra {
 
 impl Config {
     pub fn new(rate: Rate, burst: u64) -> Self {
-        Config {
-            rate,
-            burst,
-            emission_interval: rate.time_for(PICO),
-        }
+        Config { rate, burst, emission_interval: rate.time_for(PICO) }
     }
 
     fn span(&self, units: u64) -> u64 {
@@ -50,11 +46,7 @@ impl Limiter for Gcra {
         let new_tat = base.add_nanos(cfg.span(cost));
         let horizon = now.add_nanos(cfg.span(cfg.burst));
         let admitted = new_tat <= horizon;
-        let (after, retry_after) = if admitted {
-            (new_tat, 0)
-        } else {
-            (base, new_tat.saturating_since(horizon))
-        };
+        let (after, retry_after) = if admitted { (new_tat, 0) } else { (base, new_tat.saturating_since(horizon)) };
         Decision {
             admitted,
             status: Status {
@@ -112,30 +104,12 @@ mod tests {
         let g_cfg = cfg(4.0, 3);
         let t_cfg = token_bucket::Config::new(3, Rate::per_second(4.0).unwrap());
         let (mut g, mut tb) = (Gcra::new(&g_cfg, T0), TokenBucket::new(&t_cfg, T0));
-        for (step, cost) in [
-            (0, 2),
-            (0, 2),
-            (100, 1),
-            (250, 1),
-            (250, 3),
-            (750, 3),
-            (750, 1),
-            (1000, 2),
-        ] {
+        for (step, cost) in [(0, 2), (0, 2), (100, 1), (250, 1), (250, 3), (750, 3), (750, 1), (1000, 2)] {
             let now = at_ms(step);
-            let (a, b) = (
-                g.try_acquire(&g_cfg, now, cost),
-                tb.try_acquire(&t_cfg, now, cost),
-            );
+            let (a, b) = (g.try_acquire(&g_cfg, now, cost), tb.try_acquire(&t_cfg, now, cost));
             assert_eq!(a.admitted, b.admitted, "at {step} ms cost {cost}");
-            assert_eq!(
-                a.status.remaining, b.status.remaining,
-                "at {step} ms cost {cost}"
-            );
-            assert_eq!(
-                a.status.retry_after, b.status.retry_after,
-                "at {step} ms cost {cost}"
-            );
+            assert_eq!(a.status.remaining, b.status.remaining, "at {step} ms cost {cost}");
+            assert_eq!(a.status.retry_after, b.status.retry_after, "at {step} ms cost {cost}");
         }
     }
 
@@ -156,9 +130,7 @@ mod tests {
         let c = cfg(3.0, 1);
         assert_eq!(c.emission_interval, 333_333_334);
         let mut g = Gcra::new(&c, T0);
-        let admitted = (0..3000u64)
-            .filter(|i| g.try_acquire(&c, at_ms(*i), 1).admitted)
-            .count();
+        let admitted = (0..3000u64).filter(|i| g.try_acquire(&c, at_ms(*i), 1).admitted).count();
         // Over 3 s at 3/s with a burst of 1: at most 1 + 3 * 2.999 = 9.
         assert_eq!(admitted, 9);
     }

@@ -38,11 +38,7 @@ pub struct LeakyBucket {
 
 impl Config {
     pub fn new(capacity: u64, leak: Rate, mode: Mode) -> Self {
-        Config {
-            capacity,
-            leak,
-            mode,
-        }
+        Config { capacity, leak, mode }
     }
 
     fn m(&self) -> u128 {
@@ -66,10 +62,7 @@ impl Limiter for LeakyBucket {
     type Config = Config;
 
     fn new(_cfg: &Config, now: Timestamp) -> Self {
-        LeakyBucket {
-            drain_ns: now.as_nanos(),
-            frac: 0,
-        }
+        LeakyBucket { drain_ns: now.as_nanos(), frac: 0 }
     }
 
     fn check(&self, cfg: &Config, now: Timestamp, cost: u64) -> Decision {
@@ -86,16 +79,8 @@ impl Limiter for LeakyBucket {
         };
         let late = max_wait.map_or(0, |max| wait.saturating_sub(max));
         let admitted = over == 0 && late == 0;
-        let after = if admitted {
-            level + rate::pico(cost)
-        } else {
-            level
-        };
-        let retry_after = if admitted {
-            0
-        } else {
-            cfg.leak.time_for(over).max(late)
-        };
+        let after = if admitted { level + rate::pico(cost) } else { level };
+        let retry_after = if admitted { 0 } else { cfg.leak.time_for(over).max(late) };
         Decision {
             admitted,
             status: Status {
@@ -152,9 +137,7 @@ mod tests {
     fn shaped_callers_are_evenly_spaced() {
         let c = cfg(10, 4.0, Mode::Shape { max_wait: None });
         let mut b = LeakyBucket::new(&c, T0);
-        let waits: Vec<_> = (0..5)
-            .map(|_| b.try_acquire(&c, T0, 1).status.wait)
-            .collect();
+        let waits: Vec<_> = (0..5).map(|_| b.try_acquire(&c, T0, 1).status.wait).collect();
         assert_eq!(waits, [ms(0), ms(250), ms(500), ms(750), ms(1000)]);
         // 100 ms later, the next turn is 1250 ms after T0.
         assert_eq!(b.try_acquire(&c, at_ms(100), 1).status.wait, ms(1150));
@@ -164,22 +147,14 @@ mod tests {
     fn shaping_with_a_third_interval_keeps_exact_spacing() {
         let c = cfg(100, 3.0, Mode::Shape { max_wait: None });
         let mut b = LeakyBucket::new(&c, T0);
-        let waits: Vec<_> = (0..4)
-            .map(|_| b.try_acquire(&c, T0, 1).status.wait.as_nanos())
-            .collect();
+        let waits: Vec<_> = (0..4).map(|_| b.try_acquire(&c, T0, 1).status.wait.as_nanos()).collect();
         // Turns at 0, 1/3, 2/3 and exactly 1 s: no drift from rounding.
         assert_eq!(waits, [0, 333_333_334, 666_666_667, 1_000_000_000]);
     }
 
     #[test]
     fn shape_rejects_when_the_wait_would_exceed_max_wait() {
-        let c = cfg(
-            100,
-            10.0,
-            Mode::Shape {
-                max_wait: Some(300_000_000),
-            },
-        );
+        let c = cfg(100, 10.0, Mode::Shape { max_wait: Some(300_000_000) });
         let mut b = LeakyBucket::new(&c, T0);
         for i in 0..4 {
             assert_eq!(b.try_acquire(&c, T0, 1).status.wait, ms(100 * i));

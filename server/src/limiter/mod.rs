@@ -143,9 +143,7 @@ impl Algorithm {
             Algorithm::Gcra(c) => Bucket::Gcra(Gcra::new(c, now)),
             Algorithm::LeakyBucket(c) => Bucket::LeakyBucket(LeakyBucket::new(c, now)),
             Algorithm::FixedWindow(c) => Bucket::FixedWindow(FixedWindow::new(c, now)),
-            Algorithm::SlidingWindowLog(c) => {
-                Bucket::SlidingWindowLog(Box::new(SlidingWindowLog::new(c, now)))
-            }
+            Algorithm::SlidingWindowLog(c) => Bucket::SlidingWindowLog(Box::new(SlidingWindowLog::new(c, now))),
             Algorithm::SlidingWindow(c) => Bucket::SlidingWindow(SlidingWindow::new(c, now)),
         }
     }
@@ -174,22 +172,12 @@ impl Bucket {
         if !self.fits(alg) {
             *self = alg.new_bucket(now);
         }
-        dispatch!(
-            self,
-            alg,
-            |s, c| s.try_acquire(c, now, cost),
-            unreachable!()
-        )
+        dispatch!(self, alg, |s, c| s.try_acquire(c, now, cost), unreachable!())
     }
 
     /// The decision for `cost`, consuming nothing.
     pub fn check(&self, alg: &Algorithm, now: Timestamp, cost: u64) -> Decision {
-        dispatch!(
-            self,
-            alg,
-            |s, c| s.check(c, now, cost),
-            alg.new_bucket(now).check(alg, now, cost)
-        )
+        dispatch!(self, alg, |s, c| s.check(c, now, cost), alg.new_bucket(now).check(alg, now, cost))
     }
 
     pub fn refund(&mut self, alg: &Algorithm, now: Timestamp, cost: u64) {
@@ -226,20 +214,13 @@ mod tests {
     #[test]
     fn bucket_stays_small() {
         // Stored once per active key: keep it within 32 bytes.
-        assert!(
-            std::mem::size_of::<Bucket>() <= 32,
-            "{}",
-            std::mem::size_of::<Bucket>()
-        );
+        assert!(std::mem::size_of::<Bucket>() <= 32, "{}", std::mem::size_of::<Bucket>());
     }
 
     #[test]
     fn a_bucket_made_for_another_algorithm_starts_fresh() {
         let now = Timestamp::from_secs(100);
-        let tb = Algorithm::TokenBucket(token_bucket::Config::new(
-            2,
-            rate::Rate::whole_per_second(1),
-        ));
+        let tb = Algorithm::TokenBucket(token_bucket::Config::new(2, rate::Rate::whole_per_second(1)));
         let fw = Algorithm::FixedWindow(fixed_window::Config::new(5, 1_000_000_000));
         let mut b = tb.new_bucket(now);
         assert!(b.try_acquire(&tb, now, 2).admitted);

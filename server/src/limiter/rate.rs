@@ -59,16 +59,12 @@ impl Rate {
         if (scaled - milli).abs() > 1e-6 * scaled.max(1.0) {
             return Err(RateError::TooPrecise(r));
         }
-        Ok(Rate {
-            milli: milli as u64,
-        })
+        Ok(Rate { milli: milli as u64 })
     }
 
     /// A rate of `n` whole units per second.
     pub fn whole_per_second(n: u64) -> Rate {
-        Rate {
-            milli: n.saturating_mul(1000).max(1),
-        }
+        Rate { milli: n.saturating_mul(1000).max(1) }
     }
 
     pub fn as_f64(self) -> f64 {
@@ -107,10 +103,7 @@ impl Amount {
 
     pub fn from_pico(p: u128) -> Amount {
         let whole = u64::try_from(p / PICO).unwrap_or(u64::MAX);
-        Amount {
-            whole,
-            pico: (p % PICO) as u64,
-        }
+        Amount { whole, pico: (p % PICO) as u64 }
     }
 
     pub fn to_pico(self) -> u128 {
@@ -142,22 +135,10 @@ mod tests {
         assert_eq!(Rate::per_second(0.5).unwrap().milli, 500);
         assert_eq!(Rate::per_second(0.001).unwrap().milli, 1);
         assert_eq!(Rate::per_second(33.333).unwrap().milli, 33_333);
-        assert!(matches!(
-            Rate::per_second(0.0),
-            Err(RateError::NotPositive(_))
-        ));
-        assert!(matches!(
-            Rate::per_second(-1.0),
-            Err(RateError::NotPositive(_))
-        ));
-        assert!(matches!(
-            Rate::per_second(0.0004),
-            Err(RateError::TooSmall(_))
-        ));
-        assert!(matches!(
-            Rate::per_second(0.3333),
-            Err(RateError::TooPrecise(_))
-        ));
+        assert!(matches!(Rate::per_second(0.0), Err(RateError::NotPositive(_))));
+        assert!(matches!(Rate::per_second(-1.0), Err(RateError::NotPositive(_))));
+        assert!(matches!(Rate::per_second(0.0004), Err(RateError::TooSmall(_))));
+        assert!(matches!(Rate::per_second(0.3333), Err(RateError::TooPrecise(_))));
         assert!(matches!(Rate::per_second(2e9), Err(RateError::TooLarge(_))));
     }
 

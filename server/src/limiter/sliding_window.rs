@@ -33,10 +33,7 @@ struct View {
 
 impl Config {
     pub fn new(limit: u64, window: u64) -> Self {
-        Config {
-            limit,
-            window: window.max(1),
-        }
+        Config { limit, window: window.max(1) }
     }
 }
 
@@ -52,12 +49,7 @@ impl SlidingWindow {
         } else {
             (start, 0, 0)
         };
-        View {
-            start,
-            prev,
-            cur,
-            elapsed: now.saturating_since(start),
-        }
+        View { start, prev, cur, elapsed: now.saturating_since(start) }
     }
 }
 
@@ -108,11 +100,7 @@ impl Limiter for SlidingWindow {
 
     fn new(cfg: &Config, now: Timestamp) -> Self {
         let n = now.as_nanos();
-        SlidingWindow {
-            start: Timestamp::from_nanos(n - n % cfg.window),
-            prev: 0,
-            cur: 0,
-        }
+        SlidingWindow { start: Timestamp::from_nanos(n - n % cfg.window), prev: 0, cur: 0 }
     }
 
     fn check(&self, cfg: &Config, now: Timestamp, cost: u64) -> Decision {
@@ -127,11 +115,7 @@ impl Limiter for SlidingWindow {
                 limit: cfg.limit,
                 remaining: (cap.saturating_sub(used) / w as u128) as u64,
                 reset_after: nanos(v.reset_after(w, cur_after)),
-                retry_after: nanos(if admitted {
-                    0
-                } else {
-                    v.retry_after(cfg.limit, w, cost)
-                }),
+                retry_after: nanos(if admitted { 0 } else { v.retry_after(cfg.limit, w, cost) }),
                 wait: nanos(0),
             },
         }
@@ -139,20 +123,12 @@ impl Limiter for SlidingWindow {
 
     fn commit(&mut self, cfg: &Config, now: Timestamp, cost: u64) {
         let v = self.view(cfg, now);
-        *self = SlidingWindow {
-            start: v.start,
-            prev: v.prev,
-            cur: v.cur.saturating_add(cost),
-        };
+        *self = SlidingWindow { start: v.start, prev: v.prev, cur: v.cur.saturating_add(cost) };
     }
 
     fn refund(&mut self, cfg: &Config, now: Timestamp, cost: u64) {
         let v = self.view(cfg, now);
-        *self = SlidingWindow {
-            start: v.start,
-            prev: v.prev,
-            cur: v.cur.saturating_sub(cost),
-        };
+        *self = SlidingWindow { start: v.start, prev: v.prev, cur: v.cur.saturating_sub(cost) };
     }
 }
 
@@ -213,11 +189,7 @@ mod tests {
         assert!(s.try_acquire(&c, T0, 3).admitted);
         let d = s.try_acquire(&c, at_ms(10), 3);
         assert!(!d.admitted);
-        assert_eq!(
-            d.status.retry_after,
-            ms(1990),
-            "the next window must fully pass the first"
-        );
+        assert_eq!(d.status.retry_after, ms(1990), "the next window must fully pass the first");
         s.refund(&c, at_ms(10), 3);
         assert!(s.try_acquire(&c, at_ms(10), 3).admitted);
     }

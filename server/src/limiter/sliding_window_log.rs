@@ -29,10 +29,7 @@ pub struct SlidingWindowLog {
 
 impl Config {
     pub fn new(limit: u64, window: u64) -> Self {
-        Config {
-            limit,
-            window: window.max(1),
-        }
+        Config { limit, window: window.max(1) }
     }
 }
 
@@ -43,23 +40,14 @@ impl SlidingWindowLog {
 
     /// Cost still inside the window at `now`.
     fn used(&self, cfg: &Config, now: Timestamp) -> u64 {
-        let expired: u64 = self
-            .entries
-            .iter()
-            .take_while(|(at, _)| !Self::live(cfg, *at, now))
-            .map(|(_, n)| n)
-            .sum();
+        let expired: u64 = self.entries.iter().take_while(|(at, _)| !Self::live(cfg, *at, now)).map(|(_, n)| n).sum();
         self.total - expired
     }
 
     /// Time until `needed` units have left the window.
     fn time_to_free(&self, cfg: &Config, now: Timestamp, needed: u64) -> u64 {
         let mut freed = 0;
-        for (at, n) in self
-            .entries
-            .iter()
-            .filter(|(at, _)| Self::live(cfg, *at, now))
-        {
+        for (at, n) in self.entries.iter().filter(|(at, _)| Self::live(cfg, *at, now)) {
             freed += n;
             if freed >= needed {
                 return at.add_nanos(cfg.window).saturating_since(now);
@@ -100,11 +88,7 @@ impl Limiter for SlidingWindowLog {
             None
         };
         let reset_after = newest.map_or(0, |at| at.add_nanos(cfg.window).saturating_since(now));
-        let retry_after = if admitted {
-            0
-        } else {
-            self.time_to_free(cfg, now, used + cost - cfg.limit)
-        };
+        let retry_after = if admitted { 0 } else { self.time_to_free(cfg, now, used + cost - cfg.limit) };
         Decision {
             admitted,
             status: Status {
@@ -163,18 +147,10 @@ mod tests {
         let d = l.try_acquire(&c, at_ms(900), 1);
         assert!(d.admitted);
         assert_eq!(d.status.remaining, 0);
-        assert_eq!(
-            d.status.reset_after,
-            ms(1000),
-            "the newest entry leaves 1 s after it came"
-        );
+        assert_eq!(d.status.reset_after, ms(1000), "the newest entry leaves 1 s after it came");
         let d = l.try_acquire(&c, at_ms(999), 1);
         assert!(!d.admitted);
-        assert_eq!(
-            d.status.retry_after,
-            ms(1),
-            "the oldest entry leaves at 1000 ms"
-        );
+        assert_eq!(d.status.retry_after, ms(1), "the oldest entry leaves at 1000 ms");
         // The entry from 0 ms leaves exactly at 1000 ms: the window is (now - W, now].
         assert!(l.try_acquire(&c, at_ms(1000), 1).admitted);
         assert!(!l.try_acquire(&c, at_ms(1399), 1).admitted);
@@ -190,11 +166,7 @@ mod tests {
         assert!(l.try_acquire(&c, at_ms(200), 2).admitted);
         let d = l.try_acquire(&c, at_ms(500), 2);
         assert!(!d.admitted);
-        assert_eq!(
-            d.status.retry_after,
-            ms(600),
-            "two units must leave: the 0 and 100 ms ones"
-        );
+        assert_eq!(d.status.retry_after, ms(600), "two units must leave: the 0 and 100 ms ones");
         assert!(l.try_acquire(&c, at_ms(1100), 2).admitted);
     }
 

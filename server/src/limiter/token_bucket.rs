@@ -43,10 +43,7 @@ impl Limiter for TokenBucket {
     type Config = Config;
 
     fn new(cfg: &Config, now: Timestamp) -> Self {
-        TokenBucket {
-            tokens: Amount::units(cfg.capacity),
-            updated: now,
-        }
+        TokenBucket { tokens: Amount::units(cfg.capacity), updated: now }
     }
 
     fn check(&self, cfg: &Config, now: Timestamp, cost: u64) -> Decision {
@@ -55,11 +52,7 @@ impl Limiter for TokenBucket {
         let full = rate::pico(cfg.capacity);
         let admitted = have >= need;
         let left = if admitted { have - need } else { have };
-        let retry_after = if admitted {
-            0
-        } else {
-            cfg.refill.time_for(need - have)
-        };
+        let retry_after = if admitted { 0 } else { cfg.refill.time_for(need - have) };
         Decision {
             admitted,
             status: Status {
@@ -130,10 +123,7 @@ mod tests {
             t += 333_333_333;
             b.commit(&c, at_ns(t), 0);
         }
-        assert!(
-            !b.check(&c, at_ns(t), 1).admitted,
-            "999_999_999 ns is short of one token"
-        );
+        assert!(!b.check(&c, at_ns(t), 1).admitted, "999_999_999 ns is short of one token");
         assert!(b.check(&c, at_ns(t + 1), 1).admitted);
     }
 
@@ -168,11 +158,7 @@ mod tests {
         b.refund(&c, T0, 2);
         assert_eq!(b.check(&c, T0, 0).status.remaining, 3);
         b.refund(&c, T0, 2);
-        assert_eq!(
-            b.check(&c, T0, 0).status.remaining,
-            3,
-            "never above capacity"
-        );
+        assert_eq!(b.check(&c, T0, 0).status.remaining, 3, "never above capacity");
     }
 
     #[test]

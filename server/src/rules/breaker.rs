@@ -43,18 +43,12 @@ const MS: Duration = Duration::from_millis(1);
 
 impl Backoff {
     pub fn fixed(d: Duration) -> Self {
-        Backoff {
-            initial: d,
-            multiplier: 1.0,
-            max: d,
-        }
+        Backoff { initial: d, multiplier: 1.0, max: d }
     }
 
     /// The wait after `openings` consecutive openings (1 for the first).
     pub fn wait(&self, openings: u32) -> Duration {
-        let factor = self
-            .multiplier
-            .powi(openings.saturating_sub(1).min(1000) as i32);
+        let factor = self.multiplier.powi(openings.saturating_sub(1).min(1000) as i32);
         let secs = (self.initial.as_secs_f64() * factor).min(self.max.as_secs_f64());
         Duration::from_secs_f64(secs).max(self.initial.min(self.max))
     }
@@ -75,45 +69,26 @@ impl BreakerConfig {
         let rate = |key: &str, default: f64| match f.f64(key) {
             Some(r) if r > 0.0 && r <= 1.0 => Some(r),
             Some(r) => {
-                f.error(
-                    key,
-                    format!("must be a rate above 0 and at most 1 (e.g. 0.5), got {r}"),
-                );
+                f.error(key, format!("must be a rate above 0 and at most 1 (e.g. 0.5), got {r}"));
                 None
             }
             None => (!f.has(key)).then_some(default),
         };
         let failure_rate_threshold = rate("failure_rate_threshold", 0.5);
         let slow_call_rate_threshold = rate("slow_call_rate_threshold", 1.0);
-        let slow_call_duration = or_default(
-            f,
-            "slow_call_duration",
-            f.duration("slow_call_duration", MS),
-            Duration::from_secs(60),
-        );
+        let slow_call_duration =
+            or_default(f, "slow_call_duration", f.duration("slow_call_duration", MS), Duration::from_secs(60));
         let window = match f.nested("window") {
             Some(w) => parse_window(&w),
             None => (!f.has("window")).then_some(WindowKind::Count(100)),
         };
-        let minimum_calls = or_default(
-            f,
-            "minimum_calls",
-            f.u64_in("minimum_calls", 1, 1_000_000).map(|n| n as u32),
-            100,
-        );
+        let minimum_calls =
+            or_default(f, "minimum_calls", f.u64_in("minimum_calls", 1, 1_000_000).map(|n| n as u32), 100);
         let wait_in_open = parse_backoff(f);
-        let half_open_calls = or_default(
-            f,
-            "half_open_calls",
-            f.u64_in("half_open_calls", 1, 10_000).map(|n| n as u32),
-            10,
-        );
-        let max_wait = or_default(
-            f,
-            "max_wait_in_half_open",
-            f.duration("max_wait_in_half_open", MS),
-            Duration::from_secs(60),
-        );
+        let half_open_calls =
+            or_default(f, "half_open_calls", f.u64_in("half_open_calls", 1, 10_000).map(|n| n as u32), 10);
+        let max_wait =
+            or_default(f, "max_wait_in_half_open", f.duration("max_wait_in_half_open", MS), Duration::from_secs(60));
         let window = window?;
         // As in resilience4j: a count window cannot hold more calls than its size.
         let minimum_calls = match window {
@@ -139,18 +114,14 @@ fn or_default<T>(f: &Fields<'_>, key: &str, value: Option<T>, default: T) -> Opt
 }
 
 fn parse_window(w: &Fields<'_>) -> Option<WindowKind> {
-    match w.required("kind", |w, k| {
-        w.choice(k, &[("count", true), ("time", false)])
-    })? {
+    match w.required("kind", |w, k| w.choice(k, &[("count", true), ("time", false)]))? {
         true => {
             w.deny_unknown(&["kind", "size"]);
-            w.required("size", |w, k| w.u64_in(k, 1, 10_000))
-                .map(|n| WindowKind::Count(n as u32))
+            w.required("size", |w, k| w.u64_in(k, 1, 10_000)).map(|n| WindowKind::Count(n as u32))
         }
         false => {
             w.deny_unknown(&["kind", "seconds"]);
-            w.required("seconds", |w, k| w.u64_in(k, 1, 3_600))
-                .map(|n| WindowKind::Time(n as u32))
+            w.required("seconds", |w, k| w.u64_in(k, 1, 3_600)).map(|n| WindowKind::Time(n as u32))
         }
     }
 }
@@ -174,20 +145,12 @@ fn parse_backoff(f: &Fields<'_>) -> Option<Backoff> {
             };
             let max = b.duration("max", MS);
             let initial = initial?;
-            let max = if b.has("max") {
-                max?
-            } else {
-                initial.max(Duration::from_secs(300))
-            };
+            let max = if b.has("max") { max? } else { initial.max(Duration::from_secs(300)) };
             if max < initial {
                 b.error("max", "must not be shorter than initial");
                 return None;
             }
-            Some(Backoff {
-                initial,
-                multiplier: multiplier?,
-                max,
-            })
+            Some(Backoff { initial, multiplier: multiplier?, max })
         }
     }
 }
@@ -198,18 +161,11 @@ mod tests {
 
     #[test]
     fn backoff_grows_per_opening_up_to_max() {
-        let b = Backoff {
-            initial: Duration::from_secs(5),
-            multiplier: 1.5,
-            max: Duration::from_secs(10),
-        };
+        let b = Backoff { initial: Duration::from_secs(5), multiplier: 1.5, max: Duration::from_secs(10) };
         assert_eq!(b.wait(1), Duration::from_secs(5));
         assert_eq!(b.wait(2), Duration::from_millis(7500));
         assert_eq!(b.wait(3), Duration::from_secs(10));
         assert_eq!(b.wait(50), Duration::from_secs(10));
-        assert_eq!(
-            Backoff::fixed(Duration::from_secs(30)).wait(7),
-            Duration::from_secs(30)
-        );
+        assert_eq!(Backoff::fixed(Duration::from_secs(30)).wait(7), Duration::from_secs(30));
     }
 }

@@ -15,13 +15,9 @@ pub fn parse(text: &str) -> Result<Duration, String> {
     let mut total: u128 = 0;
     let mut rest = s;
     while !rest.is_empty() {
-        let num_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
+        let num_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
         let (num, tail) = rest.split_at(num_len);
-        let unit_len = tail
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(tail.len());
+        let unit_len = tail.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(tail.len());
         let (unit, tail) = tail.split_at(unit_len);
         let nanos_per = match unit {
             "ns" => 1u128,
@@ -32,13 +28,10 @@ pub fn parse(text: &str) -> Result<Duration, String> {
             "h" => 3_600_000_000_000,
             "d" => 86_400_000_000_000,
             _ => {
-                return Err(format!(
-                    "duration '{s}' has unknown unit '{unit}' (use ns, us, ms, s, m, h or d)"
-                ));
+                return Err(format!("duration '{s}' has unknown unit '{unit}' (use ns, us, ms, s, m, h or d)"));
             }
         };
-        total += scaled(num, nanos_per)
-            .ok_or_else(|| format!("duration '{s}' has a malformed number '{num}'"))?;
+        total += scaled(num, nanos_per).ok_or_else(|| format!("duration '{s}' has a malformed number '{num}'"))?;
         rest = tail;
     }
     let nanos = u64::try_from(total).map_err(|_| format!("duration '{s}' is too long"))?;
@@ -52,14 +45,9 @@ fn scaled(num: &str, per: u128) -> Option<u128> {
         return None;
     }
     let int: u128 = if int.is_empty() { 0 } else { int.parse().ok()? };
-    let frac_value: u128 = if frac.is_empty() {
-        0
-    } else {
-        frac.parse().ok()?
-    };
+    let frac_value: u128 = if frac.is_empty() { 0 } else { frac.parse().ok()? };
     let frac_scale = 10u128.pow(frac.len() as u32);
-    int.checked_mul(per)?
-        .checked_add(frac_value * per / frac_scale)
+    int.checked_mul(per)?.checked_add(frac_value * per / frac_scale)
 }
 
 /// The shortest exact spelling of a duration, as the rules file writes it.

@@ -64,10 +64,7 @@ impl fmt::Display for RuleErrors {
 
 impl Collector {
     pub(super) fn new(file: &str) -> Self {
-        Collector {
-            file: file.to_string(),
-            errors: RefCell::new(Vec::new()),
-        }
+        Collector { file: file.to_string(), errors: RefCell::new(Vec::new()) }
     }
 
     pub(super) fn push(&self, resource: Option<&str>, field: &str, message: impl Into<String>) {
@@ -92,25 +89,11 @@ impl Collector {
     }
 
     /// The fields of `value`, which must be a mapping.
-    pub(super) fn fields<'a>(
-        &'a self,
-        value: &'a Value,
-        resource: Option<&'a str>,
-        path: &str,
-    ) -> Option<Fields<'a>> {
+    pub(super) fn fields<'a>(&'a self, value: &'a Value, resource: Option<&'a str>, path: &str) -> Option<Fields<'a>> {
         match value {
-            Value::Mapping(map) => Some(Fields {
-                map,
-                resource,
-                path: path.to_string(),
-                out: self,
-            }),
+            Value::Mapping(map) => Some(Fields { map, resource, path: path.to_string(), out: self }),
             other => {
-                self.push(
-                    resource,
-                    path,
-                    format!("must be a mapping, got {}", kind(other)),
-                );
+                self.push(resource, path, format!("must be a mapping, got {}", kind(other)));
                 None
             }
         }
@@ -126,12 +109,7 @@ impl<'a> Fields<'a> {
     where
         'a: 'b,
     {
-        Fields {
-            map: self.map,
-            resource: Some(label),
-            path: String::new(),
-            out: self.out,
-        }
+        Fields { map: self.map, resource: Some(label), path: String::new(), out: self.out }
     }
 
     /// The fields of `value`, found under `label` in this mapping.
@@ -140,11 +118,7 @@ impl<'a> Fields<'a> {
     }
 
     pub(super) fn path(&self, key: &str) -> String {
-        if self.path.is_empty() {
-            key.to_string()
-        } else {
-            format!("{}.{key}", self.path)
-        }
+        if self.path.is_empty() { key.to_string() } else { format!("{}.{key}", self.path) }
     }
 
     pub(super) fn error(&self, key: &str, message: impl Into<String>) {
@@ -164,23 +138,13 @@ impl<'a> Fields<'a> {
         for key in self.map.keys() {
             match key.as_str() {
                 Some(k) if known.contains(&k) => {}
-                Some(k) => self.error(
-                    k,
-                    format!("unknown field (expected one of: {})", known.join(", ")),
-                ),
-                None => self.error(
-                    "",
-                    format!("field names must be strings, got {}", kind(key)),
-                ),
+                Some(k) => self.error(k, format!("unknown field (expected one of: {})", known.join(", "))),
+                None => self.error("", format!("field names must be strings, got {}", kind(key))),
             }
         }
     }
 
-    pub(super) fn required<T>(
-        &self,
-        key: &str,
-        read: impl FnOnce(&Self, &str) -> Option<T>,
-    ) -> Option<T> {
+    pub(super) fn required<T>(&self, key: &str, read: impl FnOnce(&Self, &str) -> Option<T>) -> Option<T> {
         if !self.has(key) {
             self.error(key, "is required");
             return None;
@@ -238,13 +202,7 @@ impl<'a> Fields<'a> {
             // A bare number is a duration without a unit: say so.
             Value::Number(n) => n.to_string(),
             other => {
-                self.error(
-                    key,
-                    format!(
-                        "must be a duration such as 250ms, 1s or 5m, got {}",
-                        show(other)
-                    ),
-                );
+                self.error(key, format!("must be a duration such as 250ms, 1s or 5m, got {}", show(other)));
                 return None;
             }
         };
@@ -269,10 +227,7 @@ impl<'a> Fields<'a> {
             Some(&(_, v)) => Some(v),
             None => {
                 let names: Vec<_> = choices.iter().map(|(n, _)| *n).collect();
-                self.error(
-                    key,
-                    format!("must be one of {}, got '{s}'", names.join(", ")),
-                );
+                self.error(key, format!("must be one of {}, got '{s}'", names.join(", ")));
                 None
             }
         }
@@ -288,10 +243,7 @@ impl<'a> Fields<'a> {
         for (i, item) in items.iter().enumerate() {
             match item {
                 Value::String(s) => out.push(s.clone()),
-                other => self.error(
-                    &format!("{key}[{i}]"),
-                    format!("must be a string, got {}", kind(other)),
-                ),
+                other => self.error(&format!("{key}[{i}]"), format!("must be a string, got {}", kind(other))),
             }
         }
         (out.len() == items.len()).then_some(out)

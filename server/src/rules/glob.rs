@@ -13,9 +13,7 @@ impl Glob {
     }
 
     pub fn new(pattern: &str) -> Self {
-        Glob {
-            pattern: pattern.chars().collect(),
-        }
+        Glob { pattern: pattern.chars().collect() }
     }
 
     /// Iterative matching with one backtrack point: linear in practice, never

@@ -110,10 +110,7 @@ impl RuleSet {
     }
 
     fn new(rules: Vec<Rule>) -> RuleSet {
-        let mut set = RuleSet {
-            rules,
-            ..RuleSet::default()
-        };
+        let mut set = RuleSet { rules, ..RuleSet::default() };
         for (i, rule) in set.rules.iter().enumerate() {
             match rule.pattern {
                 Pattern::Exact => {
@@ -132,12 +129,7 @@ impl RuleSet {
             .exact
             .get(resource)
             .copied()
-            .or_else(|| {
-                self.globs
-                    .iter()
-                    .find(|(g, _)| g.matches(resource))
-                    .map(|&(_, i)| i)
-            })
+            .or_else(|| self.globs.iter().find(|(g, _)| g.matches(resource)).map(|&(_, i)| i))
             .or(self.default)?;
         Some(&self.rules[i])
     }

@@ -8,14 +8,12 @@ use serde_yaml_ng::Value;
 use super::fields::{Collector, Fields, RuleErrors};
 use super::glob::Glob;
 use super::{
-    BreakerConfig, Concurrency, Limit, LimitId, MAX_DESCRIPTORS, MAX_NAME_BYTES, OnRedisError,
-    Pattern, Rule, RuleSet, SyncMode,
+    BreakerConfig, Concurrency, Limit, LimitId, MAX_DESCRIPTORS, MAX_NAME_BYTES, OnRedisError, Pattern, Rule, RuleSet,
+    SyncMode,
 };
 use crate::limiter::leaky_bucket::Mode;
 use crate::limiter::rate::Rate;
-use crate::limiter::{
-    Algorithm, fixed_window, gcra, leaky_bucket, sliding_window, sliding_window_log, token_bucket,
-};
+use crate::limiter::{Algorithm, fixed_window, gcra, leaky_bucket, sliding_window, sliding_window_log, token_bucket};
 
 /// The largest capacity, burst or window limit: far beyond any real use, and
 /// small enough that no arithmetic on it can overflow.
@@ -59,26 +57,16 @@ pub(super) fn rule_set(text: &str, file: &str) -> Result<RuleSet, RuleErrors> {
         if let Some(name) = item.get("name").and_then(Value::as_str)
             && !seen.insert(name)
         {
-            out.push(
-                Some(name),
-                "name",
-                "is defined twice; each resource may appear once",
-            );
+            out.push(Some(name), "name", "is defined twice; each resource may appear once");
         }
         rules.extend(resource(&out, item, i));
     }
-    if out.is_empty() {
-        Ok(RuleSet::new(rules))
-    } else {
-        Err(out.into_errors())
-    }
+    if out.is_empty() { Ok(RuleSet::new(rules)) } else { Err(out.into_errors()) }
 }
 
 fn resource(out: &Collector, item: &Value, index: usize) -> Option<Rule> {
     let name = item.get("name").and_then(Value::as_str);
-    let label = name
-        .map(str::to_string)
-        .unwrap_or_else(|| format!("#{}", index + 1));
+    let label = name.map(str::to_string).unwrap_or_else(|| format!("#{}", index + 1));
     let f = out.fields(item, None, &format!("resources[{index}]"))?;
     let f = Fields::with_resource(f, &label);
     let errors_before = out.count();
@@ -102,27 +90,14 @@ fn resource(out: &Collector, item: &Value, index: usize) -> Option<Rule> {
     } else {
         Pattern::Exact
     };
-    Some(Rule {
-        name,
-        pattern,
-        limits,
-        concurrency,
-        breaker,
-        shed_at_level,
-    })
+    Some(Rule { name, pattern, limits, concurrency, breaker, shed_at_level })
 }
 
 fn check_name(f: &Fields<'_>, key: &str, name: &str) {
     if name.is_empty() {
         f.error(key, "must not be empty");
     } else if name.len() > MAX_NAME_BYTES {
-        f.error(
-            key,
-            format!(
-                "is {} bytes long; the limit is {MAX_NAME_BYTES}",
-                name.len()
-            ),
-        );
+        f.error(key, format!("is {} bytes long; the limit is {MAX_NAME_BYTES}", name.len()));
     }
 }
 
@@ -164,19 +139,11 @@ fn limit(f: &Fields<'_>) -> Option<Limit> {
     check_key(f, &key);
     let sync = f.choice(
         "sync",
-        &[
-            ("replicated", SyncMode::Replicated),
-            ("strict", SyncMode::Strict),
-            ("local", SyncMode::Local),
-        ],
+        &[("replicated", SyncMode::Replicated), ("strict", SyncMode::Strict), ("local", SyncMode::Local)],
     );
     let on_error = f.choice(
         "on_redis_error",
-        &[
-            ("local", OnRedisError::Local),
-            ("allow", OnRedisError::Allow),
-            ("deny", OnRedisError::Deny),
-        ],
+        &[("local", OnRedisError::Local), ("allow", OnRedisError::Allow), ("deny", OnRedisError::Deny)],
     );
     let algorithm = f.required("algorithm", |f, k| {
         f.choice(
@@ -195,12 +162,10 @@ fn limit(f: &Fields<'_>) -> Option<Limit> {
         0 => token_bucket(f),
         1 => gcra(f),
         2 => leaky_bucket(f),
-        3 => windowed(f, MAX_AMOUNT)
-            .map(|(l, w)| Algorithm::FixedWindow(fixed_window::Config::new(l, w))),
+        3 => windowed(f, MAX_AMOUNT).map(|(l, w)| Algorithm::FixedWindow(fixed_window::Config::new(l, w))),
         4 => windowed(f, sliding_window_log::MAX_LIMIT)
             .map(|(l, w)| Algorithm::SlidingWindowLog(sliding_window_log::Config::new(l, w))),
-        _ => windowed(f, MAX_AMOUNT)
-            .map(|(l, w)| Algorithm::SlidingWindow(sliding_window::Config::new(l, w))),
+        _ => windowed(f, MAX_AMOUNT).map(|(l, w)| Algorithm::SlidingWindow(sliding_window::Config::new(l, w))),
     };
     Some(Limit {
         id: LimitId::default(),
@@ -214,31 +179,20 @@ fn limit(f: &Fields<'_>) -> Option<Limit> {
 
 fn check_key(f: &Fields<'_>, key: &[String]) {
     if key.len() > MAX_DESCRIPTORS {
-        f.error(
-            "key",
-            format!(
-                "names {} descriptors; a request carries at most {MAX_DESCRIPTORS}",
-                key.len()
-            ),
-        );
+        f.error("key", format!("names {} descriptors; a request carries at most {MAX_DESCRIPTORS}", key.len()));
     }
     let mut seen = HashSet::new();
     for (i, k) in key.iter().enumerate() {
         check_name(f, &format!("key[{i}]"), k);
         if !seen.insert(k) {
-            f.error(
-                &format!("key[{i}]"),
-                format!("descriptor '{k}' is named twice"),
-            );
+            f.error(&format!("key[{i}]"), format!("descriptor '{k}' is named twice"));
         }
     }
 }
 
 fn rate(f: &Fields<'_>, key: &str) -> Option<Rate> {
     let r = f.required(key, Fields::f64)?;
-    Rate::per_second(r)
-        .map_err(|e| f.error(key, e.to_string()))
-        .ok()
+    Rate::per_second(r).map_err(|e| f.error(key, e.to_string())).ok()
 }
 
 fn amount(f: &Fields<'_>, key: &str, max: u64) -> Option<u64> {
@@ -247,17 +201,9 @@ fn amount(f: &Fields<'_>, key: &str, max: u64) -> Option<u64> {
 
 fn token_bucket(f: &Fields<'_>) -> Option<Algorithm> {
     f.deny_unknown(&[COMMON, &["capacity", "refill_per_second"]].concat());
-    let (capacity, refill) = (
-        amount(f, "capacity", MAX_AMOUNT),
-        rate(f, "refill_per_second"),
-    );
+    let (capacity, refill) = (amount(f, "capacity", MAX_AMOUNT), rate(f, "refill_per_second"));
     let cfg = token_bucket::Config::new(capacity?, refill?);
-    within_span(
-        f,
-        "capacity",
-        cfg.refill
-            .time_for(crate::limiter::rate::pico(cfg.capacity)),
-    )?;
+    within_span(f, "capacity", cfg.refill.time_for(crate::limiter::rate::pico(cfg.capacity)))?;
     Some(Algorithm::TokenBucket(cfg))
 }
 
@@ -271,10 +217,7 @@ fn gcra(f: &Fields<'_>) -> Option<Algorithm> {
 
 fn leaky_bucket(f: &Fields<'_>) -> Option<Algorithm> {
     f.deny_unknown(&[COMMON, &["capacity", "leak_per_second", "mode", "max_wait"]].concat());
-    let (capacity, leak) = (
-        amount(f, "capacity", MAX_AMOUNT),
-        rate(f, "leak_per_second"),
-    );
+    let (capacity, leak) = (amount(f, "capacity", MAX_AMOUNT), rate(f, "leak_per_second"));
     let shape = f.choice("mode", &[("police", false), ("shape", true)]);
     let max_wait = f.duration("max_wait", Duration::ZERO);
     if f.has("max_wait") && shape != Some(true) {
@@ -282,19 +225,13 @@ fn leaky_bucket(f: &Fields<'_>) -> Option<Algorithm> {
         return None;
     }
     let mode = match shape {
-        Some(true) => Mode::Shape {
-            max_wait: max_wait.map(crate::time::duration_nanos),
-        },
+        Some(true) => Mode::Shape { max_wait: max_wait.map(crate::time::duration_nanos) },
         Some(false) => Mode::Police,
         None if f.has("mode") => return None,
         None => Mode::Police,
     };
     let cfg = leaky_bucket::Config::new(capacity?, leak?, mode);
-    within_span(
-        f,
-        "capacity",
-        cfg.leak.time_for(crate::limiter::rate::pico(cfg.capacity)),
-    )?;
+    within_span(f, "capacity", cfg.leak.time_for(crate::limiter::rate::pico(cfg.capacity)))?;
     Some(Algorithm::LeakyBucket(cfg))
 }
 
@@ -320,13 +257,6 @@ fn concurrency(f: &Fields<'_>) -> Option<Concurrency> {
     f.deny_unknown(&["max_in_flight", "permit_ttl"]);
     let max = f.required("max_in_flight", |f, k| f.u64_in(k, 1, 10_000_000));
     let ttl = f.duration("permit_ttl", Duration::from_millis(1));
-    let ttl = if f.has("permit_ttl") {
-        ttl?
-    } else {
-        Duration::from_secs(60)
-    };
-    Some(Concurrency {
-        max_in_flight: max? as u32,
-        permit_ttl: ttl,
-    })
+    let ttl = if f.has("permit_ttl") { ttl? } else { Duration::from_secs(60) };
+    Some(Concurrency { max_in_flight: max? as u32, permit_ttl: ttl })
 }

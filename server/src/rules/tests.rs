@@ -49,13 +49,7 @@ fn parses_the_spec_example() {
     assert_eq!(rule.limits.len(), 2);
     assert_eq!(rule.limits[0].algorithm.capacity(), 200);
     assert_eq!(rule.limits[1].key, ["user"]);
-    assert_eq!(
-        rule.concurrency,
-        Some(Concurrency {
-            max_in_flight: 50,
-            permit_ttl: Duration::from_secs(30)
-        })
-    );
+    assert_eq!(rule.concurrency, Some(Concurrency { max_in_flight: 50, permit_ttl: Duration::from_secs(30) }));
     let b = rule.breaker.as_ref().unwrap();
     assert_eq!(b.slow_call_duration, Duration::from_millis(800));
     assert_eq!(b.window, WindowKind::Count(100));
@@ -64,12 +58,7 @@ fn parses_the_spec_example() {
     assert_eq!(rule.shed_at_level, Some(2));
     let shaped = &set.find("payments.charge").unwrap().limits[0];
     match &shaped.algorithm {
-        Algorithm::LeakyBucket(c) => assert_eq!(
-            c.mode,
-            Mode::Shape {
-                max_wait: Some(1_000_000_000)
-            }
-        ),
+        Algorithm::LeakyBucket(c) => assert_eq!(c.mode, Mode::Shape { max_wait: Some(1_000_000_000) }),
         other => panic!("{other:?}"),
     }
     assert_eq!(set.find("anything else").unwrap().name, "*");
@@ -89,11 +78,7 @@ resources:
     )
     .unwrap();
     assert_eq!(set.find("api.orders.get").unwrap().name, "api.orders.get");
-    assert_eq!(
-        set.find("api.orders.put").unwrap().name,
-        "api.*",
-        "first glob in file order"
-    );
+    assert_eq!(set.find("api.orders.put").unwrap().name, "api.*", "first glob in file order");
     assert_eq!(set.find("db").unwrap().name, "*");
     let no_default = RuleSet::from_yaml("resources: [ { name: a } ]", "r.yaml").unwrap();
     assert!(no_default.find("b").is_none());
@@ -127,10 +112,7 @@ resources:
         "rules.yaml: resource 'users': shed_at_level: must be between 1 and 3, got 7",
     ];
     for e in expected {
-        assert!(
-            errors.iter().any(|got| got == e),
-            "missing {e:?} in {errors:#?}"
-        );
+        assert!(errors.iter().any(|got| got == e), "missing {e:?} in {errors:#?}");
     }
     assert_eq!(errors.len(), expected.len(), "{errors:#?}");
 }
@@ -145,17 +127,10 @@ resources:
 "#,
     );
     assert!(
-        errors
-            .iter()
-            .any(|e| e.contains("resource 'a': limits[1] 'x'.name: is used by another limit")),
+        errors.iter().any(|e| e.contains("resource 'a': limits[1] 'x'.name: is used by another limit")),
         "{errors:?}"
     );
-    assert!(
-        errors
-            .iter()
-            .any(|e| e.contains("resource 'a': name: is defined twice")),
-        "{errors:?}"
-    );
+    assert!(errors.iter().any(|e| e.contains("resource 'a': name: is defined twice")), "{errors:?}");
 }
 
 #[test]
@@ -163,19 +138,14 @@ fn structural_errors_are_reported() {
     assert!(errors_of("")[0].contains("the file is empty"));
     assert!(errors_of("resources: [")[0].contains("not valid YAML"));
     assert!(
-        errors_of("limits: []")
-            .iter()
-            .any(|e| e == "rules.yaml: limits: unknown field (expected one of: resources)")
+        errors_of("limits: []").iter().any(|e| e == "rules.yaml: limits: unknown field (expected one of: resources)")
     );
     assert!(errors_of("resources: 5")[0].contains("resources: must be a list"));
     let e = errors_of("resources: [ { limits: [] } ]");
     assert_eq!(e, ["rules.yaml: resource '#1': name: is required"]);
     let long = "x".repeat(300);
     let e = errors_of(&format!("resources: [ {{ name: {long} }} ]"));
-    assert!(
-        e[0].contains("name: is 300 bytes long; the limit is 256"),
-        "{e:?}"
-    );
+    assert!(e[0].contains("name: is 300 bytes long; the limit is 256"), "{e:?}");
 }
 
 #[test]
@@ -191,38 +161,28 @@ resources:
       wait_in_open: { initial: 5s, multiplier: 0.5 }
 "#,
     );
-    assert!(
-        e.iter()
-            .any(|e| e.ends_with("limits[0] 'l'.max_wait: applies only to mode: shape")),
-        "{e:#?}"
-    );
-    assert!(e.iter().any(|e| e.ends_with("breaker.failure_rate_threshold: must be a rate above 0 and at most 1 (e.g. 0.5), got 1.5")), "{e:#?}");
+    assert!(e.iter().any(|e| e.ends_with("limits[0] 'l'.max_wait: applies only to mode: shape")), "{e:#?}");
     assert!(
         e.iter()
             .any(|e| e
-                .ends_with("breaker.window.size: unknown field (expected one of: kind, seconds)")),
+                .ends_with("breaker.failure_rate_threshold: must be a rate above 0 and at most 1 (e.g. 0.5), got 1.5")),
         "{e:#?}"
     );
     assert!(
-        e.iter()
-            .any(|e| e.ends_with("breaker.window.seconds: is required")),
+        e.iter().any(|e| e.ends_with("breaker.window.size: unknown field (expected one of: kind, seconds)")),
         "{e:#?}"
     );
+    assert!(e.iter().any(|e| e.ends_with("breaker.window.seconds: is required")), "{e:#?}");
     assert!(
-        e.iter()
-            .any(|e| e
-                .ends_with("breaker.wait_in_open.multiplier: must be between 1 and 100, got 0.5")),
+        e.iter().any(|e| e.ends_with("breaker.wait_in_open.multiplier: must be between 1 and 100, got 0.5")),
         "{e:#?}"
     );
 }
 
 #[test]
 fn breaker_defaults_follow_resilience4j() {
-    let set = RuleSet::from_yaml(
-        "resources: [ { name: a, breaker: { window: { kind: count, size: 10 } } } ]",
-        "r",
-    )
-    .unwrap();
+    let set =
+        RuleSet::from_yaml("resources: [ { name: a, breaker: { window: { kind: count, size: 10 } } } ]", "r").unwrap();
     let b = set.find("a").unwrap().breaker.clone().unwrap();
     assert_eq!(b.failure_rate_threshold, 0.5);
     assert_eq!(b.slow_call_rate_threshold, 1.0);
@@ -233,12 +193,6 @@ fn breaker_defaults_follow_resilience4j() {
         "r",
     )
     .unwrap();
-    let w = set
-        .find("a")
-        .unwrap()
-        .breaker
-        .as_ref()
-        .unwrap()
-        .wait_in_open;
+    let w = set.find("a").unwrap().breaker.as_ref().unwrap().wait_in_open;
     assert_eq!(w.wait(2), Duration::from_millis(7500));
 }

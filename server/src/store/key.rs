@@ -18,10 +18,7 @@ const ESC: char = '\u{1e}';
 
 impl BucketKey {
     pub fn global(limit: LimitId) -> Self {
-        BucketKey {
-            limit,
-            scope: CompactString::const_new(""),
-        }
+        BucketKey { limit, scope: CompactString::const_new("") }
     }
 
     /// The key for these parts, joined unambiguously: a separator or escape

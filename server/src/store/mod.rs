@@ -65,10 +65,7 @@ impl Buckets {
                 created = true;
                 let mut bucket = alg.new_bucket(now);
                 let decision = bucket.try_acquire(alg, now, cost);
-                e.insert(Slot {
-                    bucket,
-                    touched: now,
-                });
+                e.insert(Slot { bucket, touched: now });
                 decision
             }
         };
@@ -109,11 +106,7 @@ impl Buckets {
 
     /// Drops every bucket back in its initial state, and every bucket whose
     /// limit no longer exists (`algorithm` answers `None`). Returns how many.
-    pub fn sweep<'a>(
-        &self,
-        now: Timestamp,
-        algorithm: impl Fn(LimitId) -> Option<&'a Algorithm>,
-    ) -> usize {
+    pub fn sweep<'a>(&self, now: Timestamp, algorithm: impl Fn(LimitId) -> Option<&'a Algorithm>) -> usize {
         let mut removed = 0;
         self.map.retain(|key, slot| {
             let keep = algorithm(key.limit).is_some_and(|alg| !slot.bucket.is_idle(alg, now));
@@ -144,10 +137,7 @@ impl Buckets {
                 oldest.push((touched, entry.key().clone()));
             }
         }
-        let removed = oldest
-            .into_iter()
-            .filter(|(_, key)| self.map.remove(key).is_some())
-            .count();
+        let removed = oldest.into_iter().filter(|(_, key)| self.map.remove(key).is_some()).count();
         self.forget(removed);
         self.evicting.store(false, Ordering::Release);
     }

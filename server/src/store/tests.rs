@@ -11,10 +11,7 @@ fn t(secs: u64) -> Timestamp {
 }
 
 fn tb(capacity: u64) -> Algorithm {
-    Algorithm::TokenBucket(token_bucket::Config::new(
-        capacity,
-        Rate::whole_per_second(1),
-    ))
+    Algorithm::TokenBucket(token_bucket::Config::new(capacity, Rate::whole_per_second(1)))
 }
 
 fn key(name: &str) -> BucketKey {
@@ -80,12 +77,7 @@ fn a_flood_of_keys_stays_bounded() {
     let store = Buckets::new(1000);
     let alg = tb(10);
     for i in 0..20_000u64 {
-        store.acquire(
-            key(&i.to_string()),
-            &alg,
-            Timestamp::from_nanos(t(0).as_nanos() + i),
-            1,
-        );
+        store.acquire(key(&i.to_string()), &alg, Timestamp::from_nanos(t(0).as_nanos() + i), 1);
         assert!(store.len() <= 1000);
     }
     // The most recent keys survive.
@@ -96,19 +88,12 @@ fn a_flood_of_keys_stays_bounded() {
 #[test]
 fn concurrent_callers_never_overdraw_one_bucket() {
     let store = Arc::new(Buckets::new(usize::MAX));
-    let alg = Arc::new(Algorithm::FixedWindow(fixed_window::Config::new(
-        1000,
-        3600 * SEC,
-    )));
+    let alg = Arc::new(Algorithm::FixedWindow(fixed_window::Config::new(1000, 3600 * SEC)));
     let admitted: usize = std::thread::scope(|s| {
         let handles: Vec<_> = (0..4)
             .map(|_| {
                 let (store, alg) = (store.clone(), alg.clone());
-                s.spawn(move || {
-                    (0..600)
-                        .filter(|_| store.acquire(key("hot"), &alg, t(0), 1).admitted)
-                        .count()
-                })
+                s.spawn(move || (0..600).filter(|_| store.acquire(key("hot"), &alg, t(0), 1).admitted).count())
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).sum()
