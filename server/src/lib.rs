@@ -2,9 +2,10 @@
 //!
 //! Read top to bottom, from the wire to the state:
 //! - [`cli`]: the `floodgate` binary's commands; `main` only parses flags.
+//! - [`bench`]: `floodgate bench`, the ghz-style load generator.
 //! - [`server`]: `run(options, listeners, shutdown)`, wiring everything below.
 //! - [`grpc`]: proto <-> domain translation and error mapping, nothing else.
-//! - [`http`]: `/healthz`, `/readyz`, `/metrics`.
+//! - [`http`]: `/healthz`, `/readyz`, `/metrics`; [`metrics`]: the Prometheus handles.
 //! - [`reload`]: hot reload of the rules file.
 //! - [`engine`]: the decision core: rules in force, all-or-nothing over limits.
 //! - [`rules`]: the rules file, validated into types that cannot hold a bad value.
@@ -12,11 +13,13 @@
 //! - [`limiter`]: the six algorithms, pure state types that take `now`.
 //! - [`time`]: the injected clock.
 
+pub mod bench;
 pub mod cli;
 pub mod engine;
 pub mod grpc;
 pub mod http;
 pub mod limiter;
+pub mod metrics;
 pub mod reload;
 pub mod rules;
 pub mod server;

@@ -71,6 +71,7 @@ async fn reload(path: &Path, engine: &Engine, last: &mut String) {
     let text = match tokio::fs::read_to_string(path).await {
         Ok(t) => t,
         Err(e) => {
+            crate::metrics::rule_reload("file", false, engine.rules().version);
             tracing::error!(file = %path.display(), error = %e, "cannot read the rules file; keeping the rules in force");
             return;
         }
@@ -82,10 +83,12 @@ async fn reload(path: &Path, engine: &Engine, last: &mut String) {
     match RuleSet::from_yaml(&text, &file) {
         Ok(rules) => {
             let version = engine.install(rules, text.clone(), file.clone());
+            crate::metrics::rule_reload("file", true, version);
             tracing::info!(file, version, "rules reloaded");
         }
         Err(errors) => {
             let version = engine.rules().version;
+            crate::metrics::rule_reload("file", false, version);
             tracing::error!(file, version, "invalid rules file ignored; keeping the rules in force\n{errors}");
         }
     }

@@ -25,6 +25,8 @@ pub struct Options {
     /// How long in-flight calls may take to finish after a shutdown signal.
     pub shutdown_grace: Duration,
     pub clock: SharedClock,
+    /// Called once rules are loaded and both ports are being served.
+    pub on_ready: Option<Box<dyn FnOnce() + Send>>,
 }
 
 pub struct Listeners {
@@ -53,17 +55,29 @@ pub async fn run(
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let prometheus = crate::metrics::install();
+    if let Some(handle) = prometheus.clone() {
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(5));
+            loop {
+                tick.tick().await;
+                handle.run_upkeep();
+            }
+        });
+    }
     let engine = Arc::new(Engine::new(EngineConfig { max_keys: opts.max_keys }, opts.clock.clone()));
     let _reloader = match &opts.config {
         Some(path) => {
             let (rules, text) = load_rules(path)?;
             let version = engine.install(rules, text.clone(), path.display().to_string());
+            crate::metrics::rule_reload("file", true, version);
             tracing::info!(file = %path.display(), version, "rules loaded");
             Some(reload::spawn(path.clone(), engine.clone(), text).context("watching the rules file")?)
         }
         None => {
             let rules = RuleSet::from_yaml(DEFAULT_RULES, "embedded").expect("the embedded rules are valid");
-            engine.install(rules, DEFAULT_RULES.to_string(), "embedded".into());
+            let version = engine.install(rules, DEFAULT_RULES.to_string(), "embedded".into());
+            crate::metrics::rule_reload("embedded", true, version);
             tracing::info!("embedded default rules loaded");
             None
         }
@@ -73,7 +87,7 @@ pub async fn run(
     let (reporter, health_service) = tonic_health::server::health_reporter();
     reporter.set_service_status("", tonic_health::ServingStatus::Serving).await;
     let routes = grpc::routes(engine.clone(), health_service)?;
-    let health = http::Health::default();
+    let health = http::HttpState::new(engine.clone(), prometheus);
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
@@ -81,6 +95,8 @@ pub async fn run(
     };
     let incoming = tonic::transport::server::TcpIncoming::from(listeners.grpc).with_nodelay(Some(true));
     let grpc = tonic::transport::Server::builder()
+        .trace_fn(|req| tracing::debug_span!("rpc", path = %req.uri().path()))
+        .layer(grpc::ObserveLayer::new())
         .add_routes(routes)
         .serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone()));
     let http = axum::serve(listeners.http, http::router(health.clone())).with_graceful_shutdown(stopped(stop_rx));
@@ -99,6 +115,9 @@ pub async fn run(
         }
     };
     health.set_ready(true);
+    if let Some(ready) = opts.on_ready {
+        ready();
+    }
     tokio::select! {
         (grpc, http) = async { tokio::join!(grpc, http) } => {
             grpc.context("gRPC server")?;

@@ -132,17 +132,33 @@ fn wait_exit(child: &mut Child, limit: Duration) -> Option<std::process::ExitSta
     None
 }
 
-/// A minimal HTTP/1.1 GET, enough for /healthz, /readyz and /metrics.
+/// A minimal HTTP/1.1 GET, enough for /healthz, /readyz and /metrics: reads
+/// the headers, then exactly Content-Length bytes of body.
 pub fn http_get(addr: &str, path: &str) -> (u16, String) {
     use std::io::Write;
     let mut s = std::net::TcpStream::connect(addr).expect("connecting to the HTTP port");
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    (status, body)
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut reader = BufReader::new(s);
+    let mut status_line = String::new();
+    reader.read_line(&mut status_line).unwrap();
+    let status = status_line.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        if line.trim().is_empty() {
+            break;
+        }
+        if let Some((name, value)) = line.split_once(':')
+            && name.eq_ignore_ascii_case("content-length")
+        {
+            length = value.trim().parse().unwrap();
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).unwrap();
+    (status, String::from_utf8(body).unwrap())
 }
 
 /// Polls `f` until it returns `Some`, or panics with `what` after `limit`.

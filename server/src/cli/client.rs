@@ -150,7 +150,8 @@ fn render(resource: &str, r: &pb::AcquireResponse) -> String {
         let _ = writeln!(out, "  reason: {}", r.reason);
     }
     for l in &r.limits {
-        let _ = write!(out, "  {:<16} {:<19} remaining {:>6}/{:<6}", l.name, l.algorithm, l.remaining, l.limit);
+        let window = l.window.as_ref().map(human).unwrap_or_default();
+        let _ = write!(out, "  {:<16} remaining {:>6}/{:<6} per {window:<6}", l.name, l.remaining, l.limit);
         if let Some(reset) = l.reset_after.as_ref().map(human).filter(|s| !s.is_empty()) {
             let _ = write!(out, "  reset {reset}");
         }

@@ -39,6 +39,8 @@ enum Command {
     Acquire(client::AcquireArgs),
     /// Show the rules a server has, or apply a rules file to it.
     Rules(client::RulesArgs),
+    /// Load-test a server, ghz-style.
+    Bench(crate::bench::BenchArgs),
 }
 
 impl Cli {
@@ -46,6 +48,7 @@ impl Cli {
         init_logging(self.log_format, &self.log_level);
         let result = match self.command {
             Command::Serve(args) => serve::run(args),
+            Command::Bench(args) => crate::bench::run(args),
             Command::CheckConfig(args) => return check_config::run(args),
             Command::Acquire(args) => return client::block_on(client::acquire(args)),
             Command::Rules(args) => return client::block_on(client::rules(args)),

@@ -64,10 +64,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         sweep_interval: args.sweep_interval,
         shutdown_grace: args.shutdown_grace,
         clock: Arc::new(SystemClock::new()),
+        on_ready: Some(Box::new(move || {
+            tracing::info!(grpc = %grpc_addr, http = %http_addr, "floodgate listening");
+            // One line on stdout, once serving, for scripts and tests that start
+            // the server on port 0.
+            println!("floodgate listening grpc={grpc_addr} http={http_addr}");
+        })),
     };
-    tracing::info!(grpc = %grpc_addr, http = %http_addr, "floodgate listening");
-    // One line on stdout for scripts and tests that start the server on port 0.
-    println!("floodgate listening grpc={grpc_addr} http={http_addr}");
     server::run(opts, Listeners { grpc, http }, shutdown_signal()).await
 }
 

@@ -8,6 +8,7 @@ use smallvec::SmallVec;
 use super::request::{self, Descriptors, Request, RequestError};
 use super::{Engine, Installed};
 use crate::limiter::{Decision, Status};
+use crate::metrics::RuleMetrics;
 use crate::rules::{Limit, Rule, duration};
 use crate::store::BucketKey;
 use crate::time::Timestamp;
@@ -25,6 +26,8 @@ pub enum Verdict {
 #[derive(Clone, Copy, Debug)]
 pub struct LimitReport<'r> {
     pub limit: &'r Limit,
+    /// The limit's position in its rule.
+    pub index: usize,
     pub status: Status,
     /// This limit would not admit the cost.
     pub exceeded: bool,
@@ -42,7 +45,8 @@ pub struct Outcome<'r> {
     pub wait: Duration,
 }
 
-type Matched<'r> = SmallVec<[(&'r Limit, BucketKey); 4]>;
+/// Matched limits: (limit, its index in the rule, its bucket).
+type Matched<'r> = SmallVec<[(&'r Limit, usize, BucketKey); 4]>;
 
 // === impl Outcome ===
 
@@ -86,7 +90,7 @@ impl Outcome<'_> {
 /// A request checked and matched against the rules, not yet decided.
 #[derive(Debug)]
 pub struct Prepared<'r> {
-    rule: Option<&'r Rule>,
+    rule: Option<(&'r Rule, &'r RuleMetrics)>,
     matched: Matched<'r>,
     cost: u64,
     dry_run: bool,
@@ -114,9 +118,9 @@ impl Engine {
     ) -> Result<Prepared<'r>, RequestError> {
         request::validate(req.resource, req.descriptors)?;
         let cost = u64::from(req.cost.max(1));
-        let rule = rules.rules.find(req.resource);
-        let matched = rule.map(|r| matched(r, req.resource, req.descriptors)).unwrap_or_default();
-        for (limit, _) in &matched {
+        let rule = rules.rules.position(req.resource).map(|i| (&rules.rules.rules()[i], &rules.metrics[i]));
+        let matched = rule.map(|(r, _)| matched(r, req.resource, req.descriptors)).unwrap_or_default();
+        for (limit, _, _) in &matched {
             let capacity = limit.algorithm.capacity();
             if cost > capacity {
                 return Err(RequestError::CostExceedsCapacity { cost, capacity, limit: limit.name.clone() });
@@ -127,23 +131,30 @@ impl Engine {
 
     /// Decides a prepared request at `now`.
     pub fn decide<'r>(&self, p: Prepared<'r>, now: Timestamp) -> Outcome<'r> {
-        let Some(rule) = p.rule else {
+        let Some((rule, metrics)) = p.rule else {
+            if !p.dry_run {
+                self.unmatched.record(&Outcome::allowed());
+            }
             return Outcome::allowed();
         };
         let (matched, cost) = (&p.matched, p.cost);
         let mut decisions = if p.dry_run {
-            matched.iter().map(|(l, k)| self.buckets.check(k, &l.algorithm, now, cost)).collect()
+            matched.iter().map(|(l, _, k)| self.buckets.check(k, &l.algorithm, now, cost)).collect()
         } else {
             self.take_all_or_nothing(matched, now, cost)
         };
         if decisions.iter().any(|d| !d.admitted) {
             // Nothing was taken: the limits that would have admitted report
             // what they hold, not what they would hold after this cost.
-            for ((l, k), d) in matched.iter().zip(&mut decisions).filter(|(_, d)| d.admitted) {
+            for ((l, _, k), d) in matched.iter().zip(&mut decisions).filter(|(_, d)| d.admitted) {
                 d.status = self.buckets.check(k, &l.algorithm, now, 0).status;
             }
         }
-        outcome(rule, matched, &decisions)
+        let out = outcome(rule, matched, &decisions);
+        if !p.dry_run {
+            metrics.record(&out);
+        }
+        out
     }
 
     /// The state of a resource's limits for these descriptors, consuming nothing.
@@ -160,10 +171,10 @@ impl Engine {
             return Ok(Outcome::allowed());
         };
         let mut matched = matched(rule, resource, descriptors);
-        matched.retain(|(l, _)| only.is_none_or(|name| l.name == name));
+        matched.retain(|(l, _, _)| only.is_none_or(|name| l.name == name));
         let now = self.clock.now();
         let decisions: SmallVec<[Decision; 4]> =
-            matched.iter().map(|(l, k)| self.buckets.check(k, &l.algorithm, now, 0)).collect();
+            matched.iter().map(|(l, _, k)| self.buckets.check(k, &l.algorithm, now, 0)).collect();
         Ok(outcome(rule, &matched, &decisions))
     }
 
@@ -175,7 +186,7 @@ impl Engine {
     fn take_all_or_nothing(&self, matched: &Matched<'_>, now: Timestamp, cost: u64) -> SmallVec<[Decision; 4]> {
         let mut decisions = SmallVec::new();
         let mut denied = false;
-        for (limit, key) in matched {
+        for (limit, _, key) in matched {
             let alg = &limit.algorithm;
             let d = if denied {
                 self.buckets.check(key, alg, now, cost)
@@ -184,7 +195,7 @@ impl Engine {
             };
             if !d.admitted && !denied {
                 denied = true;
-                for (l, k) in &matched[..decisions.len()] {
+                for (l, _, k) in &matched[..decisions.len()] {
                     self.buckets.refund(k, &l.algorithm, now, cost);
                 }
             }
@@ -200,9 +211,10 @@ fn matched<'r, D: Descriptors + ?Sized>(rule: &'r Rule, resource: &str, d: &D) -
     let per_resource = rule.per_resource();
     rule.limits
         .iter()
-        .filter_map(|limit| {
+        .enumerate()
+        .filter_map(|(index, limit)| {
             if limit.key.is_empty() && !per_resource {
-                return Some((limit, BucketKey::global(limit.id)));
+                return Some((limit, index, BucketKey::global(limit.id)));
             }
             let mut parts: SmallVec<[&str; 4]> = SmallVec::new();
             if per_resource {
@@ -211,20 +223,20 @@ fn matched<'r, D: Descriptors + ?Sized>(rule: &'r Rule, resource: &str, d: &D) -
             for k in &limit.key {
                 parts.push(d.get(k)?);
             }
-            Some((limit, BucketKey::new(limit.id, parts)))
+            Some((limit, index, BucketKey::new(limit.id, parts)))
         })
         .collect()
 }
 
 fn outcome<'r>(rule: &'r Rule, matched: &Matched<'r>, decisions: &[Decision]) -> Outcome<'r> {
     let mut out = Outcome { rule: Some(&rule.name), ..Outcome::allowed() };
-    for ((limit, _), d) in matched.iter().zip(decisions) {
+    for ((limit, index, _), d) in matched.iter().zip(decisions) {
         if !d.admitted {
             out.verdict = Verdict::RateLimited;
             out.retry_after = out.retry_after.max(d.status.retry_after);
         }
         out.wait = out.wait.max(d.status.wait);
-        out.limits.push(LimitReport { limit, status: d.status, exceeded: !d.admitted });
+        out.limits.push(LimitReport { limit, index: *index, status: d.status, exceeded: !d.admitted });
     }
     if out.verdict != Verdict::Allowed {
         out.wait = Duration::ZERO;

@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime};
 use arc_swap::{ArcSwap, Guard};
 
 use crate::limiter::Algorithm;
+use crate::metrics::RuleMetrics;
 use crate::rules::{LimitId, RuleSet};
 use crate::store::Buckets;
 use crate::time::SharedClock;
@@ -33,10 +34,14 @@ pub struct Installed {
     pub loaded_at: SystemTime,
     /// Every limit by id: (rule index, limit index).
     by_id: HashMap<LimitId, (usize, usize)>,
+    /// Decision counters, one per rule.
+    metrics: Vec<RuleMetrics>,
 }
 
 pub struct Engine {
     rules: ArcSwap<Installed>,
+    /// Decision counters of requests no rule matched.
+    unmatched: RuleMetrics,
     buckets: Buckets,
     clock: SharedClock,
     /// Limit ids by (rule, limit, algorithm), kept across reloads so that an
@@ -70,9 +75,11 @@ impl Engine {
             source: String::new(),
             loaded_at: SystemTime::now(),
             by_id: HashMap::new(),
+            metrics: Vec::new(),
         };
         Engine {
             rules: ArcSwap::from_pointee(empty),
+            unmatched: RuleMetrics::unmatched(),
             buckets: Buckets::new(config.max_keys),
             clock,
             ids: Mutex::new(HashMap::new()),
@@ -98,7 +105,8 @@ impl Engine {
             }
         }
         let version = self.rules.load().version + 1;
-        let installed = Installed { rules, yaml, version, source, loaded_at: SystemTime::now(), by_id };
+        let metrics = rules.rules().iter().map(RuleMetrics::new).collect();
+        let installed = Installed { rules, yaml, version, source, loaded_at: SystemTime::now(), by_id, metrics };
         self.rules.store(Arc::new(installed));
         version
     }

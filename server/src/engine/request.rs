@@ -39,11 +39,13 @@ pub enum RequestError {
     BatchTooLarge { field: &'static str, count: usize },
     #[error("cost {cost} exceeds capacity {capacity} of limit '{limit}'")]
     CostExceedsCapacity { cost: u64, capacity: u64, limit: String },
+    #[error("{field}: {value} is larger than the largest cost, {max}", max = u32::MAX)]
+    CostTooLarge { field: &'static str, value: u64 },
     #[error("permit_id: '{0}' is not a permit id")]
     MalformedPermit(String),
     #[error("{field}: {value} is not one of {expected}")]
     UnknownEnum { field: &'static str, value: i32, expected: &'static str },
-    #[error("{field}[{index}].{source}")]
+    #[error("{field}[{index}]{}{source}", if source.starts_with_field() { "." } else { ": " })]
     InBatch { field: &'static str, index: usize, source: Box<RequestError> },
 }
 
@@ -77,6 +79,12 @@ impl<K: AsRef<str>, V: AsRef<str>> Descriptors for [(K, V)] {
 }
 
 impl RequestError {
+    /// Whether the message opens with the field it is about (`resource: ...`),
+    /// so that a batch can prefix it with the item (`requests[2].resource: ...`).
+    fn starts_with_field(&self) -> bool {
+        !matches!(self, RequestError::CostExceedsCapacity { .. })
+    }
+
     /// This error, found in item `index` of the list `field`.
     pub fn in_batch(self, field: &'static str, index: usize) -> RequestError {
         RequestError::InBatch { field, index, source: Box::new(self) }
@@ -107,7 +115,8 @@ pub fn validate<D: Descriptors + ?Sized>(resource: &str, descriptors: &D) -> Res
     Ok(())
 }
 
-fn check_name(field: &str, value: &str, may_be_empty: bool) -> Result<(), RequestError> {
+/// A name (resource, domain, key) must be present and at most 256 bytes.
+pub fn check_name(field: &str, value: &str, may_be_empty: bool) -> Result<(), RequestError> {
     if value.is_empty() && !may_be_empty {
         return Err(RequestError::Empty { field: field.to_string() });
     }

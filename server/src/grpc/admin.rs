@@ -45,13 +45,18 @@ impl Admin for ControlPlane {
         request: Request<pb::ApplyRulesRequest>,
     ) -> Result<Response<pb::ApplyRulesResponse>, Status> {
         let req = request.into_inner();
-        let rules = RuleSet::from_yaml(&req.yaml, "ApplyRules")?;
+        let rules = RuleSet::from_yaml(&req.yaml, "ApplyRules").inspect_err(|_| {
+            if !req.validate_only {
+                crate::metrics::rule_reload("admin", false, self.engine.rules().version);
+            }
+        })?;
         let resources = resource_names(&rules);
         if req.validate_only {
             let version = self.engine.rules().version;
             return Ok(Response::new(pb::ApplyRulesResponse { version, resources, applied: false }));
         }
         let version = self.engine.install(rules, req.yaml, "admin".into());
+        crate::metrics::rule_reload("admin", true, version);
         tracing::info!(version, "rules applied through Admin");
         Ok(Response::new(pb::ApplyRulesResponse { version, resources, applied: true }))
     }
@@ -93,7 +98,11 @@ impl Admin for ControlPlane {
         }
         Ok(Response::new(pb::PeekResponse {
             rule: out.rule.unwrap_or_default().to_string(),
-            limits: out.limits.iter().map(convert::limit_status).collect(),
+            limits: out
+                .limits
+                .iter()
+                .map(|r| pb::LimitStatus { algorithm: r.limit.algorithm.name().into(), ..convert::limit_status(r) })
+                .collect(),
             breaker_state: pb::BreakerState::Unspecified as i32,
             degradation_level: 0,
         }))

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use floodgate_proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use floodgate_proto::v1::admin_server::AdminServer;
 use floodgate_proto::v1::floodgate_server::FloodgateServer;
 use tonic::service::RoutesBuilder;
@@ -12,13 +13,17 @@ use crate::engine::Engine;
 mod admin;
 pub mod convert;
 mod data;
+mod envoy;
+mod observe;
 mod status;
 
 pub use admin::ControlPlane;
 pub use data::DataPlane;
+pub use envoy::EnvoyRls;
+pub use observe::ObserveLayer;
 
-/// Every gRPC service on one port: data plane, control plane, health and
-/// reflection (v1 and v1alpha, so grpcurl and other common clients work).
+/// Every gRPC service on one port: data plane, control plane, Envoy's RLS v3,
+/// health and reflection (v1 and v1alpha, so grpcurl and other clients work).
 pub fn routes<H>(engine: Arc<Engine>, health: HealthServer<H>) -> anyhow::Result<tonic::service::Routes>
 where
     H: Health,
@@ -31,7 +36,8 @@ where
     let mut routes = RoutesBuilder::default();
     routes
         .add_service(FloodgateServer::new(DataPlane::new(engine.clone())))
-        .add_service(AdminServer::new(ControlPlane::new(engine)))
+        .add_service(AdminServer::new(ControlPlane::new(engine.clone())))
+        .add_service(RateLimitServiceServer::new(EnvoyRls::new(engine)))
         .add_service(health)
         .add_service(reflection().build_v1()?)
         .add_service(reflection().build_v1alpha()?);

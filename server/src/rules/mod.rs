@@ -125,13 +125,16 @@ impl RuleSet {
 
     /// The rule for `resource`: exact name, else first glob, else the default.
     pub fn find(&self, resource: &str) -> Option<&Rule> {
-        let i = self
-            .exact
+        self.position(resource).map(|i| &self.rules[i])
+    }
+
+    /// The index in [`RuleSet::rules`] of the rule for `resource`.
+    pub fn position(&self, resource: &str) -> Option<usize> {
+        self.exact
             .get(resource)
             .copied()
             .or_else(|| self.globs.iter().find(|(g, _)| g.matches(resource)).map(|&(_, i)| i))
-            .or(self.default)?;
-        Some(&self.rules[i])
+            .or(self.default)
     }
 
     pub fn rules(&self) -> &[Rule] {

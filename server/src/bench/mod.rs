@@ -1,0 +1,268 @@
+//! `floodgate bench`: a ghz-style load generator for Floodgate's RPCs.
+//!
+//! Requests are encoded up front (or per call when spread over many keys) and
+//! answers read through small views, so the generator takes as little as it
+//! can from a machine it shares with the server. Latency is measured from when
+//! a call was due (`--rps`), so a slow server cannot hide queueing.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use bytes::Bytes;
+use clap::{Args, ValueEnum};
+use floodgate_proto::envoy::extensions::common::ratelimit::v3 as envoy_common;
+use floodgate_proto::envoy::service::ratelimit::v3 as rls;
+use floodgate_proto::v1 as pb;
+use prost::Message;
+use serde_json::json;
+use tonic::transport::{Channel, Endpoint};
+
+pub mod load;
+pub mod report;
+mod scrape;
+pub mod wire;
+
+pub use load::{Plan, Rpc, Stop};
+pub use report::{Report, Samples};
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// The Floodgate server.
+    #[arg(long, short = 's', default_value = "http://127.0.0.1:50051", env = "FLOODGATE_SERVER")]
+    pub server: String,
+    /// The call to make.
+    #[arg(long, value_enum, default_value_t = Rpc::Acquire)]
+    pub rpc: Rpc,
+    /// Workers sending at once.
+    #[arg(long, short = 'c', default_value_t = 50)]
+    pub concurrency: usize,
+    /// HTTP/2 connections the workers share.
+    #[arg(long, default_value_t = 1)]
+    pub connections: usize,
+    /// Calls to make (default 10000 unless --duration is given).
+    #[arg(long, short = 'n')]
+    pub total: Option<u64>,
+    /// Send for this long instead of a number of calls.
+    #[arg(long, short = 'z', value_parser = crate::cli::parse_duration)]
+    pub duration: Option<Duration>,
+    /// Open loop: this many calls per second in total, latency measured from
+    /// each call's due time. Without it, each worker sends back to back.
+    #[arg(long)]
+    pub rps: Option<f64>,
+    /// Spread calls over this many values of the key descriptor.
+    #[arg(long, default_value_t = 1)]
+    pub keys: u64,
+    /// The descriptor whose values are spread.
+    #[arg(long, default_value = "user")]
+    pub key_descriptor: String,
+    /// Items per AcquireBatch call.
+    #[arg(long, default_value_t = 100)]
+    pub batch_size: usize,
+    /// The resource (or Envoy domain) to ask about.
+    #[arg(long, default_value = "bench")]
+    pub resource: String,
+    /// Cost of each decision.
+    #[arg(long, default_value_t = 1)]
+    pub cost: u32,
+    /// Per-call deadline.
+    #[arg(long, default_value = "20s", value_parser = crate::cli::parse_duration)]
+    pub timeout: Duration,
+    /// Summary format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+    /// Write the summary here instead of stdout.
+    #[arg(long, short = 'o')]
+    pub output: Option<PathBuf>,
+    /// The server's /metrics URL: scraped before and after to report the
+    /// server's keys and resident memory, and the bytes per key added.
+    #[arg(long)]
+    pub metrics_url: Option<String>,
+    /// No progress lines on stderr.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+    /// Runtime threads for the generator (default: one per core).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    Text,
+    Json,
+}
+
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = args.threads {
+        runtime.worker_threads(n.max(1));
+    }
+    let runtime = runtime.enable_all().build().context("starting the runtime")?;
+    runtime.block_on(bench(args))
+}
+
+async fn bench(args: BenchArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.keys >= 1, "--keys must be at least 1");
+    anyhow::ensure!((1..=1000).contains(&args.batch_size), "--batch-size must be between 1 and 1000");
+    anyhow::ensure!(args.rps.is_none_or(|r| r > 0.0), "--rps must be positive");
+    let channels = connect(&args).await?;
+    let before = match &args.metrics_url {
+        Some(url) => Some(scrape::server_figures(url).await?),
+        None => None,
+    };
+    let stop = match (args.total, args.duration) {
+        (Some(n), _) => Stop::Total(n),
+        (None, Some(d)) => Stop::After(d),
+        (None, None) => Stop::Total(10_000),
+    };
+    if !args.quiet {
+        eprintln!(
+            "floodgate bench: {:?} on {} with {} workers over {} connections",
+            args.rpc, args.server, args.concurrency, args.connections
+        );
+    }
+    let plan = Plan {
+        rpc: args.rpc,
+        payload: payloads(&args),
+        concurrency: args.concurrency,
+        stop,
+        rps: args.rps,
+        timeout: args.timeout,
+    };
+    let (samples, took) = load::run(channels, plan, !args.quiet).await;
+    let mut report = Report::new(samples, took);
+    if let (Some(url), Some(before)) = (&args.metrics_url, before) {
+        let after = scrape::server_figures(url).await?;
+        report.server = Some(scrape::memory_per_key(&before, &after));
+    }
+    let text = match args.format {
+        Format::Text => report.to_text(),
+        Format::Json => serde_json::to_string_pretty(&report.to_json(&now_rfc3339(), options(&args)))? + "\n",
+    };
+    match &args.output {
+        Some(path) => std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?,
+        None => print!("{text}"),
+    }
+    Ok(())
+}
+
+async fn connect(args: &BenchArgs) -> anyhow::Result<Vec<Channel>> {
+    let url = if args.server.contains("://") { args.server.clone() } else { format!("http://{}", args.server) };
+    let endpoint = Endpoint::from_shared(url.clone())?.tcp_nodelay(true).connect_timeout(Duration::from_secs(5));
+    let mut channels = Vec::new();
+    for _ in 0..args.connections.max(1) {
+        channels.push(endpoint.connect().await.with_context(|| format!("cannot reach {url}"))?);
+    }
+    Ok(channels)
+}
+
+/// Builds call number `i`: pre-encoded when few keys, encoded per call otherwise.
+fn payloads(args: &BenchArgs) -> Box<dyn Fn(u64) -> Bytes + Send + Sync> {
+    const PRE_ENCODED: u64 = 4096;
+    let args = args.clone();
+    // Call i uses key i (batch i, keys i*B..i*B+B): the calls repeat with this period.
+    let distinct = match args.rpc {
+        Rpc::Batch => args.keys / gcd(args.keys, args.batch_size as u64),
+        _ => args.keys,
+    };
+    if distinct <= PRE_ENCODED {
+        let all: Vec<Bytes> = (0..distinct).map(|i| encode(&args, i)).collect();
+        Box::new(move |i| all[(i % all.len() as u64) as usize].clone())
+    } else {
+        Box::new(move |i| encode(&args, i))
+    }
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+fn acquire_item(args: &BenchArgs, key: u64) -> pb::AcquireRequest {
+    pb::AcquireRequest {
+        resource: args.resource.clone(),
+        descriptors: [(args.key_descriptor.clone(), format!("k{key}"))].into(),
+        cost: args.cost,
+        dry_run: false,
+    }
+}
+
+fn encode(args: &BenchArgs, i: u64) -> Bytes {
+    let key = |n: u64| n % args.keys;
+    let bytes = match args.rpc {
+        Rpc::Acquire => acquire_item(args, key(i)).encode_to_vec(),
+        Rpc::Batch => {
+            let b = args.batch_size as u64;
+            let requests = (0..b).map(|j| acquire_item(args, key(i * b + j))).collect();
+            pb::AcquireBatchRequest { requests }.encode_to_vec()
+        }
+        Rpc::Report => pb::ReportOutcomeRequest {
+            resource: args.resource.clone(),
+            permit_id: format!("bench-{}", key(i)),
+            outcome: pb::Outcome::Success as i32,
+            latency: None,
+        }
+        .encode_to_vec(),
+        Rpc::Health => Vec::new(),
+        Rpc::Envoy => rls::RateLimitRequest {
+            domain: args.resource.clone(),
+            descriptors: vec![envoy_common::RateLimitDescriptor {
+                entries: vec![envoy_common::rate_limit_descriptor::Entry {
+                    key: args.key_descriptor.clone(),
+                    value: format!("k{}", key(i)),
+                }],
+                ..Default::default()
+            }],
+            hits_addend: args.cost,
+        }
+        .encode_to_vec(),
+    };
+    Bytes::from(bytes)
+}
+
+fn options(args: &BenchArgs) -> serde_json::Value {
+    json!({
+        "host": args.server,
+        "call": args.rpc.path().as_str(),
+        "concurrency": args.concurrency,
+        "connections": args.connections,
+        "total": args.total,
+        "duration": args.duration.map(|d| d.as_nanos() as u64),
+        "rps": args.rps,
+        "keys": args.keys,
+        "batchSize": args.batch_size,
+        "resource": args.resource,
+        "timeout": args.timeout.as_nanos() as u64,
+    })
+}
+
+fn now_rfc3339() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    let (y, m, d) = civil_from_days(days as i64);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, (rem % 3600) / 60, rem % 60)
+}
+
+/// Days since 1970-01-01 to (year, month, day), after Howard Hinnant's algorithm.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_are_civil() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(20_786), (2026, 11, 29));
+        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+    }
+}

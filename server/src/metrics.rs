@@ -1,0 +1,182 @@
+//! Prometheus metrics.
+//!
+//! Handles are resolved once (per rule, when rules are installed) so that the
+//! hot path only adds to an atomic: no label hashing per decision. Labels use
+//! the rule's name as `resource`, which keeps cardinality bounded by the rules
+//! file even when a glob rule matches unboundedly many resources.
+
+use std::time::Duration;
+
+use metrics::{Counter, Histogram, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::engine::{Outcome, Verdict};
+use crate::rules::Rule;
+
+pub const DECISIONS: &str = "floodgate_decisions_total";
+pub const LIMIT_DECISIONS: &str = "floodgate_limit_decisions_total";
+pub const RPC_DURATION: &str = "floodgate_rpc_duration_seconds";
+pub const RPC_REQUESTS: &str = "floodgate_rpc_requests_total";
+pub const KEYS: &str = "floodgate_keys";
+pub const EVICTIONS: &str = "floodgate_evictions_total";
+pub const RULE_RELOADS: &str = "floodgate_rule_reloads_total";
+pub const RULES_VERSION: &str = "floodgate_rules_version";
+pub const RESIDENT_MEMORY: &str = "floodgate_process_resident_memory_bytes";
+
+/// The resource label of requests that no rule matched.
+pub const UNMATCHED: &str = "_unmatched";
+
+const RPC_BUCKETS: &[f64] =
+    &[0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
+
+/// Installs the global Prometheus recorder; `None` if one is already installed
+/// (a second server in the same process shares the first one's).
+pub fn install() -> Option<PrometheusHandle> {
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full(RPC_DURATION.into()), RPC_BUCKETS)
+        .ok()?
+        .install_recorder()
+        .ok()?;
+    describe();
+    Some(handle)
+}
+
+fn describe() {
+    describe_counter!(DECISIONS, "Decisions by resource (rule), verdict, and the limit that denied (empty if none)");
+    describe_counter!(LIMIT_DECISIONS, "Matched limits by resource (rule), limit and result (admitted or exceeded)");
+    describe_histogram!(RPC_DURATION, metrics::Unit::Seconds, "gRPC call latency inside the server, by method");
+    describe_counter!(RPC_REQUESTS, "gRPC calls by method and status code");
+    describe_gauge!(KEYS, "Buckets held in memory");
+    describe_counter!(EVICTIONS, "Buckets evicted: idle ones and least recently used ones beyond --max-keys");
+    describe_counter!(RULE_RELOADS, "Rule loads by source and result (success or failure)");
+    describe_gauge!(RULES_VERSION, "Version of the rules in force");
+    describe_gauge!(RESIDENT_MEMORY, metrics::Unit::Bytes, "Resident set size of the server process");
+}
+
+/// A rules reload, good or bad.
+pub fn rule_reload(source: &'static str, ok: bool, version: u64) {
+    counter!(RULE_RELOADS, "source" => source, "result" => if ok { "success" } else { "failure" }).increment(1);
+    gauge!(RULES_VERSION).set(version as f64);
+}
+
+/// Values read at scrape time rather than kept up to date on the hot path.
+pub fn scrape_time(keys: usize, evicted: u64) {
+    gauge!(KEYS).set(keys as f64);
+    counter!(EVICTIONS).absolute(evicted);
+    if let Some(rss) = resident_memory() {
+        gauge!(RESIDENT_MEMORY).set(rss as f64);
+    }
+}
+
+/// The process's resident set size, from /proc (Linux only).
+pub fn resident_memory() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+/// One gRPC method's handles.
+#[derive(Clone)]
+pub struct RpcMetrics {
+    duration: Histogram,
+    ok: Counter,
+    method: &'static str,
+}
+
+impl RpcMetrics {
+    pub fn new(method: &'static str) -> Self {
+        RpcMetrics {
+            duration: histogram!(RPC_DURATION, "method" => method),
+            ok: counter!(RPC_REQUESTS, "method" => method, "code" => "OK"),
+            method,
+        }
+    }
+
+    pub fn record(&self, took: Duration, code: Option<tonic::Code>) {
+        self.duration.record(took.as_secs_f64());
+        match code {
+            None | Some(tonic::Code::Ok) => self.ok.increment(1),
+            Some(code) => counter!(RPC_REQUESTS, "method" => self.method, "code" => code_name(code)).increment(1),
+        }
+    }
+}
+
+fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "OK",
+        Cancelled => "CANCELLED",
+        Unknown => "UNKNOWN",
+        InvalidArgument => "INVALID_ARGUMENT",
+        DeadlineExceeded => "DEADLINE_EXCEEDED",
+        NotFound => "NOT_FOUND",
+        AlreadyExists => "ALREADY_EXISTS",
+        PermissionDenied => "PERMISSION_DENIED",
+        ResourceExhausted => "RESOURCE_EXHAUSTED",
+        FailedPrecondition => "FAILED_PRECONDITION",
+        Aborted => "ABORTED",
+        OutOfRange => "OUT_OF_RANGE",
+        Unimplemented => "UNIMPLEMENTED",
+        Internal => "INTERNAL",
+        Unavailable => "UNAVAILABLE",
+        DataLoss => "DATA_LOSS",
+        Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// One rule's decision counters.
+#[derive(Debug)]
+pub struct RuleMetrics {
+    /// By verdict (index `verdict_index`), with an empty `limit` label.
+    verdicts: [Counter; 5],
+    /// RATE_LIMITED, by the index of the limit that denied.
+    limited_by: Vec<Counter>,
+    /// Per limit: (admitted, exceeded).
+    limits: Vec<(Counter, Counter)>,
+}
+
+impl RuleMetrics {
+    pub fn new(rule: &Rule) -> Self {
+        Self::for_resource(&rule.name, &rule.limits.iter().map(|l| l.name.clone()).collect::<Vec<_>>())
+    }
+
+    pub fn unmatched() -> Self {
+        Self::for_resource(UNMATCHED, &[])
+    }
+
+    fn for_resource(resource: &str, limits: &[String]) -> Self {
+        let r = resource.to_string();
+        let verdict = |v: &'static str| counter!(DECISIONS, "resource" => r.clone(), "verdict" => v, "limit" => "");
+        let verdicts = ["ALLOWED", "RATE_LIMITED", "CIRCUIT_OPEN", "CONCURRENCY_LIMITED", "SHED"].map(verdict);
+        let limited_by = limits
+            .iter()
+            .map(|l| counter!(DECISIONS, "resource" => r.clone(), "verdict" => "RATE_LIMITED", "limit" => l.clone()))
+            .collect();
+        let result = |l: &String, res: &'static str| counter!(LIMIT_DECISIONS, "resource" => r.clone(), "limit" => l.clone(), "result" => res);
+        let limits = limits.iter().map(|l| (result(l, "admitted"), result(l, "exceeded"))).collect();
+        RuleMetrics { verdicts, limited_by, limits }
+    }
+
+    /// Counts one decision.
+    pub fn record(&self, out: &Outcome<'_>) {
+        let first_exceeded = out.limits.iter().find(|r| r.exceeded);
+        match (out.verdict, first_exceeded) {
+            (Verdict::RateLimited, Some(r)) => self.limited_by[r.index].increment(1),
+            (v, _) => self.verdicts[verdict_index(v)].increment(1),
+        }
+        for report in &out.limits {
+            let (admitted, exceeded) = &self.limits[report.index];
+            if report.exceeded { exceeded } else { admitted }.increment(1);
+        }
+    }
+}
+
+fn verdict_index(v: Verdict) -> usize {
+    match v {
+        Verdict::Allowed => 0,
+        Verdict::RateLimited => 1,
+        Verdict::CircuitOpen => 2,
+        Verdict::ConcurrencyLimited => 3,
+        Verdict::Shed => 4,
+    }
+}
