@@ -14,6 +14,7 @@
 //! - [`time`]: the injected clock.
 
 pub mod bench;
+pub mod breaker;
 pub mod cli;
 pub mod engine;
 pub mod grpc;
