@@ -51,7 +51,8 @@ async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
     let Some(prometheus) = &state.prometheus else {
         return (StatusCode::NOT_FOUND, [(header::CONTENT_TYPE, "text/plain")], "metrics are off\n".to_string());
     };
-    let buckets = state.engine.buckets();
-    crate::metrics::scrape_time(buckets.len(), buckets.evicted());
+    let engine = &state.engine;
+    crate::metrics::scrape_time(engine.buckets().len(), engine.buckets().evicted());
+    crate::metrics::scrape_engine(engine);
     (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], prometheus.render())
 }

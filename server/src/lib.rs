@@ -16,7 +16,9 @@
 pub mod bench;
 pub mod breaker;
 pub mod cli;
+pub mod degradation;
 pub mod engine;
+pub mod events;
 pub mod grpc;
 pub mod http;
 pub mod limiter;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use metrics::{Counter, Histogram, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::engine::{Outcome, Verdict};
+use crate::engine::{Answer, Verdict};
 use crate::rules::Rule;
 
 pub const DECISIONS: &str = "floodgate_decisions_total";
@@ -22,6 +22,15 @@ pub const EVICTIONS: &str = "floodgate_evictions_total";
 pub const RULE_RELOADS: &str = "floodgate_rule_reloads_total";
 pub const RULES_VERSION: &str = "floodgate_rules_version";
 pub const RESIDENT_MEMORY: &str = "floodgate_process_resident_memory_bytes";
+pub const BREAKER_STATE: &str = "floodgate_breaker_state";
+pub const BREAKER_TRANSITIONS: &str = "floodgate_breaker_transitions_total";
+pub const BREAKER_FAILURE_RATE: &str = "floodgate_breaker_failure_rate";
+pub const BREAKER_SLOW_CALL_RATE: &str = "floodgate_breaker_slow_call_rate";
+pub const BREAKER_NOT_PERMITTED: &str = "floodgate_breaker_not_permitted_total";
+pub const OUTCOMES: &str = "floodgate_outcomes_total";
+pub const PERMITS_IN_FLIGHT: &str = "floodgate_permits_in_flight";
+pub const PERMITS_EXPIRED: &str = "floodgate_permits_expired_total";
+pub const DEGRADATION_LEVEL: &str = "floodgate_degradation_level";
 
 /// The resource label of requests that no rule matched.
 pub const UNMATCHED: &str = "_unmatched";
@@ -51,6 +60,18 @@ fn describe() {
     describe_counter!(RULE_RELOADS, "Rule loads by source and result (success or failure)");
     describe_gauge!(RULES_VERSION, "Version of the rules in force");
     describe_gauge!(RESIDENT_MEMORY, metrics::Unit::Bytes, "Resident set size of the server process");
+    describe_gauge!(
+        BREAKER_STATE,
+        "Breaker state: 1 CLOSED, 2 OPEN, 3 HALF_OPEN, 4 FORCED_OPEN, 5 DISABLED, 6 METRICS_ONLY"
+    );
+    describe_counter!(BREAKER_TRANSITIONS, "Breaker transitions by resource, from and to");
+    describe_gauge!(BREAKER_FAILURE_RATE, "Failure rate in the breaker's window");
+    describe_gauge!(BREAKER_SLOW_CALL_RATE, "Slow-call rate in the breaker's window");
+    describe_counter!(BREAKER_NOT_PERMITTED, "Acquires rejected by the breaker");
+    describe_counter!(OUTCOMES, "Reported outcomes by resource (rule), outcome and result (counted, unknown, expired)");
+    describe_gauge!(PERMITS_IN_FLIGHT, "Permits handed out and not yet returned or expired");
+    describe_counter!(PERMITS_EXPIRED, "Permits never reported, freed when their TTL passed");
+    describe_gauge!(DEGRADATION_LEVEL, "Degradation level in force (0 to 3)");
 }
 
 /// A rules reload, good or bad.
@@ -66,6 +87,19 @@ pub fn scrape_time(keys: usize, evicted: u64) {
     if let Some(rss) = resident_memory() {
         gauge!(RESIDENT_MEMORY).set(rss as f64);
     }
+}
+
+/// Breakers, permits and the level, read at scrape time.
+pub fn scrape_engine(engine: &crate::engine::Engine) {
+    let rules = engine.rules();
+    for (resource, info) in engine.breakers(&rules) {
+        gauge!(BREAKER_STATE, "resource" => resource.clone()).set(crate::events::state_number(info.state));
+        gauge!(BREAKER_FAILURE_RATE, "resource" => resource.clone()).set(info.window.failure_rate());
+        gauge!(BREAKER_SLOW_CALL_RATE, "resource" => resource.clone()).set(info.window.slow_call_rate());
+        counter!(BREAKER_NOT_PERMITTED, "resource" => resource).absolute(info.not_permitted);
+    }
+    gauge!(PERMITS_IN_FLIGHT).set(engine.permits_in_flight() as f64);
+    gauge!(DEGRADATION_LEVEL).set(f64::from(engine.degradation_level()));
 }
 
 /// The process's resident set size, from /proc (Linux only).
@@ -158,7 +192,7 @@ impl RuleMetrics {
     }
 
     /// Counts one decision.
-    pub fn record(&self, out: &Outcome<'_>) {
+    pub fn record(&self, out: &Answer<'_>) {
         let first_exceeded = out.limits.iter().find(|r| r.exceeded);
         match (out.verdict, first_exceeded) {
             (Verdict::RateLimited, Some(r)) => self.limited_by[r.index].increment(1),

@@ -83,6 +83,8 @@ pub async fn run(
         }
     };
     let _sweeper = engine::spawn_sweeper(&engine, opts.sweep_interval);
+    // Permit expiry, HALF_OPEN probe expiry and the degradation level.
+    let _ticker = engine::spawn_ticker(&engine, Duration::from_millis(100));
 
     let (reporter, health_service) = tonic_health::server::health_reporter();
     reporter.set_service_status("", tonic_health::ServingStatus::Serving).await;

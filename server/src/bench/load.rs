@@ -12,7 +12,8 @@ use tonic::client::Grpc;
 use tonic::transport::Channel;
 
 use super::report::Samples;
-use super::wire::{BatchVerdicts, FirstVarint, RawCodec};
+use super::wire::{BatchVerdicts, FirstVarint, PermitView, RawCodec};
+use floodgate_proto::v1 as pb;
 
 /// Which call, and how to read its answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -21,7 +22,8 @@ pub enum Rpc {
     Acquire,
     /// floodgate.v1.Floodgate/AcquireBatch
     Batch,
-    /// floodgate.v1.Floodgate/ReportOutcome
+    /// floodgate.v1.Floodgate/Acquire, then ReportOutcome with its permit
+    /// (the pair is one call; use a resource with a breaker or concurrency limit)
     Report,
     /// grpc.health.v1.Health/Check
     Health,
@@ -91,6 +93,23 @@ impl Rpc {
             for v in r.into_inner().responses {
                 answers[(v.value as usize).min(7)] += 1;
             }
+        } else if self == Rpc::Report {
+            let acquire = PathAndQuery::from_static("/floodgate.v1.Floodgate/Acquire");
+            let permit = grpc.unary(request, acquire, RawCodec::<PermitView>::default()).await?.into_inner();
+            if permit.permit_id.is_empty() {
+                return Err(tonic::Status::failed_precondition(
+                    "no permit: --rpc report needs a resource with a breaker or a concurrency limit, and an admitted call",
+                ));
+            }
+            let report = pb::ReportOutcomeRequest {
+                permit_id: permit.permit_id,
+                outcome: pb::Outcome::Success as i32,
+                ..Default::default()
+            };
+            grpc.ready().await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+            let request = tonic::Request::new(Bytes::from(prost::Message::encode_to_vec(&report)));
+            let r = grpc.unary(request, self.path(), RawCodec::<FirstVarint>::default()).await?;
+            answers[(r.into_inner().value as usize).min(7)] += 1;
         } else {
             let r = grpc.unary(request, self.path(), RawCodec::<FirstVarint>::default()).await?;
             answers[(r.into_inner().value as usize).min(7)] += 1;

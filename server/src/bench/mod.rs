@@ -189,19 +189,12 @@ fn acquire_item(args: &BenchArgs, key: u64) -> pb::AcquireRequest {
 fn encode(args: &BenchArgs, i: u64) -> Bytes {
     let key = |n: u64| n % args.keys;
     let bytes = match args.rpc {
-        Rpc::Acquire => acquire_item(args, key(i)).encode_to_vec(),
+        Rpc::Acquire | Rpc::Report => acquire_item(args, key(i)).encode_to_vec(),
         Rpc::Batch => {
             let b = args.batch_size as u64;
             let requests = (0..b).map(|j| acquire_item(args, key(i * b + j))).collect();
             pb::AcquireBatchRequest { requests }.encode_to_vec()
         }
-        Rpc::Report => pb::ReportOutcomeRequest {
-            resource: args.resource.clone(),
-            permit_id: format!("bench-{}", key(i)),
-            outcome: pb::Outcome::Success as i32,
-            latency: None,
-        }
-        .encode_to_vec(),
         Rpc::Health => Vec::new(),
         Rpc::Envoy => rls::RateLimitRequest {
             domain: args.resource.clone(),

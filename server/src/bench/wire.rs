@@ -103,3 +103,18 @@ impl View for BatchVerdicts {
         read_message(src)
     }
 }
+
+/// `AcquireResponse`: the verdict and the permit, for acquire-then-report runs.
+#[derive(Clone, PartialEq, Message)]
+pub struct PermitView {
+    #[prost(uint64, tag = "1")]
+    pub verdict: u64,
+    #[prost(string, tag = "2")]
+    pub permit_id: String,
+}
+
+impl View for PermitView {
+    fn read(src: &mut DecodeBuf<'_>) -> Result<Self, Status> {
+        read_message(src)
+    }
+}

@@ -122,7 +122,7 @@ impl Breaker {
     pub fn acquire(&mut self, cfg: &BreakerConfig, now: Timestamp) -> (Admission, Option<Transition>) {
         let mut transition = self.tick(cfg, now);
         if self.state == State::Open && now >= self.open_until {
-            transition = Some(self.to_half_open(now));
+            transition = Some(self.half_open(now));
         }
         let admission = match self.state {
             State::Closed | State::Disabled | State::MetricsOnly => {
@@ -157,7 +157,8 @@ impl Breaker {
         }
     }
 
-    /// Records how a permitted call went. `latency` decides slowness.
+    /// Records how a permitted call went. `latency` decides slowness. Returns
+    /// the call as recorded (`None` when it was not: stale, ignored, disabled).
     pub fn report(
         &mut self,
         cfg: &BreakerConfig,
@@ -165,25 +166,30 @@ impl Breaker {
         generation: u64,
         outcome: Outcome,
         latency: Duration,
-    ) -> Option<Transition> {
+    ) -> (Option<Call>, Option<Transition>) {
         if generation != self.generation {
             self.stale_outcomes += 1;
-            return None;
+            return (None, None);
         }
         let call = match outcome {
             Outcome::Ignored => {
                 self.release(generation, true);
-                return None;
+                return (None, None);
             }
             Outcome::Success => Call { failed: false, slow: latency > cfg.slow_call_duration },
             Outcome::Failure => Call { failed: true, slow: latency > cfg.slow_call_duration },
         };
+        let recorded = matches!(self.state, State::Closed | State::MetricsOnly | State::HalfOpen).then_some(call);
+        (recorded, self.record(cfg, now, call))
+    }
+
+    fn record(&mut self, cfg: &BreakerConfig, now: Timestamp, call: Call) -> Option<Transition> {
         match self.state {
             State::Closed | State::MetricsOnly => {
                 self.window.record(now, call);
                 let counts = self.window.counts(now);
                 let trips = counts.calls >= u64::from(cfg.minimum_calls) && exceeds(cfg, &counts);
-                (self.state == State::Closed && trips).then(|| self.to_open(cfg, now, reason("window", &counts)))
+                (self.state == State::Closed && trips).then(|| self.open_for(cfg, now, reason("window", &counts)))
             }
             State::HalfOpen => {
                 self.probes.add(call);
@@ -192,9 +198,9 @@ impl Breaker {
                 }
                 let probes = self.probes;
                 Some(if exceeds(cfg, &probes) {
-                    self.to_open(cfg, now, reason("probes", &probes))
+                    self.open_for(cfg, now, reason("probes", &probes))
                 } else {
-                    self.to_closed(cfg, now, format!("{} probes succeeded", probes.calls - probes.failures))
+                    self.close_for(cfg, now, format!("{} probes succeeded", probes.calls - probes.failures))
                 })
             }
             State::Open | State::ForcedOpen | State::Disabled => None,
@@ -206,7 +212,7 @@ impl Breaker {
     pub fn tick(&mut self, cfg: &BreakerConfig, now: Timestamp) -> Option<Transition> {
         if self.state == State::HalfOpen && self.probes_expired(cfg, now) {
             let reason = format!("probes did not report within {:?}", cfg.max_wait_in_half_open);
-            return Some(self.to_open(cfg, now, reason));
+            return Some(self.open_for(cfg, now, reason));
         }
         None
     }
@@ -215,7 +221,7 @@ impl Breaker {
     /// METRICS_ONLY pin a mode. Each starts a fresh window and generation.
     pub fn force(&mut self, cfg: &BreakerConfig, now: Timestamp, to: State) -> Option<Transition> {
         match to {
-            State::Closed => Some(self.to_closed(cfg, now, "reset by an operator".into())),
+            State::Closed => Some(self.close_for(cfg, now, "reset by an operator".into())),
             State::Open | State::HalfOpen => None,
             mode => {
                 let t = self.transition(now, mode, "set by an operator".into());
@@ -245,7 +251,8 @@ impl Breaker {
         now >= self.half_open_since.saturating_add(cfg.max_wait_in_half_open)
     }
 
-    fn retry_after(&self, cfg: &BreakerConfig, now: Timestamp) -> Duration {
+    /// How long a rejected caller should wait before asking again.
+    pub fn retry_after(&self, cfg: &BreakerConfig, now: Timestamp) -> Duration {
         let until = match self.state {
             State::Open => self.open_until,
             State::HalfOpen => self.half_open_since.saturating_add(cfg.max_wait_in_half_open),
@@ -258,7 +265,7 @@ impl Breaker {
         (self.state == State::Open).then_some(self.open_until)
     }
 
-    fn to_open(&mut self, cfg: &BreakerConfig, now: Timestamp, reason: String) -> Transition {
+    fn open_for(&mut self, cfg: &BreakerConfig, now: Timestamp, reason: String) -> Transition {
         self.consecutive_openings += 1;
         let wait = cfg.wait_in_open.wait(self.consecutive_openings);
         self.open_until = now.add_nanos(duration_nanos(wait));
@@ -266,12 +273,12 @@ impl Breaker {
         self.transition(now, State::Open, reason)
     }
 
-    fn to_half_open(&mut self, now: Timestamp) -> Transition {
+    fn half_open(&mut self, now: Timestamp) -> Transition {
         self.half_open_since = now;
         self.transition(now, State::HalfOpen, "wait in OPEN is over".into())
     }
 
-    fn to_closed(&mut self, cfg: &BreakerConfig, now: Timestamp, reason: String) -> Transition {
+    fn close_for(&mut self, cfg: &BreakerConfig, now: Timestamp, reason: String) -> Transition {
         self.consecutive_openings = 0;
         self.opened_at = None;
         self.window = Window::new(cfg.window);
@@ -291,7 +298,8 @@ impl Breaker {
 /// Whether the failure or slow-call rate reaches its threshold (equality trips).
 fn exceeds(cfg: &BreakerConfig, counts: &Counts) -> bool {
     counts.calls > 0
-        && (counts.failure_rate() >= cfg.failure_rate_threshold || counts.slow_call_rate() >= cfg.slow_call_rate_threshold)
+        && (counts.failure_rate() >= cfg.failure_rate_threshold
+            || counts.slow_call_rate() >= cfg.slow_call_rate_threshold)
 }
 
 fn reason(of: &str, c: &Counts) -> String {

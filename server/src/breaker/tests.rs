@@ -57,7 +57,7 @@ impl Driver {
     }
 
     fn report(&mut self, now: Timestamp, generation: u64, outcome: Outcome, latency_ms: u64) {
-        let t = self.b.report(&self.cfg, now, generation, outcome, Duration::from_millis(latency_ms));
+        let (_, t) = self.b.report(&self.cfg, now, generation, outcome, Duration::from_millis(latency_ms));
         self.note(t);
     }
 
@@ -138,7 +138,10 @@ fn a_call_exactly_at_slow_call_duration_is_not_slow() {
 fn open_rejects_with_retry_after_the_time_left() {
     let mut d = Driver::new(cfg());
     d.open();
-    assert_eq!(d.acquire(at_ms(1_500)), Admission::Rejected { state: State::Open, retry_after: Duration::from_millis(3_500) });
+    assert_eq!(
+        d.acquire(at_ms(1_500)),
+        Admission::Rejected { state: State::Open, retry_after: Duration::from_millis(3_500) }
+    );
     assert_eq!(d.b.info(&d.cfg, at_ms(1_500)).not_permitted, 1);
     assert_eq!(d.b.info(&d.cfg, at_ms(1_500)).next_probe_at, Some(at_ms(5_000)));
 }

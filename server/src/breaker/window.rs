@@ -77,8 +77,13 @@ fn ratio(part: u64, whole: u64) -> f64 {
 impl Window {
     pub fn new(kind: WindowKind) -> Window {
         match kind {
-            WindowKind::Count(n) => Window::Count(CountWindow { ring: Vec::with_capacity(n as usize), next: 0, totals: Counts::default() }),
-            WindowKind::Time(s) => Window::Time(TimeWindow { buckets: vec![(0, Counts::default()); s as usize], totals: Counts::default() }),
+            WindowKind::Count(n) => {
+                Window::Count(CountWindow { ring: Vec::with_capacity(n as usize), next: 0, totals: Counts::default() })
+            }
+            WindowKind::Time(s) => Window::Time(TimeWindow {
+                buckets: vec![(0, Counts::default()); s as usize],
+                totals: Counts::default(),
+            }),
         }
     }
 

@@ -129,7 +129,7 @@ pub async fn rules(args: RulesArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn status_error(s: tonic::Status) -> anyhow::Error {
+pub fn status_error(s: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("{:?}: {}", s.code(), s.message())
 }
 
@@ -148,6 +148,16 @@ fn render(resource: &str, r: &pb::AcquireResponse) -> String {
     out.push('\n');
     if !r.reason.is_empty() {
         let _ = writeln!(out, "  reason: {}", r.reason);
+    }
+    if !r.permit_id.is_empty() {
+        let _ = writeln!(out, "  permit: {}", r.permit_id);
+    }
+    if r.breaker_state != 0 {
+        let state = pb::BreakerState::try_from(r.breaker_state).map_or("UNKNOWN", |s| s.as_str_name());
+        let _ = writeln!(out, "  breaker: {state}");
+    }
+    if r.degradation_level > 0 {
+        let _ = writeln!(out, "  degradation level: {}", r.degradation_level);
     }
     for l in &r.limits {
         let window = l.window.as_ref().map(human).unwrap_or_default();

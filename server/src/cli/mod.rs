@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 mod check_config;
 mod client;
+mod control;
 mod serve;
 
 #[derive(Parser, Debug)]
@@ -39,6 +40,14 @@ enum Command {
     Acquire(client::AcquireArgs),
     /// Show the rules a server has, or apply a rules file to it.
     Rules(client::RulesArgs),
+    /// Report how a call admitted with a permit went.
+    Report(control::ReportArgs),
+    /// Show circuit breakers (all, or one in detail), or set one's state.
+    Breakers(control::BreakersArgs),
+    /// Show the degradation level, set it (0-3), or return it to automatic.
+    Level(control::LevelArgs),
+    /// Stream breaker transitions, level changes and rule reloads.
+    Watch(control::WatchArgs),
     /// Load-test a server, ghz-style.
     Bench(crate::bench::BenchArgs),
 }
@@ -52,6 +61,10 @@ impl Cli {
             Command::CheckConfig(args) => return check_config::run(args),
             Command::Acquire(args) => return client::block_on(client::acquire(args)),
             Command::Rules(args) => return client::block_on(client::rules(args)),
+            Command::Report(args) => return client::block_on(control::report(args)),
+            Command::Breakers(args) => return client::block_on(control::breakers(args)),
+            Command::Level(args) => return client::block_on(control::level(args)),
+            Command::Watch(args) => return client::block_on(control::watch(args)),
         };
         match result {
             Ok(()) => ExitCode::SUCCESS,

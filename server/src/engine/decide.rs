@@ -1,12 +1,15 @@
-//! One decision over every limit a request matches, all or nothing.
+//! One decision: shedding, then the breaker and the concurrency limit, then
+//! every matched limit, all or nothing.
 
 use std::fmt::Write;
 use std::time::Duration;
 
 use smallvec::SmallVec;
 
+use super::admit::Denial;
 use super::request::{self, Descriptors, Request, RequestError};
 use super::{Engine, Installed};
+use crate::breaker;
 use crate::limiter::{Decision, Status};
 use crate::metrics::RuleMetrics;
 use crate::rules::{Limit, Rule, duration};
@@ -35,44 +38,64 @@ pub struct LimitReport<'r> {
 
 /// The answer to one request; borrows names from the rules in force.
 #[derive(Clone, Debug)]
-pub struct Outcome<'r> {
+pub struct Answer<'r> {
     pub verdict: Verdict,
     /// The matched rule's name, if any.
     pub rule: Option<&'r str>,
-    /// One per matched limit, in rule order.
+    /// One per matched limit, in rule order (empty when denied before the limits).
     pub limits: SmallVec<[LimitReport<'r>; 4]>,
     pub retry_after: Duration,
     pub wait: Duration,
+    /// Set when admitted on a resource with a breaker or a concurrency limit.
+    pub permit_id: Option<String>,
+    pub breaker_state: Option<breaker::State>,
+    pub degradation_level: u32,
+    /// Why it was denied before the limits were looked at.
+    pub denial: Option<Denial>,
 }
 
 /// Matched limits: (limit, its index in the rule, its bucket).
 type Matched<'r> = SmallVec<[(&'r Limit, usize, BucketKey); 4]>;
 
-// === impl Outcome ===
+/// A request checked and matched against the rules, not yet decided.
+#[derive(Debug)]
+pub struct Prepared<'r> {
+    rule: Option<(&'r Rule, &'r RuleMetrics)>,
+    /// The resource, kept when the rule guards it (breaker or concurrency).
+    resource: Option<String>,
+    matched: Matched<'r>,
+    cost: u64,
+    dry_run: bool,
+}
 
-impl Outcome<'_> {
-    fn allowed() -> Self {
-        Outcome {
+// === impl Answer ===
+
+impl Answer<'_> {
+    fn allowed(level: u32) -> Self {
+        Answer {
             verdict: Verdict::Allowed,
             rule: None,
             limits: SmallVec::new(),
             retry_after: Duration::ZERO,
             wait: Duration::ZERO,
+            permit_id: None,
+            breaker_state: None,
+            degradation_level: level,
+            denial: None,
         }
     }
 
-    /// One human line for a denial, naming the limit; empty when allowed.
+    /// One human line for a denial, naming the limit or breaker; empty when allowed.
     pub fn reason(&self) -> String {
-        let mut out = String::new();
-        if self.verdict != Verdict::RateLimited {
-            return out;
+        if let Some(denial) = &self.denial {
+            return denial.to_string();
         }
+        let mut out = String::new();
         for report in self.limits.iter().filter(|r| r.exceeded) {
             if !out.is_empty() {
                 out.push_str("; ");
             }
-            let l = report.limit;
-            let alg = &l.algorithm;
+            let (l, alg) = (report.limit, &report.limit.algorithm);
             let _ = write!(
                 out,
                 "limit '{}' ({} {} per {}) exceeded, retry in {}",
@@ -87,15 +110,6 @@ impl Outcome<'_> {
     }
 }
 
-/// A request checked and matched against the rules, not yet decided.
-#[derive(Debug)]
-pub struct Prepared<'r> {
-    rule: Option<(&'r Rule, &'r RuleMetrics)>,
-    matched: Matched<'r>,
-    cost: u64,
-    dry_run: bool,
-}
-
 // === impl Engine ===
 
 impl Engine {
@@ -104,7 +118,7 @@ impl Engine {
         &self,
         rules: &'r Installed,
         req: &Request<'_, D>,
-    ) -> Result<Outcome<'r>, RequestError> {
+    ) -> Result<Answer<'r>, RequestError> {
         let prepared = self.prepare(rules, req)?;
         Ok(self.decide(prepared, self.clock.now()))
     }
@@ -126,16 +140,49 @@ impl Engine {
                 return Err(RequestError::CostExceedsCapacity { cost, capacity, limit: limit.name.clone() });
             }
         }
-        Ok(Prepared { rule, matched, cost, dry_run: req.dry_run })
+        let guarded = rule.is_some_and(|(r, _)| r.breaker.is_some() || r.concurrency.is_some());
+        let resource = guarded.then(|| req.resource.to_string());
+        Ok(Prepared { rule, resource, matched, cost, dry_run: req.dry_run })
     }
 
     /// Decides a prepared request at `now`.
-    pub fn decide<'r>(&self, p: Prepared<'r>, now: Timestamp) -> Outcome<'r> {
+    pub fn decide<'r>(&self, p: Prepared<'r>, now: Timestamp) -> Answer<'r> {
+        let level = self.degradation_level();
         let Some((rule, metrics)) = p.rule else {
+            let answer = Answer::allowed(level);
             if !p.dry_run {
-                self.unmatched.record(&Outcome::allowed());
+                self.unmatched.record(&answer);
             }
-            return Outcome::allowed();
+            return answer;
+        };
+        let answer = self.decide_rule(rule, &p, level, now);
+        if !p.dry_run {
+            metrics.record(&answer);
+        }
+        answer
+    }
+
+    fn decide_rule<'r>(&self, rule: &'r Rule, p: &Prepared<'r>, level: u32, now: Timestamp) -> Answer<'r> {
+        let mut answer = Answer { rule: Some(&rule.name), ..Answer::allowed(level) };
+        let admitted = match &p.resource {
+            Some(resource) => match self.admit(rule, resource, level, now, p.dry_run) {
+                Ok(a) => Some(a),
+                Err(denial) => {
+                    answer.verdict = denial.verdict();
+                    answer.retry_after = denial.retry_after();
+                    answer.breaker_state = denial.breaker_state();
+                    answer.denial = Some(denial);
+                    return answer;
+                }
+            },
+            None => match rule.shed_at_level.filter(|&at| level >= at) {
+                Some(at) => {
+                    answer.verdict = Verdict::Shed;
+                    answer.denial = Some(Denial::Shed { at, level });
+                    return answer;
+                }
+                None => None,
+            },
         };
         let (matched, cost) = (&p.matched, p.cost);
         let mut decisions = if p.dry_run {
@@ -150,11 +197,19 @@ impl Engine {
                 d.status = self.buckets.check(k, &l.algorithm, now, 0).status;
             }
         }
-        let out = outcome(rule, matched, &decisions);
-        if !p.dry_run {
-            metrics.record(&out);
+        fill_limits(&mut answer, matched, &decisions);
+        match admitted {
+            Some(a) if answer.verdict != Verdict::Allowed || p.dry_run => {
+                answer.breaker_state = a.breaker_state;
+                self.undo(a);
+            }
+            Some(a) => {
+                answer.breaker_state = a.breaker_state;
+                answer.permit_id = Some(self.issue_permit(rule, p.resource.clone().unwrap_or_default(), a, now));
+            }
+            None => {}
         }
-        out
+        answer
     }
 
     /// The state of a resource's limits for these descriptors, consuming nothing.
@@ -165,17 +220,21 @@ impl Engine {
         resource: &str,
         descriptors: &D,
         only: Option<&str>,
-    ) -> Result<Outcome<'r>, RequestError> {
+    ) -> Result<Answer<'r>, RequestError> {
         request::validate(resource, descriptors)?;
+        let level = self.degradation_level();
         let Some(rule) = rules.rules.find(resource) else {
-            return Ok(Outcome::allowed());
+            return Ok(Answer::allowed(level));
         };
         let mut matched = matched(rule, resource, descriptors);
         matched.retain(|(l, _, _)| only.is_none_or(|name| l.name == name));
         let now = self.clock.now();
         let decisions: SmallVec<[Decision; 4]> =
             matched.iter().map(|(l, _, k)| self.buckets.check(k, &l.algorithm, now, 0)).collect();
-        Ok(outcome(rule, &matched, &decisions))
+        let mut answer = Answer { rule: Some(&rule.name), ..Answer::allowed(level) };
+        fill_limits(&mut answer, &matched, &decisions);
+        answer.breaker_state = self.breaker_state(rule, resource);
+        Ok(answer)
     }
 
     /// Takes `cost` from every matched bucket, or from none: when one denies,
@@ -228,18 +287,16 @@ fn matched<'r, D: Descriptors + ?Sized>(rule: &'r Rule, resource: &str, d: &D) -
         .collect()
 }
 
-fn outcome<'r>(rule: &'r Rule, matched: &Matched<'r>, decisions: &[Decision]) -> Outcome<'r> {
-    let mut out = Outcome { rule: Some(&rule.name), ..Outcome::allowed() };
+fn fill_limits<'r>(answer: &mut Answer<'r>, matched: &Matched<'r>, decisions: &[Decision]) {
     for ((limit, index, _), d) in matched.iter().zip(decisions) {
         if !d.admitted {
-            out.verdict = Verdict::RateLimited;
-            out.retry_after = out.retry_after.max(d.status.retry_after);
+            answer.verdict = Verdict::RateLimited;
+            answer.retry_after = answer.retry_after.max(d.status.retry_after);
         }
-        out.wait = out.wait.max(d.status.wait);
-        out.limits.push(LimitReport { limit, index: *index, status: d.status, exceeded: !d.admitted });
+        answer.wait = answer.wait.max(d.status.wait);
+        answer.limits.push(LimitReport { limit, index: *index, status: d.status, exceeded: !d.admitted });
     }
-    if out.verdict != Verdict::Allowed {
-        out.wait = Duration::ZERO;
+    if answer.verdict != Verdict::Allowed {
+        answer.wait = Duration::ZERO;
     }
-    out
 }

@@ -3,22 +3,30 @@
 //! injected [`Clock`](crate::time::Clock)), no generated code.
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::sync::Mutex;
+use std::sync::atomic::AtomicU32;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use arc_swap::{ArcSwap, Guard};
 
+use crate::degradation::Degradation;
+use crate::events::{Event, Events};
 use crate::limiter::Algorithm;
 use crate::metrics::RuleMetrics;
 use crate::rules::{LimitId, RuleSet};
 use crate::store::Buckets;
 use crate::time::SharedClock;
 
+mod admit;
 mod decide;
+mod guard;
+mod permits;
+mod report;
 pub mod request;
 
-pub use decide::{LimitReport, Outcome, Prepared, Verdict};
+pub use admit::{DEFAULT_PERMIT_TTL, Denial};
+pub use decide::{Answer, LimitReport, Prepared, Verdict};
+pub use report::{Level, Reported, Snapshot};
 pub use request::{Descriptors, Request, RequestError};
 
 /// The rules in force, with where they came from.
@@ -40,6 +48,12 @@ pub struct Installed {
 
 pub struct Engine {
     rules: ArcSwap<Installed>,
+    guards: guard::Guards,
+    permits: permits::Permits,
+    events: Events,
+    degradation: Mutex<Degradation>,
+    /// The degradation level in force, for the hot path.
+    level: AtomicU32,
     /// Decision counters of requests no rule matched.
     unmatched: RuleMetrics,
     buckets: Buckets,
@@ -79,6 +93,11 @@ impl Engine {
         };
         Engine {
             rules: ArcSwap::from_pointee(empty),
+            guards: guard::Guards::default(),
+            permits: permits::Permits::default(),
+            events: Events::default(),
+            degradation: Mutex::new(Degradation::default()),
+            level: AtomicU32::new(0),
             unmatched: RuleMetrics::unmatched(),
             buckets: Buckets::new(config.max_keys),
             clock,
@@ -106,8 +125,11 @@ impl Engine {
         }
         let version = self.rules.load().version + 1;
         let metrics = rules.rules().iter().map(RuleMetrics::new).collect();
-        let installed = Installed { rules, yaml, version, source, loaded_at: SystemTime::now(), by_id, metrics };
+        let installed =
+            Installed { rules, yaml, version, source: source.clone(), loaded_at: SystemTime::now(), by_id, metrics };
         self.rules.store(Arc::new(installed));
+        drop(ids);
+        self.events.publish(Event::Rules { version, source });
         version
     }
 
@@ -119,11 +141,38 @@ impl Engine {
         &self.clock
     }
 
+    pub fn events(&self) -> &Events {
+        &self.events
+    }
+
+    /// Permits handed out and not yet returned or expired.
+    pub fn permits_in_flight(&self) -> usize {
+        self.permits.len()
+    }
+
+    fn degradation(&self) -> std::sync::MutexGuard<'_, Degradation> {
+        self.degradation.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Forgets idle buckets and buckets of limits no longer in force.
     pub fn sweep(&self) -> usize {
         let rules = self.rules.load_full();
         self.buckets.sweep(self.clock.now(), |id| rules.algorithm(id))
     }
+}
+
+/// Runs [`Engine::tick`] every `every` until the engine is dropped.
+pub fn spawn_ticker(engine: &Arc<Engine>, every: Duration) -> tokio::task::JoinHandle<()> {
+    let weak = Arc::downgrade(engine);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(engine) = weak.upgrade() else { return };
+            engine.tick();
+        }
+    })
 }
 
 /// Runs [`Engine::sweep`] every `every` until the engine is dropped.
@@ -144,3 +193,6 @@ pub fn spawn_sweeper(engine: &Arc<Engine>, every: Duration) -> tokio::task::Join
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod guard_tests;

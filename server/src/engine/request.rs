@@ -43,6 +43,16 @@ pub enum RequestError {
     CostTooLarge { field: &'static str, value: u64 },
     #[error("permit_id: '{0}' is not a permit id")]
     MalformedPermit(String),
+    #[error("resource: permit '{permit}' was issued for '{issued_for}', not '{resource}'")]
+    PermitResourceMismatch { permit: String, issued_for: String, resource: String },
+    #[error("{field}: must not be negative")]
+    NegativeDuration { field: &'static str },
+    #[error("resource: no rule gives '{0}' a circuit breaker")]
+    NoBreaker(String),
+    #[error("state: {0} cannot be set; use CLOSED (reset), FORCED_OPEN, DISABLED or METRICS_ONLY")]
+    BadBreakerState(&'static str),
+    #[error("level: {0} is not a degradation level (0 to 3)")]
+    BadLevel(u32),
     #[error("{field}: {value} is not one of {expected}")]
     UnknownEnum { field: &'static str, value: i32, expected: &'static str },
     #[error("{field}[{index}]{}{source}", if source.starts_with_field() { "." } else { ": " })]
@@ -113,6 +123,17 @@ pub fn validate<D: Descriptors + ?Sized>(resource: &str, descriptors: &D) -> Res
         }
     }
     Ok(())
+}
+
+/// A permit id: 24 hex digits, the issuing process's nonce then a sequence number.
+pub fn check_permit_id(id: &str) -> Result<(u32, u64), RequestError> {
+    let malformed = || RequestError::MalformedPermit(id.chars().take(64).collect());
+    if id.len() != 24 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(malformed());
+    }
+    let nonce = u32::from_str_radix(&id[..8], 16).map_err(|_| malformed())?;
+    let seq = u64::from_str_radix(&id[8..], 16).map_err(|_| malformed())?;
+    Ok((nonce, seq))
 }
 
 /// A name (resource, domain, key) must be present and at most 256 bytes.

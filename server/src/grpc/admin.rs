@@ -7,7 +7,8 @@ use pb::admin_server::Admin;
 use tonic::{Request, Response, Status};
 
 use super::convert;
-use crate::engine::Engine;
+use crate::degradation;
+use crate::engine::{Engine, RequestError};
 use crate::rules::RuleSet;
 
 pub struct ControlPlane {
@@ -65,25 +66,46 @@ impl Admin for ControlPlane {
         &self,
         _request: Request<pb::ListBreakersRequest>,
     ) -> Result<Response<pb::ListBreakersResponse>, Status> {
-        Err(Status::unimplemented("ListBreakers arrives with circuit breakers"))
+        let rules = self.engine.rules();
+        let breakers = self.engine.breakers(&rules).into_iter().map(|(r, i)| convert::breaker_info(r, i)).collect();
+        Ok(Response::new(pb::ListBreakersResponse { breakers }))
     }
 
-    async fn get_breaker(&self, _request: Request<pb::GetBreakerRequest>) -> Result<Response<pb::BreakerInfo>, Status> {
-        Err(Status::unimplemented("GetBreaker arrives with circuit breakers"))
+    async fn get_breaker(&self, request: Request<pb::GetBreakerRequest>) -> Result<Response<pb::BreakerInfo>, Status> {
+        let resource = request.into_inner().resource;
+        let info = self.engine.breaker(&self.engine.rules(), &resource)?;
+        Ok(Response::new(convert::breaker_info(resource, info)))
     }
 
     async fn set_breaker_state(
         &self,
-        _request: Request<pb::SetBreakerStateRequest>,
+        request: Request<pb::SetBreakerStateRequest>,
     ) -> Result<Response<pb::BreakerInfo>, Status> {
-        Err(Status::unimplemented("SetBreakerState arrives with circuit breakers"))
+        let req = request.into_inner();
+        let state = convert::from_breaker_state(req.state).ok_or(RequestError::UnknownEnum {
+            field: "state",
+            value: req.state,
+            expected: "CLOSED, FORCED_OPEN, DISABLED or METRICS_ONLY",
+        })?;
+        let info = self.engine.set_breaker(&self.engine.rules(), &req.resource, state)?;
+        tracing::info!(resource = req.resource, state = state.name(), "breaker state set through Admin");
+        Ok(Response::new(convert::breaker_info(req.resource, info)))
     }
 
     async fn set_degradation_level(
         &self,
-        _request: Request<pb::SetDegradationLevelRequest>,
+        request: Request<pb::SetDegradationLevelRequest>,
     ) -> Result<Response<pb::SetDegradationLevelResponse>, Status> {
-        Err(Status::unimplemented("SetDegradationLevel arrives with degradation levels"))
+        let req = request.into_inner();
+        if !req.automatic && req.level > degradation::MAX_LEVEL {
+            return Err(RequestError::BadLevel(req.level).into());
+        }
+        let level = self.engine.set_degradation((!req.automatic).then_some(req.level));
+        Ok(Response::new(pb::SetDegradationLevelResponse {
+            level: level.level,
+            manual: level.manual,
+            automatic_level: level.automatic,
+        }))
     }
 
     async fn peek(&self, request: Request<pb::PeekRequest>) -> Result<Response<pb::PeekResponse>, Status> {
@@ -103,8 +125,8 @@ impl Admin for ControlPlane {
                 .iter()
                 .map(|r| pb::LimitStatus { algorithm: r.limit.algorithm.name().into(), ..convert::limit_status(r) })
                 .collect(),
-            breaker_state: pb::BreakerState::Unspecified as i32,
-            degradation_level: 0,
+            breaker_state: out.breaker_state.map_or(pb::BreakerState::Unspecified, convert::breaker_state) as i32,
+            degradation_level: out.degradation_level,
         }))
     }
 }

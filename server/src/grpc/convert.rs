@@ -4,7 +4,9 @@ use std::time::{Duration, SystemTime};
 
 use floodgate_proto::v1 as pb;
 
-use crate::engine::{LimitReport, Outcome, Verdict};
+use crate::breaker::{self, Info, State};
+use crate::engine::{Answer, LimitReport, Verdict};
+use crate::time::Timestamp;
 
 pub fn duration(d: Duration) -> Option<prost_types::Duration> {
     (!d.is_zero()).then(|| prost_types::Duration {
@@ -50,15 +52,73 @@ pub fn limit_status(r: &LimitReport<'_>) -> pb::LimitStatus {
     }
 }
 
-pub fn acquire_response(out: &Outcome<'_>) -> pb::AcquireResponse {
+pub fn acquire_response(out: Answer<'_>) -> pb::AcquireResponse {
     pb::AcquireResponse {
         verdict: verdict(out.verdict) as i32,
-        permit_id: String::new(),
         limits: out.limits.iter().map(limit_status).collect(),
         retry_after: duration(out.retry_after),
         wait: duration(out.wait),
-        breaker_state: pb::BreakerState::Unspecified as i32,
-        degradation_level: 0,
-        reason: out.reason(),
+        breaker_state: out.breaker_state.map_or(pb::BreakerState::Unspecified, breaker_state) as i32,
+        degradation_level: out.degradation_level,
+        reason: if out.verdict == Verdict::Allowed { String::new() } else { out.reason() },
+        permit_id: out.permit_id.unwrap_or_default(),
+    }
+}
+
+pub fn breaker_state(s: State) -> pb::BreakerState {
+    match s {
+        State::Closed => pb::BreakerState::Closed,
+        State::Open => pb::BreakerState::Open,
+        State::HalfOpen => pb::BreakerState::HalfOpen,
+        State::ForcedOpen => pb::BreakerState::ForcedOpen,
+        State::Disabled => pb::BreakerState::Disabled,
+        State::MetricsOnly => pb::BreakerState::MetricsOnly,
+    }
+}
+
+/// A wire breaker state as a domain state; `None` for UNSPECIFIED or unknown.
+pub fn from_breaker_state(n: i32) -> Option<State> {
+    Some(match pb::BreakerState::try_from(n).ok()? {
+        pb::BreakerState::Unspecified => return None,
+        pb::BreakerState::Closed => State::Closed,
+        pb::BreakerState::Open => State::Open,
+        pb::BreakerState::HalfOpen => State::HalfOpen,
+        pb::BreakerState::ForcedOpen => State::ForcedOpen,
+        pb::BreakerState::Disabled => State::Disabled,
+        pb::BreakerState::MetricsOnly => State::MetricsOnly,
+    })
+}
+
+/// A wire outcome as a domain outcome; `None` for UNSPECIFIED or unknown.
+pub fn from_outcome(n: i32) -> Option<breaker::Outcome> {
+    match pb::Outcome::try_from(n).ok()? {
+        pb::Outcome::Success => Some(breaker::Outcome::Success),
+        pb::Outcome::Failure => Some(breaker::Outcome::Failure),
+        pb::Outcome::Ignored => Some(breaker::Outcome::Ignored),
+        pb::Outcome::Unspecified => None,
+    }
+}
+
+pub fn instant(t: Timestamp) -> prost_types::Timestamp {
+    timestamp(t.to_system_time())
+}
+
+pub fn breaker_info(resource: String, i: Info) -> pb::BreakerInfo {
+    pb::BreakerInfo {
+        resource,
+        state: breaker_state(i.state) as i32,
+        calls: i.window.calls,
+        failures: i.window.failures,
+        slow_calls: i.window.slow,
+        slow_successes: i.window.slow_successes,
+        failure_rate: i.window.failure_rate(),
+        slow_call_rate: i.window.slow_call_rate(),
+        not_permitted: i.not_permitted,
+        opened_at: i.opened_at.map(instant),
+        next_probe_at: i.next_probe_at.map(instant),
+        probes_in_flight: i.probes_in_flight,
+        probes_remaining: i.probes_remaining,
+        generation: i.generation,
+        consecutive_openings: i.consecutive_openings,
     }
 }

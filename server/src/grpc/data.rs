@@ -1,15 +1,15 @@
 //! The `Floodgate` data plane service.
 
-use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use floodgate_proto::v1 as pb;
 use pb::floodgate_server::Floodgate;
-use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use super::convert;
-use crate::engine::{self, Engine, request};
+use super::{convert, watch};
+use crate::breaker::Outcome;
+use crate::engine::{self, Engine, RequestError, request};
 
 pub struct DataPlane {
     engine: Arc<Engine>,
@@ -26,7 +26,7 @@ impl DataPlane {
         r: &pb::AcquireRequest,
     ) -> Result<pb::AcquireResponse, engine::RequestError> {
         let out = self.engine.acquire(rules, &ask(r))?;
-        Ok(convert::acquire_response(&out))
+        Ok(convert::acquire_response(out))
     }
 }
 
@@ -34,7 +34,44 @@ fn ask(r: &pb::AcquireRequest) -> engine::Request<'_, std::collections::HashMap<
     engine::Request { resource: &r.resource, descriptors: &r.descriptors, cost: r.cost, dry_run: r.dry_run }
 }
 
-type EventStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Status>> + Send>>;
+/// A ReportOutcome request, checked.
+struct Report<'a> {
+    resource: &'a str,
+    permit_id: &'a str,
+    outcome: Outcome,
+    latency: Option<Duration>,
+}
+
+impl<'a> TryFrom<&'a pb::ReportOutcomeRequest> for Report<'a> {
+    type Error = RequestError;
+
+    fn try_from(r: &'a pb::ReportOutcomeRequest) -> Result<Self, RequestError> {
+        request::check_permit_id(&r.permit_id)?;
+        if !r.resource.is_empty() {
+            request::check_name("resource", &r.resource, false)?;
+        }
+        let outcome = convert::from_outcome(r.outcome).ok_or(RequestError::UnknownEnum {
+            field: "outcome",
+            value: r.outcome,
+            expected: "SUCCESS, FAILURE or IGNORED",
+        })?;
+        let latency = match &r.latency {
+            Some(d) => Some(convert::from_duration(d).ok_or(RequestError::NegativeDuration { field: "latency" })?),
+            None => None,
+        };
+        Ok(Report { resource: &r.resource, permit_id: &r.permit_id, outcome, latency })
+    }
+}
+
+impl DataPlane {
+    fn report(&self, rules: &engine::Installed, r: &Report<'_>) -> Result<pb::ReportOutcomeResponse, RequestError> {
+        let reported = self.engine.report(rules, r.resource, r.permit_id, r.outcome, r.latency)?;
+        Ok(pb::ReportOutcomeResponse {
+            counted: reported.counted,
+            breaker_state: reported.breaker_state.map_or(pb::BreakerState::Unspecified, convert::breaker_state) as i32,
+        })
+    }
+}
 
 #[tonic::async_trait]
 impl Floodgate for DataPlane {
@@ -57,27 +94,43 @@ impl Floodgate for DataPlane {
             .map(|(i, r)| self.engine.prepare(&rules, &ask(r)).map_err(|e| e.in_batch("requests", i)))
             .collect::<Result<Vec<_>, _>>()?;
         let now = self.engine.clock().now();
-        let responses = prepared.into_iter().map(|p| convert::acquire_response(&self.engine.decide(p, now))).collect();
+        let responses = prepared.into_iter().map(|p| convert::acquire_response(self.engine.decide(p, now))).collect();
         Ok(Response::new(pb::AcquireBatchResponse { responses }))
     }
 
     async fn report_outcome(
         &self,
-        _request: Request<pb::ReportOutcomeRequest>,
+        request: Request<pb::ReportOutcomeRequest>,
     ) -> Result<Response<pb::ReportOutcomeResponse>, Status> {
-        Err(Status::unimplemented("ReportOutcome arrives with circuit breakers"))
+        let report = Report::try_from(request.get_ref())?;
+        let rules = self.engine.rules();
+        Ok(Response::new(self.report(&rules, &report)?))
     }
 
     async fn report_outcome_batch(
         &self,
-        _request: Request<pb::ReportOutcomeBatchRequest>,
+        request: Request<pb::ReportOutcomeBatchRequest>,
     ) -> Result<Response<pb::ReportOutcomeBatchResponse>, Status> {
-        Err(Status::unimplemented("ReportOutcomeBatch arrives with circuit breakers"))
+        let items = &request.get_ref().reports;
+        request::check_batch("reports", items.len())?;
+        // Check every item first: a bad batch is refused whole, nothing returned.
+        let reports = items
+            .iter()
+            .enumerate()
+            .map(|(i, r)| Report::try_from(r).map_err(|e| e.in_batch("reports", i)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let rules = self.engine.rules();
+        let mut responses = Vec::with_capacity(reports.len());
+        for (i, report) in reports.iter().enumerate() {
+            responses.push(self.report(&rules, report).map_err(|e| e.in_batch("reports", i))?);
+        }
+        Ok(Response::new(pb::ReportOutcomeBatchResponse { responses }))
     }
 
-    type WatchStream = EventStream;
+    type WatchStream = watch::EventStream;
 
-    async fn watch(&self, _request: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
-        Err(Status::unimplemented("Watch arrives with circuit breakers"))
+    async fn watch(&self, request: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+        let resources = request.into_inner().resources;
+        Ok(Response::new(watch::stream(self.engine.clone(), resources)))
     }
 }

@@ -14,7 +14,7 @@ use rls::rate_limit_service_server::RateLimitService;
 use tonic::{Request, Response, Status};
 
 use super::convert;
-use crate::engine::{self, Engine, LimitReport, Outcome, Verdict, request};
+use crate::engine::{self, Answer, Engine, LimitReport, Verdict, request};
 
 pub struct EnvoyRls {
     engine: Arc<Engine>,
@@ -79,7 +79,7 @@ impl RateLimitService for EnvoyRls {
 
 /// One descriptor's status: the limit that denied it, else the one with the
 /// least left; no `current_limit` when no limit matched (as Envoy does).
-fn status(out: &Outcome<'_>) -> DescriptorStatus {
+fn status(out: &Answer<'_>) -> DescriptorStatus {
     let ok = out.verdict == Verdict::Allowed;
     let tightest =
         out.limits.iter().find(|r| r.exceeded).or_else(|| out.limits.iter().min_by_key(|r| r.status.remaining));

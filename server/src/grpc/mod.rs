@@ -16,6 +16,7 @@ mod data;
 mod envoy;
 mod observe;
 mod status;
+mod watch;
 
 pub use admin::ControlPlane;
 pub use data::DataPlane;

@@ -7,7 +7,10 @@ use crate::rules::RuleErrors;
 
 impl From<RequestError> for Status {
     fn from(e: RequestError) -> Status {
-        Status::invalid_argument(e.to_string())
+        match e {
+            RequestError::NoBreaker(_) => Status::not_found(e.to_string()),
+            e => Status::invalid_argument(e.to_string()),
+        }
     }
 }
 

@@ -1,0 +1,213 @@
+//! Client commands for breakers, outcomes, the degradation level and Watch.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use floodgate_proto::v1 as pb;
+
+use super::client::{Server, status_error};
+
+#[derive(Args, Debug)]
+pub struct BreakersArgs {
+    #[command(flatten)]
+    server: Server,
+    /// One resource's breaker, in detail; without it, a table of all.
+    resource: Option<String>,
+    /// Set the breaker's state: closed resets it.
+    #[arg(long, value_enum, requires = "resource")]
+    set: Option<SetState>,
+}
+
+#[derive(Copy, Clone, Debug, ValueEnum)]
+enum SetState {
+    Closed,
+    ForcedOpen,
+    Disabled,
+    MetricsOnly,
+}
+
+#[derive(Args, Debug)]
+pub struct ReportArgs {
+    #[command(flatten)]
+    server: Server,
+    /// The permit from an admitted acquire.
+    permit_id: String,
+    #[arg(long, value_enum)]
+    outcome: OutcomeArg,
+    /// How long the call took (default: the permit's age).
+    #[arg(long, value_parser = super::parse_duration)]
+    latency: Option<Duration>,
+    /// The resource the permit was issued for (optional).
+    #[arg(long, default_value = "")]
+    resource: String,
+}
+
+#[derive(Copy, Clone, Debug, ValueEnum)]
+enum OutcomeArg {
+    Success,
+    Failure,
+    Ignored,
+}
+
+#[derive(Args, Debug)]
+pub struct LevelArgs {
+    #[command(flatten)]
+    server: Server,
+    /// 0 to 3 to set it, "auto" to return to the automatic level; without it, show it.
+    level: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct WatchArgs {
+    #[command(flatten)]
+    server: Server,
+    /// Only breaker events of these resources.
+    resources: Vec<String>,
+}
+
+fn state_name(n: i32) -> &'static str {
+    pb::BreakerState::try_from(n).map_or("UNKNOWN", |s| s.as_str_name())
+}
+
+fn ago_or_in(t: &Option<prost_types::Timestamp>) -> String {
+    let Some(t) = t else { return "-".into() };
+    let at = std::time::UNIX_EPOCH + Duration::new(t.seconds.max(0) as u64, t.nanos.max(0) as u32);
+    match at.duration_since(std::time::SystemTime::now()) {
+        Ok(d) => format!("in {}", crate::rules::duration::human(d)),
+        Err(e) => format!("{} ago", crate::rules::duration::human(e.duration())),
+    }
+}
+
+pub async fn breakers(args: BreakersArgs) -> anyhow::Result<ExitCode> {
+    let mut admin = pb::admin_client::AdminClient::new(args.server.connect().await?);
+    if let (Some(resource), Some(set)) = (&args.resource, args.set) {
+        let state = match set {
+            SetState::Closed => pb::BreakerState::Closed,
+            SetState::ForcedOpen => pb::BreakerState::ForcedOpen,
+            SetState::Disabled => pb::BreakerState::Disabled,
+            SetState::MetricsOnly => pb::BreakerState::MetricsOnly,
+        };
+        let req = pb::SetBreakerStateRequest { resource: resource.clone(), state: state as i32 };
+        admin.set_breaker_state(req).await.map_err(status_error)?;
+    }
+    let infos = match &args.resource {
+        Some(resource) => {
+            let req = pb::GetBreakerRequest { resource: resource.clone() };
+            vec![admin.get_breaker(req).await.map_err(status_error)?.into_inner()]
+        }
+        None => admin.list_breakers(pb::ListBreakersRequest {}).await.map_err(status_error)?.into_inner().breakers,
+    };
+    println!(
+        "{:<28} {:<12} {:>6} {:>8} {:>7} {:>7} {:>8} {:>7}  NEXT PROBE",
+        "RESOURCE", "STATE", "CALLS", "FAILURES", "FAIL%", "SLOW%", "REJECTED", "PROBES"
+    );
+    for b in &infos {
+        println!(
+            "{:<28} {:<12} {:>6} {:>8} {:>6.1}% {:>6.1}% {:>8} {:>3}/{:<3}  {}",
+            b.resource,
+            state_name(b.state),
+            b.calls,
+            b.failures,
+            b.failure_rate * 100.0,
+            b.slow_call_rate * 100.0,
+            b.not_permitted,
+            b.probes_in_flight,
+            b.probes_in_flight + b.probes_remaining,
+            ago_or_in(&b.next_probe_at),
+        );
+    }
+    if infos.is_empty() {
+        println!("(no breaker has been used yet)");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn report(args: ReportArgs) -> anyhow::Result<ExitCode> {
+    let mut client = pb::floodgate_client::FloodgateClient::new(args.server.connect().await?);
+    let outcome = match args.outcome {
+        OutcomeArg::Success => pb::Outcome::Success,
+        OutcomeArg::Failure => pb::Outcome::Failure,
+        OutcomeArg::Ignored => pb::Outcome::Ignored,
+    };
+    let req = pb::ReportOutcomeRequest {
+        resource: args.resource,
+        permit_id: args.permit_id,
+        outcome: outcome as i32,
+        latency: args.latency.and_then(crate::grpc::convert::duration),
+    };
+    let r = client.report_outcome(req).await.map_err(status_error)?.into_inner();
+    let state = if r.breaker_state == 0 { String::new() } else { format!(", breaker {}", state_name(r.breaker_state)) };
+    println!("{}{state}", if r.counted { "counted" } else { "not counted: the permit is unknown or expired" });
+    Ok(if r.counted { ExitCode::SUCCESS } else { ExitCode::from(3) })
+}
+
+pub async fn level(args: LevelArgs) -> anyhow::Result<ExitCode> {
+    let mut admin = pb::admin_client::AdminClient::new(args.server.connect().await?);
+    let req = match args.level.as_deref() {
+        None => None,
+        Some("auto") => Some(pb::SetDegradationLevelRequest { level: 0, automatic: true }),
+        Some(n) => Some(pb::SetDegradationLevelRequest {
+            level: n.parse().map_err(|_| anyhow::anyhow!("'{n}' is not a level: use 0 to 3 or auto"))?,
+            automatic: false,
+        }),
+    };
+    match req {
+        Some(req) => {
+            let r = admin.set_degradation_level(req).await.map_err(status_error)?.into_inner();
+            let how = if r.manual { "manual" } else { "automatic" };
+            println!("degradation level {} ({how}; automatic level {})", r.level, r.automatic_level);
+        }
+        None => {
+            let mut client = pb::floodgate_client::FloodgateClient::new(args.server.connect().await?);
+            let mut stream = client.watch(pb::WatchRequest::default()).await.map_err(status_error)?.into_inner();
+            if let Some(pb::WatchEvent { event: Some(pb::watch_event::Event::Snapshot(s)), .. }) =
+                stream.message().await?
+            {
+                let how = if s.degradation_override { "manual" } else { "automatic" };
+                println!("degradation level {} ({how})", s.degradation_level);
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn watch(args: WatchArgs) -> anyhow::Result<ExitCode> {
+    use pb::watch_event::Event;
+    let mut client = pb::floodgate_client::FloodgateClient::new(args.server.connect().await?);
+    let req = pb::WatchRequest { resources: args.resources };
+    let mut stream = client.watch(req).await.map_err(status_error)?.into_inner();
+    while let Some(e) = stream.message().await.map_err(status_error)? {
+        let line = match e.event {
+            Some(Event::Snapshot(s)) => {
+                let breakers: Vec<_> =
+                    s.breakers.iter().map(|b| format!("{}={}", b.resource, state_name(b.state))).collect();
+                format!(
+                    "snapshot{}: level {}, rules v{}, breakers [{}]",
+                    if s.resync { " (resync)" } else { "" },
+                    s.degradation_level,
+                    s.rules_version,
+                    breakers.join(", ")
+                )
+            }
+            Some(Event::Breaker(t)) => format!(
+                "breaker {}: {} -> {} ({}){}",
+                t.resource,
+                state_name(t.from),
+                state_name(t.to),
+                t.reason,
+                t.next_probe_at
+                    .as_ref()
+                    .map(|_| format!(", next probe {}", ago_or_in(&t.next_probe_at)))
+                    .unwrap_or_default()
+            ),
+            Some(Event::Degradation(d)) => {
+                format!("degradation level {} -> {}{}", d.from, d.to, if d.manual { " (manual)" } else { "" })
+            }
+            Some(Event::Rules(r)) => format!("rules v{} from {}", r.version, r.source),
+            None => continue,
+        };
+        println!("#{} {line}", e.sequence);
+    }
+    Ok(ExitCode::SUCCESS)
+}

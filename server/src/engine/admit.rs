@@ -1,0 +1,174 @@
+//! The guards before the limits: shedding, the circuit breaker and the
+//! concurrency limit. What they hand out is undone if a later check denies.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::Engine;
+use super::decide::Verdict;
+use super::guard::Guarded;
+use super::permits::Permit;
+use crate::breaker::{Admission, State};
+use crate::events::Event;
+use crate::rules::{Rule, duration};
+use crate::time::Timestamp;
+
+/// A permit's time to live when the rule sets none (no concurrency limit).
+pub const DEFAULT_PERMIT_TTL: Duration = Duration::from_secs(60);
+
+/// What the guards handed out for one call.
+#[derive(Debug)]
+pub struct Admitted {
+    guarded: Arc<Guarded>,
+    /// The breaker's generation, and whether this call is a probe.
+    breaker: Option<(u64, bool)>,
+    holds_slot: bool,
+    pub breaker_state: Option<State>,
+}
+
+/// A denial before the limits were looked at.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Denial {
+    Shed { at: u32, level: u32 },
+    CircuitOpen { resource: String, state: State, retry_after: Duration },
+    Concurrency { resource: String, max: u32 },
+}
+
+impl Denial {
+    pub fn verdict(&self) -> Verdict {
+        match self {
+            Denial::Shed { .. } => Verdict::Shed,
+            Denial::CircuitOpen { .. } => Verdict::CircuitOpen,
+            Denial::Concurrency { .. } => Verdict::ConcurrencyLimited,
+        }
+    }
+
+    pub fn retry_after(&self) -> Duration {
+        match self {
+            Denial::CircuitOpen { retry_after, .. } => *retry_after,
+            _ => Duration::ZERO,
+        }
+    }
+
+    pub fn breaker_state(&self) -> Option<State> {
+        match self {
+            Denial::CircuitOpen { state, .. } => Some(*state),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Denial {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Denial::Shed { at, level } => {
+                write!(f, "shed: degradation level is {level}, this resource is shed at {at}")
+            }
+            Denial::CircuitOpen { resource, state: State::HalfOpen, retry_after } => write!(
+                f,
+                "circuit breaker of '{resource}' is HALF_OPEN with every probe in flight, retry in {}",
+                duration::human(*retry_after)
+            ),
+            Denial::CircuitOpen { resource, state: State::Open, retry_after } => {
+                write!(f, "circuit breaker of '{resource}' is OPEN, next probe in {}", duration::human(*retry_after))
+            }
+            Denial::CircuitOpen { resource, state, .. } => {
+                write!(f, "circuit breaker of '{resource}' is {}", state.name())
+            }
+            Denial::Concurrency { resource, max } => {
+                write!(f, "concurrency limit of '{resource}' reached: {max} calls in flight")
+            }
+        }
+    }
+}
+
+impl Engine {
+    /// Runs the guards of `rule` for `resource`; on a dry run, only asks.
+    pub(super) fn admit(
+        &self,
+        rule: &Rule,
+        resource: &str,
+        level: u32,
+        now: Timestamp,
+        dry_run: bool,
+    ) -> Result<Admitted, Denial> {
+        if let Some(at) = rule.shed_at_level.filter(|&at| level >= at) {
+            return Err(Denial::Shed { at, level });
+        }
+        let guarded = self.guards.get_or_create(resource);
+        guarded.touch(now);
+        let (breaker, breaker_state) = match &rule.breaker {
+            Some(cfg) => {
+                let mut slot = guarded.breaker(Some(cfg));
+                let b = slot.as_mut().expect("a breaker was just configured");
+                let closed = |state, retry_after| Denial::CircuitOpen { resource: resource.into(), state, retry_after };
+                if dry_run {
+                    if !b.would_permit(cfg, now) {
+                        return Err(closed(b.state(), b.retry_after(cfg, now)));
+                    }
+                    (None, Some(b.state()))
+                } else {
+                    let (admission, transition) = b.acquire(cfg, now);
+                    let state = b.state();
+                    drop(slot);
+                    if let Some(transition) = transition {
+                        self.events.publish(Event::Breaker { resource: resource.into(), transition });
+                    }
+                    match admission {
+                        Admission::Permitted { generation, probe } => (Some((generation, probe)), Some(state)),
+                        Admission::Rejected { state, retry_after } => return Err(closed(state, retry_after)),
+                    }
+                }
+            }
+            None => (None, None),
+        };
+        let mut admitted = Admitted { guarded, breaker, holds_slot: false, breaker_state };
+        if let Some(c) = &rule.concurrency {
+            let full = if dry_run {
+                admitted.guarded.in_flight.load(std::sync::atomic::Ordering::Acquire) >= c.max_in_flight
+            } else {
+                !admitted.guarded.try_take_slot(c.max_in_flight)
+            };
+            if full {
+                self.undo(admitted);
+                return Err(Denial::Concurrency { resource: resource.into(), max: c.max_in_flight });
+            }
+            admitted.holds_slot = !dry_run;
+        }
+        Ok(admitted)
+    }
+
+    /// Gives back what the guards handed out for a call that does not go ahead.
+    pub(super) fn undo(&self, a: Admitted) {
+        if a.holds_slot {
+            a.guarded.release_slot();
+        }
+        if let (Some((generation, probe)), Some(b)) = (a.breaker, a.guarded.current_breaker().as_mut()) {
+            b.release(generation, probe);
+        }
+    }
+
+    /// A permit for an admitted call, expiring after the rule's `permit_ttl`
+    /// (a probe's, after `max_wait_in_half_open` at the latest).
+    pub(super) fn issue_permit(&self, rule: &Rule, resource: String, a: Admitted, now: Timestamp) -> String {
+        let mut ttl = rule.concurrency.map_or(DEFAULT_PERMIT_TTL, |c| c.permit_ttl);
+        if let (Some((_, true)), Some(cfg)) = (a.breaker, &rule.breaker) {
+            ttl = ttl.min(cfg.max_wait_in_half_open);
+        }
+        self.permits.issue(Permit {
+            resource,
+            guarded: a.guarded,
+            issued_at: now,
+            expires_at: now.saturating_add(ttl),
+            breaker: a.breaker,
+            holds_slot: a.holds_slot,
+        })
+    }
+
+    /// The state of a resource's breaker, if its rule has one.
+    pub(super) fn breaker_state(&self, rule: &Rule, resource: &str) -> Option<State> {
+        rule.breaker.as_ref()?;
+        Some(self.guards.get(resource)?.current_breaker().as_ref().map_or(State::Closed, |b| b.state()))
+    }
+}

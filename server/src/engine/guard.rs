@@ -1,0 +1,91 @@
+//! Per-resource state beside the buckets: the circuit breaker and the count of
+//! calls in flight. Created on first use; idle ones are forgotten.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use dashmap::DashMap;
+
+use crate::breaker::Breaker;
+use crate::rules::BreakerConfig;
+use crate::time::Timestamp;
+
+/// A closed breaker untouched this long is forgotten (its history with it).
+pub const IDLE_TTL: Duration = Duration::from_secs(600);
+
+#[derive(Debug, Default)]
+pub struct Guarded {
+    breaker: Mutex<Option<Breaker>>,
+    pub in_flight: AtomicU32,
+    /// Nanoseconds since the epoch of the last acquire or report.
+    touched: AtomicU64,
+}
+
+#[derive(Default)]
+pub struct Guards {
+    map: DashMap<String, Arc<Guarded>, ahash::RandomState>,
+}
+
+impl Guarded {
+    /// The breaker, made or reconfigured for `cfg`; `None` when the rule has none.
+    pub fn breaker(&self, cfg: Option<&BreakerConfig>) -> MutexGuard<'_, Option<Breaker>> {
+        let mut slot = self.breaker.lock().unwrap_or_else(|e| e.into_inner());
+        match (cfg, slot.as_mut()) {
+            (None, _) => *slot = None,
+            (Some(cfg), Some(b)) => b.reconfigure(cfg),
+            (Some(cfg), None) => *slot = Some(Breaker::new(cfg)),
+        }
+        slot
+    }
+
+    /// The breaker as it is, without reconfiguring.
+    pub fn current_breaker(&self) -> MutexGuard<'_, Option<Breaker>> {
+        self.breaker.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn touch(&self, now: Timestamp) {
+        self.touched.store(now.as_nanos(), Ordering::Relaxed);
+    }
+
+    /// Takes a concurrency slot if fewer than `max` are held.
+    pub fn try_take_slot(&self, max: u32) -> bool {
+        self.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)).is_ok()
+    }
+
+    pub fn release_slot(&self) {
+        let _ = self.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    }
+
+    fn idle(&self, now: Timestamp) -> bool {
+        let quiet = now.saturating_since(Timestamp::from_nanos(self.touched.load(Ordering::Relaxed)))
+            >= crate::time::duration_nanos(IDLE_TTL);
+        let closed = self.current_breaker().as_ref().is_none_or(|b| b.state() == crate::breaker::State::Closed);
+        quiet && closed && self.in_flight.load(Ordering::Acquire) == 0
+    }
+}
+
+impl Guards {
+    pub fn get_or_create(&self, resource: &str) -> Arc<Guarded> {
+        if let Some(g) = self.map.get(resource) {
+            return g.clone();
+        }
+        self.map.entry(resource.to_string()).or_default().clone()
+    }
+
+    pub fn get(&self, resource: &str) -> Option<Arc<Guarded>> {
+        self.map.get(resource).map(|g| g.clone())
+    }
+
+    /// Every guarded resource, sorted by name.
+    pub fn all(&self) -> Vec<(String, Arc<Guarded>)> {
+        let mut all: Vec<_> = self.map.iter().map(|e| (e.key().clone(), e.value().clone())).collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+
+    /// Forgets idle resources that no permit refers to.
+    pub fn sweep(&self, now: Timestamp) {
+        self.map.retain(|_, g| Arc::strong_count(g) > 1 || !g.idle(now));
+    }
+}

@@ -1,0 +1,219 @@
+//! After the call: outcomes, permit expiry, time-driven transitions, and the
+//! operator's controls over breakers and the degradation level.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::permits::Permit;
+use super::request::RequestError;
+use super::{Engine, Installed};
+use crate::breaker::{Info, Outcome, State};
+use crate::degradation::LevelChange;
+use crate::events::Event;
+use crate::rules::BreakerConfig;
+use crate::time::Timestamp;
+
+/// The answer to one ReportOutcome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reported {
+    /// False for an expired or unknown permit.
+    pub counted: bool,
+    pub breaker_state: Option<State>,
+}
+
+/// Every breaker, the level and the rules version at one moment.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    pub breakers: Vec<(String, Info)>,
+    pub level: Level,
+    pub rules_version: u64,
+}
+
+/// The degradation level in force and how it is set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Level {
+    pub level: u32,
+    pub manual: bool,
+    pub automatic: u32,
+}
+
+impl Engine {
+    /// Takes a permit back with the call's outcome. `resource` may be empty; if
+    /// given it must be the permit's. `latency` defaults to the permit's age.
+    pub fn report(
+        &self,
+        rules: &Installed,
+        resource: &str,
+        permit_id: &str,
+        outcome: Outcome,
+        latency: Option<Duration>,
+    ) -> Result<Reported, RequestError> {
+        let Some(permit) = self.permits.take(permit_id, resource)? else {
+            outcome_counter(rules, resource, outcome, "unknown");
+            return Ok(Reported { counted: false, breaker_state: self.current_state(rules, resource) });
+        };
+        let now = self.clock.now();
+        if permit.expires_at <= now {
+            outcome_counter(rules, &permit.resource, outcome, "expired");
+            let state = self.current_state(rules, &permit.resource);
+            self.release(permit);
+            return Ok(Reported { counted: false, breaker_state: state });
+        }
+        permit.guarded.touch(now);
+        let latency = latency.unwrap_or_else(|| Duration::from_nanos(now.saturating_since(permit.issued_at)));
+        let cfg = rules.rules.find(&permit.resource).and_then(|r| r.breaker.as_ref());
+        let state = match (permit.breaker, cfg) {
+            (Some((generation, _)), Some(cfg)) => self.record(&permit, cfg, now, generation, outcome, latency),
+            _ => None,
+        };
+        outcome_counter(rules, &permit.resource, outcome, "counted");
+        self.release(permit);
+        Ok(Reported { counted: true, breaker_state: state })
+    }
+
+    fn record(
+        &self,
+        permit: &Permit,
+        cfg: &BreakerConfig,
+        now: Timestamp,
+        generation: u64,
+        outcome: Outcome,
+        latency: Duration,
+    ) -> Option<State> {
+        let mut slot = permit.guarded.breaker(Some(cfg));
+        let b = slot.as_mut()?;
+        let (call, transition) = b.report(cfg, now, generation, outcome, latency);
+        let state = b.state();
+        drop(slot);
+        if let Some(call) = call {
+            self.degradation().record(now, call);
+        }
+        if let Some(transition) = transition {
+            self.events.publish(Event::Breaker { resource: permit.resource.clone(), transition });
+        }
+        Some(state)
+    }
+
+    fn release(&self, permit: Permit) {
+        if permit.holds_slot {
+            permit.guarded.release_slot();
+        }
+    }
+
+    fn current_state(&self, rules: &Installed, resource: &str) -> Option<State> {
+        let rule = rules.rules.find(resource)?;
+        self.breaker_state(rule, resource)
+    }
+
+    /// Time-driven work, run every few hundred milliseconds: expire permits,
+    /// reopen breakers whose probes did not report, re-evaluate the level.
+    pub fn tick(&self) {
+        let now = self.clock.now();
+        for permit in self.permits.expire(now) {
+            metrics::counter!(crate::metrics::PERMITS_EXPIRED).increment(1);
+            self.release(permit);
+        }
+        let rules = self.rules();
+        for (resource, guarded) in self.guards.all() {
+            let Some(cfg) = rules.rules.find(&resource).and_then(|r| r.breaker.as_ref()) else { continue };
+            let transition = guarded.current_breaker().as_mut().and_then(|b| b.tick(cfg, now));
+            if let Some(transition) = transition {
+                self.events.publish(Event::Breaker { resource, transition });
+            }
+        }
+        let change = self.degradation().evaluate(now);
+        self.level_changed(change);
+        self.guards.sweep(now);
+    }
+
+    /// What a Watch stream starts with.
+    pub fn snapshot(&self) -> Snapshot {
+        let rules = self.rules();
+        Snapshot { breakers: self.breakers(&rules), level: self.level(), rules_version: rules.version }
+    }
+
+    /// Every breaker in use, by resource.
+    pub fn breakers(&self, rules: &Installed) -> Vec<(String, Info)> {
+        let now = self.clock.now();
+        self.guards
+            .all()
+            .into_iter()
+            .filter_map(|(resource, g)| {
+                let cfg = rules.rules.find(&resource)?.breaker.as_ref()?;
+                let info = g.breaker(Some(cfg)).as_mut()?.info(cfg, now);
+                Some((resource, info))
+            })
+            .collect()
+    }
+
+    /// One resource's breaker; an error when its rule has none.
+    pub fn breaker(&self, rules: &Installed, resource: &str) -> Result<Info, RequestError> {
+        let cfg = breaker_config(rules, resource)?;
+        let guarded = self.guards.get_or_create(resource);
+        let mut slot = guarded.breaker(Some(cfg));
+        Ok(slot.as_mut().expect("configured").info(cfg, self.clock.now()))
+    }
+
+    /// CLOSED (reset), FORCED_OPEN, DISABLED or METRICS_ONLY.
+    pub fn set_breaker(&self, rules: &Installed, resource: &str, to: State) -> Result<Info, RequestError> {
+        if matches!(to, State::Open | State::HalfOpen) {
+            return Err(RequestError::BadBreakerState(to.name()));
+        }
+        let cfg = breaker_config(rules, resource)?;
+        let now = self.clock.now();
+        let guarded = self.guards.get_or_create(resource);
+        guarded.touch(now);
+        let mut slot = guarded.breaker(Some(cfg));
+        let b = slot.as_mut().expect("configured");
+        let transition = b.force(cfg, now, to);
+        let info = b.info(cfg, now);
+        drop(slot);
+        if let Some(transition) = transition {
+            self.events.publish(Event::Breaker { resource: resource.into(), transition });
+        }
+        Ok(info)
+    }
+
+    /// An operator's level, or `None` for automatic.
+    pub fn set_degradation(&self, level: Option<u32>) -> Level {
+        let change = self.degradation().set_manual(level);
+        self.level_changed(change);
+        self.level()
+    }
+
+    pub fn level(&self) -> Level {
+        let d = self.degradation();
+        Level { level: d.level(), manual: d.manual().is_some(), automatic: d.automatic() }
+    }
+
+    /// The level for the hot path: one atomic load.
+    pub fn degradation_level(&self) -> u32 {
+        self.level.load(Ordering::Relaxed)
+    }
+
+    fn level_changed(&self, change: Option<LevelChange>) {
+        if let Some(change) = change {
+            self.level.store(change.to, Ordering::Relaxed);
+            self.events.publish(Event::Degradation(change));
+        }
+    }
+}
+
+/// One reported outcome: `result` is counted, unknown or expired.
+fn outcome_counter(rules: &Installed, resource: &str, outcome: Outcome, result: &'static str) {
+    let rule = rules.rules.find(resource).map_or(crate::metrics::UNMATCHED.to_string(), |r| r.name.clone());
+    let outcome = match outcome {
+        Outcome::Success => "SUCCESS",
+        Outcome::Failure => "FAILURE",
+        Outcome::Ignored => "IGNORED",
+    };
+    metrics::counter!(crate::metrics::OUTCOMES, "resource" => rule, "outcome" => outcome, "result" => result)
+        .increment(1);
+}
+
+fn breaker_config<'r>(rules: &'r Installed, resource: &str) -> Result<&'r BreakerConfig, RequestError> {
+    request::check_name("resource", resource, false)?;
+    rules.rules.find(resource).and_then(|r| r.breaker.as_ref()).ok_or_else(|| RequestError::NoBreaker(resource.into()))
+}
+
+use super::request;

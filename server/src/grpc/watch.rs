@@ -1,0 +1,174 @@
+//! Watch: a snapshot first, then every event in order. Each stream reads the
+//! broadcast through its own task and a small bounded channel: a subscriber
+//! that stops reading fills its channel, its task falls behind the broadcast,
+//! loses events, and on waking sends a fresh snapshot (`resync`). Publishers
+//! never wait for anyone.
+
+use std::collections::HashSet;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use floodgate_proto::v1 as pb;
+use pb::watch_event::Event as Kind;
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::mpsc;
+use tokio_stream::Stream;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Status;
+
+use super::convert;
+use crate::engine::Engine;
+use crate::events::Event;
+
+pub type EventStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Status>> + Send>>;
+
+/// Events buffered per subscriber before it counts as slow.
+const BUFFER: usize = 64;
+
+pub fn stream(engine: Arc<Engine>, resources: Vec<String>) -> EventStream {
+    let (tx, rx) = mpsc::channel(BUFFER);
+    let mut events = engine.events().subscribe();
+    let only: HashSet<String> = resources.into_iter().collect();
+    tokio::spawn(async move {
+        let mut seq = 0u64;
+        let mut send = |kind: Kind| {
+            seq += 1;
+            let event = pb::WatchEvent {
+                sequence: seq,
+                at: Some(convert::timestamp(std::time::SystemTime::now())),
+                event: Some(kind),
+            };
+            let tx = tx.clone();
+            async move { tx.send(Ok(event)).await.is_ok() }
+        };
+        if !send(snapshot(&engine, &only, false)).await {
+            return;
+        }
+        loop {
+            let kind = match events.recv().await {
+                Ok(event) => match kind(&event, &only) {
+                    Some(k) => k,
+                    None => continue,
+                },
+                Err(RecvError::Lagged(missed)) => {
+                    tracing::debug!(missed, "a Watch subscriber fell behind: sending a fresh snapshot");
+                    snapshot(&engine, &only, true)
+                }
+                Err(RecvError::Closed) => return,
+            };
+            if !send(kind).await {
+                return;
+            }
+        }
+    });
+    Box::pin(ReceiverStream::new(rx))
+}
+
+fn snapshot(engine: &Engine, only: &HashSet<String>, resync: bool) -> Kind {
+    let s = engine.snapshot();
+    let breakers = s
+        .breakers
+        .into_iter()
+        .filter(|(r, _)| only.is_empty() || only.contains(r))
+        .map(|(resource, info)| pb::BreakerSummary {
+            resource,
+            state: convert::breaker_state(info.state) as i32,
+            next_probe_at: info.next_probe_at.map(convert::instant),
+        })
+        .collect();
+    Kind::Snapshot(pb::Snapshot {
+        breakers,
+        degradation_level: s.level.level,
+        degradation_override: s.level.manual,
+        rules_version: s.rules_version,
+        resync,
+    })
+}
+
+fn kind(event: &Event, only: &HashSet<String>) -> Option<Kind> {
+    Some(match event {
+        Event::Breaker { resource, transition: t } => {
+            if !only.is_empty() && !only.contains(resource) {
+                return None;
+            }
+            Kind::Breaker(pb::BreakerTransition {
+                resource: resource.clone(),
+                from: convert::breaker_state(t.from) as i32,
+                to: convert::breaker_state(t.to) as i32,
+                reason: t.reason.clone(),
+                next_probe_at: t.next_probe_at.map(convert::instant),
+            })
+        }
+        Event::Degradation(c) => Kind::Degradation(pb::DegradationChange { from: c.from, to: c.to, manual: c.manual }),
+        Event::Rules { version, source } => {
+            Kind::Rules(pb::RulesReloaded { version: *version, source: source.clone() })
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tokio_stream::StreamExt;
+
+    use super::*;
+    use crate::engine::EngineConfig;
+    use crate::time::SystemClock;
+
+    fn engine() -> Arc<Engine> {
+        let e = Engine::new(EngineConfig { max_keys: 1000 }, Arc::new(SystemClock::new()));
+        let rules = crate::rules::RuleSet::from_yaml("resources: []", "t").unwrap();
+        e.install(rules, String::new(), "test".into());
+        Arc::new(e)
+    }
+
+    fn rules_event(version: u64) -> Event {
+        Event::Rules { version, source: "test".into() }
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_first_then_events_in_order() {
+        let engine = engine();
+        let mut stream = stream(engine.clone(), Vec::new());
+        let first = stream.next().await.unwrap().unwrap();
+        assert!(matches!(first.event, Some(Kind::Snapshot(pb::Snapshot { resync: false, rules_version: 1, .. }))));
+        for v in 2..=4 {
+            engine.events().publish(rules_event(v));
+        }
+        for (seq, v) in (2..=4).zip(2..=4) {
+            let e = stream.next().await.unwrap().unwrap();
+            assert_eq!(e.sequence, seq);
+            assert!(matches!(e.event, Some(Kind::Rules(pb::RulesReloaded { version, .. })) if version == v));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_subscriber_that_falls_behind_gets_a_fresh_snapshot() {
+        let engine = engine();
+        let mut stream = stream(engine.clone(), Vec::new());
+        stream.next().await.unwrap().unwrap();
+        // Nobody reads: the forwarding task fills its buffer and the broadcast
+        // runs past it. Publishing never waits.
+        let total = crate::events::CAPACITY as u64 * 3;
+        for v in 0..total {
+            engine.events().publish(rules_event(v));
+            if v % 256 == 0 {
+                tokio::task::yield_now().await;
+            }
+        }
+        let mut resync = None;
+        let mut seq = 1;
+        while let Ok(Some(e)) = tokio::time::timeout(std::time::Duration::from_millis(500), stream.next()).await {
+            let e = e.unwrap();
+            seq += 1;
+            assert_eq!(e.sequence, seq, "sequence numbers stay consecutive");
+            if let Some(Kind::Snapshot(s)) = e.event {
+                assert!(s.resync);
+                resync = Some(seq);
+            }
+        }
+        assert!(resync.is_some(), "no resync snapshot in {seq} events");
+        assert!(seq < total, "events were dropped rather than buffered without bound");
+    }
+}
