@@ -6,13 +6,13 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use super::admit::Denial;
+use super::admit::{Admitted, Denial};
 use super::request::{self, Descriptors, Request, RequestError};
 use super::{Engine, Installed};
 use crate::breaker;
 use crate::limiter::{Decision, Status};
 use crate::metrics::RuleMetrics;
-use crate::rules::{Limit, Rule, duration};
+use crate::rules::{Limit, OnRedisError, Rule, SyncMode, duration};
 use crate::store::BucketKey;
 use crate::time::Timestamp;
 
@@ -63,9 +63,63 @@ pub struct Prepared<'r> {
     rule: Option<(&'r Rule, &'r RuleMetrics)>,
     /// The resource, kept when the rule guards it (breaker or concurrency).
     resource: Option<String>,
+    /// The resource when replication needs it (a hash tag); else empty.
+    request_resource: String,
     matched: Matched<'r>,
     cost: u64,
     dry_run: bool,
+}
+
+/// Where a decision stands between its local part and Redis's.
+pub enum Step<'r> {
+    Done(Answer<'r>),
+    /// Strict limits remain: ask Redis, then call [`Engine::finish`].
+    Remote(Pending<'r>),
+}
+
+/// A decision waiting for Redis's answer on its strict limits.
+#[derive(Debug)]
+pub struct Pending<'r> {
+    answer: Answer<'r>,
+    rule: &'r Rule,
+    metrics: &'r RuleMetrics,
+    resource: Option<String>,
+    request_resource: String,
+    admitted: Option<Admitted>,
+    /// Every matched limit in rule order; the decision is `None` until Redis answers.
+    limits: SmallVec<[(&'r Limit, usize, BucketKey, Option<Decision>); 4]>,
+    cost: u64,
+    dry_run: bool,
+    now: Timestamp,
+    /// The local limits already gave back what they took (one of them denied).
+    given_back: bool,
+}
+
+impl<'r> Pending<'r> {
+    /// The strict limits Redis must decide, in rule order.
+    pub fn strict(&self) -> impl Iterator<Item = (&'r Limit, &BucketKey)> {
+        self.limits.iter().filter(|(.., d)| d.is_none()).map(|(l, _, k, _)| (*l, k))
+    }
+
+    pub fn resource(&self) -> &str {
+        &self.request_resource
+    }
+
+    pub fn cost(&self) -> u64 {
+        self.cost
+    }
+}
+
+/// Reported for a strict limit Redis was not asked about: its size, no state.
+fn not_asked(l: &Limit) -> Decision {
+    Decision { admitted: true, status: Status { limit: l.algorithm.capacity(), ..Status::default() } }
+}
+
+/// Whether Redis decides this limit when replication is on: strict limits,
+/// and sliding logs (an exact log cannot be shared approximately).
+pub fn decided_by_redis(l: &Limit) -> bool {
+    l.sync == SyncMode::Strict
+        || (l.sync == SyncMode::Replicated && matches!(l.algorithm, crate::limiter::Algorithm::SlidingWindowLog(_)))
 }
 
 // === impl Answer ===
@@ -142,74 +196,141 @@ impl Engine {
         }
         let guarded = rule.is_some_and(|(r, _)| r.breaker.is_some() || r.concurrency.is_some());
         let resource = guarded.then(|| req.resource.to_string());
-        Ok(Prepared { rule, resource, matched, cost, dry_run: req.dry_run })
+        let request_resource = if self.replica.enabled() { req.resource.to_string() } else { String::new() };
+        Ok(Prepared { rule, resource, request_resource, matched, cost, dry_run: req.dry_run })
     }
 
-    /// Decides a prepared request at `now`.
+    /// Decides a prepared request at `now`, entirely in this process: strict
+    /// limits, if any, follow their `on_redis_error`.
     pub fn decide<'r>(&self, p: Prepared<'r>, now: Timestamp) -> Answer<'r> {
+        match self.begin(p, now) {
+            Step::Done(answer) => answer,
+            Step::Remote(pending) => self.finish(pending, None),
+        }
+    }
+
+    /// Runs the guards and every limit decided here. When strict limits remain
+    /// (replication on, Redis up), the caller asks Redis and calls `finish`.
+    pub fn begin<'r>(&self, p: Prepared<'r>, now: Timestamp) -> Step<'r> {
         let level = self.degradation_level();
         let Some((rule, metrics)) = p.rule else {
             let answer = Answer::allowed(level);
             if !p.dry_run {
                 self.unmatched.record(&answer);
             }
-            return answer;
+            return Step::Done(answer);
         };
-        let answer = self.decide_rule(rule, &p, level, now);
-        if !p.dry_run {
-            metrics.record(&answer);
+        let mut pending = Pending {
+            answer: Answer { rule: Some(&rule.name), ..Answer::allowed(level) },
+            rule,
+            metrics,
+            admitted: None,
+            limits: SmallVec::new(),
+            cost: p.cost,
+            dry_run: p.dry_run,
+            now,
+            resource: p.resource,
+            request_resource: p.request_resource,
+            given_back: false,
+        };
+        if let Some(denied) = self.guard(&mut pending, level) {
+            return Step::Done(self.done(pending, denied));
         }
-        answer
+        let remote_on = self.replica.up() && !p.dry_run;
+        let (remote, local): (Matched<'r>, Matched<'r>) =
+            p.matched.into_iter().partition(|(l, _, _)| remote_on && decided_by_redis(l));
+        let decisions = if p.dry_run {
+            local.iter().map(|(l, _, k)| self.buckets.check(k, &l.algorithm, now, p.cost)).collect()
+        } else {
+            self.take_all_or_nothing(&local, &pending.request_resource, now, p.cost)
+        };
+        let denied = decisions.iter().any(|d| !d.admitted);
+        pending.given_back = denied;
+        pending.limits.extend(local.into_iter().zip(decisions).map(|((l, i, k), d)| (l, i, k, Some(d))));
+        // Denied here: Redis is not asked, and its limits are reported unknown.
+        pending.limits.extend(remote.into_iter().map(|(l, i, k)| (l, i, k, denied.then(|| not_asked(l)))));
+        pending.limits.sort_by_key(|(_, i, _, _)| *i);
+        if denied || pending.limits.iter().all(|(.., d)| d.is_some()) {
+            return Step::Done(self.finish(pending, Some(SmallVec::new())));
+        }
+        Step::Remote(pending)
     }
 
-    fn decide_rule<'r>(&self, rule: &'r Rule, p: &Prepared<'r>, level: u32, now: Timestamp) -> Answer<'r> {
-        let mut answer = Answer { rule: Some(&rule.name), ..Answer::allowed(level) };
-        let admitted = match &p.resource {
-            Some(resource) => match self.admit(rule, resource, level, now, p.dry_run) {
-                Ok(a) => Some(a),
-                Err(denial) => {
-                    answer.verdict = denial.verdict();
-                    answer.retry_after = denial.retry_after();
-                    answer.breaker_state = denial.breaker_state();
-                    answer.denial = Some(denial);
-                    return answer;
-                }
-            },
-            None => match rule.shed_at_level.filter(|&at| level >= at) {
-                Some(at) => {
-                    answer.verdict = Verdict::Shed;
-                    answer.denial = Some(Denial::Shed { at, level });
-                    return answer;
-                }
-                None => None,
-            },
+    /// Completes a decision with Redis's answers for the strict limits, in
+    /// rule order (`None` when Redis could not answer: each strict limit then
+    /// follows its `on_redis_error`). When one denies, everything is given back.
+    pub fn finish<'r>(&self, mut p: Pending<'r>, remote: Option<SmallVec<[Decision; 4]>>) -> Answer<'r> {
+        let strict: Matched<'r> =
+            p.limits.iter().filter(|(.., d)| d.is_none()).map(|(l, i, k, _)| (*l, *i, k.clone())).collect();
+        let from_redis = match remote {
+            Some(d) if d.len() == strict.len() => d,
+            _ => self.without_redis(&strict, p.now, p.cost),
         };
-        let (matched, cost) = (&p.matched, p.cost);
-        let mut decisions = if p.dry_run {
-            matched.iter().map(|(l, _, k)| self.buckets.check(k, &l.algorithm, now, cost)).collect()
-        } else {
-            self.take_all_or_nothing(matched, now, cost)
-        };
-        if decisions.iter().any(|d| !d.admitted) {
-            // Nothing was taken: the limits that would have admitted report
-            // what they hold, not what they would hold after this cost.
-            for ((l, _, k), d) in matched.iter().zip(&mut decisions).filter(|(_, d)| d.admitted) {
-                d.status = self.buckets.check(k, &l.algorithm, now, 0).status;
+        let mut from_redis = from_redis.into_iter();
+        for (.., d) in p.limits.iter_mut().filter(|(.., d)| d.is_none()) {
+            *d = from_redis.next();
+        }
+        let denied = p.limits.iter().any(|(.., d)| d.is_some_and(|d| !d.admitted));
+        if denied {
+            let on_redis = self.replica.up();
+            for (l, _, k, d) in &mut p.limits {
+                let Some(d) = d.as_mut().filter(|d| d.admitted) else { continue };
+                if on_redis && decided_by_redis(l) {
+                    continue;
+                }
+                if !p.dry_run && !p.given_back {
+                    self.buckets.refund(k, &l.algorithm, p.now, p.cost);
+                    self.note_replicated(l, k, &p.request_resource, -(p.cost as i64), p.now);
+                }
+                // Nothing was taken: report what the limit holds now.
+                d.status = self.buckets.check(k, &l.algorithm, p.now, 0).status;
             }
         }
-        fill_limits(&mut answer, matched, &decisions);
-        match admitted {
-            Some(a) if answer.verdict != Verdict::Allowed || p.dry_run => {
-                answer.breaker_state = a.breaker_state;
+        let decisions: SmallVec<[Decision; 4]> =
+            p.limits.iter().map(|(l, .., d)| d.unwrap_or_else(|| not_asked(l))).collect();
+        let matched: Matched<'r> = p.limits.iter().map(|(l, i, k, _)| (*l, *i, k.clone())).collect();
+        fill_limits(&mut p.answer, &matched, &decisions);
+        self.settle(p)
+    }
+
+    /// Hands out the permit, or gives back what the guards handed out.
+    fn settle<'r>(&self, mut p: Pending<'r>) -> Answer<'r> {
+        if let Some(a) = p.admitted.take() {
+            p.answer.breaker_state = a.breaker_state;
+            if p.answer.verdict != Verdict::Allowed || p.dry_run {
                 self.undo(a);
+            } else {
+                let resource = p.resource.clone().unwrap_or_default();
+                p.answer.permit_id = Some(self.issue_permit(p.rule, resource, a, p.now));
             }
-            Some(a) => {
-                answer.breaker_state = a.breaker_state;
-                answer.permit_id = Some(self.issue_permit(rule, p.resource.clone().unwrap_or_default(), a, now));
-            }
-            None => {}
         }
-        answer
+        if !p.dry_run {
+            p.metrics.record(&p.answer);
+        }
+        p.answer
+    }
+
+    fn done<'r>(&self, p: Pending<'r>, denial: Denial) -> Answer<'r> {
+        let mut p = p;
+        p.answer.verdict = denial.verdict();
+        p.answer.retry_after = denial.retry_after();
+        p.answer.breaker_state = denial.breaker_state();
+        p.answer.denial = Some(denial);
+        self.settle(p)
+    }
+
+    /// Shedding, the breaker and the concurrency limit; the denial if any.
+    fn guard(&self, p: &mut Pending<'_>, level: u32) -> Option<Denial> {
+        match &p.resource {
+            Some(resource) => match self.admit(p.rule, resource, level, p.now, p.dry_run) {
+                Ok(a) => {
+                    p.admitted = Some(a);
+                    None
+                }
+                Err(denial) => Some(denial),
+            },
+            None => p.rule.shed_at_level.filter(|&at| level >= at).map(|at| Denial::Shed { at, level }),
+        }
     }
 
     /// The state of a resource's limits for these descriptors, consuming nothing.
@@ -242,7 +363,13 @@ impl Engine {
     /// checked so that the answer still reports every limit. A concurrent
     /// caller may see the taken units for that instant: it can be denied
     /// spuriously, never admitted beyond a limit.
-    fn take_all_or_nothing(&self, matched: &Matched<'_>, now: Timestamp, cost: u64) -> SmallVec<[Decision; 4]> {
+    fn take_all_or_nothing(
+        &self,
+        matched: &Matched<'_>,
+        resource: &str,
+        now: Timestamp,
+        cost: u64,
+    ) -> SmallVec<[Decision; 4]> {
         let mut decisions = SmallVec::new();
         let mut denied = false;
         for (limit, _, key) in matched {
@@ -256,6 +383,55 @@ impl Engine {
                 denied = true;
                 for (l, _, k) in &matched[..decisions.len()] {
                     self.buckets.refund(k, &l.algorithm, now, cost);
+                    self.note_replicated(l, k, resource, -(cost as i64), now);
+                }
+            }
+            if d.admitted && !denied {
+                self.note_replicated(limit, key, resource, cost as i64, now);
+            }
+            decisions.push(d);
+        }
+        decisions
+    }
+
+    /// Keeps count of what a replicated limit took, for the next sync.
+    fn note_replicated(&self, l: &Limit, key: &BucketKey, resource: &str, units: i64, now: Timestamp) {
+        if self.replica.enabled() && l.sync == SyncMode::Replicated {
+            self.note_taken(key, resource, l.id, units, now);
+        }
+    }
+
+    /// Strict limits while Redis cannot answer, all or nothing: `local`
+    /// decides here with the limit divided among the live replicas, `allow`
+    /// admits, `deny` denies.
+    fn without_redis(&self, strict: &Matched<'_>, now: Timestamp, cost: u64) -> SmallVec<[Decision; 4]> {
+        let share = self.replica.share();
+        let mut decisions = SmallVec::new();
+        let mut taken = Vec::new();
+        let mut denied = false;
+        for (l, _, k) in strict {
+            let alg = l.algorithm.scaled(share);
+            let d = match l.on_redis_error {
+                OnRedisError::Allow => {
+                    Decision { admitted: true, status: Status { limit: alg.capacity(), ..Status::default() } }
+                }
+                OnRedisError::Deny => Decision {
+                    admitted: false,
+                    status: Status { limit: alg.capacity(), retry_after: Duration::from_secs(1), ..Status::default() },
+                },
+                OnRedisError::Local if denied => self.buckets.check(k, &alg, now, cost),
+                OnRedisError::Local => {
+                    let d = self.buckets.acquire(k.clone(), &alg, now, cost);
+                    if d.admitted {
+                        taken.push((k, alg));
+                    }
+                    d
+                }
+            };
+            if !d.admitted && !denied {
+                denied = true;
+                for (k, alg) in &taken {
+                    self.buckets.refund(k, alg, now, cost);
                 }
             }
             decisions.push(d);

@@ -21,11 +21,13 @@ mod admit;
 mod decide;
 mod guard;
 mod permits;
+mod replica;
 mod report;
 pub mod request;
 
 pub use admit::{DEFAULT_PERMIT_TTL, Denial};
-pub use decide::{Answer, LimitReport, Prepared, Verdict};
+pub use decide::{Answer, LimitReport, Pending, Prepared, Step, Verdict, decided_by_redis};
+pub use replica::{Dirty, ReplicaView, SyncItem};
 pub use report::{Level, Reported, Snapshot};
 pub use request::{Descriptors, Request, RequestError};
 
@@ -54,6 +56,8 @@ pub struct Engine {
     degradation: Mutex<Degradation>,
     /// The degradation level in force, for the hot path.
     level: AtomicU32,
+    replica: ReplicaView,
+    dirty: replica::DirtyMap,
     /// Decision counters of requests no rule matched.
     unmatched: RuleMetrics,
     buckets: Buckets,
@@ -98,6 +102,8 @@ impl Engine {
             events: Events::default(),
             degradation: Mutex::new(Degradation::default()),
             level: AtomicU32::new(0),
+            replica: ReplicaView::default(),
+            dirty: replica::DirtyMap::default(),
             unmatched: RuleMetrics::unmatched(),
             buckets: Buckets::new(config.max_keys),
             clock,

@@ -29,6 +29,10 @@ impl Config {
 }
 
 impl FixedWindow {
+    pub fn with_count(start: Timestamp, count: u64) -> Self {
+        FixedWindow { start, count }
+    }
+
     /// The window in force at `now` and its count. A stored window later than
     /// `now` (a replica whose clock runs ahead) is kept: it never under-counts.
     fn current(&self, cfg: &Config, now: Timestamp) -> (Timestamp, u64) {

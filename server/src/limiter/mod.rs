@@ -84,6 +84,16 @@ pub enum Algorithm {
     SlidingWindow(sliding_window::Config),
 }
 
+/// One bucket's state as the replicas share it (computed by Redis): the units
+/// takeable now, and for window algorithms the current window's start and counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Shared {
+    pub available: f64,
+    pub window_start: Timestamp,
+    pub prev: u64,
+    pub cur: u64,
+}
+
 /// One key's state, whatever its algorithm. Kept small: it is stored per key.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Bucket {
@@ -136,6 +146,32 @@ impl Algorithm {
         Duration::from_nanos(nanos)
     }
 
+    /// The same limit scaled to `share` of its capacity and rate (at least one
+    /// unit, and the smallest rate): what one of several replicas may spend on
+    /// its own when they cannot coordinate.
+    pub fn scaled(&self, share: f64) -> Algorithm {
+        let units = |n: u64| ((n as f64 * share).floor() as u64).max(1);
+        let rate = |r: rate::Rate| {
+            rate::Rate::per_second(((r.as_f64() * share) * 1000.0).floor().max(1.0) / 1000.0).unwrap_or(r)
+        };
+        match self {
+            Algorithm::TokenBucket(c) => {
+                Algorithm::TokenBucket(token_bucket::Config::new(units(c.capacity), rate(c.refill)))
+            }
+            Algorithm::Gcra(c) => Algorithm::Gcra(gcra::Config::new(rate(c.rate), units(c.burst))),
+            Algorithm::LeakyBucket(c) => {
+                Algorithm::LeakyBucket(leaky_bucket::Config::new(units(c.capacity), rate(c.leak), c.mode))
+            }
+            Algorithm::FixedWindow(c) => Algorithm::FixedWindow(fixed_window::Config::new(units(c.limit), c.window)),
+            Algorithm::SlidingWindowLog(c) => {
+                Algorithm::SlidingWindowLog(sliding_window_log::Config::new(units(c.limit), c.window))
+            }
+            Algorithm::SlidingWindow(c) => {
+                Algorithm::SlidingWindow(sliding_window::Config::new(units(c.limit), c.window))
+            }
+        }
+    }
+
     /// A fresh bucket: the initial state of a key never seen.
     pub fn new_bucket(&self, now: Timestamp) -> Bucket {
         match self {
@@ -180,6 +216,14 @@ impl Bucket {
         dispatch!(self, alg, |s, c| s.check(c, now, cost), alg.new_bucket(now).check(alg, now, cost))
     }
 
+    /// Takes `cost` whether or not it fits (consumption that already happened).
+    pub fn force(&mut self, alg: &Algorithm, now: Timestamp, cost: u64) {
+        if !self.fits(alg) {
+            *self = alg.new_bucket(now);
+        }
+        dispatch!(self, alg, |s, c| s.commit(c, now, cost), ())
+    }
+
     pub fn refund(&mut self, alg: &Algorithm, now: Timestamp, cost: u64) {
         dispatch!(self, alg, |s, c| s.refund(c, now, cost), ())
     }
@@ -192,6 +236,33 @@ impl Bucket {
     /// Back to its initial state: the key can be forgotten without changing any answer.
     pub fn is_idle(&self, alg: &Algorithm, now: Timestamp) -> bool {
         self.status(alg, now).reset_after.is_zero()
+    }
+
+    /// The bucket a replica decides from: its `share` of what the replicas
+    /// have left in common. A sliding log is never shared this way (it is
+    /// decided by Redis, exactly); it starts fresh.
+    pub fn adopt(alg: &Algorithm, now: Timestamp, shared: &Shared, share: f64) -> Bucket {
+        let mine = (shared.available * share).max(0.0);
+        match alg {
+            Algorithm::TokenBucket(c) => Bucket::TokenBucket(TokenBucket::with_tokens(c, now, mine)),
+            Algorithm::Gcra(c) => Bucket::Gcra(Gcra::with_available(c, now, mine)),
+            Algorithm::LeakyBucket(c) => Bucket::LeakyBucket(LeakyBucket::with_room(c, now, mine)),
+            Algorithm::FixedWindow(c) => {
+                let used = c.limit.saturating_sub(mine.floor() as u64);
+                Bucket::FixedWindow(FixedWindow::with_count(shared.window_start, used))
+            }
+            Algorithm::SlidingWindow(c) => {
+                // What the other replicas may still take counts as taken here.
+                let theirs = (shared.available.max(0.0) * (1.0 - share)).ceil() as u64;
+                Bucket::SlidingWindow(SlidingWindow::with_counts(
+                    c,
+                    shared.window_start,
+                    shared.prev,
+                    shared.cur + theirs,
+                ))
+            }
+            Algorithm::SlidingWindowLog(_) => alg.new_bucket(now),
+        }
     }
 
     fn fits(&self, alg: &Algorithm) -> bool {

@@ -38,6 +38,12 @@ impl Config {
 }
 
 impl SlidingWindow {
+    /// The counters of the window starting at `start` (aligned to the epoch).
+    pub fn with_counts(cfg: &Config, start: Timestamp, prev: u64, cur: u64) -> Self {
+        let n = start.as_nanos();
+        SlidingWindow { start: Timestamp::from_nanos(n - n % cfg.window), prev, cur }
+    }
+
     fn view(&self, cfg: &Config, now: Timestamp) -> View {
         let n = now.as_nanos();
         let start = Timestamp::from_nanos(n - n % cfg.window);

@@ -26,6 +26,12 @@ impl Config {
 }
 
 impl TokenBucket {
+    /// A bucket holding `tokens` (a fraction allowed) at `now`.
+    pub fn with_tokens(cfg: &Config, now: Timestamp, tokens: f64) -> Self {
+        let pico = (tokens.clamp(0.0, cfg.capacity as f64) * rate::PICO as f64) as u128;
+        TokenBucket { tokens: Amount::from_pico(pico.min(rate::pico(cfg.capacity))), updated: now }
+    }
+
     /// Tokens held at `now`, in picotokens, never above capacity. A `now` earlier
     /// than the last update (another replica's clock) refills nothing.
     fn tokens_at(&self, cfg: &Config, now: Timestamp) -> u128 {

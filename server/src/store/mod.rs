@@ -75,6 +75,18 @@ impl Buckets {
         decision
     }
 
+    /// Sets a bucket's state (a replica adopting the merged state).
+    pub fn put(&self, key: BucketKey, bucket: Bucket, now: Timestamp) {
+        let created = self.map.insert(key, Slot { bucket, touched: now }).is_none();
+        if created && self.len.fetch_add(1, Ordering::Relaxed) >= self.max_keys {
+            self.evict_least_recently_used();
+        }
+    }
+
+    pub fn contains_key(&self, key: &BucketKey) -> bool {
+        self.map.contains_key(key)
+    }
+
     /// The decision `acquire` would make, changing nothing (not even creating).
     pub fn check(&self, key: &BucketKey, alg: &Algorithm, now: Timestamp, cost: u64) -> Decision {
         match self.map.get(key) {
@@ -149,7 +161,7 @@ impl Buckets {
 
     #[cfg(test)]
     fn contains(&self, key: &BucketKey) -> bool {
-        self.map.contains_key(key)
+        self.contains_key(key)
     }
 }
 

@@ -1,0 +1,122 @@
+//! What the decision core knows of replication: whether it is on, whether Redis
+//! answers, how many replicas share the limits, and which replicated buckets
+//! took units since the last sync. The replication module (the network side)
+//! keeps it current; nothing here touches the network.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
+
+use dashmap::DashMap;
+
+use super::{Engine, Installed};
+use crate::limiter::{Bucket, Shared};
+use crate::rules::LimitId;
+use crate::store::BucketKey;
+use crate::time::Timestamp;
+
+#[derive(Debug, Default)]
+pub struct ReplicaView {
+    enabled: AtomicBool,
+    up: AtomicBool,
+    live: AtomicU32,
+}
+
+/// A replicated bucket's consumption since its last sync.
+#[derive(Clone, Debug)]
+pub struct Dirty {
+    /// The request's resource: the bucket's hash tag in Redis.
+    pub resource: String,
+    pub limit: LimitId,
+    pub delta: u64,
+    pub touched: Timestamp,
+}
+
+/// One bucket to sync.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SyncItem {
+    pub key: BucketKey,
+    pub resource: String,
+    pub limit: LimitId,
+    pub delta: u64,
+}
+
+pub type DirtyMap = DashMap<BucketKey, Dirty, ahash::RandomState>;
+
+impl ReplicaView {
+    pub fn enable(&self) {
+        self.enabled.store(true, Ordering::Release);
+        self.live.store(1, Ordering::Release);
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.enabled.load(Ordering::Acquire)
+    }
+
+    pub fn set_up(&self, up: bool) {
+        self.up.store(up, Ordering::Release);
+    }
+
+    /// Replication is on and Redis answered last time.
+    pub fn up(&self) -> bool {
+        self.enabled() && self.up.load(Ordering::Acquire)
+    }
+
+    pub fn set_live(&self, n: u32) {
+        self.live.store(n.max(1), Ordering::Release);
+    }
+
+    pub fn live(&self) -> u32 {
+        self.live.load(Ordering::Acquire).max(1)
+    }
+
+    /// This replica's share of a limit while replicas cannot coordinate.
+    pub fn share(&self) -> f64 {
+        1.0 / f64::from(self.live())
+    }
+}
+
+impl Engine {
+    pub fn replica(&self) -> &ReplicaView {
+        &self.replica
+    }
+
+    /// Notes units taken (or, negative, given back) from a replicated bucket.
+    pub(super) fn note_taken(&self, key: &BucketKey, resource: &str, limit: LimitId, units: i64, now: Timestamp) {
+        let mut e = self.dirty.entry(key.clone()).or_insert_with(|| Dirty {
+            resource: resource.to_string(),
+            limit,
+            delta: 0,
+            touched: now,
+        });
+        e.delta = e.delta.saturating_add_signed(units);
+        e.touched = now;
+    }
+
+    /// Every replicated bucket active within `active`: its consumption since the
+    /// last sync (now reset), so that it is pushed and the merged state pulled.
+    pub fn drain_dirty(&self, active: Duration) -> Vec<SyncItem> {
+        let now = self.clock.now();
+        let mut items = Vec::new();
+        self.dirty.retain(|key, d| {
+            let keep = d.delta > 0 || now.saturating_since(d.touched) < crate::time::duration_nanos(active);
+            if keep {
+                items.push(SyncItem { key: key.clone(), resource: d.resource.clone(), limit: d.limit, delta: d.delta });
+                d.delta = 0;
+            }
+            keep
+        });
+        items
+    }
+
+    /// Replaces a replicated bucket with its share of the merged state, then
+    /// re-applies what was taken here since the state was read.
+    pub fn adopt(&self, rules: &Installed, key: &BucketKey, shared: &Shared) {
+        let Some(alg) = rules.algorithm(key.limit) else { return };
+        let now = self.clock.now();
+        let mut bucket = Bucket::adopt(alg, now, shared, self.replica.share());
+        if let Some(pending) = self.dirty.get(key).map(|d| d.delta).filter(|&d| d > 0) {
+            bucket.force(alg, now, pending);
+        }
+        self.buckets.put(key.clone(), bucket, now);
+    }
+}

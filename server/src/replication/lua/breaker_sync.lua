@@ -1,0 +1,13 @@
+-- A replica's window since its last sync. ARGV[11..14]: calls, failures,
+-- slow calls, and 1 when its own window just tripped.
+local dc, df, ds, tripped = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
+expire_half_open()
+if b.s == 1 or b.s == 6 then
+  add(dc, df, ds)
+  local c, f, s = window()
+  if b.s == 1 and (tripped == 1 or (c >= MIN and trips(c, f, s))) then
+    open()
+    clear_window()
+  end
+end
+return save(0)

@@ -1,0 +1,170 @@
+-- Floodgate's limiter algorithms, run inside Redis.
+--
+-- Time is Redis's own clock (TIME, microseconds), so replicas with skewed
+-- clocks still agree. Every limit is passed as five numbers in ARGV:
+--   algorithm code, p1, p2, p3, p4
+-- 1 token_bucket   p1 capacity, p2 refill per second
+-- 2 gcra           p1 rate per second, p2 burst
+-- 3 leaky_bucket   p1 capacity, p2 leak per second, p3 max wait us (-1: none), p4 1 shape / 0 police
+-- 4 fixed_window   p1 limit, p2 window us
+-- 5 sliding_log    p1 limit, p2 window us
+-- 6 sliding_window p1 limit, p2 window us
+-- Keys share the resource's hash tag, so every key a script touches is in the
+-- slot of its KEYS. Numbers are doubles: exact for whole values below 2^53.
+
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local function expire(key, us)
+  redis.call('PEXPIRE', key, math.ceil(math.max(us, 0) / 1000) + 1000)
+end
+
+-- Each algorithm: status(key, p, now, cost) -> st with
+--   avail (units takeable now), ok (cost admitted), reset (us until full
+--   again after taking cost if ok), retry (us until cost fits, when not ok),
+--   wait (shaping), and the extra numbers replicas adopt (start, prev, cur);
+-- take(key, p, now, cost, st) consumes cost, even beyond the limit (a
+-- replica's consumption is pushed whether or not it still fits).
+local A = {}
+
+A[1] = {
+  status = function(key, p, now, cost)
+    local v = redis.call('HMGET', key, 't', 'u')
+    local cap, rate = p[1], p[2]
+    local tokens = cap
+    if v[1] then tokens = math.min(cap, tonumber(v[1]) + math.max(0, now - tonumber(v[2])) * rate / 1e6) end
+    local ok = tokens >= cost
+    local left = ok and tokens - cost or tokens
+    return { avail = tokens, ok = ok, reset = (cap - left) / rate * 1e6,
+             retry = ok and 0 or (cost - tokens) / rate * 1e6, wait = 0 }
+  end,
+  take = function(key, p, now, cost, st)
+    local left = st.avail - cost
+    redis.call('HSET', key, 't', left, 'u', now)
+    expire(key, (p[1] - left) / p[2] * 1e6)
+  end,
+}
+
+A[2] = {
+  status = function(key, p, now, cost)
+    local t = 1e6 / p[1]
+    local tat = math.max(tonumber(redis.call('GET', key) or now), now)
+    local horizon = now + p[2] * t
+    local new_tat = tat + cost * t
+    local ok = new_tat <= horizon
+    return { avail = (horizon - tat) / t, ok = ok, tat = tat, reset = (ok and new_tat or tat) - now,
+             retry = ok and 0 or new_tat - horizon, wait = 0 }
+  end,
+  take = function(key, p, now, cost, st)
+    local tat = st.tat + cost * 1e6 / p[1]
+    redis.call('SET', key, tat)
+    expire(key, tat - now)
+  end,
+}
+
+A[3] = {
+  status = function(key, p, now, cost)
+    local cap, rate, max_wait, shape = p[1], p[2], p[3], p[4] == 1
+    local drain = math.max(tonumber(redis.call('GET', key) or now), now)
+    local level = (drain - now) * rate / 1e6
+    local wait = shape and (drain - now) or 0
+    local over = math.max(0, level + cost - cap)
+    local late = (shape and max_wait >= 0) and math.max(0, wait - max_wait) or 0
+    local ok = over == 0 and late == 0
+    local after = ok and level + cost or level
+    return { avail = cap - level, ok = ok, drain = drain, reset = after / rate * 1e6,
+             retry = ok and 0 or math.max(over / rate * 1e6, late), wait = ok and wait or 0 }
+  end,
+  take = function(key, p, now, cost, st)
+    local drain = st.drain + cost / p[2] * 1e6
+    redis.call('SET', key, drain)
+    expire(key, drain - now)
+  end,
+}
+
+A[4] = {
+  status = function(key, p, now, cost)
+    local limit, w = p[1], p[2]
+    local start = now - now % w
+    local used = tonumber(redis.call('GET', key .. ':' .. start) or 0)
+    local ok = used + cost <= limit
+    local after = ok and used + cost or used
+    local to_end = start + w - now
+    return { avail = limit - used, ok = ok, start = start, prev = 0, cur = used,
+             reset = after > 0 and to_end or 0, retry = ok and 0 or to_end, wait = 0 }
+  end,
+  take = function(key, p, now, cost, st)
+    local k = key .. ':' .. st.start
+    redis.call('INCRBY', k, cost)
+    expire(k, p[2])
+  end,
+}
+
+A[5] = {
+  status = function(key, p, now, cost)
+    local limit, w = p[1], p[2]
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', now - w)
+    local used = redis.call('ZCARD', key)
+    local ok = used + cost <= limit
+    local reset, retry = 0, 0
+    if not ok then
+      local nth = redis.call('ZRANGE', key, used + cost - limit - 1, used + cost - limit - 1, 'WITHSCORES')
+      retry = tonumber(nth[2]) + w - now
+    end
+    if ok and cost > 0 then
+      reset = w
+    elseif used > 0 then
+      local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+      reset = tonumber(newest[2]) + w - now
+    end
+    return { avail = limit - used, ok = ok, used = used, reset = reset, retry = retry, wait = 0 }
+  end,
+  take = function(key, p, now, cost, st)
+    -- Members are unique: within one microsecond the count only grows.
+    for i = 1, cost do
+      redis.call('ZADD', key, now, now .. ':' .. (st.used + i))
+    end
+    expire(key, p[2])
+  end,
+}
+
+A[6] = {
+  status = function(key, p, now, cost)
+    local limit, w = p[1], p[2]
+    local start = now - now % w
+    local cur = tonumber(redis.call('GET', key .. ':' .. start) or 0)
+    local prev = tonumber(redis.call('GET', key .. ':' .. (start - w)) or 0)
+    local e = now - start
+    local est = prev * (w - e) / w + cur
+    local ok = est + cost <= limit
+    local retry = 0
+    if not ok then
+      local room = limit - cur - cost
+      local at = w
+      if room >= 0 and prev > 0 then at = w - math.min(w, math.floor(room * w / prev)) end
+      if at < w then
+        retry = math.max(0, at - e)
+      else
+        local keep = w
+        if cur > 0 then keep = math.min(w, math.floor((limit - cost) * w / cur)) end
+        retry = (w - e) + (w - keep)
+      end
+    end
+    local cur_after = ok and cur + cost or cur
+    local reset = 0
+    if cur_after > 0 then reset = (w - e) + w elseif prev > 0 then reset = w - e end
+    return { avail = limit - est, ok = ok, start = start, prev = prev, cur = cur, reset = reset, retry = retry, wait = 0 }
+  end,
+  take = function(key, p, now, cost, st)
+    local k = key .. ':' .. st.start
+    redis.call('INCRBY', k, cost)
+    expire(k, 2 * p[2])
+  end,
+}
+
+local function limit_at(i)
+  local b = 1 + (i - 1) * 5
+  return tonumber(ARGV[b + 1]), { tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5]) }
+end
