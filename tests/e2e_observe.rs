@@ -81,16 +81,7 @@ async fn a_rejected_reload_is_counted_as_a_failure() {
 }
 
 fn bench(fg: &Floodgate, args: &[&str]) -> serde_json::Value {
-    let dir = TempDir::new();
-    let out = dir.path("report.json");
-    let status = Command::new(BIN)
-        .args(["bench", "--server", &fg.grpc, "--format", "json", "--quiet", "-o"])
-        .arg(&out)
-        .args(args)
-        .status()
-        .unwrap();
-    assert!(status.success());
-    serde_json::from_str(&std::fs::read_to_string(out).unwrap()).unwrap()
+    support::bench(&fg.grpc, args)
 }
 
 #[tokio::test]

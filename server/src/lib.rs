@@ -7,6 +7,7 @@
 //! - [`grpc`]: proto <-> domain translation and error mapping, nothing else.
 //! - [`http`]: `/healthz`, `/readyz`, `/metrics`; [`metrics`]: the Prometheus handles.
 //! - [`reload`]: hot reload of the rules file.
+//! - [`replication`]: Redis: replicated and strict limits, shared breakers and rules.
 //! - [`engine`]: the decision core: rules in force, all-or-nothing over limits.
 //! - [`rules`]: the rules file, validated into types that cannot hold a bad value.
 //! - [`store`]: every bucket, sharded in memory, with idle and LRU eviction.
@@ -24,6 +25,7 @@ pub mod http;
 pub mod limiter;
 pub mod metrics;
 pub mod reload;
+pub mod replication;
 pub mod rules;
 pub mod server;
 pub mod store;

@@ -31,6 +31,12 @@ pub const OUTCOMES: &str = "floodgate_outcomes_total";
 pub const PERMITS_IN_FLIGHT: &str = "floodgate_permits_in_flight";
 pub const PERMITS_EXPIRED: &str = "floodgate_permits_expired_total";
 pub const DEGRADATION_LEVEL: &str = "floodgate_degradation_level";
+pub const REDIS_RTT: &str = "floodgate_redis_rtt_seconds";
+pub const REDIS_ERRORS: &str = "floodgate_redis_errors_total";
+pub const REDIS_SYNC_DURATION: &str = "floodgate_redis_sync_duration_seconds";
+pub const REDIS_SYNC_LAG: &str = "floodgate_redis_sync_lag_seconds";
+pub const LIVE_REPLICAS: &str = "floodgate_live_replicas";
+pub const REDIS_ESCALATIONS: &str = "floodgate_redis_escalations_total";
 
 /// The resource label of requests that no rule matched.
 pub const UNMATCHED: &str = "_unmatched";
@@ -43,6 +49,10 @@ const RPC_BUCKETS: &[f64] =
 pub fn install() -> Option<PrometheusHandle> {
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Full(RPC_DURATION.into()), RPC_BUCKETS)
+        .ok()?
+        .set_buckets_for_metric(Matcher::Full(REDIS_RTT.into()), RPC_BUCKETS)
+        .ok()?
+        .set_buckets_for_metric(Matcher::Full(REDIS_SYNC_DURATION.into()), RPC_BUCKETS)
         .ok()?
         .install_recorder()
         .ok()?;
@@ -72,6 +82,12 @@ fn describe() {
     describe_gauge!(PERMITS_IN_FLIGHT, "Permits handed out and not yet returned or expired");
     describe_counter!(PERMITS_EXPIRED, "Permits never reported, freed when their TTL passed");
     describe_gauge!(DEGRADATION_LEVEL, "Degradation level in force (0 to 3)");
+    describe_histogram!(REDIS_RTT, metrics::Unit::Seconds, "Redis round trips by operation");
+    describe_counter!(REDIS_ERRORS, "Redis calls that failed, by operation and kind (timeout, error, not_connected)");
+    describe_histogram!(REDIS_SYNC_DURATION, metrics::Unit::Seconds, "One round of the replication sync");
+    describe_gauge!(REDIS_SYNC_LAG, metrics::Unit::Seconds, "Time since the last complete sync with Redis");
+    describe_gauge!(LIVE_REPLICAS, "Replicas registered in Redis with a live heartbeat");
+    describe_counter!(REDIS_ESCALATIONS, "Replicated decisions sent to Redis because this replica's lease was short");
 }
 
 /// A rules reload, good or bad.

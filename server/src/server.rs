@@ -18,6 +18,8 @@ use crate::{grpc, http, reload};
 pub const DEFAULT_RULES: &str = include_str!("default_rules.yaml");
 
 pub struct Options {
+    /// Redis, to share limits, breakers and rules with other replicas.
+    pub replication: Option<crate::replication::Config>,
     /// A rules file to load and watch; `None` for the embedded default rules.
     pub config: Option<PathBuf>,
     pub max_keys: usize,
@@ -82,13 +84,20 @@ pub async fn run(
             None
         }
     };
+    let replication = match opts.replication.clone() {
+        Some(config) => {
+            tracing::info!(target = ?config.target, sync_interval = ?config.sync_interval, "replicating through Redis");
+            Some(crate::replication::Replication::start(config, engine.clone()).await?)
+        }
+        None => None,
+    };
     let _sweeper = engine::spawn_sweeper(&engine, opts.sweep_interval);
     // Permit expiry, HALF_OPEN probe expiry and the degradation level.
     let _ticker = engine::spawn_ticker(&engine, Duration::from_millis(100));
 
     let (reporter, health_service) = tonic_health::server::health_reporter();
     reporter.set_service_status("", tonic_health::ServingStatus::Serving).await;
-    let routes = grpc::routes(engine.clone(), health_service)?;
+    let routes = grpc::routes(engine.clone(), replication, health_service)?;
     let health = http::HttpState::new(engine.clone(), prometheus);
 
     let (stop_tx, stop_rx) = watch::channel(false);

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod redis;
+
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -216,4 +218,20 @@ pub fn acquire(resource: &str, descriptors: &[(&str, &str)], cost: u32) -> pb::A
         cost,
         dry_run: false,
     }
+}
+
+/// Runs `floodgate bench` against `grpc` and returns its JSON report.
+pub fn bench(grpc: &str, args: &[&str]) -> serde_json::Value {
+    let out = Command::new(BIN)
+        .args(["bench", "--server", grpc, "--format", "json", "--quiet"])
+        .args(args)
+        .output()
+        .expect("running floodgate bench");
+    assert!(out.status.success(), "bench failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("bench's JSON report")
+}
+
+/// A count from a bench report's verdicts (0 when absent).
+pub fn verdict(report: &serde_json::Value, name: &str) -> u64 {
+    report["verdicts"][name].as_u64().unwrap_or(0)
 }

@@ -207,6 +207,40 @@ impl Breaker {
         }
     }
 
+    /// Whether the next call needs a probe permit: OPEN with its wait over, or HALF_OPEN.
+    pub fn needs_probe(&self, now: Timestamp) -> bool {
+        (self.state == State::Open && now >= self.open_until) || self.state == State::HalfOpen
+    }
+
+    /// Takes the state another replica decided (shared through Redis): `to`,
+    /// with OPEN's end at `open_until` and the reopenings so far.
+    pub fn adopt(
+        &mut self,
+        cfg: &BreakerConfig,
+        now: Timestamp,
+        to: State,
+        open_until: Timestamp,
+        openings: u32,
+    ) -> Option<Transition> {
+        self.consecutive_openings = openings;
+        let same = self.state == to && (to != State::Open || self.open_until == open_until);
+        if same {
+            return None;
+        }
+        match to {
+            State::Open => {
+                self.open_until = open_until;
+                self.opened_at = Some(now);
+            }
+            State::HalfOpen => self.half_open_since = now,
+            _ => {
+                self.opened_at = None;
+                self.window = Window::new(cfg.window);
+            }
+        }
+        Some(self.transition(now, to, "decided by another replica (shared through Redis)".into()))
+    }
+
     /// Time-driven transitions: a HALF_OPEN whose probes have not all reported
     /// within `max_wait_in_half_open` reopens.
     pub fn tick(&mut self, cfg: &BreakerConfig, now: Timestamp) -> Option<Transition> {

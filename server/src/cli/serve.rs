@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 
+use crate::replication::{self, Target};
 use crate::server::{self, Listeners, Options};
 use crate::time::SystemClock;
 
@@ -37,6 +38,27 @@ pub struct ServeArgs {
     #[arg(long, default_value = "10s", value_parser = super::parse_duration)]
     shutdown_grace: Duration,
 
+    /// Share limits, breakers and rules with other replicas through this Redis
+    /// (e.g. redis://127.0.0.1:6379).
+    #[arg(long, env = "FLOODGATE_REDIS", conflicts_with = "redis_cluster")]
+    redis: Option<String>,
+
+    /// The same through a Redis Cluster: seed nodes, comma-separated.
+    #[arg(long, env = "FLOODGATE_REDIS_CLUSTER", value_delimiter = ',')]
+    redis_cluster: Vec<String>,
+
+    /// How often replicated limits and breakers are synced with Redis.
+    #[arg(long, default_value = "100ms", value_parser = super::parse_duration)]
+    sync_interval: Duration,
+
+    /// The longest any call waits for Redis.
+    #[arg(long, default_value = "50ms", value_parser = super::parse_duration)]
+    redis_timeout: Duration,
+
+    /// This replica's name among the live replicas (default: host and process id).
+    #[arg(long, env = "FLOODGATE_REPLICA_ID")]
+    replica_id: Option<String>,
+
     /// Worker threads (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
@@ -58,7 +80,19 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding HTTP on {}", args.http_listen))?;
     let (grpc_addr, http_addr) = (grpc.local_addr()?, http.local_addr()?);
+    let target = match (args.redis, args.redis_cluster.is_empty()) {
+        (Some(url), _) => Some(Target::Standalone(url)),
+        (None, false) => Some(Target::Cluster(args.redis_cluster)),
+        (None, true) => None,
+    };
+    let replication = target.map(|target| replication::Config {
+        target,
+        sync_interval: args.sync_interval.max(Duration::from_millis(1)),
+        timeout: args.redis_timeout.max(Duration::from_millis(1)),
+        replica_id: args.replica_id.unwrap_or_else(default_replica_id),
+    });
     let opts = Options {
+        replication,
         config: args.config,
         max_keys: args.max_keys,
         sweep_interval: args.sweep_interval,
@@ -72,6 +106,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         })),
     };
     server::run(opts, Listeners { grpc, http }, shutdown_signal()).await
+}
+
+fn default_replica_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
+    let host = if host.is_empty() { "floodgate".to_string() } else { host };
+    format!("{host}-{}", std::process::id())
 }
 
 /// SIGINT or SIGTERM.

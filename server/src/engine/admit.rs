@@ -9,7 +9,8 @@ use super::Engine;
 use super::decide::Verdict;
 use super::guard::Guarded;
 use super::permits::Permit;
-use crate::breaker::{Admission, State};
+use super::shared::{RemoteBreaker, RemoteOutcome};
+use crate::breaker::{Admission, Outcome, State};
 use crate::events::Event;
 use crate::rules::{Rule, duration};
 use crate::time::Timestamp;
@@ -23,6 +24,8 @@ pub struct Admitted {
     guarded: Arc<Guarded>,
     /// The breaker's generation, and whether this call is a probe.
     breaker: Option<(u64, bool)>,
+    /// A probe the shared breaker granted: its shared generation.
+    remote_probe: Option<(String, u64)>,
     holds_slot: bool,
     pub breaker_state: Option<State>,
 }
@@ -92,17 +95,25 @@ impl Engine {
         level: u32,
         now: Timestamp,
         dry_run: bool,
+        remote: Option<RemoteBreaker>,
     ) -> Result<Admitted, Denial> {
         if let Some(at) = rule.shed_at_level.filter(|&at| level >= at) {
             return Err(Denial::Shed { at, level });
         }
         let guarded = self.guards.get_or_create(resource);
         guarded.touch(now);
-        let (breaker, breaker_state) = match &rule.breaker {
-            Some(cfg) => {
+        let closed = |state, retry_after| Denial::CircuitOpen { resource: resource.into(), state, retry_after };
+        let mut remote_probe = None;
+        let (breaker, breaker_state) = match (&rule.breaker, remote) {
+            (Some(_), Some(RemoteBreaker::Deny { state, retry_after })) => return Err(closed(state, retry_after)),
+            (Some(_), Some(RemoteBreaker::Probe { generation })) if !dry_run => {
+                let local = guarded.current_breaker().as_ref().map_or(0, |b| b.generation());
+                remote_probe = Some((resource.to_string(), generation));
+                (Some((local, true)), Some(State::HalfOpen))
+            }
+            (Some(cfg), _) => {
                 let mut slot = guarded.breaker(Some(cfg));
                 let b = slot.as_mut().expect("a breaker was just configured");
-                let closed = |state, retry_after| Denial::CircuitOpen { resource: resource.into(), state, retry_after };
                 if dry_run {
                     if !b.would_permit(cfg, now) {
                         return Err(closed(b.state(), b.retry_after(cfg, now)));
@@ -121,9 +132,9 @@ impl Engine {
                     }
                 }
             }
-            None => (None, None),
+            (None, _) => (None, None),
         };
-        let mut admitted = Admitted { guarded, breaker, holds_slot: false, breaker_state };
+        let mut admitted = Admitted { guarded, breaker, remote_probe, holds_slot: false, breaker_state };
         if let Some(c) = &rule.concurrency {
             let full = if dry_run {
                 admitted.guarded.in_flight.load(std::sync::atomic::Ordering::Acquire) >= c.max_in_flight
@@ -144,7 +155,10 @@ impl Engine {
         if a.holds_slot {
             a.guarded.release_slot();
         }
-        if let (Some((generation, probe)), Some(b)) = (a.breaker, a.guarded.current_breaker().as_mut()) {
+        if let Some((resource, generation)) = a.remote_probe {
+            // The shared breaker's probe goes back as an IGNORED outcome.
+            self.outbox.push(RemoteOutcome { resource, generation, outcome: Outcome::Ignored, slow: false });
+        } else if let (Some((generation, probe)), Some(b)) = (a.breaker, a.guarded.current_breaker().as_mut()) {
             b.release(generation, probe);
         }
     }
@@ -162,6 +176,7 @@ impl Engine {
             issued_at: now,
             expires_at: now.saturating_add(ttl),
             breaker: a.breaker,
+            remote_probe: a.remote_probe.map(|(_, g)| g),
             holds_slot: a.holds_slot,
         })
     }

@@ -8,6 +8,7 @@ use smallvec::SmallVec;
 
 use super::admit::{Admitted, Denial};
 use super::request::{self, Descriptors, Request, RequestError};
+use super::shared::RemoteBreaker;
 use super::{Engine, Installed};
 use crate::breaker;
 use crate::limiter::{Decision, Status};
@@ -54,6 +55,9 @@ pub struct Answer<'r> {
     pub denial: Option<Denial>,
 }
 
+/// A matched limit and its decision, `None` until Redis answers.
+type Decided<'r> = (&'r Limit, usize, BucketKey, Option<Decision>);
+
 /// Matched limits: (limit, its index in the rule, its bucket).
 type Matched<'r> = SmallVec<[(&'r Limit, usize, BucketKey); 4]>;
 
@@ -68,13 +72,42 @@ pub struct Prepared<'r> {
     matched: Matched<'r>,
     cost: u64,
     dry_run: bool,
+    /// Redis's answer when the resource's breaker needed a probe.
+    remote_breaker: Option<RemoteBreaker>,
+}
+
+impl Prepared<'_> {
+    /// Decides the breaker as the shared breaker answered.
+    pub fn with_remote_breaker(mut self, answer: RemoteBreaker) -> Self {
+        self.remote_breaker = Some(answer);
+        self
+    }
+
+    /// The replicated limits' buckets this process does not hold yet.
+    pub fn replicated_keys(&self) -> impl Iterator<Item = (&Limit, &BucketKey)> {
+        self.matched
+            .iter()
+            .filter(|(l, ..)| l.sync == SyncMode::Replicated && !decided_by_redis(l))
+            .map(|(l, _, k)| (*l, k))
+    }
+
+    pub fn request_resource(&self) -> &str {
+        &self.request_resource
+    }
+
+    pub fn cost(&self) -> u64 {
+        self.cost
+    }
 }
 
 /// Where a decision stands between its local part and Redis's.
+// `Done` is the common case and is returned by value: boxing it would cost an
+// allocation per decision. The rare `Remote` is boxed instead.
+#[allow(clippy::large_enum_variant)]
 pub enum Step<'r> {
     Done(Answer<'r>),
     /// Strict limits remain: ask Redis, then call [`Engine::finish`].
-    Remote(Pending<'r>),
+    Remote(Box<Pending<'r>>),
 }
 
 /// A decision waiting for Redis's answer on its strict limits.
@@ -87,7 +120,7 @@ pub struct Pending<'r> {
     request_resource: String,
     admitted: Option<Admitted>,
     /// Every matched limit in rule order; the decision is `None` until Redis answers.
-    limits: SmallVec<[(&'r Limit, usize, BucketKey, Option<Decision>); 4]>,
+    limits: SmallVec<[Decided<'r>; 4]>,
     cost: u64,
     dry_run: bool,
     now: Timestamp,
@@ -197,7 +230,7 @@ impl Engine {
         let guarded = rule.is_some_and(|(r, _)| r.breaker.is_some() || r.concurrency.is_some());
         let resource = guarded.then(|| req.resource.to_string());
         let request_resource = if self.replica.enabled() { req.resource.to_string() } else { String::new() };
-        Ok(Prepared { rule, resource, request_resource, matched, cost, dry_run: req.dry_run })
+        Ok(Prepared { rule, resource, request_resource, matched, cost, dry_run: req.dry_run, remote_breaker: None })
     }
 
     /// Decides a prepared request at `now`, entirely in this process: strict
@@ -205,7 +238,7 @@ impl Engine {
     pub fn decide<'r>(&self, p: Prepared<'r>, now: Timestamp) -> Answer<'r> {
         match self.begin(p, now) {
             Step::Done(answer) => answer,
-            Step::Remote(pending) => self.finish(pending, None),
+            Step::Remote(pending) => self.finish(*pending, None),
         }
     }
 
@@ -233,7 +266,7 @@ impl Engine {
             request_resource: p.request_resource,
             given_back: false,
         };
-        if let Some(denied) = self.guard(&mut pending, level) {
+        if let Some(denied) = self.guard(&mut pending, level, p.remote_breaker) {
             return Step::Done(self.done(pending, denied));
         }
         let remote_on = self.replica.up() && !p.dry_run;
@@ -253,7 +286,7 @@ impl Engine {
         if denied || pending.limits.iter().all(|(.., d)| d.is_some()) {
             return Step::Done(self.finish(pending, Some(SmallVec::new())));
         }
-        Step::Remote(pending)
+        Step::Remote(Box::new(pending))
     }
 
     /// Completes a decision with Redis's answers for the strict limits, in
@@ -320,9 +353,9 @@ impl Engine {
     }
 
     /// Shedding, the breaker and the concurrency limit; the denial if any.
-    fn guard(&self, p: &mut Pending<'_>, level: u32) -> Option<Denial> {
+    fn guard(&self, p: &mut Pending<'_>, level: u32, remote: Option<RemoteBreaker>) -> Option<Denial> {
         match &p.resource {
-            Some(resource) => match self.admit(p.rule, resource, level, p.now, p.dry_run) {
+            Some(resource) => match self.admit(p.rule, resource, level, p.now, p.dry_run, remote) {
                 Ok(a) => {
                     p.admitted = Some(a);
                     None

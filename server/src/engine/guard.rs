@@ -18,6 +18,8 @@ pub const IDLE_TTL: Duration = Duration::from_secs(600);
 pub struct Guarded {
     breaker: Mutex<Option<Breaker>>,
     pub in_flight: AtomicU32,
+    /// What replication has yet to push for this resource's breaker.
+    pub unsynced: Mutex<super::shared::Unsynced>,
     /// Nanoseconds since the epoch of the last acquire or report.
     touched: AtomicU64,
 }

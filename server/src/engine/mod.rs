@@ -24,12 +24,14 @@ mod permits;
 mod replica;
 mod report;
 pub mod request;
+mod shared;
 
 pub use admit::{DEFAULT_PERMIT_TTL, Denial};
 pub use decide::{Answer, LimitReport, Pending, Prepared, Step, Verdict, decided_by_redis};
 pub use replica::{Dirty, ReplicaView, SyncItem};
 pub use report::{Level, Reported, Snapshot};
 pub use request::{Descriptors, Request, RequestError};
+pub use shared::{BreakerSync, RemoteBreaker, RemoteOutcome, SharedBreaker};
 
 /// The rules in force, with where they came from.
 #[derive(Debug)]
@@ -58,6 +60,7 @@ pub struct Engine {
     level: AtomicU32,
     replica: ReplicaView,
     dirty: replica::DirtyMap,
+    outbox: shared::Outbox,
     /// Decision counters of requests no rule matched.
     unmatched: RuleMetrics,
     buckets: Buckets,
@@ -77,8 +80,14 @@ pub struct EngineConfig {
 impl Installed {
     /// The algorithm of a limit still in force.
     pub fn algorithm(&self, id: LimitId) -> Option<&Algorithm> {
+        self.limit(id).map(|(_, l)| &l.algorithm)
+    }
+
+    /// A limit still in force, with its rule.
+    pub fn limit(&self, id: LimitId) -> Option<(&crate::rules::Rule, &crate::rules::Limit)> {
         let &(r, l) = self.by_id.get(&id)?;
-        Some(&self.rules.rules()[r].limits[l].algorithm)
+        let rule = &self.rules.rules()[r];
+        Some((rule, &rule.limits[l]))
     }
 }
 
@@ -104,6 +113,7 @@ impl Engine {
             level: AtomicU32::new(0),
             replica: ReplicaView::default(),
             dirty: replica::DirtyMap::default(),
+            outbox: shared::Outbox::default(),
             unmatched: RuleMetrics::unmatched(),
             buckets: Buckets::new(config.max_keys),
             clock,
@@ -114,6 +124,11 @@ impl Engine {
     /// The rules in force; hold the guard only for the length of one decision.
     pub fn rules(&self) -> Guard<Arc<Installed>> {
         self.rules.load()
+    }
+
+    /// The rules in force, to hold across awaits.
+    pub fn rules_full(&self) -> Arc<Installed> {
+        self.rules.load_full()
     }
 
     /// Swaps in a new rule set atomically and returns its version. Limits that

@@ -24,6 +24,8 @@ pub struct Permit {
     pub expires_at: Timestamp,
     /// The breaker's generation when admitted, and whether this is a probe.
     pub breaker: Option<(u64, bool)>,
+    /// A probe granted by the shared breaker: its shared generation.
+    pub remote_probe: Option<u64>,
     /// Holds one of the resource's concurrency slots.
     pub holds_slot: bool,
 }

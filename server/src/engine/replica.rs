@@ -29,6 +29,8 @@ pub struct Dirty {
     pub limit: LimitId,
     pub delta: u64,
     pub touched: Timestamp,
+    /// What the replicas had left in common at the last sync.
+    pub available: f64,
 }
 
 /// One bucket to sync.
@@ -87,6 +89,7 @@ impl Engine {
             limit,
             delta: 0,
             touched: now,
+            available: 0.0,
         });
         e.delta = e.delta.saturating_add_signed(units);
         e.touched = now;
@@ -108,15 +111,37 @@ impl Engine {
         items
     }
 
-    /// Replaces a replicated bucket with its share of the merged state, then
+    /// One bucket's consumption since its last sync, now reset (to push it now).
+    pub fn take_dirty(&self, key: &BucketKey) -> u64 {
+        self.dirty.get_mut(key).map_or(0, |mut d| std::mem::take(&mut d.delta))
+    }
+
+    /// Puts back consumption a failed sync could not push.
+    pub fn restore_dirty(&self, item: &SyncItem) {
+        self.note_taken(&item.key, &item.resource, item.limit, item.delta as i64, self.clock.now());
+    }
+
+    /// Replaces a replicated bucket with its lease of the merged state, then
     /// re-applies what was taken here since the state was read.
-    pub fn adopt(&self, rules: &Installed, key: &BucketKey, shared: &Shared) {
+    pub fn adopt(&self, rules: &Installed, resource: &str, key: &BucketKey, shared: &Shared) {
         let Some(alg) = rules.algorithm(key.limit) else { return };
         let now = self.clock.now();
-        let mut bucket = Bucket::adopt(alg, now, shared, self.replica.share());
+        let mut bucket = Bucket::adopt(alg, now, shared);
         if let Some(pending) = self.dirty.get(key).map(|d| d.delta).filter(|&d| d > 0) {
             bucket.force(alg, now, pending);
         }
         self.buckets.put(key.clone(), bucket, now);
+        // Tracked from now on: synced while active, and its common state known.
+        self.note_taken(key, resource, key.limit, 0, now);
+        if let Some(mut d) = self.dirty.get_mut(key) {
+            d.available = shared.available;
+        }
+    }
+
+    /// Whether a request its replicated limits denied here might fit in what
+    /// the replicas have in common (more than this replica's lease).
+    pub fn worth_escalating(&self, p: &super::Prepared<'_>) -> bool {
+        let cost = p.cost() as f64;
+        p.replicated_keys().any(|(_, k)| self.dirty.get(k).is_some_and(|d| d.available >= cost))
     }
 }

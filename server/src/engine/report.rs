@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::permits::Permit;
 use super::request::RequestError;
+use super::shared::RemoteOutcome;
 use super::{Engine, Installed};
 use crate::breaker::{Info, Outcome, State};
 use crate::degradation::LevelChange;
@@ -62,8 +63,15 @@ impl Engine {
         permit.guarded.touch(now);
         let latency = latency.unwrap_or_else(|| Duration::from_nanos(now.saturating_since(permit.issued_at)));
         let cfg = rules.rules.find(&permit.resource).and_then(|r| r.breaker.as_ref());
-        let state = match (permit.breaker, cfg) {
-            (Some((generation, _)), Some(cfg)) => self.record(&permit, cfg, now, generation, outcome, latency),
+        let state = match (permit.breaker, permit.remote_probe, cfg) {
+            (_, Some(generation), Some(cfg)) => {
+                // A probe of the shared breaker: Redis counts it and decides.
+                let slow = latency > cfg.slow_call_duration;
+                let resource = permit.resource.clone();
+                self.outbox.push(RemoteOutcome { resource, generation, outcome, slow });
+                permit.guarded.current_breaker().as_ref().map(|b| b.state())
+            }
+            (Some((generation, _)), None, Some(cfg)) => self.record(&permit, cfg, now, generation, outcome, latency),
             _ => None,
         };
         outcome_counter(rules, &permit.resource, outcome, "counted");
@@ -87,6 +95,10 @@ impl Engine {
         drop(slot);
         if let Some(call) = call {
             self.degradation().record(now, call);
+            if self.replica.enabled() {
+                let tripped = transition.as_ref().is_some_and(|t| t.from == State::Closed && t.to == State::Open);
+                permit.guarded.unsynced.lock().unwrap_or_else(|e| e.into_inner()).record(call, tripped);
+            }
         }
         if let Some(transition) = transition {
             self.events.publish(Event::Breaker { resource: permit.resource.clone(), transition });

@@ -9,15 +9,17 @@ use tonic::{Request, Response, Status};
 use super::convert;
 use crate::degradation;
 use crate::engine::{Engine, RequestError};
+use crate::replication::Replication;
 use crate::rules::RuleSet;
 
 pub struct ControlPlane {
     engine: Arc<Engine>,
+    replication: Option<Arc<Replication>>,
 }
 
 impl ControlPlane {
-    pub fn new(engine: Arc<Engine>) -> Self {
-        ControlPlane { engine }
+    pub fn new(engine: Arc<Engine>, replication: Option<Arc<Replication>>) -> Self {
+        ControlPlane { engine, replication }
     }
 }
 
@@ -56,8 +58,11 @@ impl Admin for ControlPlane {
             let version = self.engine.rules().version;
             return Ok(Response::new(pb::ApplyRulesResponse { version, resources, applied: false }));
         }
-        let version = self.engine.install(rules, req.yaml, "admin".into());
+        let version = self.engine.install(rules, req.yaml.clone(), "admin".into());
         crate::metrics::rule_reload("admin", true, version);
+        if let Some(replication) = &self.replication {
+            replication.share_rules(&req.yaml).await;
+        }
         tracing::info!(version, "rules applied through Admin");
         Ok(Response::new(pb::ApplyRulesResponse { version, resources, applied: true }))
     }
@@ -87,7 +92,12 @@ impl Admin for ControlPlane {
             value: req.state,
             expected: "CLOSED, FORCED_OPEN, DISABLED or METRICS_ONLY",
         })?;
-        let info = self.engine.set_breaker(&self.engine.rules(), &req.resource, state)?;
+        let rules = self.engine.rules_full();
+        let mut info = self.engine.set_breaker(&rules, &req.resource, state)?;
+        if let Some(replication) = &self.replication {
+            replication.force_breaker(&rules, &req.resource, state).await;
+            info = self.engine.breaker(&rules, &req.resource)?;
+        }
         tracing::info!(resource = req.resource, state = state.name(), "breaker state set through Admin");
         Ok(Response::new(convert::breaker_info(req.resource, info)))
     }

@@ -10,14 +10,16 @@ use tonic::{Request, Response, Status};
 use super::{convert, watch};
 use crate::breaker::Outcome;
 use crate::engine::{self, Engine, RequestError, request};
+use crate::replication::Replication;
 
 pub struct DataPlane {
     engine: Arc<Engine>,
+    replication: Option<Arc<Replication>>,
 }
 
 impl DataPlane {
-    pub fn new(engine: Arc<Engine>) -> Self {
-        DataPlane { engine }
+    pub fn new(engine: Arc<Engine>, replication: Option<Arc<Replication>>) -> Self {
+        DataPlane { engine, replication }
     }
 
     fn decide(
@@ -76,6 +78,11 @@ impl DataPlane {
 #[tonic::async_trait]
 impl Floodgate for DataPlane {
     async fn acquire(&self, request: Request<pb::AcquireRequest>) -> Result<Response<pb::AcquireResponse>, Status> {
+        if let Some(replication) = &self.replication {
+            let rules = self.engine.rules_full();
+            let answer = replication.acquire(&rules, &ask(request.get_ref())).await?;
+            return Ok(Response::new(convert::acquire_response(answer)));
+        }
         let rules = self.engine.rules();
         Ok(Response::new(self.decide(&rules, request.get_ref())?))
     }
@@ -86,6 +93,18 @@ impl Floodgate for DataPlane {
     ) -> Result<Response<pb::AcquireBatchResponse>, Status> {
         let items = &request.get_ref().requests;
         request::check_batch("requests", items.len())?;
+        if let Some(replication) = &self.replication {
+            let rules = self.engine.rules_full();
+            for (i, r) in items.iter().enumerate() {
+                self.engine.prepare(&rules, &ask(r)).map_err(|e| e.in_batch("requests", i))?;
+            }
+            let mut responses = Vec::with_capacity(items.len());
+            for (i, r) in items.iter().enumerate() {
+                let answer = replication.acquire(&rules, &ask(r)).await.map_err(|e| e.in_batch("requests", i))?;
+                responses.push(convert::acquire_response(answer));
+            }
+            return Ok(Response::new(pb::AcquireBatchResponse { responses }));
+        }
         let rules = self.engine.rules();
         // Prepare every item first: a bad batch is refused whole, nothing taken.
         let prepared = items
@@ -103,8 +122,12 @@ impl Floodgate for DataPlane {
         request: Request<pb::ReportOutcomeRequest>,
     ) -> Result<Response<pb::ReportOutcomeResponse>, Status> {
         let report = Report::try_from(request.get_ref())?;
-        let rules = self.engine.rules();
-        Ok(Response::new(self.report(&rules, &report)?))
+        let rules = self.engine.rules_full();
+        let response = self.report(&rules, &report)?;
+        if let Some(replication) = &self.replication {
+            replication.after_report(&rules).await;
+        }
+        Ok(Response::new(response))
     }
 
     async fn report_outcome_batch(
@@ -119,10 +142,13 @@ impl Floodgate for DataPlane {
             .enumerate()
             .map(|(i, r)| Report::try_from(r).map_err(|e| e.in_batch("reports", i)))
             .collect::<Result<Vec<_>, _>>()?;
-        let rules = self.engine.rules();
+        let rules = self.engine.rules_full();
         let mut responses = Vec::with_capacity(reports.len());
         for (i, report) in reports.iter().enumerate() {
             responses.push(self.report(&rules, report).map_err(|e| e.in_batch("reports", i))?);
+        }
+        if let Some(replication) = &self.replication {
+            replication.after_report(&rules).await;
         }
         Ok(Response::new(pb::ReportOutcomeBatchResponse { responses }))
     }

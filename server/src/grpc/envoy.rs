@@ -15,14 +15,16 @@ use tonic::{Request, Response, Status};
 
 use super::convert;
 use crate::engine::{self, Answer, Engine, LimitReport, Verdict, request};
+use crate::replication::Replication;
 
 pub struct EnvoyRls {
     engine: Arc<Engine>,
+    replication: Option<Arc<Replication>>,
 }
 
 impl EnvoyRls {
-    pub fn new(engine: Arc<Engine>) -> Self {
-        EnvoyRls { engine }
+    pub fn new(engine: Arc<Engine>, replication: Option<Arc<Replication>>) -> Self {
+        EnvoyRls { engine, replication }
     }
 }
 
@@ -43,31 +45,39 @@ impl RateLimitService for EnvoyRls {
             .iter()
             .map(|d| d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())).collect())
             .collect();
-        let rules = self.engine.rules();
-        let prepared = req
+        let rules = self.engine.rules_full();
+        let asks = req
             .descriptors
             .iter()
             .zip(&entries)
             .enumerate()
             .map(|(i, (d, entries))| {
-                {
-                    let hits = d.hits_addend.filter(|&h| h > 0).unwrap_or(u64::from(req.hits_addend));
-                    let cost = u32::try_from(hits)
-                        .map_err(|_| engine::RequestError::CostTooLarge { field: "hits_addend", value: hits });
-                    let ask = engine::Request {
-                        resource: &req.domain,
-                        descriptors: entries.as_slice(),
-                        cost: cost?,
-                        dry_run: false,
-                    };
-                    self.engine.prepare(&rules, &ask)
-                }
-                .map_err(|e| e.in_batch("descriptors", i))
+                let hits = d.hits_addend.filter(|&h| h > 0).unwrap_or(u64::from(req.hits_addend));
+                let cost = u32::try_from(hits).map_err(|_| {
+                    engine::RequestError::CostTooLarge { field: "hits_addend", value: hits }.in_batch("descriptors", i)
+                })?;
+                Ok(engine::Request { resource: &req.domain, descriptors: entries.as_slice(), cost, dry_run: false })
             })
+            .collect::<Result<Vec<_>, engine::RequestError>>()?;
+        // Every descriptor is checked before any is decided: a bad request takes nothing.
+        let prepared = asks
+            .iter()
+            .enumerate()
+            .map(|(i, ask)| self.engine.prepare(&rules, ask).map_err(|e| e.in_batch("descriptors", i)))
             .collect::<Result<Vec<_>, _>>()?;
-        let now = self.engine.clock().now();
-        let statuses: Vec<DescriptorStatus> =
-            prepared.into_iter().map(|p| status(&self.engine.decide(p, now))).collect();
+        let mut statuses: Vec<DescriptorStatus> = Vec::with_capacity(asks.len());
+        match &self.replication {
+            Some(replication) => {
+                drop(prepared);
+                for ask in &asks {
+                    statuses.push(status(&replication.acquire(&rules, ask).await?));
+                }
+            }
+            None => {
+                let now = self.engine.clock().now();
+                statuses.extend(prepared.into_iter().map(|p| status(&self.engine.decide(p, now))));
+            }
+        }
         let over = statuses.iter().any(|s| s.code == Code::OverLimit as i32);
         Ok(Response::new(rls::RateLimitResponse {
             overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,

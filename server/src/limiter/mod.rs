@@ -85,10 +85,12 @@ pub enum Algorithm {
 }
 
 /// One bucket's state as the replicas share it (computed by Redis): the units
-/// takeable now, and for window algorithms the current window's start and counts.
+/// takeable now across replicas, this replica's lease of them until its next
+/// sync, and for window algorithms the current window's start and counts.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Shared {
     pub available: f64,
+    pub lease: f64,
     pub window_start: Timestamp,
     pub prev: u64,
     pub cur: u64,
@@ -238,22 +240,24 @@ impl Bucket {
         self.status(alg, now).reset_after.is_zero()
     }
 
-    /// The bucket a replica decides from: its `share` of what the replicas
-    /// have left in common. A sliding log is never shared this way (it is
-    /// decided by Redis, exactly); it starts fresh.
-    pub fn adopt(alg: &Algorithm, now: Timestamp, shared: &Shared, share: f64) -> Bucket {
-        let mine = (shared.available * share).max(0.0);
+    /// The bucket a replica decides from until its next sync: one that admits
+    /// its lease. Rate-based buckets go on refilling locally. A fixed window's
+    /// lease is kept past the window's end (the next sync replaces it) rather
+    /// than reset there, which would admit a whole window per replica. A
+    /// sliding log is never shared this way (Redis decides it exactly).
+    pub fn adopt(alg: &Algorithm, now: Timestamp, shared: &Shared) -> Bucket {
+        let lease = shared.lease.max(0.0);
         match alg {
-            Algorithm::TokenBucket(c) => Bucket::TokenBucket(TokenBucket::with_tokens(c, now, mine)),
-            Algorithm::Gcra(c) => Bucket::Gcra(Gcra::with_available(c, now, mine)),
-            Algorithm::LeakyBucket(c) => Bucket::LeakyBucket(LeakyBucket::with_room(c, now, mine)),
+            Algorithm::TokenBucket(c) => Bucket::TokenBucket(TokenBucket::with_tokens(c, now, lease)),
+            Algorithm::Gcra(c) => Bucket::Gcra(Gcra::with_available(c, now, lease)),
+            Algorithm::LeakyBucket(c) => Bucket::LeakyBucket(LeakyBucket::with_room(c, now, lease)),
             Algorithm::FixedWindow(c) => {
-                let used = c.limit.saturating_sub(mine.floor() as u64);
-                Bucket::FixedWindow(FixedWindow::with_count(shared.window_start, used))
+                let used = c.limit.saturating_sub(lease.floor() as u64);
+                Bucket::FixedWindow(FixedWindow::with_count(shared.window_start.add_nanos(c.window), used))
             }
             Algorithm::SlidingWindow(c) => {
-                // What the other replicas may still take counts as taken here.
-                let theirs = (shared.available.max(0.0) * (1.0 - share)).ceil() as u64;
+                // What other replicas hold counts as taken here.
+                let theirs = (shared.available - lease).max(0.0).ceil() as u64;
                 Bucket::SlidingWindow(SlidingWindow::with_counts(
                     c,
                     shared.window_start,

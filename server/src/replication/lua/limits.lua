@@ -17,6 +17,11 @@ local function now_us()
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
+-- A whole number as text: Lua's own concatenation would write 1.7e+15.
+local function int(n)
+  return string.format('%.0f', n)
+end
+
 local function expire(key, us)
   redis.call('PEXPIRE', key, math.ceil(math.max(us, 0) / 1000) + 1000)
 end
@@ -88,7 +93,7 @@ A[4] = {
   status = function(key, p, now, cost)
     local limit, w = p[1], p[2]
     local start = now - now % w
-    local used = tonumber(redis.call('GET', key .. ':' .. start) or 0)
+    local used = tonumber(redis.call('GET', key .. ':' .. int(start)) or 0)
     local ok = used + cost <= limit
     local after = ok and used + cost or used
     local to_end = start + w - now
@@ -96,7 +101,7 @@ A[4] = {
              reset = after > 0 and to_end or 0, retry = ok and 0 or to_end, wait = 0 }
   end,
   take = function(key, p, now, cost, st)
-    local k = key .. ':' .. st.start
+    local k = key .. ':' .. int(st.start)
     redis.call('INCRBY', k, cost)
     expire(k, p[2])
   end,
@@ -124,7 +129,7 @@ A[5] = {
   take = function(key, p, now, cost, st)
     -- Members are unique: within one microsecond the count only grows.
     for i = 1, cost do
-      redis.call('ZADD', key, now, now .. ':' .. (st.used + i))
+      redis.call('ZADD', key, now, int(now) .. ':' .. int(st.used + i))
     end
     expire(key, p[2])
   end,
@@ -134,8 +139,8 @@ A[6] = {
   status = function(key, p, now, cost)
     local limit, w = p[1], p[2]
     local start = now - now % w
-    local cur = tonumber(redis.call('GET', key .. ':' .. start) or 0)
-    local prev = tonumber(redis.call('GET', key .. ':' .. (start - w)) or 0)
+    local cur = tonumber(redis.call('GET', key .. ':' .. int(start)) or 0)
+    local prev = tonumber(redis.call('GET', key .. ':' .. int(start - w)) or 0)
     local e = now - start
     local est = prev * (w - e) / w + cur
     local ok = est + cost <= limit
@@ -158,7 +163,7 @@ A[6] = {
     return { avail = limit - est, ok = ok, start = start, prev = prev, cur = cur, reset = reset, retry = retry, wait = 0 }
   end,
   take = function(key, p, now, cost, st)
-    local k = key .. ':' .. st.start
+    local k = key .. ':' .. int(st.start)
     redis.call('INCRBY', k, cost)
     expire(k, 2 * p[2])
   end,

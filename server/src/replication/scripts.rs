@@ -1,0 +1,115 @@
+//! The Lua scripts and how their arguments are laid out. Scripts run with
+//! EVALSHA (loaded on first use); see lua/*.lua for what each one does.
+
+use redis::Script;
+
+use super::conn::tag;
+use crate::limiter::Algorithm;
+use crate::limiter::leaky_bucket::Mode;
+use crate::rules::{BreakerConfig, Limit, WindowKind};
+use crate::store::BucketKey;
+
+const LIMITS: &str = include_str!("lua/limits.lua");
+const BREAKER: &str = include_str!("lua/breaker.lua");
+
+/// Keys not tied to a resource share one tag, so they sit together.
+pub const REPLICAS: &str = "{fg}:replicas";
+pub const RULES: &str = "{fg}:rules";
+pub const EVENTS: &str = "{fg}:events";
+
+pub struct Scripts {
+    pub take: Script,
+    pub sync: Script,
+    pub heartbeat: Script,
+    pub breaker_sync: Script,
+    pub breaker_probe: Script,
+    pub breaker_report: Script,
+    pub breaker_force: Script,
+}
+
+impl Default for Scripts {
+    fn default() -> Self {
+        let limits = |body: &str| Script::new(&format!("{LIMITS}\n{body}"));
+        let breaker = |body: &str| Script::new(&format!("{BREAKER}\n{body}"));
+        Scripts {
+            take: limits(include_str!("lua/take.lua")),
+            sync: limits(include_str!("lua/sync.lua")),
+            heartbeat: Script::new(include_str!("lua/heartbeat.lua")),
+            breaker_sync: breaker(include_str!("lua/breaker_sync.lua")),
+            breaker_probe: breaker(include_str!("lua/breaker_probe.lua")),
+            breaker_report: breaker(include_str!("lua/breaker_report.lua")),
+            breaker_force: breaker(include_str!("lua/breaker_force.lua")),
+        }
+    }
+}
+
+/// A bucket's key in Redis: tagged with the request's resource, so one
+/// decision's keys share a slot.
+pub fn bucket_key(resource: &str, limit: &Limit, key: &BucketKey) -> String {
+    format!("fg:b:{{{}}}:{}:{}:{}", tag(resource), limit.name, limit.algorithm.name(), key.scope)
+}
+
+/// A breaker's keys: its state and its time window.
+pub fn breaker_keys(resource: &str) -> [String; 2] {
+    let k = format!("fg:k:{{{}}}", tag(resource));
+    [k.clone(), format!("{k}:w")]
+}
+
+/// The five numbers limits.lua reads for an algorithm (times in microseconds).
+pub fn limit_args(alg: &Algorithm) -> [f64; 5] {
+    let us = |ns: u64| ns as f64 / 1000.0;
+    match alg {
+        Algorithm::TokenBucket(c) => [1.0, c.capacity as f64, c.refill.as_f64(), 0.0, 0.0],
+        Algorithm::Gcra(c) => [2.0, c.rate.as_f64(), c.burst as f64, 0.0, 0.0],
+        Algorithm::LeakyBucket(c) => {
+            let (max_wait, shape) = match c.mode {
+                Mode::Police => (-1.0, 0.0),
+                Mode::Shape { max_wait } => (max_wait.map_or(-1.0, us), 1.0),
+            };
+            [3.0, c.capacity as f64, c.leak.as_f64(), max_wait, shape]
+        }
+        Algorithm::FixedWindow(c) => [4.0, c.limit as f64, us(c.window), 0.0, 0.0],
+        Algorithm::SlidingWindowLog(c) => [5.0, c.limit as f64, us(c.window), 0.0, 0.0],
+        Algorithm::SlidingWindow(c) => [6.0, c.limit as f64, us(c.window), 0.0, 0.0],
+    }
+}
+
+/// The ten numbers breaker.lua reads.
+pub fn breaker_args(c: &BreakerConfig) -> [f64; 10] {
+    let us = |d: std::time::Duration| d.as_micros() as f64;
+    let (kind, size) = match c.window {
+        WindowKind::Count(n) => (1.0, f64::from(n)),
+        WindowKind::Time(s) => (2.0, f64::from(s)),
+    };
+    [
+        c.failure_rate_threshold,
+        c.slow_call_rate_threshold,
+        f64::from(c.minimum_calls),
+        kind,
+        size,
+        us(c.wait_in_open.initial),
+        c.wait_in_open.multiplier,
+        us(c.wait_in_open.max),
+        f64::from(c.half_open_calls),
+        us(c.max_wait_in_half_open),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::LimitId;
+
+    #[test]
+    fn keys_share_the_resource_tag_even_with_braces() {
+        let rules = crate::rules::RuleSet::from_yaml(
+            "resources: [ { name: 'a}b', limits: [ { name: l, key: [user], algorithm: fixed_window, limit: 1, window: 1s } ] } ]",
+            "t",
+        )
+        .unwrap();
+        let limit = &rules.rules()[0].limits[0];
+        let k = bucket_key("a}b", limit, &BucketKey::new(LimitId(1), ["u1"]));
+        assert_eq!(k, "fg:b:{a%7Db}:l:fixed_window:u1");
+        assert_eq!(breaker_keys("a}b")[1], "fg:k:{a%7Db}:w");
+    }
+}

@@ -1,0 +1,301 @@
+//! Replication through real `redis-server` processes (and a real three-master
+//! Redis Cluster) on free loopback ports: replicas, strict and replicated
+//! limits, restarts, Redis outages, shared breakers and rules.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use floodgate_proto::v1 as pb;
+use support::redis::{RedisCluster, RedisServer};
+use support::*;
+
+const RULES: &str = r#"
+resources:
+  - name: strict
+    limits: [ { name: per-minute, algorithm: sliding_window_log, limit: 1000, window: 1m, sync: strict } ]
+  - name: replicated
+    limits: [ { name: per-minute, algorithm: sliding_window, limit: 1000, window: 1m } ]
+  - name: bucket
+    limits: [ { name: tokens, key: [user], algorithm: token_bucket, capacity: 100, refill_per_second: 0.001 } ]
+  - name: big
+    limits: [ { name: tokens, algorithm: token_bucket, capacity: 1000000, refill_per_second: 0.001 } ]
+  - name: payments
+    breaker:
+      window: { kind: count, size: 20 }
+      minimum_calls: 4
+      failure_rate_threshold: 0.5
+      wait_in_open: 1s
+      half_open_calls: 3
+      max_wait_in_half_open: 30s
+"#;
+
+const SYNC_MS: u64 = 100;
+
+fn replica(dir: &TempDir, redis: &[&str]) -> Floodgate {
+    let file = dir.path("rules.yaml");
+    if !file.exists() {
+        dir.write("rules.yaml", RULES);
+    }
+    let mut args = vec!["--config", path_str(&file)];
+    args.extend_from_slice(redis);
+    args.extend_from_slice(&["--sync-interval", "100ms", "--redis-timeout", "50ms"]);
+    Floodgate::start(&args)
+}
+
+/// Waits until `fg` counts `n` live replicas (their heartbeats reached Redis).
+fn wait_live(fg: &Floodgate, n: u32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let series = format!("floodgate_live_replicas {n}");
+    while !fg.http_get("/metrics").1.lines().any(|l| l == series) {
+        assert!(Instant::now() < deadline, "never saw {n} live replicas");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Both replicas under load at once: (admitted, denied) summed.
+fn load_both(a: &Floodgate, b: &Floodgate, resource: &str, each: u32) -> (u64, u64, Vec<serde_json::Value>) {
+    let args = ["--resource", resource, "-n", &each.to_string(), "-c", "8"];
+    let reports = std::thread::scope(|s| {
+        let ha = s.spawn(|| bench(&a.grpc, &args));
+        let hb = s.spawn(|| bench(&b.grpc, &args));
+        vec![ha.join().unwrap(), hb.join().unwrap()]
+    });
+    for r in &reports {
+        assert_eq!(r["errorDistribution"], serde_json::json!({}), "{r}");
+    }
+    let admitted = reports.iter().map(|r| verdict(r, "ALLOWED")).sum();
+    let denied = reports.iter().map(|r| verdict(r, "RATE_LIMITED")).sum();
+    (admitted, denied, reports)
+}
+
+#[test]
+fn two_replicas_admit_exactly_the_limit_in_strict_mode_and_within_the_bound_when_replicated() {
+    let redis = RedisServer::start();
+    let dir = TempDir::new();
+    let url = redis.url();
+    let (a, b) = (replica(&dir, &["--redis", &url]), replica(&dir, &["--redis", &url]));
+    wait_live(&a, 2);
+    wait_live(&b, 2);
+
+    let (admitted, denied, _) = load_both(&a, &b, "strict", 1500);
+    assert_eq!((admitted, denied), (1000, 2000), "strict: exactly 1000 across both replicas");
+
+    let started = Instant::now();
+    let (admitted, denied, _) = load_both(&a, &b, "replicated", 1500);
+    let elapsed = started.elapsed().as_secs_f64();
+    // The documented bound: R x rate x sync interval beyond the limit, where a
+    // window's rate is limit / window, plus the window's own slide while the
+    // test runs.
+    let rate = 1000.0 / 60.0;
+    let bound = 1000.0 + rate * elapsed + 2.0 * rate * (SYNC_MS as f64 / 1000.0);
+    println!("replicated: {admitted} admitted across two replicas in {elapsed:.2}s (bound {bound:.1})");
+    assert!(admitted as f64 <= bound.ceil(), "{admitted} admitted, bound {bound:.1}");
+    assert!(admitted >= 900, "{admitted} admitted: leases should not starve a loaded pair");
+    assert_eq!(admitted + denied, 3000);
+}
+
+#[test]
+fn a_killed_replica_resumes_from_redis_instead_of_a_full_bucket() {
+    let redis = RedisServer::start();
+    let dir = TempDir::new();
+    let url = redis.url();
+    let mut a = replica(&dir, &["--redis", &url]);
+    wait_live(&a, 1);
+    // Take 90 of the bucket's 100 tokens, then wait for the sync to push them.
+    let r = bench(&a.grpc, &["--resource", "bucket", "--key-descriptor", "user", "-n", "90", "-c", "4"]);
+    assert_eq!(verdict(&r, "ALLOWED"), 90);
+    let key = "fg:b:{bucket}:tokens:token_bucket:k0";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let tokens: f64 = redis.cli(&["HGET", key, "t"]).and_then(|t| t.parse().ok()).unwrap_or(100.0);
+        if tokens < 11.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the consumption never reached Redis ({tokens} tokens)");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    signal(a.pid(), "KILL");
+    assert!(!wait_stopped(&mut a));
+    let a = replica(&dir, &["--redis", &url]);
+    let r = bench(&a.grpc, &["--resource", "bucket", "--key-descriptor", "user", "-n", "50", "-c", "1"]);
+    assert!(
+        verdict(&r, "ALLOWED") <= 10,
+        "the restarted replica handed out {} tokens of the 10 left",
+        verdict(&r, "ALLOWED")
+    );
+    assert!(verdict(&r, "RATE_LIMITED") >= 40);
+}
+
+fn wait_stopped(fg: &mut Floodgate) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fg.is_running() {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    fg.is_running()
+}
+
+#[test]
+fn redis_stopped_mid_load_fails_no_call_and_the_replicas_catch_up_when_it_returns() {
+    let mut redis = RedisServer::start();
+    let dir = TempDir::new();
+    let url = redis.url();
+    let (a, b) = (replica(&dir, &["--redis", &url]), replica(&dir, &["--redis", &url]));
+    wait_live(&a, 2);
+    let args = ["--resource", "big", "-z", "3s", "--rps", "400", "-c", "8", "--timeout", "5s"];
+    let reports = std::thread::scope(|s| {
+        let ha = s.spawn(|| bench(&a.grpc, &args));
+        let hb = s.spawn(|| bench(&b.grpc, &args));
+        std::thread::sleep(Duration::from_millis(1000));
+        redis.shutdown_save();
+        std::thread::sleep(Duration::from_millis(1000));
+        redis.restart();
+        vec![ha.join().unwrap(), hb.join().unwrap()]
+    });
+    let mut admitted = 0;
+    for r in &reports {
+        assert_eq!(r["errorDistribution"], serde_json::json!({}), "no call failed: {r}");
+        assert_eq!(r["statusCodeDistribution"]["OK"], r["count"]);
+        assert_eq!(verdict(r, "ALLOWED"), r["count"].as_u64().unwrap(), "replicated limits kept deciding from memory");
+        admitted += verdict(r, "ALLOWED");
+        let slowest = Duration::from_nanos(r["slowest"].as_u64().unwrap());
+        assert!(slowest < Duration::from_secs(1), "a call took {slowest:?}");
+    }
+    // No call into Redis waited past --redis-timeout (50 ms), by the servers' own clocks.
+    for fg in [&a, &b] {
+        let page = fg.http_get("/metrics").1;
+        let sum = |le: &str| -> f64 {
+            page.lines()
+                .filter(|l| l.starts_with("floodgate_redis_rtt_seconds_bucket") && l.contains(&format!("le=\"{le}\"")))
+                .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+                .sum()
+        };
+        assert_eq!(sum("0.1"), sum("+Inf"), "a Redis call outlasted the timeout:\n{page}");
+        assert!(page.lines().any(|l| l.starts_with("floodgate_redis_errors_total")), "the outage was seen");
+    }
+    // Redis came back with what it had saved; the replicas push what they
+    // took while it was gone, so the shared bucket accounts for everything.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let tokens: f64 =
+            redis.cli(&["HGET", "fg:b:{big}:tokens:token_bucket:", "t"]).and_then(|t| t.parse().ok()).unwrap_or(0.0);
+        let taken = 1_000_000.0 - tokens;
+        if tokens > 0.0 && (taken - admitted as f64).abs() <= 2.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "Redis holds {taken} taken, the replicas admitted {admitted}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_breaker_opened_on_one_replica_opens_on_the_other_and_probes_are_counted_across_both() {
+    let redis = RedisServer::start();
+    let dir = TempDir::new();
+    let url = redis.url();
+    let (a, b) = (replica(&dir, &["--redis", &url]), replica(&dir, &["--redis", &url]));
+    wait_live(&a, 2);
+    let (mut ca, mut cb) = (a.client().await, b.client().await);
+    // B has seen the breaker closed.
+    let r = cb.acquire(acquire("payments", &[], 1)).await.unwrap().into_inner();
+    assert_eq!(r.breaker_state(), pb::BreakerState::Closed);
+    let report = |permit: String, outcome: pb::Outcome| pb::ReportOutcomeRequest {
+        permit_id: permit,
+        outcome: outcome as i32,
+        ..Default::default()
+    };
+    cb.report_outcome(report(r.permit_id, pb::Outcome::Success)).await.unwrap();
+    for _ in 0..4 {
+        let r = ca.acquire(acquire("payments", &[], 1)).await.unwrap().into_inner();
+        ca.report_outcome(report(r.permit_id, pb::Outcome::Failure)).await.unwrap();
+    }
+    // Open on A at once; on B within a sync interval or so.
+    let opened = Instant::now();
+    let mut dry = acquire("payments", &[], 1);
+    dry.dry_run = true;
+    eventually("B to see the breaker open", Duration::from_secs(5), || {
+        let (mut c, dry) = (cb.clone(), dry.clone());
+        async move { (c.acquire(dry).await.unwrap().into_inner().verdict() == pb::Verdict::CircuitOpen).then_some(()) }
+    })
+    .await;
+    let took = opened.elapsed();
+    println!("breaker open on B {took:?} after the failures on A");
+    assert!(took < Duration::from_millis(3 * SYNC_MS + 400), "{took:?}");
+
+    // After wait_in_open, ten calls across both replicas: exactly three probes.
+    eventually("the end of wait_in_open", Duration::from_secs(10), || {
+        let (mut c, dry) = (ca.clone(), dry.clone());
+        async move { (c.acquire(dry).await.unwrap().into_inner().verdict() == pb::Verdict::Allowed).then_some(()) }
+    })
+    .await;
+    let mut calls = Vec::new();
+    for i in 0..10 {
+        let mut c = if i % 2 == 0 { ca.clone() } else { cb.clone() };
+        calls.push(tokio::spawn(
+            async move { (i % 2, c.acquire(acquire("payments", &[], 1)).await.unwrap().into_inner()) },
+        ));
+    }
+    let mut probes = Vec::new();
+    for call in calls {
+        let (side, r) = call.await.unwrap();
+        if r.verdict() == pb::Verdict::Allowed {
+            probes.push((side, r.permit_id));
+        }
+    }
+    assert_eq!(probes.len(), 3, "probes across both replicas");
+    for (side, permit) in probes {
+        let c = if side == 0 { &mut ca } else { &mut cb };
+        assert!(c.report_outcome(report(permit, pb::Outcome::Success)).await.unwrap().into_inner().counted);
+    }
+    for c in [&ca, &cb] {
+        eventually("both replicas to see it closed", Duration::from_secs(5), || {
+            let mut c = c.clone();
+            async move {
+                let r = c.acquire(acquire("payments", &[], 1)).await.unwrap().into_inner();
+                (r.breaker_state() == pb::BreakerState::Closed).then_some(())
+            }
+        })
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn rules_applied_on_one_replica_reach_the_others_and_later_ones() {
+    let redis = RedisServer::start();
+    let dir = TempDir::new();
+    let url = redis.url();
+    let (a, b) = (replica(&dir, &["--redis", &url]), replica(&dir, &["--redis", &url]));
+    let new_rules =
+        "resources:\n  - { name: fresh, limits: [ { name: l, algorithm: fixed_window, limit: 7, window: 1h } ] }\n";
+    a.admin().await.apply_rules(pb::ApplyRulesRequest { yaml: new_rules.into(), validate_only: false }).await.unwrap();
+    let mut admin_b = b.admin().await;
+    eventually("B to take the rules", Duration::from_secs(5), || {
+        let mut admin = admin_b.clone();
+        async move { (admin.get_rules(pb::GetRulesRequest {}).await.unwrap().into_inner().yaml == new_rules).then_some(()) }
+    })
+    .await;
+    let got = admin_b.get_rules(pb::GetRulesRequest {}).await.unwrap().into_inner();
+    assert_eq!(got.source, "redis");
+    let c = replica(&dir, &["--redis", &url]);
+    let got = c.admin().await.get_rules(pb::GetRulesRequest {}).await.unwrap().into_inner();
+    assert_eq!((got.yaml.as_str(), got.source.as_str()), (new_rules, "redis"), "a replica started later loads them");
+}
+
+#[test]
+fn strict_mode_is_exact_on_a_three_master_redis_cluster() {
+    let cluster = RedisCluster::start();
+    let dir = TempDir::new();
+    let seeds = cluster.seeds();
+    let (a, b) = (replica(&dir, &["--redis-cluster", &seeds]), replica(&dir, &["--redis-cluster", &seeds]));
+    wait_live(&a, 2);
+    wait_live(&b, 2);
+    let (admitted, denied, _) = load_both(&a, &b, "strict", 1500);
+    assert_eq!((admitted, denied), (1000, 2000), "strict on a cluster: exactly 1000");
+    // Keys of other resources land on other masters: the cluster is really used.
+    let (admitted, _, _) = load_both(&a, &b, "replicated", 600);
+    assert!(admitted <= 1000 + 5);
+    let holding: Vec<usize> =
+        cluster.nodes.iter().map(|n| n.cli(&["DBSIZE"]).and_then(|s| s.parse().ok()).unwrap_or(0)).collect();
+    assert!(holding.iter().filter(|&&k| k > 0).count() >= 2, "keys per master: {holding:?}");
+}
