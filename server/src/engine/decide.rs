@@ -44,7 +44,9 @@ pub struct Answer<'r> {
     /// The matched rule's name, if any.
     pub rule: Option<&'r str>,
     /// One per matched limit, in rule order (empty when denied before the limits).
-    pub limits: SmallVec<[LimitReport<'r>; 4]>,
+    /// Two inline: most rules have one or two limits, and an answer is moved
+    /// several times on its way out.
+    pub limits: SmallVec<[LimitReport<'r>; 2]>,
     pub retry_after: Duration,
     pub wait: Duration,
     /// Set when admitted on a resource with a breaker or a concurrency limit.
@@ -52,14 +54,14 @@ pub struct Answer<'r> {
     pub breaker_state: Option<breaker::State>,
     pub degradation_level: u32,
     /// Why it was denied before the limits were looked at.
-    pub denial: Option<Denial>,
+    pub denial: Option<Box<Denial>>,
 }
 
 /// A matched limit and its decision, `None` until Redis answers.
 type Decided<'r> = (&'r Limit, usize, BucketKey, Option<Decision>);
 
 /// Matched limits: (limit, its index in the rule, its bucket).
-type Matched<'r> = SmallVec<[(&'r Limit, usize, BucketKey); 4]>;
+type Matched<'r> = SmallVec<[(&'r Limit, usize, BucketKey); 2]>;
 
 /// A request checked and matched against the rules, not yet decided.
 #[derive(Debug)]
@@ -235,6 +237,7 @@ impl Engine {
 
     /// Decides a prepared request at `now`, entirely in this process: strict
     /// limits, if any, follow their `on_redis_error`.
+    #[inline]
     pub fn decide<'r>(&self, p: Prepared<'r>, now: Timestamp) -> Answer<'r> {
         match self.begin(p, now) {
             Step::Done(answer) => answer,
@@ -244,6 +247,7 @@ impl Engine {
 
     /// Runs the guards and every limit decided here. When strict limits remain
     /// (replication on, Redis up), the caller asks Redis and calls `finish`.
+    #[inline]
     pub fn begin<'r>(&self, p: Prepared<'r>, now: Timestamp) -> Step<'r> {
         let level = self.degradation_level();
         let Some((rule, metrics)) = p.rule else {
@@ -253,6 +257,17 @@ impl Engine {
             }
             return Step::Done(answer);
         };
+        let remote_on = self.replica.up() && !p.dry_run;
+        let unguarded = p.resource.is_none() && rule.shed_at_level.is_none_or(|at| level < at);
+        if unguarded && !(remote_on && p.matched.iter().any(|(l, ..)| decided_by_redis(l))) {
+            // The common case, without the machinery for guards and Redis.
+            let mut answer = Answer { rule: Some(&rule.name), ..Answer::allowed(level) };
+            self.decide_limits(&mut answer, &p.matched, &p.request_resource, now, p.cost, p.dry_run);
+            if !p.dry_run {
+                metrics.record(&answer);
+            }
+            return Step::Done(answer);
+        }
         let mut pending = Pending {
             answer: Answer { rule: Some(&rule.name), ..Answer::allowed(level) },
             rule,
@@ -269,9 +284,14 @@ impl Engine {
         if let Some(denied) = self.guard(&mut pending, level, p.remote_breaker) {
             return Step::Done(self.done(pending, denied));
         }
-        let remote_on = self.replica.up() && !p.dry_run;
+        if !(remote_on && p.matched.iter().any(|(l, ..)| decided_by_redis(l))) {
+            let (now, cost, dry_run) = (pending.now, pending.cost, pending.dry_run);
+            let resource = std::mem::take(&mut pending.request_resource);
+            self.decide_limits(&mut pending.answer, &p.matched, &resource, now, cost, dry_run);
+            return Step::Done(self.settle(pending));
+        }
         let (remote, local): (Matched<'r>, Matched<'r>) =
-            p.matched.into_iter().partition(|(l, _, _)| remote_on && decided_by_redis(l));
+            p.matched.into_iter().partition(|(l, _, _)| decided_by_redis(l));
         let decisions = if p.dry_run {
             local.iter().map(|(l, _, k)| self.buckets.check(k, &l.algorithm, now, p.cost)).collect()
         } else {
@@ -287,6 +307,31 @@ impl Engine {
             return Step::Done(self.finish(pending, Some(SmallVec::new())));
         }
         Step::Remote(Box::new(pending))
+    }
+
+    /// Every limit decided in this process, all or nothing, into `answer`.
+    fn decide_limits<'r>(
+        &self,
+        answer: &mut Answer<'r>,
+        matched: &Matched<'r>,
+        resource: &str,
+        now: Timestamp,
+        cost: u64,
+        dry_run: bool,
+    ) {
+        let mut decisions = if dry_run {
+            matched.iter().map(|(l, _, k)| self.buckets.check(k, &l.algorithm, now, cost)).collect()
+        } else {
+            self.take_all_or_nothing(matched, resource, now, cost)
+        };
+        if decisions.iter().any(|d| !d.admitted) {
+            // Nothing was taken: the limits that would have admitted report
+            // what they hold, not what they would hold after this cost.
+            for ((l, _, k), d) in matched.iter().zip(&mut decisions).filter(|(_, d)| d.admitted) {
+                d.status = self.buckets.check(k, &l.algorithm, now, 0).status;
+            }
+        }
+        fill_limits(answer, matched, &decisions);
     }
 
     /// Completes a decision with Redis's answers for the strict limits, in
@@ -348,7 +393,7 @@ impl Engine {
         p.answer.verdict = denial.verdict();
         p.answer.retry_after = denial.retry_after();
         p.answer.breaker_state = denial.breaker_state();
-        p.answer.denial = Some(denial);
+        p.answer.denial = Some(Box::new(denial));
         self.settle(p)
     }
 

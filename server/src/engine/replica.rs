@@ -84,6 +84,11 @@ impl Engine {
 
     /// Notes units taken (or, negative, given back) from a replicated bucket.
     pub(super) fn note_taken(&self, key: &BucketKey, resource: &str, limit: LimitId, units: i64, now: Timestamp) {
+        if let Some(mut e) = self.dirty.get_mut(key) {
+            e.delta = e.delta.saturating_add_signed(units);
+            e.touched = now;
+            return;
+        }
         let mut e = self.dirty.entry(key.clone()).or_insert_with(|| Dirty {
             resource: resource.to_string(),
             limit,

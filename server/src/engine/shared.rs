@@ -3,6 +3,7 @@
 //! what it brings back (shared states to adopt, probe grants). No network here.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::{Engine, Installed};
@@ -64,15 +65,27 @@ pub struct Unsynced {
 }
 
 #[derive(Debug, Default)]
-pub struct Outbox(Mutex<Vec<RemoteOutcome>>);
+pub struct Outbox {
+    items: Mutex<Vec<RemoteOutcome>>,
+    /// Something waits: checked on every decision, so no lock when empty.
+    waiting: AtomicBool,
+}
 
 impl Outbox {
     pub fn push(&self, o: RemoteOutcome) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(o);
+        self.items.lock().unwrap_or_else(|e| e.into_inner()).push(o);
+        self.waiting.store(true, Ordering::Release);
     }
 
     pub fn take(&self) -> Vec<RemoteOutcome> {
-        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
+        if !self.waiting.swap(false, Ordering::AcqRel) {
+            return Vec::new();
+        }
+        std::mem::take(&mut *self.items.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        !self.waiting.load(Ordering::Acquire)
     }
 }
 
@@ -96,6 +109,10 @@ impl Engine {
     /// Probe outcomes and returned probes waiting to be sent to Redis.
     pub fn take_outbox(&self) -> Vec<RemoteOutcome> {
         self.outbox.take()
+    }
+
+    pub fn outbox_is_empty(&self) -> bool {
+        self.outbox.is_empty()
     }
 
     /// Every breaker's window since the last sync (now reset).

@@ -2,6 +2,7 @@
 //! nothing), and the replicated sync (push what was taken, adopt the merged
 //! state).
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use redis::Value;
@@ -14,8 +15,10 @@ use crate::limiter::{Decision, Shared, Status};
 use crate::store::BucketKey;
 use crate::time::Timestamp;
 
-/// Syncs in flight at once.
-const CONCURRENCY: usize = 128;
+/// Sync scripts in flight at once.
+const CONCURRENCY: usize = 32;
+/// Buckets per sync script: long scripts would hold Redis up.
+const KEYS_PER_SCRIPT: usize = 200;
 
 impl Replication {
     /// Redis's decision over a request's strict limits; `None` if it could not answer.
@@ -75,16 +78,27 @@ impl Replication {
         self.push_and_adopt(rules, items, 0).await
     }
 
+    /// Pushes and adopts in one script per resource (its keys share a slot)
+    /// and chunk, the chunks running concurrently.
     async fn push_and_adopt(&self, rules: &Installed, items: Vec<SyncItem>, want: u64) -> bool {
+        let mut by_resource: HashMap<&str, Vec<&SyncItem>> = HashMap::new();
+        for item in &items {
+            by_resource.entry(item.resource.as_str()).or_default().push(item);
+        }
+        let batches: Vec<&[&SyncItem]> = by_resource.values().flat_map(|v| v.chunks(KEYS_PER_SCRIPT)).collect();
         let mut ok = true;
-        for chunk in items.chunks(CONCURRENCY) {
-            let calls = chunk.iter().map(|item| self.sync_one(rules, item, want));
-            for (item, shared) in chunk.iter().zip(futures_join(calls).await) {
+        for group in batches.chunks(CONCURRENCY) {
+            let calls = group.iter().map(|batch| self.sync_batch(rules, batch, want));
+            for (batch, shared) in group.iter().zip(futures_join(calls).await) {
                 match shared {
-                    Some(shared) => self.engine.adopt(rules, &item.resource, &item.key, &shared),
+                    Some(shared) => {
+                        for (item, shared) in batch.iter().zip(shared) {
+                            self.engine.adopt(rules, &item.resource, &item.key, &shared);
+                        }
+                    }
                     None => {
                         ok = false;
-                        if item.delta > 0 {
+                        for item in batch.iter().filter(|i| i.delta > 0) {
                             self.engine.restore_dirty(item);
                         }
                     }
@@ -94,34 +108,40 @@ impl Replication {
         ok
     }
 
-    async fn sync_one(&self, rules: &Installed, item: &SyncItem, want: u64) -> Option<Shared> {
-        let (_, limit) = rules.limit(item.limit)?;
-        let mut invocation = self.scripts.sync.prepare_invoke();
+    async fn sync_batch(&self, rules: &Installed, batch: &[&SyncItem], want: u64) -> Option<Vec<Shared>> {
         let lease_ttl = (self.config.sync_interval * 3).as_micros() as u64;
-        invocation
-            .key(bucket_key(&item.resource, limit, &item.key))
-            .arg(item.delta)
-            .arg(&limit_args(&limit.algorithm)[..])
-            .arg(&self.config.replica_id)
-            .arg(self.engine.replica().share())
-            .arg(lease_ttl)
-            .arg(want);
+        let mut invocation = self.scripts.sync.prepare_invoke();
+        invocation.arg(&self.config.replica_id).arg(self.engine.replica().share()).arg(lease_ttl).arg(want);
+        for item in batch {
+            // A limit gone from the rules still syncs once, as a no-op fixed window.
+            let (key, args) = match rules.limit(item.limit) {
+                Some((_, limit)) => (bucket_key(&item.resource, limit, &item.key), limit_args(&limit.algorithm)),
+                None => (format!("fg:b:{{{}}}:gone", super::conn::tag(&item.resource)), [4.0, 1.0, 1e6, 0.0, 0.0]),
+            };
+            invocation.key(key).arg(item.delta).arg(&args[..]);
+        }
         let reply: Vec<Value> = self.call("sync", |mut h| async move { invocation.invoke_async(&mut h).await }).await?;
-        let num = |i: usize| -> Option<f64> {
-            match reply.get(i)? {
+        let num = |v: &Value| -> Option<f64> {
+            match v {
                 Value::Int(n) => Some(*n as f64),
                 Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
                 Value::SimpleString(s) => s.parse().ok(),
                 _ => None,
             }
         };
-        Some(Shared {
-            lease: num(0)?,
-            window_start: Timestamp::from_nanos(num(1)? as u64 * 1000),
-            prev: num(2)? as u64,
-            cur: num(3)? as u64,
-            available: num(4)?,
-        })
+        let shared: Option<Vec<Shared>> = reply
+            .chunks(5)
+            .map(|r| {
+                Some(Shared {
+                    lease: num(&r[0])?,
+                    window_start: Timestamp::from_nanos(num(&r[1])? as u64 * 1000),
+                    prev: num(&r[2])? as u64,
+                    cur: num(&r[3])? as u64,
+                    available: num(&r[4])?,
+                })
+            })
+            .collect();
+        shared.filter(|s| s.len() == batch.len())
     }
 }
 

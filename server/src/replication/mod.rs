@@ -136,8 +136,9 @@ impl Replication {
                 self.engine.finish(*pending, decisions)
             }
         };
-        let rules = self.engine.rules_full();
-        self.flush_outbox(&rules).await;
+        if !self.engine.outbox_is_empty() {
+            self.flush_outbox(&self.engine.rules_full()).await;
+        }
         rules_answer
     }
 

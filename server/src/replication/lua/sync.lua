@@ -1,41 +1,52 @@
--- replicated: push one bucket's consumption since this replica's last sync
--- (taken even beyond the limit: it already happened), then lease this
+-- replicated: for each bucket, push this replica's consumption since its last
+-- sync (taken even beyond the limit: it already happened), then lease this
 -- replica a share of what is left until its next sync.
 --
 -- Leases are reservations, not consumption: each replica's lease is replaced
--- at its every sync and expires if the replica stops syncing, and no lease
--- is granted from what other replicas hold. So the replicas together never
--- hold more than is available; what they admit beyond it comes only from
--- their local refill between syncs.
+-- at its every sync and expires if the replica stops syncing, and no lease is
+-- granted from what other replicas hold. So the replicas together never hold
+-- more than is available; what they admit beyond it comes only from their
+-- local refill between syncs.
 --
--- KEYS[1]: the bucket. ARGV[1]: units to push; ARGV[2..6]: the limit's five
--- numbers; ARGV[7]: this replica; ARGV[8]: its share (1 / live replicas);
--- ARGV[9]: the lease's time to live, us; ARGV[10]: the least lease wanted
--- (a request larger than the usual share), granted only from what is free.
--- Returns {lease (a fraction, as text), window start us, prev, cur, available (text)}.
+-- KEYS: the buckets (one resource's, so one slot). ARGV[1]: this replica;
+-- ARGV[2]: its share (1 / live replicas); ARGV[3]: a lease's time to live, us;
+-- ARGV[4]: the least lease wanted (a request larger than the usual share),
+-- granted only from what is free. Then per bucket six numbers: units to push,
+-- and the limit's five numbers.
+-- Returns per bucket {lease (text), window start us, prev, cur, available (text)}.
 local now = now_us()
-local delta = tonumber(ARGV[1])
-local alg, p = limit_at(1)
-local replica, share, ttl, want = ARGV[7], tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
-local leases = KEYS[1] .. ':l'
-local s = A[alg].status(KEYS[1], p, now, 0)
-if delta > 0 then
-  A[alg].take(KEYS[1], p, now, delta, s)
-  s = A[alg].status(KEYS[1], p, now, 0)
-end
-local window = int(s.start or 0)
-local held = 0
-local all = redis.call('HGETALL', leases)
-for i = 1, #all, 2 do
-  local amount, expiry, w = string.match(all[i + 1], '(%S+) (%S+) (%S+)')
-  if tonumber(expiry) <= now or w ~= window then
-    redis.call('HDEL', leases, all[i])
-  elseif all[i] ~= replica then
-    held = held + tonumber(amount)
+local replica, share, ttl, want = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local out = {}
+for i = 1, #KEYS do
+  local key, b = KEYS[i], 4 + (i - 1) * 6
+  local delta = tonumber(ARGV[b + 1])
+  local alg = tonumber(ARGV[b + 2])
+  local p = { tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6]) }
+  local leases = key .. ':l'
+  local s = A[alg].status(key, p, now, 0)
+  if delta > 0 then
+    A[alg].take(key, p, now, delta, s)
+    s = A[alg].status(key, p, now, 0)
   end
+  local window = int(s.start or 0)
+  local held = 0
+  local all = redis.call('HGETALL', leases)
+  for j = 1, #all, 2 do
+    local amount, expiry, w = string.match(all[j + 1], '(%S+) (%S+) (%S+)')
+    if tonumber(expiry) <= now or w ~= window then
+      redis.call('HDEL', leases, all[j])
+    elseif all[j] ~= replica then
+      held = held + tonumber(amount)
+    end
+  end
+  local avail = math.max(s.avail, 0)
+  local lease = math.min(math.max(avail - held, 0), math.max(math.ceil(avail * share), want))
+  redis.call('HSET', leases, replica, tostring(lease) .. ' ' .. int(now + ttl) .. ' ' .. window)
+  expire(leases, ttl)
+  table.insert(out, tostring(lease))
+  table.insert(out, s.start or 0)
+  table.insert(out, s.prev or 0)
+  table.insert(out, s.cur or 0)
+  table.insert(out, tostring(avail))
 end
-local avail = math.max(s.avail, 0)
-local lease = math.min(math.max(avail - held, 0), math.max(math.ceil(avail * share), want))
-redis.call('HSET', leases, replica, tostring(lease) .. ' ' .. int(now + ttl) .. ' ' .. window)
-expire(leases, ttl)
-return { tostring(lease), s.start or 0, s.prev or 0, s.cur or 0, tostring(avail) }
+return out
