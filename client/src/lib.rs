@@ -1,1 +1,54 @@
+//! # floodgate-client
+//!
+//! Ask [Floodgate](https://github.com/floodgate-rs/floodgate) before calling
+//! something, report after, and fall back gracefully when denied or when the
+//! server is gone.
+//!
+//! - [`Client`]: `acquire` (a [`Decision`]) and `report` (batched in the
+//!   background, never blocking the caller); fail open or closed within a short
+//!   deadline when the server cannot be reached, with a local breaker on the
+//!   connection and automatic reconnection; a local cache of open breakers fed
+//!   by Watch, so an open circuit costs no round trip.
+//! - [`Client::guard`]: acquire, run, time, classify and report in one call;
+//!   [`Fallback`]s (a value, the last good value, a closure) per call or per
+//!   resource ([`ResourceGuard`]).
+//! - [`http::FloodgateLayer`]: a tower layer for HTTP services (axum, hyper)
+//!   answering 429/503 with `Retry-After` and the rate limit fields.
+//! - [`grpc::FloodgateGrpcLayer`]: the same for tonic services.
+//! - [`proto`]: the generated stubs.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! use floodgate_client::{Acquire, Client, GuardError};
+//!
+//! let client = Client::connect("http://127.0.0.1:1").unwrap(); // no server here: fails open
+//! let answer = client
+//!     .guard(Acquire::new("payments-db").descriptor("tenant", "acme"))
+//!     .run(|| async { Ok::<_, std::io::Error>("query result") })
+//!     .await;
+//! match answer {
+//!     Ok(rows) => assert_eq!(rows, "query result"),
+//!     Err(GuardError::Denied(d)) => println!("denied, retry in {:?}", d.retry_after),
+//!     Err(e) => println!("{e}"),
+//! }
+//! # }
+//! ```
+
+mod client;
+mod connection;
+mod decision;
+mod error;
+pub mod grpc;
+mod guard;
+pub mod http;
+mod open_breakers;
+mod reporter;
+mod stats;
+
+pub use client::{Builder, Client, FailMode};
+pub use decision::{Acquire, BreakerState, Decision, Limit, Outcome, Permit, Source, Verdict};
+pub use error::Error;
 pub use floodgate_proto as proto;
+pub use guard::{ByResult, Classify, Fallback, FallbackFn, Guard, GuardError, ResourceGuard, Served};
+pub use stats::StatsSnapshot;

@@ -29,9 +29,14 @@ pub struct Floodgate {
 impl Floodgate {
     /// Starts `floodgate serve` with `args` on port 0 and waits until it listens.
     pub fn start(args: &[&str]) -> Floodgate {
+        Self::start_on("127.0.0.1:0", args)
+    }
+
+    /// The same with gRPC on `listen` (to restart a server where it was).
+    pub fn start_on(listen: &str, args: &[&str]) -> Floodgate {
         let mut child = Command::new(BIN)
             .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
+            .args(["--listen", listen, "--http-listen", "127.0.0.1:0"])
             .args(args)
             .env("FLOODGATE_LOG", "info")
             .stdout(Stdio::piped())

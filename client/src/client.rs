@@ -1,0 +1,265 @@
+//! The client: ask before calling, report after.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use floodgate_proto::v1 as pb;
+use pb::floodgate_client::FloodgateClient;
+use tonic::transport::{Channel, Endpoint as TonicEndpoint};
+
+use crate::connection::ServerBreaker;
+use crate::decision::{Acquire, BreakerState, Decision, Outcome, Permit, Source, Verdict};
+use crate::error::{Error, unreachable};
+use crate::open_breakers::{self, OpenBreakers};
+use crate::reporter::{Reporter, Settings};
+use crate::stats::{Stats, StatsSnapshot};
+
+/// What the client answers when no server can be reached.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FailMode {
+    /// Admit the call (the protected service stays up without Floodgate).
+    #[default]
+    Open,
+    /// Deny the call (verdict SHED).
+    Closed,
+}
+
+/// A Floodgate client: cheap to clone, shared by every task of a service.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), floodgate_client::Error> {
+/// use std::time::Duration;
+/// use floodgate_client::{Acquire, Client, FailMode, Source};
+///
+/// // Nothing listens on port 1: the client fails open within its deadline.
+/// let client = Client::builder()
+///     .endpoint("http://127.0.0.1:1")
+///     .request_timeout(Duration::from_millis(20))
+///     .fail_mode(FailMode::Open)
+///     .build()?;
+/// let decision = client.acquire(&Acquire::new("payments").descriptor("user", "u42")).await?;
+/// assert!(decision.is_allowed());
+/// assert_eq!(decision.source, Source::FailOpen);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) endpoints: Vec<Endpoint>,
+    pub(crate) open: OpenBreakers,
+    request_timeout: Duration,
+    fail_mode: FailMode,
+    stats: Arc<Stats>,
+    /// The last good value per resource, for `Fallback::LastGood`.
+    pub(crate) last_good: Mutex<HashMap<String, Box<dyn Any + Send + Sync>>>,
+}
+
+pub(crate) struct Endpoint {
+    pub(crate) grpc: FloodgateClient<Channel>,
+    breaker: ServerBreaker,
+    reporter: Reporter,
+}
+
+/// Builds a [`Client`].
+#[derive(Clone, Debug)]
+pub struct Builder {
+    endpoints: Vec<String>,
+    connect_timeout: Duration,
+    request_timeout: Duration,
+    fail_mode: FailMode,
+    watch: bool,
+    report_batch: usize,
+    report_interval: Duration,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Builder {
+            endpoints: Vec::new(),
+            connect_timeout: Duration::from_millis(250),
+            request_timeout: Duration::from_millis(25),
+            fail_mode: FailMode::Open,
+            watch: true,
+            report_batch: 100,
+            report_interval: Duration::from_millis(10),
+        }
+    }
+}
+
+impl Builder {
+    /// A server to ask; several are tried in order (failover). Reports go to
+    /// the server that issued the permit.
+    pub fn endpoint(mut self, url: impl Into<String>) -> Self {
+        self.endpoints.push(url.into());
+        self
+    }
+
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.connect_timeout = d;
+        self
+    }
+
+    /// The longest an `acquire` waits for the server before failing open or
+    /// closed (default 25 ms).
+    pub fn request_timeout(mut self, d: Duration) -> Self {
+        self.request_timeout = d;
+        self
+    }
+
+    pub fn fail_mode(mut self, mode: FailMode) -> Self {
+        self.fail_mode = mode;
+        self
+    }
+
+    /// Keep a local cache of open breakers fed by Watch (default on).
+    pub fn watch_breakers(mut self, on: bool) -> Self {
+        self.watch = on;
+        self
+    }
+
+    /// Reports per batch, and how long a report may wait for its batch.
+    pub fn report_batching(mut self, batch: usize, interval: Duration) -> Self {
+        self.report_batch = batch.clamp(1, 1000);
+        self.report_interval = interval;
+        self
+    }
+
+    /// Builds the client; connections are made when first needed and remade
+    /// when lost. Call it inside a Tokio runtime.
+    pub fn build(self) -> Result<Client, Error> {
+        if self.endpoints.is_empty() {
+            return Err(Error::Endpoint { endpoint: String::new(), reason: "no endpoint given".into() });
+        }
+        let stats = Arc::new(Stats::default());
+        let mut endpoints = Vec::new();
+        for url in &self.endpoints {
+            let bad = |e: &dyn std::fmt::Display| Error::Endpoint { endpoint: url.clone(), reason: e.to_string() };
+            let channel = TonicEndpoint::from_shared(url.clone())
+                .map_err(|e| bad(&e))?
+                .connect_timeout(self.connect_timeout)
+                .tcp_nodelay(true)
+                .connect_lazy();
+            let grpc = FloodgateClient::new(channel);
+            let settings =
+                Settings { batch: self.report_batch, interval: self.report_interval, timeout: Duration::from_secs(2) };
+            let reporter = Reporter::spawn(grpc.clone(), settings, stats.clone());
+            endpoints.push(Endpoint { grpc, breaker: ServerBreaker::new(url.clone()), reporter });
+        }
+        let inner = Arc::new(Inner {
+            endpoints,
+            open: OpenBreakers::default(),
+            request_timeout: self.request_timeout,
+            fail_mode: self.fail_mode,
+            stats,
+            last_good: Mutex::new(HashMap::new()),
+        });
+        if self.watch {
+            tokio::spawn(open_breakers::follow(Arc::downgrade(&inner)));
+        }
+        Ok(Client { inner })
+    }
+}
+
+impl Client {
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    /// A client of one server, with the defaults.
+    pub fn connect(url: impl Into<String>) -> Result<Client, Error> {
+        Client::builder().endpoint(url).build()
+    }
+
+    /// May I? A denial is a [`Decision`], not an error; an unreachable server
+    /// gives the fail mode's decision within `request_timeout`. Errors are
+    /// the server refusing bad input.
+    pub async fn acquire(&self, req: &Acquire) -> Result<Decision, Error> {
+        let inner = &self.inner;
+        if let Some(retry_after) = inner.open.denies(req.resource()) {
+            inner.stats.cached_denial();
+            return Ok(Decision {
+                verdict: Verdict::CircuitOpen,
+                retry_after,
+                breaker_state: Some(BreakerState::Open),
+                reason: format!("circuit breaker of '{}' is open (cached from Watch)", req.resource()),
+                source: Source::OpenBreakerCache,
+                ..Decision::fail_open()
+            });
+        }
+        let deadline = Instant::now() + inner.request_timeout;
+        for (i, ep) in inner.endpoints.iter().enumerate() {
+            if !ep.breaker.allow() {
+                continue;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            inner.stats.rpc();
+            let issued = Instant::now();
+            match tokio::time::timeout(left, ep.grpc.clone().acquire(req.to_proto())).await {
+                Ok(Ok(response)) => {
+                    ep.breaker.success();
+                    let mut d = Decision::from_proto(response.into_inner(), req.resource(), issued);
+                    if let Some(p) = &mut d.permit {
+                        p.endpoint = i;
+                    }
+                    return Ok(d);
+                }
+                Ok(Err(status)) if unreachable(&status) => ep.breaker.failure(status.message()),
+                Ok(Err(status)) => {
+                    ep.breaker.success();
+                    return Err(status.into());
+                }
+                Err(_) => ep.breaker.failure("no answer within the request timeout"),
+            }
+        }
+        inner.stats.without_server();
+        Ok(match inner.fail_mode {
+            FailMode::Open => Decision::fail_open(),
+            FailMode::Closed => Decision::fail_closed(Duration::from_secs(1)),
+        })
+    }
+
+    /// How the call went. Never blocks and never fails: reports are batched in
+    /// the background and sent to the server that issued the permit.
+    pub fn report(&self, permit: &Permit, outcome: Outcome, latency: Option<Duration>) {
+        let Some(ep) = self.inner.endpoints.get(permit.endpoint) else { return };
+        let latency = latency.unwrap_or_else(|| permit.issued.elapsed());
+        let report = pb::ReportOutcomeRequest {
+            resource: permit.resource.clone(),
+            permit_id: permit.id.clone(),
+            outcome: outcome.to_proto() as i32,
+            latency: Some(prost_types::Duration {
+                seconds: latency.as_secs() as i64,
+                nanos: latency.subsec_nanos() as i32,
+            }),
+        };
+        if !ep.reporter.send(report) {
+            self.inner.stats.dropped(1);
+        }
+    }
+
+    /// Waits until every report made so far was delivered (or given up on).
+    pub async fn flush(&self) {
+        for ep in &self.inner.endpoints {
+            ep.reporter.flush().await;
+        }
+    }
+
+    /// Whether every server is currently unreachable.
+    pub fn is_degraded(&self) -> bool {
+        self.inner.endpoints.iter().all(|e| e.breaker.is_open())
+    }
+
+    pub fn stats(&self) -> StatsSnapshot {
+        self.inner.stats.snapshot()
+    }
+
+    pub(crate) fn inner(&self) -> &Inner {
+        &self.inner
+    }
+}

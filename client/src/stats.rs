@@ -1,0 +1,65 @@
+//! What the client did, for logs, metrics or tests.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Counters since the client was built.
+#[derive(Debug, Default)]
+pub struct Stats {
+    rpcs: AtomicU64,
+    cached_denials: AtomicU64,
+    without_server: AtomicU64,
+    reports_counted: AtomicU64,
+    reports_uncounted: AtomicU64,
+    reports_dropped: AtomicU64,
+}
+
+/// A copy of the counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// Acquire calls sent to a server.
+    pub rpcs: u64,
+    /// Denials answered from the open-breaker cache, with no round trip.
+    pub cached_denials: u64,
+    /// Decisions made without the server (fail open or closed).
+    pub without_server: u64,
+    /// Reports the server counted, and those it did not (expired or unknown permits).
+    pub reports_counted: u64,
+    pub reports_uncounted: u64,
+    /// Reports that could not be delivered.
+    pub reports_dropped: u64,
+}
+
+impl Stats {
+    pub(crate) fn rpc(&self) {
+        self.rpcs.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn cached_denial(&self) {
+        self.cached_denials.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn without_server(&self) {
+        self.without_server.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn reported(&self, counted: u64, uncounted: u64) {
+        self.reports_counted.fetch_add(counted, Ordering::Relaxed);
+        self.reports_uncounted.fetch_add(uncounted, Ordering::Relaxed);
+    }
+
+    pub(crate) fn dropped(&self, n: u64) {
+        self.reports_dropped.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        StatsSnapshot {
+            rpcs: l(&self.rpcs),
+            cached_denials: l(&self.cached_denials),
+            without_server: l(&self.without_server),
+            reports_counted: l(&self.reports_counted),
+            reports_uncounted: l(&self.reports_uncounted),
+            reports_dropped: l(&self.reports_dropped),
+        }
+    }
+}
