@@ -93,12 +93,7 @@ pub enum Format {
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
-    let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = args.threads {
-        runtime.worker_threads(n.max(1));
-    }
-    let runtime = runtime.enable_all().build().context("starting the runtime")?;
-    runtime.block_on(bench(args))
+    crate::cli::runtime(args.threads)?.block_on(bench(args))
 }
 
 async fn bench(args: BenchArgs) -> anyhow::Result<()> {

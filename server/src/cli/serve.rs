@@ -65,12 +65,7 @@ pub struct ServeArgs {
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = args.threads {
-        runtime.worker_threads(n.max(1));
-    }
-    let runtime = runtime.enable_all().build().context("starting the runtime")?;
-    runtime.block_on(serve(args))
+    super::runtime(args.threads)?.block_on(serve(args))
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
