@@ -191,11 +191,11 @@ async fn fail_open_and_fail_closed_within_the_deadline_and_recovery_when_the_ser
     for _ in 0..20 {
         let t = Instant::now();
         let d = open.acquire(&ask).await.unwrap();
-        assert!(t.elapsed() < deadline + Duration::from_millis(100), "{:?}", t.elapsed());
+        assert!(t.elapsed() < deadline + Duration::from_millis(200), "{:?}", t.elapsed());
         assert_eq!((d.verdict, d.source), (Verdict::Allowed, Source::FailOpen));
         let t = Instant::now();
         let d = closed.acquire(&ask).await.unwrap();
-        assert!(t.elapsed() < deadline + Duration::from_millis(100), "{:?}", t.elapsed());
+        assert!(t.elapsed() < deadline + Duration::from_millis(200), "{:?}", t.elapsed());
         assert_eq!((d.verdict, d.source), (Verdict::Shed, Source::FailClosed));
     }
     assert!(open.is_degraded() && closed.is_degraded(), "a dead server costs no waiting: the local breaker is open");

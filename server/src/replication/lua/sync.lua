@@ -26,7 +26,9 @@ for i = 1, #KEYS do
   local s = A[alg].status(key, p, now, 0)
   if delta > 0 then
     A[alg].take(key, p, now, delta, s)
-    s = A[alg].status(key, p, now, 0)
+    -- Every algorithm has exactly `delta` less to give after taking it.
+    s.avail = s.avail - delta
+    if s.cur then s.cur = s.cur + delta end
   end
   local window = int(s.start or 0)
   local held = 0
