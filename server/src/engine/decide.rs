@@ -6,14 +6,15 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use super::admit::{Admitted, Denial};
+use super::admit::Denial;
+use super::pending::{Step, decided_by_redis};
 use super::request::{self, Descriptors, Request, RequestError};
 use super::shared::RemoteBreaker;
 use super::{Engine, Installed};
 use crate::breaker;
 use crate::limiter::{Decision, Status};
 use crate::metrics::RuleMetrics;
-use crate::rules::{Limit, OnRedisError, Rule, SyncMode, duration};
+use crate::rules::{Limit, Rule, SyncMode, duration};
 use crate::store::BucketKey;
 use crate::time::Timestamp;
 
@@ -57,25 +58,22 @@ pub struct Answer<'r> {
     pub denial: Option<Box<Denial>>,
 }
 
-/// A matched limit and its decision, `None` until Redis answers.
-type Decided<'r> = (&'r Limit, usize, BucketKey, Option<Decision>);
-
 /// Matched limits: (limit, its index in the rule, its bucket).
-type Matched<'r> = SmallVec<[(&'r Limit, usize, BucketKey); 2]>;
+pub(super) type Matched<'r> = SmallVec<[(&'r Limit, usize, BucketKey); 2]>;
 
 /// A request checked and matched against the rules, not yet decided.
 #[derive(Debug)]
 pub struct Prepared<'r> {
-    rule: Option<(&'r Rule, &'r RuleMetrics)>,
+    pub(super) rule: Option<(&'r Rule, &'r RuleMetrics)>,
     /// The resource, kept when the rule guards it (breaker or concurrency).
-    resource: Option<String>,
+    pub(super) resource: Option<String>,
     /// The resource when replication needs it (a hash tag); else empty.
-    request_resource: String,
-    matched: Matched<'r>,
-    cost: u64,
-    dry_run: bool,
+    pub(super) request_resource: String,
+    pub(super) matched: Matched<'r>,
+    pub(super) cost: u64,
+    pub(super) dry_run: bool,
     /// Redis's answer when the resource's breaker needed a probe.
-    remote_breaker: Option<RemoteBreaker>,
+    pub(super) remote_breaker: Option<RemoteBreaker>,
 }
 
 impl Prepared<'_> {
@@ -102,65 +100,10 @@ impl Prepared<'_> {
     }
 }
 
-/// Where a decision stands between its local part and Redis's.
-// `Done` is the common case and is returned by value: boxing it would cost an
-// allocation per decision. The rare `Remote` is boxed instead.
-#[allow(clippy::large_enum_variant)]
-pub enum Step<'r> {
-    Done(Answer<'r>),
-    /// Strict limits remain: ask Redis, then call [`Engine::finish`].
-    Remote(Box<Pending<'r>>),
-}
-
-/// A decision waiting for Redis's answer on its strict limits.
-#[derive(Debug)]
-pub struct Pending<'r> {
-    answer: Answer<'r>,
-    rule: &'r Rule,
-    metrics: &'r RuleMetrics,
-    resource: Option<String>,
-    request_resource: String,
-    admitted: Option<Admitted>,
-    /// Every matched limit in rule order; the decision is `None` until Redis answers.
-    limits: SmallVec<[Decided<'r>; 4]>,
-    cost: u64,
-    dry_run: bool,
-    now: Timestamp,
-    /// The local limits already gave back what they took (one of them denied).
-    given_back: bool,
-}
-
-impl<'r> Pending<'r> {
-    /// The strict limits Redis must decide, in rule order.
-    pub fn strict(&self) -> impl Iterator<Item = (&'r Limit, &BucketKey)> {
-        self.limits.iter().filter(|(.., d)| d.is_none()).map(|(l, _, k, _)| (*l, k))
-    }
-
-    pub fn resource(&self) -> &str {
-        &self.request_resource
-    }
-
-    pub fn cost(&self) -> u64 {
-        self.cost
-    }
-}
-
-/// Reported for a strict limit Redis was not asked about: its size, no state.
-fn not_asked(l: &Limit) -> Decision {
-    Decision { admitted: true, status: Status { limit: l.algorithm.capacity(), ..Status::default() } }
-}
-
-/// Whether Redis decides this limit when replication is on: strict limits,
-/// and sliding logs (an exact log cannot be shared approximately).
-pub fn decided_by_redis(l: &Limit) -> bool {
-    l.sync == SyncMode::Strict
-        || (l.sync == SyncMode::Replicated && matches!(l.algorithm, crate::limiter::Algorithm::SlidingWindowLog(_)))
-}
-
 // === impl Answer ===
 
 impl Answer<'_> {
-    fn allowed(level: u32) -> Self {
+    pub(super) fn allowed(level: u32) -> Self {
         Answer {
             verdict: Verdict::Allowed,
             rule: None,
@@ -245,72 +188,8 @@ impl Engine {
         }
     }
 
-    /// Runs the guards and every limit decided here. When strict limits remain
-    /// (replication on, Redis up), the caller asks Redis and calls `finish`.
-    #[inline]
-    pub fn begin<'r>(&self, p: Prepared<'r>, now: Timestamp) -> Step<'r> {
-        let level = self.degradation_level();
-        let Some((rule, metrics)) = p.rule else {
-            let answer = Answer::allowed(level);
-            if !p.dry_run {
-                self.unmatched.record(&answer);
-            }
-            return Step::Done(answer);
-        };
-        let remote_on = self.replica.up() && !p.dry_run;
-        let unguarded = p.resource.is_none() && rule.shed_at_level.is_none_or(|at| level < at);
-        if unguarded && !(remote_on && p.matched.iter().any(|(l, ..)| decided_by_redis(l))) {
-            // The common case, without the machinery for guards and Redis.
-            let mut answer = Answer { rule: Some(&rule.name), ..Answer::allowed(level) };
-            self.decide_limits(&mut answer, &p.matched, &p.request_resource, now, p.cost, p.dry_run);
-            if !p.dry_run {
-                metrics.record(&answer);
-            }
-            return Step::Done(answer);
-        }
-        let mut pending = Pending {
-            answer: Answer { rule: Some(&rule.name), ..Answer::allowed(level) },
-            rule,
-            metrics,
-            admitted: None,
-            limits: SmallVec::new(),
-            cost: p.cost,
-            dry_run: p.dry_run,
-            now,
-            resource: p.resource,
-            request_resource: p.request_resource,
-            given_back: false,
-        };
-        if let Some(denied) = self.guard(&mut pending, level, p.remote_breaker) {
-            return Step::Done(self.done(pending, denied));
-        }
-        if !(remote_on && p.matched.iter().any(|(l, ..)| decided_by_redis(l))) {
-            let (now, cost, dry_run) = (pending.now, pending.cost, pending.dry_run);
-            let resource = std::mem::take(&mut pending.request_resource);
-            self.decide_limits(&mut pending.answer, &p.matched, &resource, now, cost, dry_run);
-            return Step::Done(self.settle(pending));
-        }
-        let (remote, local): (Matched<'r>, Matched<'r>) =
-            p.matched.into_iter().partition(|(l, _, _)| decided_by_redis(l));
-        let decisions = if p.dry_run {
-            local.iter().map(|(l, _, k)| self.buckets.check(k, &l.algorithm, now, p.cost)).collect()
-        } else {
-            self.take_all_or_nothing(&local, &pending.request_resource, now, p.cost)
-        };
-        let denied = decisions.iter().any(|d| !d.admitted);
-        pending.given_back = denied;
-        pending.limits.extend(local.into_iter().zip(decisions).map(|((l, i, k), d)| (l, i, k, Some(d))));
-        // Denied here: Redis is not asked, and its limits are reported unknown.
-        pending.limits.extend(remote.into_iter().map(|(l, i, k)| (l, i, k, denied.then(|| not_asked(l)))));
-        pending.limits.sort_by_key(|(_, i, _, _)| *i);
-        if denied || pending.limits.iter().all(|(.., d)| d.is_some()) {
-            return Step::Done(self.finish(pending, Some(SmallVec::new())));
-        }
-        Step::Remote(Box::new(pending))
-    }
-
     /// Every limit decided in this process, all or nothing, into `answer`.
-    fn decide_limits<'r>(
+    pub(super) fn decide_limits<'r>(
         &self,
         answer: &mut Answer<'r>,
         matched: &Matched<'r>,
@@ -332,83 +211,6 @@ impl Engine {
             }
         }
         fill_limits(answer, matched, &decisions);
-    }
-
-    /// Completes a decision with Redis's answers for the strict limits, in
-    /// rule order (`None` when Redis could not answer: each strict limit then
-    /// follows its `on_redis_error`). When one denies, everything is given back.
-    pub fn finish<'r>(&self, mut p: Pending<'r>, remote: Option<SmallVec<[Decision; 4]>>) -> Answer<'r> {
-        let strict: Matched<'r> =
-            p.limits.iter().filter(|(.., d)| d.is_none()).map(|(l, i, k, _)| (*l, *i, k.clone())).collect();
-        let from_redis = match remote {
-            Some(d) if d.len() == strict.len() => d,
-            _ => self.without_redis(&strict, p.now, p.cost),
-        };
-        let mut from_redis = from_redis.into_iter();
-        for (.., d) in p.limits.iter_mut().filter(|(.., d)| d.is_none()) {
-            *d = from_redis.next();
-        }
-        let denied = p.limits.iter().any(|(.., d)| d.is_some_and(|d| !d.admitted));
-        if denied {
-            let on_redis = self.replica.up();
-            for (l, _, k, d) in &mut p.limits {
-                let Some(d) = d.as_mut().filter(|d| d.admitted) else { continue };
-                if on_redis && decided_by_redis(l) {
-                    continue;
-                }
-                if !p.dry_run && !p.given_back {
-                    self.buckets.refund(k, &l.algorithm, p.now, p.cost);
-                    self.note_replicated(l, k, &p.request_resource, -(p.cost as i64), p.now);
-                }
-                // Nothing was taken: report what the limit holds now.
-                d.status = self.buckets.check(k, &l.algorithm, p.now, 0).status;
-            }
-        }
-        let decisions: SmallVec<[Decision; 4]> =
-            p.limits.iter().map(|(l, .., d)| d.unwrap_or_else(|| not_asked(l))).collect();
-        let matched: Matched<'r> = p.limits.iter().map(|(l, i, k, _)| (*l, *i, k.clone())).collect();
-        fill_limits(&mut p.answer, &matched, &decisions);
-        self.settle(p)
-    }
-
-    /// Hands out the permit, or gives back what the guards handed out.
-    fn settle<'r>(&self, mut p: Pending<'r>) -> Answer<'r> {
-        if let Some(a) = p.admitted.take() {
-            p.answer.breaker_state = a.breaker_state;
-            if p.answer.verdict != Verdict::Allowed || p.dry_run {
-                self.undo(a);
-            } else {
-                let resource = p.resource.clone().unwrap_or_default();
-                p.answer.permit_id = Some(self.issue_permit(p.rule, resource, a, p.now));
-            }
-        }
-        if !p.dry_run {
-            p.metrics.record(&p.answer);
-        }
-        p.answer
-    }
-
-    fn done<'r>(&self, p: Pending<'r>, denial: Denial) -> Answer<'r> {
-        let mut p = p;
-        p.answer.verdict = denial.verdict();
-        p.answer.retry_after = denial.retry_after();
-        p.answer.breaker_state = denial.breaker_state();
-        p.answer.denial = Some(Box::new(denial));
-        self.settle(p)
-    }
-
-    /// Shedding, the breaker and the concurrency limit; the denial if any.
-    fn guard(&self, p: &mut Pending<'_>, level: u32, remote: Option<RemoteBreaker>) -> Option<Denial> {
-        match &p.resource {
-            Some(resource) => match self.admit(p.rule, resource, level, p.now, p.dry_run, remote) {
-                Ok(a) => {
-                    p.admitted = Some(a);
-                    None
-                }
-                Err(denial) => Some(denial),
-            },
-            None => p.rule.shed_at_level.filter(|&at| level >= at).map(|at| Denial::Shed { at, level }),
-        }
     }
 
     /// The state of a resource's limits for these descriptors, consuming nothing.
@@ -441,7 +243,7 @@ impl Engine {
     /// checked so that the answer still reports every limit. A concurrent
     /// caller may see the taken units for that instant: it can be denied
     /// spuriously, never admitted beyond a limit.
-    fn take_all_or_nothing(
+    pub(super) fn take_all_or_nothing(
         &self,
         matched: &Matched<'_>,
         resource: &str,
@@ -473,48 +275,10 @@ impl Engine {
     }
 
     /// Keeps count of what a replicated limit took, for the next sync.
-    fn note_replicated(&self, l: &Limit, key: &BucketKey, resource: &str, units: i64, now: Timestamp) {
+    pub(super) fn note_replicated(&self, l: &Limit, key: &BucketKey, resource: &str, units: i64, now: Timestamp) {
         if self.replica.enabled() && l.sync == SyncMode::Replicated {
             self.note_taken(key, resource, l.id, units, now);
         }
-    }
-
-    /// Strict limits while Redis cannot answer, all or nothing: `local`
-    /// decides here with the limit divided among the live replicas, `allow`
-    /// admits, `deny` denies.
-    fn without_redis(&self, strict: &Matched<'_>, now: Timestamp, cost: u64) -> SmallVec<[Decision; 4]> {
-        let share = self.replica.share();
-        let mut decisions = SmallVec::new();
-        let mut taken = Vec::new();
-        let mut denied = false;
-        for (l, _, k) in strict {
-            let alg = l.algorithm.scaled(share);
-            let d = match l.on_redis_error {
-                OnRedisError::Allow => {
-                    Decision { admitted: true, status: Status { limit: alg.capacity(), ..Status::default() } }
-                }
-                OnRedisError::Deny => Decision {
-                    admitted: false,
-                    status: Status { limit: alg.capacity(), retry_after: Duration::from_secs(1), ..Status::default() },
-                },
-                OnRedisError::Local if denied => self.buckets.check(k, &alg, now, cost),
-                OnRedisError::Local => {
-                    let d = self.buckets.acquire(k.clone(), &alg, now, cost);
-                    if d.admitted {
-                        taken.push((k, alg));
-                    }
-                    d
-                }
-            };
-            if !d.admitted && !denied {
-                denied = true;
-                for (k, alg) in &taken {
-                    self.buckets.refund(k, alg, now, cost);
-                }
-            }
-            decisions.push(d);
-        }
-        decisions
     }
 }
 
@@ -541,7 +305,7 @@ fn matched<'r, D: Descriptors + ?Sized>(rule: &'r Rule, resource: &str, d: &D) -
         .collect()
 }
 
-fn fill_limits<'r>(answer: &mut Answer<'r>, matched: &Matched<'r>, decisions: &[Decision]) {
+pub(super) fn fill_limits<'r>(answer: &mut Answer<'r>, matched: &Matched<'r>, decisions: &[Decision]) {
     for ((limit, index, _), d) in matched.iter().zip(decisions) {
         if !d.admitted {
             answer.verdict = Verdict::RateLimited;

@@ -20,6 +20,7 @@ use crate::time::SharedClock;
 mod admit;
 mod decide;
 mod guard;
+mod pending;
 mod permits;
 mod replica;
 mod report;
@@ -27,7 +28,8 @@ pub mod request;
 mod shared;
 
 pub use admit::{DEFAULT_PERMIT_TTL, Denial};
-pub use decide::{Answer, LimitReport, Pending, Prepared, Step, Verdict, decided_by_redis};
+pub use decide::{Answer, LimitReport, Prepared, Verdict};
+pub use pending::{Pending, Step, decided_by_redis};
 pub use replica::{Dirty, ReplicaView, SyncItem};
 pub use report::{Level, Reported, Snapshot};
 pub use request::{Descriptors, Request, RequestError};

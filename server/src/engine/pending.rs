@@ -1,0 +1,256 @@
+//! A decision in two steps: the guards and every limit decided here first, then
+//! (when strict limits remain and Redis is up) Redis's answer for those, all or
+//! nothing across both. The replication module does the asking.
+
+use std::time::Duration;
+
+use smallvec::SmallVec;
+
+use super::Engine;
+use super::admit::{Admitted, Denial};
+use super::decide::{Answer, Matched, Prepared, Verdict, fill_limits};
+use super::shared::RemoteBreaker;
+use crate::limiter::{Decision, Status};
+use crate::metrics::RuleMetrics;
+use crate::rules::{Limit, OnRedisError, Rule, SyncMode};
+use crate::store::BucketKey;
+use crate::time::Timestamp;
+
+/// A matched limit and its decision, `None` until Redis answers.
+type Decided<'r> = (&'r Limit, usize, BucketKey, Option<Decision>);
+
+/// Where a decision stands between its local part and Redis's.
+// `Done` is the common case and is returned by value: boxing it would cost an
+// allocation per decision. The rare `Remote` is boxed instead.
+#[allow(clippy::large_enum_variant)]
+pub enum Step<'r> {
+    Done(Answer<'r>),
+    /// Strict limits remain: ask Redis, then call [`Engine::finish`].
+    Remote(Box<Pending<'r>>),
+}
+
+/// A decision waiting for Redis's answer on its strict limits.
+#[derive(Debug)]
+pub struct Pending<'r> {
+    answer: Answer<'r>,
+    rule: &'r Rule,
+    metrics: &'r RuleMetrics,
+    resource: Option<String>,
+    request_resource: String,
+    admitted: Option<Admitted>,
+    /// Every matched limit in rule order; the decision is `None` until Redis answers.
+    limits: SmallVec<[Decided<'r>; 4]>,
+    cost: u64,
+    dry_run: bool,
+    now: Timestamp,
+    /// The local limits already gave back what they took (one of them denied).
+    given_back: bool,
+}
+
+impl<'r> Pending<'r> {
+    /// The strict limits Redis must decide, in rule order.
+    pub fn strict(&self) -> impl Iterator<Item = (&'r Limit, &BucketKey)> {
+        self.limits.iter().filter(|(.., d)| d.is_none()).map(|(l, _, k, _)| (*l, k))
+    }
+
+    pub fn resource(&self) -> &str {
+        &self.request_resource
+    }
+
+    pub fn cost(&self) -> u64 {
+        self.cost
+    }
+}
+
+/// Reported for a strict limit Redis was not asked about: its size, no state.
+fn not_asked(l: &Limit) -> Decision {
+    Decision { admitted: true, status: Status { limit: l.algorithm.capacity(), ..Status::default() } }
+}
+
+/// Whether Redis decides this limit when replication is on: strict limits,
+/// and sliding logs (an exact log cannot be shared approximately).
+pub fn decided_by_redis(l: &Limit) -> bool {
+    l.sync == SyncMode::Strict
+        || (l.sync == SyncMode::Replicated && matches!(l.algorithm, crate::limiter::Algorithm::SlidingWindowLog(_)))
+}
+
+impl Engine {
+    /// Runs the guards and every limit decided here. When strict limits remain
+    /// (replication on, Redis up), the caller asks Redis and calls `finish`.
+    #[inline]
+    pub fn begin<'r>(&self, p: Prepared<'r>, now: Timestamp) -> Step<'r> {
+        let level = self.degradation_level();
+        let Some((rule, metrics)) = p.rule else {
+            let answer = Answer::allowed(level);
+            if !p.dry_run {
+                self.unmatched.record(&answer);
+            }
+            return Step::Done(answer);
+        };
+        let remote_on = self.replica.up() && !p.dry_run;
+        let unguarded = p.resource.is_none() && rule.shed_at_level.is_none_or(|at| level < at);
+        if unguarded && !(remote_on && p.matched.iter().any(|(l, ..)| decided_by_redis(l))) {
+            // The common case, without the machinery for guards and Redis.
+            let mut answer = Answer { rule: Some(&rule.name), ..Answer::allowed(level) };
+            self.decide_limits(&mut answer, &p.matched, &p.request_resource, now, p.cost, p.dry_run);
+            if !p.dry_run {
+                metrics.record(&answer);
+            }
+            return Step::Done(answer);
+        }
+        let mut pending = Pending {
+            answer: Answer { rule: Some(&rule.name), ..Answer::allowed(level) },
+            rule,
+            metrics,
+            admitted: None,
+            limits: SmallVec::new(),
+            cost: p.cost,
+            dry_run: p.dry_run,
+            now,
+            resource: p.resource,
+            request_resource: p.request_resource,
+            given_back: false,
+        };
+        if let Some(denied) = self.guard(&mut pending, level, p.remote_breaker) {
+            return Step::Done(self.done(pending, denied));
+        }
+        if !(remote_on && p.matched.iter().any(|(l, ..)| decided_by_redis(l))) {
+            let (now, cost, dry_run) = (pending.now, pending.cost, pending.dry_run);
+            let resource = std::mem::take(&mut pending.request_resource);
+            self.decide_limits(&mut pending.answer, &p.matched, &resource, now, cost, dry_run);
+            return Step::Done(self.settle(pending));
+        }
+        let (remote, local): (Matched<'r>, Matched<'r>) =
+            p.matched.into_iter().partition(|(l, _, _)| decided_by_redis(l));
+        let decisions = if p.dry_run {
+            local.iter().map(|(l, _, k)| self.buckets.check(k, &l.algorithm, now, p.cost)).collect()
+        } else {
+            self.take_all_or_nothing(&local, &pending.request_resource, now, p.cost)
+        };
+        let denied = decisions.iter().any(|d| !d.admitted);
+        pending.given_back = denied;
+        pending.limits.extend(local.into_iter().zip(decisions).map(|((l, i, k), d)| (l, i, k, Some(d))));
+        // Denied here: Redis is not asked, and its limits are reported unknown.
+        pending.limits.extend(remote.into_iter().map(|(l, i, k)| (l, i, k, denied.then(|| not_asked(l)))));
+        pending.limits.sort_by_key(|(_, i, _, _)| *i);
+        if denied || pending.limits.iter().all(|(.., d)| d.is_some()) {
+            return Step::Done(self.finish(pending, Some(SmallVec::new())));
+        }
+        Step::Remote(Box::new(pending))
+    }
+
+    /// Completes a decision with Redis's answers for the strict limits, in
+    /// rule order (`None` when Redis could not answer: each strict limit then
+    /// follows its `on_redis_error`). When one denies, everything is given back.
+    pub fn finish<'r>(&self, mut p: Pending<'r>, remote: Option<SmallVec<[Decision; 4]>>) -> Answer<'r> {
+        let strict: Matched<'r> =
+            p.limits.iter().filter(|(.., d)| d.is_none()).map(|(l, i, k, _)| (*l, *i, k.clone())).collect();
+        let from_redis = match remote {
+            Some(d) if d.len() == strict.len() => d,
+            _ => self.without_redis(&strict, p.now, p.cost),
+        };
+        let mut from_redis = from_redis.into_iter();
+        for (.., d) in p.limits.iter_mut().filter(|(.., d)| d.is_none()) {
+            *d = from_redis.next();
+        }
+        let denied = p.limits.iter().any(|(.., d)| d.is_some_and(|d| !d.admitted));
+        if denied {
+            let on_redis = self.replica.up();
+            for (l, _, k, d) in &mut p.limits {
+                let Some(d) = d.as_mut().filter(|d| d.admitted) else { continue };
+                if on_redis && decided_by_redis(l) {
+                    continue;
+                }
+                if !p.dry_run && !p.given_back {
+                    self.buckets.refund(k, &l.algorithm, p.now, p.cost);
+                    self.note_replicated(l, k, &p.request_resource, -(p.cost as i64), p.now);
+                }
+                // Nothing was taken: report what the limit holds now.
+                d.status = self.buckets.check(k, &l.algorithm, p.now, 0).status;
+            }
+        }
+        let decisions: SmallVec<[Decision; 4]> =
+            p.limits.iter().map(|(l, .., d)| d.unwrap_or_else(|| not_asked(l))).collect();
+        let matched: Matched<'r> = p.limits.iter().map(|(l, i, k, _)| (*l, *i, k.clone())).collect();
+        fill_limits(&mut p.answer, &matched, &decisions);
+        self.settle(p)
+    }
+
+    /// Hands out the permit, or gives back what the guards handed out.
+    fn settle<'r>(&self, mut p: Pending<'r>) -> Answer<'r> {
+        if let Some(a) = p.admitted.take() {
+            p.answer.breaker_state = a.breaker_state;
+            if p.answer.verdict != Verdict::Allowed || p.dry_run {
+                self.undo(a);
+            } else {
+                let resource = p.resource.clone().unwrap_or_default();
+                p.answer.permit_id = Some(self.issue_permit(p.rule, resource, a, p.now));
+            }
+        }
+        if !p.dry_run {
+            p.metrics.record(&p.answer);
+        }
+        p.answer
+    }
+
+    fn done<'r>(&self, p: Pending<'r>, denial: Denial) -> Answer<'r> {
+        let mut p = p;
+        p.answer.verdict = denial.verdict();
+        p.answer.retry_after = denial.retry_after();
+        p.answer.breaker_state = denial.breaker_state();
+        p.answer.denial = Some(Box::new(denial));
+        self.settle(p)
+    }
+
+    /// Shedding, the breaker and the concurrency limit; the denial if any.
+    fn guard(&self, p: &mut Pending<'_>, level: u32, remote: Option<RemoteBreaker>) -> Option<Denial> {
+        match &p.resource {
+            Some(resource) => match self.admit(p.rule, resource, level, p.now, p.dry_run, remote) {
+                Ok(a) => {
+                    p.admitted = Some(a);
+                    None
+                }
+                Err(denial) => Some(denial),
+            },
+            None => p.rule.shed_at_level.filter(|&at| level >= at).map(|at| Denial::Shed { at, level }),
+        }
+    }
+
+    /// Strict limits while Redis cannot answer, all or nothing: `local`
+    /// decides here with the limit divided among the live replicas, `allow`
+    /// admits, `deny` denies.
+    fn without_redis(&self, strict: &Matched<'_>, now: Timestamp, cost: u64) -> SmallVec<[Decision; 4]> {
+        let share = self.replica.share();
+        let mut decisions = SmallVec::new();
+        let mut taken = Vec::new();
+        let mut denied = false;
+        for (l, _, k) in strict {
+            let alg = l.algorithm.scaled(share);
+            let d = match l.on_redis_error {
+                OnRedisError::Allow => {
+                    Decision { admitted: true, status: Status { limit: alg.capacity(), ..Status::default() } }
+                }
+                OnRedisError::Deny => Decision {
+                    admitted: false,
+                    status: Status { limit: alg.capacity(), retry_after: Duration::from_secs(1), ..Status::default() },
+                },
+                OnRedisError::Local if denied => self.buckets.check(k, &alg, now, cost),
+                OnRedisError::Local => {
+                    let d = self.buckets.acquire(k.clone(), &alg, now, cost);
+                    if d.admitted {
+                        taken.push((k, alg));
+                    }
+                    d
+                }
+            };
+            if !d.admitted && !denied {
+                denied = true;
+                for (k, alg) in &taken {
+                    self.buckets.refund(k, alg, now, cost);
+                }
+            }
+            decisions.push(d);
+        }
+        decisions
+    }
+}
