@@ -136,11 +136,16 @@ impl Engine {
             bucket.force(alg, now, pending);
         }
         self.buckets.put(key.clone(), bucket, now);
-        // Tracked from now on: synced while active, and its common state known.
-        self.note_taken(key, resource, key.limit, 0, now);
-        if let Some(mut d) = self.dirty.get_mut(key) {
-            d.available = shared.available;
-        }
+        // Tracked from now on: synced while active (a sync does not count as
+        // use, so an unused bucket stops being synced), its common state known.
+        let mut d = self.dirty.entry(key.clone()).or_insert_with(|| Dirty {
+            resource: resource.to_string(),
+            limit: key.limit,
+            delta: 0,
+            touched: now,
+            available: 0.0,
+        });
+        d.available = shared.available;
     }
 
     /// Whether a request its replicated limits denied here might fit in what
@@ -148,5 +153,47 @@ impl Engine {
     pub fn worth_escalating(&self, p: &super::Prepared<'_>) -> bool {
         let cost = p.cost() as f64;
         p.replicated_keys().any(|(_, k)| self.dirty.get(k).is_some_and(|d| d.available >= cost))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::engine::{EngineConfig, Request};
+    use crate::rules::RuleSet;
+    use crate::time::{Clock, ManualClock};
+
+    const RULES: &str = "resources: [ { name: r, limits: [ { name: l, key: [user], algorithm: token_bucket, capacity: 10, refill_per_second: 1 } ] } ]";
+
+    #[test]
+    fn replicated_buckets_are_synced_while_used_and_dropped_when_idle() {
+        let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_700_006_400)));
+        let e = Engine::new(EngineConfig { max_keys: 1000 }, clock.clone());
+        e.install(RuleSet::from_yaml(RULES, "t").unwrap(), RULES.into(), "t".into());
+        e.replica().enable();
+        let d: HashMap<String, String> = [("user".to_string(), "u1".to_string())].into();
+        let rules = e.rules_full();
+        for _ in 0..3 {
+            e.acquire(&rules, &Request { resource: "r", descriptors: &d, cost: 1, dry_run: false }).unwrap();
+        }
+        let items = e.drain_dirty(Duration::from_secs(10));
+        assert_eq!(items.iter().map(|i| (i.resource.as_str(), i.delta)).collect::<Vec<_>>(), [("r", 3)]);
+        // The merged state leases 2 of 7 available; a sync is not a use.
+        let shared = Shared { available: 7.0, lease: 2.0, ..Shared::default() };
+        e.adopt(&rules, "r", &items[0].key, &shared);
+        assert_eq!(
+            e.buckets()
+                .check(&items[0].key, rules.algorithm(items[0].key.limit).unwrap(), clock.now(), 0)
+                .status
+                .remaining,
+            2
+        );
+        assert_eq!(e.drain_dirty(Duration::from_secs(10)).len(), 1, "still active");
+        clock.advance(Duration::from_secs(11));
+        e.adopt(&rules, "r", &items[0].key, &shared);
+        assert!(e.drain_dirty(Duration::from_secs(10)).is_empty(), "idle for 11 s: no longer synced");
     }
 }
