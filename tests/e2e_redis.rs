@@ -66,6 +66,14 @@ fn wait_live(fg: &Floodgate, n: u32) {
     }
 }
 
+/// Two replicas sharing one Redis (or cluster), each counting both as live.
+fn two_replicas(dir: &TempDir, redis: &[&str]) -> (Floodgate, Floodgate) {
+    let (a, b) = (replica(dir, redis), replica(dir, redis));
+    wait_live(&a, 2);
+    wait_live(&b, 2);
+    (a, b)
+}
+
 /// Both replicas under load at once: (admitted, denied) summed.
 fn load_both(a: &Floodgate, b: &Floodgate, resource: &str, each: u32) -> (u64, u64, Vec<serde_json::Value>) {
     let args = ["--resource", resource, "-n", &each.to_string(), "-c", "8"];
@@ -88,9 +96,7 @@ fn two_replicas_admit_exactly_the_limit_in_strict_mode_and_within_the_bound_when
     let redis = RedisServer::start();
     let dir = TempDir::new();
     let url = redis.url();
-    let (a, b) = (replica(&dir, &["--redis", &url]), replica(&dir, &["--redis", &url]));
-    wait_live(&a, 2);
-    wait_live(&b, 2);
+    let (a, b) = two_replicas(&dir, &["--redis", &url]);
 
     let (admitted, denied, _) = load_both(&a, &b, "strict", 1500);
     assert_eq!((admitted, denied), (1000, 2000), "strict: exactly 1000 across both replicas");
@@ -157,8 +163,7 @@ fn redis_stopped_mid_load_fails_no_call_and_the_replicas_catch_up_when_it_return
     let mut redis = RedisServer::start();
     let dir = TempDir::new();
     let url = redis.url();
-    let (a, b) = (replica(&dir, &["--redis", &url]), replica(&dir, &["--redis", &url]));
-    wait_live(&a, 2);
+    let (a, b) = two_replicas(&dir, &["--redis", &url]);
     let args = ["--resource", "big", "-z", "3s", "--rps", "400", "-c", "8", "--timeout", "5s"];
     let reports = std::thread::scope(|s| {
         let ha = s.spawn(|| bench(&a.grpc, &args));
@@ -212,8 +217,7 @@ async fn a_breaker_opened_on_one_replica_opens_on_the_other_and_probes_are_count
     let redis = RedisServer::start();
     let dir = TempDir::new();
     let url = redis.url();
-    let (a, b) = (replica(&dir, &["--redis", &url]), replica(&dir, &["--redis", &url]));
-    wait_live(&a, 2);
+    let (a, b) = two_replicas(&dir, &["--redis", &url]);
     let (mut ca, mut cb) = (a.client().await, b.client().await);
     // B has seen the breaker closed.
     let r = cb.acquire(acquire("payments", &[], 1)).await.unwrap().into_inner();
@@ -307,9 +311,7 @@ fn strict_mode_is_exact_on_a_three_master_redis_cluster() {
     let cluster = RedisCluster::start();
     let dir = TempDir::new();
     let seeds = cluster.seeds();
-    let (a, b) = (replica(&dir, &["--redis-cluster", &seeds]), replica(&dir, &["--redis-cluster", &seeds]));
-    wait_live(&a, 2);
-    wait_live(&b, 2);
+    let (a, b) = two_replicas(&dir, &["--redis-cluster", &seeds]);
     let (admitted, denied, _) = load_both(&a, &b, "strict", 1500);
     assert_eq!((admitted, denied), (1000, 2000), "strict on a cluster: exactly 1000");
     // Keys of other resources land on other masters: the cluster is really used.
