@@ -91,8 +91,9 @@ impl Prepared<'_> {
             .map(|(l, _, k)| (*l, k))
     }
 
-    pub fn request_resource(&self) -> &str {
-        &self.request_resource
+    /// Whether the matched rule has a circuit breaker.
+    pub fn has_breaker(&self) -> bool {
+        self.rule.is_some_and(|(r, _)| r.breaker.is_some())
     }
 
     pub fn cost(&self) -> u64 {

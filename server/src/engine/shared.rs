@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use super::{Engine, Installed};
+use super::{Engine, Installed, Prepared};
 use crate::breaker::{Call, Counts, Outcome, State};
 use crate::events::Event;
 use crate::rules::BreakerConfig;
@@ -97,9 +97,10 @@ impl Unsynced {
 }
 
 impl Engine {
-    /// Whether the next call on this resource needs Redis to grant a probe.
-    pub fn needs_remote_probe(&self, rules: &Installed, resource: &str) -> bool {
-        if !self.replica.up() || rules.rules.find(resource).is_none_or(|r| r.breaker.is_none()) {
+    /// Whether the next call on this resource needs Redis to grant a probe
+    /// (the rule `p` matched has a breaker, in OPEN past its wait or HALF_OPEN).
+    pub fn needs_remote_probe(&self, p: &Prepared<'_>, resource: &str) -> bool {
+        if !self.replica.up() || !p.has_breaker() {
             return false;
         }
         let now = self.clock.now();

@@ -53,16 +53,16 @@ impl Replication {
 
     /// The merged state of buckets this process does not hold yet, so that a
     /// restarted replica resumes where the replicas are rather than full.
-    pub(super) async fn pull(&self, rules: &Installed, resource: &str, keys: Vec<(String, BucketKey)>) {
+    pub(super) async fn pull(&self, rules: &Installed, resource: &str, keys: Vec<BucketKey>) {
         self.lease_now(rules, resource, keys, 0).await;
     }
 
     /// Syncs these buckets now (pushing what they took), asking for a lease
     /// of at least `want` units if that much is free.
-    pub(super) async fn lease_now(&self, rules: &Installed, resource: &str, keys: Vec<(String, BucketKey)>, want: u64) {
+    pub(super) async fn lease_now(&self, rules: &Installed, resource: &str, keys: Vec<BucketKey>, want: u64) {
         let items: Vec<SyncItem> = keys
             .into_iter()
-            .map(|(_, key)| {
+            .map(|key| {
                 let delta = self.engine.take_dirty(&key);
                 SyncItem { limit: key.limit, key, resource: resource.to_string(), delta }
             })

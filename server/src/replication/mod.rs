@@ -98,12 +98,12 @@ impl Replication {
             let missing: Vec<_> = p
                 .replicated_keys()
                 .filter(|(_, k)| !self.engine.buckets().contains_key(k))
-                .map(|(l, k)| (l.name.clone(), k.clone()))
+                .map(|(_, k)| k.clone())
                 .collect();
             if !missing.is_empty() {
                 self.pull(rules, req.resource, missing).await;
             }
-            if self.engine.needs_remote_probe(rules, req.resource)
+            if self.engine.needs_remote_probe(&p, req.resource)
                 && let Some(answer) = self.probe(rules, req.resource).await
             {
                 p = p.with_remote_breaker(answer);
@@ -120,7 +120,7 @@ impl Replication {
             let p = self.engine.prepare(rules, req)?;
             if self.engine.worth_escalating(&p) {
                 metrics::counter!(crate::metrics::REDIS_ESCALATIONS).increment(1);
-                let keys = p.replicated_keys().map(|(l, k)| (l.name.clone(), k.clone())).collect();
+                let keys = p.replicated_keys().map(|(_, k)| k.clone()).collect();
                 self.lease_now(rules, req.resource, keys, p.cost()).await;
                 return Ok(self.decide(p).await);
             }
