@@ -76,10 +76,14 @@ fn two_replicas(dir: &TempDir, redis: &[&str]) -> (Floodgate, Floodgate) {
 
 /// Both replicas under load at once: (admitted, denied) summed.
 fn load_both(a: &Floodgate, b: &Floodgate, resource: &str, each: u32) -> (u64, u64, Vec<serde_json::Value>) {
-    let args = ["--resource", resource, "-n", &each.to_string(), "-c", "8"];
+    load_both_with(a, b, &["--resource", resource, "-n", &each.to_string(), "-c", "8"])
+}
+
+/// Both replicas under the same `floodgate bench` at once.
+fn load_both_with(a: &Floodgate, b: &Floodgate, args: &[&str]) -> (u64, u64, Vec<serde_json::Value>) {
     let reports = std::thread::scope(|s| {
-        let ha = s.spawn(|| bench(&a.grpc, &args));
-        let hb = s.spawn(|| bench(&b.grpc, &args));
+        let ha = s.spawn(|| bench(&a.grpc, args));
+        let hb = s.spawn(|| bench(&b.grpc, args));
         vec![ha.join().unwrap(), hb.join().unwrap()]
     });
     for r in &reports {
@@ -113,6 +117,42 @@ fn two_replicas_admit_exactly_the_limit_in_strict_mode_and_within_the_bound_when
     assert!(admitted as f64 <= bound.ceil(), "{admitted} admitted, bound {bound:.1}");
     assert!(admitted >= 900, "{admitted} admitted: leases should not starve a loaded pair");
     assert_eq!(admitted + denied, 3000);
+}
+
+#[test]
+fn batches_through_two_replicas_are_exact_in_strict_mode_and_pull_what_they_do_not_hold() {
+    let _serial = one_at_a_time();
+    let redis = RedisServer::start();
+    let dir = TempDir::new();
+    let url = redis.url();
+    let (a, b) = two_replicas(&dir, &["--redis", &url]);
+
+    // 30 batches of 50 through each replica: 3000 strict decisions, one
+    // script per item, the items of a batch sent to Redis together.
+    let batch = ["--rpc", "batch", "--batch-size", "50", "-n", "30", "-c", "4", "--resource", "strict"];
+    let (admitted, denied, _) = load_both_with(&a, &b, &batch);
+    assert_eq!((admitted, denied), (1000, 2000), "strict batches: exactly 1000 across both replicas");
+
+    // 100 keys of 100 tokens each, none held by either replica: every item's
+    // bucket is pulled before deciding. 20 batches of 100 take 20 per key per
+    // replica, 40 of 100 in all: nothing is denied, and Redis saw it all.
+    let keyed =
+        ["--rpc", "batch", "--batch-size", "100", "-n", "20", "-c", "2", "--resource", "bucket", "--keys", "100"];
+    let (admitted, denied, _) = load_both_with(&a, &b, &keyed);
+    assert_eq!((admitted, denied), (4000, 0));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let tokens: f64 = redis
+            .cli(&["HGET", "fg:b:{bucket}:tokens:token_bucket:k7", "t"])
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(100.0);
+        if tokens < 60.5 {
+            assert!(tokens > 59.5, "{tokens} tokens left in Redis for k7; 60 expected");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the batches' consumption never reached Redis ({tokens} tokens)");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]

@@ -33,7 +33,7 @@ const ALGORITHMS: &[(&str, &str)] = &[
 ];
 
 fn engine(yaml: &str) -> Engine {
-    let engine = Engine::new(EngineConfig { max_keys: 10_000_000 }, Arc::new(SystemClock::new()));
+    let engine = Engine::new(EngineConfig { max_keys: 10_000_000, replicated: false }, Arc::new(SystemClock::new()));
     engine.install(RuleSet::from_yaml(yaml, "bench").unwrap(), yaml.to_string(), "bench".into());
     engine
 }

@@ -6,6 +6,9 @@
 //! [`MIN_CALLS`] calls in the window), and falls only once the rate is below
 //! four fifths of the threshold that raised it (4%, 12%, 24%).
 
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+
 use crate::breaker::{Call, Window};
 use crate::rules::WindowKind;
 use crate::time::Timestamp;
@@ -80,6 +83,58 @@ impl Degradation {
     fn change(&self, from: u32, manual: bool) -> Option<LevelChange> {
         let to = self.level();
         (from != to).then_some(LevelChange { from, to, manual })
+    }
+}
+
+/// The level shared by every decision: the state behind a lock, and the level
+/// in force as one atomic load for the hot path.
+#[derive(Debug, Default)]
+pub struct Levels {
+    state: Mutex<Degradation>,
+    current: AtomicU32,
+}
+
+/// The level in force and how it is set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Level {
+    pub level: u32,
+    pub manual: bool,
+    pub automatic: u32,
+}
+
+impl Levels {
+    /// The level in force: one atomic load.
+    pub fn current(&self) -> u32 {
+        self.current.load(Ordering::Relaxed)
+    }
+
+    pub fn record(&self, now: Timestamp, call: Call) {
+        self.lock().record(now, call);
+    }
+
+    pub fn evaluate(&self, now: Timestamp) -> Option<LevelChange> {
+        self.update(|d| d.evaluate(now))
+    }
+
+    pub fn set_manual(&self, level: Option<u32>) -> Option<LevelChange> {
+        self.update(|d| d.set_manual(level))
+    }
+
+    pub fn get(&self) -> Level {
+        let d = self.lock();
+        Level { level: d.level(), manual: d.manual().is_some(), automatic: d.automatic() }
+    }
+
+    /// A change and the atomic level move together, under the lock.
+    fn update(&self, f: impl FnOnce(&mut Degradation) -> Option<LevelChange>) -> Option<LevelChange> {
+        let mut d = self.lock();
+        let change = f(&mut d);
+        self.current.store(d.level(), Ordering::Relaxed);
+        change
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Degradation> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 

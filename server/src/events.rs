@@ -8,7 +8,7 @@ use std::sync::Arc;
 use ::metrics::{counter, gauge};
 use tokio::sync::broadcast;
 
-use crate::breaker::{State, Transition};
+use crate::breaker::Transition;
 use crate::degradation::LevelChange;
 use crate::metrics;
 
@@ -45,7 +45,7 @@ impl Events {
                 let (from, to) = (t.from.name(), t.to.name());
                 counter!(metrics::BREAKER_TRANSITIONS, "resource" => resource.clone(), "from" => from, "to" => to)
                     .increment(1);
-                gauge!(metrics::BREAKER_STATE, "resource" => resource.clone()).set(state_number(t.to));
+                gauge!(metrics::BREAKER_STATE, "resource" => resource.clone()).set(f64::from(t.to.number()));
             }
             Event::Degradation(c) => {
                 tracing::warn!(from = c.from, to = c.to, manual = c.manual, "degradation level changed");
@@ -55,17 +55,5 @@ impl Events {
         }
         // No receivers is fine: nobody is watching.
         let _ = self.tx.send(Arc::new(event));
-    }
-}
-
-/// The breaker state as a gauge value: the proto enum's numbers.
-pub fn state_number(s: State) -> f64 {
-    match s {
-        State::Closed => 1.0,
-        State::Open => 2.0,
-        State::HalfOpen => 3.0,
-        State::ForcedOpen => 4.0,
-        State::Disabled => 5.0,
-        State::MetricsOnly => 6.0,
     }
 }

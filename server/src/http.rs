@@ -10,19 +10,19 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusHandle;
 
-use crate::engine::Engine;
+use crate::decider::Decider;
 
 /// What the HTTP endpoints report on.
 #[derive(Clone)]
 pub struct HttpState {
     ready: Arc<AtomicBool>,
-    engine: Arc<Engine>,
+    decider: Arc<Decider>,
     prometheus: Option<PrometheusHandle>,
 }
 
 impl HttpState {
-    pub fn new(engine: Arc<Engine>, prometheus: Option<PrometheusHandle>) -> Self {
-        HttpState { ready: Arc::new(AtomicBool::new(false)), engine, prometheus }
+    pub fn new(decider: Arc<Decider>, prometheus: Option<PrometheusHandle>) -> Self {
+        HttpState { ready: Arc::new(AtomicBool::new(false)), decider, prometheus }
     }
 
     pub fn set_ready(&self, ready: bool) {
@@ -51,8 +51,23 @@ async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
     let Some(prometheus) = &state.prometheus else {
         return (StatusCode::NOT_FOUND, [(header::CONTENT_TYPE, "text/plain")], "metrics are off\n".to_string());
     };
-    let engine = &state.engine;
-    crate::metrics::scrape_time(engine.buckets().len(), engine.buckets().evicted());
-    crate::metrics::scrape_engine(engine);
+    scrape(&state.decider);
     (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], prometheus.render())
+}
+
+/// Gauges read at scrape time rather than kept up to date on the hot path.
+fn scrape(decider: &Decider) {
+    use crate::metrics::*;
+    use ::metrics::{counter, gauge};
+    let figures = decider.figures();
+    scrape_time(figures.keys, figures.evicted);
+    for b in decider.breakers() {
+        let (resource, info) = (b.resource, b.info);
+        gauge!(BREAKER_STATE, "resource" => resource.clone()).set(f64::from(info.state.number()));
+        gauge!(BREAKER_FAILURE_RATE, "resource" => resource.clone()).set(info.window.failure_rate());
+        gauge!(BREAKER_SLOW_CALL_RATE, "resource" => resource.clone()).set(info.window.slow_call_rate());
+        counter!(BREAKER_NOT_PERMITTED, "resource" => resource).absolute(info.not_permitted);
+    }
+    gauge!(PERMITS_IN_FLIGHT).set(figures.permits_in_flight as f64);
+    gauge!(DEGRADATION_LEVEL).set(f64::from(figures.level));
 }

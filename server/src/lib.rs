@@ -5,18 +5,28 @@
 //! - [`bench`]: `floodgate bench`, the ghz-style load generator.
 //! - [`server`]: `run(options, listeners, shutdown)`, wiring everything below.
 //! - [`grpc`]: proto <-> domain translation and error mapping, nothing else.
-//! - [`http`]: `/healthz`, `/readyz`, `/metrics`; [`metrics`]: the Prometheus handles.
+//! - [`http`]: `/healthz`, `/readyz`, `/metrics`.
 //! - [`reload`]: hot reload of the rules file.
+//! - [`decider`]: the one decision path every entry point calls; the only
+//!   place that knows whether the server replicates.
 //! - [`replication`]: Redis: replicated and strict limits, shared breakers and rules.
-//! - [`engine`]: the decision core: rules in force, all-or-nothing over limits.
+//! - [`engine`]: the decision core: rules in force, all-or-nothing over limits,
+//!   breakers and permits; `engine::sync` keeps what replication needs.
+//! - [`events`]: transitions and reloads, for Watch; [`metrics`]: names and the recorder.
 //! - [`rules`]: the rules file, validated into types that cannot hold a bad value.
 //! - [`store`]: every bucket, sharded in memory, with idle and LRU eviction.
 //! - [`limiter`]: the six algorithms, pure state types that take `now`.
-//! - [`time`]: the injected clock.
+//! - [`breaker`], [`degradation`]: the breaker state machine and the levels.
+//! - [`time`]: the injected clock; [`runtime`]: the Tokio runtime.
+//!
+//! Dependencies point down this list only: `cli` -> `server` -> `grpc`/`http`
+//! -> `decider` -> `replication` -> `engine` -> `store`/`limiter`/`breaker`
+//! -> `rules` -> `time`; `events` and `metrics` sit below `engine`.
 
 pub mod bench;
 pub mod breaker;
 pub mod cli;
+pub mod decider;
 pub mod degradation;
 pub mod engine;
 pub mod events;
@@ -27,6 +37,7 @@ pub mod metrics;
 pub mod reload;
 pub mod replication;
 pub mod rules;
+pub mod runtime;
 pub mod server;
 pub mod store;
 pub mod time;

@@ -1,17 +1,18 @@
 //! Prometheus metrics.
 //!
-//! Handles are resolved once (per rule, when rules are installed) so that the
-//! hot path only adds to an atomic: no label hashing per decision. Labels use
+//! The metric names, the recorder, and the per-method RPC handles. Decision
+//! counters are resolved once per rule when rules are installed
+//! (`engine::counters`), so that the hot path only adds to an atomic. Labels use
 //! the rule's name as `resource`, which keeps cardinality bounded by the rules
 //! file even when a glob rule matches unboundedly many resources.
+//!
+//! Nothing here knows the engine: the layers above read their state and set
+//! the gauges at scrape time.
 
 use std::time::Duration;
 
 use metrics::{Counter, Histogram, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-
-use crate::engine::{Answer, Verdict};
-use crate::rules::Rule;
 
 pub const DECISIONS: &str = "floodgate_decisions_total";
 pub const LIMIT_DECISIONS: &str = "floodgate_limit_decisions_total";
@@ -105,19 +106,6 @@ pub fn scrape_time(keys: usize, evicted: u64) {
     }
 }
 
-/// Breakers, permits and the level, read at scrape time.
-pub fn scrape_engine(engine: &crate::engine::Engine) {
-    let rules = engine.rules();
-    for (resource, info) in engine.breakers(&rules) {
-        gauge!(BREAKER_STATE, "resource" => resource.clone()).set(crate::events::state_number(info.state));
-        gauge!(BREAKER_FAILURE_RATE, "resource" => resource.clone()).set(info.window.failure_rate());
-        gauge!(BREAKER_SLOW_CALL_RATE, "resource" => resource.clone()).set(info.window.slow_call_rate());
-        counter!(BREAKER_NOT_PERMITTED, "resource" => resource).absolute(info.not_permitted);
-    }
-    gauge!(PERMITS_IN_FLIGHT).set(engine.permits_in_flight() as f64);
-    gauge!(DEGRADATION_LEVEL).set(f64::from(engine.degradation_level()));
-}
-
 /// The process's resident set size, from /proc (Linux only).
 pub fn resident_memory() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
@@ -171,62 +159,5 @@ fn code_name(code: tonic::Code) -> &'static str {
         Unavailable => "UNAVAILABLE",
         DataLoss => "DATA_LOSS",
         Unauthenticated => "UNAUTHENTICATED",
-    }
-}
-
-/// One rule's decision counters.
-#[derive(Debug)]
-pub struct RuleMetrics {
-    /// By verdict (index `verdict_index`), with an empty `limit` label.
-    verdicts: [Counter; 5],
-    /// RATE_LIMITED, by the index of the limit that denied.
-    limited_by: Vec<Counter>,
-    /// Per limit: (admitted, exceeded).
-    limits: Vec<(Counter, Counter)>,
-}
-
-impl RuleMetrics {
-    pub fn new(rule: &Rule) -> Self {
-        Self::for_resource(&rule.name, &rule.limits.iter().map(|l| l.name.clone()).collect::<Vec<_>>())
-    }
-
-    pub fn unmatched() -> Self {
-        Self::for_resource(UNMATCHED, &[])
-    }
-
-    fn for_resource(resource: &str, limits: &[String]) -> Self {
-        let r = resource.to_string();
-        let verdict = |v: &'static str| counter!(DECISIONS, "resource" => r.clone(), "verdict" => v, "limit" => "");
-        let verdicts = ["ALLOWED", "RATE_LIMITED", "CIRCUIT_OPEN", "CONCURRENCY_LIMITED", "SHED"].map(verdict);
-        let limited_by = limits
-            .iter()
-            .map(|l| counter!(DECISIONS, "resource" => r.clone(), "verdict" => "RATE_LIMITED", "limit" => l.clone()))
-            .collect();
-        let result = |l: &String, res: &'static str| counter!(LIMIT_DECISIONS, "resource" => r.clone(), "limit" => l.clone(), "result" => res);
-        let limits = limits.iter().map(|l| (result(l, "admitted"), result(l, "exceeded"))).collect();
-        RuleMetrics { verdicts, limited_by, limits }
-    }
-
-    /// Counts one decision.
-    pub fn record(&self, out: &Answer<'_>) {
-        let first_exceeded = out.limits.iter().find(|r| r.exceeded);
-        match (out.verdict, first_exceeded) {
-            (Verdict::RateLimited, Some(r)) => self.limited_by[r.index].increment(1),
-            (v, _) => self.verdicts[verdict_index(v)].increment(1),
-        }
-        for report in &out.limits {
-            let (admitted, exceeded) = &self.limits[report.index];
-            if report.exceeded { exceeded } else { admitted }.increment(1);
-        }
-    }
-}
-
-fn verdict_index(v: Verdict) -> usize {
-    match v {
-        Verdict::Allowed => 0,
-        Verdict::RateLimited => 1,
-        Verdict::CircuitOpen => 2,
-        Verdict::ConcurrencyLimited => 3,
-        Verdict::Shed => 4,
     }
 }

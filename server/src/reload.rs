@@ -13,15 +13,15 @@ use std::time::Duration;
 use notify::{EventKind, RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
-use crate::engine::Engine;
+use crate::decider::{Decider, Origin};
 use crate::rules::RuleSet;
 
 /// How long the directory must stay quiet before the file is read.
 const DEBOUNCE: Duration = Duration::from_millis(100);
 
-/// Watches `path` and installs every valid change into `engine`, until the
-/// returned task is aborted. `loaded` is the text already in force.
-pub fn spawn(path: PathBuf, engine: Arc<Engine>, loaded: String) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+/// Watches `path` and installs every valid change, until the returned task is
+/// aborted. `loaded` is the text already in force.
+pub fn spawn(path: PathBuf, decider: Arc<Decider>, loaded: String) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let (tx, mut rx) = mpsc::channel::<()>(1);
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
@@ -42,7 +42,7 @@ pub fn spawn(path: PathBuf, engine: Arc<Engine>, loaded: String) -> anyhow::Resu
         let mut last = loaded;
         while rx.recv().await.is_some() {
             while tokio::time::timeout(DEBOUNCE, rx.recv()).await.is_ok() {}
-            reload(&path, &engine, &mut last).await;
+            reload(&path, &decider, &mut last).await;
         }
     }))
 }
@@ -67,29 +67,28 @@ fn spawn_sighup(tx: mpsc::Sender<()>) {
 fn spawn_sighup(_tx: mpsc::Sender<()>) {}
 
 /// Reads the file once; installs it when it changed and is valid.
-async fn reload(path: &Path, engine: &Engine, last: &mut String) {
+async fn reload(path: &Path, decider: &Decider, last: &mut String) {
+    let file = path.display().to_string();
+    let origin = Origin::File(file.clone());
     let text = match tokio::fs::read_to_string(path).await {
         Ok(t) => t,
         Err(e) => {
-            crate::metrics::rule_reload("file", false, engine.rules().version);
-            tracing::error!(file = %path.display(), error = %e, "cannot read the rules file; keeping the rules in force");
+            decider.refused(&origin);
+            tracing::error!(file, error = %e, "cannot read the rules file; keeping the rules in force");
             return;
         }
     };
     if text == *last {
         return;
     }
-    let file = path.display().to_string();
     match RuleSet::from_yaml(&text, &file) {
         Ok(rules) => {
-            let version = engine.install(rules, text.clone(), file.clone());
-            crate::metrics::rule_reload("file", true, version);
+            let version = decider.install(rules, text.clone(), origin);
             tracing::info!(file, version, "rules reloaded");
         }
         Err(errors) => {
-            let version = engine.rules().version;
-            crate::metrics::rule_reload("file", false, version);
-            tracing::error!(file, version, "invalid rules file ignored; keeping the rules in force\n{errors}");
+            decider.refused(&origin);
+            tracing::error!(file, "invalid rules file ignored; keeping the rules in force\n{errors}");
         }
     }
     *last = text;

@@ -9,6 +9,7 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::decider::{self, Decider, Origin};
 use crate::engine::{self, Engine, EngineConfig};
 use crate::rules::{RuleErrors, RuleSet};
 use crate::time::SharedClock;
@@ -67,28 +68,21 @@ pub async fn run(
             }
         });
     }
-    let engine = Arc::new(Engine::new(EngineConfig { max_keys: opts.max_keys }, opts.clock.clone()));
-    let _reloader = match &opts.config {
-        Some(path) => {
-            let (rules, text) = load_rules(path)?;
-            let version = engine.install(rules, text.clone(), path.display().to_string());
-            crate::metrics::rule_reload("file", true, version);
-            tracing::info!(file = %path.display(), version, "rules loaded");
-            Some(reload::spawn(path.clone(), engine.clone(), text).context("watching the rules file")?)
-        }
-        None => {
-            let rules = RuleSet::from_yaml(DEFAULT_RULES, "embedded").expect("the embedded rules are valid");
-            let version = engine.install(rules, DEFAULT_RULES.to_string(), "embedded".into());
-            crate::metrics::rule_reload("embedded", true, version);
-            tracing::info!("embedded default rules loaded");
-            None
-        }
-    };
+    let replicated = opts.replication.is_some();
+    let engine = Arc::new(Engine::new(EngineConfig { max_keys: opts.max_keys, replicated }, opts.clock.clone()));
+    // Rules first: rules another replica applied through Admin (stored in
+    // Redis) then win over the file until it changes.
+    let watched = install_rules_in_force(&opts, &engine)?;
     let replication = match opts.replication.clone() {
         Some(config) => {
             tracing::info!(target = ?config.target, sync_interval = ?config.sync_interval, "replicating through Redis");
             Some(crate::replication::Replication::start(config, engine.clone()).await?)
         }
+        None => None,
+    };
+    let decider = Arc::new(Decider::new(engine.clone(), replication));
+    let _reloader = match watched {
+        Some((path, text)) => Some(reload::spawn(path, decider.clone(), text).context("watching the rules file")?),
         None => None,
     };
     let _sweeper = engine::spawn_sweeper(&engine, opts.sweep_interval);
@@ -97,8 +91,8 @@ pub async fn run(
 
     let (reporter, health_service) = tonic_health::server::health_reporter();
     reporter.set_service_status("", tonic_health::ServingStatus::Serving).await;
-    let routes = grpc::routes(engine.clone(), replication, health_service)?;
-    let health = http::HttpState::new(engine.clone(), prometheus);
+    let routes = grpc::routes(decider.clone(), health_service)?;
+    let health = http::HttpState::new(decider, prometheus);
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
@@ -138,4 +132,19 @@ pub async fn run(
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Installs the rules file or the embedded default rules; the file (to watch)
+/// and the text read from it.
+fn install_rules_in_force(opts: &Options, engine: &Engine) -> anyhow::Result<Option<(PathBuf, String)>> {
+    let Some(path) = &opts.config else {
+        let rules = RuleSet::from_yaml(DEFAULT_RULES, "embedded").expect("the embedded rules are valid");
+        decider::install(engine, rules, DEFAULT_RULES.to_string(), Origin::Embedded);
+        tracing::info!("embedded default rules loaded");
+        return Ok(None);
+    };
+    let (rules, text) = load_rules(path)?;
+    let version = decider::install(engine, rules, text.clone(), Origin::File(path.display().to_string()));
+    tracing::info!(file = %path.display(), version, "rules loaded");
+    Ok(Some((path.clone(), text)))
 }

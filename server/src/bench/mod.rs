@@ -44,7 +44,7 @@ pub struct BenchArgs {
     #[arg(long, short = 'n')]
     pub total: Option<u64>,
     /// Send for this long instead of a number of calls.
-    #[arg(long, short = 'z', value_parser = crate::cli::parse_duration)]
+    #[arg(long, short = 'z', value_parser = crate::rules::duration::parse)]
     pub duration: Option<Duration>,
     /// Open loop: this many calls per second in total, latency measured from
     /// each call's due time. Without it, each worker sends back to back.
@@ -66,7 +66,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1)]
     pub cost: u32,
     /// Per-call deadline.
-    #[arg(long, default_value = "20s", value_parser = crate::cli::parse_duration)]
+    #[arg(long, default_value = "20s", value_parser = crate::rules::duration::parse)]
     pub timeout: Duration,
     /// Summary format.
     #[arg(long, value_enum, default_value_t = Format::Text)]
@@ -93,7 +93,7 @@ pub enum Format {
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
-    crate::cli::runtime(args.threads)?.block_on(bench(args))
+    crate::runtime::build(args.threads)?.block_on(bench(args))
 }
 
 async fn bench(args: BenchArgs) -> anyhow::Result<()> {

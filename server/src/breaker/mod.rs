@@ -346,6 +346,28 @@ fn reason(of: &str, c: &Counts) -> String {
 }
 
 impl State {
+    /// Every state, in the order of their numbers.
+    pub const ALL: [State; 6] =
+        [State::Closed, State::Open, State::HalfOpen, State::ForcedOpen, State::Disabled, State::MetricsOnly];
+
+    /// The state's one number, everywhere it is encoded: the proto enum, the
+    /// Redis scripts and the `floodgate_breaker_state` gauge (1 CLOSED ... 6 METRICS_ONLY).
+    pub fn number(self) -> u8 {
+        match self {
+            State::Closed => 1,
+            State::Open => 2,
+            State::HalfOpen => 3,
+            State::ForcedOpen => 4,
+            State::Disabled => 5,
+            State::MetricsOnly => 6,
+        }
+    }
+
+    /// The state with this number; `None` for any other number (0 is "unspecified").
+    pub fn from_number(n: i64) -> Option<State> {
+        State::ALL.into_iter().find(|s| i64::from(s.number()) == n)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             State::Closed => "CLOSED",

@@ -410,3 +410,13 @@ fn a_new_window_kind_in_the_rules_starts_a_fresh_window_and_keeps_the_state() {
     assert_eq!(d.state(), State::Open);
     assert_eq!(d.b.info(&d.cfg, T0).window.calls, 0);
 }
+
+#[test]
+fn every_state_has_one_number_and_back() {
+    for s in State::ALL {
+        assert_eq!(State::from_number(i64::from(s.number())), Some(s));
+    }
+    assert_eq!(State::from_number(0), None, "0 is unspecified, not CLOSED");
+    assert_eq!(State::from_number(7), None);
+    assert_eq!(State::Open.number(), floodgate_proto::v1::BreakerState::Open as u8, "the proto's numbers");
+}

@@ -175,7 +175,7 @@ fn render(resource: &str, r: &pb::AcquireResponse) -> String {
 
 /// A proto duration for people; empty for zero.
 fn human(d: &prost_types::Duration) -> String {
-    match crate::grpc::convert::from_duration(d) {
+    match std::time::Duration::try_from(*d).ok() {
         Some(d) if !d.is_zero() => crate::rules::duration::human(d),
         _ => String::new(),
     }

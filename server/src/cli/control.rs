@@ -134,7 +134,7 @@ pub async fn report(args: ReportArgs) -> anyhow::Result<ExitCode> {
         resource: args.resource,
         permit_id: args.permit_id,
         outcome: outcome as i32,
-        latency: args.latency.and_then(crate::grpc::convert::duration),
+        latency: args.latency.and_then(|d| prost_types::Duration::try_from(d).ok()),
     };
     let r = client.report_outcome(req).await.map_err(status_error)?.into_inner();
     let state = if r.breaker_state == 0 { String::new() } else { format!(", breaker {}", state_name(r.breaker_state)) };

@@ -88,15 +88,6 @@ fn init_logging(format: LogFormat, filter: &str) {
     };
 }
 
-/// A multi-threaded runtime with `threads` workers (default: one per core).
-pub(crate) fn runtime(threads: Option<usize>) -> anyhow::Result<tokio::runtime::Runtime> {
-    let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = threads {
-        runtime.worker_threads(n.max(1));
-    }
-    anyhow::Context::context(runtime.enable_all().build(), "starting the runtime")
-}
-
 /// Parses a duration flag such as `10s` or `250ms`.
 pub(crate) fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     crate::rules::duration::parse(s)

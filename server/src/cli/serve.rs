@@ -65,7 +65,7 @@ pub struct ServeArgs {
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
-    super::runtime(args.threads)?.block_on(serve(args))
+    crate::runtime::build(args.threads)?.block_on(serve(args))
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {

@@ -1,19 +1,19 @@
 //! One decision: shedding, then the breaker and the concurrency limit, then
-//! every matched limit, all or nothing.
+//! every matched limit, all or nothing. `two_step` holds the guarded path and
+//! the form in which strict limits are decided by Redis between two steps.
 
 use std::fmt::Write;
 use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use super::admit::Denial;
-use super::pending::{Step, decided_by_redis};
+use super::counters::RuleMetrics;
+use super::guards::Denial;
 use super::request::{self, Descriptors, Request, RequestError};
-use super::shared::RemoteBreaker;
+use super::sync::{RemoteBreaker, decided_by_redis};
 use super::{Engine, Installed};
 use crate::breaker;
 use crate::limiter::{Decision, Status};
-use crate::metrics::RuleMetrics;
 use crate::rules::{Limit, Rule, SyncMode, duration};
 use crate::store::BucketKey;
 use crate::time::Timestamp;
@@ -65,6 +65,8 @@ pub(super) type Matched<'r> = SmallVec<[(&'r Limit, usize, BucketKey); 2]>;
 #[derive(Debug)]
 pub struct Prepared<'r> {
     pub(super) rule: Option<(&'r Rule, &'r RuleMetrics)>,
+    /// Where a decision no rule matched is counted.
+    pub(super) unmatched: &'r RuleMetrics,
     /// The resource, kept when the rule guards it (breaker or concurrency).
     pub(super) resource: Option<String>,
     /// The resource when replication needs it (a hash tag); else empty.
@@ -78,9 +80,8 @@ pub struct Prepared<'r> {
 
 impl Prepared<'_> {
     /// Decides the breaker as the shared breaker answered.
-    pub fn with_remote_breaker(mut self, answer: RemoteBreaker) -> Self {
+    pub fn set_remote_breaker(&mut self, answer: RemoteBreaker) {
         self.remote_breaker = Some(answer);
-        self
     }
 
     /// The replicated limits' buckets this process does not hold yet.
@@ -116,6 +117,22 @@ impl Answer<'_> {
             degradation_level: level,
             denial: None,
         }
+    }
+
+    /// Counts this decision in its rule's counters.
+    pub(super) fn count(&self, metrics: &RuleMetrics) {
+        let verdict = match self.verdict {
+            Verdict::Allowed => 0,
+            Verdict::RateLimited => 1,
+            Verdict::CircuitOpen => 2,
+            Verdict::ConcurrencyLimited => 3,
+            Verdict::Shed => 4,
+        };
+        let denied_by = match self.verdict {
+            Verdict::RateLimited => self.limits.iter().find(|r| r.exceeded).map(|r| r.index),
+            _ => None,
+        };
+        metrics.record(verdict, denied_by, self.limits.iter().map(|r| (r.index, r.exceeded)));
     }
 
     /// One human line for a denial, naming the limit or breaker; empty when allowed.
@@ -175,8 +192,17 @@ impl Engine {
         }
         let guarded = rule.is_some_and(|(r, _)| r.breaker.is_some() || r.concurrency.is_some());
         let resource = guarded.then(|| req.resource.to_string());
-        let request_resource = if self.replica.enabled() { req.resource.to_string() } else { String::new() };
-        Ok(Prepared { rule, resource, request_resource, matched, cost, dry_run: req.dry_run, remote_breaker: None })
+        let request_resource = if self.sync.is_some() { req.resource.to_string() } else { String::new() };
+        Ok(Prepared {
+            rule,
+            unmatched: &rules.unmatched,
+            resource,
+            request_resource,
+            matched,
+            cost,
+            dry_run: req.dry_run,
+            remote_breaker: None,
+        })
     }
 
     /// Decides a prepared request at `now`, entirely in this process: strict
@@ -224,7 +250,7 @@ impl Engine {
         only: Option<&str>,
     ) -> Result<Answer<'r>, RequestError> {
         request::validate(resource, descriptors)?;
-        let level = self.degradation_level();
+        let level = self.levels.current();
         let Some(rule) = rules.rules.find(resource) else {
             return Ok(Answer::allowed(level));
         };
@@ -235,7 +261,7 @@ impl Engine {
             matched.iter().map(|(l, _, k)| self.buckets.check(k, &l.algorithm, now, 0)).collect();
         let mut answer = Answer { rule: Some(&rule.name), ..Answer::allowed(level) };
         fill_limits(&mut answer, &matched, &decisions);
-        answer.breaker_state = self.breaker_state(rule, resource);
+        answer.breaker_state = self.guards.state_for(rule, resource);
         Ok(answer)
     }
 
@@ -277,8 +303,8 @@ impl Engine {
 
     /// Keeps count of what a replicated limit took, for the next sync.
     pub(super) fn note_replicated(&self, l: &Limit, key: &BucketKey, resource: &str, units: i64, now: Timestamp) {
-        if self.replica.enabled() && l.sync == SyncMode::Replicated {
-            self.note_taken(key, resource, l.id, units, now);
+        if let Some(sync) = &self.sync {
+            sync.note(l, key, resource, units, now);
         }
     }
 }
@@ -319,3 +345,7 @@ pub(super) fn fill_limits<'r>(answer: &mut Answer<'r>, matched: &Matched<'r>, de
         answer.wait = Duration::ZERO;
     }
 }
+
+mod two_step;
+
+pub use two_step::{Pending, Step};

@@ -32,7 +32,7 @@ resources:
 
 fn engine() -> (Engine, Arc<ManualClock>) {
     let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_700_006_400)));
-    let engine = Engine::new(EngineConfig { max_keys: usize::MAX }, clock.clone());
+    let engine = Engine::new(EngineConfig { max_keys: usize::MAX, replicated: false }, clock.clone());
     engine.install(RuleSet::from_yaml(RULES, "t").unwrap(), RULES.into(), "t".into());
     (engine, clock)
 }

@@ -1,125 +1,76 @@
-//! The decision core: rules in force, buckets, and the all-or-nothing check of
-//! several limits. No network, no clock of its own (time comes from the
-//! injected [`Clock`](crate::time::Clock)), no generated code.
+//! The decision core: rules in force, buckets, guards (breakers, concurrency
+//! limits, shedding), permits, and the all-or-nothing check of several limits.
+//! No network, no clock of its own (time comes from the injected
+//! [`Clock`](crate::time::Clock)), no generated code.
+//!
+//! - [`installed`]: the rules in force, swapped atomically.
+//! - [`request`]: what a caller may ask, checked before anything is decided.
+//! - [`decide`]: one decision (and its two-step form for strict limits).
+//! - [`guards`]: breakers, concurrency slots and permits per resource.
+//! - [`report`]: outcomes, expiry, the operator's controls.
+//! - [`sync`]: what replication keeps, present only with Redis.
 
-use std::collections::HashMap;
-use std::sync::atomic::AtomicU32;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::sync::Arc;
+use std::time::Duration;
 
-use arc_swap::{ArcSwap, Guard};
+use arc_swap::Guard;
 
-use crate::degradation::Degradation;
+use crate::degradation::Levels;
 use crate::events::{Event, Events};
-use crate::limiter::Algorithm;
-use crate::metrics::RuleMetrics;
-use crate::rules::{LimitId, RuleSet};
+use crate::rules::RuleSet;
 use crate::store::Buckets;
 use crate::time::SharedClock;
 
-mod admit;
-mod decide;
-mod guard;
-mod pending;
-mod permits;
-mod replica;
-mod report;
+mod counters;
+pub mod decide;
+pub mod guards;
+mod installed;
+pub mod report;
 pub mod request;
-mod shared;
+pub mod sync;
 
-pub use admit::{DEFAULT_PERMIT_TTL, Denial};
-pub use decide::{Answer, LimitReport, Prepared, Verdict};
-pub use pending::{Pending, Step, decided_by_redis};
-pub use replica::{Dirty, ReplicaView, SyncItem};
-pub use report::{Level, Reported, Snapshot};
+pub use decide::{Answer, LimitReport, Pending, Prepared, Step, Verdict};
+pub use guards::{DEFAULT_PERMIT_TTL, Denial};
+pub use installed::Installed;
+pub use report::{Report, Reported, Snapshot};
 pub use request::{Descriptors, Request, RequestError};
-pub use shared::{BreakerSync, RemoteBreaker, RemoteOutcome, SharedBreaker};
 
-/// The rules in force, with where they came from.
-#[derive(Debug)]
-pub struct Installed {
-    pub rules: RuleSet,
-    /// The text they were read from.
-    pub yaml: String,
-    /// Increases with every install.
-    pub version: u64,
-    /// A file path, "embedded" or "admin".
-    pub source: String,
-    pub loaded_at: SystemTime,
-    /// Every limit by id: (rule index, limit index).
-    by_id: HashMap<LimitId, (usize, usize)>,
-    /// Decision counters, one per rule.
-    metrics: Vec<RuleMetrics>,
-}
+pub use crate::degradation::Level;
 
 pub struct Engine {
-    rules: ArcSwap<Installed>,
-    guards: guard::Guards,
-    permits: permits::Permits,
-    events: Events,
-    degradation: Mutex<Degradation>,
-    /// The degradation level in force, for the hot path.
-    level: AtomicU32,
-    replica: ReplicaView,
-    dirty: replica::DirtyMap,
-    outbox: shared::Outbox,
-    /// Decision counters of requests no rule matched.
-    unmatched: RuleMetrics,
+    rules: installed::RulesSlot,
     buckets: Buckets,
+    guards: guards::Guards,
+    permits: guards::Permits,
+    levels: Levels,
+    events: Events,
     clock: SharedClock,
-    /// Limit ids by (rule, limit, algorithm), kept across reloads so that an
-    /// unchanged limit keeps its buckets. Also serialises installs.
-    ids: Mutex<HashMap<(String, String, &'static str), LimitId>>,
+    /// Replication state; `None` on a memory-only server.
+    sync: Option<sync::Replica>,
 }
 
-/// Where rules come from and how the store is bounded.
+/// How the engine is built.
+#[derive(Clone, Copy, Debug)]
 pub struct EngineConfig {
+    /// The most buckets held in memory (least recently used evicted first).
     pub max_keys: usize,
-}
-
-// === impl Installed ===
-
-impl Installed {
-    /// The algorithm of a limit still in force.
-    pub fn algorithm(&self, id: LimitId) -> Option<&Algorithm> {
-        self.limit(id).map(|(_, l)| &l.algorithm)
-    }
-
-    /// A limit still in force, with its rule.
-    pub fn limit(&self, id: LimitId) -> Option<(&crate::rules::Rule, &crate::rules::Limit)> {
-        let &(r, l) = self.by_id.get(&id)?;
-        let rule = &self.rules.rules()[r];
-        Some((rule, &rule.limits[l]))
-    }
+    /// Keep the state replication through Redis needs.
+    pub replicated: bool,
 }
 
 // === impl Engine ===
 
 impl Engine {
     pub fn new(config: EngineConfig, clock: SharedClock) -> Self {
-        let empty = Installed {
-            rules: RuleSet::default(),
-            yaml: String::new(),
-            version: 0,
-            source: String::new(),
-            loaded_at: SystemTime::now(),
-            by_id: HashMap::new(),
-            metrics: Vec::new(),
-        };
         Engine {
-            rules: ArcSwap::from_pointee(empty),
-            guards: guard::Guards::default(),
-            permits: permits::Permits::default(),
-            events: Events::default(),
-            degradation: Mutex::new(Degradation::default()),
-            level: AtomicU32::new(0),
-            replica: ReplicaView::default(),
-            dirty: replica::DirtyMap::default(),
-            outbox: shared::Outbox::default(),
-            unmatched: RuleMetrics::unmatched(),
+            rules: installed::RulesSlot::new(),
             buckets: Buckets::new(config.max_keys),
+            guards: guards::Guards::default(),
+            permits: guards::Permits::default(),
+            levels: Levels::default(),
+            events: Events::default(),
             clock,
-            ids: Mutex::new(HashMap::new()),
+            sync: config.replicated.then(sync::Replica::new),
         }
     }
 
@@ -135,23 +86,8 @@ impl Engine {
 
     /// Swaps in a new rule set atomically and returns its version. Limits that
     /// keep their resource, name and algorithm keep their buckets.
-    pub fn install(&self, mut rules: RuleSet, yaml: String, source: String) -> u64 {
-        let mut ids = self.ids.lock().unwrap_or_else(|e| e.into_inner());
-        let mut by_id = HashMap::new();
-        for (r, rule) in rules.rules_mut().iter_mut().enumerate() {
-            for (l, limit) in rule.limits.iter_mut().enumerate() {
-                let next = LimitId(ids.len() as u32 + 1);
-                let identity = (rule.name.clone(), limit.name.clone(), limit.algorithm.name());
-                limit.id = *ids.entry(identity).or_insert(next);
-                by_id.insert(limit.id, (r, l));
-            }
-        }
-        let version = self.rules.load().version + 1;
-        let metrics = rules.rules().iter().map(RuleMetrics::new).collect();
-        let installed =
-            Installed { rules, yaml, version, source: source.clone(), loaded_at: SystemTime::now(), by_id, metrics };
-        self.rules.store(Arc::new(installed));
-        drop(ids);
+    pub fn install(&self, rules: RuleSet, yaml: String, source: String) -> u64 {
+        let version = self.rules.install(rules, yaml, source.clone());
         self.events.publish(Event::Rules { version, source });
         version
     }
@@ -168,13 +104,14 @@ impl Engine {
         &self.events
     }
 
+    /// The replication state, when the server replicates.
+    pub fn sync(&self) -> Option<&sync::Replica> {
+        self.sync.as_ref()
+    }
+
     /// Permits handed out and not yet returned or expired.
     pub fn permits_in_flight(&self) -> usize {
         self.permits.len()
-    }
-
-    fn degradation(&self) -> std::sync::MutexGuard<'_, Degradation> {
-        self.degradation.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Forgets idle buckets and buckets of limits no longer in force.

@@ -1,18 +1,27 @@
 //! After the call: outcomes, permit expiry, time-driven transitions, and the
 //! operator's controls over breakers and the degradation level.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::permits::Permit;
-use super::request::RequestError;
-use super::shared::RemoteOutcome;
+use super::guards::Permit;
+use super::request::{self, RequestError};
+use super::sync::RemoteOutcome;
 use super::{Engine, Installed};
 use crate::breaker::{Info, Outcome, State};
-use crate::degradation::LevelChange;
+use crate::degradation::{Level, LevelChange};
 use crate::events::Event;
 use crate::rules::BreakerConfig;
 use crate::time::Timestamp;
+
+/// One ReportOutcome, checked: `resource` may be empty (else it must be the
+/// permit's), `latency` defaults to the permit's age.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Report<'a> {
+    pub resource: &'a str,
+    pub permit_id: &'a str,
+    pub outcome: Outcome,
+    pub latency: Option<Duration>,
+}
 
 /// The answer to one ReportOutcome.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,14 +37,6 @@ pub struct Snapshot {
     pub breakers: Vec<(String, Info)>,
     pub level: Level,
     pub rules_version: u64,
-}
-
-/// The degradation level in force and how it is set.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Level {
-    pub level: u32,
-    pub manual: bool,
-    pub automatic: u32,
 }
 
 impl Engine {
@@ -68,7 +69,9 @@ impl Engine {
                 // A probe of the shared breaker: Redis counts it and decides.
                 let slow = latency > cfg.slow_call_duration;
                 let resource = permit.resource.clone();
-                self.outbox.push(RemoteOutcome { resource, generation, outcome, slow });
+                if let Some(sync) = &self.sync {
+                    sync.send(RemoteOutcome { resource, generation, outcome, slow });
+                }
                 permit.guarded.current_breaker().as_ref().map(|b| b.state())
             }
             (Some((generation, _)), None, Some(cfg)) => self.record(&permit, cfg, now, generation, outcome, latency),
@@ -94,10 +97,10 @@ impl Engine {
         let state = b.state();
         drop(slot);
         if let Some(call) = call {
-            self.degradation().record(now, call);
-            if self.replica.enabled() {
+            self.levels.record(now, call);
+            if let Some(sync) = &self.sync {
                 let tripped = transition.as_ref().is_some_and(|t| t.from == State::Closed && t.to == State::Open);
-                permit.guarded.unsynced.lock().unwrap_or_else(|e| e.into_inner()).record(call, tripped);
+                sync.record_call(&permit.resource, call, tripped);
             }
         }
         if let Some(transition) = transition {
@@ -114,7 +117,7 @@ impl Engine {
 
     fn current_state(&self, rules: &Installed, resource: &str) -> Option<State> {
         let rule = rules.rules.find(resource)?;
-        self.breaker_state(rule, resource)
+        self.guards.state_for(rule, resource)
     }
 
     /// Time-driven work, run every few hundred milliseconds: expire permits,
@@ -133,9 +136,12 @@ impl Engine {
                 self.events.publish(Event::Breaker { resource, transition });
             }
         }
-        let change = self.degradation().evaluate(now);
+        let change = self.levels.evaluate(now);
         self.level_changed(change);
         self.guards.sweep(now);
+        if let Some(sync) = &self.sync {
+            sync.retain_breakers(|resource| self.guards.contains(resource));
+        }
     }
 
     /// What a Watch stream starts with.
@@ -188,24 +194,22 @@ impl Engine {
 
     /// An operator's level, or `None` for automatic.
     pub fn set_degradation(&self, level: Option<u32>) -> Level {
-        let change = self.degradation().set_manual(level);
+        let change = self.levels.set_manual(level);
         self.level_changed(change);
         self.level()
     }
 
     pub fn level(&self) -> Level {
-        let d = self.degradation();
-        Level { level: d.level(), manual: d.manual().is_some(), automatic: d.automatic() }
+        self.levels.get()
     }
 
     /// The level for the hot path: one atomic load.
     pub fn degradation_level(&self) -> u32 {
-        self.level.load(Ordering::Relaxed)
+        self.levels.current()
     }
 
     fn level_changed(&self, change: Option<LevelChange>) {
         if let Some(change) = change {
-            self.level.store(change.to, Ordering::Relaxed);
             self.events.publish(Event::Degradation(change));
         }
     }
@@ -227,5 +231,3 @@ fn breaker_config<'r>(rules: &'r Installed, resource: &str) -> Result<&'r Breake
     request::check_name("resource", resource, false)?;
     rules.rules.find(resource).and_then(|r| r.breaker.as_ref()).ok_or_else(|| RequestError::NoBreaker(resource.into()))
 }
-
-use super::request;

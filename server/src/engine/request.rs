@@ -45,10 +45,12 @@ pub enum RequestError {
     MalformedPermit(String),
     #[error("resource: permit '{permit}' was issued for '{issued_for}', not '{resource}'")]
     PermitResourceMismatch { permit: String, issued_for: String, resource: String },
-    #[error("{field}: must not be negative")]
-    NegativeDuration { field: &'static str },
+    #[error("{field}: {seconds}s {nanos}ns is not a duration (negative, or nanos not below 1e9)")]
+    BadDuration { field: &'static str, seconds: i64, nanos: i32 },
     #[error("resource: no rule gives '{0}' a circuit breaker")]
     NoBreaker(String),
+    #[error("limit: resource '{resource}' has no matched limit '{limit}'")]
+    NoSuchLimit { resource: String, limit: String },
     #[error("state: {0} cannot be set; use CLOSED (reset), FORCED_OPEN, DISABLED or METRICS_ONLY")]
     BadBreakerState(&'static str),
     #[error("level: {0} is not a degradation level (0 to 3)")]

@@ -8,11 +8,10 @@ use floodgate_proto::v1::floodgate_server::FloodgateServer;
 use tonic::service::RoutesBuilder;
 use tonic_health::pb::health_server::{Health, HealthServer};
 
-use crate::engine::Engine;
-use crate::replication::Replication;
+use crate::decider::Decider;
 
 mod admin;
-pub mod convert;
+mod convert;
 mod data;
 mod envoy;
 mod observe;
@@ -26,11 +25,7 @@ pub use observe::ObserveLayer;
 
 /// Every gRPC service on one port: data plane, control plane, Envoy's RLS v3,
 /// health and reflection (v1 and v1alpha, so grpcurl and other clients work).
-pub fn routes<H>(
-    engine: Arc<Engine>,
-    replication: Option<Arc<Replication>>,
-    health: HealthServer<H>,
-) -> anyhow::Result<tonic::service::Routes>
+pub fn routes<H>(decider: Arc<Decider>, health: HealthServer<H>) -> anyhow::Result<tonic::service::Routes>
 where
     H: Health,
 {
@@ -41,9 +36,9 @@ where
     };
     let mut routes = RoutesBuilder::default();
     routes
-        .add_service(FloodgateServer::new(DataPlane::new(engine.clone(), replication.clone())))
-        .add_service(AdminServer::new(ControlPlane::new(engine.clone(), replication.clone())))
-        .add_service(RateLimitServiceServer::new(EnvoyRls::new(engine, replication)))
+        .add_service(FloodgateServer::new(DataPlane::new(decider.clone())))
+        .add_service(AdminServer::new(ControlPlane::new(decider.clone())))
+        .add_service(RateLimitServiceServer::new(EnvoyRls::new(decider)))
         .add_service(health)
         .add_service(reflection().build_v1()?)
         .add_service(reflection().build_v1alpha()?);

@@ -8,7 +8,7 @@ use crate::rules::RuleErrors;
 impl From<RequestError> for Status {
     fn from(e: RequestError) -> Status {
         match e {
-            RequestError::NoBreaker(_) => Status::not_found(e.to_string()),
+            RequestError::NoBreaker(_) | RequestError::NoSuchLimit { .. } => Status::not_found(e.to_string()),
             e => Status::invalid_argument(e.to_string()),
         }
     }

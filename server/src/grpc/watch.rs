@@ -17,7 +17,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use super::convert;
-use crate::engine::Engine;
+use crate::decider::Decider;
 use crate::events::Event;
 
 pub type EventStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Status>> + Send>>;
@@ -25,9 +25,9 @@ pub type EventStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Status>>
 /// Events buffered per subscriber before it counts as slow.
 const BUFFER: usize = 64;
 
-pub fn stream(engine: Arc<Engine>, resources: Vec<String>) -> EventStream {
+pub fn stream(decider: Arc<Decider>, resources: Vec<String>) -> EventStream {
     let (tx, rx) = mpsc::channel(BUFFER);
-    let mut events = engine.events().subscribe();
+    let mut events = decider.subscribe();
     let only: HashSet<String> = resources.into_iter().collect();
     tokio::spawn(async move {
         let mut seq = 0u64;
@@ -41,18 +41,16 @@ pub fn stream(engine: Arc<Engine>, resources: Vec<String>) -> EventStream {
             let tx = tx.clone();
             async move { tx.send(Ok(event)).await.is_ok() }
         };
-        if !send(snapshot(&engine, &only, false)).await {
+        if !send(snapshot(&decider, &only, false)).await {
             return;
         }
         loop {
             let kind = match events.recv().await {
-                Ok(event) => match kind(&event, &only) {
-                    Some(k) => k,
-                    None => continue,
-                },
+                Ok(event) if wanted(&event, &only) => Kind::from(&*event),
+                Ok(_) => continue,
                 Err(RecvError::Lagged(missed)) => {
                     tracing::debug!(missed, "a Watch subscriber fell behind: sending a fresh snapshot");
-                    snapshot(&engine, &only, true)
+                    snapshot(&decider, &only, true)
                 }
                 Err(RecvError::Closed) => return,
             };
@@ -64,46 +62,18 @@ pub fn stream(engine: Arc<Engine>, resources: Vec<String>) -> EventStream {
     Box::pin(ReceiverStream::new(rx))
 }
 
-fn snapshot(engine: &Engine, only: &HashSet<String>, resync: bool) -> Kind {
-    let s = engine.snapshot();
-    let breakers = s
-        .breakers
-        .into_iter()
-        .filter(|(r, _)| only.is_empty() || only.contains(r))
-        .map(|(resource, info)| pb::BreakerSummary {
-            resource,
-            state: convert::breaker_state(info.state) as i32,
-            next_probe_at: info.next_probe_at.map(convert::instant),
-        })
-        .collect();
-    Kind::Snapshot(pb::Snapshot {
-        breakers,
-        degradation_level: s.level.level,
-        degradation_override: s.level.manual,
-        rules_version: s.rules_version,
-        resync,
-    })
+fn snapshot(decider: &Decider, only: &HashSet<String>, resync: bool) -> Kind {
+    let mut s = decider.snapshot();
+    s.breakers.retain(|(r, _)| only.is_empty() || only.contains(r));
+    Kind::Snapshot(pb::Snapshot { resync, ..s.into() })
 }
 
-fn kind(event: &Event, only: &HashSet<String>) -> Option<Kind> {
-    Some(match event {
-        Event::Breaker { resource, transition: t } => {
-            if !only.is_empty() && !only.contains(resource) {
-                return None;
-            }
-            Kind::Breaker(pb::BreakerTransition {
-                resource: resource.clone(),
-                from: convert::breaker_state(t.from) as i32,
-                to: convert::breaker_state(t.to) as i32,
-                reason: t.reason.clone(),
-                next_probe_at: t.next_probe_at.map(convert::instant),
-            })
-        }
-        Event::Degradation(c) => Kind::Degradation(pb::DegradationChange { from: c.from, to: c.to, manual: c.manual }),
-        Event::Rules { version, source } => {
-            Kind::Rules(pb::RulesReloaded { version: *version, source: source.clone() })
-        }
-    })
+/// Breaker transitions only for the resources asked for; everything else always.
+fn wanted(event: &Event, only: &HashSet<String>) -> bool {
+    match event {
+        Event::Breaker { resource, .. } => only.is_empty() || only.contains(resource),
+        Event::Degradation(_) | Event::Rules { .. } => true,
+    }
 }
 
 #[cfg(test)]
@@ -113,14 +83,15 @@ mod tests {
     use tokio_stream::StreamExt;
 
     use super::*;
-    use crate::engine::EngineConfig;
+    use crate::engine::{Engine, EngineConfig};
     use crate::time::SystemClock;
 
-    fn engine() -> Arc<Engine> {
-        let e = Engine::new(EngineConfig { max_keys: 1000 }, Arc::new(SystemClock::new()));
+    fn engine() -> (Arc<Engine>, Arc<Decider>) {
+        let e = Engine::new(EngineConfig { max_keys: 1000, replicated: false }, Arc::new(SystemClock::new()));
         let rules = crate::rules::RuleSet::from_yaml("resources: []", "t").unwrap();
         e.install(rules, String::new(), "test".into());
-        Arc::new(e)
+        let e = Arc::new(e);
+        (e.clone(), Arc::new(Decider::new(e, None)))
     }
 
     fn rules_event(version: u64) -> Event {
@@ -129,8 +100,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_snapshot_first_then_events_in_order() {
-        let engine = engine();
-        let mut stream = stream(engine.clone(), Vec::new());
+        let (engine, decider) = engine();
+        let mut stream = stream(decider, Vec::new());
         let first = stream.next().await.unwrap().unwrap();
         assert!(matches!(first.event, Some(Kind::Snapshot(pb::Snapshot { resync: false, rules_version: 1, .. }))));
         for v in 2..=4 {
@@ -145,8 +116,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_subscriber_that_falls_behind_gets_a_fresh_snapshot() {
-        let engine = engine();
-        let mut stream = stream(engine.clone(), Vec::new());
+        let (engine, decider) = engine();
+        let mut stream = stream(decider, Vec::new());
         stream.next().await.unwrap().unwrap();
         // Nobody reads: the forwarding task fills its buffer and the broadcast
         // runs past it. Publishing never waits.

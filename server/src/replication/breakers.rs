@@ -2,55 +2,32 @@
 //! cluster-wide, probe outcomes decided there, operators' states stored; the
 //! shared state adopted by every replica and announced on pub/sub.
 
-use std::time::Duration;
-
 use super::Replication;
-use super::scripts::{EVENTS, breaker_args, breaker_keys};
-use crate::breaker::{Outcome, State};
-use crate::engine::{BreakerSync, Installed, RemoteBreaker, RemoteOutcome, SharedBreaker};
-use crate::rules::BreakerConfig;
-
-/// What every breaker script returns:
-/// {result, state, generation, open until us, openings, now us, changed}.
-type Reply = Vec<i64>;
-
-fn state(n: i64) -> State {
-    match n {
-        2 => State::Open,
-        3 => State::HalfOpen,
-        4 => State::ForcedOpen,
-        5 => State::Disabled,
-        6 => State::MetricsOnly,
-        _ => State::Closed,
-    }
-}
-
-pub fn state_number(s: State) -> i64 {
-    crate::events::state_number(s) as i64
-}
+use super::scripts::{BreakerOp, EVENTS, breaker_args, breaker_keys};
+use super::wire::{BreakerReply, Grant};
+use crate::breaker::State;
+use crate::engine::Installed;
+use crate::engine::sync::{BreakerNews, RemoteBreaker, RemoteOutcome, SharedBreaker};
 
 impl Replication {
-    async fn run_breaker(&self, op: &'static str, resource: &str, cfg: &BreakerConfig, extra: &[f64]) -> Option<Reply> {
-        let script = match op {
-            "breaker_sync" => &self.scripts.breaker_sync,
-            "breaker_probe" => &self.scripts.breaker_probe,
-            "breaker_report" => &self.scripts.breaker_report,
-            _ => &self.scripts.breaker_force,
-        };
+    /// Runs one breaker script for `resource`, whose rule has a breaker.
+    async fn run_breaker(&self, rules: &Installed, resource: &str, op: BreakerOp) -> Option<BreakerReply> {
+        let cfg = rules.rules.find(resource)?.breaker.as_ref()?;
+        let script = op.script();
         let [state_key, window_key] = breaker_keys(resource);
-        let mut invocation = script.prepare_invoke();
-        invocation.key(state_key).key(window_key).arg(&breaker_args(cfg)[..]).arg(extra);
-        let reply: Reply = self.call(op, |mut h| async move { invocation.invoke_async(&mut h).await }).await?;
-        (reply.len() == 7).then_some(reply)
+        let mut invocation = self.scripts.get(script).prepare_invoke();
+        invocation.key(state_key).key(window_key).arg(&breaker_args(cfg)[..]).arg(&op.args()[..]);
+        let reply = self.run(script, invocation, |v| BreakerReply::parse(script, v)).await?;
+        self.adopt_reply(rules, resource, &reply).await;
+        Some(reply)
     }
 
     /// Adopts the shared state a breaker script returned, and announces a change.
-    async fn adopt_reply(&self, rules: &Installed, resource: &str, r: &Reply) {
-        let now = self.engine.clock().now();
-        let open_until = now.add_nanos(((r[3] - r[5]).max(0) as u64).saturating_mul(1000));
-        let shared = SharedBreaker { generation: r[2] as u64, state: state(r[1]), open_until, openings: r[4] as u32 };
+    async fn adopt_reply(&self, rules: &Installed, resource: &str, r: &BreakerReply) {
+        let open_until = self.engine.clock().now().saturating_add(r.open_for());
+        let shared = SharedBreaker { generation: r.generation, state: r.state, open_until, openings: r.openings };
         self.engine.adopt_breaker(rules, resource, shared);
-        if r[6] == 1 {
+        if r.changed {
             self.publish(format!("b {resource}")).await;
         }
     }
@@ -58,65 +35,63 @@ impl Replication {
     /// Asks the shared breaker whether a call may go ahead as a probe.
     pub(super) async fn probe(&self, rules: &Installed, resource: &str) -> Option<RemoteBreaker> {
         let cfg = rules.rules.find(resource)?.breaker.as_ref()?;
-        let r = self.run_breaker("breaker_probe", resource, cfg, &[]).await?;
-        self.adopt_reply(rules, resource, &r).await;
-        Some(match r[0] {
-            1 => RemoteBreaker::Probe { generation: r[2] as u64 },
-            2 => RemoteBreaker::Plain,
-            _ => {
-                let retry = match state(r[1]) {
-                    State::Open => Duration::from_micros((r[3] - r[5]).max(0) as u64),
+        let r = self.run_breaker(rules, resource, BreakerOp::Probe).await?;
+        let grant = match r.grant() {
+            Ok(grant) => grant,
+            Err(e) => {
+                tracing::error!(error = %e, "Redis answered a probe with an unexpected result");
+                metrics::counter!(crate::metrics::REDIS_ERRORS, "op" => "breaker_probe", "kind" => "bad_reply")
+                    .increment(1);
+                return None;
+            }
+        };
+        Some(match grant {
+            Grant::Probe => RemoteBreaker::Probe { generation: r.generation },
+            Grant::Plain => RemoteBreaker::Plain,
+            Grant::Denied => {
+                let retry_after = match r.state {
+                    State::Open => r.open_for(),
                     State::HalfOpen => cfg.max_wait_in_half_open,
                     _ => cfg.wait_in_open.initial,
                 };
-                RemoteBreaker::Deny { state: state(r[1]), retry_after: retry }
+                RemoteBreaker::Deny { state: r.state, retry_after }
             }
         })
     }
 
+    /// After ReportOutcome: probe outcomes go to the shared breakers.
+    pub async fn after_report(&self) {
+        if !self.sync().outbox_is_empty() {
+            self.flush_outbox(&self.engine.rules_full()).await;
+        }
+    }
+
     /// Sends probe outcomes (and probes given back) to the shared breakers.
     pub(super) async fn flush_outbox(&self, rules: &Installed) {
-        for o in self.engine.take_outbox() {
-            let RemoteOutcome { resource, generation, outcome, slow } = o;
-            let Some(cfg) = rules.rules.find(&resource).and_then(|r| r.breaker.as_ref()) else { continue };
-            let code = match outcome {
-                Outcome::Success => 1.0,
-                Outcome::Failure => 2.0,
-                Outcome::Ignored => 3.0,
-            };
-            let extra = [generation as f64, code, f64::from(u8::from(slow))];
-            if let Some(r) = self.run_breaker("breaker_report", &resource, cfg, &extra).await {
-                self.adopt_reply(rules, &resource, &r).await;
-            }
+        for RemoteOutcome { resource, generation, outcome, slow } in self.sync().take_outbox() {
+            self.run_breaker(rules, &resource, BreakerOp::Report { generation, outcome, slow }).await;
         }
     }
 
     /// One round: every breaker's window news pushed, its shared state adopted.
     pub(super) async fn sync_breakers(&self, rules: &Installed) -> bool {
         let mut ok = true;
-        for BreakerSync { resource, config, calls, tripped } in self.engine.breaker_news(rules) {
-            let extra = [calls.calls as f64, calls.failures as f64, calls.slow as f64, f64::from(u8::from(tripped))];
-            match self.run_breaker("breaker_sync", &resource, &config, &extra).await {
-                Some(r) => self.adopt_reply(rules, &resource, &r).await,
-                None => ok = false,
-            }
+        for BreakerNews { resource, calls, tripped } in self.engine.breaker_news(rules) {
+            let op = BreakerOp::Sync { calls: calls.calls, failures: calls.failures, slow: calls.slow, tripped };
+            ok &= self.run_breaker(rules, &resource, op).await.is_some();
         }
         ok
     }
 
     /// The shared breaker of one resource, now (after a pub/sub message).
     pub(super) async fn refresh_breaker(&self, rules: &Installed, resource: &str) {
-        let Some(cfg) = rules.rules.find(resource).and_then(|r| r.breaker.clone()) else { return };
-        if let Some(r) = self.run_breaker("breaker_sync", resource, &cfg, &[0.0; 4]).await {
-            self.adopt_reply(rules, resource, &r).await;
-        }
+        let op = BreakerOp::Sync { calls: 0, failures: 0, slow: 0, tripped: false };
+        self.run_breaker(rules, resource, op).await;
     }
 
-    /// An operator's state for the shared breaker.
+    /// An operator's state for the shared breaker, announced to every replica.
     pub async fn force_breaker(&self, rules: &Installed, resource: &str, to: State) {
-        let Some(cfg) = rules.rules.find(resource).and_then(|r| r.breaker.clone()) else { return };
-        if let Some(r) = self.run_breaker("breaker_force", resource, &cfg, &[state_number(to) as f64]).await {
-            self.adopt_reply(rules, resource, &r).await;
+        if self.run_breaker(rules, resource, BreakerOp::Force(to)).await.is_some() {
             self.publish(format!("b {resource}")).await;
         }
     }

@@ -5,65 +5,99 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use redis::Value;
 use smallvec::SmallVec;
 
-use super::Replication;
-use super::scripts::{bucket_key, limit_args};
-use crate::engine::{Installed, Pending, SyncItem};
+use super::scripts::{ScriptName, bucket_key, limit_args};
+use super::wire::{self, TakeReply};
+use super::{Replication, join_all};
+use crate::engine::sync::SyncItem;
+use crate::engine::{Installed, Pending};
 use crate::limiter::{Decision, Shared, Status};
 use crate::store::BucketKey;
-use crate::time::Timestamp;
 
+/// Decisions per take script: a batch of one resource goes in few scripts.
+const DECISIONS_PER_SCRIPT: usize = 100;
 /// Sync scripts in flight at once.
 const CONCURRENCY: usize = 32;
 /// Buckets per sync script: long scripts would hold Redis up.
 const KEYS_PER_SCRIPT: usize = 200;
+/// A replicated bucket unused this long is no longer synced.
+const ACTIVE: Duration = Duration::from_secs(10);
 
 impl Replication {
-    /// Redis's decision over a request's strict limits; `None` if it could not answer.
-    pub(super) async fn strict(&self, pending: &Pending<'_>) -> Option<SmallVec<[Decision; 4]>> {
-        let resource = pending.resource();
-        let mut invocation = self.scripts.take.prepare_invoke();
-        invocation.arg(pending.cost());
-        let mut limits = Vec::new();
-        for (limit, key) in pending.strict() {
-            invocation.key(bucket_key(resource, limit, key));
-            invocation.arg(&limit_args(&limit.algorithm)[..]);
-            limits.push(limit.algorithm.capacity());
+    /// Redis's decisions over the strict limits of these pending decisions,
+    /// in order; `None` for those it could not answer. Decisions on one
+    /// resource (one slot) go in one script, up to [`DECISIONS_PER_SCRIPT`];
+    /// the scripts run concurrently.
+    pub(super) async fn strict(&self, pending: &[&Pending<'_>]) -> Vec<Option<SmallVec<[Decision; 4]>>> {
+        let mut by_resource: HashMap<&str, Vec<usize>> = HashMap::new();
+        for (i, p) in pending.iter().enumerate() {
+            by_resource.entry(p.resource()).or_default().push(i);
         }
-        let reply: Vec<i64> = self.call("take", |mut h| async move { invocation.invoke_async(&mut h).await }).await?;
-        let us = |n: i64| Duration::from_micros(n.max(0) as u64);
-        let decisions = limits
-            .iter()
-            .zip(reply.get(1..)?.chunks(5))
-            .map(|(&limit, r)| Decision {
-                admitted: reply[0] == 1,
-                status: Status {
-                    limit,
-                    remaining: r[1].max(0) as u64,
-                    reset_after: us(r[2]),
-                    retry_after: if r[0] == 1 { Duration::ZERO } else { us(r[3]) },
-                    wait: us(r[4]),
-                },
-            })
-            .collect::<SmallVec<_>>();
-        (decisions.len() == limits.len()).then_some(decisions)
+        let groups: Vec<&[usize]> = by_resource.values().flat_map(|v| v.chunks(DECISIONS_PER_SCRIPT)).collect();
+        let replies = join_all(groups.iter().map(|g| self.take(g.iter().map(|&i| pending[i])))).await;
+        let mut out = vec![None; pending.len()];
+        for (group, reply) in groups.into_iter().zip(replies) {
+            let Some(reply) = reply else { continue };
+            for (&i, decisions) in group.iter().zip(reply) {
+                out[i] = Some(decisions);
+            }
+        }
+        out
     }
 
-    /// The merged state of buckets this process does not hold yet, so that a
-    /// restarted replica resumes where the replicas are rather than full.
-    pub(super) async fn pull(&self, rules: &Installed, resource: &str, keys: Vec<BucketKey>) {
-        self.lease_now(rules, resource, keys, 0).await;
+    /// One take script over decisions of one resource.
+    async fn take<'p, 'r: 'p>(
+        &self,
+        group: impl Iterator<Item = &'p Pending<'r>>,
+    ) -> Option<Vec<SmallVec<[Decision; 4]>>> {
+        let mut invocation = self.scripts.get(ScriptName::Take).prepare_invoke();
+        let mut shapes: Vec<SmallVec<[u64; 4]>> = Vec::new();
+        let mut args: Vec<f64> = Vec::new();
+        for p in group {
+            let resource = p.resource();
+            let strict: SmallVec<[_; 4]> = p.strict().collect();
+            args.extend([p.cost() as f64, strict.len() as f64]);
+            for (limit, key) in &strict {
+                invocation.key(bucket_key(resource, limit, key));
+                args.extend(limit_args(&limit.algorithm));
+            }
+            shapes.push(strict.iter().map(|(l, _)| l.algorithm.capacity()).collect());
+        }
+        invocation.arg(shapes.len()).arg(&args[..]);
+        let counts: Vec<usize> = shapes.iter().map(SmallVec::len).collect();
+        let replies = self.run(ScriptName::Take, invocation, |v| TakeReply::parse_many(v, &counts)).await?;
+        let decisions = shapes
+            .iter()
+            .zip(replies)
+            .map(|(capacities, reply)| {
+                capacities
+                    .iter()
+                    .zip(&reply.limits)
+                    .map(|(&limit, r)| Decision {
+                        admitted: reply.admitted,
+                        status: Status {
+                            limit,
+                            remaining: r.remaining,
+                            reset_after: r.reset_after,
+                            retry_after: if r.admitted { Duration::ZERO } else { r.retry_after },
+                            wait: r.wait,
+                        },
+                    })
+                    .collect()
+            })
+            .collect();
+        Some(decisions)
     }
 
     /// Syncs these buckets now (pushing what they took), asking for a lease
-    /// of at least `want` units if that much is free.
-    pub(super) async fn lease_now(&self, rules: &Installed, resource: &str, keys: Vec<BucketKey>, want: u64) {
+    /// of at least `want` units if that much is free. With `want` 0, it pulls
+    /// the merged state of buckets this process does not hold yet.
+    pub(super) async fn lease_now(&self, rules: &Installed, keys: Vec<(&str, BucketKey)>, want: u64) {
         let items: Vec<SyncItem> = keys
             .into_iter()
-            .map(|key| {
-                let delta = self.engine.take_dirty(&key);
+            .map(|(resource, key)| {
+                let delta = self.sync().take_dirty(&key);
                 SyncItem { limit: key.limit, key, resource: resource.to_string(), delta }
             })
             .collect();
@@ -74,7 +108,7 @@ impl Replication {
     /// consumption and adopt the merged state. What could not be pushed is
     /// kept for the next round.
     pub(super) async fn sync_buckets(&self, rules: &Installed) -> bool {
-        let items = self.engine.drain_dirty(Duration::from_secs(10));
+        let items = self.sync().drain_dirty(self.engine.clock().now(), ACTIVE);
         self.push_and_adopt(rules, items, 0).await
     }
 
@@ -89,7 +123,7 @@ impl Replication {
         let mut ok = true;
         for group in batches.chunks(CONCURRENCY) {
             let calls = group.iter().map(|batch| self.sync_batch(rules, batch, want));
-            for (batch, shared) in group.iter().zip(futures_join(calls).await) {
+            for (batch, shared) in group.iter().zip(join_all(calls).await) {
                 match shared {
                     Some(shared) => {
                         for (item, shared) in batch.iter().zip(shared) {
@@ -98,8 +132,9 @@ impl Replication {
                     }
                     None => {
                         ok = false;
+                        let now = self.engine.clock().now();
                         for item in batch.iter().filter(|i| i.delta > 0) {
-                            self.engine.restore_dirty(item);
+                            self.sync().restore_dirty(item, now);
                         }
                     }
                 }
@@ -110,8 +145,8 @@ impl Replication {
 
     async fn sync_batch(&self, rules: &Installed, batch: &[&SyncItem], want: u64) -> Option<Vec<Shared>> {
         let lease_ttl = (self.config.sync_interval * 3).as_micros() as u64;
-        let mut invocation = self.scripts.sync.prepare_invoke();
-        invocation.arg(&self.config.replica_id).arg(self.engine.replica().share()).arg(lease_ttl).arg(want);
+        let mut invocation = self.scripts.get(ScriptName::Sync).prepare_invoke();
+        invocation.arg(&self.config.replica_id).arg(self.sync().share()).arg(lease_ttl).arg(want);
         for item in batch {
             // A limit gone from the rules still syncs once, as a no-op fixed window.
             let (key, args) = match rules.limit(item.limit) {
@@ -120,51 +155,7 @@ impl Replication {
             };
             invocation.key(key).arg(item.delta).arg(&args[..]);
         }
-        let reply: Vec<Value> = self.call("sync", |mut h| async move { invocation.invoke_async(&mut h).await }).await?;
-        let num = |v: &Value| -> Option<f64> {
-            match v {
-                Value::Int(n) => Some(*n as f64),
-                Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
-                Value::SimpleString(s) => s.parse().ok(),
-                _ => None,
-            }
-        };
-        let shared: Option<Vec<Shared>> = reply
-            .chunks(5)
-            .map(|r| {
-                Some(Shared {
-                    lease: num(&r[0])?,
-                    window_start: Timestamp::from_nanos(num(&r[1])? as u64 * 1000),
-                    prev: num(&r[2])? as u64,
-                    cur: num(&r[3])? as u64,
-                    available: num(&r[4])?,
-                })
-            })
-            .collect();
-        shared.filter(|s| s.len() == batch.len())
+        let n = batch.len();
+        self.run(ScriptName::Sync, invocation, |v| wire::parse_sync(v, n)).await
     }
-}
-
-/// Runs futures concurrently on this task and collects their outputs in order.
-pub(super) async fn futures_join<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
-    let futures: Vec<_> = futures.into_iter().map(Box::pin).collect();
-    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
-    let mut futures: Vec<Option<_>> = futures.into_iter().map(Some).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (slot, out) in futures.iter_mut().zip(outputs.iter_mut()) {
-            if let Some(f) = slot {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => {
-                        *out = Some(v);
-                        *slot = None;
-                    }
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending { std::task::Poll::Pending } else { std::task::Poll::Ready(()) }
-    })
-    .await;
-    outputs.into_iter().map(|o| o.expect("every future finished")).collect()
 }

@@ -1,4 +1,6 @@
-//! Replication through Redis: the network side of SPEC section 8.
+//! Replication through Redis: the network side of SPEC section 8. The engine
+//! keeps the replication state (`engine::sync`); this module carries it to
+//! and from Redis. Only the `Decider` calls in here.
 //!
 //! - `replicated` limits decide from memory; every `--sync-interval` each
 //!   replica pushes what it took and adopts its share of the merged state; a
@@ -14,18 +16,23 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::engine::{Answer, Descriptors, Engine, Installed, Prepared, Request, RequestError, Step, Verdict};
-use crate::rules::SyncMode;
+use redis::{ScriptInvocation, Value};
+
+use crate::engine::Engine;
+use crate::engine::sync::Replica;
 
 mod breakers;
 mod conn;
+mod decide;
 mod limits;
 mod rules;
 mod scripts;
+mod wire;
 
 pub use conn::Target;
 use conn::{CallError, Conn};
-use scripts::Scripts;
+use scripts::{ScriptName, Scripts};
+use wire::ReplyError;
 
 /// How this replica uses Redis.
 #[derive(Clone, Debug)]
@@ -46,10 +53,11 @@ pub struct Replication {
 
 impl Replication {
     /// Connects (in the background) and starts the sync loop and the pub/sub
-    /// listener. The server serves from memory until Redis answers.
+    /// listener. The server serves from memory until Redis answers. The
+    /// engine must have been built with `replicated: true`.
     pub async fn start(config: Config, engine: Arc<Engine>) -> anyhow::Result<Arc<Replication>> {
+        anyhow::ensure!(engine.sync().is_some(), "the engine keeps no replication state");
         let conn = Conn::open(&config.target, config.timeout)?;
-        engine.replica().enable();
         let r = Arc::new(Replication { engine, conn, scripts: Scripts::default(), config });
         r.load_shared_rules().await;
         tokio::spawn(sync_loop(Arc::downgrade(&r)));
@@ -57,8 +65,8 @@ impl Replication {
         Ok(r)
     }
 
-    pub fn engine(&self) -> &Arc<Engine> {
-        &self.engine
+    fn sync(&self) -> &Replica {
+        self.engine.sync().expect("checked when replication started")
     }
 
     /// One Redis exchange. A failure marks Redis down, so that calls stop
@@ -71,10 +79,10 @@ impl Replication {
         match self.conn.call(what, f).await {
             Ok(v) => Some(v),
             Err(e) => {
-                if self.engine.replica().up() {
+                if self.sync().up() {
                     tracing::warn!(op = what, error = %e, "Redis is unreachable: deciding from memory until it is back");
                 }
-                self.engine.replica().set_up(false);
+                self.sync().set_up(false);
                 let kind = match e {
                     CallError::NotConnected => "not_connected",
                     CallError::Timeout(_) => "timeout",
@@ -86,76 +94,34 @@ impl Replication {
         }
     }
 
-    /// One decision, asking Redis where it must: first touch of replicated
-    /// buckets, probes of shared breakers, strict limits.
-    pub async fn acquire<'r, D: Descriptors + ?Sized>(
+    /// Runs a script and parses its reply. A reply of the wrong shape is
+    /// logged and counted (`kind="bad_reply"`) and answers `None`, like a
+    /// failed call, without marking Redis down.
+    async fn run<T>(
         &self,
-        rules: &'r Installed,
-        req: &Request<'_, D>,
-    ) -> Result<Answer<'r>, RequestError> {
-        let mut p = self.engine.prepare(rules, req)?;
-        if self.engine.replica().up() && !req.dry_run {
-            let missing: Vec<_> = p
-                .replicated_keys()
-                .filter(|(_, k)| !self.engine.buckets().contains_key(k))
-                .map(|(_, k)| k.clone())
-                .collect();
-            if !missing.is_empty() {
-                self.pull(rules, req.resource, missing).await;
-            }
-            if self.engine.needs_remote_probe(&p, req.resource)
-                && let Some(answer) = self.probe(rules, req.resource).await
-            {
-                p = p.with_remote_breaker(answer);
+        name: ScriptName,
+        invocation: ScriptInvocation<'_>,
+        parse: impl FnOnce(Value) -> Result<T, ReplyError>,
+    ) -> Option<T> {
+        let reply: Value = self.call(name.op(), |mut h| async move { invocation.invoke_async(&mut h).await }).await?;
+        match parse(reply) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                tracing::error!(error = %e, "Redis answered a script with an unexpected reply");
+                metrics::counter!(crate::metrics::REDIS_ERRORS, "op" => name.op(), "kind" => "bad_reply").increment(1);
+                None
             }
         }
-        let answer = self.decide(p).await;
-        // Denied by this replica's lease while the replicas had more in
-        // common: sync those buckets now, asking for a lease of at least the
-        // cost, and decide again (nothing was taken the first time).
-        let short_lease = answer.verdict == Verdict::RateLimited
-            && self.engine.replica().up()
-            && answer.limits.iter().filter(|r| r.exceeded).all(|r| r.limit.sync == SyncMode::Replicated);
-        if short_lease {
-            let p = self.engine.prepare(rules, req)?;
-            if self.engine.worth_escalating(&p) {
-                metrics::counter!(crate::metrics::REDIS_ESCALATIONS).increment(1);
-                let keys = p.replicated_keys().map(|(_, k)| k.clone()).collect();
-                self.lease_now(rules, req.resource, keys, p.cost()).await;
-                return Ok(self.decide(p).await);
-            }
-        }
-        Ok(answer)
-    }
-
-    async fn decide<'r>(&self, p: Prepared<'r>) -> Answer<'r> {
-        let rules_answer = match self.engine.begin(p, self.engine.clock().now()) {
-            Step::Done(answer) => answer,
-            Step::Remote(pending) => {
-                let decisions = self.strict(&pending).await;
-                self.engine.finish(*pending, decisions)
-            }
-        };
-        if !self.engine.outbox_is_empty() {
-            self.flush_outbox(&self.engine.rules_full()).await;
-        }
-        rules_answer
-    }
-
-    /// After ReportOutcome: probe outcomes go to the shared breakers.
-    pub async fn after_report(&self, rules: &Installed) {
-        self.flush_outbox(rules).await;
     }
 
     /// Registers this replica and counts the live ones.
     async fn heartbeat(&self) -> bool {
         let ttl_ms = (self.config.sync_interval * 5).max(Duration::from_secs(1)).as_millis() as u64;
-        let mut invocation = self.scripts.heartbeat.prepare_invoke();
+        let mut invocation = self.scripts.get(ScriptName::Heartbeat).prepare_invoke();
         invocation.key(scripts::REPLICAS).arg(&self.config.replica_id).arg(ttl_ms);
-        let live: Option<u32> =
-            self.call("heartbeat", |mut h| async move { invocation.invoke_async(&mut h).await }).await;
+        let live = self.run(ScriptName::Heartbeat, invocation, wire::parse_live).await;
         if let Some(n) = live {
-            self.engine.replica().set_live(n);
+            self.sync().set_live(n);
             metrics::gauge!(crate::metrics::LIVE_REPLICAS).set(f64::from(n));
         }
         live.is_some()
@@ -166,7 +132,7 @@ impl Replication {
             return false;
         }
         // Redis answered: requests may ask it again.
-        self.engine.replica().set_up(true);
+        self.sync().set_up(true);
         let rules = self.engine.rules_full();
         let buckets = self.sync_buckets(&rules).await;
         let breakers = self.sync_breakers(&rules).await;
@@ -196,4 +162,28 @@ async fn sync_loop(weak: std::sync::Weak<Replication>) {
         drop(r);
         tokio::time::sleep(interval.max(backoff).saturating_sub(started.elapsed())).await;
     }
+}
+
+/// Runs futures concurrently on this task and collects their outputs in order.
+async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    let futures: Vec<_> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    let mut futures: Vec<Option<_>> = futures.into_iter().map(Some).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (slot, out) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if let Some(f) = slot {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => {
+                        *out = Some(v);
+                        *slot = None;
+                    }
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending { std::task::Poll::Pending } else { std::task::Poll::Ready(()) }
+    })
+    .await;
+    outputs.into_iter().map(|o| o.expect("every future finished")).collect()
 }

@@ -1,9 +1,11 @@
-//! The Lua scripts and how their arguments are laid out. Scripts run with
-//! EVALSHA (loaded on first use); see lua/*.lua for what each one does.
+//! The Lua scripts, named by an enum, and how their arguments are laid out.
+//! Scripts run with EVALSHA (loaded on first use); see lua/*.lua for what each
+//! one does, and `wire` for what each one returns.
 
 use redis::Script;
 
 use super::conn::tag;
+use crate::breaker::{Outcome, State};
 use crate::limiter::Algorithm;
 use crate::limiter::leaky_bucket::Mode;
 use crate::rules::{BreakerConfig, Limit, WindowKind};
@@ -17,14 +19,102 @@ pub const REPLICAS: &str = "{fg}:replicas";
 pub const RULES: &str = "{fg}:rules";
 pub const EVENTS: &str = "{fg}:events";
 
+/// Every script Floodgate runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScriptName {
+    /// A strict decision over a request's strict limits.
+    Take,
+    /// The replicated sync of a batch of buckets.
+    Sync,
+    /// This replica is alive; how many are.
+    Heartbeat,
+    BreakerSync,
+    BreakerProbe,
+    BreakerReport,
+    BreakerForce,
+}
+
 pub struct Scripts {
-    pub take: Script,
-    pub sync: Script,
-    pub heartbeat: Script,
-    pub breaker_sync: Script,
-    pub breaker_probe: Script,
-    pub breaker_report: Script,
-    pub breaker_force: Script,
+    take: Script,
+    sync: Script,
+    heartbeat: Script,
+    breaker_sync: Script,
+    breaker_probe: Script,
+    breaker_report: Script,
+    breaker_force: Script,
+}
+
+/// What a breaker script is asked to do, with its own arguments.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum BreakerOp {
+    /// Push this replica's calls since the last sync; bring back the shared state.
+    Sync { calls: u64, failures: u64, slow: u64, tripped: bool },
+    /// May a call go ahead as a probe?
+    Probe,
+    /// A probe's outcome.
+    Report { generation: u64, outcome: Outcome, slow: bool },
+    /// An operator's state: CLOSED (reset), FORCED_OPEN, DISABLED or METRICS_ONLY.
+    Force(State),
+}
+
+impl ScriptName {
+    /// The `op` label of Redis metrics.
+    pub fn op(self) -> &'static str {
+        match self {
+            ScriptName::Take => "take",
+            ScriptName::Sync => "sync",
+            ScriptName::Heartbeat => "heartbeat",
+            ScriptName::BreakerSync => "breaker_sync",
+            ScriptName::BreakerProbe => "breaker_probe",
+            ScriptName::BreakerReport => "breaker_report",
+            ScriptName::BreakerForce => "breaker_force",
+        }
+    }
+}
+
+impl Scripts {
+    pub fn get(&self, name: ScriptName) -> &Script {
+        match name {
+            ScriptName::Take => &self.take,
+            ScriptName::Sync => &self.sync,
+            ScriptName::Heartbeat => &self.heartbeat,
+            ScriptName::BreakerSync => &self.breaker_sync,
+            ScriptName::BreakerProbe => &self.breaker_probe,
+            ScriptName::BreakerReport => &self.breaker_report,
+            ScriptName::BreakerForce => &self.breaker_force,
+        }
+    }
+}
+
+impl BreakerOp {
+    pub fn script(self) -> ScriptName {
+        match self {
+            BreakerOp::Sync { .. } => ScriptName::BreakerSync,
+            BreakerOp::Probe => ScriptName::BreakerProbe,
+            BreakerOp::Report { .. } => ScriptName::BreakerReport,
+            BreakerOp::Force(_) => ScriptName::BreakerForce,
+        }
+    }
+
+    /// The arguments after breaker.lua's ten (ARGV[11] on).
+    pub fn args(self) -> Vec<f64> {
+        let flag = |b: bool| f64::from(u8::from(b));
+        match self {
+            BreakerOp::Sync { calls, failures, slow, tripped } => {
+                vec![calls as f64, failures as f64, slow as f64, flag(tripped)]
+            }
+            BreakerOp::Probe => Vec::new(),
+            BreakerOp::Report { generation, outcome, slow } => {
+                let code = match outcome {
+                    Outcome::Success => 1.0,
+                    Outcome::Failure => 2.0,
+                    Outcome::Ignored => 3.0,
+                };
+                vec![generation as f64, code, flag(slow)]
+            }
+            BreakerOp::Force(state) => vec![f64::from(state.number())],
+        }
+    }
 }
 
 impl Default for Scripts {

@@ -168,8 +168,3 @@ A[6] = {
     expire(k, 2 * p[2])
   end,
 }
-
-local function limit_at(i)
-  local b = 1 + (i - 1) * 5
-  return tonumber(ARGV[b + 1]), { tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5]) }
-end

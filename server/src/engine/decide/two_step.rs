@@ -6,13 +6,13 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use super::Engine;
-use super::admit::{Admitted, Denial};
-use super::decide::{Answer, Matched, Prepared, Verdict, fill_limits};
-use super::shared::RemoteBreaker;
+use super::{Answer, Matched, Prepared, Verdict, fill_limits};
+use crate::engine::Engine;
+use crate::engine::counters::RuleMetrics;
+use crate::engine::guards::{Admitted, Ask, Denial, Guards};
+use crate::engine::sync::{RemoteBreaker, decided_by_redis};
 use crate::limiter::{Decision, Status};
-use crate::metrics::RuleMetrics;
-use crate::rules::{Limit, OnRedisError, Rule, SyncMode};
+use crate::rules::{Limit, OnRedisError, Rule};
 use crate::store::BucketKey;
 use crate::time::Timestamp;
 
@@ -67,34 +67,27 @@ fn not_asked(l: &Limit) -> Decision {
     Decision { admitted: true, status: Status { limit: l.algorithm.capacity(), ..Status::default() } }
 }
 
-/// Whether Redis decides this limit when replication is on: strict limits,
-/// and sliding logs (an exact log cannot be shared approximately).
-pub fn decided_by_redis(l: &Limit) -> bool {
-    l.sync == SyncMode::Strict
-        || (l.sync == SyncMode::Replicated && matches!(l.algorithm, crate::limiter::Algorithm::SlidingWindowLog(_)))
-}
-
 impl Engine {
     /// Runs the guards and every limit decided here. When strict limits remain
     /// (replication on, Redis up), the caller asks Redis and calls `finish`.
     #[inline]
     pub fn begin<'r>(&self, p: Prepared<'r>, now: Timestamp) -> Step<'r> {
-        let level = self.degradation_level();
+        let level = self.levels.current();
         let Some((rule, metrics)) = p.rule else {
             let answer = Answer::allowed(level);
             if !p.dry_run {
-                self.unmatched.record(&answer);
+                answer.count(p.unmatched);
             }
             return Step::Done(answer);
         };
-        let remote_on = self.replica.up() && !p.dry_run;
+        let remote_on = self.sync.as_ref().is_some_and(|s| s.up()) && !p.dry_run;
         let unguarded = p.resource.is_none() && rule.shed_at_level.is_none_or(|at| level < at);
         if unguarded && !(remote_on && p.matched.iter().any(|(l, ..)| decided_by_redis(l))) {
             // The common case, without the machinery for guards and Redis.
             let mut answer = Answer { rule: Some(&rule.name), ..Answer::allowed(level) };
             self.decide_limits(&mut answer, &p.matched, &p.request_resource, now, p.cost, p.dry_run);
             if !p.dry_run {
-                metrics.record(&answer);
+                answer.count(metrics);
             }
             return Step::Done(answer);
         }
@@ -155,7 +148,7 @@ impl Engine {
         }
         let denied = p.limits.iter().any(|(.., d)| d.is_some_and(|d| !d.admitted));
         if denied {
-            let on_redis = self.replica.up();
+            let on_redis = self.sync.as_ref().is_some_and(|s| s.up());
             for (l, _, k, d) in &mut p.limits {
                 let Some(d) = d.as_mut().filter(|d| d.admitted) else { continue };
                 if on_redis && decided_by_redis(l) {
@@ -181,14 +174,14 @@ impl Engine {
         if let Some(a) = p.admitted.take() {
             p.answer.breaker_state = a.breaker_state;
             if p.answer.verdict != Verdict::Allowed || p.dry_run {
-                self.undo(a);
+                Guards::undo(a, self.sync.as_ref());
             } else {
                 let resource = p.resource.clone().unwrap_or_default();
-                p.answer.permit_id = Some(self.issue_permit(p.rule, resource, a, p.now));
+                p.answer.permit_id = Some(self.permits.issue_for(p.rule, resource, a, p.now));
             }
         }
         if !p.dry_run {
-            p.metrics.record(&p.answer);
+            p.answer.count(p.metrics);
         }
         p.answer
     }
@@ -205,13 +198,16 @@ impl Engine {
     /// Shedding, the breaker and the concurrency limit; the denial if any.
     fn guard(&self, p: &mut Pending<'_>, level: u32, remote: Option<RemoteBreaker>) -> Option<Denial> {
         match &p.resource {
-            Some(resource) => match self.admit(p.rule, resource, level, p.now, p.dry_run, remote) {
-                Ok(a) => {
-                    p.admitted = Some(a);
-                    None
+            Some(resource) => {
+                let ask = Ask { rule: p.rule, resource, level, now: p.now, dry_run: p.dry_run, remote };
+                match self.guards.admit(ask, &self.events, self.sync.as_ref()) {
+                    Ok(a) => {
+                        p.admitted = Some(a);
+                        None
+                    }
+                    Err(denial) => Some(denial),
                 }
-                Err(denial) => Some(denial),
-            },
+            }
             None => p.rule.shed_at_level.filter(|&at| level >= at).map(|at| Denial::Shed { at, level }),
         }
     }
@@ -220,7 +216,7 @@ impl Engine {
     /// decides here with the limit divided among the live replicas, `allow`
     /// admits, `deny` denies.
     fn without_redis(&self, strict: &Matched<'_>, now: Timestamp, cost: u64) -> SmallVec<[Decision; 4]> {
-        let share = self.replica.share();
+        let share = self.sync.as_ref().map_or(1.0, |s| s.share());
         let mut decisions = SmallVec::new();
         let mut taken = Vec::new();
         let mut denied = false;

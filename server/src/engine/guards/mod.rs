@@ -11,6 +11,12 @@ use crate::breaker::Breaker;
 use crate::rules::BreakerConfig;
 use crate::time::Timestamp;
 
+mod admit;
+mod permits;
+
+pub use admit::{Admitted, Ask, DEFAULT_PERMIT_TTL, Denial};
+pub use permits::{Permit, Permits};
+
 /// A closed breaker untouched this long is forgotten (its history with it).
 pub const IDLE_TTL: Duration = Duration::from_secs(600);
 
@@ -18,8 +24,6 @@ pub const IDLE_TTL: Duration = Duration::from_secs(600);
 pub struct Guarded {
     breaker: Mutex<Option<Breaker>>,
     pub in_flight: AtomicU32,
-    /// What replication has yet to push for this resource's breaker.
-    pub unsynced: Mutex<super::shared::Unsynced>,
     /// Nanoseconds since the epoch of the last acquire or report.
     touched: AtomicU64,
 }
@@ -89,5 +93,9 @@ impl Guards {
     /// Forgets idle resources that no permit refers to.
     pub fn sweep(&self, now: Timestamp) {
         self.map.retain(|_, g| Arc::strong_count(g) > 1 || !g.idle(now));
+    }
+
+    pub fn contains(&self, resource: &str) -> bool {
+        self.map.contains_key(resource)
     }
 }

@@ -5,13 +5,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::Engine;
-use super::decide::Verdict;
-use super::guard::Guarded;
-use super::permits::Permit;
-use super::shared::{RemoteBreaker, RemoteOutcome};
+use super::permits::{Permit, Permits};
+use super::{Guarded, Guards};
 use crate::breaker::{Admission, Outcome, State};
-use crate::events::Event;
+use crate::engine::decide::Verdict;
+use crate::engine::sync::{RemoteBreaker, RemoteOutcome, Replica};
+use crate::events::{Event, Events};
 use crate::rules::{Rule, duration};
 use crate::time::Timestamp;
 
@@ -86,21 +85,25 @@ impl fmt::Display for Denial {
     }
 }
 
-impl Engine {
-    /// Runs the guards of `rule` for `resource`; on a dry run, only asks.
-    pub(super) fn admit(
-        &self,
-        rule: &Rule,
-        resource: &str,
-        level: u32,
-        now: Timestamp,
-        dry_run: bool,
-        remote: Option<RemoteBreaker>,
-    ) -> Result<Admitted, Denial> {
+/// One call's trip through the guards: what it asks and where events go.
+pub struct Ask<'a> {
+    pub rule: &'a Rule,
+    pub resource: &'a str,
+    pub level: u32,
+    pub now: Timestamp,
+    pub dry_run: bool,
+    /// The shared breaker's answer, when Redis was asked for a probe.
+    pub remote: Option<RemoteBreaker>,
+}
+
+impl Guards {
+    /// Runs the guards of the rule for the resource; on a dry run, only asks.
+    pub fn admit(&self, ask: Ask<'_>, events: &Events, sync: Option<&Replica>) -> Result<Admitted, Denial> {
+        let Ask { rule, resource, level, now, dry_run, remote } = ask;
         if let Some(at) = rule.shed_at_level.filter(|&at| level >= at) {
             return Err(Denial::Shed { at, level });
         }
-        let guarded = self.guards.get_or_create(resource);
+        let guarded = self.get_or_create(resource);
         guarded.touch(now);
         let closed = |state, retry_after| Denial::CircuitOpen { resource: resource.into(), state, retry_after };
         let mut remote_probe = None;
@@ -124,7 +127,7 @@ impl Engine {
                     let state = b.state();
                     drop(slot);
                     if let Some(transition) = transition {
-                        self.events.publish(Event::Breaker { resource: resource.into(), transition });
+                        events.publish(Event::Breaker { resource: resource.into(), transition });
                     }
                     match admission {
                         Admission::Permitted { generation, probe } => (Some((generation, probe)), Some(state)),
@@ -142,7 +145,7 @@ impl Engine {
                 !admitted.guarded.try_take_slot(c.max_in_flight)
             };
             if full {
-                self.undo(admitted);
+                Self::undo(admitted, sync);
                 return Err(Denial::Concurrency { resource: resource.into(), max: c.max_in_flight });
             }
             admitted.holds_slot = !dry_run;
@@ -151,26 +154,36 @@ impl Engine {
     }
 
     /// Gives back what the guards handed out for a call that does not go ahead.
-    pub(super) fn undo(&self, a: Admitted) {
+    pub fn undo(a: Admitted, sync: Option<&Replica>) {
         if a.holds_slot {
             a.guarded.release_slot();
         }
         if let Some((resource, generation)) = a.remote_probe {
             // The shared breaker's probe goes back as an IGNORED outcome.
-            self.outbox.push(RemoteOutcome { resource, generation, outcome: Outcome::Ignored, slow: false });
+            if let Some(sync) = sync {
+                sync.send(RemoteOutcome { resource, generation, outcome: Outcome::Ignored, slow: false });
+            }
         } else if let (Some((generation, probe)), Some(b)) = (a.breaker, a.guarded.current_breaker().as_mut()) {
             b.release(generation, probe);
         }
     }
 
+    /// The state of a resource's breaker, if its rule has one.
+    pub fn state_for(&self, rule: &Rule, resource: &str) -> Option<State> {
+        rule.breaker.as_ref()?;
+        Some(self.get(resource)?.current_breaker().as_ref().map_or(State::Closed, |b| b.state()))
+    }
+}
+
+impl Permits {
     /// A permit for an admitted call, expiring after the rule's `permit_ttl`
     /// (a probe's, after `max_wait_in_half_open` at the latest).
-    pub(super) fn issue_permit(&self, rule: &Rule, resource: String, a: Admitted, now: Timestamp) -> String {
+    pub fn issue_for(&self, rule: &Rule, resource: String, a: Admitted, now: Timestamp) -> String {
         let mut ttl = rule.concurrency.map_or(DEFAULT_PERMIT_TTL, |c| c.permit_ttl);
         if let (Some((_, true)), Some(cfg)) = (a.breaker, &rule.breaker) {
             ttl = ttl.min(cfg.max_wait_in_half_open);
         }
-        self.permits.issue(Permit {
+        self.issue(Permit {
             resource,
             guarded: a.guarded,
             issued_at: now,
@@ -179,11 +192,5 @@ impl Engine {
             remote_probe: a.remote_probe.map(|(_, g)| g),
             holds_slot: a.holds_slot,
         })
-    }
-
-    /// The state of a resource's breaker, if its rule has one.
-    pub(super) fn breaker_state(&self, rule: &Rule, resource: &str) -> Option<State> {
-        rule.breaker.as_ref()?;
-        Some(self.guards.get(resource)?.current_breaker().as_ref().map_or(State::Closed, |b| b.state()))
     }
 }

@@ -3,7 +3,7 @@
 //! TTL so that a crashed client never holds a slot forever.
 //!
 //! An id is 24 hex digits: this process's random nonce, then a sequence number
-//! ([`check_permit_id`](super::request::check_permit_id)). Anything else is
+//! ([`check_permit_id`](crate::engine::request::check_permit_id)). Anything else is
 //! malformed (bad input); a well-formed id this process did not issue, or no
 //! longer holds, is unknown (answered `counted: false`).
 
@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use dashmap::DashMap;
 
-use super::guard::Guarded;
-use super::request::RequestError;
+use super::Guarded;
+use crate::engine::request::RequestError;
 use crate::time::Timestamp;
 
 #[derive(Debug)]
@@ -61,7 +61,7 @@ impl Permits {
     /// Takes a permit back: `Ok(None)` when unknown or already returned. A
     /// non-empty `resource` must be the one the permit was issued for.
     pub fn take(&self, id: &str, resource: &str) -> Result<Option<Permit>, RequestError> {
-        let (nonce, seq) = super::request::check_permit_id(id)?;
+        let (nonce, seq) = crate::engine::request::check_permit_id(id)?;
         if nonce != self.nonce {
             return Ok(None);
         }
@@ -86,5 +86,9 @@ impl Permits {
 
     pub fn len(&self) -> usize {
         self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
     }
 }

@@ -1,0 +1,304 @@
+//! The one decision path. Every entry point (the Floodgate and Admin services,
+//! Envoy's RLS, Watch, the HTTP port, rule reloads) calls a [`Decider`]; it
+//! owns the engine and, when the server replicates, the Redis side, and it is
+//! the only place that knows which mode runs.
+//!
+//! Answers borrow names from the rules in force, so each call is translated
+//! into the caller's type (`R: From<Answer>`) while they are held: the
+//! memory-only path then costs no reference count on the rules and no copy of
+//! the answer.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use tokio::sync::broadcast;
+
+use crate::breaker::{Info, State};
+use crate::degradation::{self, Level};
+use crate::engine::request::check_batch;
+use crate::engine::{
+    Answer, Descriptors, Engine, Installed, Prepared, Report, Reported, Request, RequestError, Snapshot,
+};
+use crate::events::Event;
+use crate::replication::Replication;
+use crate::rules::{RuleErrors, RuleSet};
+
+pub struct Decider {
+    engine: Arc<Engine>,
+    replication: Option<Arc<Replication>>,
+}
+
+/// Where a rule set comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// The rules file, by path.
+    File(String),
+    /// The default rules built into the binary.
+    Embedded,
+    /// `Admin.ApplyRules`.
+    Admin,
+}
+
+/// The outcome of `ApplyRules`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Applied {
+    /// The version in force afterwards.
+    pub version: u64,
+    pub resources: Vec<String>,
+    /// False when only validated.
+    pub applied: bool,
+}
+
+/// The rules in force, for `GetRules`.
+#[derive(Clone, Debug)]
+pub struct RulesInForce {
+    pub yaml: String,
+    pub version: u64,
+    pub source: String,
+    pub loaded_at: SystemTime,
+    pub resources: Vec<String>,
+}
+
+/// One resource's breaker.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BreakerView {
+    pub resource: String,
+    pub info: Info,
+}
+
+/// Figures read at scrape time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Figures {
+    pub keys: usize,
+    pub evicted: u64,
+    pub permits_in_flight: usize,
+    pub level: u32,
+}
+
+// === impl Origin ===
+
+impl Origin {
+    /// The `source` label of `floodgate_rule_reloads_total`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Origin::File(_) => "file",
+            Origin::Embedded => "embedded",
+            Origin::Admin => "admin",
+        }
+    }
+
+    fn name(&self) -> String {
+        match self {
+            Origin::File(path) => path.clone(),
+            Origin::Embedded => "embedded".into(),
+            Origin::Admin => "admin".into(),
+        }
+    }
+}
+
+// === impl Decider ===
+
+impl Decider {
+    pub fn new(engine: Arc<Engine>, replication: Option<Arc<Replication>>) -> Self {
+        Decider { engine, replication }
+    }
+
+    /// One decision, as the caller's type.
+    pub async fn acquire<D, R>(&self, req: &Request<'_, D>) -> Result<R, RequestError>
+    where
+        D: Descriptors + Sync + ?Sized,
+        R: for<'r> From<Answer<'r>>,
+    {
+        let Some(replication) = &self.replication else {
+            let rules = self.engine.rules();
+            return Ok(R::from(self.engine.acquire(&rules, req)?));
+        };
+        let rules = self.engine.rules_full();
+        let prepared = vec![self.engine.prepare(&rules, req)?];
+        let answer = replication.decide_many(&rules, std::slice::from_ref(req), prepared).await;
+        Ok(R::from(answer.into_iter().next().expect("one answer per request")))
+    }
+
+    /// Independent decisions, answered in order. Every item is checked first:
+    /// one bad item refuses the whole batch (named `field[i]`), taking nothing.
+    pub async fn acquire_many<D, R>(&self, field: &'static str, reqs: &[Request<'_, D>]) -> Result<Vec<R>, RequestError>
+    where
+        D: Descriptors + Sync + ?Sized,
+        R: for<'r> From<Answer<'r>>,
+    {
+        check_batch(field, reqs.len())?;
+        let Some(replication) = &self.replication else {
+            let rules = self.engine.rules();
+            let prepared = prepare_all(&self.engine, &rules, field, reqs)?;
+            let now = self.engine.clock().now();
+            return Ok(prepared.into_iter().map(|p| R::from(self.engine.decide(p, now))).collect());
+        };
+        let rules = self.engine.rules_full();
+        let prepared = prepare_all(&self.engine, &rules, field, reqs)?;
+        Ok(replication.decide_many(&rules, reqs, prepared).await.into_iter().map(R::from).collect())
+    }
+
+    /// Takes a permit back with the call's outcome.
+    pub async fn report(&self, r: &Report<'_>) -> Result<Reported, RequestError> {
+        let reported = self.report_here(r)?;
+        if let Some(replication) = &self.replication {
+            replication.after_report().await;
+        }
+        Ok(reported)
+    }
+
+    /// Many outcomes, in order; the first that cannot be taken stops the batch.
+    pub async fn report_many(
+        &self,
+        field: &'static str,
+        reports: &[Report<'_>],
+    ) -> Result<Vec<Reported>, RequestError> {
+        check_batch(field, reports.len())?;
+        let reported = reports
+            .iter()
+            .enumerate()
+            .map(|(i, r)| self.report_here(r).map_err(|e| e.in_batch(field, i)))
+            .collect::<Result<Vec<_>, _>>();
+        if let Some(replication) = &self.replication {
+            replication.after_report().await;
+        }
+        reported
+    }
+
+    fn report_here(&self, r: &Report<'_>) -> Result<Reported, RequestError> {
+        let rules = self.engine.rules();
+        self.engine.report(&rules, r.resource, r.permit_id, r.outcome, r.latency)
+    }
+
+    /// A resource's limits for these descriptors, consuming nothing; `only`
+    /// keeps one limit by name (an error when it did not match).
+    pub fn peek<D, R>(&self, resource: &str, descriptors: &D, only: Option<&str>) -> Result<R, RequestError>
+    where
+        D: Descriptors + ?Sized,
+        R: for<'r> From<Answer<'r>>,
+    {
+        let rules = self.engine.rules();
+        let answer = self.engine.peek(&rules, resource, descriptors, only)?;
+        if let Some(limit) = only
+            && answer.limits.is_empty()
+        {
+            return Err(RequestError::NoSuchLimit { resource: resource.into(), limit: limit.into() });
+        }
+        Ok(R::from(answer))
+    }
+
+    pub fn rules(&self) -> RulesInForce {
+        let installed = self.engine.rules();
+        RulesInForce {
+            yaml: installed.yaml.clone(),
+            version: installed.version,
+            source: installed.source.clone(),
+            loaded_at: installed.loaded_at,
+            resources: installed.resource_names(),
+        }
+    }
+
+    /// The rules in force, whole.
+    pub fn installed(&self) -> Arc<Installed> {
+        self.engine.rules_full()
+    }
+
+    /// Validates a rules file and, unless `validate_only`, swaps it in and
+    /// shares it with the other replicas. Invalid rules are refused whole.
+    pub async fn apply_rules(&self, yaml: &str, validate_only: bool) -> Result<Applied, RuleErrors> {
+        let rules = RuleSet::from_yaml(yaml, "ApplyRules").inspect_err(|_| {
+            if !validate_only {
+                crate::metrics::rule_reload(Origin::Admin.label(), false, self.engine.rules().version);
+            }
+        })?;
+        let resources = rules.rules().iter().map(|r| r.name.clone()).collect();
+        if validate_only {
+            return Ok(Applied { version: self.engine.rules().version, resources, applied: false });
+        }
+        let version = self.install(rules, yaml.to_string(), Origin::Admin);
+        if let Some(replication) = &self.replication {
+            replication.share_rules(yaml).await;
+        }
+        tracing::info!(version, "rules applied through Admin");
+        Ok(Applied { version, resources, applied: true })
+    }
+
+    /// Installs rules read here (the file, or the embedded default), for this
+    /// replica only. Returns the version.
+    pub fn install(&self, rules: RuleSet, yaml: String, origin: Origin) -> u64 {
+        install(&self.engine, rules, yaml, origin)
+    }
+
+    /// Counts a rules file that could not be installed.
+    pub fn refused(&self, origin: &Origin) {
+        crate::metrics::rule_reload(origin.label(), false, self.engine.rules().version);
+    }
+
+    /// Every breaker in use, by resource.
+    pub fn breakers(&self) -> Vec<BreakerView> {
+        let rules = self.engine.rules();
+        self.engine.breakers(&rules).into_iter().map(|(resource, info)| BreakerView { resource, info }).collect()
+    }
+
+    /// One resource's breaker; an error when its rule has none.
+    pub fn breaker(&self, resource: &str) -> Result<BreakerView, RequestError> {
+        let info = self.engine.breaker(&self.engine.rules(), resource)?;
+        Ok(BreakerView { resource: resource.into(), info })
+    }
+
+    /// CLOSED (reset), FORCED_OPEN, DISABLED or METRICS_ONLY, on every replica.
+    pub async fn set_breaker(&self, resource: &str, to: State) -> Result<BreakerView, RequestError> {
+        let rules = self.engine.rules_full();
+        let mut info = self.engine.set_breaker(&rules, resource, to)?;
+        if let Some(replication) = &self.replication {
+            replication.force_breaker(&rules, resource, to).await;
+            info = self.engine.breaker(&rules, resource)?;
+        }
+        tracing::info!(resource, state = to.name(), "breaker state set through Admin");
+        Ok(BreakerView { resource: resource.into(), info })
+    }
+
+    /// An operator's degradation level (0 to 3), or `None` for automatic.
+    pub fn set_level(&self, level: Option<u32>) -> Result<Level, RequestError> {
+        if let Some(level) = level.filter(|&l| l > degradation::MAX_LEVEL) {
+            return Err(RequestError::BadLevel(level));
+        }
+        Ok(self.engine.set_degradation(level))
+    }
+
+    /// What a Watch stream starts with.
+    pub fn snapshot(&self) -> Snapshot {
+        self.engine.snapshot()
+    }
+
+    /// Every event from now on, in order.
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Event>> {
+        self.engine.events().subscribe()
+    }
+
+    pub fn figures(&self) -> Figures {
+        Figures {
+            keys: self.engine.buckets().len(),
+            evicted: self.engine.buckets().evicted(),
+            permits_in_flight: self.engine.permits_in_flight(),
+            level: self.engine.degradation_level(),
+        }
+    }
+}
+
+/// Installs rules in `engine` and counts the reload; the version.
+pub fn install(engine: &Engine, rules: RuleSet, yaml: String, origin: Origin) -> u64 {
+    let version = engine.install(rules, yaml, origin.name());
+    crate::metrics::rule_reload(origin.label(), true, version);
+    version
+}
+
+/// Checks and matches every item before any is decided.
+fn prepare_all<'r, D: Descriptors + ?Sized>(
+    engine: &Engine,
+    rules: &'r Installed,
+    field: &'static str,
+    reqs: &[Request<'_, D>],
+) -> Result<Vec<Prepared<'r>>, RequestError> {
+    reqs.iter().enumerate().map(|(i, r)| engine.prepare(rules, r).map_err(|e| e.in_batch(field, i))).collect()
+}

@@ -1,0 +1,58 @@
+//! Decision counters, one set per rule, resolved when rules are installed so
+//! that counting a decision is an atomic add: no label hashing per decision.
+
+use metrics::{Counter, counter};
+
+use crate::metrics::{DECISIONS, LIMIT_DECISIONS, UNMATCHED};
+use crate::rules::Rule;
+
+/// The `verdict` label values, in the order `record` numbers them.
+pub const VERDICTS: [&str; 5] = ["ALLOWED", "RATE_LIMITED", "CIRCUIT_OPEN", "CONCURRENCY_LIMITED", "SHED"];
+
+/// One rule's decision counters.
+#[derive(Debug)]
+pub struct RuleMetrics {
+    /// By verdict (index `verdict_index`), with an empty `limit` label.
+    verdicts: [Counter; 5],
+    /// RATE_LIMITED, by the index of the limit that denied.
+    limited_by: Vec<Counter>,
+    /// Per limit: (admitted, exceeded).
+    limits: Vec<(Counter, Counter)>,
+}
+
+impl RuleMetrics {
+    pub fn new(rule: &Rule) -> Self {
+        Self::for_resource(&rule.name, &rule.limits.iter().map(|l| l.name.clone()).collect::<Vec<_>>())
+    }
+
+    pub fn unmatched() -> Self {
+        Self::for_resource(UNMATCHED, &[])
+    }
+
+    fn for_resource(resource: &str, limits: &[String]) -> Self {
+        let r = resource.to_string();
+        let verdict = |v: &'static str| counter!(DECISIONS, "resource" => r.clone(), "verdict" => v, "limit" => "");
+        let verdicts = VERDICTS.map(verdict);
+        let limited_by = limits
+            .iter()
+            .map(|l| counter!(DECISIONS, "resource" => r.clone(), "verdict" => "RATE_LIMITED", "limit" => l.clone()))
+            .collect();
+        let result = |l: &String, res: &'static str| counter!(LIMIT_DECISIONS, "resource" => r.clone(), "limit" => l.clone(), "result" => res);
+        let limits = limits.iter().map(|l| (result(l, "admitted"), result(l, "exceeded"))).collect();
+        RuleMetrics { verdicts, limited_by, limits }
+    }
+
+    /// Counts one decision: its verdict (as `VERDICTS` orders them), the
+    /// index of the limit that denied it if a limit did, and every matched
+    /// limit's (index, exceeded).
+    pub fn record(&self, verdict: usize, denied_by: Option<usize>, limits: impl Iterator<Item = (usize, bool)>) {
+        match denied_by {
+            Some(i) => self.limited_by[i].increment(1),
+            None => self.verdicts[verdict].increment(1),
+        }
+        for (index, exceeded) in limits {
+            let (admitted, over) = &self.limits[index];
+            if exceeded { over } else { admitted }.increment(1);
+        }
+    }
+}

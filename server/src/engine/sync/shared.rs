@@ -1,0 +1,93 @@
+//! What crosses between the decision core and Redis for breakers: probes the
+//! shared breaker grants or denies, its state to adopt, outcomes to send, and
+//! each breaker's window news since the last sync.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crate::breaker::{Call, Counts, Outcome, State};
+use crate::time::Timestamp;
+
+/// Redis's answer for a breaker whose next call needs a probe.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RemoteBreaker {
+    /// A probe, counted across every replica, of the shared generation.
+    Probe {
+        generation: u64,
+    },
+    /// The shared breaker admits plain calls (closed, disabled, metrics-only).
+    Plain,
+    Deny {
+        state: State,
+        retry_after: Duration,
+    },
+}
+
+/// The shared breaker's state, on this replica's clock.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SharedBreaker {
+    pub generation: u64,
+    pub state: State,
+    pub open_until: Timestamp,
+    pub openings: u32,
+}
+
+/// A probe's outcome (or a probe given back) for the shared breaker.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RemoteOutcome {
+    pub resource: String,
+    pub generation: u64,
+    pub outcome: Outcome,
+    pub slow: bool,
+}
+
+/// One breaker's calls since the last sync.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BreakerNews {
+    pub resource: String,
+    pub calls: Counts,
+    /// This replica's own window opened it.
+    pub tripped: bool,
+}
+
+/// What a resource's breaker has to push, and the last shared generation adopted.
+#[derive(Debug, Default)]
+pub(super) struct Unsynced {
+    pub(super) calls: Counts,
+    pub(super) tripped: bool,
+    pub(super) generation: u64,
+}
+
+impl Unsynced {
+    pub(super) fn record(&mut self, call: Call, tripped: bool) {
+        self.calls.add(call);
+        self.tripped |= tripped;
+    }
+}
+
+/// Probe outcomes waiting to be sent to Redis.
+#[derive(Debug, Default)]
+pub(super) struct Outbox {
+    items: Mutex<Vec<RemoteOutcome>>,
+    /// Something waits: checked on every decision, so no lock when empty.
+    waiting: AtomicBool,
+}
+
+impl Outbox {
+    pub(super) fn push(&self, o: RemoteOutcome) {
+        self.items.lock().unwrap_or_else(|e| e.into_inner()).push(o);
+        self.waiting.store(true, Ordering::Release);
+    }
+
+    pub(super) fn take(&self) -> Vec<RemoteOutcome> {
+        if !self.waiting.swap(false, Ordering::AcqRel) {
+            return Vec::new();
+        }
+        std::mem::take(&mut *self.items.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        !self.waiting.load(Ordering::Acquire)
+    }
+}

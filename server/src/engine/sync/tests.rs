@@ -1,0 +1,43 @@
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::engine::{Engine, EngineConfig, Request};
+use crate::limiter::Shared;
+use crate::rules::RuleSet;
+use crate::time::{Clock, ManualClock, Timestamp};
+
+const RULES: &str = "resources: [ { name: r, limits: [ { name: l, key: [user], algorithm: token_bucket, capacity: 10, refill_per_second: 1 } ] } ]";
+
+#[test]
+fn replicated_buckets_are_synced_while_used_and_dropped_when_idle() {
+    let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_700_006_400)));
+    let e = Engine::new(EngineConfig { max_keys: 1000, replicated: true }, clock.clone());
+    e.install(RuleSet::from_yaml(RULES, "t").unwrap(), RULES.into(), "t".into());
+    let sync = e.sync().expect("replicated");
+    let d: HashMap<String, String> = [("user".to_string(), "u1".to_string())].into();
+    let rules = e.rules_full();
+    for _ in 0..3 {
+        e.acquire(&rules, &Request { resource: "r", descriptors: &d, cost: 1, dry_run: false }).unwrap();
+    }
+    let active = Duration::from_secs(10);
+    let items = sync.drain_dirty(clock.now(), active);
+    assert_eq!(items.iter().map(|i| (i.resource.as_str(), i.delta)).collect::<Vec<_>>(), [("r", 3)]);
+    // The merged state leases 2 of 7 available; a sync is not a use.
+    let shared = Shared { available: 7.0, lease: 2.0, ..Shared::default() };
+    e.adopt(&rules, "r", &items[0].key, &shared);
+    let alg = rules.algorithm(items[0].key.limit).unwrap();
+    assert_eq!(e.buckets().check(&items[0].key, alg, clock.now(), 0).status.remaining, 2);
+    assert_eq!(sync.drain_dirty(clock.now(), active).len(), 1, "still active");
+    clock.advance(Duration::from_secs(11));
+    e.adopt(&rules, "r", &items[0].key, &shared);
+    assert!(sync.drain_dirty(clock.now(), active).is_empty(), "idle for 11 s: no longer synced");
+}
+
+#[test]
+fn a_memory_only_engine_keeps_no_replication_state() {
+    let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_700_006_400)));
+    let e = Engine::new(EngineConfig { max_keys: 1000, replicated: false }, clock);
+    e.install(RuleSet::from_yaml(RULES, "t").unwrap(), RULES.into(), "t".into());
+    assert!(e.sync().is_none());
+}

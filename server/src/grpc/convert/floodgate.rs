@@ -1,0 +1,242 @@
+//! `floodgate.v1` <-> domain.
+
+use std::collections::HashMap;
+
+use floodgate_proto::v1 as pb;
+use pb::watch_event::Event as Kind;
+
+use super::{duration, from_duration, instant, timestamp};
+use crate::breaker::{Outcome, State};
+use crate::decider::{Applied, BreakerView, RulesInForce};
+use crate::engine::{Answer, Level, LimitReport, Report, Reported, Request, RequestError, Snapshot, Verdict};
+use crate::events::Event;
+
+// === requests ===
+
+impl<'a> From<&'a pb::AcquireRequest> for Request<'a, HashMap<String, String>> {
+    fn from(r: &'a pb::AcquireRequest) -> Self {
+        Request { resource: &r.resource, descriptors: &r.descriptors, cost: r.cost, dry_run: r.dry_run }
+    }
+}
+
+impl<'a> TryFrom<&'a pb::ReportOutcomeRequest> for Report<'a> {
+    type Error = RequestError;
+
+    fn try_from(r: &'a pb::ReportOutcomeRequest) -> Result<Self, RequestError> {
+        crate::engine::request::check_permit_id(&r.permit_id)?;
+        if !r.resource.is_empty() {
+            crate::engine::request::check_name("resource", &r.resource, false)?;
+        }
+        let outcome = outcome(r.outcome)?;
+        let latency = match &r.latency {
+            Some(d) => Some(from_duration(d).ok_or(RequestError::BadDuration {
+                field: "latency",
+                seconds: d.seconds,
+                nanos: d.nanos,
+            })?),
+            None => None,
+        };
+        Ok(Report { resource: &r.resource, permit_id: &r.permit_id, outcome, latency })
+    }
+}
+
+/// A wire outcome; UNSPECIFIED and unknown numbers are bad input.
+fn outcome(n: i32) -> Result<Outcome, RequestError> {
+    let bad = RequestError::UnknownEnum { field: "outcome", value: n, expected: "SUCCESS, FAILURE or IGNORED" };
+    match pb::Outcome::try_from(n).map_err(|_| bad.clone())? {
+        pb::Outcome::Success => Ok(Outcome::Success),
+        pb::Outcome::Failure => Ok(Outcome::Failure),
+        pb::Outcome::Ignored => Ok(Outcome::Ignored),
+        pb::Outcome::Unspecified => Err(bad),
+    }
+}
+
+/// The state an operator asks for; UNSPECIFIED and unknown numbers are bad input.
+pub fn breaker_state_request(n: i32) -> Result<State, RequestError> {
+    State::from_number(i64::from(n)).ok_or(RequestError::UnknownEnum {
+        field: "state",
+        value: n,
+        expected: "CLOSED, FORCED_OPEN, DISABLED or METRICS_ONLY",
+    })
+}
+
+/// `SetDegradationLevel`: a level, or automatic.
+pub fn level_request(r: &pb::SetDegradationLevelRequest) -> Option<u32> {
+    (!r.automatic).then_some(r.level)
+}
+
+// === answers ===
+
+impl From<Verdict> for pb::Verdict {
+    fn from(v: Verdict) -> Self {
+        match v {
+            Verdict::Allowed => pb::Verdict::Allowed,
+            Verdict::RateLimited => pb::Verdict::RateLimited,
+            Verdict::CircuitOpen => pb::Verdict::CircuitOpen,
+            Verdict::ConcurrencyLimited => pb::Verdict::ConcurrencyLimited,
+            Verdict::Shed => pb::Verdict::Shed,
+        }
+    }
+}
+
+impl From<State> for pb::BreakerState {
+    fn from(s: State) -> Self {
+        match s {
+            State::Closed => pb::BreakerState::Closed,
+            State::Open => pb::BreakerState::Open,
+            State::HalfOpen => pb::BreakerState::HalfOpen,
+            State::ForcedOpen => pb::BreakerState::ForcedOpen,
+            State::Disabled => pb::BreakerState::Disabled,
+            State::MetricsOnly => pb::BreakerState::MetricsOnly,
+        }
+    }
+}
+
+fn state_number(s: Option<State>) -> i32 {
+    s.map_or(pb::BreakerState::Unspecified, pb::BreakerState::from) as i32
+}
+
+/// A limit's state for an answer. `algorithm` is left empty: it is the same in
+/// every answer, costs a sixth of a batch's encoding, and Peek reports it.
+impl From<&LimitReport<'_>> for pb::LimitStatus {
+    fn from(r: &LimitReport<'_>) -> Self {
+        pb::LimitStatus {
+            name: r.limit.name.clone(),
+            limit: r.status.limit,
+            remaining: r.status.remaining,
+            reset_after: duration(r.status.reset_after),
+            retry_after: duration(r.status.retry_after),
+            window: duration(r.limit.algorithm.window()),
+            exceeded: r.exceeded,
+            algorithm: String::new(),
+        }
+    }
+}
+
+impl From<Answer<'_>> for pb::AcquireResponse {
+    fn from(out: Answer<'_>) -> Self {
+        pb::AcquireResponse {
+            verdict: pb::Verdict::from(out.verdict) as i32,
+            limits: out.limits.iter().map(pb::LimitStatus::from).collect(),
+            retry_after: duration(out.retry_after),
+            wait: duration(out.wait),
+            breaker_state: state_number(out.breaker_state),
+            degradation_level: out.degradation_level,
+            reason: if out.verdict == Verdict::Allowed { String::new() } else { out.reason() },
+            permit_id: out.permit_id.unwrap_or_default(),
+        }
+    }
+}
+
+impl From<Answer<'_>> for pb::PeekResponse {
+    fn from(out: Answer<'_>) -> Self {
+        pb::PeekResponse {
+            rule: out.rule.unwrap_or_default().to_string(),
+            limits: out
+                .limits
+                .iter()
+                .map(|r| pb::LimitStatus { algorithm: r.limit.algorithm.name().into(), ..r.into() })
+                .collect(),
+            breaker_state: state_number(out.breaker_state),
+            degradation_level: out.degradation_level,
+        }
+    }
+}
+
+impl From<Reported> for pb::ReportOutcomeResponse {
+    fn from(r: Reported) -> Self {
+        pb::ReportOutcomeResponse { counted: r.counted, breaker_state: state_number(r.breaker_state) }
+    }
+}
+
+// === Admin ===
+
+impl From<RulesInForce> for pb::GetRulesResponse {
+    fn from(r: RulesInForce) -> Self {
+        pb::GetRulesResponse {
+            yaml: r.yaml,
+            version: r.version,
+            source: r.source,
+            loaded_at: Some(timestamp(r.loaded_at)),
+            resources: r.resources,
+        }
+    }
+}
+
+impl From<Applied> for pb::ApplyRulesResponse {
+    fn from(a: Applied) -> Self {
+        pb::ApplyRulesResponse { version: a.version, resources: a.resources, applied: a.applied }
+    }
+}
+
+impl From<BreakerView> for pb::BreakerInfo {
+    fn from(b: BreakerView) -> Self {
+        let i = b.info;
+        pb::BreakerInfo {
+            resource: b.resource,
+            state: pb::BreakerState::from(i.state) as i32,
+            calls: i.window.calls,
+            failures: i.window.failures,
+            slow_calls: i.window.slow,
+            slow_successes: i.window.slow_successes,
+            failure_rate: i.window.failure_rate(),
+            slow_call_rate: i.window.slow_call_rate(),
+            not_permitted: i.not_permitted,
+            opened_at: i.opened_at.map(instant),
+            next_probe_at: i.next_probe_at.map(instant),
+            probes_in_flight: i.probes_in_flight,
+            probes_remaining: i.probes_remaining,
+            generation: i.generation,
+            consecutive_openings: i.consecutive_openings,
+        }
+    }
+}
+
+impl From<Level> for pb::SetDegradationLevelResponse {
+    fn from(l: Level) -> Self {
+        pb::SetDegradationLevelResponse { level: l.level, manual: l.manual, automatic_level: l.automatic }
+    }
+}
+
+// === Watch ===
+
+impl From<Snapshot> for pb::Snapshot {
+    fn from(s: Snapshot) -> Self {
+        let breakers = s
+            .breakers
+            .into_iter()
+            .map(|(resource, info)| pb::BreakerSummary {
+                resource,
+                state: pb::BreakerState::from(info.state) as i32,
+                next_probe_at: info.next_probe_at.map(instant),
+            })
+            .collect();
+        pb::Snapshot {
+            breakers,
+            degradation_level: s.level.level,
+            degradation_override: s.level.manual,
+            rules_version: s.rules_version,
+            resync: false,
+        }
+    }
+}
+
+impl From<&Event> for Kind {
+    fn from(event: &Event) -> Self {
+        match event {
+            Event::Breaker { resource, transition: t } => Kind::Breaker(pb::BreakerTransition {
+                resource: resource.clone(),
+                from: pb::BreakerState::from(t.from) as i32,
+                to: pb::BreakerState::from(t.to) as i32,
+                reason: t.reason.clone(),
+                next_probe_at: t.next_probe_at.map(instant),
+            }),
+            Event::Degradation(c) => {
+                Kind::Degradation(pb::DegradationChange { from: c.from, to: c.to, manual: c.manual })
+            }
+            Event::Rules { version, source } => {
+                Kind::Rules(pb::RulesReloaded { version: *version, source: source.clone() })
+            }
+        }
+    }
+}

@@ -1,0 +1,36 @@
+//! Proto <-> domain, in one place, as `From`/`TryFrom` impls: the services
+//! only call `.into()` and `try_from`, and nothing outside `grpc` sees
+//! generated types.
+//!
+//! - [`floodgate`]: `floodgate.v1` (the data plane, Admin, Watch).
+//! - [`envoy`]: Envoy's RLS v3.
+
+use std::time::{Duration, SystemTime};
+
+use crate::time::Timestamp;
+
+pub mod envoy;
+pub mod floodgate;
+
+/// A duration for the wire; zero is left out (absent means zero).
+pub fn duration(d: Duration) -> Option<prost_types::Duration> {
+    (!d.is_zero()).then(|| prost_types::Duration {
+        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        nanos: d.subsec_nanos() as i32,
+    })
+}
+
+/// A proto duration as a `Duration`; negative or malformed is `None`.
+pub fn from_duration(d: &prost_types::Duration) -> Option<Duration> {
+    let secs = u64::try_from(d.seconds).ok()?;
+    let nanos = u32::try_from(d.nanos).ok().filter(|&n| n < 1_000_000_000)?;
+    Some(Duration::new(secs, nanos))
+}
+
+pub fn timestamp(t: SystemTime) -> prost_types::Timestamp {
+    prost_types::Timestamp::from(t)
+}
+
+pub fn instant(t: Timestamp) -> prost_types::Timestamp {
+    timestamp(t.to_system_time())
+}

@@ -1,0 +1,263 @@
+//! What the scripts return, parsed once into types. A reply of the wrong shape
+//! is an error (logged and counted by the caller), never a silent default: a
+//! script changed under us must not turn into wrong decisions.
+
+use std::time::Duration;
+
+use redis::Value;
+use smallvec::SmallVec;
+
+use super::scripts::ScriptName;
+use crate::breaker::State;
+use crate::limiter::Shared;
+use crate::time::Timestamp;
+
+/// A reply that does not have the shape its script promises.
+#[derive(Debug, PartialEq, thiserror::Error)]
+#[error("unexpected reply from the {} script: {what}", script.op())]
+pub struct ReplyError {
+    pub script: ScriptName,
+    pub what: String,
+}
+
+/// take.lua: the strict decision over a request's strict limits.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TakeReply {
+    /// Every strict limit admitted, and each took the cost.
+    pub admitted: bool,
+    /// One per limit, in the order the keys were sent.
+    pub limits: SmallVec<[TakeLimit; 4]>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TakeLimit {
+    pub admitted: bool,
+    pub remaining: u64,
+    pub reset_after: Duration,
+    pub retry_after: Duration,
+    pub wait: Duration,
+}
+
+/// One breaker script's answer: the shared state, and the script's result.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BreakerReply {
+    pub result: i64,
+    pub state: State,
+    pub generation: u64,
+    /// Redis's clock, in microseconds: when OPEN ends, and now.
+    pub open_until_us: i64,
+    pub now_us: i64,
+    pub openings: u32,
+    /// The state changed in this call: announce it.
+    pub changed: bool,
+}
+
+/// breaker_probe.lua's result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Grant {
+    Probe,
+    Plain,
+    Denied,
+}
+
+fn error(script: ScriptName, what: impl Into<String>) -> ReplyError {
+    ReplyError { script, what: what.into() }
+}
+
+/// A reply as integers (script replies: Lua numbers arrive as integers).
+fn integers(script: ScriptName, v: Value) -> Result<Vec<i64>, ReplyError> {
+    let Value::Array(items) = v else { return Err(error(script, format!("not an array: {v:?}"))) };
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| match item {
+            Value::Int(n) => Ok(n),
+            other => Err(error(script, format!("item {i} is not an integer: {other:?}"))),
+        })
+        .collect()
+}
+
+/// A number sent as an integer or as text (Lua floats are sent as text).
+fn number(script: ScriptName, i: usize, v: &Value) -> Result<f64, ReplyError> {
+    let parsed = match v {
+        Value::Int(n) => Some(*n as f64),
+        Value::BulkString(b) => std::str::from_utf8(b).ok().and_then(|s| s.parse().ok()),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    };
+    parsed.filter(|n: &f64| n.is_finite()).ok_or_else(|| error(script, format!("item {i} is not a number: {v:?}")))
+}
+
+fn micros(n: i64) -> Duration {
+    Duration::from_micros(n.max(0) as u64)
+}
+
+impl TakeReply {
+    /// Per decision `{admitted, then five numbers per limit}`, for decisions
+    /// of `limits[i]` limits each.
+    pub fn parse_many(v: Value, limits: &[usize]) -> Result<Vec<TakeReply>, ReplyError> {
+        let script = ScriptName::Take;
+        let r = integers(script, v)?;
+        let expected: usize = limits.iter().map(|n| 1 + 5 * n).sum();
+        if r.len() != expected {
+            return Err(error(
+                script,
+                format!("{} numbers for {} decisions of {limits:?} limits", r.len(), limits.len()),
+            ));
+        }
+        let mut at = 0;
+        limits
+            .iter()
+            .map(|&n| {
+                let reply = Self::parse_one(&r[at..at + 1 + 5 * n]);
+                at += 1 + 5 * n;
+                reply
+            })
+            .collect()
+    }
+
+    fn parse_one(r: &[i64]) -> Result<TakeReply, ReplyError> {
+        let script = ScriptName::Take;
+        let flag = |n: i64| match n {
+            0 => Ok(false),
+            1 => Ok(true),
+            n => Err(error(script, format!("{n} is not 0 or 1"))),
+        };
+        let admitted = flag(r[0])?;
+        let limits = r[1..]
+            .chunks(5)
+            .map(|c| {
+                Ok(TakeLimit {
+                    admitted: flag(c[0])?,
+                    remaining: c[1].max(0) as u64,
+                    reset_after: micros(c[2]),
+                    retry_after: micros(c[3]),
+                    wait: micros(c[4]),
+                })
+            })
+            .collect::<Result<_, ReplyError>>()?;
+        Ok(TakeReply { admitted, limits })
+    }
+}
+
+/// sync.lua: per bucket `{lease, window start us, prev, cur, available}`.
+pub fn parse_sync(v: Value, buckets: usize) -> Result<Vec<Shared>, ReplyError> {
+    let script = ScriptName::Sync;
+    let Value::Array(items) = v else { return Err(error(script, format!("not an array: {v:?}"))) };
+    if items.len() != 5 * buckets {
+        return Err(error(script, format!("{} values for {buckets} buckets", items.len())));
+    }
+    items
+        .chunks(5)
+        .enumerate()
+        .map(|(b, c)| {
+            let n = |j: usize| number(script, b * 5 + j, &c[j]);
+            let whole = |j: usize| n(j).map(|x| x.max(0.0) as u64);
+            Ok(Shared {
+                lease: n(0)?,
+                window_start: Timestamp::from_nanos(whole(1)?.saturating_mul(1000)),
+                prev: whole(2)?,
+                cur: whole(3)?,
+                available: n(4)?,
+            })
+        })
+        .collect()
+}
+
+/// heartbeat.lua: how many replicas are alive.
+pub fn parse_live(v: Value) -> Result<u32, ReplyError> {
+    match v {
+        Value::Int(n) if n >= 0 => Ok(u32::try_from(n).unwrap_or(u32::MAX)),
+        other => Err(error(ScriptName::Heartbeat, format!("not a count: {other:?}"))),
+    }
+}
+
+impl BreakerReply {
+    /// `{result, state, generation, open until us, openings, now us, changed}`.
+    pub fn parse(script: ScriptName, v: Value) -> Result<BreakerReply, ReplyError> {
+        let r = integers(script, v)?;
+        let &[result, state, generation, open_until_us, openings, now_us, changed] = &r[..] else {
+            return Err(error(script, format!("{} numbers, not 7", r.len())));
+        };
+        let state = State::from_number(state).ok_or_else(|| error(script, format!("unknown breaker state {state}")))?;
+        let generation = u64::try_from(generation).map_err(|_| error(script, format!("generation {generation}")))?;
+        let changed = match changed {
+            0 => false,
+            1 => true,
+            n => return Err(error(script, format!("changed is {n}"))),
+        };
+        let openings = u32::try_from(openings.max(0)).unwrap_or(u32::MAX);
+        Ok(BreakerReply { result, state, generation, open_until_us, now_us, openings, changed })
+    }
+
+    /// What breaker_probe.lua decided.
+    pub fn grant(&self) -> Result<Grant, ReplyError> {
+        match self.result {
+            1 => Ok(Grant::Probe),
+            2 => Ok(Grant::Plain),
+            0 => Ok(Grant::Denied),
+            n => Err(error(ScriptName::BreakerProbe, format!("result {n}"))),
+        }
+    }
+
+    /// How long OPEN still lasts, by Redis's clock.
+    pub fn open_for(&self) -> Duration {
+        micros(self.open_until_us.saturating_sub(self.now_us))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ints(v: &[i64]) -> Value {
+        Value::Array(v.iter().map(|&n| Value::Int(n)).collect())
+    }
+
+    #[test]
+    fn a_take_reply_has_five_numbers_per_limit_of_each_decision() {
+        let r =
+            TakeReply::parse_many(ints(&[1, 1, 4, 1000, 0, 0, 0, 1, 3, 0, 0, 0, 0, 0, 0, 5, 7, 0]), &[1, 2]).unwrap();
+        assert!(r[0].admitted && !r[1].admitted);
+        assert_eq!(r[0].limits[0].remaining, 4);
+        assert_eq!(r[0].limits[0].reset_after, Duration::from_millis(1));
+        assert_eq!(r[1].limits.len(), 2);
+        assert_eq!(r[1].limits[1].retry_after, Duration::from_micros(5));
+        let e = TakeReply::parse_many(ints(&[1, 1, 4]), &[1]).unwrap_err();
+        assert_eq!(e.to_string(), "unexpected reply from the take script: 3 numbers for 1 decisions of [1] limits");
+        assert!(TakeReply::parse_many(ints(&[2, 1, 4, 0, 0, 0]), &[1]).is_err(), "2 is not a flag");
+        assert!(TakeReply::parse_many(Value::Nil, &[1]).is_err());
+    }
+
+    #[test]
+    fn an_unknown_breaker_state_is_an_error_not_closed() {
+        let ok = BreakerReply::parse(ScriptName::BreakerProbe, ints(&[1, 3, 7, 0, 2, 10, 1])).unwrap();
+        assert_eq!(
+            (ok.state, ok.generation, ok.grant().unwrap(), ok.changed),
+            (State::HalfOpen, 7, Grant::Probe, true)
+        );
+        let e = BreakerReply::parse(ScriptName::BreakerSync, ints(&[0, 9, 7, 0, 2, 10, 0])).unwrap_err();
+        assert_eq!(e.to_string(), "unexpected reply from the breaker_sync script: unknown breaker state 9");
+        assert!(BreakerReply::parse(ScriptName::BreakerSync, ints(&[0, 1, 7])).is_err());
+        let odd = BreakerReply::parse(ScriptName::BreakerProbe, ints(&[5, 1, 7, 0, 0, 0, 0])).unwrap();
+        assert!(odd.grant().is_err());
+    }
+
+    #[test]
+    fn sync_replies_read_text_and_integers_and_refuse_short_ones() {
+        let v = Value::Array(vec![
+            Value::BulkString(b"2.5".to_vec()),
+            Value::Int(1_000_000),
+            Value::Int(3),
+            Value::Int(4),
+            Value::BulkString(b"7".to_vec()),
+        ]);
+        let s = parse_sync(v.clone(), 1).unwrap();
+        assert_eq!(s[0], Shared { lease: 2.5, window_start: Timestamp::from_secs(1), prev: 3, cur: 4, available: 7.0 });
+        assert!(parse_sync(v, 2).is_err());
+        let bad = Value::Array(vec![Value::Nil; 5]);
+        assert!(parse_sync(bad, 1).is_err());
+        assert_eq!(parse_live(Value::Int(3)), Ok(3));
+        assert!(parse_live(Value::Nil).is_err());
+    }
+}
