@@ -9,8 +9,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use floodgate_client::decision::Source;
 use floodgate_client::http::FloodgateLayer;
-use floodgate_client::{Acquire, Client, FailMode, GuardError, Source, Verdict};
+use floodgate_client::{Acquire, Client, FailMode, GuardError, Verdict};
 use floodgate_proto::v1 as pb;
 use support::*;
 
@@ -79,9 +80,9 @@ fn header<'a>(hs: &'a [(String, String)], name: &str) -> Option<&'a str> {
 async fn a_protected_axum_app_answers_429_with_the_rate_limit_fields() {
     use axum::{Router, routing::get as route};
     let (fg, _dir) = start();
-    let app = Router::new()
-        .route("/api/orders/{id}", route(|| async { "an order" }))
-        .layer(FloodgateLayer::new(client(&fg)).routes(["/api/orders/:id"]).descriptor_header("x-user-id", "user"));
+    let app = Router::new().route("/api/orders/{id}", route(|| async { "an order" })).layer(
+        FloodgateLayer::new(client(&fg)).routes(["/api/orders/:id"]).descriptor_header("x-user-id", "user").unwrap(),
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -248,7 +249,7 @@ async fn the_grpc_layer_answers_resource_exhausted() {
     let (_reporter, health) = tonic_health::server::health_reporter();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let layer = FloodgateGrpcLayer::new(client(&fg)).descriptor_metadata("x-tenant", "tenant");
+    let layer = FloodgateGrpcLayer::new(client(&fg)).descriptor_metadata("x-tenant", "tenant").unwrap();
     tokio::spawn(async move {
         tonic::transport::Server::builder()
             .layer(layer)

@@ -29,7 +29,7 @@ async fn main() -> anyhow::Result<()> {
     let (_reporter, health) = tonic_health::server::health_reporter();
     tracing::info!(listen = %args.listen, "grpc_guard serving");
     tonic::transport::Server::builder()
-        .layer(FloodgateGrpcLayer::new(floodgate).descriptor_metadata("x-tenant", "tenant"))
+        .layer(FloodgateGrpcLayer::new(floodgate).descriptor_metadata("x-tenant", "tenant")?)
         .add_service(health)
         .serve(args.listen)
         .await?;

@@ -68,7 +68,7 @@ async fn main() -> anyhow::Result<()> {
     let router = Router::new().route("/api/orders/{id}", get(order)).with_state(app).layer(
         FloodgateLayer::new(floodgate)
             .routes(["/api/orders/:id"])
-            .descriptor_header("x-user-id", "user")
+            .descriptor_header("x-user-id", "user")?
             .client_ip("ip"),
     );
     let listener = tokio::net::TcpListener::bind(args.listen).await?;

@@ -18,6 +18,7 @@ use crate::stats::{Stats, StatsSnapshot};
 
 /// What the client answers when no server can be reached.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FailMode {
     /// Admit the call (the protected service stays up without Floodgate).
     #[default]
@@ -32,7 +33,8 @@ pub enum FailMode {
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), floodgate_client::Error> {
 /// use std::time::Duration;
-/// use floodgate_client::{Acquire, Client, FailMode, Source};
+/// use floodgate_client::{Acquire, Client, FailMode};
+/// use floodgate_client::decision::Source;
 ///
 /// // Nothing listens on port 1: the client fails open within its deadline.
 /// let client = Client::builder()
@@ -52,7 +54,7 @@ pub struct Client {
 
 pub(crate) struct Inner {
     pub(crate) endpoints: Vec<Endpoint>,
-    pub(crate) open: OpenBreakers,
+    pub(crate) open: Arc<OpenBreakers>,
     request_timeout: Duration,
     fail_mode: FailMode,
     stats: Arc<Stats>,
@@ -153,14 +155,15 @@ impl Builder {
         }
         let inner = Arc::new(Inner {
             endpoints,
-            open: OpenBreakers::default(),
+            open: Arc::new(OpenBreakers::default()),
             request_timeout: self.request_timeout,
             fail_mode: self.fail_mode,
             stats,
             last_good: Mutex::new(HashMap::new()),
         });
         if self.watch {
-            tokio::spawn(open_breakers::follow(Arc::downgrade(&inner)));
+            let grpcs = inner.endpoints.iter().map(|e| e.grpc.clone()).collect();
+            tokio::spawn(open_breakers::follow(Arc::downgrade(&inner.open), grpcs));
         }
         Ok(Client { inner })
     }

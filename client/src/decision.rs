@@ -24,6 +24,7 @@ pub struct Acquire {
 
 /// The verdict, as the server (or the client on its behalf) gave it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Verdict {
     Allowed,
     RateLimited,
@@ -34,6 +35,7 @@ pub enum Verdict {
 
 /// Where a decision came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Source {
     /// The Floodgate server.
     Server,
@@ -47,6 +49,7 @@ pub enum Source {
 
 /// A circuit breaker's state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum BreakerState {
     Closed,
     Open,
@@ -58,6 +61,7 @@ pub enum BreakerState {
 
 /// One matched limit after the decision.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Limit {
     pub name: String,
     /// What the limit holds when full.
@@ -75,6 +79,7 @@ pub struct Limit {
 
 /// A permit to return with [`Client::report`](crate::Client::report).
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Permit {
     pub id: String,
     pub resource: String,
@@ -84,8 +89,10 @@ pub struct Permit {
     pub(crate) endpoint: usize,
 }
 
-/// The answer to an [`Acquire`].
+/// The answer to an [`Acquire`]. Read its fields; build one (to test code
+/// that takes decisions) with [`Decision::new`] and the `with_` methods.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct Decision {
     pub verdict: Verdict,
     /// Present when the resource has a breaker or a concurrency limit.
@@ -154,6 +161,40 @@ impl Acquire {
     }
 }
 
+// === impl Limit ===
+
+impl Limit {
+    /// A limit of `limit` per `window`, full, not exceeded.
+    pub fn new(name: impl Into<String>, limit: u64, window: Duration) -> Self {
+        Limit {
+            name: name.into(),
+            limit,
+            remaining: limit,
+            reset_after: Duration::ZERO,
+            retry_after: Duration::ZERO,
+            window,
+            exceeded: false,
+        }
+    }
+
+    pub fn with_remaining(mut self, n: u64) -> Self {
+        self.remaining = n;
+        self
+    }
+
+    pub fn with_reset_after(mut self, d: Duration) -> Self {
+        self.reset_after = d;
+        self
+    }
+
+    /// Exceeded, with when this cost would fit.
+    pub fn exceeded(mut self, retry_after: Duration) -> Self {
+        self.exceeded = true;
+        self.retry_after = retry_after;
+        self
+    }
+}
+
 // === impl Decision ===
 
 impl Decision {
@@ -161,17 +202,43 @@ impl Decision {
         self.verdict == Verdict::Allowed
     }
 
+    /// A decision with this verdict and nothing else, as if from the server.
+    pub fn new(verdict: Verdict) -> Self {
+        Decision { verdict, source: Source::Server, ..Decision::fail_open() }
+    }
+
+    pub fn with_limit(mut self, limit: Limit) -> Self {
+        self.limits.push(limit);
+        self
+    }
+
+    pub fn with_retry_after(mut self, d: Duration) -> Self {
+        self.retry_after = d;
+        self
+    }
+
+    pub fn with_wait(mut self, d: Duration) -> Self {
+        self.wait = d;
+        self
+    }
+
+    pub fn with_reason(mut self, reason: impl Into<String>) -> Self {
+        self.reason = reason.into();
+        self
+    }
+
     /// The limit that matters most to a caller: the one that denied, else the
     /// one with the least left.
     ///
     /// ```
-    /// use floodgate_client::{Decision, Limit};
-    /// # use std::time::Duration;
-    /// let limit = |name: &str, remaining| Limit {
-    ///     name: name.into(), limit: 10, remaining, reset_after: Duration::ZERO,
-    ///     retry_after: Duration::ZERO, window: Duration::from_secs(1), exceeded: false,
-    /// };
-    /// let d = Decision { limits: vec![limit("global", 7), limit("per-user", 2)], ..Decision::fail_open() };
+    /// use std::time::Duration;
+    /// use floodgate_client::{Decision, Verdict};
+    /// use floodgate_client::decision::Limit;
+    ///
+    /// let minute = Duration::from_secs(60);
+    /// let d = Decision::new(Verdict::Allowed)
+    ///     .with_limit(Limit::new("global", 10, minute).with_remaining(7))
+    ///     .with_limit(Limit::new("per-user", 10, minute).with_remaining(2));
     /// assert_eq!(d.tightest().unwrap().name, "per-user");
     /// ```
     pub fn tightest(&self) -> Option<&Limit> {

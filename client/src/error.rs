@@ -1,8 +1,9 @@
 //! The client's errors: only what the caller can act on. A server that cannot
 //! be reached is not an error: the client fails open or closed as configured.
 
-/// Why a question could not be answered.
+/// Why a question could not be answered, or a client not built.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The server refused the request as bad input; the message names the field.
     #[error("invalid argument: {0}")]
@@ -13,6 +14,14 @@ pub enum Error {
     /// The client could not be built (a bad endpoint address).
     #[error("bad endpoint '{endpoint}': {reason}")]
     Endpoint { endpoint: String, reason: String },
+    /// A layer was given a header or metadata name that cannot be one.
+    #[error("'{name}' is not a valid header name")]
+    InvalidHeader { name: String },
+}
+
+/// A header (or gRPC metadata) name, checked.
+pub(crate) fn header_name(name: &str) -> Result<http::HeaderName, Error> {
+    http::HeaderName::from_bytes(name.as_bytes()).map_err(|_| Error::InvalidHeader { name: name.into() })
 }
 
 impl From<tonic::Status> for Error {

@@ -2,17 +2,19 @@
 //! method path (`/pkg.Service/Method`), with descriptors from metadata; a
 //! denial is answered with a gRPC status (`RESOURCE_EXHAUSTED` for limits,
 //! `UNAVAILABLE` for an open circuit or shedding) and `grpc-retry-pushback-ms`.
-//! Calls that end in `UNAVAILABLE`, `INTERNAL`, `UNKNOWN`, `DEADLINE_EXCEEDED`
-//! or `DATA_LOSS` (seen in the response headers, as unary errors are sent) are
-//! reported as failures.
+//! A shaping `wait` is waited out before the call. Calls that end in
+//! `UNAVAILABLE`, `INTERNAL`, `UNKNOWN`, `DEADLINE_EXCEEDED` or `DATA_LOSS`
+//! (seen in the response headers, as unary errors are sent), errors, and calls
+//! dropped before they finish (timeouts) are reported as failures. A question
+//! Floodgate refuses (bad input) is logged and the call served unprotected.
 //!
 //! ```no_run
-//! # fn wrap<S>(svc: S) -> floodgate_client::grpc::FloodgateGrpc<S> {
+//! # fn wrap<S>(svc: S) -> Result<floodgate_client::grpc::FloodgateGrpc<S>, floodgate_client::Error> {
 //! use floodgate_client::{Client, grpc::FloodgateGrpcLayer};
 //! use tower::Layer;
 //!
-//! let client = Client::connect("http://127.0.0.1:50051").unwrap();
-//! FloodgateGrpcLayer::new(client).descriptor_metadata("x-tenant", "tenant").layer(svc)
+//! let client = Client::connect("http://127.0.0.1:50051")?;
+//! Ok(FloodgateGrpcLayer::new(client).descriptor_metadata("x-tenant", "tenant")?.layer(svc))
 //! # }
 //! ```
 
@@ -20,13 +22,14 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
 
 use http::{HeaderValue, Request, Response};
 use tower::{Layer, Service};
 
 use crate::client::Client;
 use crate::decision::{Acquire, Outcome, Verdict};
+use crate::error::Error;
+use crate::in_flight::InFlight;
 
 #[derive(Clone)]
 pub struct FloodgateGrpcLayer {
@@ -45,11 +48,12 @@ impl FloodgateGrpcLayer {
         FloodgateGrpcLayer { client, metadata: Arc::new(Vec::new()) }
     }
 
-    /// The value of metadata key `key` becomes descriptor `descriptor`.
-    pub fn descriptor_metadata(mut self, key: &str, descriptor: &str) -> Self {
-        let name = http::HeaderName::from_bytes(key.as_bytes()).expect("a valid metadata key");
+    /// The value of metadata key `key` becomes descriptor `descriptor`. An
+    /// invalid key is an [`Error::InvalidHeader`].
+    pub fn descriptor_metadata(mut self, key: &str, descriptor: &str) -> Result<Self, Error> {
+        let name = crate::error::header_name(key)?;
         Arc::make_mut(&mut self.metadata).push((name, descriptor.into()));
-        self
+        Ok(self)
     }
 }
 
@@ -90,7 +94,11 @@ where
             }
             let decision = match layer.client.acquire(&ask).await {
                 Ok(d) => d,
-                Err(_) => return inner.call(req).await,
+                Err(e) => {
+                    // Bad input (say, an over-long metadata value): serve unprotected, loudly.
+                    tracing::warn!(resource = ask.resource(), error = %e, "Floodgate refused the question; serving anyway");
+                    return inner.call(req).await;
+                }
             };
             if !decision.is_allowed() {
                 let code = match decision.verdict {
@@ -107,14 +115,16 @@ where
                 h.insert("grpc-retry-pushback-ms", HeaderValue::from(decision.retry_after.as_millis() as u64));
                 return Ok(response);
             }
-            let start = Instant::now();
+            if !decision.wait.is_zero() {
+                tokio::time::sleep(decision.wait).await;
+            }
+            let in_flight = decision.permit.clone().map(|p| InFlight::new(&layer.client, p));
             let result = inner.call(req).await;
-            if let Some(permit) = &decision.permit {
-                let outcome = match &result {
+            if let Some(in_flight) = in_flight {
+                in_flight.finish(match &result {
                     Ok(r) => classify(r.headers()),
                     Err(_) => Outcome::Failure,
-                };
-                layer.client.report(permit, outcome, Some(start.elapsed()));
+                });
             }
             result
         })

@@ -32,6 +32,7 @@ impl<T, E, F: Fn(&Result<T, E>) -> Outcome> Classify<T, E> for F {
 
 /// Why a guarded call gave no value.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum GuardError<E> {
     /// Floodgate said no; the call did not run. `retry_after` says when to try again.
     #[error("denied: {}", .0.reason)]
@@ -45,6 +46,7 @@ pub enum GuardError<E> {
 }
 
 /// What to answer instead of a denied or failed call.
+#[non_exhaustive]
 pub enum Fallback<T> {
     /// This value.
     Value(T),
@@ -59,6 +61,7 @@ pub type FallbackFn<T> = Arc<dyn Fn(Option<&Decision>) -> T + Send + Sync>;
 
 /// A value, and whether it came from the call.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Served<T> {
     Fresh(T),
     /// A fallback value (`Fallback::Value` or `Fallback::With`).
@@ -194,7 +197,8 @@ impl<'c, C> Guard<'c, C> {
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// use floodgate_client::{Client, Fallback, FailMode, ResourceGuard, Served};
+/// use floodgate_client::guard::ResourceGuard;
+/// use floodgate_client::{Client, Fallback, FailMode, Served};
 ///
 /// let client = Client::builder().endpoint("http://127.0.0.1:1").fail_mode(FailMode::Closed).build().unwrap();
 /// let prices = ResourceGuard::new(&client, "prices", Fallback::Value(vec![1.0_f64]));

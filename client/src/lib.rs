@@ -35,20 +35,35 @@
 //! # }
 //! ```
 
+//! ## The surface
+//!
+//! At the root, what every caller touches: [`Client`] and its [`Builder`]
+//! and [`FailMode`]; the question, [`Acquire`]; the answer, [`Decision`] with
+//! its [`Verdict`] and [`Permit`]; [`Outcome`] to report; [`Error`]; and for
+//! guarded calls [`Fallback`], [`Served`] and [`GuardError`]. The rest lives in
+//! modules: [`decision`] (a decision's parts: limits, where it came from,
+//! breaker states), [`guard`] (the guard types and classifiers), [`stats`],
+//! [`http`] and [`grpc`] (the tower layers), and [`proto`] (the generated
+//! stubs). Types that may grow are `#[non_exhaustive]`; builders that take
+//! user input return `Result` and never panic.
+
 mod client;
 mod connection;
-mod decision;
+pub mod decision;
 mod error;
 pub mod grpc;
-mod guard;
+pub mod guard;
 pub mod http;
+mod in_flight;
 mod open_breakers;
 mod reporter;
-mod stats;
+pub mod stats;
 
 pub use client::{Builder, Client, FailMode};
-pub use decision::{Acquire, BreakerState, Decision, Limit, Outcome, Permit, Source, Verdict};
+pub use decision::{Acquire, Decision, Outcome, Permit, Verdict};
 pub use error::Error;
 pub use floodgate_proto as proto;
-pub use guard::{ByResult, Classify, Fallback, FallbackFn, Guard, GuardError, ResourceGuard, Served};
-pub use stats::StatsSnapshot;
+pub use guard::{Fallback, GuardError, Served};
+
+#[cfg(test)]
+mod tests;

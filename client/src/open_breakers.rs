@@ -7,9 +7,12 @@ use std::sync::{RwLock, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use floodgate_proto::v1 as pb;
+use pb::floodgate_client::FloodgateClient;
 use pb::watch_event::Event;
+use tonic::transport::Channel;
 
-use crate::client::Inner;
+/// The longest the cache answers for an open breaker on one event.
+const MAX_OPEN: Duration = Duration::from_secs(3600);
 
 #[derive(Default)]
 pub(crate) struct OpenBreakers {
@@ -31,9 +34,14 @@ impl OpenBreakers {
         let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
         match state {
             pb::BreakerState::Open => {
-                let until = next_probe_at.map(|t| {
-                    let at = SystemTime::UNIX_EPOCH + Duration::new(t.seconds.max(0) as u64, t.nanos.max(0) as u32);
-                    Instant::now() + at.duration_since(SystemTime::now()).unwrap_or_default()
+                // Whatever the server sends (a time far in the future, nanos
+                // out of range), the cache never holds a breaker open longer
+                // than MAX_OPEN without hearing from it again.
+                let until = next_probe_at.and_then(|t| {
+                    let since_epoch = Duration::new(t.seconds.max(0) as u64, t.nanos.clamp(0, 999_999_999) as u32);
+                    let at = SystemTime::UNIX_EPOCH.checked_add(since_epoch)?;
+                    let left = at.duration_since(SystemTime::now()).unwrap_or_default().min(MAX_OPEN);
+                    Instant::now().checked_add(left)
                 });
                 map.insert(resource.to_string(), Some(until.unwrap_or_else(Instant::now)));
             }
@@ -64,28 +72,45 @@ impl OpenBreakers {
     }
 }
 
-/// Follows Watch on the first endpoint that answers, reconnecting with backoff,
-/// until the client is dropped. While disconnected the cache is empty.
-pub(crate) async fn follow(client: Weak<Inner>) {
+/// Follows Watch on the first endpoint that answers (in the order given),
+/// reconnecting with backoff, until the cache is dropped (with its client).
+/// While disconnected the cache is empty.
+pub(crate) async fn follow(cache: Weak<OpenBreakers>, endpoints: Vec<FloodgateClient<Channel>>) {
     let mut backoff = Duration::from_millis(100);
     loop {
-        let Some(inner) = client.upgrade() else { return };
-        let mut grpc = inner.endpoints[0].grpc.clone();
-        drop(inner);
-        if let Ok(response) = grpc.watch(pb::WatchRequest::default()).await {
+        for grpc in &endpoints {
+            let Ok(response) = grpc.clone().watch(pb::WatchRequest::default()).await else { continue };
             backoff = Duration::from_millis(100);
             let mut stream = response.into_inner();
             while let Ok(Some(e)) = stream.message().await {
-                let Some(inner) = client.upgrade() else { return };
+                let Some(cache) = cache.upgrade() else { return };
                 if let Some(event) = e.event {
-                    inner.open.apply(event);
+                    cache.apply(event);
                 }
             }
+            let Some(cache) = cache.upgrade() else { return };
+            cache.clear();
         }
-        let Some(inner) = client.upgrade() else { return };
-        inner.open.clear();
-        drop(inner);
+        if cache.strong_count() == 0 {
+            return;
+        }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_next_probe_time_far_in_the_future_is_capped_not_a_panic() {
+        let cache = OpenBreakers::default();
+        let far = prost_types::Timestamp { seconds: i64::MAX, nanos: i32::MAX };
+        cache.set("r", pb::BreakerState::Open, Some(&far));
+        let left = cache.denies("r").expect("open");
+        assert!(left <= MAX_OPEN && left > MAX_OPEN - Duration::from_secs(5), "{left:?}");
+        cache.set("r", pb::BreakerState::Closed, None);
+        assert_eq!(cache.denies("r"), None);
     }
 }

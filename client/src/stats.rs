@@ -15,6 +15,7 @@ pub struct Stats {
 
 /// A copy of the counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct StatsSnapshot {
     /// Acquire calls sent to a server.
     pub rpcs: u64,

@@ -16,18 +16,15 @@ fn secs(d: Duration) -> u64 {
 ///
 /// ```
 /// use std::time::Duration;
-/// use floodgate_client::{Decision, Limit, Verdict};
+/// use floodgate_client::{Decision, Verdict};
+/// use floodgate_client::decision::Limit;
 /// use floodgate_client::http::rate_limit_headers;
 ///
-/// let d = Decision {
-///     verdict: Verdict::RateLimited,
-///     retry_after: Duration::from_millis(1500),
-///     limits: vec![Limit {
-///         name: "per-user".into(), limit: 10, remaining: 0, reset_after: Duration::from_secs(30),
-///         retry_after: Duration::from_millis(1500), window: Duration::from_secs(60), exceeded: true,
-///     }],
-///     ..Decision::fail_open()
-/// };
+/// let limit = Limit::new("per-user", 10, Duration::from_secs(60))
+///     .with_remaining(0)
+///     .with_reset_after(Duration::from_secs(30))
+///     .exceeded(Duration::from_millis(1500));
+/// let d = Decision::new(Verdict::RateLimited).with_retry_after(Duration::from_millis(1500)).with_limit(limit);
 /// let mut h = http::HeaderMap::new();
 /// rate_limit_headers(&d, &mut h);
 /// assert_eq!(h["ratelimit-policy"], r#""per-user";q=10;w=60"#);

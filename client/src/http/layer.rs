@@ -1,45 +1,32 @@
-//! The layer and its settings.
+//! The layer and its settings. Every setting can be changed on a clone; a
+//! setting that cannot be used (a bad header name) is an error, never a panic.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
-use http::{Request, StatusCode};
+use http::StatusCode;
 use tower::Layer;
 
+use super::config::Config;
 use super::route::Routes;
 use super::service::Floodgate;
 use crate::client::Client;
-use crate::decision::{Acquire, Outcome};
+use crate::decision::Outcome;
+use crate::error::Error;
 
 /// Protects every request of the wrapped service with Floodgate.
 #[derive(Clone)]
 pub struct FloodgateLayer {
-    pub(crate) client: Client,
-    pub(crate) config: Arc<Config>,
-}
-
-pub(crate) struct Config {
-    routes: Routes,
-    headers: Vec<(http::HeaderName, String)>,
-    client_ip: Option<String>,
-    pub(crate) classify: fn(StatusCode) -> Outcome,
+    client: Client,
+    config: Arc<Config>,
 }
 
 impl FloodgateLayer {
     pub fn new(client: Client) -> Self {
-        FloodgateLayer {
-            client,
-            config: Arc::new(Config {
-                routes: Routes::default(),
-                headers: Vec::new(),
-                client_ip: None,
-                classify: |s| if s.is_server_error() { Outcome::Failure } else { Outcome::Success },
-            }),
-        }
+        FloodgateLayer { client, config: Arc::new(Config::default()) }
     }
 
     fn config(&mut self) -> &mut Config {
-        Arc::get_mut(&mut self.config).expect("configure the layer before cloning it")
+        Arc::make_mut(&mut self.config)
     }
 
     /// Route templates (`/api/orders/:id`) that resources are named after.
@@ -49,10 +36,11 @@ impl FloodgateLayer {
     }
 
     /// The value of request header `header` becomes descriptor `descriptor`.
-    pub fn descriptor_header(mut self, header: &str, descriptor: &str) -> Self {
-        let name = http::HeaderName::from_bytes(header.as_bytes()).expect("a valid header name");
+    /// An invalid header name is an [`Error::InvalidHeader`].
+    pub fn descriptor_header(mut self, header: &str, descriptor: &str) -> Result<Self, Error> {
+        let name = crate::error::header_name(header)?;
         self.config().headers.push((name, descriptor.into()));
-        self
+        Ok(self)
     }
 
     /// The client's IP becomes descriptor `descriptor`: the first
@@ -75,39 +63,6 @@ impl<S> Layer<S> for FloodgateLayer {
     type Service = Floodgate<S>;
 
     fn layer(&self, inner: S) -> Floodgate<S> {
-        Floodgate { inner, layer: self.clone() }
+        Floodgate::new(inner, self.client.clone(), self.config.clone())
     }
-}
-
-impl Config {
-    /// The question for one request.
-    pub(crate) fn describe<B>(&self, req: &Request<B>) -> Acquire {
-        let resource = format!("{} {}", req.method(), self.routes.resolve(req.uri().path()));
-        let mut ask = Acquire::new(resource);
-        for (header, descriptor) in &self.headers {
-            if let Some(v) = req.headers().get(header).and_then(|v| v.to_str().ok()) {
-                ask = ask.descriptor(descriptor.clone(), v);
-            }
-        }
-        if let Some(descriptor) = &self.client_ip
-            && let Some(ip) = client_ip(req)
-        {
-            ask = ask.descriptor(descriptor.clone(), ip);
-        }
-        ask
-    }
-}
-
-fn client_ip<B>(req: &Request<B>) -> Option<String> {
-    let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
-    if let Some(first) = header("x-forwarded-for").and_then(|v| v.split(',').next()) {
-        return Some(first.trim().to_string());
-    }
-    if let Some(ip) = header("x-real-ip") {
-        return Some(ip.trim().to_string());
-    }
-    let peer = req.extensions().get::<SocketAddr>().copied();
-    #[cfg(feature = "axum")]
-    let peer = peer.or_else(|| req.extensions().get::<axum::extract::ConnectInfo<SocketAddr>>().map(|c| c.0));
-    peer.map(|a| a.ip().to_string())
 }

@@ -17,12 +17,13 @@
 //!     .layer(
 //!         FloodgateLayer::new(client)
 //!             .routes(["/api/orders/:id"])
-//!             .descriptor_header("x-user-id", "user")
+//!             .descriptor_header("x-user-id", "user")?
 //!             .client_ip("ip"),
 //!     );
 //! # Ok(()) }
 //! ```
 
+mod config;
 mod headers;
 mod layer;
 mod route;

@@ -3,21 +3,30 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::Instant;
+
+use std::sync::Arc;
 
 use http::{Request, Response};
 use tower::Service;
 
+use super::config::Config;
 use super::headers::{denial_body, denial_status, rate_limit_headers};
-use super::layer::FloodgateLayer;
 use crate::client::Client;
-use crate::decision::{Outcome, Permit};
+use crate::decision::Outcome;
+use crate::in_flight::InFlight;
 
-/// The service [`FloodgateLayer`] makes.
+/// The service [`FloodgateLayer`](super::FloodgateLayer) makes.
 #[derive(Clone)]
 pub struct Floodgate<S> {
-    pub(crate) inner: S,
-    pub(crate) layer: FloodgateLayer,
+    inner: S,
+    client: Client,
+    config: Arc<Config>,
+}
+
+impl<S> Floodgate<S> {
+    pub(crate) fn new(inner: S, client: Client, config: Arc<Config>) -> Self {
+        Floodgate { inner, client, config }
+    }
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -42,7 +51,7 @@ where
         // The clone is not ready; the one that is goes with this request.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let (client, config) = (self.layer.client.clone(), self.layer.config.clone());
+        let (client, config) = (self.client.clone(), self.config.clone());
         Box::pin(async move {
             let ask = config.describe(&req);
             let decision = match client.acquire(&ask).await {
@@ -65,47 +74,20 @@ where
             if !decision.wait.is_zero() {
                 tokio::time::sleep(decision.wait).await;
             }
-            let report = decision.permit.clone().map(|p| Report::new(&client, p));
+            // Reports a call dropped before it finishes (a timeout, a client gone) as a failure.
+            let report = decision.permit.clone().map(|p| InFlight::new(&client, p));
             let result = inner.call(req).await;
             if let Some(report) = report {
                 let outcome = match &result {
                     Ok(r) => (config.classify)(r.status()),
                     Err(_) => Outcome::Failure,
                 };
-                report.send(outcome);
+                report.finish(outcome);
             }
             result.map(|mut r| {
                 rate_limit_headers(&decision, r.headers_mut());
                 r
             })
         })
-    }
-}
-
-/// Reports the call's outcome; a call dropped before it finished (an outer
-/// timeout, a client gone) is reported as a failure.
-struct Report {
-    client: Client,
-    permit: Option<Permit>,
-    start: Instant,
-}
-
-impl Report {
-    fn new(client: &Client, permit: Permit) -> Self {
-        Report { client: client.clone(), permit: Some(permit), start: Instant::now() }
-    }
-
-    fn send(mut self, outcome: Outcome) {
-        if let Some(p) = self.permit.take() {
-            self.client.report(&p, outcome, Some(self.start.elapsed()));
-        }
-    }
-}
-
-impl Drop for Report {
-    fn drop(&mut self) {
-        if let Some(p) = self.permit.take() {
-            self.client.report(&p, Outcome::Failure, Some(self.start.elapsed()));
-        }
     }
 }
