@@ -16,6 +16,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let fds = protox::compile(PROTOS, [&root])?;
     std::fs::write(out.join("descriptor.bin"), fds.encode_to_vec())?;
 
-    tonic_prost_build::configure().build_client(true).build_server(true).compile_fds(fds)?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .codec_path("crate::codec::Codec")
+        .compile_fds(fds)?;
     Ok(())
 }

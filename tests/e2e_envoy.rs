@@ -169,7 +169,7 @@ async fn envoy_rls_answers_ok_over_limit_and_descriptor_statuses() {
     let s = statuses(&r);
     assert_eq!(s.len(), 1);
     assert_eq!((s[0].0, s[0].1.clone(), s[0].2), (OK, Some(("per-ip".to_string(), 3, MINUTE)), 2));
-    assert!((1..=60).contains(&s[0].3), "reset in {} s", s[0].3);
+    assert!(s[0].3 <= 60, "reset in {} s", s[0].3);
 
     // The request's hits_addend takes 2 at once: 0 left.
     let r = should_rate_limit(&fg, request("edge", &[descriptor(&[("remote_address", "10.0.0.1")], None)], 2))

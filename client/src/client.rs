@@ -68,10 +68,60 @@ pub(crate) struct Endpoint {
     reporter: Reporter,
 }
 
+/// TLS for `https://` endpoints: the CA to trust (besides the system's), and
+/// a client certificate when the server requires mTLS.
+#[derive(Clone, Debug, Default)]
+pub struct Tls {
+    ca_pem: Option<Vec<u8>>,
+    identity: Option<(Vec<u8>, Vec<u8>)>,
+    domain: Option<String>,
+}
+
+impl Tls {
+    pub fn new() -> Self {
+        Tls::default()
+    }
+
+    /// Trust this CA (PEM) for the server's certificate.
+    pub fn ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.ca_pem = Some(pem.into());
+        self
+    }
+
+    /// Present this certificate and key (PEM) to the server (mTLS).
+    pub fn identity_pem(mut self, cert: impl Into<Vec<u8>>, key: impl Into<Vec<u8>>) -> Self {
+        self.identity = Some((cert.into(), key.into()));
+        self
+    }
+
+    /// The name to check the server's certificate against, when it is not
+    /// the endpoint's host.
+    pub fn domain(mut self, name: impl Into<String>) -> Self {
+        self.domain = Some(name.into());
+        self
+    }
+
+    fn config(&self) -> tonic::transport::ClientTlsConfig {
+        use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+        let mut c = ClientTlsConfig::new().with_native_roots();
+        if let Some(ca) = &self.ca_pem {
+            c = c.ca_certificate(Certificate::from_pem(ca));
+        }
+        if let Some((cert, key)) = &self.identity {
+            c = c.identity(Identity::from_pem(cert, key));
+        }
+        if let Some(domain) = &self.domain {
+            c = c.domain_name(domain.clone());
+        }
+        c
+    }
+}
+
 /// Builds a [`Client`].
 #[derive(Clone, Debug)]
 pub struct Builder {
     endpoints: Vec<String>,
+    tls: Option<Tls>,
     connect_timeout: Duration,
     request_timeout: Duration,
     fail_mode: FailMode,
@@ -84,6 +134,7 @@ impl Default for Builder {
     fn default() -> Self {
         Builder {
             endpoints: Vec::new(),
+            tls: None,
             connect_timeout: Duration::from_millis(250),
             request_timeout: Duration::from_millis(25),
             fail_mode: FailMode::Open,
@@ -99,6 +150,12 @@ impl Builder {
     /// the server that issued the permit.
     pub fn endpoint(mut self, url: impl Into<String>) -> Self {
         self.endpoints.push(url.into());
+        self
+    }
+
+    /// TLS settings for `https://` endpoints (by default, the system's CAs).
+    pub fn tls(mut self, tls: Tls) -> Self {
+        self.tls = Some(tls);
         self
     }
 
@@ -142,11 +199,15 @@ impl Builder {
         let mut endpoints = Vec::new();
         for url in &self.endpoints {
             let bad = |e: &dyn std::fmt::Display| Error::Endpoint { endpoint: url.clone(), reason: e.to_string() };
-            let channel = TonicEndpoint::from_shared(url.clone())
+            let mut endpoint = TonicEndpoint::from_shared(url.clone())
                 .map_err(|e| bad(&e))?
                 .connect_timeout(self.connect_timeout)
-                .tcp_nodelay(true)
-                .connect_lazy();
+                .tcp_nodelay(true);
+            if url.starts_with("https://") {
+                let tls = self.tls.clone().unwrap_or_default();
+                endpoint = endpoint.tls_config(tls.config()).map_err(|e| bad(&e))?;
+            }
+            let channel = endpoint.connect_lazy();
             let grpc = FloodgateClient::new(channel);
             let settings =
                 Settings { batch: self.report_batch, interval: self.report_interval, timeout: Duration::from_secs(2) };

@@ -37,8 +37,8 @@
 
 //! ## The surface
 //!
-//! At the root, what every caller touches: [`Client`] and its [`Builder`]
-//! and [`FailMode`]; the question, [`Acquire`]; the answer, [`Decision`] with
+//! At the root, what every caller touches: [`Client`] and its [`Builder`],
+//! [`FailMode`] and [`Tls`]; the question, [`Acquire`]; the answer, [`Decision`] with
 //! its [`Verdict`] and [`Permit`]; [`Outcome`] to report; [`Error`]; and for
 //! guarded calls [`Fallback`], [`Served`] and [`GuardError`]. The rest lives in
 //! modules: [`decision`] (a decision's parts: limits, where it came from,
@@ -59,7 +59,7 @@ mod open_breakers;
 mod reporter;
 pub mod stats;
 
-pub use client::{Builder, Client, FailMode};
+pub use client::{Builder, Client, FailMode, Tls};
 pub use decision::{Acquire, Decision, Outcome, Permit, Verdict};
 pub use error::Error;
 pub use floodgate_proto as proto;

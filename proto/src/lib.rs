@@ -6,6 +6,8 @@
 
 #![allow(clippy::all, missing_docs)]
 
+pub mod codec;
+
 /// The encoded `FileDescriptorSet` of every proto in this crate, imports included.
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/descriptor.bin"));
 

@@ -26,6 +26,8 @@ use crate::rules::{RuleErrors, RuleSet};
 pub struct Decider {
     engine: Arc<Engine>,
     replication: Option<Arc<Replication>>,
+    /// One ApplyRules at a time: parsing is bounded, but not free.
+    applying: tokio::sync::Mutex<()>,
 }
 
 /// Where a rule set comes from.
@@ -100,7 +102,7 @@ impl Origin {
 
 impl Decider {
     pub fn new(engine: Arc<Engine>, replication: Option<Arc<Replication>>) -> Self {
-        Decider { engine, replication }
+        Decider { engine, replication, applying: tokio::sync::Mutex::new(()) }
     }
 
     /// One decision, as the caller's type.
@@ -205,8 +207,15 @@ impl Decider {
 
     /// Validates a rules file and, unless `validate_only`, swaps it in and
     /// shares it with the other replicas. Invalid rules are refused whole.
+    /// One at a time, parsed off the async workers, so that a rules upload
+    /// never holds up decisions.
     pub async fn apply_rules(&self, yaml: &str, validate_only: bool) -> Result<Applied, RuleErrors> {
-        let rules = RuleSet::from_yaml(yaml, "ApplyRules").inspect_err(|_| {
+        let _one_at_a_time = self.applying.lock().await;
+        let text = yaml.to_string();
+        let parsed = tokio::task::spawn_blocking(move || RuleSet::from_yaml(&text, "ApplyRules"))
+            .await
+            .unwrap_or_else(|e| Err(RuleErrors::one("ApplyRules", format!("the parser failed: {e}"))));
+        let rules = parsed.inspect_err(|_| {
             if !validate_only {
                 crate::metrics::rule_reload(Origin::Admin.label(), false, self.engine.rules().version);
             }

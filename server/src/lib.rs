@@ -2,11 +2,14 @@
 //!
 //! Read top to bottom, from the wire to the state:
 //! - [`cli`]: the `floodgate` binary's commands; `main` only parses flags.
-//! - [`bench`]: `floodgate bench`, the ghz-style load generator.
+//! - [`bench`]: `floodgate bench`, the ghz-style load generator;
+//!   [`connect`]: how the CLI and the generator reach a server (TLS, tokens).
 //! - [`server`]: `run(options, listeners, shutdown)`, wiring everything below.
 //! - [`grpc`]: proto <-> domain translation and error mapping, nothing else.
 //! - [`http`]: `/healthz`, `/readyz`, `/metrics`.
-//! - [`reload`]: hot reload of the rules file.
+//! - [`listen`]: both ports' connections: caps, timeouts, TLS and mTLS;
+//!   [`access`]: who may call Admin.
+//! - [`reload`]: hot reload of the rules file; [`files`]: watching files.
 //! - [`decider`]: the one decision path every entry point calls; the only
 //!   place that knows whether the server replicates.
 //! - [`replication`]: Redis: replicated and strict limits, shared breakers and rules.
@@ -23,16 +26,20 @@
 //! -> `decider` -> `replication` -> `engine` -> `store`/`limiter`/`breaker`
 //! -> `rules` -> `time`; `events` and `metrics` sit below `engine`.
 
+pub mod access;
 pub mod bench;
 pub mod breaker;
 pub mod cli;
+pub mod connect;
 pub mod decider;
 pub mod degradation;
 pub mod engine;
 pub mod events;
+pub mod files;
 pub mod grpc;
 pub mod http;
 pub mod limiter;
+pub mod listen;
 pub mod metrics;
 pub mod reload;
 pub mod replication;

@@ -38,6 +38,8 @@ pub const REDIS_SYNC_DURATION: &str = "floodgate_redis_sync_duration_seconds";
 pub const REDIS_SYNC_LAG: &str = "floodgate_redis_sync_lag_seconds";
 pub const LIVE_REPLICAS: &str = "floodgate_live_replicas";
 pub const REDIS_ESCALATIONS: &str = "floodgate_redis_escalations_total";
+pub const CONNECTIONS: &str = "floodgate_connections";
+pub const CONNECTIONS_REJECTED: &str = "floodgate_connections_rejected_total";
 
 /// The resource label of requests that no rule matched.
 pub const UNMATCHED: &str = "_unmatched";
@@ -89,6 +91,11 @@ fn describe() {
     describe_gauge!(REDIS_SYNC_LAG, metrics::Unit::Seconds, "Time since the last complete sync with Redis");
     describe_gauge!(LIVE_REPLICAS, "Replicas registered in Redis with a live heartbeat");
     describe_counter!(REDIS_ESCALATIONS, "Replicated decisions sent to Redis because this replica's lease was short");
+    describe_gauge!(CONNECTIONS, "Connections open, by port");
+    describe_counter!(
+        CONNECTIONS_REJECTED,
+        "Connections closed at once because the port's --max-connections was reached"
+    );
 }
 
 /// A rules reload, good or bad.

@@ -1,61 +1,54 @@
-//! Hot reload of the rules file.
+//! Hot reload of the rules file: a valid change applies without a restart;
+//! an invalid one is logged and ignored, and the rules in force stay.
 //!
-//! The file's directory is watched rather than the file, so that a file
-//! replaced by an atomic rename (editors, `mv`, Kubernetes ConfigMaps swapping a
-//! symlink) is seen too. Events are debounced, the content is compared with what
-//! was last read, and an invalid file is logged and ignored: the rules in force
-//! stay. SIGHUP forces a re-read.
+//! The file is read again once it has stopped changing for `quiet` (a file
+//! written in chunks is never installed half-written: a valid prefix would
+//! leave resources unlimited), through every symlink on its way (see
+//! [`files`](crate::files)). Parsing runs off the async workers. SIGHUP
+//! forces a re-read.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use notify::{EventKind, RecursiveMode, Watcher};
-use tokio::sync::mpsc;
+use tokio::sync::Mutex;
 
 use crate::decider::{Decider, Origin};
-use crate::rules::RuleSet;
-
-/// How long the directory must stay quiet before the file is read.
-const DEBOUNCE: Duration = Duration::from_millis(100);
+use crate::rules::{RuleSet, bounds};
 
 /// Watches `path` and installs every valid change, until the returned task is
 /// aborted. `loaded` is the text already in force.
-pub fn spawn(path: PathBuf, decider: Arc<Decider>, loaded: String) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-    let (tx, mut rx) = mpsc::channel::<()>(1);
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
+pub fn spawn(
+    path: PathBuf,
+    decider: Arc<Decider>,
+    loaded: String,
+    quiet: Duration,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let last = Arc::new(Mutex::new(loaded));
+    let read = {
+        let (path, decider, last) = (path.clone(), decider.clone(), last.clone());
+        move || {
+            let (path, decider, last) = (path.clone(), decider.clone(), last.clone());
+            async move { reload(&path, &decider, &mut *last.lock().await).await }
+        }
     };
-    let notify_tx = tx.clone();
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| match event {
-        Ok(e) if matches!(e.kind, EventKind::Access(_)) => {}
-        Ok(_) => {
-            let _ = notify_tx.try_send(());
-        }
-        Err(e) => tracing::warn!(error = %e, "watching the rules file failed"),
-    })?;
-    watcher.watch(&dir, RecursiveMode::NonRecursive)?;
-    spawn_sighup(tx);
-    Ok(tokio::spawn(async move {
-        let _watcher = watcher;
-        let mut last = loaded;
-        while rx.recv().await.is_some() {
-            while tokio::time::timeout(DEBOUNCE, rx.recv()).await.is_ok() {}
-            reload(&path, &decider, &mut last).await;
-        }
-    }))
+    spawn_sighup(read.clone());
+    crate::files::watch(vec![path], quiet, read)
 }
 
 #[cfg(unix)]
-fn spawn_sighup(tx: mpsc::Sender<()>) {
+fn spawn_sighup<F, Fut>(read: F)
+where
+    F: Fn() -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
     use tokio::signal::unix::{SignalKind, signal};
     match signal(SignalKind::hangup()) {
         Ok(mut hup) => {
             tokio::spawn(async move {
                 while hup.recv().await.is_some() {
                     tracing::info!("SIGHUP: re-reading the rules file");
-                    let _ = tx.try_send(());
+                    read().await;
                 }
             });
         }
@@ -64,13 +57,13 @@ fn spawn_sighup(tx: mpsc::Sender<()>) {
 }
 
 #[cfg(not(unix))]
-fn spawn_sighup(_tx: mpsc::Sender<()>) {}
+fn spawn_sighup<F>(_read: F) {}
 
 /// Reads the file once; installs it when it changed and is valid.
 async fn reload(path: &Path, decider: &Decider, last: &mut String) {
     let file = path.display().to_string();
     let origin = Origin::File(file.clone());
-    let text = match tokio::fs::read_to_string(path).await {
+    let text = match crate::files::read_bounded(path, bounds::MAX_BYTES).await {
         Ok(t) => t,
         Err(e) => {
             decider.refused(&origin);
@@ -81,14 +74,20 @@ async fn reload(path: &Path, decider: &Decider, last: &mut String) {
     if text == *last {
         return;
     }
-    match RuleSet::from_yaml(&text, &file) {
-        Ok(rules) => {
+    let (name, body) = (file.clone(), text.clone());
+    let parsed = tokio::task::spawn_blocking(move || RuleSet::from_yaml(&body, &name)).await;
+    match parsed {
+        Ok(Ok(rules)) => {
             let version = decider.install(rules, text.clone(), origin);
             tracing::info!(file, version, "rules reloaded");
         }
-        Err(errors) => {
+        Ok(Err(errors)) => {
             decider.refused(&origin);
             tracing::error!(file, "invalid rules file ignored; keeping the rules in force\n{errors}");
+        }
+        Err(e) => {
+            decider.refused(&origin);
+            tracing::error!(file, error = %e, "parsing the rules file failed; keeping the rules in force");
         }
     }
     *last = text;

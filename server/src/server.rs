@@ -8,9 +8,12 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio_stream::wrappers::ReceiverStream;
 
+use crate::access::{Access, AccessConfig};
 use crate::decider::{self, Decider, Origin};
 use crate::engine::{self, Engine, EngineConfig};
+use crate::listen::{self, Limits, Port, Tls, TlsFiles};
 use crate::rules::{RuleErrors, RuleSet};
 use crate::time::SharedClock;
 use crate::{grpc, http, reload};
@@ -23,10 +26,20 @@ pub struct Options {
     pub replication: Option<crate::replication::Config>,
     /// A rules file to load and watch; `None` for the embedded default rules.
     pub config: Option<PathBuf>,
+    /// How long the rules file must stay unchanged before it is read again.
+    pub reload_quiet: Duration,
     pub max_keys: usize,
     pub sweep_interval: Duration,
     /// How long in-flight calls may take to finish after a shutdown signal.
     pub shutdown_grace: Duration,
+    /// Connections, on both ports.
+    pub limits: Limits,
+    /// Watch streams open at once.
+    pub max_watchers: usize,
+    /// TLS (and mTLS) on both ports.
+    pub tls: Option<TlsFiles>,
+    /// Who may call Admin.
+    pub access: AccessConfig,
     pub clock: SharedClock,
     /// Called once rules are loaded and both ports are being served.
     pub on_ready: Option<Box<dyn FnOnce() + Send>>,
@@ -40,14 +53,7 @@ pub struct Listeners {
 /// Reads and validates a rules file; every error names the file.
 pub fn load_rules(path: &std::path::Path) -> Result<(RuleSet, String), RuleErrors> {
     let file = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        RuleErrors(vec![crate::rules::RuleError {
-            file: file.clone(),
-            resource: None,
-            field: String::new(),
-            message: format!("cannot read: {e}"),
-        }])
-    })?;
+    let text = std::fs::read_to_string(path).map_err(|e| RuleErrors::one(&file, format!("cannot read: {e}")))?;
     let rules = RuleSet::from_yaml(&text, &file)?;
     Ok((rules, text))
 }
@@ -68,6 +74,21 @@ pub async fn run(
             }
         });
     }
+    let access = Access::load(opts.access.clone()).context("loading the admin tokens")?;
+    let _tokens = access.watch()?;
+    if !access.credentials_configured() {
+        tracing::warn!("no admin credential configured: Admin answers only on loopback (see --admin-token-file)");
+    }
+    let (grpc_tls, http_tls) = match &opts.tls {
+        Some(files) => {
+            let grpc = Tls::load(files.clone(), &[b"h2"]).context("TLS for gRPC")?;
+            let http = Tls::load(files.clone(), &[b"h2", b"http/1.1"]).context("TLS for HTTP")?;
+            (Some(grpc), Some(http))
+        }
+        None => (None, None),
+    };
+    let _tls_watch = [&grpc_tls, &http_tls].into_iter().flatten().map(|t| t.watch()).collect::<Result<Vec<_>, _>>()?;
+
     let replicated = opts.replication.is_some();
     let engine = Arc::new(Engine::new(EngineConfig { max_keys: opts.max_keys, replicated }, opts.clock.clone()));
     // Rules first: rules another replica applied through Admin (stored in
@@ -82,7 +103,9 @@ pub async fn run(
     };
     let decider = Arc::new(Decider::new(engine.clone(), replication));
     let _reloader = match watched {
-        Some((path, text)) => Some(reload::spawn(path, decider.clone(), text).context("watching the rules file")?),
+        Some((path, text)) => {
+            Some(reload::spawn(path, decider.clone(), text, opts.reload_quiet).context("watching the rules file")?)
+        }
         None => None,
     };
     let _sweeper = engine::spawn_sweeper(&engine, opts.sweep_interval);
@@ -91,20 +114,24 @@ pub async fn run(
 
     let (reporter, health_service) = tonic_health::server::health_reporter();
     reporter.set_service_status("", tonic_health::ServingStatus::Serving).await;
-    let routes = grpc::routes(decider.clone(), health_service)?;
+    let routes = grpc::routes(decider.clone(), health_service, access.clone(), opts.max_watchers)?;
     let health = http::HttpState::new(decider, prometheus);
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    };
-    let incoming = tonic::transport::server::TcpIncoming::from(listeners.grpc).with_nodelay(Some(true));
+    let limits = opts.limits;
+    let grpc_port = Port { name: "grpc", listener: listeners.grpc, tls: grpc_tls, limits };
+    let http_port = Port { name: "http", listener: listeners.http, tls: http_tls, limits };
+    let incoming = ReceiverStream::new(listen::accept(grpc_port));
     let grpc = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(limits.keepalive_interval))
+        .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+        .max_concurrent_streams(Some(limits.max_concurrent_streams))
         .trace_fn(|req| tracing::debug_span!("rpc", path = %req.uri().path()))
         .layer(grpc::ObserveLayer::new())
+        .layer(grpc::SizeLayer)
         .add_routes(routes)
         .serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone()));
-    let http = axum::serve(listeners.http, http::router(health.clone())).with_graceful_shutdown(stopped(stop_rx));
+    let http = http::serve(http_port, http::router(health.clone()), stopped(stop_rx));
 
     let grace = opts.shutdown_grace;
     let signal = {
@@ -124,14 +151,15 @@ pub async fn run(
         ready();
     }
     tokio::select! {
-        (grpc, http) = async { tokio::join!(grpc, http) } => {
-            grpc.context("gRPC server")?;
-            http.context("HTTP server")?;
-        }
+        (grpc, ()) = async { tokio::join!(grpc, http) } => grpc.context("gRPC server")?,
         () = signal => tracing::warn!(?grace, "connections still open after the shutdown grace period; closing them"),
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+async fn stopped(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stop| *stop).await;
 }
 
 /// Installs the rules file or the embedded default rules; the file (to watch)

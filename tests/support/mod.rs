@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod pki;
 pub mod redis;
 
 use std::io::{BufRead, BufReader, Read};

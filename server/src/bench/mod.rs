@@ -16,7 +16,7 @@ use floodgate_proto::envoy::service::ratelimit::v3 as rls;
 use floodgate_proto::v1 as pb;
 use prost::Message;
 use serde_json::json;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 pub mod load;
 pub mod report;
@@ -28,9 +28,8 @@ pub use report::{Report, Samples};
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// The Floodgate server.
-    #[arg(long, short = 's', default_value = "http://127.0.0.1:50051", env = "FLOODGATE_SERVER")]
-    pub server: String,
+    #[command(flatten)]
+    pub target: crate::connect::Target,
     /// The call to make.
     #[arg(long, value_enum, default_value_t = Rpc::Acquire)]
     pub rpc: Rpc,
@@ -113,7 +112,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     if !args.quiet {
         eprintln!(
             "floodgate bench: {:?} on {} with {} workers over {} connections",
-            args.rpc, args.server, args.concurrency, args.connections
+            args.rpc, args.target.server, args.concurrency, args.connections
         );
     }
     let plan = Plan {
@@ -142,8 +141,8 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
 }
 
 async fn connect(args: &BenchArgs) -> anyhow::Result<Vec<Channel>> {
-    let url = if args.server.contains("://") { args.server.clone() } else { format!("http://{}", args.server) };
-    let endpoint = Endpoint::from_shared(url.clone())?.tcp_nodelay(true).connect_timeout(Duration::from_secs(5));
+    let url = args.target.url();
+    let endpoint = args.target.endpoint()?.connect_timeout(Duration::from_secs(5));
     let mut channels = Vec::new();
     for _ in 0..args.connections.max(1) {
         channels.push(endpoint.connect().await.with_context(|| format!("cannot reach {url}"))?);
@@ -209,7 +208,7 @@ fn encode(args: &BenchArgs, i: u64) -> Bytes {
 
 fn options(args: &BenchArgs) -> serde_json::Value {
     json!({
-        "host": args.server,
+        "host": args.target.server,
         "call": args.rpc.path().as_str(),
         "concurrency": args.concurrency,
         "connections": args.connections,

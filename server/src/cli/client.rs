@@ -2,22 +2,15 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use floodgate_proto::v1 as pb;
-use tonic::transport::{Channel, Endpoint};
 
 /// Exit status of `acquire` when the last decision was a denial.
 const DENIED: u8 = 3;
 
-#[derive(Args, Debug, Clone)]
-pub struct Server {
-    /// The Floodgate server.
-    #[arg(long, short = 's', default_value = "http://127.0.0.1:50051", env = "FLOODGATE_SERVER")]
-    server: String,
-}
+pub use crate::connect::Target as Server;
 
 #[derive(Args, Debug)]
 pub struct AcquireArgs {
@@ -68,18 +61,6 @@ pub fn block_on(f: impl std::future::Future<Output = anyhow::Result<ExitCode>>) 
             eprintln!("floodgate: {e:#}");
             ExitCode::FAILURE
         }
-    }
-}
-
-impl Server {
-    pub async fn connect(&self) -> anyhow::Result<Channel> {
-        let url = if self.server.contains("://") { self.server.clone() } else { format!("http://{}", self.server) };
-        Endpoint::from_shared(url.clone())
-            .with_context(|| format!("bad server address '{url}'"))?
-            .connect_timeout(Duration::from_secs(3))
-            .connect()
-            .await
-            .with_context(|| format!("cannot reach floodgate at {url}"))
     }
 }
 

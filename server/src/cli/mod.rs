@@ -33,7 +33,7 @@ enum LogFormat {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the server (embedded default rules and memory only unless told otherwise).
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Validate a rules file; exits non-zero listing every error.
     CheckConfig(check_config::CheckConfigArgs),
     /// Ask a server for one decision and print it.
@@ -56,7 +56,7 @@ impl Cli {
     pub fn run(self) -> ExitCode {
         init_logging(self.log_format, &self.log_level);
         let result = match self.command {
-            Command::Serve(args) => serve::run(args),
+            Command::Serve(args) => serve::run(*args),
             Command::Bench(args) => crate::bench::run(args),
             Command::CheckConfig(args) => return check_config::run(args),
             Command::Acquire(args) => return client::block_on(client::acquire(args)),

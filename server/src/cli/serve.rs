@@ -8,7 +8,9 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 
-use crate::replication::{self, Target};
+use crate::access::AccessConfig;
+use crate::listen::{Limits, TlsFiles};
+use crate::replication::{self, Credentials, Target};
 use crate::server::{self, Listeners, Options};
 use crate::time::SystemClock;
 
@@ -62,6 +64,97 @@ pub struct ServeArgs {
     /// Worker threads (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
+
+    /// How long the rules file must stay unchanged before it is read again
+    /// (a file written in chunks is never installed half-written).
+    #[arg(long, default_value = "1s", value_parser = super::parse_duration)]
+    reload_debounce: Duration,
+
+    #[command(flatten)]
+    limits: LimitArgs,
+
+    #[command(flatten)]
+    tls: TlsArgs,
+
+    #[command(flatten)]
+    admin: AdminArgs,
+
+    #[command(flatten)]
+    redis_auth: RedisAuthArgs,
+}
+
+/// Bounds on connections, on both ports.
+#[derive(Args, Debug)]
+struct LimitArgs {
+    /// Connections open at once, per port; beyond it new ones are closed.
+    #[arg(long, default_value_t = 10_000)]
+    max_connections: usize,
+    /// From accept to a finished TLS handshake, or to a plaintext first byte.
+    #[arg(long, default_value = "10s", value_parser = super::parse_duration)]
+    handshake_timeout: Duration,
+    /// A connection with no traffic this long is closed.
+    #[arg(long, default_value = "5m", value_parser = super::parse_duration)]
+    idle_timeout: Duration,
+    /// HTTP/1: the request head must arrive within this.
+    #[arg(long, default_value = "10s", value_parser = super::parse_duration)]
+    header_read_timeout: Duration,
+    /// HTTP/2 streams (calls in flight) per connection.
+    #[arg(long, default_value_t = 1024)]
+    max_concurrent_streams: u32,
+    /// HTTP/2 keepalive pings: how often.
+    #[arg(long, default_value = "60s", value_parser = super::parse_duration)]
+    keepalive_interval: Duration,
+    /// HTTP/2 keepalive pings: how long to wait for the answer.
+    #[arg(long, default_value = "20s", value_parser = super::parse_duration)]
+    keepalive_timeout: Duration,
+    /// Watch streams open at once.
+    #[arg(long, default_value_t = 1024)]
+    max_watchers: usize,
+}
+
+/// TLS on both ports; with a client CA, mTLS.
+#[derive(Args, Debug)]
+struct TlsArgs {
+    /// The server's certificate chain (PEM); reloaded when it changes.
+    #[arg(long, env = "FLOODGATE_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The server's private key (PEM); reloaded when it changes.
+    #[arg(long, env = "FLOODGATE_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Require client certificates signed by this CA (PEM): mTLS.
+    #[arg(long, env = "FLOODGATE_TLS_CLIENT_CA", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+}
+
+/// Who may call Admin.
+#[derive(Args, Debug)]
+struct AdminArgs {
+    /// Bearer tokens for Admin, one a line: TOKEN [admin|read [NAME]];
+    /// reloaded when it changes.
+    #[arg(long, env = "FLOODGATE_ADMIN_TOKEN_FILE")]
+    admin_token_file: Option<PathBuf>,
+    /// A client certificate name (CN or SAN) allowed on Admin under mTLS,
+    /// as NAME or NAME=read; repeat for more.
+    #[arg(long = "admin-identity", value_parser = crate::access::parse_identity)]
+    admin_identities: Vec<(String, crate::access::Role)>,
+    /// Let anyone make the read-only Admin calls (GetRules, ListBreakers,
+    /// GetBreaker, Peek).
+    #[arg(long)]
+    admin_read_open: bool,
+}
+
+/// Redis ACL credentials: never on the command line.
+#[derive(Args, Debug)]
+struct RedisAuthArgs {
+    /// The Redis ACL user.
+    #[arg(long, env = "FLOODGATE_REDIS_USER")]
+    redis_user: Option<String>,
+    /// A file holding the Redis password (or set FLOODGATE_REDIS_PASSWORD).
+    #[arg(long, env = "FLOODGATE_REDIS_PASSWORD_FILE")]
+    redis_password_file: Option<PathBuf>,
+    /// For rediss://: the CA (PEM) to trust when it is not in the system's store.
+    #[arg(long, env = "FLOODGATE_REDIS_CA")]
+    redis_ca: Option<PathBuf>,
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -80,18 +173,47 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         (None, false) => Some(Target::Cluster(args.redis_cluster)),
         (None, true) => None,
     };
-    let replication = target.map(|target| replication::Config {
-        target,
-        sync_interval: args.sync_interval.max(Duration::from_millis(1)),
-        timeout: args.redis_timeout.max(Duration::from_millis(1)),
-        replica_id: args.replica_id.unwrap_or_else(default_replica_id),
-    });
+    let credentials = redis_credentials(&args.redis_auth)?;
+    let replication = match target {
+        Some(target) => Some(replication::Config {
+            target,
+            credentials,
+            sync_interval: args.sync_interval.max(Duration::from_millis(1)),
+            timeout: args.redis_timeout.max(Duration::from_millis(1)),
+            replica_id: args.replica_id.unwrap_or_else(default_replica_id),
+        }),
+        None => None,
+    };
+    let l = &args.limits;
+    let limits = Limits {
+        max_connections: l.max_connections.max(1),
+        handshake_timeout: l.handshake_timeout,
+        idle_timeout: l.idle_timeout,
+        header_read_timeout: l.header_read_timeout,
+        max_concurrent_streams: l.max_concurrent_streams.max(1),
+        keepalive_interval: l.keepalive_interval,
+        keepalive_timeout: l.keepalive_timeout,
+    };
+    let tls = match (args.tls.tls_cert, args.tls.tls_key) {
+        (Some(cert), Some(key)) => Some(TlsFiles { cert, key, client_ca: args.tls.tls_client_ca }),
+        _ => None,
+    };
+    let access = AccessConfig {
+        token_file: args.admin.admin_token_file,
+        identities: args.admin.admin_identities,
+        read_open: args.admin.admin_read_open,
+    };
     let opts = Options {
         replication,
         config: args.config,
+        reload_quiet: args.reload_debounce,
         max_keys: args.max_keys,
         sweep_interval: args.sweep_interval,
         shutdown_grace: args.shutdown_grace,
+        limits,
+        max_watchers: l.max_watchers.max(1),
+        tls,
+        access,
         clock: Arc::new(SystemClock::new()),
         on_ready: Some(Box::new(move || {
             tracing::info!(grpc = %grpc_addr, http = %http_addr, "floodgate listening");
@@ -101,6 +223,26 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         })),
     };
     server::run(opts, Listeners { grpc, http }, shutdown_signal()).await
+}
+
+/// The Redis user and password, from a file or the environment: a password
+/// on the command line would show in `ps` and shell history.
+fn redis_credentials(args: &RedisAuthArgs) -> anyhow::Result<Credentials> {
+    let password = match (&args.redis_password_file, std::env::var("FLOODGATE_REDIS_PASSWORD")) {
+        (Some(file), _) => Some(
+            std::fs::read_to_string(file)
+                .with_context(|| format!("reading the Redis password from {}", file.display()))?
+                .trim_end_matches(['\n', '\r'])
+                .to_string(),
+        ),
+        (None, Ok(p)) if !p.is_empty() => Some(p),
+        _ => None,
+    };
+    let ca = match &args.redis_ca {
+        Some(file) => Some(std::fs::read(file).with_context(|| format!("reading the Redis CA {}", file.display()))?),
+        None => None,
+    };
+    Ok(Credentials { user: args.redis_user.clone(), password, ca })
 }
 
 fn default_replica_id() -> String {

@@ -33,6 +33,8 @@ pub enum RequestError {
     Empty { field: String },
     #[error("{field}: '{preview}' is {len} bytes long; the limit is {MAX_NAME_BYTES}")]
     TooLong { field: String, preview: String, len: usize },
+    #[error("{field}: control character U+{code:04X} is not allowed")]
+    ControlCharacter { field: String, code: u32 },
     #[error("descriptors: {0} entries; the limit is {MAX_DESCRIPTORS}")]
     TooManyDescriptors(usize),
     #[error("{field}: {count} items; the limit is {MAX_BATCH}")]
@@ -43,8 +45,8 @@ pub enum RequestError {
     CostTooLarge { field: &'static str, value: u64 },
     #[error("permit_id: '{0}' is not a permit id")]
     MalformedPermit(String),
-    #[error("resource: permit '{permit}' was issued for '{issued_for}', not '{resource}'")]
-    PermitResourceMismatch { permit: String, issued_for: String, resource: String },
+    #[error("resource: the permit was not issued for '{resource}'")]
+    PermitResourceMismatch { resource: String },
     #[error("{field}: {seconds}s {nanos}ns is not a duration (negative, or nanos not below 1e9)")]
     BadDuration { field: &'static str, seconds: i64, nanos: i32 },
     #[error("resource: no rule gives '{0}' a circuit breaker")]
@@ -121,24 +123,23 @@ pub fn validate<D: Descriptors + ?Sized>(resource: &str, descriptors: &D) -> Res
     for (k, v) in descriptors.entries() {
         check_name("descriptors key", k, false)?;
         if v.len() > MAX_NAME_BYTES {
-            check_name(&format!("descriptors[\"{}\"]", preview(k)), v, true)?;
+            check_value(&format!("descriptors[{:?}]", preview(k)), v)?;
         }
     }
     Ok(())
 }
 
-/// A permit id: 24 hex digits, the issuing process's nonce then a sequence number.
-pub fn check_permit_id(id: &str) -> Result<(u32, u64), RequestError> {
-    let malformed = || RequestError::MalformedPermit(id.chars().take(64).collect());
-    if id.len() != 24 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+/// A permit id: 32 hex digits (128 bits).
+pub fn check_permit_id(id: &str) -> Result<u128, RequestError> {
+    let malformed = || RequestError::MalformedPermit(preview(id));
+    if id.len() != 32 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(malformed());
     }
-    let nonce = u32::from_str_radix(&id[..8], 16).map_err(|_| malformed())?;
-    let seq = u64::from_str_radix(&id[8..], 16).map_err(|_| malformed())?;
-    Ok((nonce, seq))
+    u128::from_str_radix(id, 16).map_err(|_| malformed())
 }
 
-/// A name (resource, domain, key) must be present and at most 256 bytes.
+/// A name (resource, domain, key) must be present, at most 256 bytes, and
+/// free of control characters (it reaches logs, metric labels and terminals).
 pub fn check_name(field: &str, value: &str, may_be_empty: bool) -> Result<(), RequestError> {
     if value.is_empty() && !may_be_empty {
         return Err(RequestError::Empty { field: field.to_string() });
@@ -146,15 +147,31 @@ pub fn check_name(field: &str, value: &str, may_be_empty: bool) -> Result<(), Re
     if value.len() > MAX_NAME_BYTES {
         return Err(RequestError::TooLong { field: field.to_string(), preview: preview(value), len: value.len() });
     }
+    if let Some(c) = value.chars().find(|c| c.is_control()) {
+        return Err(RequestError::ControlCharacter { field: field.to_string(), code: c as u32 });
+    }
     Ok(())
 }
 
-/// The start of a long value, enough to recognise it in an error.
+/// A descriptor value: at most 256 bytes; any characters (a header value, a
+/// user agent), since it is never a label and is escaped wherever shown.
+fn check_value(field: &str, value: &str) -> Result<(), RequestError> {
+    if value.len() > MAX_NAME_BYTES {
+        return Err(RequestError::TooLong { field: field.to_string(), preview: preview(value), len: value.len() });
+    }
+    Ok(())
+}
+
+/// The start of a long value, enough to recognise it in an error, with
+/// control characters escaped: an error message must not carry a terminal
+/// escape sequence to whoever reads the logs.
 fn preview(value: &str) -> String {
     const SHOWN: usize = 40;
+    let escape = |s: &str| s.chars().flat_map(char::escape_default).collect::<String>();
+    let escaped = |s: &str| if s.chars().any(char::is_control) { escape(s) } else { s.to_string() };
     match value.char_indices().nth(SHOWN) {
-        Some((cut, _)) => format!("{}…", &value[..cut]),
-        None => value.to_string(),
+        Some((cut, _)) => format!("{}…", escaped(&value[..cut])),
+        None => escaped(value),
     }
 }
 
@@ -187,6 +204,21 @@ mod tests {
         assert_eq!(check_batch("requests", 1001).unwrap_err().to_string(), "requests: 1001 items; the limit is 1000");
         let e = RequestError::Empty { field: "resource".into() }.in_batch("requests", 3);
         assert_eq!(e.to_string(), "requests[3].resource: must not be empty");
+    }
+
+    #[test]
+    fn control_characters_are_refused_in_names_and_escaped_in_messages() {
+        let none = map(&[]);
+        let e = validate("orders\u{1b}[31m", &none).unwrap_err();
+        assert_eq!(e.to_string(), "resource: control character U+001B is not allowed");
+        let d = map(&[("us\ner", "v")]);
+        assert_eq!(
+            validate("x", &d).unwrap_err().to_string(),
+            "descriptors key: control character U+000A is not allowed"
+        );
+        assert!(validate("x", &map(&[("agent", "curl\t8")])).is_ok(), "values may hold any character");
+        let e = check_permit_id("\u{1b}[2Jabc").unwrap_err().to_string();
+        assert!(!e.contains('\u{1b}'), "{e}");
     }
 
     #[test]

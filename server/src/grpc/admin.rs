@@ -7,6 +7,7 @@ use pb::admin_server::Admin;
 use tonic::{Request, Response, Status};
 
 use super::convert::floodgate::{breaker_state_request, level_request};
+use crate::access::Caller;
 use crate::decider::Decider;
 
 pub struct ControlPlane {
@@ -17,6 +18,11 @@ impl ControlPlane {
     pub fn new(decider: Arc<Decider>) -> Self {
         ControlPlane { decider }
     }
+}
+
+/// Who made a call: set by the gate in front of this service.
+fn who<T>(request: &Request<T>) -> String {
+    request.extensions().get::<Caller>().map_or_else(|| "unknown".into(), |c| c.who.clone())
 }
 
 #[tonic::async_trait]
@@ -33,7 +39,13 @@ impl Admin for ControlPlane {
         request: Request<pb::ApplyRulesRequest>,
     ) -> Result<Response<pb::ApplyRulesResponse>, Status> {
         let req = request.get_ref();
-        Ok(Response::new(self.decider.apply_rules(&req.yaml, req.validate_only).await?.into()))
+        let before = self.decider.rules().version;
+        let applied = self.decider.apply_rules(&req.yaml, req.validate_only).await?;
+        if applied.applied {
+            let (who, after, resources) = (who(&request), applied.version, applied.resources.len());
+            tracing::info!(target: "floodgate::audit", who, change = "ApplyRules", resources, version_before = before, version_after = after, "admin change");
+        }
+        Ok(Response::new(applied.into()))
     }
 
     async fn list_breakers(
@@ -54,14 +66,22 @@ impl Admin for ControlPlane {
     ) -> Result<Response<pb::BreakerInfo>, Status> {
         let req = request.get_ref();
         let state = breaker_state_request(req.state)?;
-        Ok(Response::new(self.decider.set_breaker(&req.resource, state).await?.into()))
+        let version = self.decider.rules().version;
+        let view = self.decider.set_breaker(&req.resource, state).await?;
+        let (who, resource, to) = (who(&request), req.resource.as_str(), state.name());
+        tracing::info!(target: "floodgate::audit", who, change = "SetBreakerState", resource, to, version_before = version, version_after = version, "admin change");
+        Ok(Response::new(view.into()))
     }
 
     async fn set_degradation_level(
         &self,
         request: Request<pb::SetDegradationLevelRequest>,
     ) -> Result<Response<pb::SetDegradationLevelResponse>, Status> {
-        Ok(Response::new(self.decider.set_level(level_request(request.get_ref()))?.into()))
+        let version = self.decider.rules().version;
+        let level = self.decider.set_level(level_request(request.get_ref()))?;
+        let (who, to, manual) = (who(&request), level.level, level.manual);
+        tracing::info!(target: "floodgate::audit", who, change = "SetDegradationLevel", to, manual, version_before = version, version_after = version, "admin change");
+        Ok(Response::new(level.into()))
     }
 
     async fn peek(&self, request: Request<pb::PeekRequest>) -> Result<Response<pb::PeekResponse>, Status> {

@@ -12,11 +12,14 @@ use crate::engine::{self, Report};
 
 pub struct DataPlane {
     decider: Arc<Decider>,
+    /// Watch streams open at once: each holds a task and a buffer.
+    watchers: Arc<tokio::sync::Semaphore>,
+    max_watchers: usize,
 }
 
 impl DataPlane {
-    pub fn new(decider: Arc<Decider>) -> Self {
-        DataPlane { decider }
+    pub fn new(decider: Arc<Decider>, max_watchers: usize) -> Self {
+        DataPlane { decider, watchers: Arc::new(tokio::sync::Semaphore::new(max_watchers)), max_watchers }
     }
 }
 
@@ -64,7 +67,13 @@ impl Floodgate for DataPlane {
     type WatchStream = watch::EventStream;
 
     async fn watch(&self, request: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+        let Ok(slot) = self.watchers.clone().try_acquire_owned() else {
+            return Err(Status::resource_exhausted(format!(
+                "{} Watch streams are open; the limit is {} (--max-watchers)",
+                self.max_watchers, self.max_watchers
+            )));
+        };
         let resources = request.into_inner().resources;
-        Ok(Response::new(watch::stream(self.decider.clone(), resources)))
+        Ok(Response::new(watch::stream(self.decider.clone(), resources, slot)))
     }
 }

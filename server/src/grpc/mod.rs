@@ -8,24 +8,35 @@ use floodgate_proto::v1::floodgate_server::FloodgateServer;
 use tonic::service::RoutesBuilder;
 use tonic_health::pb::health_server::{Health, HealthServer};
 
+use crate::access::Access;
 use crate::decider::Decider;
 
 mod admin;
 mod convert;
 mod data;
 mod envoy;
+mod gate;
 mod observe;
+mod size;
 mod status;
 mod watch;
 
 pub use admin::ControlPlane;
 pub use data::DataPlane;
 pub use envoy::EnvoyRls;
+pub use gate::AdminGate;
 pub use observe::ObserveLayer;
+pub use size::SizeLayer;
 
-/// Every gRPC service on one port: data plane, control plane, Envoy's RLS v3,
-/// health and reflection (v1 and v1alpha, so grpcurl and other clients work).
-pub fn routes<H>(decider: Arc<Decider>, health: HealthServer<H>) -> anyhow::Result<tonic::service::Routes>
+/// Every gRPC service on one port: data plane, control plane (behind its
+/// gate), Envoy's RLS v3, health and reflection (v1 and v1alpha, so grpcurl
+/// and other clients work).
+pub fn routes<H>(
+    decider: Arc<Decider>,
+    health: HealthServer<H>,
+    access: Arc<Access>,
+    max_watchers: usize,
+) -> anyhow::Result<tonic::service::Routes>
 where
     H: Health,
 {
@@ -35,10 +46,14 @@ where
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
     let mut routes = RoutesBuilder::default();
+    // Per-method caps are checked first (SizeLayer); tonic's own limit is
+    // only a backstop above the largest.
+    let cap = size::largest() * 2;
+    let admin = AdminServer::new(ControlPlane::new(decider.clone())).max_decoding_message_size(cap);
     routes
-        .add_service(FloodgateServer::new(DataPlane::new(decider.clone())))
-        .add_service(AdminServer::new(ControlPlane::new(decider.clone())))
-        .add_service(RateLimitServiceServer::new(EnvoyRls::new(decider)))
+        .add_service(FloodgateServer::new(DataPlane::new(decider.clone(), max_watchers)).max_decoding_message_size(cap))
+        .add_service(AdminGate::new(admin, access))
+        .add_service(RateLimitServiceServer::new(EnvoyRls::new(decider)).max_decoding_message_size(cap))
         .add_service(health)
         .add_service(reflection().build_v1()?)
         .add_service(reflection().build_v1alpha()?);

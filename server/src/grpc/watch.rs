@@ -11,7 +11,7 @@ use std::sync::Arc;
 use floodgate_proto::v1 as pb;
 use pb::watch_event::Event as Kind;
 use tokio::sync::broadcast::error::RecvError;
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
@@ -25,11 +25,14 @@ pub type EventStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Status>>
 /// Events buffered per subscriber before it counts as slow.
 const BUFFER: usize = 64;
 
-pub fn stream(decider: Arc<Decider>, resources: Vec<String>) -> EventStream {
+/// The stream for one subscriber; `slot` (its place under the cap on Watch
+/// streams) is held until the stream ends.
+pub fn stream(decider: Arc<Decider>, resources: Vec<String>, slot: OwnedSemaphorePermit) -> EventStream {
     let (tx, rx) = mpsc::channel(BUFFER);
     let mut events = decider.subscribe();
     let only: HashSet<String> = resources.into_iter().collect();
     tokio::spawn(async move {
+        let _slot = slot;
         let mut seq = 0u64;
         let mut send = |kind: Kind| {
             seq += 1;
@@ -45,7 +48,12 @@ pub fn stream(decider: Arc<Decider>, resources: Vec<String>) -> EventStream {
             return;
         }
         loop {
-            let kind = match events.recv().await {
+            let received = tokio::select! {
+                received = events.recv() => received,
+                // The subscriber went away: end now, not at the next event.
+                () = tx.closed() => return,
+            };
+            let kind = match received {
                 Ok(event) if wanted(&event, &only) => Kind::from(&*event),
                 Ok(_) => continue,
                 Err(RecvError::Lagged(missed)) => {
@@ -94,6 +102,10 @@ mod tests {
         (e.clone(), Arc::new(Decider::new(e, None)))
     }
 
+    fn slot() -> OwnedSemaphorePermit {
+        Arc::new(tokio::sync::Semaphore::new(1)).try_acquire_owned().unwrap()
+    }
+
     fn rules_event(version: u64) -> Event {
         Event::Rules { version, source: "test".into() }
     }
@@ -101,7 +113,7 @@ mod tests {
     #[tokio::test]
     async fn a_snapshot_first_then_events_in_order() {
         let (engine, decider) = engine();
-        let mut stream = stream(decider, Vec::new());
+        let mut stream = stream(decider, Vec::new(), slot());
         let first = stream.next().await.unwrap().unwrap();
         assert!(matches!(first.event, Some(Kind::Snapshot(pb::Snapshot { resync: false, rules_version: 1, .. }))));
         for v in 2..=4 {
@@ -117,7 +129,7 @@ mod tests {
     #[tokio::test]
     async fn a_subscriber_that_falls_behind_gets_a_fresh_snapshot() {
         let (engine, decider) = engine();
-        let mut stream = stream(decider, Vec::new());
+        let mut stream = stream(decider, Vec::new(), slot());
         stream.next().await.unwrap().unwrap();
         // Nobody reads: the forwarding task fills its buffer and the broadcast
         // runs past it. Publishing never waits.

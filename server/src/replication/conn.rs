@@ -17,6 +17,58 @@ pub enum Target {
     Cluster(Vec<String>),
 }
 
+/// How to log in to Redis: an ACL user and password (read from a file or the
+/// environment, never from a URL on the command line), and for `rediss://`
+/// the CA to trust when it is not in the system's store.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Credentials {
+    pub user: Option<String>,
+    pub password: Option<String>,
+    pub ca: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("ca", &self.ca.as_ref().map(Vec::len))
+            .finish()
+    }
+}
+
+/// A URL's connection info with the credentials added; a password in the
+/// URL itself is refused (it would show in `ps` and shell history).
+fn connection_info(url: &str, credentials: &Credentials) -> anyhow::Result<redis::ConnectionInfo> {
+    use redis::IntoConnectionInfo;
+    let info = url.into_connection_info()?;
+    anyhow::ensure!(
+        info.redis_settings().password().is_none(),
+        "a password in the Redis URL is refused: use --redis-password-file or FLOODGATE_REDIS_PASSWORD"
+    );
+    let mut settings = info.redis_settings().clone();
+    if let Some(user) = &credentials.user {
+        settings = settings.set_username(user);
+    }
+    if let Some(password) = &credentials.password {
+        settings = settings.set_password(password);
+    }
+    Ok(info.set_redis_settings(settings))
+}
+
+/// A client for one node, with the credentials and TLS trust.
+pub fn client(url: &str, credentials: &Credentials) -> anyhow::Result<redis::Client> {
+    let info = connection_info(url, credentials)?;
+    Ok(match &credentials.ca {
+        Some(ca) => redis::Client::build_with_tls(info, tls_certificates(ca))?,
+        None => redis::Client::open(info)?,
+    })
+}
+
+fn tls_certificates(ca: &[u8]) -> redis::TlsCertificates {
+    redis::TlsCertificates { client_tls: None, root_cert: Some(ca.to_vec()) }
+}
+
 #[derive(Clone)]
 pub enum Handle {
     Single(ConnectionManager),
@@ -70,11 +122,11 @@ impl ConnectionLike for Handle {
 impl Conn {
     /// Connects in the background: the server starts whether or not Redis is
     /// there, and the connection is made (and remade) when it is.
-    pub fn open(target: &Target, timeout: Duration) -> anyhow::Result<Arc<Conn>> {
+    pub fn open(target: &Target, credentials: &Credentials, timeout: Duration) -> anyhow::Result<Arc<Conn>> {
         let conn = Arc::new(Conn { handle: ArcSwapOption::empty(), timeout });
         match target {
             Target::Standalone(url) => {
-                let client = redis::Client::open(url.as_str())?;
+                let client = client(url, credentials)?;
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(timeout))
                     .set_response_timeout(Some(timeout))
@@ -84,10 +136,19 @@ impl Conn {
                 conn.handle.store(Some(Arc::new(Handle::Single(manager))));
             }
             Target::Cluster(nodes) => {
-                let client = redis::cluster::ClusterClient::builder(nodes.clone())
-                    .connection_timeout(timeout)
-                    .response_timeout(timeout)
-                    .build()?;
+                let infos = nodes.iter().map(|n| connection_info(n, credentials)).collect::<Result<Vec<_>, _>>()?;
+                let mut builder =
+                    redis::cluster::ClusterClient::builder(infos).connection_timeout(timeout).response_timeout(timeout);
+                if let Some(user) = &credentials.user {
+                    builder = builder.username(user);
+                }
+                if let Some(password) = &credentials.password {
+                    builder = builder.password(password);
+                }
+                if let Some(ca) = &credentials.ca {
+                    builder = builder.certs(tls_certificates(ca));
+                }
+                let client = builder.build()?;
                 let weak = Arc::downgrade(&conn);
                 tokio::spawn(async move {
                     let mut backoff = Duration::from_millis(100);

@@ -29,8 +29,8 @@ mod rules;
 mod scripts;
 mod wire;
 
-pub use conn::Target;
 use conn::{CallError, Conn};
+pub use conn::{Credentials, Target};
 use scripts::{ScriptName, Scripts};
 use wire::ReplyError;
 
@@ -38,6 +38,7 @@ use wire::ReplyError;
 #[derive(Clone, Debug)]
 pub struct Config {
     pub target: Target,
+    pub credentials: Credentials,
     pub sync_interval: Duration,
     pub timeout: Duration,
     /// This replica's name in the live-replica registry.
@@ -57,7 +58,7 @@ impl Replication {
     /// engine must have been built with `replicated: true`.
     pub async fn start(config: Config, engine: Arc<Engine>) -> anyhow::Result<Arc<Replication>> {
         anyhow::ensure!(engine.sync().is_some(), "the engine keeps no replication state");
-        let conn = Conn::open(&config.target, config.timeout)?;
+        let conn = Conn::open(&config.target, &config.credentials, config.timeout)?;
         let r = Arc::new(Replication { engine, conn, scripts: Scripts::default(), config });
         r.load_shared_rules().await;
         tokio::spawn(sync_loop(Arc::downgrade(&r)));

@@ -54,10 +54,11 @@ pub(super) async fn listen(weak: Weak<Replication>) {
         let url = match &r.config.target {
             Target::Standalone(url) => url.clone(),
             // Classic pub/sub reaches every node of a cluster: any seed will do.
-            Target::Cluster(nodes) => nodes[0].clone(),
+            Target::Cluster(nodes) => nodes.first().cloned().unwrap_or_default(),
         };
+        let credentials = r.config.credentials.clone();
         drop(r);
-        match subscribe(&url).await {
+        match subscribe(&url, &credentials).await {
             Ok(mut pubsub) => {
                 backoff = Duration::from_millis(100);
                 let mut messages = pubsub.on_message();
@@ -74,8 +75,8 @@ pub(super) async fn listen(weak: Weak<Replication>) {
     }
 }
 
-async fn subscribe(url: &str) -> redis::RedisResult<redis::aio::PubSub> {
-    let mut pubsub = redis::Client::open(url)?.get_async_pubsub().await?;
+async fn subscribe(url: &str, credentials: &super::Credentials) -> anyhow::Result<redis::aio::PubSub> {
+    let mut pubsub = super::conn::client(url, credentials)?.get_async_pubsub().await?;
     pubsub.subscribe(EVENTS).await?;
     Ok(pubsub)
 }

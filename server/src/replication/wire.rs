@@ -216,8 +216,7 @@ mod tests {
 
     #[test]
     fn a_take_reply_has_five_numbers_per_limit_of_each_decision() {
-        let r =
-            TakeReply::parse_many(ints(&[1, 1, 4, 1000, 0, 0, 0, 1, 3, 0, 0, 0, 0, 0, 0, 5, 7, 0]), &[1, 2]).unwrap();
+        let r = TakeReply::parse_many(ints(&[1, 1, 4, 1000, 0, 0, 0, 1, 3, 0, 0, 0, 0, 0, 0, 5, 7]), &[1, 2]).unwrap();
         assert!(r[0].admitted && !r[1].admitted);
         assert_eq!(r[0].limits[0].remaining, 4);
         assert_eq!(r[0].limits[0].reset_after, Duration::from_millis(1));

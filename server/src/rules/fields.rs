@@ -22,6 +22,13 @@ pub struct RuleError {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub struct RuleErrors(pub Vec<RuleError>);
 
+impl RuleErrors {
+    /// One error about the whole file.
+    pub fn one(file: &str, message: impl Into<String>) -> Self {
+        RuleErrors(vec![RuleError { file: file.into(), resource: None, field: String::new(), message: message.into() }])
+    }
+}
+
 /// Errors collected while reading one file.
 pub(super) struct Collector {
     file: String,

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use crate::limiter::Algorithm;
 
+pub mod bounds;
 mod breaker;
 pub mod duration;
 mod fields;

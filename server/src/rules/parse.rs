@@ -25,6 +25,10 @@ const COMMON: &[&str] = &["name", "key", "algorithm", "sync", "on_redis_error"];
 
 pub(super) fn rule_set(text: &str, file: &str) -> Result<RuleSet, RuleErrors> {
     let out = Collector::new(file);
+    if let Err(e) = super::bounds::check(text) {
+        out.push(None, "", format!("refused before parsing: {e}"));
+        return Err(out.into_errors());
+    }
     let doc: Value = match serde_yaml_ng::from_str(text) {
         Ok(v) => v,
         Err(e) => {

@@ -2,15 +2,17 @@
 //! or a concurrency limit, returned by ReportOutcome, or expired after their
 //! TTL so that a crashed client never holds a slot forever.
 //!
-//! An id is 24 hex digits: this process's random nonce, then a sequence number
-//! ([`check_permit_id`](crate::engine::request::check_permit_id)). Anything else is
-//! malformed (bad input); a well-formed id this process did not issue, or no
-//! longer holds, is unknown (answered `counted: false`).
+//! An id is 128 random bits from a cryptographic generator, written as 32 hex
+//! digits ([`check_permit_id`](crate::engine::request::check_permit_id)): a
+//! caller cannot guess another caller's permit to report on it. Anything else
+//! is malformed (bad input); a well-formed id this process did not issue, or
+//! no longer holds, is unknown (answered `counted: false`). No answer says
+//! whose a permit is.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use dashmap::DashMap;
+use dashmap::mapref::entry::Entry;
 
 use super::Guarded;
 use crate::engine::request::RequestError;
@@ -30,57 +32,40 @@ pub struct Permit {
     pub holds_slot: bool,
 }
 
+#[derive(Default)]
 pub struct Permits {
-    map: DashMap<u64, Permit, ahash::RandomState>,
-    next: AtomicU64,
-    nonce: u32,
-}
-
-impl Default for Permits {
-    fn default() -> Self {
-        Permits { map: DashMap::default(), next: AtomicU64::new(1), nonce: rand_nonce() }
-    }
-}
-
-/// A nonce that differs between processes (and restarts) with high probability.
-fn rand_nonce() -> u32 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = ahash::RandomState::new().build_hasher();
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
-    h.write_u32(std::process::id());
-    h.finish() as u32
+    map: DashMap<u128, Permit, ahash::RandomState>,
 }
 
 impl Permits {
     pub fn issue(&self, permit: Permit) -> String {
-        let seq = self.next.fetch_add(1, Ordering::Relaxed);
-        self.map.insert(seq, permit);
-        format!("{:08x}{seq:016x}", self.nonce)
+        let mut permit = Some(permit);
+        loop {
+            // ThreadRng: ChaCha12, seeded and reseeded from the operating system.
+            let id: u128 = rand::random();
+            if let Entry::Vacant(slot) = self.map.entry(id) {
+                slot.insert(permit.take().expect("inserted once"));
+                return format!("{id:032x}");
+            }
+        }
     }
 
     /// Takes a permit back: `Ok(None)` when unknown or already returned. A
     /// non-empty `resource` must be the one the permit was issued for.
     pub fn take(&self, id: &str, resource: &str) -> Result<Option<Permit>, RequestError> {
-        let (nonce, seq) = crate::engine::request::check_permit_id(id)?;
-        if nonce != self.nonce {
-            return Ok(None);
+        let key = crate::engine::request::check_permit_id(id)?;
+        if let Some((_, p)) = self.map.remove_if(&key, |_, p| resource.is_empty() || p.resource == resource) {
+            return Ok(Some(p));
         }
-        if let Some(p) = self.map.remove_if(&seq, |_, p| resource.is_empty() || p.resource == resource) {
-            return Ok(Some(p.1));
+        if self.map.contains_key(&key) {
+            return Err(RequestError::PermitResourceMismatch { resource: resource.into() });
         }
-        match self.map.get(&seq) {
-            Some(p) => Err(RequestError::PermitResourceMismatch {
-                permit: id.into(),
-                issued_for: p.resource.clone(),
-                resource: resource.into(),
-            }),
-            None => Ok(None),
-        }
+        Ok(None)
     }
 
     /// Removes and returns every permit expired at `now`.
     pub fn expire(&self, now: Timestamp) -> Vec<Permit> {
-        let expired: Vec<u64> = self.map.iter().filter(|e| e.expires_at <= now).map(|e| *e.key()).collect();
+        let expired: Vec<u128> = self.map.iter().filter(|e| e.expires_at <= now).map(|e| *e.key()).collect();
         expired.into_iter().filter_map(|k| self.map.remove(&k).map(|(_, p)| p)).collect()
     }
 
@@ -90,5 +75,46 @@ impl Permits {
 
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn permit(resource: &str) -> Permit {
+        Permit {
+            resource: resource.into(),
+            guarded: Arc::default(),
+            issued_at: Timestamp::ZERO,
+            expires_at: Timestamp::from_secs(60),
+            breaker: None,
+            remote_probe: None,
+            holds_slot: false,
+        }
+    }
+
+    #[test]
+    fn ids_are_128_random_bits_and_do_not_follow_each_other() {
+        let p = Permits::default();
+        let ids: Vec<String> = (0..1000).map(|_| p.issue(permit("r"))).collect();
+        assert!(ids.iter().all(|id| id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())));
+        let mut unique = ids.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), 1000);
+        // Consecutive ids share no long prefix: nothing to count up from.
+        let shared = ids.windows(2).map(|w| w[0].bytes().zip(w[1].bytes()).take_while(|(a, b)| a == b).count()).max();
+        assert!(shared.unwrap() < 8, "consecutive ids share a prefix of {shared:?} digits");
+    }
+
+    #[test]
+    fn a_wrong_resource_does_not_say_whose_permit_it_is() {
+        let p = Permits::default();
+        let id = p.issue(permit("secret-payments-db"));
+        let err = p.take(&id, "other").unwrap_err().to_string();
+        assert!(!err.contains("secret"), "{err}");
+        assert!(p.take(&id, "secret-payments-db").unwrap().is_some());
+        assert!(p.take(&id, "secret-payments-db").unwrap().is_none(), "once");
     }
 }

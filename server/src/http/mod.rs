@@ -1,4 +1,5 @@
-//! The HTTP port: `/healthz`, `/readyz` and `/metrics`.
+//! The HTTP port: `/healthz`, `/readyz` and `/metrics`, served (`serve`)
+//! with the same connection bounds and TLS as the gRPC port.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,6 +12,10 @@ use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::decider::Decider;
+
+mod serve;
+
+pub use serve::serve;
 
 /// What the HTTP endpoints report on.
 #[derive(Clone)]

@@ -1,0 +1,82 @@
+//! The gate in front of the Admin service: every call needs a credential
+//! whose role allows it (see [`access`](crate::access)). The caller it finds
+//! goes on to the handler, for the audit line; a refusal is answered here,
+//! UNAUTHENTICATED or PERMISSION_DENIED, and logged.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tonic::server::NamedService;
+use tower::Service;
+
+use crate::access::{Access, Denied, Role};
+use crate::listen::Peer;
+
+/// Admin calls that change nothing.
+const READ_ONLY: &[&str] = &["GetRules", "ListBreakers", "GetBreaker", "Peek"];
+
+#[derive(Clone)]
+pub struct AdminGate<S> {
+    inner: S,
+    access: Arc<Access>,
+}
+
+impl<S> AdminGate<S> {
+    pub fn new(inner: S, access: Arc<Access>) -> Self {
+        AdminGate { inner, access }
+    }
+}
+
+impl<S: NamedService> NamedService for AdminGate<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+/// The role a method needs.
+fn needs(path: &str) -> Role {
+    let method = path.rsplit('/').next().unwrap_or_default();
+    if READ_ONLY.contains(&method) { Role::Read } else { Role::Admin }
+}
+
+/// The token of an `authorization: Bearer TOKEN` header.
+fn bearer<B>(req: &http::Request<B>) -> Option<&str> {
+    let value = req.headers().get(http::header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+impl<S, B> Service<http::Request<B>> for AdminGate<S>
+where
+    S: Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
+        let peer = req.extensions().get::<Peer>().cloned().unwrap_or_default();
+        let path = req.uri().path().to_string();
+        match self.access.check(needs(&path), bearer(&req), &peer) {
+            Ok(caller) => {
+                req.extensions_mut().insert(caller);
+                Box::pin(self.inner.call(req))
+            }
+            Err(denied) => {
+                let peer = peer.addr.map(|a| a.to_string()).unwrap_or_default();
+                let status = match denied {
+                    Denied::Unauthenticated(why) => tonic::Status::unauthenticated(why),
+                    Denied::PermissionDenied(why) => tonic::Status::permission_denied(why),
+                };
+                tracing::warn!(target: "floodgate::audit", peer, method = path, reason = status.message(), "admin call refused");
+                Box::pin(async move { Ok(status.into_http()) })
+            }
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! A request size cap per RPC, checked as the body arrives, before anything
+//! is decoded: one Acquire is a few kilobytes at most, a rules upload up to a
+//! mebibyte. A body over its method's cap ends the call RESOURCE_EXHAUSTED,
+//! naming the cap.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use tower::{Layer, Service};
+
+const KIB: usize = 1024;
+const MIB: usize = 1024 * KIB;
+
+/// Caps by method path; anything else gets [`DEFAULT`].
+const CAPS: &[(&str, usize)] = &[
+    ("/floodgate.v1.Floodgate/Acquire", 64 * KIB),
+    ("/floodgate.v1.Floodgate/AcquireBatch", 4 * MIB),
+    ("/floodgate.v1.Floodgate/ReportOutcome", 16 * KIB),
+    ("/floodgate.v1.Floodgate/ReportOutcomeBatch", MIB),
+    ("/floodgate.v1.Admin/ApplyRules", crate::rules::bounds::MAX_BYTES + 64 * KIB),
+    ("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", MIB),
+];
+const DEFAULT: usize = 64 * KIB;
+
+/// The cap for a method path.
+pub fn cap(path: &str) -> usize {
+    CAPS.iter().find(|(p, _)| *p == path).map_or(DEFAULT, |&(_, c)| c)
+}
+
+/// The largest cap: what tonic's own decoding limit is set to, as a backstop.
+pub fn largest() -> usize {
+    CAPS.iter().map(|&(_, c)| c).max().unwrap_or(DEFAULT).max(DEFAULT)
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SizeLayer;
+
+#[derive(Clone, Debug)]
+pub struct Sized<S> {
+    inner: S,
+}
+
+impl<S> Layer<S> for SizeLayer {
+    type Service = Sized<S>;
+
+    fn layer(&self, inner: S) -> Sized<S> {
+        Sized { inner }
+    }
+}
+
+impl<S, B> Service<http::Request<B>> for Sized<S>
+where
+    S: Service<http::Request<tonic::body::Body>>,
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<tower::BoxError>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let cap = cap(req.uri().path());
+        let req = req.map(|body| tonic::body::Body::new(Capped { inner: body, cap, seen: 0 }));
+        self.inner.call(req)
+    }
+}
+
+/// A request body that fails once more than `cap` bytes have arrived.
+struct Capped<B> {
+    inner: B,
+    cap: usize,
+    seen: usize,
+}
+
+impl<B> Body for Capped<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<tower::BoxError>,
+{
+    type Data = Bytes;
+    type Error = tower::BoxError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    this.seen += data.len();
+                    if this.seen > this.cap {
+                        let status = tonic::Status::resource_exhausted(format!(
+                            "the request is larger than this method's limit of {} bytes",
+                            this.cap
+                        ));
+                        return Poll::Ready(Some(Err(Box::new(status))));
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

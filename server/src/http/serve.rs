@@ -1,0 +1,55 @@
+//! Serving the HTTP router over the port's connections (see
+//! [`listen`](crate::listen)): HTTP/1.1 and HTTP/2, a deadline for an
+//! HTTP/1 request head (a slowloris client is cut off), and a graceful stop.
+//! Every request carries the [`Peer`] it came from.
+
+use std::future::Future;
+
+use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tower::ServiceExt;
+
+use crate::listen::{self, Peer, Port};
+
+/// Serves `router` on `port` until `stop` completes; then waits for the
+/// connections in flight (the caller bounds how long).
+pub async fn serve(port: Port, router: Router, stop: impl Future<Output = ()>) {
+    let limits = port.limits;
+    let mut incoming = listen::accept(port);
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .keep_alive_interval(limits.keepalive_interval)
+        .keep_alive_timeout(limits.keepalive_timeout);
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(stop);
+    loop {
+        let io = tokio::select! {
+            io = incoming.recv() => match io {
+                Some(Ok(io)) => io,
+                Some(Err(_)) => continue,
+                None => break,
+            },
+            () = &mut stop => break,
+        };
+        let peer: Peer = io.peer().clone();
+        let service = router.clone().map_request(move |mut req: http::Request<hyper::body::Incoming>| {
+            req.extensions_mut().insert(peer.clone());
+            req
+        });
+        let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), TowerToHyperService::new(service));
+        let connection = graceful.watch(connection.into_owned());
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "HTTP connection ended");
+            }
+        });
+    }
+    graceful.shutdown().await;
+}
