@@ -82,6 +82,58 @@ async fn a_changed_file_applies_and_an_invalid_one_keeps_the_old_rules() {
     assert_eq!(status.into_inner().status(), tonic_health::pb::health_check_response::ServingStatus::Serving);
 }
 
+/// Rule versions installed from the file so far, by the reload counter.
+fn file_reloads(fg: &Floodgate) -> u64 {
+    let metrics = fg.http_get("/metrics").1;
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("floodgate_rule_reloads_total{source=\"file\",result=\"success\"} "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_file_written_in_chunks_is_installed_whole_never_half_written() {
+    let dir = TempDir::new();
+    let file = dir.write("rules.yaml", &rules_with_limit(3));
+    let fg = Floodgate::start(&["--config", path_str(&file)]);
+    assert_eq!(file_reloads(&fg), 1);
+    // The first chunk is valid YAML on its own: "orders" with no limits at
+    // all. Installing it would leave the resource unlimited.
+    let whole = rules_with_limit(7);
+    let cut = whole.find("    limits:").unwrap();
+    let (first, rest) = whole.split_at(cut);
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&file).unwrap();
+        f.write_all(first.as_bytes()).unwrap();
+        f.flush().unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        f.write_all(rest.as_bytes()).unwrap();
+    }
+    eventually("the new limit of 7", Duration::from_secs(10), || async {
+        (limit_of(&fg).await == Some(7)).then_some(())
+    })
+    .await;
+    assert_eq!(file_reloads(&fg), 2, "one install: the whole file, never its first half");
+}
+
+#[tokio::test]
+async fn an_edit_of_a_symlink_target_in_another_directory_is_seen() {
+    let links = TempDir::new();
+    let targets = TempDir::new();
+    let target = targets.write("real-rules.yaml", &rules_with_limit(3));
+    let link = links.path("rules.yaml");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let fg = Floodgate::start(&["--config", path_str(&link)]);
+    assert_eq!(limit_of(&fg).await, Some(3));
+    std::fs::write(&target, rules_with_limit(9)).unwrap();
+    eventually("the new limit of 9", Duration::from_secs(10), || async {
+        (limit_of(&fg).await == Some(9)).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn apply_rules_refuses_a_bad_set_whole_and_lists_every_error() {
     let fg = Floodgate::start(&[]);

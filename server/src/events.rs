@@ -17,9 +17,17 @@ pub const CAPACITY: usize = 1024;
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
-    Breaker { resource: String, transition: Transition },
+    /// `rule` is the rule that made the breaker: the metric label.
+    Breaker {
+        resource: String,
+        rule: String,
+        transition: Transition,
+    },
     Degradation(LevelChange),
-    Rules { version: u64, source: String },
+    Rules {
+        version: u64,
+        source: String,
+    },
 }
 
 #[derive(Clone)]
@@ -40,12 +48,15 @@ impl Events {
 
     pub fn publish(&self, event: Event) {
         match &event {
-            Event::Breaker { resource, transition: t } => {
-                tracing::info!(resource, from = t.from.name(), to = t.to.name(), reason = %t.reason, "breaker transition");
+            Event::Breaker { resource, rule, transition: t } => {
                 let (from, to) = (t.from.name(), t.to.name());
-                counter!(metrics::BREAKER_TRANSITIONS, "resource" => resource.clone(), "from" => from, "to" => to)
+                tracing::info!(resource = resource.escape_debug().to_string(), rule, from, to, reason = %t.reason, "breaker transition");
+                // Labelled by rule, so a glob rule cannot grow the series without bound.
+                counter!(metrics::BREAKER_TRANSITIONS, "resource" => rule.clone(), "from" => from, "to" => to)
                     .increment(1);
-                gauge!(metrics::BREAKER_STATE, "resource" => resource.clone()).set(f64::from(t.to.number()));
+                if resource == rule {
+                    gauge!(metrics::BREAKER_STATE, "resource" => rule.clone()).set(f64::from(t.to.number()));
+                }
             }
             Event::Degradation(c) => {
                 tracing::warn!(from = c.from, to = c.to, manual = c.manual, "degradation level changed");

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use metrics::{Counter, Histogram, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics_util::MetricKindMask;
 
 pub const DECISIONS: &str = "floodgate_decisions_total";
 pub const LIMIT_DECISIONS: &str = "floodgate_limit_decisions_total";
@@ -24,6 +25,7 @@ pub const RULE_RELOADS: &str = "floodgate_rule_reloads_total";
 pub const RULES_VERSION: &str = "floodgate_rules_version";
 pub const RESIDENT_MEMORY: &str = "floodgate_process_resident_memory_bytes";
 pub const BREAKER_STATE: &str = "floodgate_breaker_state";
+pub const BREAKERS: &str = "floodgate_breakers";
 pub const BREAKER_TRANSITIONS: &str = "floodgate_breaker_transitions_total";
 pub const BREAKER_FAILURE_RATE: &str = "floodgate_breaker_failure_rate";
 pub const BREAKER_SLOW_CALL_RATE: &str = "floodgate_breaker_slow_call_rate";
@@ -39,6 +41,7 @@ pub const REDIS_SYNC_LAG: &str = "floodgate_redis_sync_lag_seconds";
 pub const LIVE_REPLICAS: &str = "floodgate_live_replicas";
 pub const REDIS_ESCALATIONS: &str = "floodgate_redis_escalations_total";
 pub const CONNECTIONS: &str = "floodgate_connections";
+pub const WATCH_STREAMS: &str = "floodgate_watch_streams";
 pub const CONNECTIONS_REJECTED: &str = "floodgate_connections_rejected_total";
 
 /// The resource label of requests that no rule matched.
@@ -57,6 +60,9 @@ pub fn install() -> Option<PrometheusHandle> {
         .ok()?
         .set_buckets_for_metric(Matcher::Full(REDIS_SYNC_DURATION.into()), RPC_BUCKETS)
         .ok()?
+        // Gauges set at scrape time for something gone (a breaker swept, a
+        // rule removed) stop being set; their series go after ten minutes.
+        .idle_timeout(MetricKindMask::GAUGE, Some(Duration::from_secs(600)))
         .install_recorder()
         .ok()?;
     describe();
@@ -77,7 +83,8 @@ fn describe() {
         BREAKER_STATE,
         "Breaker state: 1 CLOSED, 2 OPEN, 3 HALF_OPEN, 4 FORCED_OPEN, 5 DISABLED, 6 METRICS_ONLY"
     );
-    describe_counter!(BREAKER_TRANSITIONS, "Breaker transitions by resource, from and to");
+    describe_gauge!(BREAKERS, "Breakers in memory by rule and state");
+    describe_counter!(BREAKER_TRANSITIONS, "Breaker transitions by resource (rule), from and to");
     describe_gauge!(BREAKER_FAILURE_RATE, "Failure rate in the breaker's window");
     describe_gauge!(BREAKER_SLOW_CALL_RATE, "Slow-call rate in the breaker's window");
     describe_counter!(BREAKER_NOT_PERMITTED, "Acquires rejected by the breaker");
@@ -92,6 +99,7 @@ fn describe() {
     describe_gauge!(LIVE_REPLICAS, "Replicas registered in Redis with a live heartbeat");
     describe_counter!(REDIS_ESCALATIONS, "Replicated decisions sent to Redis because this replica's lease was short");
     describe_gauge!(CONNECTIONS, "Connections open, by port");
+    describe_gauge!(WATCH_STREAMS, "Watch streams open");
     describe_counter!(
         CONNECTIONS_REJECTED,
         "Connections closed at once because the port's --max-connections was reached"

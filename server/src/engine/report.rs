@@ -10,7 +10,7 @@ use super::{Engine, Installed};
 use crate::breaker::{Info, Outcome, State};
 use crate::degradation::{Level, LevelChange};
 use crate::events::Event;
-use crate::rules::BreakerConfig;
+use crate::rules::{BreakerConfig, Rule};
 use crate::time::Timestamp;
 
 /// One ReportOutcome, checked: `resource` may be empty (else it must be the
@@ -104,7 +104,8 @@ impl Engine {
             }
         }
         if let Some(transition) = transition {
-            self.events.publish(Event::Breaker { resource: permit.resource.clone(), transition });
+            let rule = permit.guarded.rule.to_string();
+            self.events.publish(Event::Breaker { resource: permit.resource.clone(), rule, transition });
         }
         Some(state)
     }
@@ -130,10 +131,11 @@ impl Engine {
         }
         let rules = self.rules();
         for (resource, guarded) in self.guards.all() {
-            let Some(cfg) = rules.rules.find(&resource).and_then(|r| r.breaker.as_ref()) else { continue };
+            let Some(rule) = rules.rules.find(&resource) else { continue };
+            let Some(cfg) = rule.breaker.as_ref() else { continue };
             let transition = guarded.current_breaker().as_mut().and_then(|b| b.tick(cfg, now));
             if let Some(transition) = transition {
-                self.events.publish(Event::Breaker { resource, transition });
+                self.events.publish(Event::Breaker { resource, rule: rule.name.clone(), transition });
             }
         }
         let change = self.levels.evaluate(now);
@@ -166,8 +168,8 @@ impl Engine {
 
     /// One resource's breaker; an error when its rule has none.
     pub fn breaker(&self, rules: &Installed, resource: &str) -> Result<Info, RequestError> {
-        let cfg = breaker_config(rules, resource)?;
-        let guarded = self.guards.get_or_create(resource);
+        let (rule, cfg) = breaker_config(rules, resource)?;
+        let guarded = self.guards.get_or_create(resource, rule);
         let mut slot = guarded.breaker(Some(cfg));
         Ok(slot.as_mut().expect("configured").info(cfg, self.clock.now()))
     }
@@ -177,9 +179,9 @@ impl Engine {
         if matches!(to, State::Open | State::HalfOpen) {
             return Err(RequestError::BadBreakerState(to.name()));
         }
-        let cfg = breaker_config(rules, resource)?;
+        let (rule, cfg) = breaker_config(rules, resource)?;
         let now = self.clock.now();
-        let guarded = self.guards.get_or_create(resource);
+        let guarded = self.guards.get_or_create(resource, rule);
         guarded.touch(now);
         let mut slot = guarded.breaker(Some(cfg));
         let b = slot.as_mut().expect("configured");
@@ -187,7 +189,7 @@ impl Engine {
         let info = b.info(cfg, now);
         drop(slot);
         if let Some(transition) = transition {
-            self.events.publish(Event::Breaker { resource: resource.into(), transition });
+            self.events.publish(Event::Breaker { resource: resource.into(), rule: rule.name.clone(), transition });
         }
         Ok(info)
     }
@@ -227,7 +229,9 @@ fn outcome_counter(rules: &Installed, resource: &str, outcome: Outcome, result: 
         .increment(1);
 }
 
-fn breaker_config<'r>(rules: &'r Installed, resource: &str) -> Result<&'r BreakerConfig, RequestError> {
+fn breaker_config<'r>(rules: &'r Installed, resource: &str) -> Result<(&'r Rule, &'r BreakerConfig), RequestError> {
     request::check_name("resource", resource, false)?;
-    rules.rules.find(resource).and_then(|r| r.breaker.as_ref()).ok_or_else(|| RequestError::NoBreaker(resource.into()))
+    let rule = rules.rules.find(resource).ok_or_else(|| RequestError::NoBreaker(resource.into()))?;
+    let cfg = rule.breaker.as_ref().ok_or_else(|| RequestError::NoBreaker(resource.into()))?;
+    Ok((rule, cfg))
 }

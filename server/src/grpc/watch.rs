@@ -32,7 +32,7 @@ pub fn stream(decider: Arc<Decider>, resources: Vec<String>, slot: OwnedSemaphor
     let mut events = decider.subscribe();
     let only: HashSet<String> = resources.into_iter().collect();
     tokio::spawn(async move {
-        let _slot = slot;
+        let _slot = Open::new(slot);
         let mut seq = 0u64;
         let mut send = |kind: Kind| {
             seq += 1;
@@ -68,6 +68,26 @@ pub fn stream(decider: Arc<Decider>, resources: Vec<String>, slot: OwnedSemaphor
         }
     });
     Box::pin(ReceiverStream::new(rx))
+}
+
+/// A stream's slot under the cap, counted in `floodgate_watch_streams`.
+struct Open {
+    _slot: OwnedSemaphorePermit,
+    gauge: metrics::Gauge,
+}
+
+impl Open {
+    fn new(slot: OwnedSemaphorePermit) -> Self {
+        let gauge = metrics::gauge!(crate::metrics::WATCH_STREAMS);
+        gauge.increment(1.0);
+        Open { _slot: slot, gauge }
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.gauge.decrement(1.0);
+    }
 }
 
 fn snapshot(decider: &Decider, only: &HashSet<String>, resync: bool) -> Kind {

@@ -61,17 +61,34 @@ async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
 }
 
 /// Gauges read at scrape time rather than kept up to date on the hot path.
+/// Breakers are counted per rule and state; only an exact rule's breaker (one
+/// resource, named by the rules file) has series of its own.
 fn scrape(decider: &Decider) {
     use crate::metrics::*;
     use ::metrics::{counter, gauge};
     let figures = decider.figures();
     scrape_time(figures.keys, figures.evicted);
+    let installed = decider.installed();
+    let mut by_rule: std::collections::BTreeMap<&str, [u64; 6]> =
+        installed.rules.rules().iter().filter(|r| r.breaker.is_some()).map(|r| (r.name.as_str(), [0; 6])).collect();
     for b in decider.breakers() {
+        let Some(rule) = installed.rules.find(&b.resource) else { continue };
+        if let Some(counts) = by_rule.get_mut(rule.name.as_str()) {
+            counts[usize::from(b.info.state.number() - 1)] += 1;
+        }
+        if rule.name != b.resource {
+            continue;
+        }
         let (resource, info) = (b.resource, b.info);
         gauge!(BREAKER_STATE, "resource" => resource.clone()).set(f64::from(info.state.number()));
         gauge!(BREAKER_FAILURE_RATE, "resource" => resource.clone()).set(info.window.failure_rate());
         gauge!(BREAKER_SLOW_CALL_RATE, "resource" => resource.clone()).set(info.window.slow_call_rate());
         counter!(BREAKER_NOT_PERMITTED, "resource" => resource).absolute(info.not_permitted);
+    }
+    for (rule, counts) in by_rule {
+        for (state, n) in crate::breaker::State::ALL.into_iter().zip(counts) {
+            gauge!(BREAKERS, "rule" => rule.to_string(), "state" => state.name()).set(n as f64);
+        }
     }
     gauge!(PERMITS_IN_FLIGHT).set(figures.permits_in_flight as f64);
     gauge!(DEGRADATION_LEVEL).set(f64::from(figures.level));

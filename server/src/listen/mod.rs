@@ -132,7 +132,11 @@ async fn handshake(
         }
         None => {
             // A connection that never sends a byte never reaches the server.
-            tcp.readable().await?;
+            // (peek, not readable(): readiness may be reported before any data.)
+            let mut first = [0u8; 1];
+            if tcp.peek(&mut first).await? == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
             Ok(ServerIo::plain(tcp, peer, limits.idle_timeout, slot))
         }
     }

@@ -46,7 +46,14 @@ pub struct Rule {
     pub breaker: Option<BreakerConfig>,
     /// Shed (verdict SHED) while the degradation level is at least this.
     pub shed_at_level: Option<u32>,
+    /// A template rule (glob or default) keeps at most this many breakers and
+    /// concurrency counts, one per resource it matched; the least recently
+    /// used go first.
+    pub max_breakers: usize,
 }
+
+/// How many resources a template rule keeps breakers for, unless it says.
+pub const DEFAULT_MAX_BREAKERS: usize = 1000;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Pattern {

@@ -74,7 +74,7 @@ fn resource(out: &Collector, item: &Value, index: usize) -> Option<Rule> {
     let f = out.fields(item, None, &format!("resources[{index}]"))?;
     let f = Fields::with_resource(f, &label);
     let errors_before = out.count();
-    f.deny_unknown(&["name", "limits", "concurrency", "breaker", "shed_at_level"]);
+    f.deny_unknown(&["name", "limits", "concurrency", "breaker", "shed_at_level", "max_breakers"]);
     let name = f.required("name", Fields::string);
     if let Some(n) = &name {
         check_name(&f, "name", n);
@@ -83,18 +83,21 @@ fn resource(out: &Collector, item: &Value, index: usize) -> Option<Rule> {
     let concurrency = f.nested("concurrency").and_then(|c| concurrency(&c));
     let breaker = f.nested("breaker").and_then(|b| BreakerConfig::parse(&b));
     let shed_at_level = f.u64_in("shed_at_level", 1, 3).map(|n| n as u32);
+    let max_breakers = f.u64_in("max_breakers", 1, 10_000_000).map(|n| n as usize);
+    let pattern = match name.as_deref() {
+        Some("*") => Pattern::Default,
+        Some(n) if Glob::is_glob(n) => Pattern::Glob,
+        _ => Pattern::Exact,
+    };
+    if max_breakers.is_some() && pattern == Pattern::Exact {
+        f.error("max_breakers", "only a glob or default rule keeps more than one breaker");
+    }
     if out.count() > errors_before {
         return None;
     }
     let name = name?;
-    let pattern = if name == "*" {
-        Pattern::Default
-    } else if Glob::is_glob(&name) {
-        Pattern::Glob
-    } else {
-        Pattern::Exact
-    };
-    Some(Rule { name, pattern, limits, concurrency, breaker, shed_at_level })
+    let max_breakers = max_breakers.unwrap_or(super::DEFAULT_MAX_BREAKERS);
+    Some(Rule { name, pattern, limits, concurrency, breaker, shed_at_level, max_breakers })
 }
 
 fn check_name(f: &Fields<'_>, key: &str, name: &str) {
@@ -102,6 +105,8 @@ fn check_name(f: &Fields<'_>, key: &str, name: &str) {
         f.error(key, "must not be empty");
     } else if name.len() > MAX_NAME_BYTES {
         f.error(key, format!("is {} bytes long; the limit is {MAX_NAME_BYTES}", name.len()));
+    } else if let Some(c) = name.chars().find(|c| c.is_control()) {
+        f.error(key, format!("control character U+{:04X} is not allowed", c as u32));
     }
 }
 

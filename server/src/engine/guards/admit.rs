@@ -103,7 +103,7 @@ impl Guards {
         if let Some(at) = rule.shed_at_level.filter(|&at| level >= at) {
             return Err(Denial::Shed { at, level });
         }
-        let guarded = self.get_or_create(resource);
+        let guarded = self.get_or_create(resource, rule);
         guarded.touch(now);
         let closed = |state, retry_after| Denial::CircuitOpen { resource: resource.into(), state, retry_after };
         let mut remote_probe = None;
@@ -127,7 +127,11 @@ impl Guards {
                     let state = b.state();
                     drop(slot);
                     if let Some(transition) = transition {
-                        events.publish(Event::Breaker { resource: resource.into(), transition });
+                        events.publish(Event::Breaker {
+                            resource: resource.into(),
+                            rule: rule.name.clone(),
+                            transition,
+                        });
                     }
                     match admission {
                         Admission::Permitted { generation, probe } => (Some((generation, probe)), Some(state)),

@@ -8,7 +8,7 @@ use std::time::Duration;
 use dashmap::DashMap;
 
 use crate::breaker::Breaker;
-use crate::rules::BreakerConfig;
+use crate::rules::{BreakerConfig, Rule};
 use crate::time::Timestamp;
 
 mod admit;
@@ -26,11 +26,18 @@ pub struct Guarded {
     pub in_flight: AtomicU32,
     /// Nanoseconds since the epoch of the last acquire or report.
     touched: AtomicU64,
+    /// The rule that made it: its metric label, and what its cap counts.
+    pub rule: Arc<str>,
 }
 
+/// Per-resource state, created on first use. A template rule (glob or
+/// default) matches unboundedly many resources: it keeps at most its
+/// `max_breakers` of them, the least recently used going first.
 #[derive(Default)]
 pub struct Guards {
     map: DashMap<String, Arc<Guarded>, ahash::RandomState>,
+    /// How many each template rule holds.
+    per_rule: DashMap<Arc<str>, usize, ahash::RandomState>,
 }
 
 impl Guarded {
@@ -72,11 +79,52 @@ impl Guarded {
 }
 
 impl Guards {
-    pub fn get_or_create(&self, resource: &str) -> Arc<Guarded> {
+    /// The state of `resource`, made for `rule` the first time.
+    pub fn get_or_create(&self, resource: &str, rule: &Rule) -> Arc<Guarded> {
         if let Some(g) = self.map.get(resource) {
             return g.clone();
         }
-        self.map.entry(resource.to_string()).or_default().clone()
+        let template = rule.per_resource();
+        if template {
+            self.make_room(&rule.name, rule.max_breakers);
+        }
+        self.map
+            .entry(resource.to_string())
+            .or_insert_with(|| {
+                let rule: Arc<str> = Arc::from(rule.name.as_str());
+                if template {
+                    *self.per_rule.entry(rule.clone()).or_default() += 1;
+                }
+                Arc::new(Guarded { rule, ..Guarded::default() })
+            })
+            .clone()
+    }
+
+    /// Below `cap` for `rule`: evicts its least recently used resources (1%
+    /// of the cap at a time, so that a flood pays for a scan once per many).
+    fn make_room(&self, rule: &str, cap: usize) {
+        if self.per_rule.get(rule).is_none_or(|n| *n < cap) {
+            return;
+        }
+        let batch = (cap / 100).max(1);
+        let mut oldest: Vec<(u64, String)> = self
+            .map
+            .iter()
+            .filter(|e| &*e.value().rule == rule)
+            .map(|e| (e.value().touched.load(Ordering::Relaxed), e.key().clone()))
+            .collect();
+        oldest.sort_unstable();
+        for (_, resource) in oldest.into_iter().take(batch) {
+            if let Some((_, g)) = self.map.remove(&resource) {
+                self.forget(&g);
+            }
+        }
+    }
+
+    fn forget(&self, g: &Guarded) {
+        if let Some(mut n) = self.per_rule.get_mut(&g.rule) {
+            *n = n.saturating_sub(1);
+        }
     }
 
     pub fn get(&self, resource: &str) -> Option<Arc<Guarded>> {
@@ -92,7 +140,13 @@ impl Guards {
 
     /// Forgets idle resources that no permit refers to.
     pub fn sweep(&self, now: Timestamp) {
-        self.map.retain(|_, g| Arc::strong_count(g) > 1 || !g.idle(now));
+        self.map.retain(|_, g| {
+            let keep = Arc::strong_count(g) > 1 || !g.idle(now);
+            if !keep {
+                self.forget(g);
+            }
+            keep
+        });
     }
 
     pub fn contains(&self, resource: &str) -> bool {

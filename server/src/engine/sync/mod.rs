@@ -163,18 +163,19 @@ impl Engine {
     /// the last one taken.
     pub fn adopt_breaker(&self, rules: &Installed, resource: &str, shared: SharedBreaker) {
         let Some(sync) = &self.sync else { return };
-        let Some(cfg) = rules.rules.find(resource).and_then(|r| r.breaker.as_ref()) else { return };
+        let Some(rule) = rules.rules.find(resource) else { return };
+        let Some(cfg) = rule.breaker.as_ref() else { return };
         if !sync.newer(resource, shared.generation) {
             return;
         }
-        let g = self.guards.get_or_create(resource);
+        let g = self.guards.get_or_create(resource, rule);
         let now = self.clock.now();
         let transition = g
             .breaker(Some(cfg))
             .as_mut()
             .and_then(|b| b.adopt(cfg, now, shared.state, shared.open_until, shared.openings));
         if let Some(transition) = transition {
-            self.events.publish(Event::Breaker { resource: resource.into(), transition });
+            self.events.publish(Event::Breaker { resource: resource.into(), rule: rule.name.clone(), transition });
         }
     }
 

@@ -224,7 +224,7 @@ impl From<Snapshot> for pb::Snapshot {
 impl From<&Event> for Kind {
     fn from(event: &Event) -> Self {
         match event {
-            Event::Breaker { resource, transition: t } => Kind::Breaker(pb::BreakerTransition {
+            Event::Breaker { resource, transition: t, .. } => Kind::Breaker(pb::BreakerTransition {
                 resource: resource.clone(),
                 from: pb::BreakerState::from(t.from) as i32,
                 to: pb::BreakerState::from(t.to) as i32,

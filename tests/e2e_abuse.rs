@@ -1,0 +1,241 @@
+//! The attacks of the security review, against the real binary on loopback:
+//! each now fails, and normal traffic keeps its latency while it runs.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use floodgate::bench::wire::{Raw, RawCodec};
+use floodgate_proto::v1 as pb;
+use http::uri::PathAndQuery;
+use support::*;
+use tonic::Code;
+
+const RULES: &str = r#"
+resources:
+  - name: demo
+    limits: [ { name: per-user, key: [user], algorithm: token_bucket, capacity: 1000000, refill_per_second: 1000 } ]
+  - name: db
+    concurrency: { max_in_flight: 100, permit_ttl: 30s }
+  - name: "svc.*"
+    max_breakers: 50
+    breaker: { window: { kind: count, size: 10 }, minimum_calls: 5, wait_in_open: 30s }
+"#;
+
+fn start(extra: &[&str]) -> (TempDir, Floodgate) {
+    let dir = TempDir::new();
+    let rules = dir.write("rules.yaml", RULES);
+    let mut args = vec!["--config", path_str(&rules)];
+    args.extend_from_slice(extra);
+    let fg = Floodgate::start(&args);
+    (dir, fg)
+}
+
+/// Sends raw bytes as the request of `path`; the status code.
+async fn raw_call(fg: &Floodgate, path: &'static str, body: Vec<u8>) -> Code {
+    let mut grpc = tonic::client::Grpc::new(fg.channel().await);
+    grpc.ready().await.unwrap();
+    let r = grpc
+        .unary(tonic::Request::new(Bytes::from(body)), PathAndQuery::from_static(path), RawCodec::<Raw>::default())
+        .await;
+    match r {
+        Ok(_) => Code::Ok,
+        Err(s) => s.code(),
+    }
+}
+
+/// A bench run alongside an attack: (p99 latency in ms, errors).
+fn traffic_p99(grpc: &str, seconds: u32) -> (f64, serde_json::Value) {
+    let r =
+        bench(grpc, &["--resource", "demo", "--keys", "100", "-z", &format!("{seconds}s"), "--rps", "500", "-c", "8"]);
+    let p99 = r["latencyDistribution"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["percentage"].as_f64() == Some(99.0))
+        .unwrap()["latency"]
+        .as_f64()
+        .unwrap()
+        / 1e6;
+    (p99, r["errorDistribution"].clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rules_upload_cannot_freeze_the_server() {
+    let (_dir, fg) = start(&["--threads", "2"]);
+    let attack = {
+        let url = fg.url();
+        tokio::spawn(async move {
+            let channel = tonic::transport::Channel::from_shared(url).unwrap().connect().await.unwrap();
+            let mut admin = pb::admin_client::AdminClient::new(channel);
+            let deep = "[".repeat(200_000);
+            let deadline = Instant::now() + Duration::from_secs(3);
+            let mut refused = 0;
+            while Instant::now() < deadline {
+                let err = admin
+                    .apply_rules(pb::ApplyRulesRequest { yaml: deep.clone(), validate_only: true })
+                    .await
+                    .unwrap_err();
+                assert_eq!(err.code(), Code::InvalidArgument);
+                assert!(err.message().contains("nesting deeper than 100 levels"), "{}", err.message());
+                refused += 1;
+            }
+            refused
+        })
+    };
+    let grpc = fg.grpc.clone();
+    let (p99, errors) = tokio::task::spawn_blocking(move || traffic_p99(&grpc, 3)).await.unwrap();
+    let refused = attack.await.unwrap();
+    println!("ApplyRules of 200,000 '[' refused {refused} times in 3 s; Acquire p99 meanwhile {p99:.2} ms");
+    assert_eq!(errors, serde_json::json!({}), "no Acquire failed during the attack");
+    assert!(p99 < 1000.0, "Acquire p99 {p99:.1} ms while rules uploads were refused: the server froze");
+    assert!(refused > 10, "only {refused} uploads answered in 3 s");
+
+    let mut admin = fg.admin().await;
+    let huge = "#".repeat(4 << 20);
+    let err = admin.apply_rules(pb::ApplyRulesRequest { yaml: huge, validate_only: true }).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    let mut data = fg.client().await;
+    let fat = pb::AcquireRequest {
+        resource: "demo".into(),
+        descriptors: [("user".into(), "u".repeat(100_000))].into(),
+        ..Default::default()
+    };
+    let err = data.acquire(fat).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "a 100 KB Acquire is over its 64 KiB cap: {err:?}");
+}
+
+#[tokio::test]
+async fn undecodable_messages_and_control_characters_are_invalid_arguments() {
+    let (_dir, fg) = start(&[]);
+    let acquire_path = "/floodgate.v1.Floodgate/Acquire";
+    // Field 1 (resource), length 2, bytes that are not UTF-8.
+    assert_eq!(raw_call(&fg, acquire_path, vec![0x0a, 0x02, 0xff, 0xfe]).await, Code::InvalidArgument);
+    // Field 1 as a varint: the wrong wire type for a string.
+    assert_eq!(raw_call(&fg, acquire_path, vec![0x08, 0x01]).await, Code::InvalidArgument);
+    // Truncated: a length of 10 with 2 bytes behind it.
+    assert_eq!(raw_call(&fg, acquire_path, vec![0x0a, 0x0a, b'a', b'b']).await, Code::InvalidArgument);
+
+    let mut data = fg.client().await;
+    let err = data.acquire(acquire("demo\u{1b}[31m", &[], 1)).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert_eq!(err.message(), "resource: control character U+001B is not allowed");
+    assert!(!fg.http_get("/metrics").1.contains('\u{1b}'), "no escape sequence reaches a label");
+}
+
+#[tokio::test]
+async fn permits_cannot_be_guessed_and_errors_do_not_name_their_owner() {
+    let (_dir, fg) = start(&[]);
+    let mut data = fg.client().await;
+    let mut permits = Vec::new();
+    for _ in 0..2 {
+        permits.push(data.acquire(acquire("db", &[], 1)).await.unwrap().into_inner().permit_id);
+    }
+    for p in &permits {
+        assert!(p.len() == 32 && p.bytes().all(|b| b.is_ascii_hexdigit()), "{p}");
+    }
+    // The next id by counting up from one seen is not a permit.
+    let guessed = format!("{:032x}", u128::from_str_radix(&permits[1], 16).unwrap().wrapping_add(1));
+    let report = |id: &str, resource: &str| pb::ReportOutcomeRequest {
+        resource: resource.into(),
+        permit_id: id.into(),
+        outcome: pb::Outcome::Failure as i32,
+        latency: None,
+    };
+    assert!(!data.report_outcome(report(&guessed, "")).await.unwrap().into_inner().counted);
+    let err = data.report_outcome(report(&permits[0], "other")).await.unwrap_err();
+    assert!(!err.message().contains("db"), "the error names the owner: {}", err.message());
+    assert!(
+        data.report_outcome(report(&permits[0], "db")).await.unwrap().into_inner().counted,
+        "the owner's own report counts"
+    );
+}
+
+fn gauge(fg: &Floodgate, series: &str) -> f64 {
+    fg.http_get("/metrics").1.lines().find_map(|l| l.strip_prefix(series)?.trim().parse().ok()).unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn cancelled_watch_streams_end_at_once_and_their_number_is_capped() {
+    let (_dir, fg) = start(&["--max-watchers", "20"]);
+    let channel = fg.channel().await;
+    for _ in 0..300 {
+        let mut c = pb::floodgate_client::FloodgateClient::new(channel.clone());
+        let mut stream = c.watch(pb::WatchRequest::default()).await.unwrap().into_inner();
+        stream.message().await.unwrap().expect("the snapshot");
+        drop(stream);
+    }
+    eventually("every cancelled Watch stream to end", Duration::from_secs(10), || async {
+        (gauge(&fg, "floodgate_watch_streams ") == 0.0).then_some(())
+    })
+    .await;
+    let mut open = Vec::new();
+    for _ in 0..20 {
+        let mut c = pb::floodgate_client::FloodgateClient::new(channel.clone());
+        open.push(c.watch(pb::WatchRequest::default()).await.unwrap().into_inner());
+    }
+    let mut c = pb::floodgate_client::FloodgateClient::new(channel.clone());
+    let err = c.watch(pb::WatchRequest::default()).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted);
+    drop(open);
+}
+
+#[tokio::test]
+async fn breakers_of_a_glob_rule_are_capped_and_labelled_by_rule() {
+    let (_dir, fg) = start(&[]);
+    let mut data = fg.client().await;
+    for i in 0..500 {
+        data.acquire(acquire(&format!("svc.{i}"), &[], 1)).await.unwrap();
+    }
+    let mut admin = fg.admin().await;
+    let listed = admin.list_breakers(pb::ListBreakersRequest {}).await.unwrap().into_inner().breakers.len();
+    assert!(listed <= 50, "{listed} breakers under svc.* whose rule caps them at 50");
+    let metrics = fg.http_get("/metrics").1;
+    assert!(!metrics.contains("svc.4"), "no series per resource under a glob rule");
+    assert!(metrics.contains("floodgate_breakers{rule=\"svc.*\",state=\"CLOSED\"}"), "{metrics}");
+}
+
+#[test]
+fn connections_are_capped_and_silent_ones_closed() {
+    let (_dir, fg) =
+        start(&["--max-connections", "20", "--handshake-timeout", "500ms", "--header-read-timeout", "500ms"]);
+    // 30 connections that never send a byte: the cap holds 20 of them for the
+    // handshake timeout at most; the rest are closed at once.
+    let silent: Vec<TcpStream> = (0..30).map(|_| TcpStream::connect(&fg.grpc).unwrap()).collect();
+    let started = Instant::now();
+    for mut s in silent {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut buf = [0u8; 16];
+        let n = s.read(&mut buf).unwrap_or(0);
+        assert_eq!(n, 0, "a silent connection was served");
+    }
+    assert!(started.elapsed() < Duration::from_secs(5), "silent connections held for {:?}", started.elapsed());
+    // Slowloris on HTTP: a request head that never ends is cut off.
+    let mut slow = TcpStream::connect(&fg.http).unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut answer = Vec::new();
+    let _ = slow.read_to_end(&mut answer);
+    assert!(!String::from_utf8_lossy(&answer).contains("200 OK"), "the half request was answered");
+    // The server still serves.
+    assert_eq!(fg.http_get("/healthz").0, 200);
+    assert!(gauge(&fg, "floodgate_connections_rejected_total{port=\"grpc\"} ") >= 10.0);
+}
+
+#[tokio::test]
+async fn the_grpc_port_advertises_max_concurrent_streams() {
+    let (_dir, fg) = start(&["--max-concurrent-streams", "77"]);
+    let tcp = tokio::net::TcpStream::connect(&fg.grpc).await.unwrap();
+    let (mut client, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    client = client.ready().await.unwrap();
+    let streams = eventually("the server's SETTINGS", Duration::from_secs(5), || {
+        let n = client.current_max_send_streams();
+        async move { (n != usize::MAX && n > 0).then_some(n) }
+    })
+    .await;
+    assert_eq!(streams, 77);
+}
