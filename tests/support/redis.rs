@@ -78,6 +78,20 @@ impl RedisServer {
         self.spawn();
     }
 
+    /// Kills it and starts it again with nothing: it lost every key.
+    pub fn restart_empty(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_file(self.dir.path().join("dump.rdb"));
+        self.spawn();
+    }
+
+    /// SIGSTOP or SIGCONT: a Redis that stalls (it neither answers nor refuses).
+    pub fn signal(&self, name: &str) {
+        if let Some(c) = &self.child {
+            let _ = Command::new("kill").arg(format!("-{name}")).arg(c.id().to_string()).status();
+        }
+    }
+
     /// Stops it as an operator would: SHUTDOWN SAVE, so a restart has the data.
     pub fn shutdown_save(&mut self) {
         let _ = cli(self.port, &["SHUTDOWN", "SAVE"]);

@@ -15,6 +15,10 @@ pub struct Config {
 pub struct FixedWindow {
     start: Timestamp,
     count: u64,
+    /// What a later window starts counting from: 0, except on a replica that
+    /// leased a share of the window, which may take only its share of the
+    /// next one until it syncs again.
+    carry: u64,
 }
 
 impl Config {
@@ -29,15 +33,17 @@ impl Config {
 }
 
 impl FixedWindow {
-    pub fn with_count(start: Timestamp, count: u64) -> Self {
-        FixedWindow { start, count }
+    /// The window starting at `start` with `count` taken; a later window
+    /// starts from `carry` taken.
+    pub fn with_count(start: Timestamp, count: u64, carry: u64) -> Self {
+        FixedWindow { start, count, carry }
     }
 
     /// The window in force at `now` and its count. A stored window later than
     /// `now` (a replica whose clock runs ahead) is kept: it never under-counts.
     fn current(&self, cfg: &Config, now: Timestamp) -> (Timestamp, u64) {
         let start = cfg.window_start(now);
-        if self.start >= start { (self.start, self.count) } else { (start, 0) }
+        if self.start >= start { (self.start, self.count) } else { (start, self.carry.min(cfg.limit)) }
     }
 }
 
@@ -45,7 +51,7 @@ impl Limiter for FixedWindow {
     type Config = Config;
 
     fn new(cfg: &Config, now: Timestamp) -> Self {
-        FixedWindow { start: cfg.window_start(now), count: 0 }
+        FixedWindow { start: cfg.window_start(now), count: 0, carry: 0 }
     }
 
     fn check(&self, cfg: &Config, now: Timestamp, cost: u64) -> Decision {
@@ -67,12 +73,12 @@ impl Limiter for FixedWindow {
 
     fn commit(&mut self, cfg: &Config, now: Timestamp, cost: u64) {
         let (start, used) = self.current(cfg, now);
-        *self = FixedWindow { start, count: used.saturating_add(cost) };
+        *self = FixedWindow { start, count: used.saturating_add(cost), carry: self.carry };
     }
 
     fn refund(&mut self, cfg: &Config, now: Timestamp, cost: u64) {
         let (start, used) = self.current(cfg, now);
-        *self = FixedWindow { start, count: used.saturating_sub(cost) };
+        *self = FixedWindow { start, count: used.saturating_sub(cost), carry: self.carry };
     }
 }
 

@@ -241,11 +241,12 @@ impl Bucket {
     }
 
     /// The bucket a replica decides from until its next sync: one that admits
-    /// its lease. Rate-based buckets go on refilling locally. A fixed window's
-    /// lease is kept past the window's end (the next sync replaces it) rather
-    /// than reset there, which would admit a whole window per replica. A
-    /// sliding log is never shared this way (Redis decides it exactly).
-    pub fn adopt(alg: &Algorithm, now: Timestamp, shared: &Shared) -> Bucket {
+    /// its lease. Rate-based buckets go on refilling locally. A fixed window
+    /// ends where it ends (its `reset_after` is the real one), but the next
+    /// window admits only this replica's `share` of it until the next sync,
+    /// not a whole window per replica. A sliding log is never shared this way
+    /// (Redis decides it exactly).
+    pub fn adopt(alg: &Algorithm, now: Timestamp, shared: &Shared, share: f64) -> Bucket {
         let lease = shared.lease.max(0.0);
         match alg {
             Algorithm::TokenBucket(c) => Bucket::TokenBucket(TokenBucket::with_tokens(c, now, lease)),
@@ -253,7 +254,9 @@ impl Bucket {
             Algorithm::LeakyBucket(c) => Bucket::LeakyBucket(LeakyBucket::with_room(c, now, lease)),
             Algorithm::FixedWindow(c) => {
                 let used = c.limit.saturating_sub(lease.floor() as u64);
-                Bucket::FixedWindow(FixedWindow::with_count(shared.window_start.add_nanos(c.window), used))
+                let next_share = ((c.limit as f64) * share.clamp(0.0, 1.0)).ceil() as u64;
+                let carry = c.limit.saturating_sub(next_share);
+                Bucket::FixedWindow(FixedWindow::with_count(shared.window_start, used, carry))
             }
             Algorithm::SlidingWindow(c) => {
                 // What other replicas hold counts as taken here.
@@ -290,6 +293,26 @@ mod tests {
     fn bucket_stays_small() {
         // Stored once per active key: keep it within 32 bytes.
         assert!(std::mem::size_of::<Bucket>() <= 32, "{}", std::mem::size_of::<Bucket>());
+    }
+
+    #[test]
+    fn an_adopted_fixed_window_resets_at_its_real_end_to_this_replicas_share() {
+        let hour = 3_600_000_000_000;
+        let fw = Algorithm::FixedWindow(fixed_window::Config::new(50, hour));
+        let window_start = Timestamp::from_secs(1_700_000_000 - 1_700_000_000 % 3600);
+        let now = window_start.add_nanos(hour - 10_000_000_000); // 10 s before the end
+        // 20 of 50 left in common; this replica (one of two) leases 10.
+        let shared = Shared { available: 20.0, lease: 10.0, window_start, prev: 0, cur: 30 };
+        let mut b = Bucket::adopt(&fw, now, &shared, 0.5);
+        let s = b.status(&fw, now);
+        assert_eq!((s.remaining, s.reset_after), (10, Duration::from_secs(10)), "the real end, not an hour past it");
+        assert!(b.try_acquire(&fw, now, 10).admitted);
+        assert!(!b.try_acquire(&fw, now, 1).admitted);
+        // The next window, before the next sync: half of 50, not all of it.
+        let next = window_start.add_nanos(hour + 1);
+        assert_eq!(b.status(&fw, next).remaining, 25);
+        assert!(b.try_acquire(&fw, next, 25).admitted);
+        assert!(!b.try_acquire(&fw, next, 1).admitted);
     }
 
     #[test]

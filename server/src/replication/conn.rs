@@ -2,6 +2,7 @@
 //! `--redis-timeout` and timed.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
@@ -86,9 +87,15 @@ pub enum CallError {
     Redis(#[from] redis::RedisError),
 }
 
+/// The longest a call waits while Redis is slow but alive, in timeouts.
+const SLOW_WAITS: u32 = 20;
+
 pub struct Conn {
     handle: ArcSwapOption<Handle>,
     timeout: Duration,
+    /// When Redis last answered anything, in microseconds since `base`.
+    last_answer: AtomicU64,
+    base: Instant,
 }
 
 impl ConnectionLike for Handle {
@@ -123,13 +130,21 @@ impl Conn {
     /// Connects in the background: the server starts whether or not Redis is
     /// there, and the connection is made (and remade) when it is.
     pub fn open(target: &Target, credentials: &Credentials, timeout: Duration) -> anyhow::Result<Arc<Conn>> {
-        let conn = Arc::new(Conn { handle: ArcSwapOption::empty(), timeout });
+        let conn = Arc::new(Conn {
+            handle: ArcSwapOption::empty(),
+            timeout,
+            last_answer: AtomicU64::new(0),
+            base: Instant::now(),
+        });
+        // The connection's own response timeout is the longest wait; `call`
+        // decides sooner whether Redis is dead or only slow.
+        let longest = timeout * SLOW_WAITS;
         match target {
             Target::Standalone(url) => {
                 let client = client(url, credentials)?;
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(timeout))
-                    .set_response_timeout(Some(timeout))
+                    .set_response_timeout(Some(longest))
                     .set_number_of_retries(1)
                     .set_max_delay(Duration::from_secs(2));
                 let manager = ConnectionManager::new_lazy_with_config(client, config)?;
@@ -138,7 +153,7 @@ impl Conn {
             Target::Cluster(nodes) => {
                 let infos = nodes.iter().map(|n| connection_info(n, credentials)).collect::<Result<Vec<_>, _>>()?;
                 let mut builder =
-                    redis::cluster::ClusterClient::builder(infos).connection_timeout(timeout).response_timeout(timeout);
+                    redis::cluster::ClusterClient::builder(infos).connection_timeout(timeout).response_timeout(longest);
                 if let Some(user) = &credentials.user {
                     builder = builder.username(user);
                 }
@@ -172,6 +187,12 @@ impl Conn {
     }
 
     /// Runs one exchange with Redis, bounded by the timeout.
+    ///
+    /// A slow Redis is not a dead one: when no answer came within the
+    /// timeout but Redis answered other calls meanwhile, the call goes on
+    /// waiting, a timeout at a time, up to twenty. Only a timeout in which
+    /// Redis answered nothing at all (it is dead, stopped or unreachable)
+    /// ends the call.
     pub async fn call<T, F, Fut>(&self, what: &'static str, f: F) -> Result<T, CallError>
     where
         F: FnOnce(Handle) -> Fut,
@@ -179,13 +200,30 @@ impl Conn {
     {
         let handle = self.handle.load_full().ok_or(CallError::NotConnected)?;
         let start = Instant::now();
-        let result = tokio::time::timeout(self.timeout, f((*handle).clone())).await;
-        metrics::histogram!(crate::metrics::REDIS_RTT, "op" => what).record(start.elapsed().as_secs_f64());
-        match result {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(CallError::Redis(e)),
-            Err(_) => Err(CallError::Timeout(self.timeout)),
+        let mut call = std::pin::pin!(f((*handle).clone()));
+        let mut waits = 0;
+        let result = loop {
+            let step = self.now_us();
+            match tokio::time::timeout(self.timeout, &mut call).await {
+                Ok(r) => break r.map_err(CallError::Redis),
+                Err(_) => {
+                    waits += 1;
+                    let answered_meanwhile = self.last_answer.load(Ordering::Acquire) > step;
+                    if !answered_meanwhile || waits >= SLOW_WAITS {
+                        break Err(CallError::Timeout(start.elapsed()));
+                    }
+                }
+            }
+        };
+        if result.is_ok() {
+            self.last_answer.fetch_max(self.now_us(), Ordering::AcqRel);
         }
+        metrics::histogram!(crate::metrics::REDIS_RTT, "op" => what).record(start.elapsed().as_secs_f64());
+        result
+    }
+
+    fn now_us(&self) -> u64 {
+        self.base.elapsed().as_micros() as u64
     }
 }
 

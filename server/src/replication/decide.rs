@@ -24,7 +24,7 @@ impl Replication {
             self.pull_missing(rules, reqs, &prepared).await;
             self.ask_probes(rules, reqs, &mut prepared).await;
         }
-        let mut answers = self.decide_steps(prepared).await;
+        let mut answers = self.decide_steps(rules, prepared).await;
         if self.sync().up() {
             self.escalate(rules, reqs, &mut answers).await;
         }
@@ -79,7 +79,7 @@ impl Replication {
 
     /// The local part of every item, then Redis's part of those with strict
     /// limits, concurrently.
-    async fn decide_steps<'r>(&self, prepared: Vec<Prepared<'r>>) -> Vec<Answer<'r>> {
+    async fn decide_steps<'r>(&self, rules: &Installed, prepared: Vec<Prepared<'r>>) -> Vec<Answer<'r>> {
         let now = self.engine.clock().now();
         let mut answers: Vec<Option<Answer<'r>>> = Vec::with_capacity(prepared.len());
         let mut remote = Vec::new();
@@ -94,7 +94,7 @@ impl Replication {
         }
         if !remote.is_empty() {
             let pending: Vec<&Pending<'r>> = remote.iter().map(|(_, p)| &**p).collect();
-            let decisions = self.strict(&pending).await;
+            let decisions = self.strict(rules, &pending).await;
             for ((i, pending), decisions) in remote.into_iter().zip(decisions) {
                 answers[i] = Some(self.engine.finish(*pending, decisions));
             }
@@ -135,7 +135,7 @@ impl Replication {
         metrics::counter!(crate::metrics::REDIS_ESCALATIONS).increment(again.len() as u64);
         self.lease_now(rules, keys, want).await;
         let (index, prepared): (Vec<usize>, Vec<Prepared<'r>>) = again.into_iter().unzip();
-        for (i, answer) in index.into_iter().zip(self.decide_steps(prepared).await) {
+        for (i, answer) in index.into_iter().zip(self.decide_steps(rules, prepared).await) {
             answers[i] = answer;
         }
     }

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use super::scripts::{ScriptName, bucket_key, limit_args};
-use super::wire::{self, TakeReply};
+use super::scripts::{ScriptName, bucket_key, limit_args, marker_key};
+use super::wire::{self, Answered, TakeReply};
 use super::{Replication, join_all};
 use crate::engine::sync::SyncItem;
 use crate::engine::{Installed, Pending};
@@ -29,65 +29,128 @@ impl Replication {
     /// in order; `None` for those it could not answer. Decisions on one
     /// resource (one slot) go in one script, up to [`DECISIONS_PER_SCRIPT`];
     /// the scripts run concurrently.
-    pub(super) async fn strict(&self, pending: &[&Pending<'_>]) -> Vec<Option<SmallVec<[Decision; 4]>>> {
+    pub(super) async fn strict(
+        &self,
+        rules: &Installed,
+        pending: &[&Pending<'_>],
+    ) -> Vec<Option<SmallVec<[Decision; 4]>>> {
         let mut by_resource: HashMap<&str, Vec<usize>> = HashMap::new();
         for (i, p) in pending.iter().enumerate() {
             by_resource.entry(p.resource()).or_default().push(i);
         }
-        let groups: Vec<&[usize]> = by_resource.values().flat_map(|v| v.chunks(DECISIONS_PER_SCRIPT)).collect();
-        let replies = join_all(groups.iter().map(|g| self.take(g.iter().map(|&i| pending[i])))).await;
+        let groups: Vec<Vec<&Pending<'_>>> = by_resource
+            .values()
+            .flat_map(|v| v.chunks(DECISIONS_PER_SCRIPT))
+            .map(|g| g.iter().map(|&i| pending[i]).collect())
+            .collect();
+        let replies = join_all(groups.iter().map(|g| self.take(rules, g))).await;
         let mut out = vec![None; pending.len()];
-        for (group, reply) in groups.into_iter().zip(replies) {
+        let order = by_resource.values().flat_map(|v| v.chunks(DECISIONS_PER_SCRIPT));
+        for (indices, reply) in order.zip(replies) {
             let Some(reply) = reply else { continue };
-            for (&i, decisions) in group.iter().zip(reply) {
+            for (&i, decisions) in indices.iter().zip(reply) {
                 out[i] = Some(decisions);
             }
         }
         out
     }
 
-    /// One take script over decisions of one resource.
-    async fn take<'p, 'r: 'p>(
-        &self,
-        group: impl Iterator<Item = &'p Pending<'r>>,
-    ) -> Option<Vec<SmallVec<[Decision; 4]>>> {
-        let mut invocation = self.scripts.get(ScriptName::Take).prepare_invoke();
-        let mut shapes: Vec<SmallVec<[u64; 4]>> = Vec::new();
-        let mut args: Vec<f64> = Vec::new();
-        for p in group {
-            let resource = p.resource();
-            let strict: SmallVec<[_; 4]> = p.strict().collect();
-            args.extend([p.cost() as f64, strict.len() as f64]);
-            for (limit, key) in &strict {
-                invocation.key(bucket_key(resource, limit, key));
-                args.extend(limit_args(&limit.algorithm));
+    /// One take script over decisions of one resource. Each attempt carries a
+    /// deadline, so a script that runs after this replica gave up on it
+    /// changes nothing; one that ran too late is asked again. A resource
+    /// Redis lost is restored first.
+    async fn take(&self, rules: &Installed, group: &[&Pending<'_>]) -> Option<Vec<SmallVec<[Decision; 4]>>> {
+        let resource = group.first()?.resource();
+        let clock = self.engine.clock();
+        let started = clock.now();
+        let mut restored = false;
+        loop {
+            let deadline = self.sync().redis_time(clock.now().saturating_add(self.config.timeout));
+            let mut invocation = self.scripts.get(ScriptName::Take).prepare_invoke();
+            invocation.key(marker_key(resource));
+            let mut args: Vec<f64> = Vec::new();
+            let mut counts = Vec::with_capacity(group.len());
+            for p in group {
+                let strict: SmallVec<[_; 4]> = p.strict().collect();
+                args.extend([p.cost() as f64, strict.len() as f64]);
+                for (limit, key) in &strict {
+                    invocation.key(bucket_key(resource, limit, key));
+                    args.extend(limit_args(&limit.algorithm));
+                }
+                counts.push(strict.len());
             }
-            shapes.push(strict.iter().map(|(l, _)| l.algorithm.capacity()).collect());
+            let known = u8::from(self.sync().is_marked(resource));
+            invocation.arg(deadline).arg(known).arg(group.len()).arg(&args[..]);
+            match self.run(ScriptName::Take, invocation, |v| TakeReply::parse_many(v, &counts)).await? {
+                Answered::Done(replies) => return Some(self.taken(resource, group, replies)),
+                Answered::TooLate if clock.now().saturating_since(started) < self.slow_limit() => {
+                    metrics::counter!(crate::metrics::REDIS_LATE).increment(1);
+                }
+                Answered::Lost if !restored => {
+                    restored = true;
+                    self.restore(rules, resource).await;
+                }
+                Answered::TooLate | Answered::Lost => return None,
+            }
         }
-        invocation.arg(shapes.len()).arg(&args[..]);
-        let counts: Vec<usize> = shapes.iter().map(SmallVec::len).collect();
-        let replies = self.run(ScriptName::Take, invocation, |v| TakeReply::parse_many(v, &counts)).await?;
-        let decisions = shapes
+    }
+
+    /// Redis's decisions, noted (what each strict bucket has left) and
+    /// turned into the engine's.
+    fn taken(&self, resource: &str, group: &[&Pending<'_>], replies: Vec<TakeReply>) -> Vec<SmallVec<[Decision; 4]>> {
+        let now = self.engine.clock().now();
+        self.sync().mark(resource, now);
+        group
             .iter()
             .zip(replies)
-            .map(|(capacities, reply)| {
-                capacities
-                    .iter()
+            .map(|(p, reply)| {
+                p.strict()
                     .zip(&reply.limits)
-                    .map(|(&limit, r)| Decision {
-                        admitted: reply.admitted,
-                        status: Status {
-                            limit,
-                            remaining: r.remaining,
-                            reset_after: r.reset_after,
-                            retry_after: if r.admitted { Duration::ZERO } else { r.retry_after },
-                            wait: r.wait,
-                        },
+                    .map(|((limit, key), r)| {
+                        self.sync().saw_strict(key, resource, r.remaining, now);
+                        Decision {
+                            admitted: reply.admitted,
+                            status: Status {
+                                limit: limit.algorithm.capacity(),
+                                remaining: r.remaining,
+                                reset_after: r.reset_after,
+                                retry_after: if r.admitted { Duration::ZERO } else { r.retry_after },
+                                wait: r.wait,
+                            },
+                        }
                     })
                     .collect()
             })
-            .collect();
-        Some(decisions)
+            .collect()
+    }
+
+    /// Redis lost `resource` (its marker is gone): puts back what this
+    /// replica knew of its buckets, so the replicas go on from there.
+    pub(super) async fn restore(&self, rules: &Installed, resource: &str) {
+        let known = self.sync().known_of(resource);
+        for chunk in known.chunks(KEYS_PER_SCRIPT) {
+            let mut invocation = self.scripts.get(ScriptName::Restore).prepare_invoke();
+            invocation.key(marker_key(resource));
+            for k in chunk {
+                let Some((_, limit)) = rules.limit(k.limit) else { continue };
+                invocation.key(bucket_key(resource, limit, &k.key));
+                invocation.arg(&limit_args(&limit.algorithm)[..]).arg(k.available).arg(self.sync().redis_time(k.at));
+            }
+            let Some(lowered) = self.run(ScriptName::Restore, invocation, wire::parse_restored).await else { return };
+            metrics::counter!(crate::metrics::REDIS_RESTORES).increment(1);
+            tracing::warn!(
+                resource,
+                buckets = chunk.len(),
+                lowered,
+                "Redis had lost this resource's state: restored what this replica knew"
+            );
+        }
+        self.sync().mark(resource, self.engine.clock().now());
+    }
+
+    /// How long a call may wait on a Redis that is slow but alive.
+    fn slow_limit(&self) -> u64 {
+        crate::time::duration_nanos(self.config.timeout * 20)
     }
 
     /// Syncs these buckets now (pushing what they took), asking for a lease
@@ -144,9 +207,19 @@ impl Replication {
     }
 
     async fn sync_batch(&self, rules: &Installed, batch: &[&SyncItem], want: u64) -> Option<Vec<Shared>> {
+        let resource = batch.first()?.resource.as_str();
         let lease_ttl = (self.config.sync_interval * 3).as_micros() as u64;
+        let deadline = self.sync().redis_time(self.engine.clock().now().saturating_add(self.config.timeout));
+        let known = u8::from(self.sync().is_marked(resource));
         let mut invocation = self.scripts.get(ScriptName::Sync).prepare_invoke();
-        invocation.arg(&self.config.replica_id).arg(self.sync().share()).arg(lease_ttl).arg(want);
+        invocation.key(marker_key(resource));
+        invocation
+            .arg(&self.config.replica_id)
+            .arg(self.sync().share())
+            .arg(lease_ttl)
+            .arg(want)
+            .arg(deadline)
+            .arg(known);
         for item in batch {
             // A limit gone from the rules still syncs once, as a no-op fixed window.
             let (key, args) = match rules.limit(item.limit) {
@@ -156,6 +229,17 @@ impl Replication {
             invocation.key(key).arg(item.delta).arg(&args[..]);
         }
         let n = batch.len();
-        self.run(ScriptName::Sync, invocation, |v| wire::parse_sync(v, n)).await
+        match self.run(ScriptName::Sync, invocation, |v| wire::parse_sync(v, n)).await? {
+            Answered::Done(shared) => {
+                self.sync().mark(resource, self.engine.clock().now());
+                Some(shared)
+            }
+            // Nothing was pushed: the consumption is pushed again next time.
+            Answered::TooLate => None,
+            Answered::Lost => {
+                self.restore(rules, resource).await;
+                None
+            }
+        }
     }
 }

@@ -81,7 +81,7 @@ impl Replication {
             Ok(v) => Some(v),
             Err(e) => {
                 if self.sync().up() {
-                    tracing::warn!(op = what, error = %e, "Redis is unreachable: deciding from memory until it is back");
+                    tracing::warn!(op = what, error = %e, "Redis is unreachable: deciding from memory and the outage policies until it is back");
                 }
                 self.sync().set_up(false);
                 let kind = match e {
@@ -120,20 +120,27 @@ impl Replication {
         let ttl_ms = (self.config.sync_interval * 5).max(Duration::from_secs(1)).as_millis() as u64;
         let mut invocation = self.scripts.get(ScriptName::Heartbeat).prepare_invoke();
         invocation.key(scripts::REPLICAS).arg(&self.config.replica_id).arg(ttl_ms);
-        let live = self.run(ScriptName::Heartbeat, invocation, wire::parse_live).await;
-        if let Some(n) = live {
-            self.sync().set_live(n);
-            metrics::gauge!(crate::metrics::LIVE_REPLICAS).set(f64::from(n));
-        }
-        live.is_some()
+        let Some((live, redis_now)) = self.run(ScriptName::Heartbeat, invocation, wire::parse_live).await else {
+            return false;
+        };
+        let now = self.engine.clock().now();
+        self.sync().set_live(live);
+        self.sync().set_redis_clock(redis_now, now);
+        self.sync().forget_idle(now);
+        metrics::gauge!(crate::metrics::LIVE_REPLICAS).set(f64::from(live));
+        true
     }
 
     async fn sync_once(&self) -> bool {
         if !self.heartbeat().await {
             return false;
         }
-        // Redis answered: requests may ask it again.
-        self.sync().set_up(true);
+        // Redis answered: requests may ask it again, and the outage's local
+        // buckets go.
+        if self.sync().set_up(true) {
+            tracing::info!("Redis answers again: deciding through it");
+            self.engine.end_outage();
+        }
         let rules = self.engine.rules_full();
         let buckets = self.sync_buckets(&rules).await;
         let breakers = self.sync_breakers(&rules).await;

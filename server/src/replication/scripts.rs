@@ -28,6 +28,8 @@ pub enum ScriptName {
     Sync,
     /// This replica is alive; how many are.
     Heartbeat,
+    /// Puts back what a replica knew of a resource Redis lost.
+    Restore,
     BreakerSync,
     BreakerProbe,
     BreakerReport,
@@ -38,6 +40,7 @@ pub struct Scripts {
     take: Script,
     sync: Script,
     heartbeat: Script,
+    restore: Script,
     breaker_sync: Script,
     breaker_probe: Script,
     breaker_report: Script,
@@ -64,6 +67,7 @@ impl ScriptName {
             ScriptName::Take => "take",
             ScriptName::Sync => "sync",
             ScriptName::Heartbeat => "heartbeat",
+            ScriptName::Restore => "restore",
             ScriptName::BreakerSync => "breaker_sync",
             ScriptName::BreakerProbe => "breaker_probe",
             ScriptName::BreakerReport => "breaker_report",
@@ -78,6 +82,7 @@ impl Scripts {
             ScriptName::Take => &self.take,
             ScriptName::Sync => &self.sync,
             ScriptName::Heartbeat => &self.heartbeat,
+            ScriptName::Restore => &self.restore,
             ScriptName::BreakerSync => &self.breaker_sync,
             ScriptName::BreakerProbe => &self.breaker_probe,
             ScriptName::BreakerReport => &self.breaker_report,
@@ -125,6 +130,7 @@ impl Default for Scripts {
             take: limits(include_str!("lua/take.lua")),
             sync: limits(include_str!("lua/sync.lua")),
             heartbeat: Script::new(include_str!("lua/heartbeat.lua")),
+            restore: limits(include_str!("lua/restore.lua")),
             breaker_sync: breaker(include_str!("lua/breaker_sync.lua")),
             breaker_probe: breaker(include_str!("lua/breaker_probe.lua")),
             breaker_report: breaker(include_str!("lua/breaker_report.lua")),
@@ -137,6 +143,11 @@ impl Default for Scripts {
 /// decision's keys share a slot.
 pub fn bucket_key(resource: &str, limit: &Limit, key: &BucketKey) -> String {
     format!("fg:b:{{{}}}:{}:{}:{}", tag(resource), limit.name, limit.algorithm.name(), key.scope)
+}
+
+/// A resource's marker: present while Redis holds what replicas pushed for it.
+pub fn marker_key(resource: &str) -> String {
+    format!("fg:m:{{{}}}", tag(resource))
 }
 
 /// A breaker's keys: its state and its time window.

@@ -92,10 +92,39 @@ fn micros(n: i64) -> Duration {
     Duration::from_micros(n.max(0) as u64)
 }
 
+/// What a script that pushes or takes answered.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Answered<T> {
+    Done(T),
+    /// It ran after its deadline and changed nothing.
+    TooLate,
+    /// The resource's marker is gone: Redis lost its data; nothing changed.
+    Lost,
+}
+
+/// `{-1}` and `{-2}`, the answers of a script that did nothing.
+fn did_nothing<T>(v: &Value) -> Option<Answered<T>> {
+    match v {
+        Value::Array(items) if items.len() == 1 => match items[0] {
+            Value::Int(-1) => Some(Answered::TooLate),
+            Value::Int(-2) => Some(Answered::Lost),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 impl TakeReply {
     /// Per decision `{admitted, then five numbers per limit}`, for decisions
     /// of `limits[i]` limits each.
-    pub fn parse_many(v: Value, limits: &[usize]) -> Result<Vec<TakeReply>, ReplyError> {
+    pub fn parse_many(v: Value, limits: &[usize]) -> Result<Answered<Vec<TakeReply>>, ReplyError> {
+        if let Some(nothing) = did_nothing(&v) {
+            return Ok(nothing);
+        }
+        Self::decided(v, limits).map(Answered::Done)
+    }
+
+    fn decided(v: Value, limits: &[usize]) -> Result<Vec<TakeReply>, ReplyError> {
         let script = ScriptName::Take;
         let r = integers(script, v)?;
         let expected: usize = limits.iter().map(|n| 1 + 5 * n).sum();
@@ -141,7 +170,14 @@ impl TakeReply {
 }
 
 /// sync.lua: per bucket `{lease, window start us, prev, cur, available}`.
-pub fn parse_sync(v: Value, buckets: usize) -> Result<Vec<Shared>, ReplyError> {
+pub fn parse_sync(v: Value, buckets: usize) -> Result<Answered<Vec<Shared>>, ReplyError> {
+    if let Some(nothing) = did_nothing(&v) {
+        return Ok(nothing);
+    }
+    shared(v, buckets).map(Answered::Done)
+}
+
+fn shared(v: Value, buckets: usize) -> Result<Vec<Shared>, ReplyError> {
     let script = ScriptName::Sync;
     let Value::Array(items) = v else { return Err(error(script, format!("not an array: {v:?}"))) };
     if items.len() != 5 * buckets {
@@ -164,11 +200,20 @@ pub fn parse_sync(v: Value, buckets: usize) -> Result<Vec<Shared>, ReplyError> {
         .collect()
 }
 
-/// heartbeat.lua: how many replicas are alive.
-pub fn parse_live(v: Value) -> Result<u32, ReplyError> {
+/// heartbeat.lua: how many replicas are alive, and Redis's clock in us.
+pub fn parse_live(v: Value) -> Result<(u32, i64), ReplyError> {
+    let r = integers(ScriptName::Heartbeat, v)?;
+    match r[..] {
+        [live, now] if live >= 0 && now > 0 => Ok((u32::try_from(live).unwrap_or(u32::MAX), now)),
+        _ => Err(error(ScriptName::Heartbeat, format!("not {{live, now}}: {r:?}"))),
+    }
+}
+
+/// restore.lua: how many buckets were lowered.
+pub fn parse_restored(v: Value) -> Result<u64, ReplyError> {
     match v {
-        Value::Int(n) if n >= 0 => Ok(u32::try_from(n).unwrap_or(u32::MAX)),
-        other => Err(error(ScriptName::Heartbeat, format!("not a count: {other:?}"))),
+        Value::Int(n) if n >= 0 => Ok(n as u64),
+        other => Err(error(ScriptName::Restore, format!("not a count: {other:?}"))),
     }
 }
 
@@ -216,7 +261,11 @@ mod tests {
 
     #[test]
     fn a_take_reply_has_five_numbers_per_limit_of_each_decision() {
-        let r = TakeReply::parse_many(ints(&[1, 1, 4, 1000, 0, 0, 0, 1, 3, 0, 0, 0, 0, 0, 0, 5, 7]), &[1, 2]).unwrap();
+        let Answered::Done(r) =
+            TakeReply::parse_many(ints(&[1, 1, 4, 1000, 0, 0, 0, 1, 3, 0, 0, 0, 0, 0, 0, 5, 7]), &[1, 2]).unwrap()
+        else {
+            panic!("decided")
+        };
         assert!(r[0].admitted && !r[1].admitted);
         assert_eq!(r[0].limits[0].remaining, 4);
         assert_eq!(r[0].limits[0].reset_after, Duration::from_millis(1));
@@ -226,6 +275,8 @@ mod tests {
         assert_eq!(e.to_string(), "unexpected reply from the take script: 3 numbers for 1 decisions of [1] limits");
         assert!(TakeReply::parse_many(ints(&[2, 1, 4, 0, 0, 0]), &[1]).is_err(), "2 is not a flag");
         assert!(TakeReply::parse_many(Value::Nil, &[1]).is_err());
+        assert_eq!(TakeReply::parse_many(ints(&[-1]), &[1]), Ok(Answered::TooLate));
+        assert_eq!(TakeReply::parse_many(ints(&[-2]), &[3]), Ok(Answered::Lost));
     }
 
     #[test]
@@ -252,11 +303,13 @@ mod tests {
             Value::BulkString(b"7".to_vec()),
         ]);
         let s = parse_sync(v.clone(), 1).unwrap();
-        assert_eq!(s[0], Shared { lease: 2.5, window_start: Timestamp::from_secs(1), prev: 3, cur: 4, available: 7.0 });
+        let want = Shared { lease: 2.5, window_start: Timestamp::from_secs(1), prev: 3, cur: 4, available: 7.0 };
+        assert_eq!(s, Answered::Done(vec![want]));
         assert!(parse_sync(v, 2).is_err());
         let bad = Value::Array(vec![Value::Nil; 5]);
         assert!(parse_sync(bad, 1).is_err());
-        assert_eq!(parse_live(Value::Int(3)), Ok(3));
-        assert!(parse_live(Value::Nil).is_err());
+        assert_eq!(parse_sync(ints(&[-2]), 1), Ok(Answered::Lost));
+        assert_eq!(parse_live(ints(&[3, 1_700_000_000_000_000])), Ok((3, 1_700_000_000_000_000)));
+        assert!(parse_live(Value::Int(3)).is_err());
     }
 }

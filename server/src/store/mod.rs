@@ -83,6 +83,13 @@ impl Buckets {
         }
     }
 
+    /// Forgets one bucket.
+    pub fn remove(&self, key: &BucketKey) {
+        if self.map.remove(key).is_some() {
+            self.len.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
     pub fn contains_key(&self, key: &BucketKey) -> bool {
         self.map.contains_key(key)
     }

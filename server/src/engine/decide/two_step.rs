@@ -80,9 +80,11 @@ impl Engine {
             }
             return Step::Done(answer);
         };
-        let remote_on = self.sync.as_ref().is_some_and(|s| s.up()) && !p.dry_run;
+        // Limits Redis decides: with Redis up it is asked; while it is down,
+        // each follows its `on_redis_error`, on every request of the outage.
+        let redis_limits = self.sync.is_some() && !p.dry_run && p.matched.iter().any(|(l, ..)| decided_by_redis(l));
         let unguarded = p.resource.is_none() && rule.shed_at_level.is_none_or(|at| level < at);
-        if unguarded && !(remote_on && p.matched.iter().any(|(l, ..)| decided_by_redis(l))) {
+        if unguarded && !redis_limits {
             // The common case, without the machinery for guards and Redis.
             let mut answer = Answer { rule: Some(&rule.name), ..Answer::allowed(level) };
             self.decide_limits(&mut answer, &p.matched, &p.request_resource, now, p.cost, p.dry_run);
@@ -107,7 +109,7 @@ impl Engine {
         if let Some(denied) = self.guard(&mut pending, level, p.remote_breaker) {
             return Step::Done(self.done(pending, denied));
         }
-        if !(remote_on && p.matched.iter().any(|(l, ..)| decided_by_redis(l))) {
+        if !redis_limits {
             let (now, cost, dry_run) = (pending.now, pending.cost, pending.dry_run);
             let resource = std::mem::take(&mut pending.request_resource);
             self.decide_limits(&mut pending.answer, &p.matched, &resource, now, cost, dry_run);
@@ -129,6 +131,9 @@ impl Engine {
         if denied || pending.limits.iter().all(|(.., d)| d.is_some()) {
             return Step::Done(self.finish(pending, Some(SmallVec::new())));
         }
+        if !self.sync.as_ref().is_some_and(|s| s.up()) {
+            return Step::Done(self.finish(pending, None));
+        }
         Step::Remote(Box::new(pending))
     }
 
@@ -148,10 +153,11 @@ impl Engine {
         }
         let denied = p.limits.iter().any(|(.., d)| d.is_some_and(|d| !d.admitted));
         if denied {
-            let on_redis = self.sync.as_ref().is_some_and(|s| s.up());
             for (l, _, k, d) in &mut p.limits {
                 let Some(d) = d.as_mut().filter(|d| d.admitted) else { continue };
-                if on_redis && decided_by_redis(l) {
+                // Redis (or the outage policy) takes its limits all or
+                // nothing itself: only the local ones give back here.
+                if self.sync.is_some() && decided_by_redis(l) {
                     continue;
                 }
                 if !p.dry_run && !p.given_back {
@@ -232,6 +238,7 @@ impl Engine {
                 },
                 OnRedisError::Local if denied => self.buckets.check(k, &alg, now, cost),
                 OnRedisError::Local => {
+                    self.outage_bucket(k, &alg, now);
                     let d = self.buckets.acquire(k.clone(), &alg, now, cost);
                     if d.admitted {
                         taken.push((k, alg));

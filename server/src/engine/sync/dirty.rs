@@ -16,8 +16,18 @@ struct Dirty {
     limit: LimitId,
     delta: u64,
     touched: Timestamp,
-    /// What the replicas had left in common at the last sync.
+    /// What the replicas had left in common at the last sync, and when.
     available: f64,
+    synced_at: Timestamp,
+}
+
+/// What a replica last knew of a bucket: how much was available, and when.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Known {
+    pub key: BucketKey,
+    pub limit: LimitId,
+    pub available: f64,
+    pub at: Timestamp,
 }
 
 /// One bucket to sync.
@@ -48,6 +58,7 @@ impl DirtyBuckets {
             delta: 0,
             touched: now,
             available: 0.0,
+            synced_at: Timestamp::ZERO,
         });
         e.delta = e.delta.saturating_add_signed(units);
         e.touched = now;
@@ -87,12 +98,21 @@ impl DirtyBuckets {
             delta: 0,
             touched: now,
             available: 0.0,
+            synced_at: now,
         });
         d.available = available;
+        d.synced_at = now;
     }
 
     /// What the replicas had in common at the last sync of `key`.
     pub(super) fn available(&self, key: &BucketKey) -> Option<f64> {
         self.map.get(key).map(|d| d.available)
+    }
+
+    /// What this replica knew of a resource's synced buckets, to restore.
+    pub(super) fn known_of(&self, resource: &str, out: &mut Vec<Known>) {
+        for e in self.map.iter().filter(|e| e.resource == resource && e.synced_at != Timestamp::ZERO) {
+            out.push(Known { key: e.key().clone(), limit: e.limit, available: e.available, at: e.synced_at });
+        }
     }
 }

@@ -4,7 +4,7 @@
 //! news, and probe outcomes waiting to go out. The replication module (the
 //! network side) reads and feeds it; nothing here touches the network.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
 use std::time::Duration;
 
 use dashmap::DashMap;
@@ -20,7 +20,7 @@ use crate::time::Timestamp;
 mod dirty;
 mod shared;
 
-pub use dirty::SyncItem;
+pub use dirty::{Known, SyncItem};
 pub use shared::{BreakerNews, RemoteBreaker, RemoteOutcome, SharedBreaker};
 use shared::{Outbox, Unsynced};
 
@@ -31,10 +31,30 @@ pub struct Replica {
     up: AtomicBool,
     /// Live replicas, this one included.
     live: AtomicU32,
+    /// Redis's clock minus this replica's, in microseconds (from heartbeats).
+    offset_us: AtomicI64,
     dirty: dirty::DirtyBuckets,
     outbox: Outbox,
     breakers: DashMap<String, Unsynced, ahash::RandomState>,
+    /// What Redis last said a strict bucket had left: where an outage's
+    /// local share starts, and what is restored if Redis loses its data.
+    strict_seen: DashMap<BucketKey, Seen, ahash::RandomState>,
+    /// Resources whose marker this replica has seen in Redis, and when.
+    marked: DashMap<String, Timestamp, ahash::RandomState>,
+    /// Strict buckets decided here during an outage, dropped when it ends.
+    outage: DashMap<BucketKey, (), ahash::RandomState>,
 }
+
+/// A strict bucket's remaining units as Redis last reported them.
+#[derive(Clone, Debug)]
+struct Seen {
+    resource: String,
+    remaining: f64,
+    at: Timestamp,
+}
+
+/// State this replica keeps only while it is in use.
+const FORGET_AFTER: Duration = Duration::from_secs(600);
 
 /// Whether Redis decides this limit when replication is on: strict limits,
 /// and sliding logs (an exact log cannot be shared approximately).
@@ -55,8 +75,62 @@ impl Replica {
         self.up.load(Ordering::Acquire)
     }
 
-    pub fn set_up(&self, up: bool) {
-        self.up.store(up, Ordering::Release);
+    /// Records whether Redis answers; true when it has just come back.
+    pub fn set_up(&self, up: bool) -> bool {
+        !self.up.swap(up, Ordering::AcqRel) && up
+    }
+
+    /// Learns Redis's clock from a heartbeat that answered at `local`.
+    pub fn set_redis_clock(&self, redis_us: i64, local: Timestamp) {
+        let local_us = (local.as_nanos() / 1000) as i64;
+        self.offset_us.store(redis_us - local_us, Ordering::Release);
+    }
+
+    /// A local time in Redis's clock, in microseconds: scripts' deadlines.
+    pub fn redis_time(&self, local: Timestamp) -> i64 {
+        (local.as_nanos() / 1000) as i64 + self.offset_us.load(Ordering::Acquire)
+    }
+
+    /// Whether this replica has seen `resource`'s marker in Redis.
+    pub fn is_marked(&self, resource: &str) -> bool {
+        self.marked.contains_key(resource)
+    }
+
+    pub fn mark(&self, resource: &str, now: Timestamp) {
+        match self.marked.get_mut(resource) {
+            Some(mut at) => *at = now,
+            None => {
+                self.marked.insert(resource.to_string(), now);
+            }
+        }
+    }
+
+    /// What Redis answered for a strict bucket.
+    pub fn saw_strict(&self, key: &BucketKey, resource: &str, remaining: u64, now: Timestamp) {
+        let seen = Seen { resource: resource.to_string(), remaining: remaining as f64, at: now };
+        self.strict_seen.insert(key.clone(), seen);
+    }
+
+    /// What Redis last said `key` had left, if it said anything.
+    fn strict_remaining(&self, key: &BucketKey) -> Option<f64> {
+        self.strict_seen.get(key).map(|s| s.remaining)
+    }
+
+    /// Everything this replica knows of `resource`'s buckets, to restore them.
+    pub fn known_of(&self, resource: &str) -> Vec<Known> {
+        let mut out = Vec::new();
+        self.dirty.known_of(resource, &mut out);
+        for e in self.strict_seen.iter().filter(|e| e.resource == resource) {
+            out.push(Known { key: e.key().clone(), limit: e.key().limit, available: e.remaining, at: e.at });
+        }
+        out
+    }
+
+    /// Forgets what has not been used for a while: markers and strict buckets.
+    pub fn forget_idle(&self, now: Timestamp) {
+        let fresh = |at: Timestamp| now.saturating_since(at) < crate::time::duration_nanos(FORGET_AFTER);
+        self.marked.retain(|_, at| fresh(*at));
+        self.strict_seen.retain(|_, s| fresh(s.at));
     }
 
     pub fn set_live(&self, n: u32) {
@@ -140,6 +214,21 @@ impl Replica {
         true
     }
 
+    /// A strict bucket this replica decides on its own during an outage.
+    pub(super) fn decided_in_outage(&self, key: &BucketKey) {
+        if !self.outage.contains_key(key) {
+            self.outage.insert(key.clone(), ());
+        }
+    }
+
+    fn take_outage(&self) -> Vec<BucketKey> {
+        let keys: Vec<BucketKey> = self.outage.iter().map(|e| e.key().clone()).collect();
+        for k in &keys {
+            self.outage.remove(k);
+        }
+        keys
+    }
+
     /// Forgets breakers no longer guarded here once their news went out.
     pub(super) fn retain_breakers(&self, guarded: impl Fn(&str) -> bool) {
         self.breakers.retain(|resource, u| guarded(resource) || u.calls.calls > 0);
@@ -185,13 +274,39 @@ impl Engine {
         let Some(sync) = &self.sync else { return };
         let Some(alg) = rules.algorithm(key.limit) else { return };
         let now = self.clock.now();
-        let mut bucket = Bucket::adopt(alg, now, shared);
+        let mut bucket = Bucket::adopt(alg, now, shared, sync.share());
         let pending = sync.dirty.pending(key);
         if pending > 0 {
             bucket.force(alg, now, pending);
         }
         self.buckets.put(key.clone(), bucket, now);
         sync.dirty.synced(key, resource, shared.available, now);
+    }
+
+    /// Redis is back: the buckets strict limits used during the outage go, so
+    /// the next outage starts again from what Redis last said.
+    pub fn end_outage(&self) {
+        let Some(sync) = &self.sync else { return };
+        for key in sync.take_outage() {
+            self.buckets.remove(&key);
+        }
+    }
+
+    /// Makes the bucket a strict limit decides from during an outage (`alg`
+    /// is the limit scaled to this replica's share): this replica's share of
+    /// what Redis last reported left, or of the whole limit if it never did.
+    pub(crate) fn outage_bucket(&self, key: &BucketKey, alg: &Algorithm, now: Timestamp) {
+        let Some(sync) = &self.sync else { return };
+        if self.buckets.contains_key(key) {
+            return;
+        }
+        sync.decided_in_outage(key);
+        let mut bucket = alg.new_bucket(now);
+        if let Some(remaining) = sync.strict_remaining(key) {
+            let share = (remaining * sync.share()).floor() as u64;
+            bucket.force(alg, now, alg.capacity().saturating_sub(share));
+        }
+        self.buckets.put(key.clone(), bucket, now);
     }
 
     /// Whether a request its replicated limits denied here might fit in what

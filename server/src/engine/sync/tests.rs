@@ -41,3 +41,48 @@ fn a_memory_only_engine_keeps_no_replication_state() {
     e.install(RuleSet::from_yaml(RULES, "t").unwrap(), RULES.into(), "t".into());
     assert!(e.sync().is_none());
 }
+
+const STRICT: &str = r#"
+resources:
+  - name: local
+    limits: [ { name: l, algorithm: fixed_window, limit: 50, window: 1h, sync: strict, on_redis_error: local } ]
+  - name: deny
+    limits: [ { name: l, algorithm: fixed_window, limit: 50, window: 1h, sync: strict, on_redis_error: deny } ]
+  - name: allow
+    limits: [ { name: l, algorithm: fixed_window, limit: 50, window: 1h, sync: strict, on_redis_error: allow } ]
+"#;
+
+fn admitted(e: &Engine, resource: &str, n: usize) -> usize {
+    let none: HashMap<String, String> = HashMap::new();
+    let rules = e.rules_full();
+    (0..n)
+        .filter(|_| {
+            let a = e.acquire(&rules, &Request { resource, descriptors: &none, cost: 1, dry_run: false }).unwrap();
+            a.verdict == crate::engine::Verdict::Allowed
+        })
+        .count()
+}
+
+#[test]
+fn while_redis_is_down_every_strict_decision_follows_its_policy() {
+    let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_700_006_400)));
+    let e = Engine::new(EngineConfig { max_keys: 1000, replicated: true }, clock.clone());
+    e.install(RuleSet::from_yaml(STRICT, "t").unwrap(), STRICT.into(), "t".into());
+    let sync = e.sync().unwrap();
+    sync.set_live(2);
+    assert!(!sync.up(), "Redis has not answered yet");
+    // Redis last said 18 were left on "local": this replica's share is 9.
+    let rules = e.rules_full();
+    let key = crate::store::BucketKey::global(rules.rules.find("local").unwrap().limits[0].id);
+    sync.saw_strict(&key, "local", 18, clock.now());
+    assert_eq!(admitted(&e, "local", 20), 9);
+    assert_eq!(admitted(&e, "deny", 20), 0, "every request of the outage, not only the first");
+    assert_eq!(admitted(&e, "allow", 20), 20);
+    // Redis is back; a later outage starts again from what Redis then says.
+    assert!(sync.set_up(true), "it came back");
+    e.end_outage();
+    assert!(!sync.set_up(true), "already up");
+    sync.set_up(false);
+    sync.saw_strict(&key, "local", 4, clock.now());
+    assert_eq!(admitted(&e, "local", 20), 2);
+}

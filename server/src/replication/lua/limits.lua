@@ -168,3 +168,14 @@ A[6] = {
     expire(k, 2 * p[2])
   end,
 }
+
+-- A resource's marker, set the first time a replica touches it (and kept
+-- for a week from its last sync). A replica that saw it before and finds it
+-- gone knows Redis lost its data: `known` is 1 then, and this returns false.
+local MARKER_TTL = 604800
+local function marked(key, known)
+  if redis.call('EXISTS', key) == 1 then return true end
+  if known == 1 then return false end
+  redis.call('SET', key, '1', 'EX', MARKER_TTL)
+  return true
+end

@@ -8,17 +8,25 @@
 -- more than is available; what they admit beyond it comes only from their
 -- local refill between syncs.
 --
--- KEYS: the buckets (one resource's, so one slot). ARGV[1]: this replica;
--- ARGV[2]: its share (1 / live replicas); ARGV[3]: a lease's time to live, us;
--- ARGV[4]: the least lease wanted (a request larger than the usual share),
--- granted only from what is free. Then per bucket six numbers: units to push,
--- and the limit's five numbers.
+-- KEYS[1]: the resource's marker (see take.lua); then the buckets (one
+-- resource's, so one slot). ARGV[1]: this replica; ARGV[2]: its share
+-- (1 / live replicas); ARGV[3]: a lease's time to live, us; ARGV[4]: the
+-- least lease wanted (a request larger than the usual share), granted only
+-- from what is free; ARGV[5]: a deadline in Redis time, us (0: none), after
+-- which nothing is pushed ({-1}: the replica pushes it again next time);
+-- ARGV[6]: 1 when this replica saw the marker before ({-2} if it is gone:
+-- restore first). Then per bucket six numbers: units to push, and the
+-- limit's five numbers.
 -- Returns per bucket {lease (text), window start us, prev, cur, available (text)}.
 local now = now_us()
 local replica, share, ttl, want = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local deadline = tonumber(ARGV[5])
+if deadline > 0 and now > deadline then return { -1 } end
+if not marked(KEYS[1], tonumber(ARGV[6])) then return { -2 } end
+redis.call('EXPIRE', KEYS[1], MARKER_TTL)
 local out = {}
-for i = 1, #KEYS do
-  local key, b = KEYS[i], 4 + (i - 1) * 6
+for i = 2, #KEYS do
+  local key, b = KEYS[i], 6 + (i - 2) * 6
   local delta = tonumber(ARGV[b + 1])
   local alg = tonumber(ARGV[b + 2])
   local p = { tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6]) }

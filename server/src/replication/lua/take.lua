@@ -1,13 +1,23 @@
 -- strict: independent decisions (one, or a batch's items of one resource),
 -- each all or nothing over its request's strict limits, in order: a later
 -- decision sees what an earlier one took.
--- KEYS: every decision's limits, in order. ARGV[1]: the number of decisions;
--- then per decision: its cost, its number of limits n, and five numbers per limit.
+--
+-- KEYS[1]: the resource's marker; then every decision's limits, in order.
+-- ARGV[1]: a deadline in Redis time, us (0: none): a script that runs after
+-- it changes nothing and returns {-1}, so a decision the replica gave up on
+-- is never applied later. ARGV[2]: 1 when this replica has seen the marker
+-- before: if it is gone, Redis lost its data; nothing is decided and {-2}
+-- asks the replica to restore what it holds first. ARGV[3]: the number of
+-- decisions; then per decision: its cost, its number of limits n, and five
+-- numbers per limit.
 -- Returns per decision {admitted, then per limit: ok, floor(avail after), reset us, retry us, wait us}.
 local now = now_us()
+local deadline = tonumber(ARGV[1])
+if deadline > 0 and now > deadline then return { -1 } end
+if not marked(KEYS[1], tonumber(ARGV[2])) then return { -2 } end
 local out = {}
-local a, k = 2, 0
-for _ = 1, tonumber(ARGV[1]) do
+local a, k = 4, 1
+for _ = 1, tonumber(ARGV[3]) do
   local cost, n = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
   a = a + 2
   local algs, ps, st, all = {}, {}, {}, true
