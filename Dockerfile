@@ -1,6 +1,11 @@
 # Floodgate: build in the Rust image, run in a slim Debian.
 #   docker build -t floodgate .
-#   docker run -p 50051:50051 -p 8080:8080 floodgate
+#   docker run -p 127.0.0.1:50051:50051 -p 127.0.0.1:8080:8080 \
+#       -v $PWD/admin-tokens:/run/secrets/admin_tokens:ro \
+#       -e FLOODGATE_ADMIN_TOKEN_FILE=/run/secrets/admin_tokens floodgate
+# The container listens on every interface so that it can be reached at all;
+# Admin answers nothing from outside it until FLOODGATE_ADMIN_TOKEN_FILE
+# names a token file (or mTLS identities are given), and says so at start.
 FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY . .

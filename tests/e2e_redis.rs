@@ -24,6 +24,8 @@ resources:
     limits: [ { name: tokens, key: [user], algorithm: token_bucket, capacity: 100, refill_per_second: 0.001 } ]
   - name: big
     limits: [ { name: tokens, algorithm: token_bucket, capacity: 1000000, refill_per_second: 0.001 } ]
+  - name: hourly
+    limits: [ { name: hourly, key: [user], algorithm: fixed_window, limit: 50, window: 1h } ]
   - name: payments
     breaker:
       window: { kind: count, size: 20 }
@@ -360,4 +362,25 @@ fn strict_mode_is_exact_on_a_three_master_redis_cluster() {
     let holding: Vec<usize> =
         cluster.nodes.iter().map(|n| n.cli(&["DBSIZE"]).and_then(|s| s.parse().ok()).unwrap_or(0)).collect();
     assert!(holding.iter().filter(|&&k| k > 0).count() >= 2, "keys per master: {holding:?}");
+}
+
+#[tokio::test]
+async fn a_replicated_fixed_window_reports_when_its_window_really_ends() {
+    let _serial = one_at_a_time();
+    let redis = RedisServer::start();
+    let dir = TempDir::new();
+    let url = redis.url();
+    let a = replica(&dir, &["--redis", &url]);
+    wait_live(&a, 1);
+    let mut client = a.client().await;
+    let ask = || acquire("hourly", &[("user", "u1")], 1);
+    client.acquire(ask()).await.unwrap();
+    // Past a sync or two: the bucket is now this replica's lease of Redis's window.
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    let r = client.acquire(ask()).await.unwrap().into_inner();
+    let reset = r.limits[0].reset_after.as_ref().map_or(0, |d| d.seconds);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let to_end = (3600 - now % 3600) as i64;
+    assert!(reset <= 3600, "reset_after {reset} s on a 1 h window");
+    assert!(reset.abs_diff(to_end) <= 2, "reset_after {reset} s; the window ends in {to_end} s");
 }

@@ -36,6 +36,8 @@ pub mod degradation;
 pub mod engine;
 pub mod events;
 pub mod files;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod grpc;
 pub mod http;
 pub mod limiter;

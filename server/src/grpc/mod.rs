@@ -12,7 +12,7 @@ use crate::access::Access;
 use crate::decider::Decider;
 
 mod admin;
-mod convert;
+pub(crate) mod convert;
 mod data;
 mod envoy;
 mod gate;

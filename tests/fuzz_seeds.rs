@@ -1,0 +1,27 @@
+//! Replays the fuzzers' committed seeds (fuzz/seeds/, crash reproducers
+//! included) through the same entry points the fuzzers drive, on every run of
+//! the suite, so a fixed crash stays fixed. A local fuzzing corpus
+//! (fuzz/corpus/, not committed) is replayed too when present.
+
+use std::path::Path;
+
+type Target = fn(&[u8]);
+
+const TARGETS: &[(&str, Target)] = &[("rules", floodgate::fuzz::rules), ("requests", floodgate::fuzz::requests)];
+
+#[test]
+fn every_seed_runs_through_its_target_without_a_panic() {
+    let fuzz = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
+    for &(target, run) in TARGETS {
+        let mut replayed = 0;
+        for dir in ["seeds", "corpus"] {
+            let Ok(entries) = std::fs::read_dir(fuzz.join(dir).join(target)) else { continue };
+            for entry in entries {
+                let path = entry.unwrap().path();
+                run(&std::fs::read(&path).unwrap());
+                replayed += 1;
+            }
+        }
+        assert!(replayed >= 5, "only {replayed} inputs for the {target} fuzzer");
+    }
+}
