@@ -1,31 +1,21 @@
-//! The client: ask before calling, report after.
+//! The client: ask before calling; the permit it hands out reports after.
 
-use std::any::Any;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use floodgate_proto::v1 as pb;
 use pb::floodgate_client::FloodgateClient;
-use tonic::transport::{Channel, Endpoint as TonicEndpoint};
+use tonic::transport::Channel;
 
+use crate::builder::{Builder, FailMode};
 use crate::connection::ServerBreaker;
 use crate::decision::{Acquire, BreakerState, Decision, Outcome, Permit, Source, Verdict};
 use crate::error::{Error, unreachable};
-use crate::open_breakers::{self, OpenBreakers};
-use crate::reporter::{Reporter, Settings};
+use crate::guard::LastGood;
+use crate::local::{self, LocalLimits};
+use crate::reporter::Reporter;
 use crate::stats::{Stats, StatsSnapshot};
-
-/// What the client answers when no server can be reached.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum FailMode {
-    /// Admit the call (the protected service stays up without Floodgate).
-    #[default]
-    Open,
-    /// Deny the call (verdict SHED).
-    Closed,
-}
+use crate::watch::Known;
 
 /// A Floodgate client: cheap to clone, shared by every task of a service.
 ///
@@ -54,180 +44,31 @@ pub struct Client {
 
 pub(crate) struct Inner {
     pub(crate) endpoints: Vec<Endpoint>,
-    pub(crate) open: Arc<OpenBreakers>,
-    request_timeout: Duration,
-    fail_mode: FailMode,
-    stats: Arc<Stats>,
-    /// The last good value per resource, for `Fallback::LastGood`.
-    pub(crate) last_good: Mutex<HashMap<String, Box<dyn Any + Send + Sync>>>,
+    /// What Watch taught: open breakers and the rule patterns.
+    pub(crate) known: Arc<Known>,
+    pub(crate) request_timeout: Duration,
+    pub(crate) fail_mode: FailMode,
+    pub(crate) fail_closed_retry_after: Duration,
+    pub(crate) cancelled_as: Option<Outcome>,
+    /// The limits the server last reported, for `FailMode::Local`.
+    pub(crate) local: Option<LocalLimits>,
+    pub(crate) last_good: LastGood,
+    pub(crate) stats: Arc<Stats>,
+    /// Dropped with the client: the Watch task ends.
+    pub(crate) _closed: tokio::sync::watch::Sender<()>,
 }
 
 pub(crate) struct Endpoint {
     pub(crate) grpc: FloodgateClient<Channel>,
-    breaker: ServerBreaker,
-    reporter: Reporter,
+    pub(crate) breaker: ServerBreaker,
+    pub(crate) reporter: Reporter,
 }
 
-/// TLS for `https://` endpoints: the CA to trust (besides the system's), and
-/// a client certificate when the server requires mTLS.
-#[derive(Clone, Debug, Default)]
-pub struct Tls {
-    ca_pem: Option<Vec<u8>>,
-    identity: Option<(Vec<u8>, Vec<u8>)>,
-    domain: Option<String>,
-}
-
-impl Tls {
-    pub fn new() -> Self {
-        Tls::default()
-    }
-
-    /// Trust this CA (PEM) for the server's certificate.
-    pub fn ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.ca_pem = Some(pem.into());
-        self
-    }
-
-    /// Present this certificate and key (PEM) to the server (mTLS).
-    pub fn identity_pem(mut self, cert: impl Into<Vec<u8>>, key: impl Into<Vec<u8>>) -> Self {
-        self.identity = Some((cert.into(), key.into()));
-        self
-    }
-
-    /// The name to check the server's certificate against, when it is not
-    /// the endpoint's host.
-    pub fn domain(mut self, name: impl Into<String>) -> Self {
-        self.domain = Some(name.into());
-        self
-    }
-
-    fn config(&self) -> tonic::transport::ClientTlsConfig {
-        use tonic::transport::{Certificate, ClientTlsConfig, Identity};
-        let mut c = ClientTlsConfig::new().with_native_roots();
-        if let Some(ca) = &self.ca_pem {
-            c = c.ca_certificate(Certificate::from_pem(ca));
-        }
-        if let Some((cert, key)) = &self.identity {
-            c = c.identity(Identity::from_pem(cert, key));
-        }
-        if let Some(domain) = &self.domain {
-            c = c.domain_name(domain.clone());
-        }
-        c
-    }
-}
-
-/// Builds a [`Client`].
-#[derive(Clone, Debug)]
-pub struct Builder {
-    endpoints: Vec<String>,
-    tls: Option<Tls>,
-    connect_timeout: Duration,
-    request_timeout: Duration,
-    fail_mode: FailMode,
-    watch: bool,
-    report_batch: usize,
-    report_interval: Duration,
-}
-
-impl Default for Builder {
-    fn default() -> Self {
-        Builder {
-            endpoints: Vec::new(),
-            tls: None,
-            connect_timeout: Duration::from_millis(250),
-            request_timeout: Duration::from_millis(25),
-            fail_mode: FailMode::Open,
-            watch: true,
-            report_batch: 100,
-            report_interval: Duration::from_millis(10),
-        }
-    }
-}
-
-impl Builder {
-    /// A server to ask; several are tried in order (failover). Reports go to
-    /// the server that issued the permit.
-    pub fn endpoint(mut self, url: impl Into<String>) -> Self {
-        self.endpoints.push(url.into());
-        self
-    }
-
-    /// TLS settings for `https://` endpoints (by default, the system's CAs).
-    pub fn tls(mut self, tls: Tls) -> Self {
-        self.tls = Some(tls);
-        self
-    }
-
-    pub fn connect_timeout(mut self, d: Duration) -> Self {
-        self.connect_timeout = d;
-        self
-    }
-
-    /// The longest an `acquire` waits for the server before failing open or
-    /// closed (default 25 ms).
-    pub fn request_timeout(mut self, d: Duration) -> Self {
-        self.request_timeout = d;
-        self
-    }
-
-    pub fn fail_mode(mut self, mode: FailMode) -> Self {
-        self.fail_mode = mode;
-        self
-    }
-
-    /// Keep a local cache of open breakers fed by Watch (default on).
-    pub fn watch_breakers(mut self, on: bool) -> Self {
-        self.watch = on;
-        self
-    }
-
-    /// Reports per batch, and how long a report may wait for its batch.
-    pub fn report_batching(mut self, batch: usize, interval: Duration) -> Self {
-        self.report_batch = batch.clamp(1, 1000);
-        self.report_interval = interval;
-        self
-    }
-
-    /// Builds the client; connections are made when first needed and remade
-    /// when lost. Call it inside a Tokio runtime.
-    pub fn build(self) -> Result<Client, Error> {
-        if self.endpoints.is_empty() {
-            return Err(Error::Endpoint { endpoint: String::new(), reason: "no endpoint given".into() });
-        }
-        let stats = Arc::new(Stats::default());
-        let mut endpoints = Vec::new();
-        for url in &self.endpoints {
-            let bad = |e: &dyn std::fmt::Display| Error::Endpoint { endpoint: url.clone(), reason: e.to_string() };
-            let mut endpoint = TonicEndpoint::from_shared(url.clone())
-                .map_err(|e| bad(&e))?
-                .connect_timeout(self.connect_timeout)
-                .tcp_nodelay(true);
-            if url.starts_with("https://") {
-                let tls = self.tls.clone().unwrap_or_default();
-                endpoint = endpoint.tls_config(tls.config()).map_err(|e| bad(&e))?;
-            }
-            let channel = endpoint.connect_lazy();
-            let grpc = FloodgateClient::new(channel);
-            let settings =
-                Settings { batch: self.report_batch, interval: self.report_interval, timeout: Duration::from_secs(2) };
-            let reporter = Reporter::spawn(grpc.clone(), settings, stats.clone());
-            endpoints.push(Endpoint { grpc, breaker: ServerBreaker::new(url.clone()), reporter });
-        }
-        let inner = Arc::new(Inner {
-            endpoints,
-            open: Arc::new(OpenBreakers::default()),
-            request_timeout: self.request_timeout,
-            fail_mode: self.fail_mode,
-            stats,
-            last_good: Mutex::new(HashMap::new()),
-        });
-        if self.watch {
-            let grpcs = inner.endpoints.iter().map(|e| e.grpc.clone()).collect();
-            tokio::spawn(open_breakers::follow(Arc::downgrade(&inner.open), grpcs));
-        }
-        Ok(Client { inner })
-    }
+/// What asking the servers came to.
+enum Asked<T> {
+    Answer(usize, T),
+    BadInput(tonic::Status),
+    Unreachable,
 }
 
 impl Client {
@@ -240,70 +81,65 @@ impl Client {
         Client::builder().endpoint(url).build()
     }
 
-    /// May I? A denial is a [`Decision`], not an error; an unreachable server
-    /// gives the fail mode's decision within `request_timeout`. Errors are
-    /// the server refusing bad input.
-    pub async fn acquire(&self, req: &Acquire) -> Result<Decision, Error> {
-        let inner = &self.inner;
-        if let Some(retry_after) = inner.open.denies(req.resource()) {
-            inner.stats.cached_denial();
-            return Ok(Decision {
-                verdict: Verdict::CircuitOpen,
-                retry_after,
-                breaker_state: Some(BreakerState::Open),
-                reason: format!("circuit breaker of '{}' is open (cached from Watch)", req.resource()),
-                source: Source::OpenBreakerCache,
-                ..Decision::fail_open()
-            });
-        }
-        let deadline = Instant::now() + inner.request_timeout;
-        for (i, ep) in inner.endpoints.iter().enumerate() {
-            if !ep.breaker.allow() {
-                continue;
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            inner.stats.rpc();
-            let issued = Instant::now();
-            match tokio::time::timeout(left, ep.grpc.clone().acquire(req.to_proto())).await {
-                Ok(Ok(response)) => {
-                    ep.breaker.success();
-                    let mut d = Decision::from_proto(response.into_inner(), req.resource(), issued);
-                    if let Some(p) = &mut d.permit {
-                        p.endpoint = i;
-                    }
-                    return Ok(d);
-                }
-                Ok(Err(status)) if unreachable(&status) => ep.breaker.failure(status.message()),
-                Ok(Err(status)) => {
-                    ep.breaker.success();
-                    return Err(status.into());
-                }
-                Err(_) => ep.breaker.failure("no answer within the request timeout"),
-            }
-        }
-        inner.stats.without_server();
-        Ok(match inner.fail_mode {
-            FailMode::Open => Decision::fail_open(),
-            FailMode::Closed => Decision::fail_closed(Duration::from_secs(1)),
-        })
+    pub(crate) fn from_inner(inner: Arc<Inner>) -> Self {
+        Client { inner }
     }
 
-    /// How the call went. Never blocks and never fails: reports are batched in
-    /// the background and sent to the server that issued the permit.
-    pub fn report(&self, permit: &Permit, outcome: Outcome, latency: Option<Duration>) {
-        let Some(ep) = self.inner.endpoints.get(permit.endpoint) else { return };
-        let latency = latency.unwrap_or_else(|| permit.issued.elapsed());
-        let report = pb::ReportOutcomeRequest {
-            resource: permit.resource.clone(),
-            permit_id: permit.id.clone(),
-            outcome: outcome.to_proto() as i32,
-            latency: Some(prost_types::Duration {
-                seconds: latency.as_secs() as i64,
-                nanos: latency.subsec_nanos() as i32,
-            }),
-        };
-        if !ep.reporter.send(report) {
-            self.inner.stats.dropped(1);
+    /// May I? A denial is a [`Decision`], not an error. Without a round trip
+    /// when Watch says no rule matches the resource, or its breaker is open.
+    /// An unreachable server gives the fail mode's decision within
+    /// `request_timeout`. The only error is bad input the server refused.
+    pub async fn acquire(&self, req: &Acquire) -> Result<Decision, Error> {
+        if let Some(d) = self.known_answer(req) {
+            return Ok(d);
+        }
+        let proto = req.to_proto();
+        let asked = self.ask(|mut grpc| {
+            let proto = proto.clone();
+            async move { grpc.acquire(proto).await }
+        });
+        match asked.await {
+            Asked::Answer(endpoint, r) => Ok(self.decision(r, req, endpoint)),
+            Asked::BadInput(status) => Err(status.into()),
+            Asked::Unreachable => Ok(self.without_server(req)),
+        }
+    }
+
+    /// Many questions in one round trip (`AcquireBatch`), answered in order.
+    /// Those the client can answer itself are not sent. A batch the server
+    /// refuses (one bad item) is an error naming the item.
+    pub async fn acquire_batch(&self, reqs: &[Acquire]) -> Result<Vec<Decision>, Error> {
+        let mut out: Vec<Option<Decision>> = reqs.iter().map(|r| self.known_answer(r)).collect();
+        let asked: Vec<usize> = (0..reqs.len()).filter(|&i| out[i].is_none()).collect();
+        for chunk in asked.chunks(1000) {
+            let batch = pb::AcquireBatchRequest { requests: chunk.iter().map(|&i| reqs[i].to_proto()).collect() };
+            let answer = self.ask(|mut grpc| {
+                let batch = batch.clone();
+                async move { grpc.acquire_batch(batch).await }
+            });
+            match answer.await {
+                Asked::Answer(endpoint, r) => {
+                    for (&i, response) in chunk.iter().zip(r.responses) {
+                        out[i] = Some(self.decision(response, &reqs[i], endpoint));
+                    }
+                }
+                Asked::BadInput(status) => return Err(status.into()),
+                Asked::Unreachable => chunk.iter().for_each(|&i| out[i] = Some(self.without_server(&reqs[i]))),
+            }
+        }
+        Ok(out.into_iter().map(|d| d.expect("every question answered")).collect())
+    }
+
+    /// Asks until allowed or until `deadline`, waiting out each denial's
+    /// `retry_after` in between. The last denial when the deadline comes first.
+    pub async fn acquire_until(&self, req: &Acquire, deadline: Instant) -> Result<Decision, Error> {
+        loop {
+            let d = self.acquire(req).await?;
+            let wait = d.retry_after.max(Duration::from_millis(1));
+            if d.is_allowed() || Instant::now() + wait > deadline {
+                return Ok(d);
+            }
+            tokio::time::sleep(wait).await;
         }
     }
 
@@ -325,5 +161,102 @@ impl Client {
 
     pub(crate) fn inner(&self) -> &Inner {
         &self.inner
+    }
+
+    /// An answer without a round trip: no rule matches, or the breaker is open.
+    fn known_answer(&self, req: &Acquire) -> Option<Decision> {
+        let known = &self.inner.known;
+        if known.rules.unmatched(req.resource()) {
+            self.inner.stats.no_rule();
+            return Some(Decision { source: Source::NoRule, ..Decision::new(Verdict::Allowed) });
+        }
+        let retry_after = known.open.denies(req.resource())?;
+        self.inner.stats.cached_denial();
+        Some(Decision {
+            verdict: Verdict::CircuitOpen,
+            retry_after,
+            breaker_state: Some(BreakerState::Open),
+            reason: format!("circuit breaker of '{}' is open", req.resource()),
+            source: Source::OpenBreakerCache,
+            ..Decision::fail_open()
+        })
+    }
+
+    /// Tries each server in turn within `request_timeout`.
+    async fn ask<T, F, Fut>(&self, call: F) -> Asked<T>
+    where
+        F: Fn(FloodgateClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let inner = &self.inner;
+        let deadline = Instant::now() + inner.request_timeout;
+        for (i, ep) in inner.endpoints.iter().enumerate() {
+            let Some(attempt) = ep.breaker.attempt() else { continue };
+            let left = deadline.saturating_duration_since(Instant::now());
+            inner.stats.rpc();
+            match tokio::time::timeout(left, call(ep.grpc.clone())).await {
+                Ok(Ok(response)) => {
+                    attempt.success();
+                    return Asked::Answer(i, response.into_inner());
+                }
+                Ok(Err(status)) if status.code() == tonic::Code::InvalidArgument => {
+                    attempt.success();
+                    return Asked::BadInput(status);
+                }
+                Ok(Err(status)) if unreachable(&status) => attempt.failure(status.message()),
+                Ok(Err(status)) => {
+                    // It answered, but not a decision: as good as no answer.
+                    attempt.success();
+                    inner.stats.server_error();
+                    tracing::warn!(code = ?status.code(), error = status.message(), "Floodgate answered an error; trying without it");
+                }
+                Err(_) => attempt.failure("no answer within the request timeout"),
+            }
+        }
+        Asked::Unreachable
+    }
+
+    fn decision(&self, r: pb::AcquireResponse, req: &Acquire, endpoint: usize) -> Decision {
+        let d = Decision::from_proto(r, |id, urgent, breaker| {
+            Permit::new(self, id, req.resource(), endpoint, urgent, self.cancelled_outcome(breaker))
+        });
+        if let Some(local) = &self.inner.local {
+            local.learn(local::key(req), &d.limits);
+        }
+        d
+    }
+
+    /// What a cancelled call's permit reports: FAILURE where a breaker
+    /// counts it, IGNORED where only limits do, unless the builder said.
+    fn cancelled_outcome(&self, breaker: Option<BreakerState>) -> Outcome {
+        self.inner.cancelled_as.unwrap_or(if breaker.is_some() { Outcome::Failure } else { Outcome::Ignored })
+    }
+
+    /// The fail mode's answer.
+    fn without_server(&self, req: &Acquire) -> Decision {
+        let inner = &self.inner;
+        inner.stats.without_server();
+        match inner.fail_mode {
+            FailMode::Open => Decision::fail_open(),
+            FailMode::Closed => Decision::fail_closed(inner.fail_closed_retry_after),
+            FailMode::Local { .. } => match &inner.local {
+                Some(local) => local.decide(&local::key(req), req.cost_units()),
+                None => Decision::fail_open(),
+            },
+        }
+    }
+
+    /// A permit's report, queued for the server that issued it.
+    pub(crate) fn send_report(&self, permit: &Permit, outcome: Outcome, latency: Duration) {
+        let Some(ep) = self.inner.endpoints.get(permit.endpoint) else { return };
+        let report = pb::ReportOutcomeRequest {
+            resource: permit.resource().to_string(),
+            permit_id: permit.id().to_string(),
+            outcome: outcome.to_proto() as i32,
+            latency: prost_types::Duration::try_from(latency).ok(),
+        };
+        if !ep.reporter.send(report, permit.urgent) {
+            self.inner.stats.dropped(1);
+        }
     }
 }

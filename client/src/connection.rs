@@ -39,13 +39,16 @@ impl ServerBreaker {
     }
 
     /// May a call be tried? While open, no; once the cool-down is over, one
-    /// caller at a time probes.
-    pub(crate) fn allow(&self) -> bool {
+    /// caller at a time probes. The attempt says how the call went; dropped
+    /// without a word (the caller's future was cancelled), a probe lets the
+    /// next call probe.
+    pub(crate) fn attempt(&self) -> Option<Attempt<'_>> {
         let until = self.open_until.load(Ordering::Acquire);
         if until == 0 {
-            return true;
+            return Some(Attempt { breaker: self, probe: false, settled: false });
         }
-        self.now() >= until && !self.probing.swap(true, Ordering::AcqRel)
+        let probe = self.now() >= until && !self.probing.swap(true, Ordering::AcqRel);
+        probe.then_some(Attempt { breaker: self, probe: true, settled: false })
     }
 
     /// Whether the server is currently considered unreachable.
@@ -53,7 +56,7 @@ impl ServerBreaker {
         self.open_until.load(Ordering::Acquire) != 0
     }
 
-    pub(crate) fn success(&self) {
+    fn success(&self) {
         self.failures.store(0, Ordering::Release);
         self.probing.store(false, Ordering::Release);
         if self.open_until.swap(0, Ordering::AcqRel) != 0 {
@@ -62,7 +65,7 @@ impl ServerBreaker {
         }
     }
 
-    pub(crate) fn failure(&self, why: &str) {
+    fn failure(&self, why: &str) {
         let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
         let probing = self.probing.swap(false, Ordering::AcqRel);
         if failures < THRESHOLD && !probing {
@@ -77,24 +80,70 @@ impl ServerBreaker {
     }
 }
 
+/// One call tried through the breaker.
+pub(crate) struct Attempt<'a> {
+    breaker: &'a ServerBreaker,
+    probe: bool,
+    settled: bool,
+}
+
+impl Attempt<'_> {
+    pub(crate) fn success(mut self) {
+        self.settled = true;
+        self.breaker.success();
+    }
+
+    pub(crate) fn failure(mut self, why: &str) {
+        self.settled = true;
+        self.breaker.failure(why);
+    }
+}
+
+impl Drop for Attempt<'_> {
+    fn drop(&mut self) {
+        if self.probe && !self.settled {
+            // Cancelled mid-probe: neither up nor down was learnt.
+            self.breaker.probing.store(false, Ordering::Release);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn open(b: &ServerBreaker) {
+        for _ in 0..THRESHOLD {
+            b.attempt().unwrap().failure("x");
+        }
+        assert!(b.is_open());
+        *b.cooldown.lock().unwrap() = Duration::ZERO;
+        b.open_until.store(1, Ordering::Release);
+    }
+
     #[test]
     fn opens_after_failures_in_a_row_and_lets_one_probe_through() {
         let b = ServerBreaker::new("test".into());
-        b.failure("x");
-        b.failure("x");
-        assert!(b.allow() && !b.is_open());
-        b.failure("x");
+        b.attempt().unwrap().failure("x");
+        b.attempt().unwrap().failure("x");
+        assert!(!b.is_open());
+        b.attempt().unwrap().failure("x");
         assert!(b.is_open());
-        assert!(!b.allow(), "cooling down");
+        assert!(b.attempt().is_none(), "cooling down");
         *b.cooldown.lock().unwrap() = Duration::ZERO;
         b.open_until.store(1, Ordering::Release);
-        assert!(b.allow(), "one probe");
-        assert!(!b.allow(), "only one");
-        b.success();
-        assert!(!b.is_open() && b.allow());
+        let probe = b.attempt().expect("one probe");
+        assert!(b.attempt().is_none(), "only one");
+        probe.success();
+        assert!(!b.is_open() && b.attempt().is_some());
+    }
+
+    #[test]
+    fn a_cancelled_probe_lets_the_next_call_probe() {
+        let b = ServerBreaker::new("test".into());
+        open(&b);
+        let probe = b.attempt().expect("a probe");
+        drop(probe); // its future was dropped: no success, no failure
+        assert!(b.attempt().is_some(), "the next call probes; the client is not cut off");
     }
 }

@@ -1,9 +1,11 @@
 //! What the client asks and what it is told.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use floodgate_proto::v1 as pb;
+
+pub use crate::permit::Permit;
 
 /// One question for Floodgate: may I call `resource`?
 ///
@@ -41,10 +43,16 @@ pub enum Source {
     Server,
     /// The local cache of open breakers (fed by Watch): no round trip.
     OpenBreakerCache,
+    /// No rule matches the resource (the client knows the rules' patterns
+    /// from Watch): allowed, no round trip.
+    NoRule,
     /// The server was unreachable and the client fails open.
     FailOpen,
     /// The server was unreachable and the client fails closed.
     FailClosed,
+    /// The server was unreachable and the client decided with its own
+    /// limiter, at its share of the limits the server last reported.
+    Local,
 }
 
 /// A circuit breaker's state.
@@ -77,25 +85,14 @@ pub struct Limit {
     pub exceeded: bool,
 }
 
-/// A permit to return with [`Client::report`](crate::Client::report).
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Permit {
-    pub id: String,
-    pub resource: String,
-    /// When it was handed out, to time the call.
-    pub issued: Instant,
-    /// The endpoint that issued it: reports go back there.
-    pub(crate) endpoint: usize,
-}
-
 /// The answer to an [`Acquire`]. Read its fields; build one (to test code
 /// that takes decisions) with [`Decision::new`] and the `with_` methods.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Debug)]
 #[non_exhaustive]
 pub struct Decision {
     pub verdict: Verdict,
-    /// Present when the resource has a breaker or a concurrency limit.
+    /// Present when the resource has a breaker or a concurrency limit. It
+    /// reports itself when dropped; take it and report the call's outcome.
     pub permit: Option<Permit>,
     pub limits: Vec<Limit>,
     /// When a denied caller may usefully retry.
@@ -149,6 +146,11 @@ impl Acquire {
 
     pub fn descriptors(&self) -> &HashMap<String, String> {
         &self.descriptors
+    }
+
+    /// The units it takes (0 is read as 1).
+    pub fn cost_units(&self) -> u32 {
+        self.cost.max(1)
     }
 
     pub(crate) fn to_proto(&self) -> pb::AcquireRequest {
@@ -266,13 +268,32 @@ impl Decision {
         Decision {
             verdict: Verdict::Shed,
             retry_after,
-            reason: "Floodgate is unreachable and this client fails closed".into(),
+            reason: "the rate limit service is unreachable".into(),
             source: Source::FailClosed,
             ..Decision::fail_open()
         }
     }
 
-    pub(crate) fn from_proto(r: pb::AcquireResponse, resource: &str, issued: Instant) -> Self {
+    /// Copies everything but the permit (which belongs to one caller).
+    pub fn without_permit(&self) -> Decision {
+        Decision {
+            verdict: self.verdict,
+            permit: None,
+            limits: self.limits.clone(),
+            retry_after: self.retry_after,
+            wait: self.wait,
+            breaker_state: self.breaker_state,
+            degradation_level: self.degradation_level,
+            reason: self.reason.clone(),
+            source: self.source,
+        }
+    }
+
+    /// The server's answer; `permit` makes the permit when it sent one.
+    pub(crate) fn from_proto(
+        r: pb::AcquireResponse,
+        permit: impl FnOnce(String, bool, Option<BreakerState>) -> Permit,
+    ) -> Self {
         let verdict = match r.verdict() {
             pb::Verdict::RateLimited => Verdict::RateLimited,
             pb::Verdict::CircuitOpen => Verdict::CircuitOpen,
@@ -280,14 +301,13 @@ impl Decision {
             pb::Verdict::Shed => Verdict::Shed,
             pb::Verdict::Allowed | pb::Verdict::Unspecified => Verdict::Allowed,
         };
+        let breaker = breaker_state(r.breaker_state);
+        // A probe in HALF_OPEN and a concurrency slot are waited on: their
+        // reports leave at once.
+        let urgent = r.holds_slot || breaker == Some(BreakerState::HalfOpen);
         Decision {
             verdict,
-            permit: (!r.permit_id.is_empty()).then(|| Permit {
-                id: r.permit_id.clone(),
-                resource: resource.into(),
-                issued,
-                endpoint: 0,
-            }),
+            permit: (!r.permit_id.is_empty()).then(|| permit(r.permit_id.clone(), urgent, breaker)),
             limits: r
                 .limits
                 .iter()
@@ -303,7 +323,7 @@ impl Decision {
                 .collect(),
             retry_after: duration(&r.retry_after),
             wait: duration(&r.wait),
-            breaker_state: breaker_state(r.breaker_state),
+            breaker_state: breaker,
             degradation_level: r.degradation_level,
             reason: r.reason,
             source: Source::Server,

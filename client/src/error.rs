@@ -14,6 +14,9 @@ pub enum Error {
     /// The client could not be built (a bad endpoint address).
     #[error("bad endpoint '{endpoint}': {reason}")]
     Endpoint { endpoint: String, reason: String },
+    /// A setting the client cannot use.
+    #[error("{0}")]
+    Config(String),
     /// A layer was given a header or metadata name that cannot be one.
     #[error("'{name}' is not a valid header name")]
     InvalidHeader { name: String },

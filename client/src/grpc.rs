@@ -4,9 +4,11 @@
 //! `UNAVAILABLE` for an open circuit or shedding) and `grpc-retry-pushback-ms`.
 //! A shaping `wait` is waited out before the call. Calls that end in
 //! `UNAVAILABLE`, `INTERNAL`, `UNKNOWN`, `DEADLINE_EXCEEDED` or `DATA_LOSS`
-//! (seen in the response headers, as unary errors are sent), errors, and calls
-//! dropped before they finish (timeouts) are reported as failures. A question
-//! Floodgate refuses (bad input) is logged and the call served unprotected.
+//! (seen in the response headers, as unary errors are sent) and errors are
+//! reported as failures (`classify` decides otherwise); a call dropped before
+//! it finishes is reported as cancelled by its permit. `describe` builds the
+//! question from the request, or skips it. A question Floodgate refuses (bad
+//! input) is logged and the call served unprotected.
 //!
 //! ```no_run
 //! # fn wrap<S>(svc: S) -> Result<floodgate_client::grpc::FloodgateGrpc<S>, floodgate_client::Error> {
@@ -29,12 +31,16 @@ use tower::{Layer, Service};
 use crate::client::Client;
 use crate::decision::{Acquire, Outcome, Verdict};
 use crate::error::Error;
-use crate::in_flight::InFlight;
+
+type Describe = Arc<dyn Fn(&http::request::Parts) -> Option<Acquire> + Send + Sync>;
+type ClassifyFn = Arc<dyn Fn(Option<tonic::Code>) -> Outcome + Send + Sync>;
 
 #[derive(Clone)]
 pub struct FloodgateGrpcLayer {
     client: Client,
     metadata: Arc<Vec<(http::HeaderName, String)>>,
+    describe: Option<Describe>,
+    classify: ClassifyFn,
 }
 
 #[derive(Clone)]
@@ -45,7 +51,35 @@ pub struct FloodgateGrpc<S> {
 
 impl FloodgateGrpcLayer {
     pub fn new(client: Client) -> Self {
-        FloodgateGrpcLayer { client, metadata: Arc::new(Vec::new()) }
+        FloodgateGrpcLayer { client, metadata: Arc::new(Vec::new()), describe: None, classify: Arc::new(classify) }
+    }
+
+    /// Builds the question from the request (method path, metadata,
+    /// extensions) instead; `None` lets the call through unasked.
+    pub fn describe(mut self, f: impl Fn(&http::request::Parts) -> Option<Acquire> + Send + Sync + 'static) -> Self {
+        self.describe = Some(Arc::new(f));
+        self
+    }
+
+    /// How a call's status is reported: given the `grpc-status` the response
+    /// headers carry (`None` for a streaming answer whose status comes later).
+    pub fn classify(mut self, f: impl Fn(Option<tonic::Code>) -> Outcome + Send + Sync + 'static) -> Self {
+        self.classify = Arc::new(f);
+        self
+    }
+
+    /// The question for one call.
+    fn question(&self, parts: &http::request::Parts) -> Option<Acquire> {
+        if let Some(describe) = &self.describe {
+            return describe(parts);
+        }
+        let mut ask = Acquire::new(parts.uri.path());
+        for (key, descriptor) in self.metadata.iter() {
+            if let Some(v) = parts.headers.get(key).and_then(|v| v.to_str().ok()) {
+                ask = ask.descriptor(descriptor.clone(), v);
+            }
+        }
+        Some(ask)
     }
 
     /// The value of metadata key `key` becomes descriptor `descriptor`. An
@@ -86,13 +120,11 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let layer = self.layer.clone();
         Box::pin(async move {
-            let mut ask = Acquire::new(req.uri().path());
-            for (key, descriptor) in layer.metadata.iter() {
-                if let Some(v) = req.headers().get(key).and_then(|v| v.to_str().ok()) {
-                    ask = ask.descriptor(descriptor.clone(), v);
-                }
-            }
-            let decision = match layer.client.acquire(&ask).await {
+            let (parts, body) = req.into_parts();
+            let ask = layer.question(&parts);
+            let req = Request::from_parts(parts, body);
+            let Some(ask) = ask else { return inner.call(req).await };
+            let mut decision = match layer.client.acquire(&ask).await {
                 Ok(d) => d,
                 Err(e) => {
                     // Bad input (say, an over-long metadata value): serve unprotected, loudly.
@@ -118,23 +150,32 @@ where
             if !decision.wait.is_zero() {
                 tokio::time::sleep(decision.wait).await;
             }
-            let in_flight = decision.permit.clone().map(|p| InFlight::new(&layer.client, p));
+            // Dropped before it finishes, the permit reports the call as cancelled.
+            let permit = decision.permit.take();
+            let start = std::time::Instant::now();
             let result = inner.call(req).await;
-            if let Some(in_flight) = in_flight {
-                in_flight.finish(match &result {
-                    Ok(r) => classify(r.headers()),
+            if let Some(permit) = permit {
+                let outcome = match &result {
+                    Ok(r) => (layer.classify)(status_of(r.headers())),
                     Err(_) => Outcome::Failure,
-                });
+                };
+                permit.report_latency(outcome, start.elapsed());
             }
             result
         })
     }
 }
 
-fn classify(headers: &http::HeaderMap) -> Outcome {
-    use tonic::Code::*;
+/// The status a response's headers carry (a trailers-only answer).
+fn status_of(headers: &http::HeaderMap) -> Option<tonic::Code> {
     let code = headers.get("grpc-status").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<i32>().ok());
-    match code.map(tonic::Code::from) {
+    code.map(tonic::Code::from)
+}
+
+/// The default: the codes of a failing server are failures.
+fn classify(code: Option<tonic::Code>) -> Outcome {
+    use tonic::Code::*;
+    match code {
         Some(Unavailable | Internal | Unknown | DeadlineExceeded | DataLoss) => Outcome::Failure,
         _ => Outcome::Success,
     }

@@ -1,8 +1,15 @@
 //! Acquire, run the call, time it, classify its result, report it; fall back
-//! when denied or failed.
+//! when denied or failed, saying why.
+//!
+//! The permit goes into the call: if the caller's future is dropped midway
+//! (an outer timeout, a client that hung up), the permit reports itself as
+//! cancelled (FAILURE where a breaker counts it, IGNORED otherwise), so no
+//! concurrency slot waits for its expiry.
 
+use std::any::Any;
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::client::Client;
@@ -24,6 +31,7 @@ impl<T, E> Classify<T, E> for ByResult {
     }
 }
 
+/// Any closure, capturing or not.
 impl<T, E, F: Fn(&Result<T, E>) -> Outcome> Classify<T, E> for F {
     fn classify(&self, result: &Result<T, E>) -> Outcome {
         self(result)
@@ -40,34 +48,47 @@ pub enum GuardError<E> {
     /// The call ran and failed.
     #[error("the call failed: {0}")]
     Failed(E),
-    /// Floodgate refused the question (bad input).
+    /// Floodgate refused the question as bad input (a resource name too long,
+    /// say): a bug in the caller, not a reason to fall back.
     #[error(transparent)]
     Client(Error),
 }
 
-/// What to answer instead of a denied or failed call.
+/// Why a fallback was served.
+#[derive(Debug)]
 #[non_exhaustive]
-pub enum Fallback<T> {
-    /// This value.
-    Value(T),
-    /// The resource's last good value (marked stale); none before the first.
-    LastGood,
-    /// What this closure makes of the denial (`None` when the call failed).
-    With(FallbackFn<T>),
+pub enum Cause<E> {
+    /// Denied, with the decision (verdict, `retry_after`, reason).
+    Denied(Box<Decision>),
+    /// The call ran and failed with this error.
+    Failed(E),
 }
 
-/// A fallback closure: given the denial, if there was one.
-pub type FallbackFn<T> = Arc<dyn Fn(Option<&Decision>) -> T + Send + Sync>;
-
-/// A value, and whether it came from the call.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// What to answer instead of a denied or failed call.
 #[non_exhaustive]
-pub enum Served<T> {
+pub enum Fallback<T, E> {
+    /// This value.
+    Value(T),
+    /// The last good value for the same question (see [`Guard::last_good_key`]),
+    /// served as [`Served::Stale`]; none before the first good value.
+    LastGood,
+    /// What this closure makes of the cause.
+    With(FallbackFn<T, E>),
+}
+
+/// A fallback closure: given the cause.
+pub type FallbackFn<T, E> = Arc<dyn Fn(&Cause<E>) -> T + Send + Sync>;
+
+/// A value, and where it came from.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Served<T, E> {
+    /// From the call.
     Fresh(T),
-    /// A fallback value (`Fallback::Value` or `Fallback::With`).
-    Fallback(T),
-    /// The last good value.
-    Stale(T),
+    /// A fallback value ([`Fallback::Value`] or [`Fallback::With`]), and why.
+    Fallback(T, Cause<E>),
+    /// The last good value, and why it was served instead.
+    Stale(T, Cause<E>),
 }
 
 /// One guarded call: see [`Client::guard`].
@@ -75,25 +96,75 @@ pub struct Guard<'c, C = ByResult> {
     client: &'c Client,
     req: Acquire,
     classify: C,
+    cancelled: Option<Outcome>,
+    key: Option<String>,
 }
 
-impl<T> Served<T> {
+/// A remembered value and the tick it was last stored or read at.
+type Remembered = (u64, Box<dyn Any + Send + Sync>);
+
+/// Last good values by key, for [`Fallback::LastGood`]; bounded.
+pub(crate) struct LastGood {
+    capacity: usize,
+    map: Mutex<HashMap<String, Remembered>>,
+    tick: std::sync::atomic::AtomicU64,
+}
+
+// === impl Served ===
+
+impl<T, E> Served<T, E> {
     pub fn into_inner(self) -> T {
         match self {
-            Served::Fresh(v) | Served::Fallback(v) | Served::Stale(v) => v,
+            Served::Fresh(v) | Served::Fallback(v, _) | Served::Stale(v, _) => v,
         }
     }
 
     pub fn is_fresh(&self) -> bool {
         matches!(self, Served::Fresh(_))
     }
+
+    /// Why it is not fresh.
+    pub fn cause(&self) -> Option<&Cause<E>> {
+        match self {
+            Served::Fresh(_) => None,
+            Served::Fallback(_, c) | Served::Stale(_, c) => Some(c),
+        }
+    }
 }
 
-impl<T> Fallback<T> {
-    pub fn with(f: impl Fn(Option<&Decision>) -> T + Send + Sync + 'static) -> Self {
+impl<T, E> Fallback<T, E> {
+    pub fn with(f: impl Fn(&Cause<E>) -> T + Send + Sync + 'static) -> Self {
         Fallback::With(Arc::new(f))
     }
 }
+
+// === impl LastGood ===
+
+impl LastGood {
+    pub(crate) fn new(capacity: usize) -> Self {
+        LastGood { capacity, map: Mutex::new(HashMap::new()), tick: Default::default() }
+    }
+
+    fn put<T: Clone + Send + Sync + 'static>(&self, key: String, value: &T) {
+        let tick = self.tick.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        map.insert(key, (tick, Box::new(value.clone())));
+        if map.len() > self.capacity {
+            let mut ticks: Vec<(u64, String)> = map.iter().map(|(k, (t, _))| (*t, k.clone())).collect();
+            ticks.sort_unstable();
+            for (_, k) in ticks.into_iter().take((self.capacity / 10).max(1)) {
+                map.remove(&k);
+            }
+        }
+    }
+
+    fn get<T: Clone + 'static>(&self, key: &str) -> Option<T> {
+        let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(key).and_then(|(_, v)| v.downcast_ref::<T>()).cloned()
+    }
+}
+
+// === impl Client ===
 
 impl Client {
     /// Guards one call: acquires, runs `f` only if allowed (after any shaping
@@ -108,21 +179,37 @@ impl Client {
     /// let answer = client
     ///     .guard(Acquire::new("inventory"))
     ///     // A 404 is an answer, not a failure of the downstream.
-    ///     .classify(|r: &Result<u32, u16>| if matches!(r, Err(404)) { Outcome::Success } else if r.is_ok() { Outcome::Success } else { Outcome::Failure })
+    ///     .classify(|r: &Result<u32, u16>| if matches!(r, Ok(_) | Err(404)) { Outcome::Success } else { Outcome::Failure })
     ///     .run(|| async { Ok::<u32, u16>(7) })
     ///     .await;
     /// assert_eq!(answer.unwrap(), 7);
     /// # }
     /// ```
     pub fn guard(&self, req: Acquire) -> Guard<'_> {
-        Guard { client: self, req, classify: ByResult }
+        Guard { client: self, req, classify: ByResult, cancelled: None, key: None }
     }
 }
+
+// === impl Guard ===
 
 impl<'c, C> Guard<'c, C> {
     /// Decides success and failure another way (by default `Err` is a failure).
     pub fn classify<C2>(self, classify: C2) -> Guard<'c, C2> {
-        Guard { client: self.client, req: self.req, classify }
+        Guard { client: self.client, req: self.req, classify, cancelled: self.cancelled, key: self.key }
+    }
+
+    /// How this call counts if it is cancelled before it finishes.
+    pub fn cancelled_as(mut self, outcome: Outcome) -> Self {
+        self.cancelled = Some(outcome);
+        self
+    }
+
+    /// What the last good value is kept under. By default the resource with
+    /// its descriptors: set it to what the answer depends on (an item's id)
+    /// so that one caller's value is never served to another.
+    pub fn last_good_key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
     }
 
     /// Runs `f` if allowed. Denied calls never run `f`.
@@ -132,62 +219,59 @@ impl<'c, C> Guard<'c, C> {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let decision = self.client.acquire(&self.req).await.map_err(GuardError::Client)?;
+        let mut decision = self.client.acquire(&self.req).await.map_err(GuardError::Client)?;
         if !decision.is_allowed() {
             return Err(GuardError::Denied(Box::new(decision)));
         }
         if !decision.wait.is_zero() {
             tokio::time::sleep(decision.wait).await;
         }
+        let permit = decision.permit.take().map(|p| match self.cancelled {
+            Some(outcome) => p.on_drop(outcome),
+            None => p,
+        });
         let start = Instant::now();
+        // If this future is dropped here, the permit reports itself as cancelled.
         let result = f().await;
-        if let Some(permit) = &decision.permit {
-            self.client.report(permit, self.classify.classify(&result), Some(start.elapsed()));
+        if let Some(permit) = permit {
+            permit.report_latency(self.classify.classify(&result), start.elapsed());
         }
         result.map_err(GuardError::Failed)
     }
 
-    /// Runs `f` if allowed; when denied or failed, serves `fallback` instead.
-    /// Errors only when there is nothing to fall back on (`LastGood` before a
-    /// first good value) or Floodgate refused the question.
-    pub async fn run_or<T, E, F, Fut>(self, fallback: &Fallback<T>, f: F) -> Result<Served<T>, GuardError<E>>
+    /// Runs `f` if allowed; when denied or failed, serves `fallback` instead,
+    /// with the cause. Errors only when there is nothing to fall back on
+    /// (`LastGood` before a first good value) or the question was bad input.
+    pub async fn run_or<T, E, F, Fut>(self, fallback: &Fallback<T, E>, f: F) -> Result<Served<T, E>, GuardError<E>>
     where
         T: Clone + Send + Sync + 'static,
         C: Classify<T, E>,
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let (client, resource) = (self.client, self.req.resource().to_string());
-        match self.run(f).await {
+        let client = self.client;
+        let key = self.key.clone().unwrap_or_else(|| crate::local::key(&self.req));
+        let cause = match self.run(f).await {
             Ok(v) => {
                 if matches!(fallback, Fallback::LastGood) {
-                    client
-                        .inner()
-                        .last_good
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(resource, Box::new(v.clone()));
+                    client.inner().last_good.put(key, &v);
                 }
-                Ok(Served::Fresh(v))
+                return Ok(Served::Fresh(v));
             }
-            Err(GuardError::Client(e)) => Err(GuardError::Client(e)),
-            Err(e) => {
-                let denial = match &e {
-                    GuardError::Denied(d) => Some(&**d),
-                    _ => None,
-                };
-                match fallback {
-                    Fallback::Value(v) => Ok(Served::Fallback(v.clone())),
-                    Fallback::With(f) => Ok(Served::Fallback(f(denial))),
-                    Fallback::LastGood => {
-                        let stored = client.inner().last_good.lock().unwrap_or_else(|e| e.into_inner());
-                        match stored.get(&resource).and_then(|v| v.downcast_ref::<T>()) {
-                            Some(v) => Ok(Served::Stale(v.clone())),
-                            None => Err(e),
-                        }
-                    }
-                }
-            }
+            Err(GuardError::Client(e)) => return Err(GuardError::Client(e)),
+            Err(GuardError::Denied(d)) => Cause::Denied(d),
+            Err(GuardError::Failed(e)) => Cause::Failed(e),
+        };
+        match fallback {
+            Fallback::Value(v) => Ok(Served::Fallback(v.clone(), cause)),
+            Fallback::With(f) => Ok(Served::Fallback(f(&cause), cause)),
+            Fallback::LastGood => match client.inner().last_good.get::<T>(&key) {
+                Some(v) => Ok(Served::Stale(v, cause)),
+                None => Err(match cause {
+                    Cause::Denied(d) => GuardError::Denied(d),
+                    Cause::Failed(e) => GuardError::Failed(e),
+                }),
+            },
         }
     }
 }
@@ -197,33 +281,33 @@ impl<'c, C> Guard<'c, C> {
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// use floodgate_client::guard::ResourceGuard;
+/// use floodgate_client::guard::{Cause, ResourceGuard};
 /// use floodgate_client::{Client, Fallback, FailMode, Served};
 ///
 /// let client = Client::builder().endpoint("http://127.0.0.1:1").fail_mode(FailMode::Closed).build().unwrap();
 /// let prices = ResourceGuard::new(&client, "prices", Fallback::Value(vec![1.0_f64]));
-/// // The server is unreachable and the client fails closed: the fallback is served.
+/// // The server is unreachable and the client fails closed: the fallback is served, with why.
 /// let served = prices.run(|a| a, || async { Ok::<_, ()>(vec![2.0]) }).await.unwrap();
-/// assert_eq!(served, Served::Fallback(vec![1.0]));
+/// assert!(matches!(served, Served::Fallback(ref v, Cause::Denied(_)) if *v == vec![1.0]));
 /// # }
 /// ```
-pub struct ResourceGuard<T> {
+pub struct ResourceGuard<T, E> {
     client: Client,
     resource: String,
-    fallback: Fallback<T>,
+    fallback: Fallback<T, E>,
 }
 
-impl<T: Clone + Send + Sync + 'static> ResourceGuard<T> {
-    pub fn new(client: &Client, resource: impl Into<String>, fallback: Fallback<T>) -> Self {
+impl<T: Clone + Send + Sync + 'static, E> ResourceGuard<T, E> {
+    pub fn new(client: &Client, resource: impl Into<String>, fallback: Fallback<T, E>) -> Self {
         ResourceGuard { client: client.clone(), resource: resource.into(), fallback }
     }
 
     /// One call; `describe` adds descriptors (and cost) to the question.
-    pub async fn run<E, F, Fut>(
+    pub async fn run<F, Fut>(
         &self,
         describe: impl FnOnce(Acquire) -> Acquire,
         f: F,
-    ) -> Result<Served<T>, GuardError<E>>
+    ) -> Result<Served<T, E>, GuardError<E>>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,

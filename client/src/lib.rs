@@ -4,14 +4,19 @@
 //! something, report after, and fall back gracefully when denied or when the
 //! server is gone.
 //!
-//! - [`Client`]: `acquire` (a [`Decision`]) and `report` (batched in the
-//!   background, never blocking the caller); fail open or closed within a short
-//!   deadline when the server cannot be reached, with a local breaker on the
-//!   connection and automatic reconnection; a local cache of open breakers fed
-//!   by Watch, so an open circuit costs no round trip.
+//! - [`Client`]: `acquire` (a [`Decision`]), `acquire_batch`, `acquire_until`;
+//!   an admitted call's [`Permit`] reports its outcome (batched in the
+//!   background, never blocking the caller), and reports itself when dropped
+//!   unreported (a cancelled call). Without a server: fail open, closed, or
+//!   decide locally at a share of the last known limits, within a short
+//!   deadline, with a local breaker on the connection and automatic
+//!   reconnection. Watch feeds a cache of open breakers and of the rule
+//!   patterns, so an open circuit or a resource without a rule costs no
+//!   round trip.
 //! - [`Client::guard`]: acquire, run, time, classify and report in one call;
-//!   [`Fallback`]s (a value, the last good value, a closure) per call or per
-//!   resource ([`ResourceGuard`]).
+//!   [`Fallback`]s (a value, the last good value for the same question, a
+//!   closure given the cause) per call or per resource
+//!   ([`guard::ResourceGuard`]).
 //! - [`http::FloodgateLayer`]: a tower layer for HTTP services (axum, hyper)
 //!   answering 429/503 with `Retry-After` and the rate limit fields.
 //! - [`grpc::FloodgateGrpcLayer`]: the same for tonic services.
@@ -34,7 +39,7 @@
 //! }
 //! # }
 //! ```
-
+//!
 //! ## The surface
 //!
 //! At the root, what every caller touches: [`Client`] and its [`Builder`],
@@ -47,6 +52,7 @@
 //! stubs). Types that may grow are `#[non_exhaustive]`; builders that take
 //! user input return `Result` and never panic.
 
+mod builder;
 mod client;
 mod connection;
 pub mod decision;
@@ -54,12 +60,14 @@ mod error;
 pub mod grpc;
 pub mod guard;
 pub mod http;
-mod in_flight;
-mod open_breakers;
+mod local;
+mod permit;
 mod reporter;
 pub mod stats;
+mod watch;
 
-pub use client::{Builder, Client, FailMode, Tls};
+pub use builder::{Builder, FailMode, Tls};
+pub use client::Client;
 pub use decision::{Acquire, Decision, Outcome, Permit, Verdict};
 pub use error::Error;
 pub use floodgate_proto as proto;

@@ -1,5 +1,9 @@
-//! Outcome reports, batched in the background: `report` never blocks or fails
-//! the caller's path. Reports go to the server that issued the permit.
+//! Outcome reports, batched in the background: reporting never blocks or
+//! fails the caller's path. A batch leaves when it is full, or at most
+//! `interval` after its first report (not after a pause: a steady trickle
+//! of reports never holds one back); a report that frees a concurrency slot or
+//! decides a half-open probe leaves at once, with whatever is queued. Reports
+//! go to the server that issued the permit.
 
 use std::time::Duration;
 
@@ -14,7 +18,8 @@ use crate::stats::Stats;
 const QUEUE: usize = 10_000;
 
 pub(crate) enum Item {
-    Report(pb::ReportOutcomeRequest),
+    /// A report, and whether it must leave at once.
+    Report(pb::ReportOutcomeRequest, bool),
     Flush(oneshot::Sender<()>),
 }
 
@@ -37,8 +42,8 @@ impl Reporter {
     }
 
     /// Queues a report; when the queue is full it is dropped (and counted).
-    pub(crate) fn send(&self, report: pb::ReportOutcomeRequest) -> bool {
-        self.tx.try_send(Item::Report(report)).is_ok()
+    pub(crate) fn send(&self, report: pb::ReportOutcomeRequest, urgent: bool) -> bool {
+        self.tx.try_send(Item::Report(report, urgent)).is_ok()
     }
 
     /// Waits until everything queued so far was sent (or given up on).
@@ -57,31 +62,38 @@ async fn run(
     stats: std::sync::Arc<Stats>,
 ) {
     let mut batch = Vec::with_capacity(s.batch);
+    // When the batch in hand must leave: its first report plus the interval.
+    let mut due: Option<tokio::time::Instant> = None;
     loop {
-        let item = if batch.is_empty() {
-            rx.recv().await
-        } else {
-            match tokio::time::timeout(s.interval, rx.recv()).await {
-                Ok(item) => item,
-                Err(_) => {
+        let item = match due {
+            None => rx.recv().await,
+            Some(at) => tokio::select! {
+                item = rx.recv() => item,
+                () = tokio::time::sleep_until(at) => {
                     deliver(&mut grpc, &mut batch, &s, &stats).await;
+                    due = None;
                     continue;
                 }
-            }
+            },
         };
         match item {
             None => {
                 deliver(&mut grpc, &mut batch, &s, &stats).await;
                 return;
             }
-            Some(Item::Report(r)) => {
+            Some(Item::Report(r, urgent)) => {
+                if batch.is_empty() {
+                    due = Some(tokio::time::Instant::now() + s.interval);
+                }
                 batch.push(r);
-                if batch.len() >= s.batch {
+                if urgent || batch.len() >= s.batch {
                     deliver(&mut grpc, &mut batch, &s, &stats).await;
+                    due = None;
                 }
             }
             Some(Item::Flush(done)) => {
                 deliver(&mut grpc, &mut batch, &s, &stats).await;
+                due = None;
                 let _ = done.send(());
             }
         }

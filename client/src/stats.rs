@@ -7,6 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub struct Stats {
     rpcs: AtomicU64,
     cached_denials: AtomicU64,
+    no_rule: AtomicU64,
+    server_errors: AtomicU64,
     without_server: AtomicU64,
     reports_counted: AtomicU64,
     reports_uncounted: AtomicU64,
@@ -21,6 +23,10 @@ pub struct StatsSnapshot {
     pub rpcs: u64,
     /// Denials answered from the open-breaker cache, with no round trip.
     pub cached_denials: u64,
+    /// Calls on resources no rule matches, allowed with no round trip.
+    pub no_rule: u64,
+    /// Server answers that were errors rather than decisions (the fail mode answered).
+    pub server_errors: u64,
     /// Decisions made without the server (fail open or closed).
     pub without_server: u64,
     /// Reports the server counted, and those it did not (expired or unknown permits).
@@ -37,6 +43,14 @@ impl Stats {
 
     pub(crate) fn cached_denial(&self) {
         self.cached_denials.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn no_rule(&self) {
+        self.no_rule.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn server_error(&self) {
+        self.server_errors.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn without_server(&self) {
@@ -57,6 +71,8 @@ impl Stats {
         StatsSnapshot {
             rpcs: l(&self.rpcs),
             cached_denials: l(&self.cached_denials),
+            no_rule: l(&self.no_rule),
+            server_errors: l(&self.server_errors),
             without_server: l(&self.without_server),
             reports_counted: l(&self.reports_counted),
             reports_uncounted: l(&self.reports_uncounted),

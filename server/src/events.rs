@@ -24,9 +24,11 @@ pub enum Event {
         transition: Transition,
     },
     Degradation(LevelChange),
+    /// `patterns`: the rule patterns now in force, in file order.
     Rules {
         version: u64,
         source: String,
+        patterns: Arc<[String]>,
     },
 }
 

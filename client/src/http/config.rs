@@ -1,18 +1,31 @@
-//! What the HTTP layer asks for a request, and how it judges the response.
+//! What the HTTP layer asks for a request, how it judges the response, and
+//! how it answers a denial.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
-use http::{Request, StatusCode};
+use http::request::Parts;
+use http::{Response, StatusCode};
 
 use super::route::Routes;
-use crate::decision::{Acquire, Outcome};
+use crate::decision::{Acquire, Decision, Outcome};
+
+pub(crate) type Describe = Arc<dyn Fn(&Parts) -> Option<Acquire> + Send + Sync>;
+pub(crate) type ClassifyFn = Arc<dyn Fn(StatusCode) -> Outcome + Send + Sync>;
+pub(crate) type OnDenied = Arc<dyn Fn(&Decision) -> Response<String> + Send + Sync>;
 
 #[derive(Clone)]
 pub(crate) struct Config {
     pub(crate) routes: Routes,
     pub(crate) headers: Vec<(http::HeaderName, String)>,
     pub(crate) client_ip: Option<String>,
-    pub(crate) classify: fn(StatusCode) -> Outcome,
+    /// Use axum's `MatchedPath` as the route when no template matches.
+    pub(crate) matched_path: bool,
+    /// Replaces everything above: the question for a request, or `None` to
+    /// let it through unasked.
+    pub(crate) describe: Option<Describe>,
+    pub(crate) classify: ClassifyFn,
+    pub(crate) on_denied: Option<OnDenied>,
 }
 
 impl Default for Config {
@@ -21,18 +34,24 @@ impl Default for Config {
             routes: Routes::default(),
             headers: Vec::new(),
             client_ip: None,
-            classify: |s| if s.is_server_error() { Outcome::Failure } else { Outcome::Success },
+            matched_path: true,
+            describe: None,
+            classify: Arc::new(|s: StatusCode| if s.is_server_error() { Outcome::Failure } else { Outcome::Success }),
+            on_denied: None,
         }
     }
 }
 
 impl Config {
-    /// The question for one request.
-    pub(crate) fn describe<B>(&self, req: &Request<B>) -> Acquire {
-        let resource = format!("{} {}", req.method(), self.routes.resolve(req.uri().path()));
+    /// The question for one request; `None` lets it through unasked.
+    pub(crate) fn describe(&self, req: &Parts) -> Option<Acquire> {
+        if let Some(describe) = &self.describe {
+            return describe(req);
+        }
+        let resource = format!("{} {}", req.method, self.route(req));
         let mut ask = Acquire::new(resource);
         for (header, descriptor) in &self.headers {
-            if let Some(v) = req.headers().get(header).and_then(|v| v.to_str().ok()) {
+            if let Some(v) = req.headers.get(header).and_then(|v| v.to_str().ok()) {
                 ask = ask.descriptor(descriptor.clone(), v);
             }
         }
@@ -41,20 +60,36 @@ impl Config {
         {
             ask = ask.descriptor(descriptor.clone(), ip);
         }
-        ask
+        Some(ask)
+    }
+
+    /// A template that matches, else the route axum matched, else the path
+    /// with its ids replaced.
+    fn route(&self, req: &Parts) -> String {
+        let path = req.uri.path();
+        if let Some(template) = self.routes.template(path) {
+            return template.to_string();
+        }
+        #[cfg(feature = "axum")]
+        if self.matched_path
+            && let Some(m) = req.extensions.get::<axum::extract::MatchedPath>()
+        {
+            return m.as_str().to_string();
+        }
+        self.routes.resolve(path)
     }
 }
 
-fn client_ip<B>(req: &Request<B>) -> Option<String> {
-    let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
+fn client_ip(req: &Parts) -> Option<String> {
+    let header = |name: &str| req.headers.get(name).and_then(|v| v.to_str().ok());
     if let Some(first) = header("x-forwarded-for").and_then(|v| v.split(',').next()) {
         return Some(first.trim().to_string());
     }
     if let Some(ip) = header("x-real-ip") {
         return Some(ip.trim().to_string());
     }
-    let peer = req.extensions().get::<SocketAddr>().copied();
+    let peer = req.extensions.get::<SocketAddr>().copied();
     #[cfg(feature = "axum")]
-    let peer = peer.or_else(|| req.extensions().get::<axum::extract::ConnectInfo<SocketAddr>>().map(|c| c.0));
+    let peer = peer.or_else(|| req.extensions.get::<axum::extract::ConnectInfo<SocketAddr>>().map(|c| c.0));
     peer.map(|a| a.ip().to_string())
 }

@@ -3,17 +3,37 @@
 
 use std::sync::Arc;
 
-use http::StatusCode;
+use http::request::Parts;
+use http::{Response, StatusCode};
 use tower::Layer;
 
 use super::config::Config;
 use super::route::Routes;
 use super::service::Floodgate;
 use crate::client::Client;
-use crate::decision::Outcome;
+use crate::decision::{Acquire, Decision, Outcome};
 use crate::error::Error;
 
 /// Protects every request of the wrapped service with Floodgate.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), floodgate_client::Error> {
+/// use floodgate_client::{Acquire, Client, Outcome};
+/// use floodgate_client::http::FloodgateLayer;
+///
+/// let client = Client::connect("http://127.0.0.1:50051")?;
+/// let tenant_limits = FloodgateLayer::new(client)
+///     // The question for each request, or None to let it through unasked.
+///     .describe(|req| {
+///         let tenant = req.headers.get("x-tenant")?.to_str().ok()?;
+///         (req.uri.path() != "/healthz").then(|| Acquire::new("api").descriptor("tenant", tenant))
+///     })
+///     // A closure may capture: 429s from upstream are failures too.
+///     .classify(move |status| if status.is_server_error() || status.as_u16() == 429 { Outcome::Failure } else { Outcome::Success });
+/// # let _ = tenant_limits;
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct FloodgateLayer {
     client: Client,
@@ -29,9 +49,19 @@ impl FloodgateLayer {
         Arc::make_mut(&mut self.config)
     }
 
-    /// Route templates (`/api/orders/:id`) that resources are named after.
+    /// Route templates that resources are named after: `/api/orders/:id` or
+    /// axum's `/api/orders/{id}` (and `{*rest}`). Without a matching template
+    /// the route axum matched (`MatchedPath`) is used, else the path with its
+    /// ids replaced by `:id`.
     pub fn routes<I: IntoIterator<Item = S>, S: Into<String>>(mut self, templates: I) -> Self {
         self.config().routes = Routes::new(templates);
+        self
+    }
+
+    /// Whether axum's `MatchedPath` names the resource when no template
+    /// matches (default on).
+    pub fn matched_path(mut self, on: bool) -> Self {
+        self.config().matched_path = on;
         self
     }
 
@@ -52,9 +82,24 @@ impl FloodgateLayer {
         self
     }
 
+    /// Builds the question from the request instead (method, URI, headers,
+    /// extensions); `None` lets the request through unasked (health checks).
+    /// Replaces the routes, headers and client IP settings.
+    pub fn describe(mut self, f: impl Fn(&Parts) -> Option<Acquire> + Send + Sync + 'static) -> Self {
+        self.config().describe = Some(Arc::new(f));
+        self
+    }
+
     /// How a response's status is reported (default: 5xx is a failure).
-    pub fn classify(mut self, f: fn(StatusCode) -> Outcome) -> Self {
-        self.config().classify = f;
+    pub fn classify(mut self, f: impl Fn(StatusCode) -> Outcome + Send + Sync + 'static) -> Self {
+        self.config().classify = Arc::new(f);
+        self
+    }
+
+    /// The answer to a denied request, instead of the JSON default. The rate
+    /// limit fields and `Retry-After` are added to it.
+    pub fn on_denied(mut self, f: impl Fn(&Decision) -> Response<String> + Send + Sync + 'static) -> Self {
+        self.config().on_denied = Some(Arc::new(f));
         self
     }
 }

@@ -5,6 +5,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use http::{Request, Response};
 use tower::Service;
@@ -12,8 +13,7 @@ use tower::Service;
 use super::config::Config;
 use super::headers::{denial_body, denial_status, rate_limit_headers};
 use crate::client::Client;
-use crate::decision::Outcome;
-use crate::in_flight::InFlight;
+use crate::decision::{Decision, Outcome};
 
 /// The service [`FloodgateLayer`](super::FloodgateLayer) makes.
 #[derive(Clone)]
@@ -53,8 +53,11 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let (client, config) = (self.client.clone(), self.config.clone());
         Box::pin(async move {
-            let ask = config.describe(&req);
-            let decision = match client.acquire(&ask).await {
+            let (parts, body) = req.into_parts();
+            let ask = config.describe(&parts);
+            let req = Request::from_parts(parts, body);
+            let Some(ask) = ask else { return inner.call(req).await };
+            let mut decision = match client.acquire(&ask).await {
                 Ok(d) => d,
                 Err(e) => {
                     // Bad input (say, an over-long header): serve unprotected, loudly.
@@ -63,26 +66,22 @@ where
                 }
             };
             if !decision.is_allowed() {
-                let mut response = Response::new(RB::from(denial_body(&decision)));
-                *response.status_mut() = denial_status(decision.verdict);
-                rate_limit_headers(&decision, response.headers_mut());
-                response
-                    .headers_mut()
-                    .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
-                return Ok(response);
+                return Ok(denial(&decision, &config).map(RB::from));
             }
             if !decision.wait.is_zero() {
                 tokio::time::sleep(decision.wait).await;
             }
-            // Reports a call dropped before it finishes (a timeout, a client gone) as a failure.
-            let report = decision.permit.clone().map(|p| InFlight::new(&client, p));
+            // Dropped before it finishes (a timeout, a client gone), the
+            // permit reports the call as cancelled.
+            let permit = decision.permit.take();
+            let start = Instant::now();
             let result = inner.call(req).await;
-            if let Some(report) = report {
+            if let Some(permit) = permit {
                 let outcome = match &result {
                     Ok(r) => (config.classify)(r.status()),
                     Err(_) => Outcome::Failure,
                 };
-                report.finish(outcome);
+                permit.report_latency(outcome, start.elapsed());
             }
             result.map(|mut r| {
                 rate_limit_headers(&decision, r.headers_mut());
@@ -90,4 +89,20 @@ where
             })
         })
     }
+}
+
+/// The answer to a denied request: the layer's own, or the JSON default,
+/// with the rate limit fields.
+fn denial(decision: &Decision, config: &Config) -> Response<String> {
+    let mut response = match &config.on_denied {
+        Some(f) => f(decision),
+        None => {
+            let mut r = Response::new(denial_body(decision));
+            *r.status_mut() = denial_status(decision.verdict);
+            r.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+            r
+        }
+    };
+    rate_limit_headers(decision, response.headers_mut());
+    response
 }

@@ -16,8 +16,8 @@ pub struct RuleMetrics {
     verdicts: [Counter; 5],
     /// RATE_LIMITED, by the index of the limit that denied.
     limited_by: Vec<Counter>,
-    /// Per limit: (admitted, exceeded).
-    limits: Vec<(Counter, Counter)>,
+    /// Per limit: (admitted, exceeded, exceeded in shadow mode).
+    limits: Vec<(Counter, Counter, Counter)>,
 }
 
 impl RuleMetrics {
@@ -38,21 +38,28 @@ impl RuleMetrics {
             .map(|l| counter!(DECISIONS, "resource" => r.clone(), "verdict" => "RATE_LIMITED", "limit" => l.clone()))
             .collect();
         let result = |l: &String, res: &'static str| counter!(LIMIT_DECISIONS, "resource" => r.clone(), "limit" => l.clone(), "result" => res);
-        let limits = limits.iter().map(|l| (result(l, "admitted"), result(l, "exceeded"))).collect();
+        let limits = limits
+            .iter()
+            .map(|l| (result(l, "admitted"), result(l, "exceeded"), result(l, "shadow_exceeded")))
+            .collect();
         RuleMetrics { verdicts, limited_by, limits }
     }
 
     /// Counts one decision: its verdict (as `VERDICTS` orders them), the
     /// index of the limit that denied it if a limit did, and every matched
-    /// limit's (index, exceeded).
-    pub fn record(&self, verdict: usize, denied_by: Option<usize>, limits: impl Iterator<Item = (usize, bool)>) {
+    /// limit's (index, exceeded, shadow).
+    pub fn record(&self, verdict: usize, denied_by: Option<usize>, limits: impl Iterator<Item = (usize, bool, bool)>) {
         match denied_by {
             Some(i) => self.limited_by[i].increment(1),
             None => self.verdicts[verdict].increment(1),
         }
-        for (index, exceeded) in limits {
-            let (admitted, over) = &self.limits[index];
-            if exceeded { over } else { admitted }.increment(1);
+        for (index, exceeded, shadow) in limits {
+            let (admitted, over, shadowed) = &self.limits[index];
+            match (exceeded, shadow) {
+                (false, _) => admitted.increment(1),
+                (true, false) => over.increment(1),
+                (true, true) => shadowed.increment(1),
+            }
         }
     }
 }

@@ -34,7 +34,8 @@ pub struct LimitReport<'r> {
     /// The limit's position in its rule.
     pub index: usize,
     pub status: Status,
-    /// This limit would not admit the cost.
+    /// This limit would not admit the cost (a shadow limit's denial is only
+    /// reported: `limit.shadow`).
     pub exceeded: bool,
 }
 
@@ -52,6 +53,8 @@ pub struct Answer<'r> {
     pub wait: Duration,
     /// Set when admitted on a resource with a breaker or a concurrency limit.
     pub permit_id: Option<String>,
+    /// The permit holds a concurrency slot.
+    pub holds_slot: bool,
     pub breaker_state: Option<breaker::State>,
     pub degradation_level: u32,
     /// Why it was denied before the limits were looked at.
@@ -113,6 +116,7 @@ impl Answer<'_> {
             retry_after: Duration::ZERO,
             wait: Duration::ZERO,
             permit_id: None,
+            holds_slot: false,
             breaker_state: None,
             degradation_level: level,
             denial: None,
@@ -129,10 +133,10 @@ impl Answer<'_> {
             Verdict::Shed => 4,
         };
         let denied_by = match self.verdict {
-            Verdict::RateLimited => self.limits.iter().find(|r| r.exceeded).map(|r| r.index),
+            Verdict::RateLimited => self.limits.iter().find(|r| r.exceeded && !r.limit.shadow).map(|r| r.index),
             _ => None,
         };
-        metrics.record(verdict, denied_by, self.limits.iter().map(|r| (r.index, r.exceeded)));
+        metrics.record(verdict, denied_by, self.limits.iter().map(|r| (r.index, r.exceeded, r.limit.shadow)));
     }
 
     /// One human line for a denial, naming the limit or breaker; empty when allowed.
@@ -141,18 +145,16 @@ impl Answer<'_> {
             return denial.to_string();
         }
         let mut out = String::new();
-        for report in self.limits.iter().filter(|r| r.exceeded) {
+        for report in self.limits.iter().filter(|r| r.exceeded && !r.limit.shadow) {
             if !out.is_empty() {
                 out.push_str("; ");
             }
-            let (l, alg) = (report.limit, &report.limit.algorithm);
+            let l = report.limit;
             let _ = write!(
                 out,
-                "limit '{}' ({} {} per {}) exceeded, retry in {}",
+                "limit '{}' ({}) exceeded, retry in {}",
                 l.name,
-                alg.name(),
-                alg.capacity(),
-                duration::format(alg.window()),
+                l.algorithm.summary(),
                 duration::human(report.status.retry_after),
             );
         }
@@ -230,7 +232,7 @@ impl Engine {
         } else {
             self.take_all_or_nothing(matched, resource, now, cost)
         };
-        if decisions.iter().any(|d| !d.admitted) {
+        if matched.iter().zip(&decisions).any(|((l, ..), d)| enforced_denial(l, d)) {
             // Nothing was taken: the limits that would have admitted report
             // what they hold, not what they would hold after this cost.
             for ((l, _, k), d) in matched.iter().zip(&mut decisions).filter(|(_, d)| d.admitted) {
@@ -269,7 +271,8 @@ impl Engine {
     /// what the earlier ones took is given back, and the later ones are only
     /// checked so that the answer still reports every limit. A concurrent
     /// caller may see the taken units for that instant: it can be denied
-    /// spuriously, never admitted beyond a limit.
+    /// spuriously, never admitted beyond a limit. A shadow limit takes what it
+    /// admits, and its denial denies nothing.
     pub(super) fn take_all_or_nothing(
         &self,
         matched: &Matched<'_>,
@@ -286,9 +289,10 @@ impl Engine {
             } else {
                 self.buckets.acquire(key.clone(), alg, now, cost)
             };
-            if !d.admitted && !denied {
+            if !d.admitted && !denied && !limit.shadow {
                 denied = true;
-                for (l, _, k) in &matched[..decisions.len()] {
+                let taken = matched.iter().zip(decisions.iter()).filter(|(_, d): &(_, &Decision)| d.admitted);
+                for ((l, _, k), _) in taken {
                     self.buckets.refund(k, &l.algorithm, now, cost);
                     self.note_replicated(l, k, resource, -(cost as i64), now);
                 }
@@ -332,9 +336,14 @@ fn matched<'r, D: Descriptors + ?Sized>(rule: &'r Rule, resource: &str, d: &D) -
         .collect()
 }
 
+/// A denial that counts: by a limit that is not in shadow mode.
+pub(super) fn enforced_denial(l: &Limit, d: &Decision) -> bool {
+    !d.admitted && !l.shadow
+}
+
 pub(super) fn fill_limits<'r>(answer: &mut Answer<'r>, matched: &Matched<'r>, decisions: &[Decision]) {
     for ((limit, index, _), d) in matched.iter().zip(decisions) {
-        if !d.admitted {
+        if enforced_denial(limit, d) {
             answer.verdict = Verdict::RateLimited;
             answer.retry_after = answer.retry_after.max(d.status.retry_after);
         }

@@ -87,8 +87,9 @@ impl Engine {
     /// Swaps in a new rule set atomically and returns its version. Limits that
     /// keep their resource, name and algorithm keep their buckets.
     pub fn install(&self, rules: RuleSet, yaml: String, source: String) -> u64 {
+        let patterns = rules.rules().iter().map(|r| r.name.clone()).collect();
         let version = self.rules.install(rules, yaml, source.clone());
-        self.events.publish(Event::Rules { version, source });
+        self.events.publish(Event::Rules { version, source, patterns });
         version
     }
 

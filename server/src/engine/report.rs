@@ -37,6 +37,8 @@ pub struct Snapshot {
     pub breakers: Vec<(String, Info)>,
     pub level: Level,
     pub rules_version: u64,
+    /// The rule patterns in force, in file order.
+    pub patterns: Vec<String>,
 }
 
 impl Engine {
@@ -58,7 +60,7 @@ impl Engine {
         if permit.expires_at <= now {
             outcome_counter(rules, &permit.resource, outcome, "expired");
             let state = self.current_state(rules, &permit.resource);
-            self.release(permit);
+            self.release(permit, now);
             return Ok(Reported { counted: false, breaker_state: state });
         }
         permit.guarded.touch(now);
@@ -78,7 +80,7 @@ impl Engine {
             _ => None,
         };
         outcome_counter(rules, &permit.resource, outcome, "counted");
-        self.release(permit);
+        self.release(permit, now);
         Ok(Reported { counted: true, breaker_state: state })
     }
 
@@ -110,9 +112,9 @@ impl Engine {
         Some(state)
     }
 
-    fn release(&self, permit: Permit) {
+    fn release(&self, permit: Permit, now: Timestamp) {
         if permit.holds_slot {
-            permit.guarded.release_slot();
+            permit.guarded.release_slot_after(Duration::from_nanos(now.saturating_since(permit.issued_at)));
         }
     }
 
@@ -127,7 +129,7 @@ impl Engine {
         let now = self.clock.now();
         for permit in self.permits.expire(now) {
             metrics::counter!(crate::metrics::PERMITS_EXPIRED).increment(1);
-            self.release(permit);
+            self.release(permit, now);
         }
         let rules = self.rules();
         for (resource, guarded) in self.guards.all() {
@@ -149,7 +151,8 @@ impl Engine {
     /// What a Watch stream starts with.
     pub fn snapshot(&self) -> Snapshot {
         let rules = self.rules();
-        Snapshot { breakers: self.breakers(&rules), level: self.level(), rules_version: rules.version }
+        let patterns = rules.resource_names();
+        Snapshot { breakers: self.breakers(&rules), level: self.level(), rules_version: rules.version, patterns }
     }
 
     /// Every breaker in use, by resource.

@@ -127,7 +127,7 @@ mod tests {
     }
 
     fn rules_event(version: u64) -> Event {
-        Event::Rules { version, source: "test".into() }
+        Event::Rules { version, source: "test".into(), patterns: Vec::new().into() }
     }
 
     #[tokio::test]

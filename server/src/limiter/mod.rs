@@ -122,6 +122,20 @@ impl Algorithm {
         }
     }
 
+    /// The limit in words, for reasons: a window's `fixed_window 3 per 1m`, a
+    /// rate's `token_bucket of 3, refilling 1/s`.
+    pub fn summary(&self) -> String {
+        let window = |w: u64| crate::rules::duration::format(Duration::from_nanos(w));
+        match self {
+            Algorithm::TokenBucket(c) => format!("token_bucket of {}, refilling {}", c.capacity, c.refill),
+            Algorithm::Gcra(c) => format!("gcra of {}/s, burst {}", c.rate.as_f64(), c.burst),
+            Algorithm::LeakyBucket(c) => format!("leaky_bucket of {}, leaking {}", c.capacity, c.leak),
+            Algorithm::FixedWindow(c) => format!("fixed_window {} per {}", c.limit, window(c.window)),
+            Algorithm::SlidingWindowLog(c) => format!("sliding_window_log {} per {}", c.limit, window(c.window)),
+            Algorithm::SlidingWindow(c) => format!("sliding_window {} per {}", c.limit, window(c.window)),
+        }
+    }
+
     /// The largest cost this limit can ever admit at once; a bigger cost is bad input.
     pub fn capacity(&self) -> u64 {
         match self {

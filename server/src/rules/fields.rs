@@ -190,6 +190,18 @@ impl<'a> Fields<'a> {
         Some(n)
     }
 
+    /// A true/false switch; absent is false.
+    pub(super) fn flag(&self, key: &str) -> bool {
+        match self.get(key) {
+            None => false,
+            Some(Value::Bool(b)) => *b,
+            Some(v) => {
+                self.error(key, format!("must be true or false, got {}", show(v)));
+                false
+            }
+        }
+    }
+
     pub(super) fn f64(&self, key: &str) -> Option<f64> {
         let v = self.get(key)?;
         match v.as_f64() {

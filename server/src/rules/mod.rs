@@ -13,6 +13,7 @@ use crate::limiter::Algorithm;
 pub mod bounds;
 mod breaker;
 pub mod duration;
+pub mod envoy;
 mod fields;
 pub mod glob;
 mod parse;
@@ -75,6 +76,9 @@ pub struct Limit {
     pub algorithm: Algorithm,
     pub sync: SyncMode,
     pub on_redis_error: OnRedisError,
+    /// Evaluated and counted, never enforced: a denial by this limit leaves
+    /// the verdict alone (the answer says it would have denied).
+    pub shadow: bool,
 }
 
 /// A limit's identity in the bucket store.

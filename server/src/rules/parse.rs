@@ -21,7 +21,7 @@ const MAX_AMOUNT: u64 = 1_000_000_000_000;
 /// The longest window or refill period (about 31 years).
 const MAX_SPAN_NANOS: u64 = 1_000_000_000_000_000_000;
 const MIN_WINDOW: Duration = Duration::from_millis(1);
-const COMMON: &[&str] = &["name", "key", "algorithm", "sync", "on_redis_error"];
+const COMMON: &[&str] = &["name", "key", "algorithm", "sync", "on_redis_error", "shadow"];
 
 pub(super) fn rule_set(text: &str, file: &str) -> Result<RuleSet, RuleErrors> {
     let out = Collector::new(file);
@@ -74,12 +74,15 @@ fn resource(out: &Collector, item: &Value, index: usize) -> Option<Rule> {
     let f = out.fields(item, None, &format!("resources[{index}]"))?;
     let f = Fields::with_resource(f, &label);
     let errors_before = out.count();
-    f.deny_unknown(&["name", "limits", "concurrency", "breaker", "shed_at_level", "max_breakers"]);
+    f.deny_unknown(&["name", "limits", "concurrency", "breaker", "shed_at_level", "max_breakers", "shadow"]);
     let name = f.required("name", Fields::string);
     if let Some(n) = &name {
         check_name(&f, "name", n);
     }
-    let limits = limits(&f);
+    let mut limits = limits(&f);
+    if f.flag("shadow") {
+        limits.iter_mut().for_each(|l| l.shadow = true);
+    }
     let concurrency = f.nested("concurrency").and_then(|c| concurrency(&c));
     let breaker = f.nested("breaker").and_then(|b| BreakerConfig::parse(&b));
     let shed_at_level = f.u64_in("shed_at_level", 1, 3).map(|n| n as u32);
@@ -176,6 +179,7 @@ fn limit(f: &Fields<'_>) -> Option<Limit> {
             .map(|(l, w)| Algorithm::SlidingWindowLog(sliding_window_log::Config::new(l, w))),
         _ => windowed(f, MAX_AMOUNT).map(|(l, w)| Algorithm::SlidingWindow(sliding_window::Config::new(l, w))),
     };
+    let shadow = f.flag("shadow");
     Some(Limit {
         id: LimitId::default(),
         name: name?,
@@ -183,6 +187,7 @@ fn limit(f: &Fields<'_>) -> Option<Limit> {
         algorithm: algorithm?,
         sync: sync.unwrap_or_default(),
         on_redis_error: on_error.unwrap_or_default(),
+        shadow,
     })
 }
 

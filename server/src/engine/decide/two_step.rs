@@ -122,7 +122,7 @@ impl Engine {
         } else {
             self.take_all_or_nothing(&local, &pending.request_resource, now, p.cost)
         };
-        let denied = decisions.iter().any(|d| !d.admitted);
+        let denied = local.iter().zip(&decisions).any(|((l, ..), d)| super::enforced_denial(l, d));
         pending.given_back = denied;
         pending.limits.extend(local.into_iter().zip(decisions).map(|((l, i, k), d)| (l, i, k, Some(d))));
         // Denied here: Redis is not asked, and its limits are reported unknown.
@@ -151,7 +151,7 @@ impl Engine {
         for (.., d) in p.limits.iter_mut().filter(|(.., d)| d.is_none()) {
             *d = from_redis.next();
         }
-        let denied = p.limits.iter().any(|(.., d)| d.is_some_and(|d| !d.admitted));
+        let denied = p.limits.iter().any(|(l, .., d)| d.is_some_and(|d| super::enforced_denial(l, &d)));
         if denied {
             for (l, _, k, d) in &mut p.limits {
                 let Some(d) = d.as_mut().filter(|d| d.admitted) else { continue };
@@ -183,6 +183,7 @@ impl Engine {
                 Guards::undo(a, self.sync.as_ref());
             } else {
                 let resource = p.resource.clone().unwrap_or_default();
+                p.answer.holds_slot = a.holds_slot();
                 p.answer.permit_id = Some(self.permits.issue_for(p.rule, resource, a, p.now));
             }
         }

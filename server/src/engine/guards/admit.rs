@@ -34,7 +34,14 @@ pub struct Admitted {
 pub enum Denial {
     Shed { at: u32, level: u32 },
     CircuitOpen { resource: String, state: State, retry_after: Duration },
-    Concurrency { resource: String, max: u32 },
+    Concurrency { resource: String, max: u32, retry_after: Duration },
+}
+
+impl Admitted {
+    /// Whether this call holds one of the resource's concurrency slots.
+    pub fn holds_slot(&self) -> bool {
+        self.holds_slot
+    }
 }
 
 impl Denial {
@@ -48,8 +55,8 @@ impl Denial {
 
     pub fn retry_after(&self) -> Duration {
         match self {
-            Denial::CircuitOpen { retry_after, .. } => *retry_after,
-            _ => Duration::ZERO,
+            Denial::CircuitOpen { retry_after, .. } | Denial::Concurrency { retry_after, .. } => *retry_after,
+            Denial::Shed { .. } => Duration::ZERO,
         }
     }
 
@@ -78,7 +85,7 @@ impl fmt::Display for Denial {
             Denial::CircuitOpen { resource, state, .. } => {
                 write!(f, "circuit breaker of '{resource}' is {}", state.name())
             }
-            Denial::Concurrency { resource, max } => {
+            Denial::Concurrency { resource, max, .. } => {
                 write!(f, "concurrency limit of '{resource}' reached: {max} calls in flight")
             }
         }
@@ -149,8 +156,9 @@ impl Guards {
                 !admitted.guarded.try_take_slot(c.max_in_flight)
             };
             if full {
+                let retry_after = admitted.guarded.slot_free_in(c.max_in_flight);
                 Self::undo(admitted, sync);
-                return Err(Denial::Concurrency { resource: resource.into(), max: c.max_in_flight });
+                return Err(Denial::Concurrency { resource: resource.into(), max: c.max_in_flight, retry_after });
             }
             admitted.holds_slot = !dry_run;
         }

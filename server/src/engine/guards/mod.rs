@@ -28,7 +28,13 @@ pub struct Guarded {
     touched: AtomicU64,
     /// The rule that made it: its metric label, and what its cap counts.
     pub rule: Arc<str>,
+    /// How long permits hold a concurrency slot, on average (microseconds,
+    /// a moving average; 0 until the first is returned).
+    hold_us: AtomicU64,
 }
+
+/// What a denied caller is told to wait for a slot before any permit came back.
+const FIRST_HOLD_GUESS: Duration = Duration::from_millis(50);
 
 /// Per-resource state, created on first use. A template rule (glob or
 /// default) matches unboundedly many resources: it keeps at most its
@@ -68,6 +74,24 @@ impl Guarded {
 
     pub fn release_slot(&self) {
         let _ = self.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    }
+
+    /// Gives a slot back after it was held for `held`.
+    pub fn release_slot_after(&self, held: Duration) {
+        self.release_slot();
+        let held = held.as_micros().min(u128::from(u64::MAX / 8)) as u64;
+        let _ = self.hold_us.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |avg| {
+            Some(if avg == 0 { held.max(1) } else { (avg * 7 + held) / 8 })
+        });
+    }
+
+    /// When a slot is likely to come back, with `max` held: the average hold
+    /// spread over the holders, since they started at different times.
+    pub fn slot_free_in(&self, max: u32) -> Duration {
+        match self.hold_us.load(Ordering::Relaxed) {
+            0 => FIRST_HOLD_GUESS,
+            avg => Duration::from_micros(avg / u64::from(max.max(1))).max(Duration::from_millis(1)),
+        }
     }
 
     fn idle(&self, now: Timestamp) -> bool {

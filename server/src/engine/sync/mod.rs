@@ -57,10 +57,12 @@ struct Seen {
 const FORGET_AFTER: Duration = Duration::from_secs(600);
 
 /// Whether Redis decides this limit when replication is on: strict limits,
-/// and sliding logs (an exact log cannot be shared approximately).
+/// and sliding logs (an exact log cannot be shared approximately). A shadow
+/// limit never is: it enforces nothing, and a strict script enforces all.
 pub fn decided_by_redis(l: &Limit) -> bool {
-    l.sync == SyncMode::Strict
-        || (l.sync == SyncMode::Replicated && matches!(l.algorithm, Algorithm::SlidingWindowLog(_)))
+    !l.shadow
+        && (l.sync == SyncMode::Strict
+            || (l.sync == SyncMode::Replicated && matches!(l.algorithm, Algorithm::SlidingWindowLog(_))))
 }
 
 // === impl Replica ===

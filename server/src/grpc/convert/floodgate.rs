@@ -109,6 +109,7 @@ impl From<&LimitReport<'_>> for pb::LimitStatus {
             window: duration(r.limit.algorithm.window()),
             exceeded: r.exceeded,
             algorithm: String::new(),
+            shadow: r.limit.shadow,
         }
     }
 }
@@ -124,6 +125,7 @@ impl From<Answer<'_>> for pb::AcquireResponse {
             degradation_level: out.degradation_level,
             reason: if out.verdict == Verdict::Allowed { String::new() } else { out.reason() },
             permit_id: out.permit_id.unwrap_or_default(),
+            holds_slot: out.holds_slot,
         }
     }
 }
@@ -217,6 +219,7 @@ impl From<Snapshot> for pb::Snapshot {
             degradation_override: s.level.manual,
             rules_version: s.rules_version,
             resync: false,
+            rule_patterns: s.patterns,
         }
     }
 }
@@ -234,9 +237,11 @@ impl From<&Event> for Kind {
             Event::Degradation(c) => {
                 Kind::Degradation(pb::DegradationChange { from: c.from, to: c.to, manual: c.manual })
             }
-            Event::Rules { version, source } => {
-                Kind::Rules(pb::RulesReloaded { version: *version, source: source.clone() })
-            }
+            Event::Rules { version, source, patterns } => Kind::Rules(pb::RulesReloaded {
+                version: *version,
+                source: source.clone(),
+                rule_patterns: patterns.to_vec(),
+            }),
         }
     }
 }

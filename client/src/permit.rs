@@ -1,0 +1,114 @@
+//! A permit: what an admitted call on a resource with a breaker or a
+//! concurrency limit holds until it says how the call went. It reports itself:
+//! dropped without a word (the caller's future was cancelled by a timeout, an
+//! HTTP client hung up, a panic unwound), it reports its cancellation
+//! outcome, so a concurrency slot is freed at once rather than at the permit's
+//! expiry, and a timeout counts against the breaker as resilience4j counts it.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use crate::client::Client;
+use crate::decision::Outcome;
+
+/// Reported when dropped unreported (see [`Permit::on_drop`]).
+#[must_use = "a permit reports its call when dropped: report it with the call's outcome"]
+pub struct Permit {
+    id: String,
+    resource: String,
+    issued: Instant,
+    /// The endpoint that issued it: the report goes back there.
+    pub(crate) endpoint: usize,
+    /// Holds a concurrency slot or a half-open probe: its report leaves at once.
+    pub(crate) urgent: bool,
+    on_drop: Outcome,
+    /// `None` once reported (or detached).
+    client: Option<Client>,
+}
+
+impl Permit {
+    pub(crate) fn new(
+        client: &Client,
+        id: String,
+        resource: &str,
+        endpoint: usize,
+        urgent: bool,
+        on_drop: Outcome,
+    ) -> Self {
+        Permit {
+            id,
+            resource: resource.to_string(),
+            issued: Instant::now(),
+            endpoint,
+            urgent,
+            on_drop,
+            client: Some(client.clone()),
+        }
+    }
+
+    /// The id, as the server issued it.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn resource(&self) -> &str {
+        &self.resource
+    }
+
+    /// When it was handed out.
+    pub fn issued(&self) -> Instant {
+        self.issued
+    }
+
+    /// How the call went; its latency is the permit's age.
+    pub fn report(self, outcome: Outcome) {
+        let latency = self.issued.elapsed();
+        self.report_latency(outcome, latency);
+    }
+
+    /// How the call went, and how long it took.
+    pub fn report_latency(mut self, outcome: Outcome, latency: Duration) {
+        self.send(outcome, latency);
+    }
+
+    /// What is reported if the permit is dropped unreported. The client's
+    /// default ([`Builder::cancelled_as`](crate::Builder::cancelled_as)) is
+    /// FAILURE on a resource with a breaker (a call cut short counts against
+    /// it, as resilience4j counts a timeout) and IGNORED otherwise.
+    pub fn on_drop(mut self, outcome: Outcome) -> Self {
+        self.on_drop = outcome;
+        self
+    }
+
+    /// Gives up reporting through this client: the id, for a report sent some
+    /// other way (another process). Unreported, the server frees it at expiry.
+    pub fn detach(mut self) -> String {
+        self.client = None;
+        std::mem::take(&mut self.id)
+    }
+
+    fn send(&mut self, outcome: Outcome, latency: Duration) {
+        if let Some(client) = self.client.take() {
+            client.send_report(self, outcome, latency);
+        }
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        let latency = self.issued.elapsed();
+        self.send(self.on_drop, latency);
+    }
+}
+
+impl fmt::Debug for Permit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit")
+            .field("id", &self.id)
+            .field("resource", &self.resource)
+            .field("urgent", &self.urgent)
+            .field("on_drop", &self.on_drop)
+            .field("reported", &self.client.is_none())
+            .finish()
+    }
+}
