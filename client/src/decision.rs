@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use floodgate_proto::v1 as pb;
 
-pub use crate::permit::Permit;
+use crate::permit::Permit;
 
 /// One question for Floodgate: may I call `resource`?
 ///
@@ -104,15 +104,6 @@ pub struct Decision {
     /// One human line for denials.
     pub reason: String,
     pub source: Source,
-}
-
-/// How an admitted call went.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    Success,
-    Failure,
-    /// Neither: not counted by the breaker.
-    Ignored,
 }
 
 // === impl Acquire ===
@@ -345,14 +336,4 @@ pub(crate) fn breaker_state(n: i32) -> Option<BreakerState> {
         pb::BreakerState::Disabled => BreakerState::Disabled,
         pb::BreakerState::MetricsOnly => BreakerState::MetricsOnly,
     })
-}
-
-impl Outcome {
-    pub(crate) fn to_proto(self) -> pb::Outcome {
-        match self {
-            Outcome::Success => pb::Outcome::Success,
-            Outcome::Failure => pb::Outcome::Failure,
-            Outcome::Ignored => pb::Outcome::Ignored,
-        }
-    }
 }

@@ -29,8 +29,9 @@ use http::{HeaderValue, Request, Response};
 use tower::{Layer, Service};
 
 use crate::client::Client;
-use crate::decision::{Acquire, Outcome, Verdict};
+use crate::decision::{Acquire, Verdict};
 use crate::error::Error;
+use crate::permit::Outcome;
 
 type Describe = Arc<dyn Fn(&http::request::Parts) -> Option<Acquire> + Send + Sync>;
 type ClassifyFn = Arc<dyn Fn(Option<tonic::Code>) -> Outcome + Send + Sync>;

@@ -6,15 +6,14 @@
 //! cancelled (FAILURE where a breaker counts it, IGNORED otherwise), so no
 //! concurrency slot waits for its expiry.
 
-use std::any::Any;
-use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::client::Client;
-use crate::decision::{Acquire, Decision, Outcome};
+use crate::decision::{Acquire, Decision};
 use crate::error::Error;
+use crate::permit::Outcome;
 
 /// Decides how a call went from its result.
 pub trait Classify<T, E> {
@@ -100,16 +99,6 @@ pub struct Guard<'c, C = ByResult> {
     key: Option<String>,
 }
 
-/// A remembered value and the tick it was last stored or read at.
-type Remembered = (u64, Box<dyn Any + Send + Sync>);
-
-/// Last good values by key, for [`Fallback::LastGood`]; bounded.
-pub(crate) struct LastGood {
-    capacity: usize,
-    map: Mutex<HashMap<String, Remembered>>,
-    tick: std::sync::atomic::AtomicU64,
-}
-
 // === impl Served ===
 
 impl<T, E> Served<T, E> {
@@ -135,32 +124,6 @@ impl<T, E> Served<T, E> {
 impl<T, E> Fallback<T, E> {
     pub fn with(f: impl Fn(&Cause<E>) -> T + Send + Sync + 'static) -> Self {
         Fallback::With(Arc::new(f))
-    }
-}
-
-// === impl LastGood ===
-
-impl LastGood {
-    pub(crate) fn new(capacity: usize) -> Self {
-        LastGood { capacity, map: Mutex::new(HashMap::new()), tick: Default::default() }
-    }
-
-    fn put<T: Clone + Send + Sync + 'static>(&self, key: String, value: &T) {
-        let tick = self.tick.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
-        map.insert(key, (tick, Box::new(value.clone())));
-        if map.len() > self.capacity {
-            let mut ticks: Vec<(u64, String)> = map.iter().map(|(k, (t, _))| (*t, k.clone())).collect();
-            ticks.sort_unstable();
-            for (_, k) in ticks.into_iter().take((self.capacity / 10).max(1)) {
-                map.remove(&k);
-            }
-        }
-    }
-
-    fn get<T: Clone + 'static>(&self, key: &str) -> Option<T> {
-        let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
-        map.get(key).and_then(|(_, v)| v.downcast_ref::<T>()).cloned()
     }
 }
 

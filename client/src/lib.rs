@@ -52,7 +52,6 @@
 //! stubs). Types that may grow are `#[non_exhaustive]`; builders that take
 //! user input return `Result` and never panic.
 
-mod builder;
 mod client;
 mod connection;
 pub mod decision;
@@ -60,18 +59,20 @@ mod error;
 pub mod grpc;
 pub mod guard;
 pub mod http;
+mod last_good;
 mod local;
 mod permit;
 mod reporter;
 pub mod stats;
 mod watch;
 
-pub use builder::{Builder, FailMode, Tls};
 pub use client::Client;
-pub use decision::{Acquire, Decision, Outcome, Permit, Verdict};
+pub use client::builder::{Builder, FailMode, Tls};
+pub use decision::{Acquire, Decision, Verdict};
 pub use error::Error;
 pub use floodgate_proto as proto;
 pub use guard::{Fallback, GuardError, Served};
+pub use permit::{Outcome, Permit};
 
 #[cfg(test)]
 mod tests;

@@ -8,8 +8,23 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::client::Client;
-use crate::decision::Outcome;
+use std::sync::Arc;
+
+use floodgate_proto::v1 as pb;
+
+/// How an admitted call went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Success,
+    Failure,
+    /// Neither: not counted by the breaker.
+    Ignored,
+}
+
+/// Where a permit's report goes: the client that issued it.
+pub(crate) trait Sink: Send + Sync {
+    fn send_report(&self, permit: &Permit, outcome: Outcome, latency: Duration);
+}
 
 /// Reported when dropped unreported (see [`Permit::on_drop`]).
 #[must_use = "a permit reports its call when dropped: report it with the call's outcome"]
@@ -23,12 +38,12 @@ pub struct Permit {
     pub(crate) urgent: bool,
     on_drop: Outcome,
     /// `None` once reported (or detached).
-    client: Option<Client>,
+    sink: Option<Arc<dyn Sink>>,
 }
 
 impl Permit {
     pub(crate) fn new(
-        client: &Client,
+        sink: Arc<dyn Sink>,
         id: String,
         resource: &str,
         endpoint: usize,
@@ -42,7 +57,7 @@ impl Permit {
             endpoint,
             urgent,
             on_drop,
-            client: Some(client.clone()),
+            sink: Some(sink),
         }
     }
 
@@ -83,13 +98,13 @@ impl Permit {
     /// Gives up reporting through this client: the id, for a report sent some
     /// other way (another process). Unreported, the server frees it at expiry.
     pub fn detach(mut self) -> String {
-        self.client = None;
+        self.sink = None;
         std::mem::take(&mut self.id)
     }
 
     fn send(&mut self, outcome: Outcome, latency: Duration) {
-        if let Some(client) = self.client.take() {
-            client.send_report(self, outcome, latency);
+        if let Some(sink) = self.sink.take() {
+            sink.send_report(self, outcome, latency);
         }
     }
 }
@@ -108,7 +123,19 @@ impl fmt::Debug for Permit {
             .field("resource", &self.resource)
             .field("urgent", &self.urgent)
             .field("on_drop", &self.on_drop)
-            .field("reported", &self.client.is_none())
+            .field("reported", &self.sink.is_none())
             .finish()
+    }
+}
+
+// === impl Outcome ===
+
+impl Outcome {
+    pub(crate) fn to_proto(self) -> pb::Outcome {
+        match self {
+            Outcome::Success => pb::Outcome::Success,
+            Outcome::Failure => pb::Outcome::Failure,
+            Outcome::Ignored => pb::Outcome::Ignored,
+        }
     }
 }

@@ -8,7 +8,8 @@ use http::request::Parts;
 use http::{Response, StatusCode};
 
 use super::route::Routes;
-use crate::decision::{Acquire, Decision, Outcome};
+use crate::decision::{Acquire, Decision};
+use crate::permit::Outcome;
 
 pub(crate) type Describe = Arc<dyn Fn(&Parts) -> Option<Acquire> + Send + Sync>;
 pub(crate) type ClassifyFn = Arc<dyn Fn(StatusCode) -> Outcome + Send + Sync>;

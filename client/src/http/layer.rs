@@ -11,8 +11,9 @@ use super::config::Config;
 use super::route::Routes;
 use super::service::Floodgate;
 use crate::client::Client;
-use crate::decision::{Acquire, Decision, Outcome};
+use crate::decision::{Acquire, Decision};
 use crate::error::Error;
+use crate::permit::Outcome;
 
 /// Protects every request of the wrapped service with Floodgate.
 ///

@@ -13,7 +13,8 @@ use tower::Service;
 use super::config::Config;
 use super::headers::{denial_body, denial_status, rate_limit_headers};
 use crate::client::Client;
-use crate::decision::{Decision, Outcome};
+use crate::decision::Decision;
+use crate::permit::Outcome;
 
 /// The service [`FloodgateLayer`](super::FloodgateLayer) makes.
 #[derive(Clone)]

@@ -125,7 +125,7 @@ impl Algorithm {
     /// The limit in words, for reasons: a window's `fixed_window 3 per 1m`, a
     /// rate's `token_bucket of 3, refilling 1/s`.
     pub fn summary(&self) -> String {
-        let window = |w: u64| crate::rules::duration::format(Duration::from_nanos(w));
+        let window = |w: u64| rate::duration_text(Duration::from_nanos(w));
         match self {
             Algorithm::TokenBucket(c) => format!("token_bucket of {}, refilling {}", c.capacity, c.refill),
             Algorithm::Gcra(c) => format!("gcra of {}/s, burst {}", c.rate.as_f64(), c.burst),

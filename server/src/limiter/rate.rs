@@ -125,6 +125,24 @@ pub fn pico(n: u64) -> u128 {
     n as u128 * PICO
 }
 
+/// The shortest exact spelling of a duration, as the rules file writes it.
+pub fn duration_text(d: std::time::Duration) -> String {
+    let n = d.as_nanos();
+    for (unit, per) in [
+        ("d", 86_400_000_000_000u128),
+        ("h", 3_600_000_000_000),
+        ("m", 60_000_000_000),
+        ("s", 1_000_000_000),
+        ("ms", 1_000_000),
+        ("us", 1_000),
+    ] {
+        if n >= per && n.is_multiple_of(per) {
+            return format!("{}{unit}", n / per);
+        }
+    }
+    format!("{n}ns")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -51,22 +51,7 @@ fn scaled(num: &str, per: u128) -> Option<u128> {
 }
 
 /// The shortest exact spelling of a duration, as the rules file writes it.
-pub fn format(d: Duration) -> String {
-    let n = d.as_nanos();
-    for (unit, per) in [
-        ("d", 86_400_000_000_000u128),
-        ("h", 3_600_000_000_000),
-        ("m", 60_000_000_000),
-        ("s", 1_000_000_000),
-        ("ms", 1_000_000),
-        ("us", 1_000),
-    ] {
-        if n >= per && n.is_multiple_of(per) {
-            return format!("{}{unit}", n / per);
-        }
-    }
-    format!("{n}ns")
-}
+pub use crate::limiter::rate::duration_text as format;
 
 /// A duration for people: `250ms`, `1.5s`, `11.809s`, `2m3s`, `40us`; `0s` for zero.
 pub fn human(d: Duration) -> String {

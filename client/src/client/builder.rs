@@ -8,12 +8,12 @@ use floodgate_proto::v1 as pb;
 use pb::floodgate_client::FloodgateClient;
 use tonic::transport::Endpoint as TonicEndpoint;
 
-use crate::client::{Client, Endpoint, Inner};
+use super::{Client, Endpoint, Inner};
 use crate::connection::ServerBreaker;
-use crate::decision::Outcome;
 use crate::error::Error;
-use crate::guard::LastGood;
+use crate::last_good::LastGood;
 use crate::local::LocalLimits;
+use crate::permit::Outcome;
 use crate::reporter::{Reporter, Settings};
 use crate::stats::Stats;
 use crate::watch::{self, Known};

@@ -7,12 +7,15 @@ use floodgate_proto::v1 as pb;
 use pb::floodgate_client::FloodgateClient;
 use tonic::transport::Channel;
 
-use crate::builder::{Builder, FailMode};
+pub(crate) mod builder;
+
+use self::builder::{Builder, FailMode};
 use crate::connection::ServerBreaker;
-use crate::decision::{Acquire, BreakerState, Decision, Outcome, Permit, Source, Verdict};
+use crate::decision::{Acquire, BreakerState, Decision, Source, Verdict};
 use crate::error::{Error, unreachable};
-use crate::guard::LastGood;
+use crate::last_good::LastGood;
 use crate::local::{self, LocalLimits};
+use crate::permit::{Outcome, Permit, Sink};
 use crate::reporter::Reporter;
 use crate::stats::{Stats, StatsSnapshot};
 use crate::watch::Known;
@@ -218,7 +221,7 @@ impl Client {
 
     fn decision(&self, r: pb::AcquireResponse, req: &Acquire, endpoint: usize) -> Decision {
         let d = Decision::from_proto(r, |id, urgent, breaker| {
-            Permit::new(self, id, req.resource(), endpoint, urgent, self.cancelled_outcome(breaker))
+            Permit::new(self.inner.clone(), id, req.resource(), endpoint, urgent, self.cancelled_outcome(breaker))
         });
         if let Some(local) = &self.inner.local {
             local.learn(local::key(req), &d.limits);
@@ -245,10 +248,14 @@ impl Client {
             },
         }
     }
+}
 
+// === impl Inner ===
+
+impl Sink for Inner {
     /// A permit's report, queued for the server that issued it.
-    pub(crate) fn send_report(&self, permit: &Permit, outcome: Outcome, latency: Duration) {
-        let Some(ep) = self.inner.endpoints.get(permit.endpoint) else { return };
+    fn send_report(&self, permit: &Permit, outcome: Outcome, latency: Duration) {
+        let Some(ep) = self.endpoints.get(permit.endpoint) else { return };
         let report = pb::ReportOutcomeRequest {
             resource: permit.resource().to_string(),
             permit_id: permit.id().to_string(),
@@ -256,7 +263,7 @@ impl Client {
             latency: prost_types::Duration::try_from(latency).ok(),
         };
         if !ep.reporter.send(report, permit.urgent) {
-            self.inner.stats.dropped(1);
+            self.stats.dropped(1);
         }
     }
 }
