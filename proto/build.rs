@@ -5,13 +5,12 @@ use std::path::PathBuf;
 
 use prost::Message;
 
-const PROTOS: &[&str] = &["floodgate/v1/floodgate.proto", "envoy/service/ratelimit/v3/rls.proto"];
+const PROTOS: &[&str] = &["floodgate/v1/floodgate.proto"];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?);
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
     println!("cargo:rerun-if-changed={}", root.join("floodgate").display());
-    println!("cargo:rerun-if-changed={}", root.join("envoy").display());
 
     let fds = protox::compile(PROTOS, [&root])?;
     std::fs::write(out.join("descriptor.bin"), fds.encode_to_vec())?;

@@ -210,14 +210,77 @@ async fn envoy_rls_answers_ok_over_limit_and_descriptor_statuses() {
         .unwrap();
     assert_eq!(varint_of(&r, 1), OK);
 
-    // Bad input is INVALID_ARGUMENT naming the descriptor and field.
-    let err = should_rate_limit(&fg, request("edge", &[descriptor(&[("remote_address", "10.0.0.3")], Some(4))], 0))
+    // A cost above the limit's capacity is OVER_LIMIT (as upstream), not an
+    // error Envoy would let through, and it takes nothing.
+    let r = should_rate_limit(&fg, request("edge", &[descriptor(&[("remote_address", "10.0.0.3")], Some(4))], 0))
         .await
-        .unwrap_err();
-    assert_eq!(err.code(), tonic::Code::InvalidArgument);
-    assert_eq!(err.message(), "descriptors[0]: cost 4 exceeds capacity 3 of limit 'per-ip'");
+        .unwrap();
+    assert_eq!((varint_of(&r, 1), statuses(&r)[0].0), (OVER_LIMIT, OVER_LIMIT));
+    // hits_addend 0 only checks.
+    let r = should_rate_limit(&fg, request("edge", &[descriptor(&[("remote_address", "10.0.0.3")], Some(0))], 0))
+        .await
+        .unwrap();
+    assert_eq!((varint_of(&r, 1), statuses(&r)[0].2), (OK, 3), "nothing was taken");
+
+    // Bad input is INVALID_ARGUMENT naming the field.
     let err = should_rate_limit(&fg, request("", &[descriptor(&[("remote_address", "10.0.0.3")], None)], 0))
         .await
         .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
     assert_eq!(err.message(), "domain: must not be empty");
+    let err = should_rate_limit(&fg, Bytes::from_static(&[0x0a, 0xff])).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "undecodable: {err:?}");
+}
+
+#[test]
+fn check_config_validates_an_envoy_directory_naming_file_domain_and_path() {
+    use std::process::Command;
+    let dir = TempDir::new();
+    let good = dir.path("good");
+    std::fs::create_dir_all(&good).unwrap();
+    std::fs::write(
+        good.join("edge.yaml"),
+        "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: { unit: minute, requests_per_unit: 4 }\n",
+    )
+    .unwrap();
+    std::fs::write(
+        good.join("api.yml"),
+        "domain: api\ndescriptors:\n  - key: user\n    rate_limit: { unlimited: true }\n",
+    )
+    .unwrap();
+    std::fs::write(good.join("notes.txt"), "not a configuration file").unwrap();
+    let out = Command::new(BIN).args(["check-config", "--envoy-config"]).arg(&good).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("OK (2 domains: api, edge; 2 limits)"), "{stdout}");
+
+    let bad = dir.path("bad");
+    std::fs::create_dir_all(&bad).unwrap();
+    std::fs::write(
+        bad.join("edge.yaml"),
+        "domain: edge\ndescriptors:\n  - key: tenant\n    descriptors:\n      - key: user\n        rate_limit: { unit: fortnight, requests_per_unit: 1 }\n",
+    )
+    .unwrap();
+    std::fs::write(bad.join("twice.yaml"), "domain: edge\ndescriptors: []\n").unwrap();
+    let out = Command::new(BIN).args(["check-config", "--envoy-config"]).arg(&bad).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let file = bad.join("edge.yaml");
+    assert!(
+        err.contains(&format!(
+            "{}: domain 'edge': descriptors.tenant.descriptors.user.rate_limit.unit: 'fortnight' is not second",
+            file.display()
+        )),
+        "{err}"
+    );
+    assert!(err.contains("twice.yaml: domain 'edge': is also defined in"), "{err}");
+
+    // `serve` refuses to start on it, listing the same errors.
+    let out = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--envoy-config"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("'fortnight' is not second"));
 }

@@ -5,13 +5,15 @@
 
 use std::sync::{Arc, OnceLock};
 
-use floodgate_proto::envoy::service::ratelimit::v3 as rls;
+use envoy_types::pb::envoy::service::ratelimit::v3 as rls;
 use floodgate_proto::v1 as pb;
 use prost::Message;
 
+use crate::decider::{Decider, RlsHeaders, RlsOptions};
 use crate::engine::{Engine, EngineConfig, Report, Request};
 use crate::grpc::convert::envoy::RlsAsk;
 use crate::rules::RuleSet;
+use crate::rules::envoy::EnvoyConfig;
 use crate::time::SystemClock;
 
 /// Rules with every algorithm, keys, globs, a breaker and a concurrency limit.
@@ -36,13 +38,50 @@ resources:
     shed_at_level: 3
 "#;
 
-fn engine() -> &'static Engine {
-    static ENGINE: OnceLock<Engine> = OnceLock::new();
+/// An envoyproxy/ratelimit configuration with values, wildcards, nesting,
+/// `unlimited`, `replaces` and `shadow_mode`.
+const ENVOY: &str = r#"
+domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: { unit: second, requests_per_unit: 3, name: per_ip }
+  - key: generic_key
+    value: "a*"
+    rate_limit: { unit: minute, requests_per_unit: 2 }
+  - key: tenant
+    descriptors:
+      - key: user
+        rate_limit: { unit: week, requests_per_unit: 1, replaces: [ { name: per_ip } ] }
+      - key: vip
+        rate_limit: { unlimited: true }
+  - key: bulk
+    shadow_mode: true
+    rate_limit: { unit: hour, requests_per_unit: 0 }
+"#;
+
+fn engine() -> &'static (Arc<Engine>, Decider) {
+    static ENGINE: OnceLock<(Arc<Engine>, Decider)> = OnceLock::new();
     ENGINE.get_or_init(|| {
-        let e = Engine::new(EngineConfig { max_keys: 10_000, replicated: false }, Arc::new(SystemClock::new()));
+        let config = EngineConfig { max_keys: 10_000, replicated: false };
+        let e = Arc::new(Engine::new(config, Arc::new(SystemClock::new())));
         e.install(RuleSet::from_yaml(RULES, "fuzz").expect("the fuzz rules are valid"), RULES.into(), "fuzz".into());
-        e
+        let envoy = EnvoyConfig::parse(&[("edge.yaml".into(), ENVOY.into())]).expect("the fuzz Envoy config is valid");
+        e.install_envoy(envoy, ENVOY.into(), "fuzz".into());
+        let options = RlsOptions { shadow: false, headers: Some(RlsHeaders::RateLimit) };
+        let decider = Decider::new(e.clone(), None).with_rls(options);
+        (e, decider)
     })
+}
+
+/// An envoyproxy/ratelimit configuration file: parsed and validated, or
+/// refused with errors; when valid, a few lookups in it.
+pub fn envoy_config(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    if let Ok(config) = EnvoyConfig::parse(&[("fuzz.yaml".into(), text.into())]) {
+        for domain in config.domains().collect::<Vec<_>>() {
+            let _ = config.find(domain, &[("k", "v"), ("k2", "v2")]);
+        }
+    }
 }
 
 /// A rules file: parsed and validated, or refused with errors.
@@ -56,7 +95,7 @@ pub fn rules(data: &[u8]) {
 /// the rest is the message, decoded, checked and decided.
 pub fn requests(data: &[u8]) {
     let Some((&kind, body)) = data.split_first() else { return };
-    let e = engine();
+    let (e, decider) = engine();
     let rules = e.rules();
     match kind % 4 {
         0 => {
@@ -82,9 +121,11 @@ pub fn requests(data: &[u8]) {
             if let Ok(r) = rls::RateLimitRequest::decode(body)
                 && let Ok(ask) = RlsAsk::try_from(&r)
             {
-                for req in ask.requests() {
-                    let _ = e.acquire(&rules, &req);
-                }
+                // Memory only: the answer is ready on the first poll.
+                let ask = ask.ask();
+                let mut call = std::pin::pin!(decider.should_rate_limit(&ask));
+                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                assert!(call.as_mut().poll(&mut cx).is_ready(), "a memory-only RLS call never waits");
             }
         }
     }

@@ -45,6 +45,8 @@ pub const REDIS_RESTORES: &str = "floodgate_redis_restores_total";
 pub const CONNECTIONS: &str = "floodgate_connections";
 pub const WATCH_STREAMS: &str = "floodgate_watch_streams";
 pub const CONNECTIONS_REJECTED: &str = "floodgate_connections_rejected_total";
+pub const RLS_GLOBAL_SHADOW: &str = "floodgate_rls_global_shadow_total";
+pub const RLS_OVERRIDES_REFUSED: &str = "floodgate_rls_overrides_refused_total";
 
 /// The resource label of requests that no rule matched.
 pub const UNMATCHED: &str = "_unmatched";
@@ -75,6 +77,11 @@ fn describe() {
     describe_counter!(DECISIONS, "Decisions by resource (rule), verdict, and the limit that denied (empty if none)");
     describe_counter!(LIMIT_DECISIONS, "Matched limits by resource (rule), limit and result (admitted or exceeded)");
     describe_histogram!(RPC_DURATION, metrics::Unit::Seconds, "gRPC call latency inside the server, by method");
+    describe_counter!(RLS_GLOBAL_SHADOW, "RLS answers turned OK by the global shadow mode (--envoy-shadow-mode)");
+    describe_counter!(
+        RLS_OVERRIDES_REFUSED,
+        "RLS descriptor limits (overrides) not honoured: too many distinct sizes; the configured limit applied"
+    );
     describe_counter!(RPC_REQUESTS, "gRPC calls by method and status code");
     describe_gauge!(KEYS, "Buckets held in memory");
     describe_counter!(EVICTIONS, "Buckets evicted: idle ones and least recently used ones beyond --max-keys");

@@ -92,3 +92,56 @@ async fn reload(path: &Path, decider: &Decider, last: &mut String) {
     }
     *last = text;
 }
+
+/// Watches an envoyproxy/ratelimit configuration directory and installs
+/// every valid change (the files are read whole, once quiet); an invalid one
+/// is logged and ignored. `loaded` is the text already in force.
+pub fn spawn_envoy(
+    dir: PathBuf,
+    decider: Arc<Decider>,
+    loaded: String,
+    quiet: Duration,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let last = Arc::new(Mutex::new(loaded));
+    let read = {
+        let (dir, decider, last) = (dir.clone(), decider.clone(), last.clone());
+        move || {
+            let (dir, decider, last) = (dir.clone(), decider.clone(), last.clone());
+            async move { reload_envoy(dir, &decider, &mut *last.lock().await).await }
+        }
+    };
+    // Changes inside the directory (a path in it), and to the files in it
+    // now, through their symlinks (a Kubernetes ConfigMap's `..data`).
+    let mut paths = vec![dir.join(".floodgate")];
+    if let Ok(entries) = std::fs::read_dir(&dir) {
+        paths.extend(entries.filter_map(|e| e.ok().map(|e| e.path())).take(crate::rules::envoy::MAX_FILES));
+    }
+    crate::files::watch(paths, quiet, read)
+}
+
+async fn reload_envoy(dir: PathBuf, decider: &Decider, last: &mut String) {
+    let name = dir.display().to_string();
+    let loaded =
+        tokio::task::spawn_blocking(move || crate::rules::envoy::EnvoyConfig::load_dir(&dir).map(|c| (c, dir))).await;
+    match loaded {
+        Ok(Ok(((config, text), dir))) => {
+            if text == *last {
+                return;
+            }
+            let version = decider.install_envoy(config, text.clone(), &dir);
+            tracing::info!(dir = name, version, "envoyproxy/ratelimit configuration reloaded");
+            *last = text;
+        }
+        Ok(Err(errors)) => {
+            decider.refused(&Origin::Envoy);
+            tracing::error!(
+                dir = name,
+                "invalid envoyproxy/ratelimit configuration ignored; keeping the one in force\n{errors}"
+            );
+        }
+        Err(e) => {
+            decider.refused(&Origin::Envoy);
+            tracing::error!(dir = name, error = %e, "reading the envoyproxy/ratelimit configuration failed");
+        }
+    }
+}

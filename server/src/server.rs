@@ -8,12 +8,12 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::wrappers::ReceiverStream;
 
 use crate::access::{Access, AccessConfig};
 use crate::decider::{self, Decider, Origin};
 use crate::engine::{self, Engine, EngineConfig};
-use crate::listen::{self, Limits, Port, Tls, TlsFiles};
+use crate::listen::{Limits, Port, Tls, TlsFiles};
+use crate::rules::envoy::EnvoyConfig;
 use crate::rules::{RuleErrors, RuleSet};
 use crate::time::SharedClock;
 use crate::{grpc, http, reload};
@@ -26,6 +26,10 @@ pub struct Options {
     pub replication: Option<crate::replication::Config>,
     /// A rules file to load and watch; `None` for the embedded default rules.
     pub config: Option<PathBuf>,
+    /// An envoyproxy/ratelimit configuration directory to load and watch.
+    pub envoy_config: Option<PathBuf>,
+    /// How Envoy's RLS answers.
+    pub rls: crate::decider::RlsOptions,
     /// How long the rules file must stay unchanged before it is read again.
     pub reload_quiet: Duration,
     pub max_keys: usize,
@@ -94,6 +98,16 @@ pub async fn run(
     // Rules first: rules another replica applied through Admin (stored in
     // Redis) then win over the file until it changes.
     let watched = install_rules_in_force(&opts, &engine)?;
+    let envoy_watched = match &opts.envoy_config {
+        Some(dir) => {
+            let (config, text) = EnvoyConfig::load_dir(dir).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let domains = config.domains().count();
+            let version = decider::install_envoy(&engine, config, text.clone(), dir);
+            tracing::info!(dir = %dir.display(), domains, version, "envoyproxy/ratelimit configuration loaded");
+            Some((dir.clone(), text))
+        }
+        None => None,
+    };
     let replication = match opts.replication.clone() {
         Some(config) => {
             tracing::info!(target = ?config.target, sync_interval = ?config.sync_interval, "replicating through Redis");
@@ -101,11 +115,18 @@ pub async fn run(
         }
         None => None,
     };
-    let decider = Arc::new(Decider::new(engine.clone(), replication));
+    let decider = Arc::new(Decider::new(engine.clone(), replication).with_rls(opts.rls));
     let _reloader = match watched {
         Some((path, text)) => {
             Some(reload::spawn(path, decider.clone(), text, opts.reload_quiet).context("watching the rules file")?)
         }
+        None => None,
+    };
+    let _envoy_reloader = match envoy_watched {
+        Some((dir, text)) => Some(
+            reload::spawn_envoy(dir, decider.clone(), text, opts.reload_quiet)
+                .context("watching the envoyproxy/ratelimit configuration")?,
+        ),
         None => None,
     };
     let _sweeper = engine::spawn_sweeper(&engine, opts.sweep_interval);
@@ -121,16 +142,9 @@ pub async fn run(
     let limits = opts.limits;
     let grpc_port = Port { name: "grpc", listener: listeners.grpc, tls: grpc_tls, limits };
     let http_port = Port { name: "http", listener: listeners.http, tls: http_tls, limits };
-    let incoming = ReceiverStream::new(listen::accept(grpc_port));
-    let grpc = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(limits.keepalive_interval))
-        .http2_keepalive_timeout(Some(limits.keepalive_timeout))
-        .max_concurrent_streams(Some(limits.max_concurrent_streams))
-        .trace_fn(|req| tracing::debug_span!("rpc", path = %req.uri().path()))
-        .layer(grpc::ObserveLayer::new())
-        .layer(grpc::SizeLayer)
-        .add_routes(routes)
-        .serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone()));
+    let service =
+        tower::ServiceBuilder::new().layer(grpc::ObserveLayer::new()).layer(grpc::SizeLayer).service(routes.prepare());
+    let grpc = grpc::serve(grpc_port, service, stopped(stop_rx.clone()));
     let http = http::serve(http_port, http::router(health.clone()), stopped(stop_rx));
 
     let grace = opts.shutdown_grace;
@@ -151,7 +165,7 @@ pub async fn run(
         ready();
     }
     tokio::select! {
-        (grpc, ()) = async { tokio::join!(grpc, http) } => grpc.context("gRPC server")?,
+        ((), ()) = async { tokio::join!(grpc, http) } => {}
         () = signal => tracing::warn!(?grace, "connections still open after the shutdown grace period; closing them"),
     }
     tracing::info!("stopped");
@@ -166,6 +180,10 @@ async fn stopped(mut rx: watch::Receiver<bool>) {
 /// and the text read from it.
 fn install_rules_in_force(opts: &Options, engine: &Engine) -> anyhow::Result<Option<(PathBuf, String)>> {
     let Some(path) = &opts.config else {
+        if opts.envoy_config.is_some() {
+            tracing::info!("no rules file: RLS domains are decided by the Envoy configuration only");
+            return Ok(None);
+        }
         let rules = RuleSet::from_yaml(DEFAULT_RULES, "embedded").expect("the embedded rules are valid");
         decider::install(engine, rules, DEFAULT_RULES.to_string(), Origin::Embedded);
         tracing::info!("embedded default rules loaded");

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod envoy;
 pub mod pki;
 pub mod redis;
 
@@ -125,8 +126,27 @@ impl Drop for Floodgate {
     }
 }
 
+/// Sends signal `name` to `pid`; after `STOP`, returns once the process is
+/// stopped (the kernel stops it asynchronously), after `CONT` once it runs.
 pub fn signal(pid: u32, name: &str) {
-    let _ = Command::new("kill").arg(format!("-{name}")).arg(pid.to_string()).status();
+    let status = Command::new("kill").arg(format!("-{name}")).arg(pid.to_string()).status();
+    assert!(matches!(status, Ok(s) if s.success()), "kill -{name} {pid}: {status:?}");
+    let want_stopped = match name {
+        "STOP" => true,
+        "CONT" => false,
+        _ => return,
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        // The state follows the parenthesised command name in /proc/PID/stat.
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next());
+        if state.is_none() || matches!(state, Some('T') | Some('t')) == want_stopped {
+            return;
+        }
+        assert!(Instant::now() < deadline, "pid {pid} did not take SIG{name}: state {state:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 fn wait_exit(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {

@@ -346,6 +346,11 @@ fn reason(of: &str, c: &Counts) -> String {
 }
 
 impl State {
+    /// Whether every call goes through in this state, without a probe.
+    pub fn passes_every_call(self) -> bool {
+        matches!(self, State::Closed | State::Disabled | State::MetricsOnly)
+    }
+
     /// Every state, in the order of their numbers.
     pub const ALL: [State; 6] =
         [State::Closed, State::Open, State::HalfOpen, State::ForcedOpen, State::Disabled, State::MetricsOnly];

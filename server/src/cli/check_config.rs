@@ -1,27 +1,52 @@
-//! `floodgate check-config FILE`.
+//! `floodgate check-config [FILE] [--envoy-config DIR]`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
 
+use crate::rules::envoy::EnvoyConfig;
+
 #[derive(Args, Debug)]
+#[command(group = clap::ArgGroup::new("what").required(true).multiple(true).args(["file", "envoy_config"]))]
 pub struct CheckConfigArgs {
     /// The rules file to validate.
-    file: PathBuf,
+    file: Option<PathBuf>,
+    /// An envoyproxy/ratelimit configuration directory to validate.
+    #[arg(long)]
+    envoy_config: Option<PathBuf>,
 }
 
+/// Validates each configuration given; every error is listed, naming the
+/// file (and for Envoy's format, the domain and the descriptor path).
 pub fn run(args: CheckConfigArgs) -> ExitCode {
-    match crate::server::load_rules(&args.file) {
-        Ok((rules, _)) => {
-            let n = rules.rules().len();
-            let limits: usize = rules.rules().iter().map(|r| r.limits.len()).sum();
-            println!("{}: OK ({n} resources, {limits} limits)", args.file.display());
-            ExitCode::SUCCESS
-        }
-        Err(errors) => {
-            eprintln!("{errors}");
-            ExitCode::FAILURE
+    let mut ok = true;
+    if let Some(file) = &args.file {
+        match crate::server::load_rules(file) {
+            Ok((rules, _)) => {
+                let n = rules.rules().len();
+                let limits: usize = rules.rules().iter().map(|r| r.limits.len()).sum();
+                println!("{}: OK ({n} resources, {limits} limits)", file.display());
+            }
+            Err(errors) => {
+                eprintln!("{errors}");
+                ok = false;
+            }
         }
     }
+    if let Some(dir) = &args.envoy_config {
+        match EnvoyConfig::load_dir(dir) {
+            Ok((config, _)) => {
+                let mut domains: Vec<&str> = config.domains().collect();
+                domains.sort_unstable();
+                let limits = config.rules().len();
+                println!("{}: OK ({} domains: {}; {limits} limits)", dir.display(), domains.len(), domains.join(", "));
+            }
+            Err(errors) => {
+                eprintln!("{errors}");
+                ok = false;
+            }
+        }
+    }
+    if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }

@@ -81,6 +81,9 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     redis_auth: RedisAuthArgs,
+
+    #[command(flatten)]
+    envoy: EnvoyArgs,
 }
 
 /// Bounds on connections, on both ports.
@@ -110,6 +113,25 @@ struct LimitArgs {
     /// Watch streams open at once.
     #[arg(long, default_value_t = 1024)]
     max_watchers: usize,
+}
+
+/// Envoy's rate limit service with envoyproxy/ratelimit's configuration.
+#[derive(Args, Debug)]
+#[command(next_help_heading = "Envoy (ShouldRateLimit)")]
+struct EnvoyArgs {
+    /// An envoyproxy/ratelimit configuration: a directory of YAML files, each
+    /// a `domain` and its `descriptors`, watched for changes. Its domains are
+    /// decided by it; other RLS domains by the rules file. Given alone (no
+    /// --config), no Floodgate rules are loaded.
+    #[arg(long, env = "FLOODGATE_ENVOY_CONFIG")]
+    envoy_config: Option<PathBuf>,
+    /// Answer every ShouldRateLimit OK, still counting what would have been
+    /// denied (upstream's SHADOW_MODE).
+    #[arg(long, env = "FLOODGATE_ENVOY_SHADOW_MODE")]
+    envoy_shadow_mode: bool,
+    /// Add rate limit headers to RLS answers, for Envoy to send to the client.
+    #[arg(long, value_enum, env = "FLOODGATE_ENVOY_RESPONSE_HEADERS")]
+    envoy_response_headers: Option<crate::decider::RlsHeaders>,
 }
 
 /// TLS on both ports; with a client CA, mTLS.
@@ -206,6 +228,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let opts = Options {
         replication,
         config: args.config,
+        envoy_config: args.envoy.envoy_config,
+        rls: crate::decider::RlsOptions {
+            shadow: args.envoy.envoy_shadow_mode,
+            headers: args.envoy.envoy_response_headers,
+        },
         reload_quiet: args.reload_debounce,
         max_keys: args.max_keys,
         sweep_interval: args.sweep_interval,

@@ -21,11 +21,17 @@ use crate::engine::{
 };
 use crate::events::Event;
 use crate::replication::Replication;
+use crate::rules::envoy::EnvoyConfig;
 use crate::rules::{RuleErrors, RuleSet};
+
+mod rls;
+
+pub use rls::{RlsAnswer, RlsHeaders, RlsOptions, RlsRequest, RlsStatus, Shown};
 
 pub struct Decider {
     engine: Arc<Engine>,
     replication: Option<Arc<Replication>>,
+    rls: RlsOptions,
     /// One ApplyRules at a time: parsing is bounded, but not free.
     applying: tokio::sync::Mutex<()>,
 }
@@ -39,6 +45,8 @@ pub enum Origin {
     Embedded,
     /// `Admin.ApplyRules`.
     Admin,
+    /// An envoyproxy/ratelimit configuration directory.
+    Envoy,
 }
 
 /// The outcome of `ApplyRules`.
@@ -86,6 +94,7 @@ impl Origin {
             Origin::File(_) => "file",
             Origin::Embedded => "embedded",
             Origin::Admin => "admin",
+            Origin::Envoy => "envoy",
         }
     }
 
@@ -94,6 +103,7 @@ impl Origin {
             Origin::File(path) => path.clone(),
             Origin::Embedded => "embedded".into(),
             Origin::Admin => "admin".into(),
+            Origin::Envoy => "envoy".into(),
         }
     }
 }
@@ -102,7 +112,13 @@ impl Origin {
 
 impl Decider {
     pub fn new(engine: Arc<Engine>, replication: Option<Arc<Replication>>) -> Self {
-        Decider { engine, replication, applying: tokio::sync::Mutex::new(()) }
+        Decider { engine, replication, rls: RlsOptions::default(), applying: tokio::sync::Mutex::new(()) }
+    }
+
+    /// How Envoy's RLS answers (global shadow mode, response headers).
+    pub fn with_rls(mut self, rls: RlsOptions) -> Self {
+        self.rls = rls;
+        self
     }
 
     /// One decision, as the caller's type.
@@ -111,13 +127,25 @@ impl Decider {
         D: Descriptors + Sync + ?Sized,
         R: for<'r> From<Answer<'r>>,
     {
-        let Some(replication) = &self.replication else {
-            let rules = self.engine.rules();
-            return Ok(R::from(self.engine.acquire(&rules, req)?));
-        };
+        match &self.replication {
+            None => {
+                let rules = self.engine.rules();
+                Ok(R::from(self.engine.acquire(&rules, req)?))
+            }
+            // Boxed: the memory-only call's future stays small.
+            Some(replication) => Box::pin(self.acquire_replicated(replication, req)).await,
+        }
+    }
+
+    async fn acquire_replicated<D, R>(&self, replication: &Replication, req: &Request<'_, D>) -> Result<R, RequestError>
+    where
+        D: Descriptors + Sync + ?Sized,
+        R: for<'r> From<Answer<'r>>,
+    {
         let rules = self.engine.rules_full();
         let prepared = vec![self.engine.prepare(&rules, req)?];
-        let answer = replication.decide_many(&rules, std::slice::from_ref(req), prepared).await;
+        let again = |_| self.engine.prepare(&rules, req).ok();
+        let answer = replication.decide_many(&rules, prepared, again).await;
         Ok(R::from(answer.into_iter().next().expect("one answer per request")))
     }
 
@@ -137,7 +165,8 @@ impl Decider {
         };
         let rules = self.engine.rules_full();
         let prepared = prepare_all(&self.engine, &rules, field, reqs)?;
-        Ok(replication.decide_many(&rules, reqs, prepared).await.into_iter().map(R::from).collect())
+        let again = |i: usize| self.engine.prepare(&rules, &reqs[i]).ok();
+        Ok(replication.decide_many(&rules, prepared, again).await.into_iter().map(R::from).collect())
     }
 
     /// Takes a permit back with the call's outcome.
@@ -238,6 +267,11 @@ impl Decider {
         install(&self.engine, rules, yaml, origin)
     }
 
+    /// Installs an envoyproxy/ratelimit configuration read from `dir`.
+    pub fn install_envoy(&self, config: EnvoyConfig, text: String, dir: &std::path::Path) -> u64 {
+        install_envoy(&self.engine, config, text, dir)
+    }
+
     /// Counts a rules file that could not be installed.
     pub fn refused(&self, origin: &Origin) {
         crate::metrics::rule_reload(origin.label(), false, self.engine.rules().version);
@@ -293,6 +327,14 @@ impl Decider {
             level: self.engine.degradation_level(),
         }
     }
+}
+
+/// Installs an envoyproxy/ratelimit configuration read from `dir` and counts
+/// the reload; the version.
+pub fn install_envoy(engine: &Engine, config: EnvoyConfig, text: String, dir: &std::path::Path) -> u64 {
+    let version = engine.install_envoy(config, text, dir.display().to_string());
+    crate::metrics::rule_reload(Origin::Envoy.label(), true, version);
+    version
 }
 
 /// Installs rules in `engine` and counts the reload; the version.

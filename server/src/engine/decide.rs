@@ -77,6 +77,9 @@ pub struct Prepared<'r> {
     pub(super) matched: Matched<'r>,
     pub(super) cost: u64,
     pub(super) dry_run: bool,
+    /// The guards only gate: no permit is handed out, nothing is taken from
+    /// them (Envoy's RLS, which never reports back).
+    pub(super) gate: bool,
     /// Redis's answer when the resource's breaker needed a probe.
     pub(super) remote_breaker: Option<RemoteBreaker>,
 }
@@ -102,6 +105,20 @@ impl Prepared<'_> {
 
     pub fn cost(&self) -> u64 {
         self.cost
+    }
+
+    pub fn dry_run(&self) -> bool {
+        self.dry_run
+    }
+
+    /// Whether the guards only gate this decision (no permit).
+    pub fn gate(&self) -> bool {
+        self.gate
+    }
+
+    /// The request's resource, when replication needs it; else empty.
+    pub fn resource(&self) -> &str {
+        &self.request_resource
     }
 }
 
@@ -203,6 +220,7 @@ impl Engine {
             matched,
             cost,
             dry_run: req.dry_run,
+            gate: false,
             remote_breaker: None,
         })
     }
@@ -315,7 +333,7 @@ impl Engine {
 
 /// The limits of `rule` that apply: a keyed limit applies only when every
 /// descriptor it names is present.
-fn matched<'r, D: Descriptors + ?Sized>(rule: &'r Rule, resource: &str, d: &D) -> Matched<'r> {
+pub(super) fn matched<'r, D: Descriptors + ?Sized>(rule: &'r Rule, resource: &str, d: &D) -> Matched<'r> {
     let per_resource = rule.per_resource();
     rule.limits
         .iter()

@@ -25,15 +25,18 @@ mod counters;
 pub mod decide;
 pub mod guards;
 mod installed;
+mod overrides;
 pub mod report;
 pub mod request;
+pub mod rls;
 pub mod sync;
 
 pub use decide::{Answer, LimitReport, Pending, Prepared, Step, Verdict};
 pub use guards::{DEFAULT_PERMIT_TTL, Denial};
-pub use installed::Installed;
+pub use installed::{EnvoyInstalled, Installed};
 pub use report::{Report, Reported, Snapshot};
 pub use request::{Descriptors, Request, RequestError};
+pub use rls::{RlsDescriptor, Target};
 
 pub use crate::degradation::Level;
 
@@ -90,6 +93,15 @@ impl Engine {
         let patterns = rules.rules().iter().map(|r| r.name.clone()).collect();
         let version = self.rules.install(rules, yaml, source.clone());
         self.events.publish(Event::Rules { version, source, patterns });
+        version
+    }
+
+    /// Installs an envoyproxy/ratelimit configuration read from `source`,
+    /// beside the rules in force.
+    pub fn install_envoy(&self, config: crate::rules::envoy::EnvoyConfig, text: String, source: String) -> u64 {
+        let version = self.rules.install_envoy(config, text, source.clone());
+        let patterns = self.rules.load().rules.rules().iter().map(|r| r.name.clone()).collect();
+        self.events.publish(Event::Rules { version, source: format!("envoy:{source}"), patterns });
         version
     }
 

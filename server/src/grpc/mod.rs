@@ -2,7 +2,6 @@
 
 use std::sync::Arc;
 
-use floodgate_proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use floodgate_proto::v1::admin_server::AdminServer;
 use floodgate_proto::v1::floodgate_server::FloodgateServer;
 use tonic::service::RoutesBuilder;
@@ -17,6 +16,7 @@ mod data;
 mod envoy;
 mod gate;
 mod observe;
+mod serve;
 mod size;
 mod status;
 mod watch;
@@ -26,6 +26,7 @@ pub use data::DataPlane;
 pub use envoy::EnvoyRls;
 pub use gate::AdminGate;
 pub use observe::ObserveLayer;
+pub use serve::serve;
 pub use size::SizeLayer;
 
 /// Every gRPC service on one port: data plane, control plane (behind its
@@ -53,7 +54,7 @@ where
     routes
         .add_service(FloodgateServer::new(DataPlane::new(decider.clone(), max_watchers)).max_decoding_message_size(cap))
         .add_service(AdminGate::new(admin, access))
-        .add_service(RateLimitServiceServer::new(EnvoyRls::new(decider)).max_decoding_message_size(cap))
+        .add_service(EnvoyRls::new(decider, cap))
         .add_service(health)
         .add_service(reflection().build_v1()?)
         .add_service(reflection().build_v1alpha()?);

@@ -63,14 +63,14 @@ impl View {
     /// The estimate times W.
     fn weighted(&self, w: u64, extra: u64) -> u128 {
         let overlap = w.saturating_sub(self.elapsed) as u128;
-        self.prev as u128 * overlap + (self.cur + extra) as u128 * w as u128
+        self.prev as u128 * overlap + (self.cur as u128 + extra as u128) * w as u128
     }
 
     /// Time until `cost` fits under `limit`.
     fn retry_after(&self, limit: u64, w: u64, cost: u64) -> u64 {
         let (w128, e) = (w as u128, self.elapsed);
         // Within this window, the previous count's weight keeps shrinking.
-        if let Some(room) = limit.checked_sub(self.cur + cost) {
+        if let Some(room) = limit.checked_sub(self.cur.saturating_add(cost)) {
             if self.prev == 0 {
                 return 0;
             }
@@ -83,7 +83,8 @@ impl View {
         // Otherwise in the next window, where this window's count is the previous.
         let keep = match self.cur {
             0 => w,
-            cur => ((limit - cost) as u128 * w128 / cur as u128).min(w128) as u64,
+            // A cost above the limit never fits: the longest wait.
+            cur => (limit.saturating_sub(cost) as u128 * w128 / cur as u128).min(w128) as u64,
         };
         (w - e.min(w)) + (w - keep)
     }

@@ -88,7 +88,7 @@ impl Limiter for SlidingWindowLog {
             None
         };
         let reset_after = newest.map_or(0, |at| at.add_nanos(cfg.window).saturating_since(now));
-        let retry_after = if admitted { 0 } else { self.time_to_free(cfg, now, used + cost - cfg.limit) };
+        let retry_after = if admitted { 0 } else { self.time_to_free(cfg, now, used.saturating_add(cost) - cfg.limit) };
         Decision {
             admitted,
             status: Status {

@@ -6,27 +6,31 @@
 use std::collections::HashSet;
 
 use super::{Replication, join_all};
-use crate::engine::{Answer, Descriptors, Installed, Pending, Prepared, Request, Step, Verdict};
+use crate::engine::{Answer, Installed, Pending, Prepared, Step, Verdict};
 use crate::rules::SyncMode;
 use crate::store::BucketKey;
 
 impl Replication {
-    /// Decides `prepared` (one per request, in order), asking Redis where it
+    /// Decides `prepared` (one per item, in order), asking Redis where it
     /// must: first touch of replicated buckets, probes of shared breakers,
-    /// strict limits.
-    pub async fn decide_many<'r, D: Descriptors + ?Sized>(
+    /// strict limits. `again(i)` prepares item `i` once more, for a second
+    /// decision after a sync.
+    pub async fn decide_many<'r, F>(
         &self,
         rules: &'r Installed,
-        reqs: &[Request<'_, D>],
         mut prepared: Vec<Prepared<'r>>,
-    ) -> Vec<Answer<'r>> {
+        again: F,
+    ) -> Vec<Answer<'r>>
+    where
+        F: Fn(usize) -> Option<Prepared<'r>>,
+    {
         if self.sync().up() {
-            self.pull_missing(rules, reqs, &prepared).await;
-            self.ask_probes(rules, reqs, &mut prepared).await;
+            self.pull_missing(rules, &prepared).await;
+            self.ask_probes(rules, &mut prepared).await;
         }
         let mut answers = self.decide_steps(rules, prepared).await;
         if self.sync().up() {
-            self.escalate(rules, reqs, &mut answers).await;
+            self.escalate(rules, again, &mut answers).await;
         }
         if !self.sync().outbox_is_empty() {
             self.flush_outbox(&self.engine.rules_full()).await;
@@ -36,18 +40,13 @@ impl Replication {
 
     /// Pulls every replicated bucket this process does not hold yet, all
     /// items' at once, so a restarted replica resumes where the replicas are.
-    async fn pull_missing<D: Descriptors + ?Sized>(
-        &self,
-        rules: &Installed,
-        reqs: &[Request<'_, D>],
-        prepared: &[Prepared<'_>],
-    ) {
+    async fn pull_missing(&self, rules: &Installed, prepared: &[Prepared<'_>]) {
         let mut seen = HashSet::new();
         let mut missing: Vec<(&str, BucketKey)> = Vec::new();
-        for (req, p) in reqs.iter().zip(prepared).filter(|(r, _)| !r.dry_run) {
+        for p in prepared.iter().filter(|p| !p.dry_run()) {
             for (_, key) in p.replicated_keys() {
                 if !self.engine.buckets().contains_key(key) && seen.insert(key) {
-                    missing.push((req.resource, key.clone()));
+                    missing.push((p.resource(), key.clone()));
                 }
             }
         }
@@ -57,19 +56,15 @@ impl Replication {
     }
 
     /// Asks the shared breakers for the probes the items need, concurrently.
-    async fn ask_probes<D: Descriptors + ?Sized>(
-        &self,
-        rules: &Installed,
-        reqs: &[Request<'_, D>],
-        prepared: &mut [Prepared<'_>],
-    ) {
-        let wanted: Vec<usize> = (0..reqs.len())
-            .filter(|&i| !reqs[i].dry_run && self.engine.needs_remote_probe(&prepared[i], reqs[i].resource))
+    async fn ask_probes(&self, rules: &Installed, prepared: &mut [Prepared<'_>]) {
+        let wanted: Vec<usize> = (0..prepared.len())
+            .filter(|&i| !prepared[i].dry_run() && self.engine.needs_remote_probe(&prepared[i], prepared[i].resource()))
             .collect();
         if wanted.is_empty() {
             return;
         }
-        let grants = join_all(wanted.iter().map(|&i| self.probe(rules, reqs[i].resource))).await;
+        let resources: Vec<String> = wanted.iter().map(|&i| prepared[i].resource().to_string()).collect();
+        let grants = join_all(resources.iter().map(|r| self.probe(rules, r))).await;
         for (i, grant) in wanted.into_iter().zip(grants) {
             if let Some(grant) = grant {
                 prepared[i].set_remote_breaker(grant);
@@ -105,12 +100,10 @@ impl Replication {
     /// Items denied by this replica's lease while the replicas had more in
     /// common: those buckets are synced now (asking for a lease of at least
     /// the cost) and the items decided again. Nothing was taken the first time.
-    async fn escalate<'r, D: Descriptors + ?Sized>(
-        &self,
-        rules: &'r Installed,
-        reqs: &[Request<'_, D>],
-        answers: &mut [Answer<'r>],
-    ) {
+    async fn escalate<'r, F>(&self, rules: &'r Installed, again_for: F, answers: &mut [Answer<'r>])
+    where
+        F: Fn(usize) -> Option<Prepared<'r>>,
+    {
         let short_lease = |a: &Answer<'_>| {
             a.verdict == Verdict::RateLimited
                 && a.limits.iter().filter(|r| r.exceeded).all(|r| r.limit.sync == SyncMode::Replicated)
@@ -122,12 +115,14 @@ impl Replication {
             if !short_lease(answer) {
                 continue;
             }
-            let Ok(p) = self.engine.prepare(rules, &reqs[i]) else { continue };
+            let Some(p) = again_for(i) else { continue };
             if self.engine.worth_escalating(&p) {
-                keys.extend(p.replicated_keys().map(|(_, k)| (reqs[i].resource, k.clone())));
                 want = want.max(p.cost());
                 again.push((i, p));
             }
+        }
+        for (_, p) in &again {
+            keys.extend(p.replicated_keys().map(|(_, k)| (p.resource(), k.clone())));
         }
         if again.is_empty() {
             return;

@@ -25,7 +25,7 @@ use super::{Limit, LimitId, OnRedisError, Pattern, Rule, RuleError, RuleErrors, 
 use crate::limiter::{Algorithm, fixed_window};
 
 /// A rate limit unit, with Envoy's numbers (`RateLimitResponse.RateLimit.Unit`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Unit {
     Second = 1,
     Minute = 2,
@@ -51,6 +51,11 @@ impl Unit {
         }
     }
 
+    /// From Envoy's enum number (`RateLimitResponse.RateLimit.Unit`); 0 is UNKNOWN.
+    pub fn from_number(n: i32) -> Option<Unit> {
+        Unit::ALL.into_iter().find(|&u| u as i32 == n)
+    }
+
     fn parse(s: &str) -> Option<Unit> {
         Unit::ALL.into_iter().find(|u| u.name().eq_ignore_ascii_case(s))
     }
@@ -68,6 +73,26 @@ impl Unit {
     }
 }
 
+/// A limit of ours in Envoy's terms, requests per unit: the unit of its
+/// window when the window is one, else the smallest unit in which the rate is
+/// a whole number, else the smallest in which it is at least one (rounded).
+/// Rate-based algorithms are shown at their sustained rate (capacity per time
+/// to refill from empty). Never 0.
+pub fn per_unit(limit: &Limit) -> (u32, Unit) {
+    let n = u128::from(limit.algorithm.capacity());
+    let window = limit.algorithm.window().as_nanos().max(1);
+    let unit_nanos = |u: Unit| u128::from(u.seconds()) * 1_000_000_000;
+    let clamp = |v: u128| u32::try_from(v).unwrap_or(u32::MAX).max(1);
+    if let Some(u) = Unit::ALL.into_iter().find(|&u| unit_nanos(u) == window) {
+        return (clamp(n), u);
+    }
+    if let Some(u) = Unit::ALL.into_iter().find(|&u| (n * unit_nanos(u)) % window == 0 && n * unit_nanos(u) >= window) {
+        return (clamp(n * unit_nanos(u) / window), u);
+    }
+    let at_least_one = Unit::ALL.into_iter().find(|&u| n * unit_nanos(u) >= window).unwrap_or(Unit::Year);
+    (clamp((n * unit_nanos(at_least_one) + window / 2) / window), at_least_one)
+}
+
 /// One `rate_limit` of the tree.
 #[derive(Clone, Debug)]
 pub struct EnvoyLimit {
@@ -79,6 +104,9 @@ pub struct EnvoyLimit {
     pub requests_per_unit: u32,
     pub unlimited: bool,
     pub replaces: Vec<String>,
+    /// `share_threshold`: entries (by position) that matched a wildcard whose
+    /// matches share one counter, and the wildcard value their counter uses.
+    pub shared: Vec<(usize, String)>,
     /// The limit as the engine decides it; its rule is `rules[rule]`.
     pub rule: usize,
 }
@@ -108,24 +136,24 @@ pub enum Matched<'c> {
     Unlimited(&'c EnvoyLimit),
 }
 
-const KEYS: &[&str] = &[
-    "domain",
+/// At most this many files in the directory, and bytes in all.
+pub const MAX_FILES: usize = 1000;
+pub const MAX_TOTAL_BYTES: u64 = 16 << 20;
+
+/// The keys upstream reads, by where they appear.
+const FILE_KEYS: &[&str] = &["domain", "descriptors"];
+const DESCRIPTOR_KEYS: &[&str] = &[
     "key",
     "value",
-    "descriptors",
     "rate_limit",
-    "unit",
-    "requests_per_unit",
-    "unlimited",
+    "descriptors",
     "shadow_mode",
-    "quota_mode",
-    "name",
-    "replaces",
     "detailed_metric",
     "value_to_metric",
+    "quota_mode",
     "share_threshold",
-    "metadata",
 ];
+const LIMIT_KEYS: &[&str] = &["unit", "requests_per_unit", "unlimited", "name", "replaces", "metadata"];
 
 // === impl EnvoyConfig ===
 
@@ -139,12 +167,23 @@ impl EnvoyConfig {
             .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
             .collect();
         names.sort();
+        if names.len() > MAX_FILES {
+            return Err(RuleErrors::one(&dir_name, format!("{} files; the limit is {MAX_FILES}", names.len())));
+        }
         let mut files = Vec::new();
+        let mut total = 0;
         for path in names {
             let name = path.display().to_string();
             let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
             if size > super::bounds::MAX_BYTES as u64 {
                 return Err(RuleErrors::one(&name, format!("{size} bytes; the limit is {}", super::bounds::MAX_BYTES)));
+            }
+            total += size;
+            if total > MAX_TOTAL_BYTES {
+                return Err(RuleErrors::one(
+                    &dir_name,
+                    format!("over {MAX_TOTAL_BYTES} bytes in all; that is the limit"),
+                ));
             }
             let text =
                 std::fs::read_to_string(&path).map_err(|e| RuleErrors::one(&name, format!("cannot read: {e}")))?;
@@ -161,40 +200,38 @@ impl EnvoyConfig {
         let mut errors = Vec::new();
         let mut owner: HashMap<String, String> = HashMap::new();
         for (file, text) in files {
-            let mut err = |domain: Option<&str>, field: &str, message: String| {
-                errors.push(RuleError {
-                    file: file.clone(),
-                    resource: domain.map(str::to_string),
-                    field: field.into(),
-                    message,
-                })
+            let mut err = |field: &str, message: String| {
+                errors.push(RuleError { file: file.clone(), resource: None, field: field.into(), message })
             };
             if let Err(e) = super::bounds::check(text) {
-                err(None, "", format!("refused before parsing: {e}"));
+                err("", format!("refused before parsing: {e}"));
                 continue;
             }
             let doc: Value = match serde_yaml_ng::from_str(text) {
                 Ok(v) => v,
                 Err(e) => {
-                    err(None, "", format!("not valid YAML: {e}"));
+                    err("", format!("not valid YAML: {e}"));
                     continue;
                 }
             };
             let Some(map) = doc.as_mapping() else {
-                err(None, "", "expected a mapping with 'domain' and 'descriptors'".into());
+                err("", "expected a mapping with 'domain' and 'descriptors'".into());
                 continue;
             };
             let domain = map.get("domain").and_then(Value::as_str).unwrap_or_default().to_string();
             if domain.is_empty() {
-                err(None, "domain", "is required and must not be empty".into());
+                err("domain", "is required and must not be empty".into());
                 continue;
             }
             if let Some(first) = owner.insert(domain.clone(), file.clone()) {
-                err(Some(&domain), "domain", format!("is also defined in {first}; each domain is defined once"));
+                err(&format!("domain '{domain}'"), format!("is also defined in {first}; each domain is defined once"));
                 continue;
             }
-            let mut walker = Walker { config: &mut config, file, domain: &domain, errors: Vec::new() };
-            unknown_keys(map, "", &mut walker.errors);
+            let mut walker =
+                Walker { config: &mut config, file, domain: &domain, errors: Vec::new(), depth: 0, shared: Vec::new() };
+            for (field, message) in unknown_keys(map, "", FILE_KEYS) {
+                walker.error(&field, message);
+            }
             let root = walker.descriptors(map.get("descriptors"), &domain, "descriptors");
             errors.append(&mut walker.errors);
             config.domains.insert(domain, root);
@@ -203,18 +240,23 @@ impl EnvoyConfig {
     }
 
     pub fn has_domain(&self, domain: &str) -> bool {
-        self.domains.contains_key(domain)
+        !self.domains.is_empty() && self.domains.contains_key(domain)
     }
 
     /// The limit one request descriptor matches, as upstream walks the tree.
     pub fn find(&self, domain: &str, entries: &[(&str, &str)]) -> Option<Matched<'_>> {
         let mut node = self.domains.get(domain)?;
         let mut found = None;
+        // Short `key_value`s are built on the stack.
+        let mut with_value = compact_str::CompactString::default();
         for (i, (key, value)) in entries.iter().enumerate() {
-            let with_value = format!("{key}_{value}");
+            with_value.clear();
+            with_value.push_str(key);
+            with_value.push('_');
+            with_value.push_str(value);
             let next = node
                 .children
-                .get(&with_value)
+                .get(with_value.as_str())
                 .or_else(|| {
                     let (_, child) = node.wildcards.iter().find(|(p, _)| wildcard(p, &with_value))?;
                     node.children.get(child)
@@ -235,6 +277,10 @@ impl EnvoyConfig {
     /// The engine's rules, one per limit.
     pub fn rules(&self) -> &[Rule] {
         &self.rules
+    }
+
+    pub(crate) fn rules_mut(&mut self) -> &mut [Rule] {
+        &mut self.rules
     }
 
     /// The engine's limit of an Envoy limit.
@@ -264,18 +310,15 @@ fn wildcard(pattern: &str, text: &str) -> bool {
     true
 }
 
-fn unknown_keys(map: &Mapping, path: &str, errors: &mut Vec<RuleError>) {
-    for k in map.keys() {
-        match k.as_str() {
-            Some(k) if KEYS.contains(&k) => {}
-            other => errors.push(RuleError {
-                file: String::new(),
-                resource: None,
-                field: path.into(),
-                message: format!("unknown key {other:?}"),
-            }),
-        }
-    }
+/// Every key of `map` not in `known`, as (field, message).
+fn unknown_keys(map: &Mapping, path: &str, known: &[&str]) -> Vec<(String, String)> {
+    map.keys()
+        .filter(|k| !k.as_str().is_some_and(|k| known.contains(&k)))
+        .map(|k| {
+            let name = k.as_str().map_or_else(|| format!("{k:?}"), |k| format!("'{k}'"));
+            (path.to_string(), format!("unknown key {name} (expected one of: {})", known.join(", ")))
+        })
+        .collect()
 }
 
 /// Reads one file's tree.
@@ -284,12 +327,21 @@ struct Walker<'a> {
     file: &'a str,
     domain: &'a str,
     errors: Vec<RuleError>,
+    /// How deep the descriptor being read is (0 at the top).
+    depth: usize,
+    /// The `share_threshold` wildcards on the path to it: (depth, value).
+    shared: Vec<(usize, String)>,
 }
 
 impl Walker<'_> {
-    fn error(&mut self, field: &str, message: impl Into<String>) {
-        let (file, domain) = (self.file.to_string(), Some(self.domain.to_string()));
-        self.errors.push(RuleError { file, resource: domain, field: field.into(), message: message.into() });
+    /// An error naming the file, the domain and the descriptor path.
+    fn error(&mut self, path: &str, message: impl Into<String>) {
+        let field = if path.is_empty() {
+            format!("domain '{}'", self.domain)
+        } else {
+            format!("domain '{}': {path}", self.domain)
+        };
+        self.errors.push(RuleError { file: self.file.to_string(), resource: None, field, message: message.into() });
     }
 
     /// A `descriptors` list: the children of the node at `stat` (`path` names it in errors).
@@ -309,10 +361,8 @@ impl Walker<'_> {
                 self.error(&here, "must be a mapping");
                 continue;
             };
-            let before = self.errors.len();
-            unknown_keys(map, &here, &mut self.errors);
-            for e in &mut self.errors[before..] {
-                (e.file, e.resource) = (self.file.to_string(), Some(self.domain.to_string()));
+            for (field, message) in unknown_keys(map, &here, DESCRIPTOR_KEYS) {
+                self.error(&field, message);
             }
             let key = map.get("key").and_then(Value::as_str).unwrap_or_default();
             if key.is_empty() {
@@ -327,10 +377,33 @@ impl Walker<'_> {
                 continue;
             }
             let stat = format!("{stat}.{composite}");
+            let share = match map.get("share_threshold") {
+                None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+                Some(Value::Bool(true)) if value.contains('*') => true,
+                Some(Value::Bool(true)) => {
+                    self.error(
+                        &format!("{here}.share_threshold"),
+                        format!("applies only to a wildcard value (containing '*'), not '{value}'"),
+                    );
+                    false
+                }
+                Some(_) => {
+                    self.error(&format!("{here}.share_threshold"), "must be true or false");
+                    false
+                }
+            };
+            if share {
+                self.shared.push((self.depth, value.to_string()));
+            }
+            self.depth += 1;
             let mut child = self.descriptors(map.get("descriptors"), &stat, &format!("{here}.descriptors"));
+            self.depth -= 1;
             let shadow = map.get("shadow_mode").and_then(Value::as_bool).unwrap_or(false);
             if let Some(rl) = map.get("rate_limit") {
                 child.limit = self.rate_limit(rl, &stat, &format!("{here}.rate_limit"), shadow);
+            }
+            if share {
+                self.shared.pop();
             }
             if composite.contains('*') {
                 node.wildcards.push((composite.clone(), composite.clone()));
@@ -345,6 +418,9 @@ impl Walker<'_> {
             self.error(path, "must be a mapping");
             return None;
         };
+        for (field, message) in unknown_keys(map, path, LIMIT_KEYS) {
+            self.error(&field, message);
+        }
         let unlimited = map.get("unlimited").and_then(Value::as_bool).unwrap_or(false);
         let unit = map.get("unit").and_then(Value::as_str);
         let unit = match (unlimited, unit) {
@@ -393,7 +469,8 @@ impl Walker<'_> {
         let window = unit.seconds() * 1_000_000_000;
         let limit = Limit {
             id: LimitId::default(),
-            name: if name.is_empty() { "rate_limit".into() } else { name.clone() },
+            // Unique in the domain: the Redis key and the metrics name it.
+            name: stat.to_string(),
             key: Vec::new(),
             algorithm: Algorithm::FixedWindow(fixed_window::Config::new(u64::from(requests_per_unit), window)),
             sync: SyncMode::default(),
@@ -417,6 +494,7 @@ impl Walker<'_> {
             requests_per_unit,
             unlimited,
             replaces,
+            shared: self.shared.clone(),
             rule: self.config.rules.len() - 1,
         });
         Some(self.config.limits.len() - 1)

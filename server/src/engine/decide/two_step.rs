@@ -42,6 +42,7 @@ pub struct Pending<'r> {
     limits: SmallVec<[Decided<'r>; 4]>,
     cost: u64,
     dry_run: bool,
+    gate: bool,
     now: Timestamp,
     /// The local limits already gave back what they took (one of them denied).
     given_back: bool,
@@ -101,6 +102,7 @@ impl Engine {
             limits: SmallVec::new(),
             cost: p.cost,
             dry_run: p.dry_run,
+            gate: p.gate,
             now,
             resource: p.resource,
             request_resource: p.request_resource,
@@ -179,7 +181,7 @@ impl Engine {
     fn settle<'r>(&self, mut p: Pending<'r>) -> Answer<'r> {
         if let Some(a) = p.admitted.take() {
             p.answer.breaker_state = a.breaker_state;
-            if p.answer.verdict != Verdict::Allowed || p.dry_run {
+            if p.answer.verdict != Verdict::Allowed || p.dry_run || p.gate {
                 Guards::undo(a, self.sync.as_ref());
             } else {
                 let resource = p.resource.clone().unwrap_or_default();
@@ -206,7 +208,8 @@ impl Engine {
     fn guard(&self, p: &mut Pending<'_>, level: u32, remote: Option<RemoteBreaker>) -> Option<Denial> {
         match &p.resource {
             Some(resource) => {
-                let ask = Ask { rule: p.rule, resource, level, now: p.now, dry_run: p.dry_run, remote };
+                let dry_run = p.dry_run || p.gate;
+                let ask = Ask { rule: p.rule, resource, level, now: p.now, dry_run, gate: p.gate, remote };
                 match self.guards.admit(ask, &self.events, self.sync.as_ref()) {
                     Ok(a) => {
                         p.admitted = Some(a);

@@ -99,6 +99,9 @@ pub struct Ask<'a> {
     pub level: u32,
     pub now: Timestamp,
     pub dry_run: bool,
+    /// Only a breaker that lets every call through (CLOSED, DISABLED,
+    /// METRICS_ONLY) passes: probes are kept for callers that report.
+    pub gate: bool,
     /// The shared breaker's answer, when Redis was asked for a probe.
     pub remote: Option<RemoteBreaker>,
 }
@@ -106,7 +109,7 @@ pub struct Ask<'a> {
 impl Guards {
     /// Runs the guards of the rule for the resource; on a dry run, only asks.
     pub fn admit(&self, ask: Ask<'_>, events: &Events, sync: Option<&Replica>) -> Result<Admitted, Denial> {
-        let Ask { rule, resource, level, now, dry_run, remote } = ask;
+        let Ask { rule, resource, level, now, dry_run, gate, remote } = ask;
         if let Some(at) = rule.shed_at_level.filter(|&at| level >= at) {
             return Err(Denial::Shed { at, level });
         }
@@ -125,7 +128,7 @@ impl Guards {
                 let mut slot = guarded.breaker(Some(cfg));
                 let b = slot.as_mut().expect("a breaker was just configured");
                 if dry_run {
-                    if !b.would_permit(cfg, now) {
+                    if !b.would_permit(cfg, now) || (gate && !b.state().passes_every_call()) {
                         return Err(closed(b.state(), b.retry_after(cfg, now)));
                     }
                     (None, Some(b.state()))

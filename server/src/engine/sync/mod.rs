@@ -243,7 +243,7 @@ impl Engine {
     /// Whether the next call on this resource needs Redis to grant a probe
     /// (the rule `p` matched has a breaker, in OPEN past its wait or HALF_OPEN).
     pub fn needs_remote_probe(&self, p: &Prepared<'_>, resource: &str) -> bool {
-        if !self.sync.as_ref().is_some_and(Replica::up) || !p.has_breaker() {
+        if !self.sync.as_ref().is_some_and(Replica::up) || !p.has_breaker() || p.gate() {
             return false;
         }
         let now = self.clock.now();

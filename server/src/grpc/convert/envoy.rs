@@ -1,22 +1,22 @@
-//! Envoy's RLS v3 <-> domain. The RLS `domain` is the resource; each RLS
-//! descriptor is one decision whose descriptors are its entries, at a cost of
-//! the descriptor's `hits_addend`, else the request's, else 1.
+//! Envoy's RLS v3 <-> domain. The RLS `domain` names the Envoy configuration's
+//! domain, else the resource of our rules; each RLS descriptor is decided on
+//! its own, at a cost of the descriptor's `hits_addend` when it is set (0:
+//! check only), else the request's (0 read as 1).
 
-use floodgate_proto::envoy::service::ratelimit::v3 as rls;
-use rls::rate_limit_response::{Code, DescriptorStatus, RateLimit, rate_limit::Unit};
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3 as common;
+use envoy_types::pb::envoy::service::ratelimit::v3 as rls;
+use rls::rate_limit_response::{Code, DescriptorStatus, RateLimit};
 
-use super::duration;
-use crate::engine::request::{check_batch, check_name};
-use crate::engine::{Answer, LimitReport, Request, RequestError, Verdict};
+use crate::decider::{RlsAnswer, RlsRequest, RlsStatus};
+use crate::engine::request::check_name;
+use crate::engine::{RequestError, RlsDescriptor};
+use crate::rules::envoy::Unit;
 
-/// The entries of one descriptor, in Envoy's order.
-pub type Entries<'a> = Vec<(&'a str, &'a str)>;
-
-/// An RLS request, checked: its descriptors' entries and costs.
+/// An RLS request, checked.
 pub struct RlsAsk<'a> {
-    pub domain: &'a str,
-    entries: Vec<Entries<'a>>,
-    costs: Vec<u32>,
+    domain: &'a str,
+    descriptors: smallvec::SmallVec<[RlsDescriptor<'a>; 2]>,
 }
 
 impl<'a> TryFrom<&'a rls::RateLimitRequest> for RlsAsk<'a> {
@@ -24,87 +24,75 @@ impl<'a> TryFrom<&'a rls::RateLimitRequest> for RlsAsk<'a> {
 
     fn try_from(req: &'a rls::RateLimitRequest) -> Result<Self, RequestError> {
         check_name("domain", &req.domain, false)?;
-        check_batch("descriptors", req.descriptors.len())?;
-        let entries = req
-            .descriptors
-            .iter()
-            .map(|d| d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())).collect())
-            .collect();
-        let costs = req
+        crate::engine::request::check_batch("descriptors", req.descriptors.len())?;
+        let descriptors = req
             .descriptors
             .iter()
             .enumerate()
-            .map(|(i, d)| {
-                let hits = d.hits_addend.filter(|&h| h > 0).unwrap_or(u64::from(req.hits_addend));
-                u32::try_from(hits).map_err(|_| {
-                    RequestError::CostTooLarge { field: "hits_addend", value: hits }.in_batch("descriptors", i)
-                })
-            })
+            .map(|(i, d)| descriptor(d, req.hits_addend).map_err(|e| e.in_batch("descriptors", i)))
             .collect::<Result<_, _>>()?;
-        Ok(RlsAsk { domain: &req.domain, entries, costs })
+        Ok(RlsAsk { domain: &req.domain, descriptors })
     }
 }
 
-impl RlsAsk<'_> {
-    /// One decision per descriptor.
-    pub fn requests(&self) -> Vec<Request<'_, [(&str, &str)]>> {
-        self.entries
-            .iter()
-            .zip(&self.costs)
-            .map(|(entries, &cost)| Request {
-                resource: self.domain,
-                descriptors: entries.as_slice(),
-                cost,
-                dry_run: false,
-            })
-            .collect()
+fn descriptor(d: &common::RateLimitDescriptor, request_hits: u32) -> Result<RlsDescriptor<'_>, RequestError> {
+    // As upstream: the descriptor's own hits_addend when set, 0 included
+    // (check only); else the request's, at least 1. Hits to give back
+    // (`is_negative_hits`) are not honoured: checked, nothing taken.
+    let hits = match (&d.hits_addend, d.is_negative_hits) {
+        (_, true) => 0,
+        (Some(h), false) => h.value,
+        (None, false) => u64::from(request_hits.max(1)),
+    };
+    let limit = match &d.limit {
+        None => None,
+        Some(o) => {
+            let unit = Unit::from_number(o.unit).ok_or(RequestError::UnknownEnum {
+                field: "limit.unit",
+                value: o.unit,
+                expected: "SECOND, MINUTE, HOUR, DAY, WEEK, MONTH or YEAR",
+            })?;
+            Some((o.requests_per_unit, unit))
+        }
+    };
+    Ok(RlsDescriptor { entries: d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())).collect(), hits, limit })
+}
+
+impl<'a> RlsAsk<'a> {
+    pub fn ask(self) -> RlsRequest<'a> {
+        RlsRequest { domain: self.domain, descriptors: self.descriptors }
     }
 }
 
-/// The overall answer: OVER_LIMIT when any descriptor is.
-pub fn response(statuses: Vec<DescriptorStatus>) -> rls::RateLimitResponse {
-    let over = statuses.iter().any(|s| s.code == Code::OverLimit as i32);
+/// The answer on the wire.
+pub fn response(answer: RlsAnswer) -> rls::RateLimitResponse {
     rls::RateLimitResponse {
-        overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
-        statuses,
+        overall_code: if answer.over { Code::OverLimit } else { Code::Ok } as i32,
+        statuses: answer.statuses.into_iter().map(DescriptorStatus::from).collect(),
+        response_headers_to_add: answer
+            .headers
+            .into_iter()
+            .map(|(key, value)| HeaderValue { key: key.into(), value, ..Default::default() })
+            .collect(),
         ..Default::default()
     }
 }
 
-/// One descriptor's status: the limit that denied it, else the one with the
-/// least left; no `current_limit` when no limit matched (as Envoy does).
-impl From<Answer<'_>> for DescriptorStatus {
-    fn from(out: Answer<'_>) -> Self {
-        let ok = out.verdict == Verdict::Allowed;
-        let tightest =
-            out.limits.iter().find(|r| r.exceeded).or_else(|| out.limits.iter().min_by_key(|r| r.status.remaining));
+impl From<RlsStatus> for DescriptorStatus {
+    fn from(s: RlsStatus) -> Self {
         DescriptorStatus {
-            code: if ok { Code::Ok } else { Code::OverLimit } as i32,
-            current_limit: tightest.map(RateLimit::from),
-            limit_remaining: tightest.map_or(0, |r| u32::try_from(r.status.remaining).unwrap_or(u32::MAX)),
-            duration_until_reset: tightest.and_then(|r| duration(r.status.reset_after)),
+            code: if s.over { Code::OverLimit } else { Code::Ok } as i32,
+            current_limit: s.limit.map(|l| RateLimit {
+                name: l.name,
+                requests_per_unit: l.requests_per_unit,
+                unit: l.unit as i32,
+            }),
+            limit_remaining: s.remaining,
+            duration_until_reset: s.reset.map(|d| envoy_types::pb::google::protobuf::Duration {
+                seconds: d.as_secs() as i64,
+                nanos: d.subsec_nanos() as i32,
+            }),
             quota: None,
-        }
-    }
-}
-
-/// The limit in Envoy's terms: requests per second, minute, hour or day. A
-/// window of exactly one unit reports the limit itself; otherwise the rate over
-/// the largest unit that gives a whole number.
-impl From<&LimitReport<'_>> for RateLimit {
-    fn from(r: &LimitReport<'_>) -> Self {
-        let (limit, window) = (r.status.limit, r.limit.algorithm.window().as_secs_f64());
-        let units = [(Unit::Day, 86_400.0), (Unit::Hour, 3_600.0), (Unit::Minute, 60.0), (Unit::Second, 1.0)];
-        let (unit, per_unit) = units
-            .iter()
-            .find(|(_, secs)| *secs == window)
-            .map(|&(u, _)| (u, limit as f64))
-            .or_else(|| units.iter().rev().map(|&(u, secs)| (u, limit as f64 * secs / window)).find(|&(_, n)| n >= 1.0))
-            .unwrap_or((Unit::Day, limit as f64 * 86_400.0 / window));
-        RateLimit {
-            name: r.limit.name.clone(),
-            requests_per_unit: per_unit.round().clamp(0.0, u32::MAX as f64) as u32,
-            unit: unit as i32,
         }
     }
 }

