@@ -7,7 +7,11 @@ use std::path::Path;
 
 type Target = fn(&[u8]);
 
-const TARGETS: &[(&str, Target)] = &[("rules", floodgate::fuzz::rules), ("requests", floodgate::fuzz::requests)];
+const TARGETS: &[(&str, Target)] = &[
+    ("rules", floodgate::fuzz::rules),
+    ("requests", floodgate::fuzz::requests),
+    ("envoy_config", floodgate::fuzz::envoy_config),
+];
 
 #[test]
 fn every_seed_runs_through_its_target_without_a_panic() {
