@@ -44,7 +44,7 @@ fn transitions(events: &[pb::WatchEvent]) -> Vec<(pb::BreakerState, pb::BreakerS
     events
         .iter()
         .filter_map(|e| match &e.event {
-            Some(Kind::Breaker(t)) => Some((t.from(), t.to())),
+            Some(Kind::Breaker(t)) => Some((t.from_state(), t.to_state())),
             _ => None,
         })
         .collect()
@@ -197,7 +197,7 @@ async fn bad_reports_and_admin_calls_are_refused_with_the_field_named() {
     assert_eq!((err.code(), err.message()), (tonic::Code::InvalidArgument, "permit_id: 'nope' is not a permit id"));
     let permit = c.acquire(acquire("db", &[], 1)).await.unwrap().into_inner().permit_id;
     let err = c.report_outcome(report("db", &permit, pb::Outcome::Unspecified)).await.unwrap_err();
-    assert_eq!(err.message(), "outcome: 0 is not one of SUCCESS, FAILURE or IGNORED");
+    assert_eq!(err.message(), "outcome: 0 is not one of OUTCOME_SUCCESS, OUTCOME_FAILURE or OUTCOME_IGNORED");
     let batch = pb::ReportOutcomeBatchRequest {
         reports: vec![report("db", &permit, pb::Outcome::Success), report("db", "zz", pb::Outcome::Success)],
     };
@@ -213,7 +213,10 @@ async fn bad_reports_and_admin_calls_are_refused_with_the_field_named() {
         state: state as i32,
     };
     let err = admin.set_breaker_state(set("payments", pb::BreakerState::Open)).await.unwrap_err();
-    assert_eq!(err.message(), "state: OPEN cannot be set; use CLOSED (reset), FORCED_OPEN, DISABLED or METRICS_ONLY");
+    assert_eq!(
+        err.message(),
+        "state: BREAKER_STATE_OPEN cannot be set; use BREAKER_STATE_CLOSED (reset), BREAKER_STATE_FORCED_OPEN, BREAKER_STATE_DISABLED or BREAKER_STATE_METRICS_ONLY"
+    );
     let err = admin.get_breaker(pb::GetBreakerRequest { resource: "db".into() }).await.unwrap_err();
     assert_eq!((err.code(), err.message()), (tonic::Code::NotFound, "resource: no rule gives 'db' a circuit breaker"));
     let err =
@@ -248,7 +251,7 @@ async fn shedding_follows_the_level_and_every_answer_carries_it() {
     let mut changes = Vec::new();
     while changes.len() < 2 {
         if let Some(Kind::Degradation(d)) = watch.message().await.unwrap().unwrap().event {
-            changes.push((d.from, d.to, d.manual));
+            changes.push((d.from_level, d.to_level, d.manual));
         }
     }
     assert_eq!(changes, [(0, 2, true), (2, 0, true)]);

@@ -157,7 +157,7 @@ impl OpenBreakers {
                     self.set(&b.resource, b.state(), b.next_probe_at.as_ref());
                 }
             }
-            Event::Breaker(t) => self.set(&t.resource, t.to(), t.next_probe_at.as_ref()),
+            Event::Breaker(t) => self.set(&t.resource, t.to_state(), t.next_probe_at.as_ref()),
             Event::Degradation(_) | Event::Rules(_) => {}
         }
     }

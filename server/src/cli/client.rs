@@ -117,7 +117,8 @@ pub fn status_error(s: tonic::Status) -> anyhow::Error {
 /// A decision, readably.
 fn render(resource: &str, r: &pb::AcquireResponse) -> String {
     use std::fmt::Write;
-    let verdict = pb::Verdict::try_from(r.verdict).map_or("UNKNOWN", |v| v.as_str_name());
+    let verdict =
+        pb::Verdict::try_from(r.verdict).map_or("UNKNOWN", |v| v.as_str_name().trim_start_matches("VERDICT_"));
     let mut out = format!("{verdict:<13} {resource}");
     let retry = r.retry_after.as_ref().map(human).unwrap_or_default();
     if !retry.is_empty() {
@@ -134,7 +135,7 @@ fn render(resource: &str, r: &pb::AcquireResponse) -> String {
         let _ = writeln!(out, "  permit: {}", r.permit_id);
     }
     if r.breaker_state != 0 {
-        let state = pb::BreakerState::try_from(r.breaker_state).map_or("UNKNOWN", |s| s.as_str_name());
+        let state = state_name(r.breaker_state);
         let _ = writeln!(out, "  breaker: {state}");
     }
     if r.degradation_level > 0 {
@@ -160,4 +161,9 @@ fn human(d: &prost_types::Duration) -> String {
         Some(d) if !d.is_zero() => crate::rules::duration::human(d),
         _ => String::new(),
     }
+}
+
+/// A breaker state as people read it: `OPEN`, not `BREAKER_STATE_OPEN`.
+pub(crate) fn state_name(n: i32) -> &'static str {
+    pb::BreakerState::try_from(n).map_or("UNKNOWN", |s| s.as_str_name().trim_start_matches("BREAKER_STATE_"))
 }

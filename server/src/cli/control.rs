@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 use floodgate_proto::v1 as pb;
 
-use super::client::{Server, status_error};
+use super::client::{Server, state_name, status_error};
 
 #[derive(Args, Debug)]
 pub struct BreakersArgs {
@@ -64,10 +64,6 @@ pub struct WatchArgs {
     server: Server,
     /// Only breaker events of these resources.
     resources: Vec<String>,
-}
-
-fn state_name(n: i32) -> &'static str {
-    pb::BreakerState::try_from(n).map_or("UNKNOWN", |s| s.as_str_name())
 }
 
 fn ago_or_in(t: &Option<prost_types::Timestamp>) -> String {
@@ -193,8 +189,8 @@ pub async fn watch(args: WatchArgs) -> anyhow::Result<ExitCode> {
             Some(Event::Breaker(t)) => format!(
                 "breaker {}: {} -> {} ({}){}",
                 t.resource,
-                state_name(t.from),
-                state_name(t.to),
+                state_name(t.from_state),
+                state_name(t.to_state),
                 t.reason,
                 t.next_probe_at
                     .as_ref()
@@ -202,7 +198,12 @@ pub async fn watch(args: WatchArgs) -> anyhow::Result<ExitCode> {
                     .unwrap_or_default()
             ),
             Some(Event::Degradation(d)) => {
-                format!("degradation level {} -> {}{}", d.from, d.to, if d.manual { " (manual)" } else { "" })
+                format!(
+                    "degradation level {} -> {}{}",
+                    d.from_level,
+                    d.to_level,
+                    if d.manual { " (manual)" } else { "" }
+                )
             }
             Some(Event::Rules(r)) => format!("rules v{} from {}", r.version, r.source),
             None => continue,

@@ -53,7 +53,9 @@ pub enum RequestError {
     NoBreaker(String),
     #[error("limit: resource '{resource}' has no matched limit '{limit}'")]
     NoSuchLimit { resource: String, limit: String },
-    #[error("state: {0} cannot be set; use CLOSED (reset), FORCED_OPEN, DISABLED or METRICS_ONLY")]
+    #[error(
+        "state: BREAKER_STATE_{0} cannot be set; use BREAKER_STATE_CLOSED (reset), BREAKER_STATE_FORCED_OPEN, BREAKER_STATE_DISABLED or BREAKER_STATE_METRICS_ONLY"
+    )]
     BadBreakerState(&'static str),
     #[error("level: {0} is not a degradation level (0 to 3)")]
     BadLevel(u32),

@@ -42,7 +42,11 @@ impl<'a> TryFrom<&'a pb::ReportOutcomeRequest> for Report<'a> {
 
 /// A wire outcome; UNSPECIFIED and unknown numbers are bad input.
 fn outcome(n: i32) -> Result<Outcome, RequestError> {
-    let bad = RequestError::UnknownEnum { field: "outcome", value: n, expected: "SUCCESS, FAILURE or IGNORED" };
+    let bad = RequestError::UnknownEnum {
+        field: "outcome",
+        value: n,
+        expected: "OUTCOME_SUCCESS, OUTCOME_FAILURE or OUTCOME_IGNORED",
+    };
     match pb::Outcome::try_from(n).map_err(|_| bad.clone())? {
         pb::Outcome::Success => Ok(Outcome::Success),
         pb::Outcome::Failure => Ok(Outcome::Failure),
@@ -56,7 +60,7 @@ pub fn breaker_state_request(n: i32) -> Result<State, RequestError> {
     State::from_number(i64::from(n)).ok_or(RequestError::UnknownEnum {
         field: "state",
         value: n,
-        expected: "CLOSED, FORCED_OPEN, DISABLED or METRICS_ONLY",
+        expected: "BREAKER_STATE_CLOSED, BREAKER_STATE_FORCED_OPEN, BREAKER_STATE_DISABLED or BREAKER_STATE_METRICS_ONLY",
     })
 }
 
@@ -229,13 +233,13 @@ impl From<&Event> for Kind {
         match event {
             Event::Breaker { resource, transition: t, .. } => Kind::Breaker(pb::BreakerTransition {
                 resource: resource.clone(),
-                from: pb::BreakerState::from(t.from) as i32,
-                to: pb::BreakerState::from(t.to) as i32,
+                from_state: pb::BreakerState::from(t.from) as i32,
+                to_state: pb::BreakerState::from(t.to) as i32,
                 reason: t.reason.clone(),
                 next_probe_at: t.next_probe_at.map(instant),
             }),
             Event::Degradation(c) => {
-                Kind::Degradation(pb::DegradationChange { from: c.from, to: c.to, manual: c.manual })
+                Kind::Degradation(pb::DegradationChange { from_level: c.from, to_level: c.to, manual: c.manual })
             }
             Event::Rules { version, source, patterns } => Kind::Rules(pb::RulesReloaded {
                 version: *version,
