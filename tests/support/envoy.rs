@@ -18,12 +18,7 @@ pub fn binary() -> PathBuf {
     if let Ok(path) = std::env::var("FLOODGATE_ENVOY") {
         return PathBuf::from(path);
     }
-    let cache = std::env::var("FLOODGATE_TEST_CACHE").map(PathBuf::from).unwrap_or_else(|_| {
-        let base = std::env::var("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache"));
-        base.join("floodgate-test")
-    });
+    let cache = super::test_cache();
     let path = cache.join("envoy-1.40.0/envoy/_bin/envoy");
     assert!(
         path.exists(),

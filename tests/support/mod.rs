@@ -16,6 +16,18 @@ use std::time::{Duration, Instant};
 use floodgate_proto::v1 as pb;
 use tonic::transport::Channel;
 
+/// Where `scripts/test` keeps the third-party programs the tests run for real
+/// (Envoy, a Python virtualenv, npm packages): `FLOODGATE_TEST_CACHE`, else
+/// `~/.cache/floodgate-test`.
+pub fn test_cache() -> PathBuf {
+    std::env::var("FLOODGATE_TEST_CACHE").map(PathBuf::from).unwrap_or_else(|_| {
+        let base = std::env::var("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache"));
+        base.join("floodgate-test")
+    })
+}
+
 /// The binary under test, built by cargo for this test run.
 pub const BIN: &str = env!("CARGO_BIN_EXE_floodgate");
 
