@@ -198,3 +198,33 @@ async fn sigterm_stops_the_server_cleanly() {
     assert!(status.success(), "{status:?}");
     assert!(fg.logs().contains("stopped"));
 }
+
+#[tokio::test]
+async fn a_calendar_day_in_a_time_zone_resets_at_its_local_midnight() {
+    let dir = TempDir::new();
+    let rules = "resources:\n  - name: daily\n    limits: [ { name: per-day, key: [user], algorithm: fixed_window, limit: 2, calendar: day, time_zone: Asia/Kolkata } ]\n";
+    let fg = Floodgate::start(&["--config", path_str(&dir.write("rules.yaml", rules))]);
+    let mut c = fg.client().await;
+    let ask = || pb::AcquireRequest {
+        resource: "daily".into(),
+        descriptors: HashMap::from([("user".into(), "u1".into())]),
+        ..Default::default()
+    };
+    let mut verdicts = Vec::new();
+    let mut resets = Vec::new();
+    for _ in 0..3 {
+        let r = c.acquire(ask()).await.unwrap().into_inner();
+        verdicts.push(r.verdict());
+        let l = &r.limits[0];
+        resets.push((l.reset_after.unwrap().seconds as u64, l.retry_after.unwrap_or_default().seconds as u64));
+    }
+    assert_eq!(verdicts, [pb::Verdict::Allowed, pb::Verdict::Allowed, pb::Verdict::RateLimited]);
+    let expected = seconds_to_kolkata_midnight();
+    for (reset, _) in &resets {
+        assert!(same_daily_reset(*reset, expected, 3), "reset after {reset}s, midnight in Kolkata is {expected}s away");
+    }
+    let (_, retry) = resets[2];
+    assert!(same_daily_reset(retry, expected, 3), "retry after {retry}s: the denied caller waits for local midnight");
+    let window = c.acquire(ask()).await.unwrap().into_inner().limits[0].window.unwrap();
+    assert_eq!(window.seconds, 86_400, "the policy window a client is told is the nominal day");
+}

@@ -26,6 +26,10 @@ resources:
     limits: [ { name: tokens, algorithm: token_bucket, capacity: 1000000, refill_per_second: 0.001 } ]
   - name: hourly
     limits: [ { name: hourly, key: [user], algorithm: fixed_window, limit: 50, window: 1h } ]
+  - name: daily-strict
+    limits: [ { name: per-day, algorithm: fixed_window, limit: 300, calendar: day, time_zone: Asia/Kolkata, sync: strict } ]
+  - name: daily
+    limits: [ { name: per-day, algorithm: fixed_window, limit: 300, calendar: day, time_zone: Asia/Kolkata } ]
   - name: payments
     breaker:
       window: { kind: count, size: 20 }
@@ -119,6 +123,46 @@ fn two_replicas_admit_exactly_the_limit_in_strict_mode_and_within_the_bound_when
     assert!(admitted as f64 <= bound.ceil(), "{admitted} admitted, bound {bound:.1}");
     assert!(admitted >= 900, "{admitted} admitted: leases should not starve a loaded pair");
     assert_eq!(admitted + denied, 3000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calendar_windows_hold_across_two_replicas_and_reset_at_local_midnight() {
+    let _serial = one_at_a_time();
+    let redis = RedisServer::start();
+    let dir = TempDir::new();
+    let url = redis.url();
+    let (a, b) = two_replicas(&dir, &["--redis", &url]);
+
+    // Strict: Redis picks the window from the boundaries the replica sends.
+    let (admitted, denied, _) = load_both(&a, &b, "daily-strict", 250);
+    assert_eq!((admitted, denied), (300, 200), "strict: exactly the day's 300 across both replicas");
+    // Replicated: a window has no refill, so leases never add to it.
+    let (admitted, denied, _) = load_both(&a, &b, "daily", 250);
+    assert!((290..=300).contains(&admitted), "replicated: {admitted} admitted of a day's 300");
+    assert_eq!(admitted + denied, 500);
+
+    // Both replicas answer with the same reset: the next midnight in Kolkata.
+    for (fg, resource) in [(&a, "daily-strict"), (&b, "daily-strict"), (&a, "daily"), (&b, "daily")] {
+        let r = fg
+            .client()
+            .await
+            .acquire(pb::AcquireRequest { resource: resource.into(), ..Default::default() })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.verdict(), pb::Verdict::RateLimited, "{resource}: the day is used up");
+        let retry = r.retry_after.unwrap().seconds as u64;
+        let expected = seconds_to_kolkata_midnight();
+        assert!(same_daily_reset(retry, expected, 3), "{resource}: retry after {retry}s, midnight is {expected}s away");
+    }
+    // The window's counter in Redis is keyed by its start, Unix microseconds
+    // of midnight in Kolkata, and expires with the day.
+    let midnight_us = (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()
+        + seconds_to_kolkata_midnight()
+        - 86_400)
+        * 1_000_000;
+    let keys = redis.cli(&["--scan", "--pattern", "fg:b:{daily-strict}*"]).unwrap_or_default();
+    assert!(keys.contains(&format!(":{midnight_us}")), "a key per local day: {keys}");
 }
 
 #[test]

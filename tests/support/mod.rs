@@ -28,6 +28,21 @@ pub fn test_cache() -> PathBuf {
     })
 }
 
+/// Seconds from now to the next midnight in India (UTC+05:30 all year, no
+/// DST), computed by plain arithmetic: what a `calendar: day` window with
+/// `time_zone: Asia/Kolkata` must report as its reset.
+pub fn seconds_to_kolkata_midnight() -> u64 {
+    let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    86_400 - (unix + 19_800) % 86_400
+}
+
+/// Whether two times to a daily reset agree within `slack` seconds (across
+/// midnight too, should the test run straddle it).
+pub fn same_daily_reset(a: u64, b: u64, slack: u64) -> bool {
+    let d = a.abs_diff(b);
+    d <= slack || d >= 86_400 - slack
+}
+
 /// The binary under test, built by cargo for this test run.
 pub const BIN: &str = env!("CARGO_BIN_EXE_floodgate");
 

@@ -263,7 +263,10 @@ pub fn shown(limit: &Limit) -> Shown {
 /// Time to the end of the current window, in whole seconds (at least one).
 fn until_reset(limit: &Limit, unit: Unit, now: Timestamp) -> Duration {
     let window = match &limit.algorithm {
-        crate::limiter::Algorithm::FixedWindow(c) => c.window,
+        crate::limiter::Algorithm::FixedWindow(c) => match &c.calendar {
+            Some(cal) => return whole_seconds(Duration::from_nanos(cal.window(now.as_nanos()).1 - now.as_nanos())),
+            None => c.window,
+        },
         _ => unit.seconds() * 1_000_000_000,
     };
     whole_seconds(Duration::from_nanos(window - now.as_nanos() % window))

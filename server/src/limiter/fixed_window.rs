@@ -1,14 +1,19 @@
 //! Fixed window: at most L per window of length W, windows aligned to the Unix
-//! epoch (so every replica agrees where a window starts).
+//! epoch (so every replica agrees where a window starts); or per calendar
+//! window (a day, week, month or year in a time zone).
 
+use super::calendar::Calendar;
 use super::{Decision, Limiter, Status, nanos};
 use crate::time::Timestamp;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
     pub limit: u64,
-    /// Window length in nanoseconds; never zero.
+    /// Window length in nanoseconds; never zero. For a calendar window, its
+    /// nominal length (what a client is told as the policy window).
     pub window: u64,
+    /// Windows of the calendar instead of fixed lengths.
+    pub calendar: Option<Calendar>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,12 +28,28 @@ pub struct FixedWindow {
 
 impl Config {
     pub fn new(limit: u64, window: u64) -> Self {
-        Config { limit, window: window.max(1) }
+        Config { limit, window: window.max(1), calendar: None }
+    }
+
+    /// `limit` per window of `calendar`.
+    pub fn calendar(limit: u64, calendar: Calendar) -> Self {
+        Config { limit, window: calendar.unit().nominal(), calendar: Some(calendar) }
     }
 
     fn window_start(&self, now: Timestamp) -> Timestamp {
         let n = now.as_nanos();
-        Timestamp::from_nanos(n - n % self.window)
+        match &self.calendar {
+            None => Timestamp::from_nanos(n - n % self.window),
+            Some(c) => Timestamp::from_nanos(c.window(n).0),
+        }
+    }
+
+    /// Where the window that starts at `start` ends.
+    pub fn window_end(&self, start: Timestamp) -> Timestamp {
+        match &self.calendar {
+            None => start.add_nanos(self.window),
+            Some(c) => Timestamp::from_nanos(c.end_of(start.as_nanos())),
+        }
     }
 }
 
@@ -56,7 +77,7 @@ impl Limiter for FixedWindow {
 
     fn check(&self, cfg: &Config, now: Timestamp, cost: u64) -> Decision {
         let (start, used) = self.current(cfg, now);
-        let to_end = start.add_nanos(cfg.window).saturating_since(now);
+        let to_end = cfg.window_end(start).saturating_since(now);
         let admitted = used.saturating_add(cost) <= cfg.limit;
         let after = if admitted { used + cost } else { used };
         Decision {
@@ -129,6 +150,47 @@ mod tests {
         assert!(!w.try_acquire(&c, T0, 1).admitted);
         w.refund(&c, T0, 5);
         assert!(w.try_acquire(&c, T0, 5).admitted);
+    }
+
+    /// Unix time of a civil time in a zone.
+    fn civil(zone: &str, when: &str) -> Timestamp {
+        let dt: jiff::civil::DateTime = when.parse().unwrap();
+        let z = dt.to_zoned(jiff::tz::TimeZone::get(zone).unwrap()).unwrap();
+        Timestamp::from_nanos(z.timestamp().as_nanosecond() as u64)
+    }
+
+    #[test]
+    fn a_calendar_month_resets_at_local_midnight_on_the_first() {
+        use crate::limiter::calendar::{Calendar, Unit};
+        let ny = "America/New_York";
+        let c = Config::calendar(2, Calendar::new(Unit::Month, ny).unwrap());
+        let t = civil(ny, "2026-01-31T23:00");
+        let mut w = FixedWindow::new(&c, t);
+        let d = w.try_acquire(&c, t, 1);
+        assert!(d.admitted);
+        assert_eq!(d.status.reset_after, ms(3_600_000), "an hour to February, New York time");
+        assert!(w.try_acquire(&c, civil(ny, "2026-01-31T23:59:59"), 1).admitted);
+        let denied = w.try_acquire(&c, civil(ny, "2026-01-31T23:59:59"), 1);
+        assert!(!denied.admitted);
+        assert_eq!(denied.status.retry_after, ms(1000));
+        // Midnight UTC is still January in New York: still denied.
+        assert!(!w.try_acquire(&c, civil("UTC", "2026-02-01T00:00:01"), 1).admitted);
+        let feb = w.try_acquire(&c, civil(ny, "2026-02-01T00:00"), 1);
+        assert!(feb.admitted, "February opens at local midnight");
+        assert_eq!(feb.status.reset_after, ms(28 * 86_400_000), "28 days of February");
+    }
+
+    #[test]
+    fn a_calendar_day_spans_a_dst_change() {
+        use crate::limiter::calendar::{Calendar, Unit};
+        let ny = "America/New_York";
+        let c = Config::calendar(1, Calendar::new(Unit::Day, ny).unwrap());
+        // 2026-11-01 lasts 25 hours in New York: 00:30 is 24.5 h before midnight.
+        let t = civil(ny, "2026-11-01T00:30");
+        let mut w = FixedWindow::new(&c, t);
+        assert_eq!(w.try_acquire(&c, t, 1).status.reset_after, ms(24 * 3_600_000 + 1_800_000));
+        assert!(!w.try_acquire(&c, civil(ny, "2026-11-01T23:59"), 1).admitted);
+        assert!(w.try_acquire(&c, civil(ny, "2026-11-02T00:00"), 1).admitted);
     }
 
     proptest! {

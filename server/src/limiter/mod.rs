@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use crate::time::Timestamp;
 
+pub mod calendar;
 pub mod fixed_window;
 pub mod gcra;
 pub mod leaky_bucket;
@@ -130,7 +131,10 @@ impl Algorithm {
             Algorithm::TokenBucket(c) => format!("token_bucket of {}, refilling {}", c.capacity, c.refill),
             Algorithm::Gcra(c) => format!("gcra of {}/s, burst {}", c.rate.as_f64(), c.burst),
             Algorithm::LeakyBucket(c) => format!("leaky_bucket of {}, leaking {}", c.capacity, c.leak),
-            Algorithm::FixedWindow(c) => format!("fixed_window {} per {}", c.limit, window(c.window)),
+            Algorithm::FixedWindow(c) => match &c.calendar {
+                None => format!("fixed_window {} per {}", c.limit, window(c.window)),
+                Some(cal) => format!("fixed_window {} per {cal}", c.limit),
+            },
             Algorithm::SlidingWindowLog(c) => format!("sliding_window_log {} per {}", c.limit, window(c.window)),
             Algorithm::SlidingWindow(c) => format!("sliding_window {} per {}", c.limit, window(c.window)),
         }
@@ -178,7 +182,9 @@ impl Algorithm {
             Algorithm::LeakyBucket(c) => {
                 Algorithm::LeakyBucket(leaky_bucket::Config::new(units(c.capacity), rate(c.leak), c.mode))
             }
-            Algorithm::FixedWindow(c) => Algorithm::FixedWindow(fixed_window::Config::new(units(c.limit), c.window)),
+            Algorithm::FixedWindow(c) => {
+                Algorithm::FixedWindow(fixed_window::Config { limit: units(c.limit), ..c.clone() })
+            }
             Algorithm::SlidingWindowLog(c) => {
                 Algorithm::SlidingWindowLog(sliding_window_log::Config::new(units(c.limit), c.window))
             }

@@ -75,7 +75,7 @@ impl Replication {
                 args.extend([p.cost() as f64, strict.len() as f64]);
                 for (limit, key) in &strict {
                     invocation.key(bucket_key(resource, limit, key));
-                    args.extend(limit_args(&limit.algorithm));
+                    args.extend(limit_args(&limit.algorithm, clock.now()));
                 }
                 counts.push(strict.len());
             }
@@ -134,7 +134,10 @@ impl Replication {
             for k in chunk {
                 let Some((_, limit)) = rules.limit(k.limit) else { continue };
                 invocation.key(bucket_key(resource, limit, &k.key));
-                invocation.arg(&limit_args(&limit.algorithm)[..]).arg(k.available).arg(self.sync().redis_time(k.at));
+                invocation
+                    .arg(&limit_args(&limit.algorithm, self.engine.clock().now())[..])
+                    .arg(k.available)
+                    .arg(self.sync().redis_time(k.at));
             }
             let Some(lowered) = self.run(ScriptName::Restore, invocation, wire::parse_restored).await else { return };
             metrics::counter!(crate::metrics::REDIS_RESTORES).increment(1);
@@ -209,7 +212,8 @@ impl Replication {
     async fn sync_batch(&self, rules: &Installed, batch: &[&SyncItem], want: u64) -> Option<Vec<Shared>> {
         let resource = batch.first()?.resource.as_str();
         let lease_ttl = (self.config.sync_interval * 3).as_micros() as u64;
-        let deadline = self.sync().redis_time(self.engine.clock().now().saturating_add(self.config.timeout));
+        let now = self.engine.clock().now();
+        let deadline = self.sync().redis_time(now.saturating_add(self.config.timeout));
         let known = u8::from(self.sync().is_marked(resource));
         let mut invocation = self.scripts.get(ScriptName::Sync).prepare_invoke();
         invocation.key(marker_key(resource));
@@ -223,7 +227,7 @@ impl Replication {
         for item in batch {
             // A limit gone from the rules still syncs once, as a no-op fixed window.
             let (key, args) = match rules.limit(item.limit) {
-                Some((_, limit)) => (bucket_key(&item.resource, limit, &item.key), limit_args(&limit.algorithm)),
+                Some((_, limit)) => (bucket_key(&item.resource, limit, &item.key), limit_args(&limit.algorithm, now)),
                 None => (format!("fg:b:{{{}}}:gone", super::conn::tag(&item.resource)), [4.0, 1.0, 1e6, 0.0, 0.0]),
             };
             invocation.key(key).arg(item.delta).arg(&args[..]);

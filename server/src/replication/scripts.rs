@@ -10,6 +10,7 @@ use crate::limiter::Algorithm;
 use crate::limiter::leaky_bucket::Mode;
 use crate::rules::{BreakerConfig, Limit, WindowKind};
 use crate::store::BucketKey;
+use crate::time::Timestamp;
 
 const LIMITS: &str = include_str!("lua/limits.lua");
 const BREAKER: &str = include_str!("lua/breaker.lua");
@@ -157,7 +158,9 @@ pub fn breaker_keys(resource: &str) -> [String; 2] {
 }
 
 /// The five numbers limits.lua reads for an algorithm (times in microseconds).
-pub fn limit_args(alg: &Algorithm) -> [f64; 5] {
+/// A calendar window passes its boundaries around `now` (this replica's
+/// clock): Redis picks the window its own clock falls in.
+pub fn limit_args(alg: &Algorithm, now: Timestamp) -> [f64; 5] {
     let us = |ns: u64| ns as f64 / 1000.0;
     match alg {
         Algorithm::TokenBucket(c) => [1.0, c.capacity as f64, c.refill.as_f64(), 0.0, 0.0],
@@ -169,7 +172,13 @@ pub fn limit_args(alg: &Algorithm) -> [f64; 5] {
             };
             [3.0, c.capacity as f64, c.leak.as_f64(), max_wait, shape]
         }
-        Algorithm::FixedWindow(c) => [4.0, c.limit as f64, us(c.window), 0.0, 0.0],
+        Algorithm::FixedWindow(c) => match &c.calendar {
+            None => [4.0, c.limit as f64, us(c.window), 0.0, 0.0],
+            Some(cal) => {
+                let (start, end) = cal.window(now.as_nanos());
+                [7.0, c.limit as f64, us(start), us(end), us(cal.end_of(end))]
+            }
+        },
         Algorithm::SlidingWindowLog(c) => [5.0, c.limit as f64, us(c.window), 0.0, 0.0],
         Algorithm::SlidingWindow(c) => [6.0, c.limit as f64, us(c.window), 0.0, 0.0],
     }

@@ -13,7 +13,9 @@ use super::{
 };
 use crate::limiter::leaky_bucket::Mode;
 use crate::limiter::rate::Rate;
-use crate::limiter::{Algorithm, fixed_window, gcra, leaky_bucket, sliding_window, sliding_window_log, token_bucket};
+use crate::limiter::{
+    Algorithm, calendar, fixed_window, gcra, leaky_bucket, sliding_window, sliding_window_log, token_bucket,
+};
 
 /// The largest capacity, burst or window limit: far beyond any real use, and
 /// small enough that no arithmetic on it can overflow.
@@ -174,7 +176,7 @@ fn limit(f: &Fields<'_>) -> Option<Limit> {
         0 => token_bucket(f),
         1 => gcra(f),
         2 => leaky_bucket(f),
-        3 => windowed(f, MAX_AMOUNT).map(|(l, w)| Algorithm::FixedWindow(fixed_window::Config::new(l, w))),
+        3 => fixed(f),
         4 => windowed(f, sliding_window_log::MAX_LIMIT)
             .map(|(l, w)| Algorithm::SlidingWindowLog(sliding_window_log::Config::new(l, w))),
         _ => windowed(f, MAX_AMOUNT).map(|(l, w)| Algorithm::SlidingWindow(sliding_window::Config::new(l, w))),
@@ -250,6 +252,43 @@ fn leaky_bucket(f: &Fields<'_>) -> Option<Algorithm> {
 }
 
 /// `limit` and `window` of the window algorithms, the window in nanoseconds.
+/// A fixed window: `window: 1h`, or `calendar: day|week|month|year` with an
+/// optional `time_zone` (an IANA name; UTC by default).
+fn fixed(f: &Fields<'_>) -> Option<Algorithm> {
+    if !f.has("calendar") {
+        if f.has("time_zone") {
+            f.error("time_zone", "applies only with calendar: day, week, month or year");
+        }
+        return windowed(f, MAX_AMOUNT).map(|(l, w)| Algorithm::FixedWindow(fixed_window::Config::new(l, w)));
+    }
+    f.deny_unknown(&[COMMON, &["limit", "calendar", "time_zone"]].concat());
+    if f.has("window") {
+        f.error("window", "give either window or calendar, not both");
+    }
+    let limit = amount(f, "limit", MAX_AMOUNT);
+    let unit = f.choice(
+        "calendar",
+        &[
+            ("day", calendar::Unit::Day),
+            ("week", calendar::Unit::Week),
+            ("month", calendar::Unit::Month),
+            ("year", calendar::Unit::Year),
+        ],
+    );
+    let zone = if f.has("time_zone") { f.string("time_zone")? } else { "UTC".to_string() };
+    let cal = match calendar::Calendar::new(unit?, &zone) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            f.error("time_zone", e);
+            None
+        }
+    };
+    if f.has("window") {
+        return None;
+    }
+    Some(Algorithm::FixedWindow(fixed_window::Config::calendar(limit?, cal?)))
+}
+
 fn windowed(f: &Fields<'_>, max_limit: u64) -> Option<(u64, u64)> {
     f.deny_unknown(&[COMMON, &["limit", "window"]].concat());
     let limit = amount(f, "limit", max_limit);

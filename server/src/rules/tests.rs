@@ -196,3 +196,32 @@ fn breaker_defaults_follow_resilience4j() {
     let w = set.find("a").unwrap().breaker.as_ref().unwrap().wait_in_open;
     assert_eq!(w.wait(2), Duration::from_millis(7500));
 }
+
+#[test]
+fn calendar_windows_are_checked() {
+    let e = errors_of(
+        r#"
+resources:
+  - name: a
+    limits:
+      - { name: both, algorithm: fixed_window, limit: 5, window: 1h, calendar: day }
+      - { name: unit, algorithm: fixed_window, limit: 5, calendar: fortnight }
+      - { name: zone, algorithm: fixed_window, limit: 5, calendar: month, time_zone: Mars/Olympus }
+      - { name: stray, algorithm: fixed_window, limit: 5, window: 1h, time_zone: UTC }
+"#,
+    );
+    for want in [
+        "limits[0] 'both'.window: give either window or calendar, not both",
+        "limits[1] 'unit'.calendar: must be one of day, week, month, year, got 'fortnight'",
+        "limits[2] 'zone'.time_zone: 'Mars/Olympus' is not an IANA time zone (e.g. Europe/Paris, UTC)",
+        "limits[3] 'stray'.time_zone: applies only with calendar: day, week, month or year",
+    ] {
+        assert!(e.iter().any(|e| e.ends_with(want)), "missing {want:?} in {e:#?}");
+    }
+    let ok = RuleSet::from_yaml(
+        "resources:\n  - name: a\n    limits: [ { name: m, key: [api_key], algorithm: fixed_window, limit: 10000, calendar: month, time_zone: Europe/Paris } ]\n",
+        "rules.yaml",
+    )
+    .unwrap();
+    assert_eq!(ok.rules()[0].limits[0].algorithm.summary(), "fixed_window 10000 per calendar month (Europe/Paris)");
+}

@@ -9,6 +9,10 @@
 -- 4 fixed_window   p1 limit, p2 window us
 -- 5 sliding_log    p1 limit, p2 window us
 -- 6 sliding_window p1 limit, p2 window us
+-- 7 calendar       p1 limit, p2 window start us, p3 its end (the next one's
+--                  start), p4 the next one's end: a fixed window whose
+--                  boundaries the replica computed (a day, week, month or
+--                  year in a time zone); Redis's clock picks one of the two.
 -- Keys share the resource's hash tag, so every key a script touches is in the
 -- slot of its KEYS. Numbers are doubles: exact for whole values below 2^53.
 
@@ -104,6 +108,24 @@ A[4] = {
     local k = key .. ':' .. int(st.start)
     redis.call('INCRBY', k, cost)
     expire(k, p[2])
+  end,
+}
+
+A[7] = {
+  status = function(key, p, now, cost)
+    local limit, start, e = p[1], p[2], p[3]
+    if now >= e then start, e = p[3], p[4] end
+    local used = tonumber(redis.call('GET', key .. ':' .. int(start)) or 0)
+    local ok = used + cost <= limit
+    local after = ok and used + cost or used
+    local to_end = e - math.max(now, start)
+    return { avail = limit - used, ok = ok, start = start, e = e, prev = 0, cur = used,
+             reset = after > 0 and to_end or 0, retry = ok and 0 or to_end, wait = 0 }
+  end,
+  take = function(key, p, now, cost, st)
+    local k = key .. ':' .. int(st.start)
+    redis.call('INCRBY', k, cost)
+    expire(k, st.e - now)
   end,
 }
 
