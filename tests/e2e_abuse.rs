@@ -76,7 +76,11 @@ async fn a_rules_upload_cannot_freeze_the_server() {
             let mut refused = 0;
             while Instant::now() < deadline {
                 let err = admin
-                    .apply_rules(pb::ApplyRulesRequest { yaml: deep.clone(), validate_only: true })
+                    .apply_rules(pb::ApplyRulesRequest {
+                        yaml: deep.clone(),
+                        validate_only: true,
+                        ..Default::default()
+                    })
                     .await
                     .unwrap_err();
                 assert_eq!(err.code(), Code::InvalidArgument);
@@ -96,7 +100,10 @@ async fn a_rules_upload_cannot_freeze_the_server() {
 
     let mut admin = fg.admin().await;
     let huge = "#".repeat(4 << 20);
-    let err = admin.apply_rules(pb::ApplyRulesRequest { yaml: huge, validate_only: true }).await.unwrap_err();
+    let err = admin
+        .apply_rules(pb::ApplyRulesRequest { yaml: huge, validate_only: true, ..Default::default() })
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
     let mut data = fg.client().await;
     let fat = pb::AcquireRequest {

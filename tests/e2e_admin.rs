@@ -51,7 +51,7 @@ async fn admin_needs_a_token_with_the_right_role_and_every_change_is_audited() {
         dir.write("tokens", "# ops\nadmin-token-0123456789 admin alice\nreader-token-0123456789 read grafana\n");
     let fg = Floodgate::start(&["--admin-token-file", path_str(&tokens)]);
     let ch = fg.channel().await;
-    let apply = || pb::ApplyRulesRequest { yaml: RULES.into(), validate_only: false };
+    let apply = || pb::ApplyRulesRequest { yaml: RULES.into(), validate_only: false, ..Default::default() };
 
     let mut anonymous = with_token(ch.clone(), None);
     let err = anonymous.get_rules(pb::GetRulesRequest {}).await.unwrap_err();
@@ -152,7 +152,7 @@ async fn client_certificate_identities_carry_admin_roles_under_mtls() {
         let endpoint = Endpoint::from_shared(format!("https://{}", fg.grpc)).unwrap().tls_config(tls).unwrap();
         async move { endpoint.connect().await.unwrap() }
     };
-    let apply = || pb::ApplyRulesRequest { yaml: RULES.into(), validate_only: true };
+    let apply = || pb::ApplyRulesRequest { yaml: RULES.into(), validate_only: true, ..Default::default() };
     let mut ops_admin = with_token(channel(&ops).await, None);
     assert_eq!(code_of(ops_admin.apply_rules(apply()).await).await, Code::Ok);
     let mut reader = with_token(channel(&dashboards).await, None);

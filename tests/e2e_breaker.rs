@@ -266,7 +266,10 @@ async fn a_watcher_that_does_not_read_never_slows_the_server() {
     let mut slow = fg.client().await.watch(pb::WatchRequest::default()).await.unwrap().into_inner();
     let mut admin = fg.admin().await;
     for _ in 0..2000 {
-        admin.apply_rules(pb::ApplyRulesRequest { yaml: RULES.into(), validate_only: false }).await.unwrap();
+        admin
+            .apply_rules(pb::ApplyRulesRequest { yaml: RULES.into(), validate_only: false, ..Default::default() })
+            .await
+            .unwrap();
     }
     let mut c = fg.client().await;
     assert_eq!(c.acquire(acquire("db", &[], 1)).await.unwrap().into_inner().verdict(), pb::Verdict::Allowed);

@@ -74,7 +74,7 @@ async fn a_rejected_reload_is_counted_as_a_failure() {
     })
     .await;
     let mut admin = fg.admin().await;
-    let bad = pb::ApplyRulesRequest { yaml: "resources: 7".into(), validate_only: false };
+    let bad = pb::ApplyRulesRequest { yaml: "resources: 7".into(), validate_only: false, ..Default::default() };
     assert!(admin.apply_rules(bad).await.is_err());
     let page = fg.http_get("/metrics").1;
     assert_eq!(sample(&page, r#"floodgate_rule_reloads_total{source="admin",result="failure"}"#), Some(1.0), "{page}");

@@ -377,7 +377,11 @@ async fn rules_applied_on_one_replica_reach_the_others_and_later_ones() {
     let (a, b) = (replica(&dir, &["--redis", &url]), replica(&dir, &["--redis", &url]));
     let new_rules =
         "resources:\n  - { name: fresh, limits: [ { name: l, algorithm: fixed_window, limit: 7, window: 1h } ] }\n";
-    a.admin().await.apply_rules(pb::ApplyRulesRequest { yaml: new_rules.into(), validate_only: false }).await.unwrap();
+    a.admin()
+        .await
+        .apply_rules(pb::ApplyRulesRequest { yaml: new_rules.into(), validate_only: false, ..Default::default() })
+        .await
+        .unwrap();
     let mut admin_b = b.admin().await;
     eventually("B to take the rules", Duration::from_secs(5), || {
         let mut admin = admin_b.clone();

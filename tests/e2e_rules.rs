@@ -142,7 +142,10 @@ async fn apply_rules_refuses_a_bad_set_whole_and_lists_every_error() {
     assert_eq!(before.source, "embedded");
 
     let bad = "resources:\n  - { name: a, limits: [ { name: x, algorithm: gcra, rate_per_second: 0, burst: 1 } ] }\n  - { name: b, shed_at_level: 9 }\n";
-    let err = admin.apply_rules(pb::ApplyRulesRequest { yaml: bad.into(), validate_only: false }).await.unwrap_err();
+    let err = admin
+        .apply_rules(pb::ApplyRulesRequest { yaml: bad.into(), validate_only: false, ..Default::default() })
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     assert!(err.message().starts_with("2 errors in rules:"), "{}", err.message());
     assert!(
@@ -156,14 +159,14 @@ async fn apply_rules_refuses_a_bad_set_whole_and_lists_every_error() {
 
     let good = rules_with_limit(2);
     let check = admin
-        .apply_rules(pb::ApplyRulesRequest { yaml: good.clone(), validate_only: true })
+        .apply_rules(pb::ApplyRulesRequest { yaml: good.clone(), validate_only: true, ..Default::default() })
         .await
         .unwrap()
         .into_inner();
     assert!(!check.applied);
     assert_eq!(admin.get_rules(pb::GetRulesRequest {}).await.unwrap().into_inner().version, before.version);
     let applied = admin
-        .apply_rules(pb::ApplyRulesRequest { yaml: good.clone(), validate_only: false })
+        .apply_rules(pb::ApplyRulesRequest { yaml: good.clone(), validate_only: false, ..Default::default() })
         .await
         .unwrap()
         .into_inner();

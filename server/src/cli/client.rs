@@ -51,6 +51,19 @@ enum RulesAction {
         #[arg(long)]
         validate_only: bool,
     },
+    /// Run a rules file in shadow beside the rules in force on real traffic
+    /// (changing nothing), then print whom it would have denied.
+    WhatIf {
+        file: PathBuf,
+        /// How long to observe (1s to 24h).
+        #[arg(long = "for", value_parser = super::parse_duration)]
+        length: std::time::Duration,
+        /// Start it and return; `floodgate rules what-if-report` prints it later.
+        #[arg(long)]
+        no_wait: bool,
+    },
+    /// Print the report of the last what-if (running or finished).
+    WhatIfReport,
 }
 
 pub fn block_on(f: impl std::future::Future<Output = anyhow::Result<ExitCode>>) -> ExitCode {
@@ -99,15 +112,61 @@ pub async fn rules(args: RulesArgs) -> anyhow::Result<ExitCode> {
         RulesAction::Apply { file, validate_only } => {
             let yaml = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
             let r = client
-                .apply_rules(pb::ApplyRulesRequest { yaml, validate_only })
+                .apply_rules(pb::ApplyRulesRequest { yaml, validate_only, what_if: None })
                 .await
                 .map_err(status_error)?
                 .into_inner();
             let what = if r.applied { "applied" } else { "valid, not applied" };
             println!("{}: {what}; version {} ({} resources)", file.display(), r.version, r.resources.len());
         }
+        RulesAction::WhatIf { file, length, no_wait } => {
+            let yaml = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+            let what_if = prost_types::Duration::try_from(length).ok();
+            let request = pb::ApplyRulesRequest { yaml, validate_only: false, what_if };
+            client.apply_rules(request).await.map_err(status_error)?;
+            eprintln!("{}: observing in shadow for {}", file.display(), crate::rules::duration::format(length));
+            if no_wait {
+                return Ok(ExitCode::SUCCESS);
+            }
+            tokio::time::sleep(length).await;
+            // The server's clock decides when it ends: wait for it to say so.
+            loop {
+                let r = client.get_what_if(pb::GetWhatIfRequest {}).await.map_err(status_error)?.into_inner();
+                if !r.running {
+                    print!("{}", render_what_if(&r));
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+        RulesAction::WhatIfReport => {
+            let r = client.get_what_if(pb::GetWhatIfRequest {}).await.map_err(status_error)?.into_inner();
+            print!("{}", render_what_if(&r));
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A what-if report, readably.
+fn render_what_if(r: &pb::GetWhatIfResponse) -> String {
+    use std::fmt::Write;
+    let state = if r.running { "running" } else { "finished" };
+    let mut out = format!("what-if {state}: {} calls seen, {} matched no candidate rule\n", r.calls, r.unmatched);
+    let _ =
+        writeln!(out, "{:<24} {:<16} {:>10} {:>11} {:>13}", "rule", "limit", "evaluated", "would deny", "newly denied");
+    for l in &r.limits {
+        let _ = writeln!(
+            out,
+            "{:<24} {:<16} {:>10} {:>11} {:>13}",
+            l.rule, l.limit, l.evaluated, l.would_deny, l.newly_denied
+        );
+        for h in &l.top {
+            let key = if h.key.is_empty() { "(all)" } else { h.key.as_str() };
+            let error = if h.error > 0 { format!(" (+-{})", h.error) } else { String::new() };
+            let _ = writeln!(out, "    {key}: {}{error}", h.count);
+        }
+    }
+    out
 }
 
 pub fn status_error(s: tonic::Status) -> anyhow::Error {

@@ -16,8 +16,9 @@ use tokio::sync::broadcast;
 use crate::breaker::{Info, State};
 use crate::degradation::{self, Level};
 use crate::engine::request::check_batch;
+use crate::engine::what_if::{self, WhatIf};
 use crate::engine::{
-    Answer, Descriptors, Engine, Installed, Prepared, Report, Reported, Request, RequestError, Snapshot,
+    Answer, Descriptors, Engine, Installed, Prepared, Report, Reported, Request, RequestError, Snapshot, Verdict,
 };
 use crate::events::Event;
 use crate::replication::Replication;
@@ -34,6 +35,8 @@ pub struct Decider {
     rls: RlsOptions,
     /// One ApplyRules at a time: parsing is bounded, but not free.
     applying: tokio::sync::Mutex<()>,
+    /// Candidate rules observed in shadow (`ApplyRules` with `what_if`).
+    what_if: arc_swap::ArcSwapOption<WhatIf>,
 }
 
 /// Where a rule set comes from.
@@ -55,8 +58,10 @@ pub struct Applied {
     /// The version in force afterwards.
     pub version: u64,
     pub resources: Vec<String>,
-    /// False when only validated.
+    /// False when only validated, or tried as a what-if.
     pub applied: bool,
+    /// When the what-if this started ends.
+    pub what_if_until: Option<SystemTime>,
 }
 
 /// The rules in force, for `GetRules`.
@@ -112,7 +117,13 @@ impl Origin {
 
 impl Decider {
     pub fn new(engine: Arc<Engine>, replication: Option<Arc<Replication>>) -> Self {
-        Decider { engine, replication, rls: RlsOptions::default(), applying: tokio::sync::Mutex::new(()) }
+        Decider {
+            engine,
+            replication,
+            rls: RlsOptions::default(),
+            applying: tokio::sync::Mutex::new(()),
+            what_if: arc_swap::ArcSwapOption::empty(),
+        }
     }
 
     /// How Envoy's RLS answers (global shadow mode, response headers).
@@ -130,7 +141,9 @@ impl Decider {
         match &self.replication {
             None => {
                 let rules = self.engine.rules();
-                Ok(R::from(self.engine.acquire(&rules, req)?))
+                let answer = self.engine.acquire(&rules, req)?;
+                self.observe(req, &answer);
+                Ok(R::from(answer))
             }
             // Boxed: the memory-only call's future stays small.
             Some(replication) => Box::pin(self.acquire_replicated(replication, req)).await,
@@ -145,8 +158,10 @@ impl Decider {
         let rules = self.engine.rules_full();
         let prepared = vec![self.engine.prepare(&rules, req)?];
         let again = |_| self.engine.prepare(&rules, req).ok();
-        let answer = replication.decide_many(&rules, prepared, again).await;
-        Ok(R::from(answer.into_iter().next().expect("one answer per request")))
+        let answer = replication.decide_many(&rules, prepared, again).await.into_iter().next();
+        let answer = answer.expect("one answer per request");
+        self.observe(req, &answer);
+        Ok(R::from(answer))
     }
 
     /// Independent decisions, answered in order. Every item is checked first:
@@ -161,12 +176,52 @@ impl Decider {
             let rules = self.engine.rules();
             let prepared = prepare_all(&self.engine, &rules, field, reqs)?;
             let now = self.engine.clock().now();
-            return Ok(prepared.into_iter().map(|p| R::from(self.engine.decide(p, now))).collect());
+            let answers = prepared.into_iter().map(|p| self.engine.decide(p, now));
+            return Ok(answers.zip(reqs).map(|(a, req)| self.observed(req, a)).collect());
         };
         let rules = self.engine.rules_full();
         let prepared = prepare_all(&self.engine, &rules, field, reqs)?;
         let again = |i: usize| self.engine.prepare(&rules, &reqs[i]).ok();
-        Ok(replication.decide_many(&rules, prepared, again).await.into_iter().map(R::from).collect())
+        let answers = replication.decide_many(&rules, prepared, again).await;
+        Ok(answers.into_iter().zip(reqs).map(|(a, req)| self.observed(req, a)).collect())
+    }
+
+    /// Shows a decided call to the what-if running, if any.
+    #[inline]
+    fn observe<D: Descriptors + ?Sized>(&self, req: &Request<'_, D>, answer: &Answer<'_>) {
+        if let Some(w) = &*self.what_if.load() {
+            w.observe(req, answer.verdict == Verdict::Allowed, self.engine.clock().now());
+        }
+    }
+
+    fn observed<'r, D: Descriptors + ?Sized, R: From<Answer<'r>>>(
+        &self,
+        req: &Request<'_, D>,
+        answer: Answer<'r>,
+    ) -> R {
+        self.observe(req, &answer);
+        R::from(answer)
+    }
+
+    /// `ApplyRules` with `what_if`: validates `yaml` and runs it in shadow
+    /// beside the rules in force for `length`, replacing a what-if running.
+    pub async fn start_what_if(&self, yaml: &str, length: std::time::Duration) -> Result<Applied, RuleErrors> {
+        let _one_at_a_time = self.applying.lock().await;
+        let text = yaml.to_string();
+        let rules = tokio::task::spawn_blocking(move || RuleSet::from_yaml(&text, "ApplyRules"))
+            .await
+            .unwrap_or_else(|e| Err(RuleErrors::one("ApplyRules", format!("the parser failed: {e}"))))?;
+        let resources = rules.rules().iter().map(|r| r.name.clone()).collect();
+        let now = self.engine.clock().now();
+        let until = now.saturating_add(length);
+        self.what_if.store(Some(Arc::new(WhatIf::new(rules, now, until))));
+        let until = SystemTime::UNIX_EPOCH + std::time::Duration::from_nanos(until.as_nanos());
+        Ok(Applied { version: self.engine.rules().version, resources, applied: false, what_if_until: Some(until) })
+    }
+
+    /// The report of the last what-if started, if any.
+    pub fn what_if(&self) -> Option<what_if::Report> {
+        Some(self.what_if.load_full()?.report(self.engine.clock().now()))
     }
 
     /// Takes a permit back with the call's outcome.
@@ -251,14 +306,19 @@ impl Decider {
         })?;
         let resources = rules.rules().iter().map(|r| r.name.clone()).collect();
         if validate_only {
-            return Ok(Applied { version: self.engine.rules().version, resources, applied: false });
+            return Ok(Applied {
+                version: self.engine.rules().version,
+                resources,
+                applied: false,
+                what_if_until: None,
+            });
         }
         let version = self.install(rules, yaml.to_string(), Origin::Admin);
         if let Some(replication) = &self.replication {
             replication.share_rules(yaml).await;
         }
         tracing::info!(version, "rules applied through Admin");
-        Ok(Applied { version, resources, applied: true })
+        Ok(Applied { version, resources, applied: true, what_if_until: None })
     }
 
     /// Installs rules read here (the file, or the embedded default), for this

@@ -30,6 +30,7 @@ pub mod report;
 pub mod request;
 pub mod rls;
 pub mod sync;
+pub mod what_if;
 
 pub use decide::{Answer, LimitReport, Pending, Prepared, Step, Verdict};
 pub use guards::{DEFAULT_PERMIT_TTL, Denial};

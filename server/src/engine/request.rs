@@ -59,6 +59,10 @@ pub enum RequestError {
     BadBreakerState(&'static str),
     #[error("level: {0} is not a degradation level (0 to 3)")]
     BadLevel(u32),
+    #[error("what_if: {0} is not between 1s and 24h")]
+    WhatIfLength(String),
+    #[error("no what-if was started (ApplyRules with what_if starts one)")]
+    NoWhatIf,
     #[error("{field}: {value} is not one of {expected}")]
     UnknownEnum { field: &'static str, value: i32, expected: &'static str },
     #[error("{field}[{index}]{}{source}", if source.starts_with_field() { "." } else { ": " })]

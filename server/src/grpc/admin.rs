@@ -39,6 +39,13 @@ impl Admin for ControlPlane {
         request: Request<pb::ApplyRulesRequest>,
     ) -> Result<Response<pb::ApplyRulesResponse>, Status> {
         let req = request.get_ref();
+        if let Some(length) = &req.what_if {
+            let length = super::convert::what_if_length(length)?;
+            let started = self.decider.start_what_if(&req.yaml, length).await?;
+            let (who, resources) = (who(&request), started.resources.len());
+            tracing::info!(target: "floodgate::audit", who, change = "ApplyRules what_if", resources, seconds = length.as_secs_f64(), "admin change");
+            return Ok(Response::new(started.into()));
+        }
         let before = self.decider.rules().version;
         let applied = self.decider.apply_rules(&req.yaml, req.validate_only).await?;
         if applied.applied {
@@ -82,6 +89,14 @@ impl Admin for ControlPlane {
         let (who, to, manual) = (who(&request), level.level, level.manual);
         tracing::info!(target: "floodgate::audit", who, change = "SetDegradationLevel", to, manual, version_before = version, version_after = version, "admin change");
         Ok(Response::new(level.into()))
+    }
+
+    async fn get_what_if(
+        &self,
+        _request: Request<pb::GetWhatIfRequest>,
+    ) -> Result<Response<pb::GetWhatIfResponse>, Status> {
+        let report = self.decider.what_if().ok_or(crate::engine::RequestError::NoWhatIf)?;
+        Ok(Response::new(report.into()))
     }
 
     async fn peek(&self, request: Request<pb::PeekRequest>) -> Result<Response<pb::PeekResponse>, Status> {

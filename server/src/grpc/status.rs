@@ -8,7 +8,9 @@ use crate::rules::RuleErrors;
 impl From<RequestError> for Status {
     fn from(e: RequestError) -> Status {
         match e {
-            RequestError::NoBreaker(_) | RequestError::NoSuchLimit { .. } => Status::not_found(e.to_string()),
+            RequestError::NoBreaker(_) | RequestError::NoSuchLimit { .. } | RequestError::NoWhatIf => {
+                Status::not_found(e.to_string())
+            }
             e => Status::invalid_argument(e.to_string()),
         }
     }

@@ -171,7 +171,39 @@ impl From<RulesInForce> for pb::GetRulesResponse {
 
 impl From<Applied> for pb::ApplyRulesResponse {
     fn from(a: Applied) -> Self {
-        pb::ApplyRulesResponse { version: a.version, resources: a.resources, applied: a.applied }
+        pb::ApplyRulesResponse {
+            version: a.version,
+            resources: a.resources,
+            applied: a.applied,
+            what_if_until: a.what_if_until.map(timestamp),
+        }
+    }
+}
+
+impl From<crate::engine::what_if::Report> for pb::GetWhatIfResponse {
+    fn from(r: crate::engine::what_if::Report) -> Self {
+        let at = |t: crate::time::Timestamp| {
+            timestamp(std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_nanos(t.as_nanos()))
+        };
+        pb::GetWhatIfResponse {
+            running: r.running,
+            started_at: Some(at(r.started)),
+            until: Some(at(r.until)),
+            calls: r.calls,
+            unmatched: r.unmatched,
+            limits: r
+                .limits
+                .into_iter()
+                .map(|l| pb::WhatIfLimit {
+                    rule: l.rule,
+                    limit: l.limit,
+                    evaluated: l.evaluated,
+                    would_deny: l.would_deny,
+                    newly_denied: l.newly_denied,
+                    top: l.top.into_iter().map(|(key, count, error)| pb::WhatIfHitter { key, count, error }).collect(),
+                })
+                .collect(),
+        }
     }
 }
 

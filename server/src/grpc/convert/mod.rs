@@ -27,6 +27,14 @@ pub fn from_duration(d: &prost_types::Duration) -> Option<Duration> {
     Some(Duration::new(secs, nanos))
 }
 
+/// A what-if's length: 1 s to 24 h.
+pub fn what_if_length(d: &prost_types::Duration) -> Result<Duration, crate::engine::RequestError> {
+    match from_duration(d) {
+        Some(l) if (Duration::from_secs(1)..=Duration::from_secs(86_400)).contains(&l) => Ok(l),
+        _ => Err(crate::engine::RequestError::WhatIfLength(format!("{}s {}ns", d.seconds, d.nanos))),
+    }
+}
+
 pub fn timestamp(t: SystemTime) -> prost_types::Timestamp {
     prost_types::Timestamp::from(t)
 }
