@@ -151,6 +151,7 @@ async fn permits_cannot_be_guessed_and_errors_do_not_name_their_owner() {
         permit_id: id.into(),
         outcome: pb::Outcome::Failure as i32,
         latency: None,
+        actual_cost: None,
     };
     assert!(!data.report_outcome(report(&guessed, "")).await.unwrap().into_inner().counted);
     let err = data.report_outcome(report(&permits[0], "other")).await.unwrap_err();

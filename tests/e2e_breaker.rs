@@ -37,6 +37,7 @@ fn report(resource: &str, permit: &str, outcome: pb::Outcome) -> pb::ReportOutco
         permit_id: permit.into(),
         outcome: outcome as i32,
         latency: Some(prost_types::Duration { seconds: 0, nanos: 5_000_000 }),
+        actual_cost: None,
     }
 }
 

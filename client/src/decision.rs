@@ -22,6 +22,7 @@ pub struct Acquire {
     descriptors: HashMap<String, String>,
     cost: u32,
     dry_run: bool,
+    settle: bool,
 }
 
 /// The verdict, as the server (or the client on its behalf) gave it.
@@ -131,6 +132,14 @@ impl Acquire {
         self
     }
 
+    /// The cost is an estimate: settle the actual cost with
+    /// [`Permit::report_cost`](crate::Permit::report_cost) (an LLM call's
+    /// tokens, bytes streamed). Unsettled, the estimate stands.
+    pub fn settle(mut self) -> Self {
+        self.settle = true;
+        self
+    }
+
     pub fn resource(&self) -> &str {
         &self.resource
     }
@@ -150,6 +159,7 @@ impl Acquire {
             descriptors: self.descriptors.clone(),
             cost: self.cost,
             dry_run: self.dry_run,
+            settle: self.settle,
         }
     }
 }

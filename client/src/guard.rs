@@ -202,6 +202,38 @@ impl<'c, C> Guard<'c, C> {
         result.map_err(GuardError::Failed)
     }
 
+    /// Reserve, then settle: runs `f` if allowed, with the request's cost as
+    /// an estimate ([`Acquire::settle`](crate::Acquire::settle) is set); `f`
+    /// answers its result and what the call really cost (an LLM call's
+    /// tokens), which settles the estimate: the server gives back the
+    /// difference, or takes the rest beyond the limit (a debt later callers
+    /// wait out).
+    pub async fn run_metered<T, E, F, Fut>(mut self, f: F) -> Result<T, GuardError<E>>
+    where
+        C: Classify<T, E>,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = (Result<T, E>, u64)>,
+    {
+        self.req = self.req.settle();
+        let mut decision = self.client.acquire(&self.req).await.map_err(GuardError::Client)?;
+        if !decision.is_allowed() {
+            return Err(GuardError::Denied(Box::new(decision)));
+        }
+        if !decision.wait.is_zero() {
+            tokio::time::sleep(decision.wait).await;
+        }
+        let permit = decision.permit.take().map(|p| match self.cancelled {
+            Some(outcome) => p.on_drop(outcome),
+            None => p,
+        });
+        // If this future is dropped here, the permit reports itself as cancelled.
+        let (result, actual) = f().await;
+        if let Some(permit) = permit {
+            permit.report_cost(self.classify.classify(&result), actual);
+        }
+        result.map_err(GuardError::Failed)
+    }
+
     /// Runs `f` if allowed; when denied or failed, serves `fallback` instead,
     /// with the cause. Errors only when there is nothing to fall back on
     /// (`LastGood` before a first good value) or the question was bad input.

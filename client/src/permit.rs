@@ -23,7 +23,7 @@ pub enum Outcome {
 
 /// Where a permit's report goes: the client that issued it.
 pub(crate) trait Sink: Send + Sync {
-    fn send_report(&self, permit: &Permit, outcome: Outcome, latency: Duration);
+    fn send_report(&self, permit: &Permit, outcome: Outcome, latency: Duration, actual_cost: Option<u64>);
 }
 
 /// Reported when dropped unreported (see [`Permit::on_drop`]).
@@ -83,7 +83,16 @@ impl Permit {
 
     /// How the call went, and how long it took.
     pub fn report_latency(mut self, outcome: Outcome, latency: Duration) {
-        self.send(outcome, latency);
+        self.send(outcome, latency, None);
+    }
+
+    /// How the call went and what it really cost, for an
+    /// [`Acquire::settle`](crate::Acquire::settle) permit: the server gives
+    /// back what the estimate took beyond it, or takes the rest (beyond the
+    /// limit if need be: a debt later callers wait out).
+    pub fn report_cost(mut self, outcome: Outcome, actual_cost: u64) {
+        let latency = self.issued.elapsed();
+        self.send(outcome, latency, Some(actual_cost));
     }
 
     /// What is reported if the permit is dropped unreported. The client's
@@ -102,9 +111,9 @@ impl Permit {
         std::mem::take(&mut self.id)
     }
 
-    fn send(&mut self, outcome: Outcome, latency: Duration) {
+    fn send(&mut self, outcome: Outcome, latency: Duration, actual_cost: Option<u64>) {
         if let Some(sink) = self.sink.take() {
-            sink.send_report(self, outcome, latency);
+            sink.send_report(self, outcome, latency, actual_cost);
         }
     }
 }
@@ -112,7 +121,7 @@ impl Permit {
 impl Drop for Permit {
     fn drop(&mut self) {
         let latency = self.issued.elapsed();
-        self.send(self.on_drop, latency);
+        self.send(self.on_drop, latency, None);
     }
 }
 

@@ -269,7 +269,7 @@ pub fn acquire(resource: &str, descriptors: &[(&str, &str)], cost: u32) -> pb::A
         resource: resource.to_string(),
         descriptors: descriptors.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         cost,
-        dry_run: false,
+        ..Default::default()
     }
 }
 

@@ -254,13 +254,14 @@ impl Client {
 
 impl Sink for Inner {
     /// A permit's report, queued for the server that issued it.
-    fn send_report(&self, permit: &Permit, outcome: Outcome, latency: Duration) {
+    fn send_report(&self, permit: &Permit, outcome: Outcome, latency: Duration, actual_cost: Option<u64>) {
         let Some(ep) = self.endpoints.get(permit.endpoint) else { return };
         let report = pb::ReportOutcomeRequest {
             resource: permit.resource().to_string(),
             permit_id: permit.id().to_string(),
             outcome: outcome.to_proto() as i32,
             latency: prost_types::Duration::try_from(latency).ok(),
+            actual_cost,
         };
         if !ep.reporter.send(report, permit.urgent) {
             self.stats.dropped(1);

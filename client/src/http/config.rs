@@ -27,6 +27,9 @@ pub(crate) struct Config {
     pub(crate) describe: Option<Describe>,
     pub(crate) classify: ClassifyFn,
     pub(crate) on_denied: Option<OnDenied>,
+    /// Every question's cost is an estimate, settled from this response
+    /// header (or an [`ActualCost`](super::ActualCost) extension).
+    pub(crate) actual_cost_header: Option<http::HeaderName>,
 }
 
 impl Default for Config {
@@ -39,6 +42,7 @@ impl Default for Config {
             describe: None,
             classify: Arc::new(|s: StatusCode| if s.is_server_error() { Outcome::Failure } else { Outcome::Success }),
             on_denied: None,
+            actual_cost_header: None,
         }
     }
 }

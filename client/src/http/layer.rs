@@ -97,6 +97,17 @@ impl FloodgateLayer {
         self
     }
 
+    /// Reserve, then settle: each question's cost is an estimate
+    /// ([`Acquire::settle`](crate::Acquire::settle)), and the response says
+    /// what the call really cost, in response header `header` (a whole
+    /// number) or as an [`ActualCost`](super::ActualCost) response extension
+    /// (kept from the client). Without either, the estimate stands. An
+    /// invalid header name is an [`Error::InvalidHeader`].
+    pub fn actual_cost_header(mut self, header: &str) -> Result<Self, Error> {
+        self.config().actual_cost_header = Some(crate::error::header_name(header)?);
+        Ok(self)
+    }
+
     /// The answer to a denied request, instead of the JSON default. The rate
     /// limit fields and `Retry-After` are added to it.
     pub fn on_denied(mut self, f: impl Fn(&Decision) -> Response<String> + Send + Sync + 'static) -> Self {

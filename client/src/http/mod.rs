@@ -32,4 +32,4 @@ mod service;
 pub use headers::{denial_body, denial_status, rate_limit_headers};
 pub use layer::FloodgateLayer;
 pub use route::Routes;
-pub use service::Floodgate;
+pub use service::{ActualCost, Floodgate};

@@ -57,7 +57,10 @@ where
             let (parts, body) = req.into_parts();
             let ask = config.describe(&parts);
             let req = Request::from_parts(parts, body);
-            let Some(ask) = ask else { return inner.call(req).await };
+            let Some(mut ask) = ask else { return inner.call(req).await };
+            if config.actual_cost_header.is_some() {
+                ask = ask.settle();
+            }
             let mut decision = match client.acquire(&ask).await {
                 Ok(d) => d,
                 Err(e) => {
@@ -77,12 +80,20 @@ where
             let permit = decision.permit.take();
             let start = Instant::now();
             let result = inner.call(req).await;
+            let mut result = result;
             if let Some(permit) = permit {
                 let outcome = match &result {
                     Ok(r) => (config.classify)(r.status()),
                     Err(_) => Outcome::Failure,
                 };
-                permit.report_latency(outcome, start.elapsed());
+                let actual = match (&mut result, &config.actual_cost_header) {
+                    (Ok(r), Some(header)) => actual_cost(r, header),
+                    _ => None,
+                };
+                match actual {
+                    Some(cost) => permit.report_cost(outcome, cost),
+                    None => permit.report_latency(outcome, start.elapsed()),
+                }
             }
             result.map(|mut r| {
                 rate_limit_headers(&decision, r.headers_mut());
@@ -106,4 +117,17 @@ fn denial(decision: &Decision, config: &Config) -> Response<String> {
     };
     rate_limit_headers(decision, response.headers_mut());
     response
+}
+
+/// What a call really cost, set by the service on its response (see
+/// [`FloodgateLayer::actual_cost_header`](super::FloodgateLayer::actual_cost_header)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ActualCost(pub u64);
+
+/// The response's actual cost: its extension (removed), else its header (kept).
+fn actual_cost<RB>(r: &mut Response<RB>, header: &http::HeaderName) -> Option<u64> {
+    if let Some(ActualCost(n)) = r.extensions_mut().remove::<ActualCost>() {
+        return Some(n);
+    }
+    r.headers().get(header)?.to_str().ok()?.trim().parse().ok()
 }

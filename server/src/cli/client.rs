@@ -27,6 +27,10 @@ pub struct AcquireArgs {
     /// Answer without consuming anything.
     #[arg(long)]
     dry_run: bool,
+    /// The cost is an estimate: the answer's permit settles the actual cost
+    /// (`floodgate report --actual-cost N`).
+    #[arg(long)]
+    settle: bool,
     /// Ask this many times, one decision after another.
     #[arg(long, short = 'n', default_value_t = 1)]
     count: u32,
@@ -91,6 +95,7 @@ pub async fn acquire(args: AcquireArgs) -> anyhow::Result<ExitCode> {
         descriptors: args.descriptors.into_iter().collect(),
         cost: args.cost,
         dry_run: args.dry_run,
+        settle: args.settle,
     };
     let mut code = ExitCode::SUCCESS;
     for _ in 0..args.count.max(1) {

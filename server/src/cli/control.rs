@@ -38,6 +38,9 @@ pub struct ReportArgs {
     /// How long the call took (default: the permit's age).
     #[arg(long, value_parser = super::parse_duration)]
     latency: Option<Duration>,
+    /// What the call really cost, for a permit of `acquire --settle`.
+    #[arg(long)]
+    actual_cost: Option<u64>,
     /// The resource the permit was issued for (optional).
     #[arg(long, default_value = "")]
     resource: String,
@@ -131,10 +134,12 @@ pub async fn report(args: ReportArgs) -> anyhow::Result<ExitCode> {
         permit_id: args.permit_id,
         outcome: outcome as i32,
         latency: args.latency.and_then(|d| prost_types::Duration::try_from(d).ok()),
+        actual_cost: args.actual_cost,
     };
     let r = client.report_outcome(req).await.map_err(status_error)?.into_inner();
     let state = if r.breaker_state == 0 { String::new() } else { format!(", breaker {}", state_name(r.breaker_state)) };
-    println!("{}{state}", if r.counted { "counted" } else { "not counted: the permit is unknown or expired" });
+    let settled = if r.settled { ", settled" } else { "" };
+    println!("{}{settled}{state}", if r.counted { "counted" } else { "not counted: the permit is unknown or expired" });
     Ok(if r.counted { ExitCode::SUCCESS } else { ExitCode::from(3) })
 }
 

@@ -141,8 +141,11 @@ impl Decider {
         match &self.replication {
             None => {
                 let rules = self.engine.rules();
-                let answer = self.engine.acquire(&rules, req)?;
+                let mut answer = self.engine.acquire(&rules, req)?;
                 self.observe(req, &answer);
+                if req.settle {
+                    self.engine.hold_estimate(&rules, req, &mut answer);
+                }
                 Ok(R::from(answer))
             }
             // Boxed: the memory-only call's future stays small.
@@ -159,8 +162,11 @@ impl Decider {
         let prepared = vec![self.engine.prepare(&rules, req)?];
         let again = |_| self.engine.prepare(&rules, req).ok();
         let answer = replication.decide_many(&rules, prepared, again).await.into_iter().next();
-        let answer = answer.expect("one answer per request");
+        let mut answer = answer.expect("one answer per request");
         self.observe(req, &answer);
+        if req.settle {
+            self.engine.hold_estimate(&rules, req, &mut answer);
+        }
         Ok(R::from(answer))
     }
 
@@ -177,13 +183,13 @@ impl Decider {
             let prepared = prepare_all(&self.engine, &rules, field, reqs)?;
             let now = self.engine.clock().now();
             let answers = prepared.into_iter().map(|p| self.engine.decide(p, now));
-            return Ok(answers.zip(reqs).map(|(a, req)| self.observed(req, a)).collect());
+            return Ok(answers.zip(reqs).map(|(a, req)| self.observed(&rules, req, a)).collect());
         };
         let rules = self.engine.rules_full();
         let prepared = prepare_all(&self.engine, &rules, field, reqs)?;
         let again = |i: usize| self.engine.prepare(&rules, &reqs[i]).ok();
         let answers = replication.decide_many(&rules, prepared, again).await;
-        Ok(answers.into_iter().zip(reqs).map(|(a, req)| self.observed(req, a)).collect())
+        Ok(answers.into_iter().zip(reqs).map(|(a, req)| self.observed(&rules, req, a)).collect())
     }
 
     /// Shows a decided call to the what-if running, if any.
@@ -194,12 +200,17 @@ impl Decider {
         }
     }
 
+    /// A batch item decided: shown to the what-if, its estimate held.
     fn observed<'r, D: Descriptors + ?Sized, R: From<Answer<'r>>>(
         &self,
+        rules: &Installed,
         req: &Request<'_, D>,
-        answer: Answer<'r>,
+        mut answer: Answer<'r>,
     ) -> R {
         self.observe(req, &answer);
+        if req.settle {
+            self.engine.hold_estimate(rules, req, &mut answer);
+        }
         R::from(answer)
     }
 
@@ -253,7 +264,29 @@ impl Decider {
 
     fn report_here(&self, r: &Report<'_>) -> Result<Reported, RequestError> {
         let rules = self.engine.rules();
-        self.engine.report(&rules, r.resource, r.permit_id, r.outcome, r.latency)
+        let mut reported = self.engine.report(&rules, r.resource, r.permit_id, r.outcome, r.latency)?;
+        // A permit of an Acquire with `settle`: its estimate is settled (or,
+        // without an actual cost, stands) whether or not it also guarded a call.
+        match self.engine.settle_estimate(&rules, r.permit_id, r.resource, r.actual_cost) {
+            Ok(settled) => {
+                reported.settled = settled;
+                reported.counted |= settled;
+            }
+            Err(RequestError::PermitResourceMismatch { .. }) if reported.counted => {}
+            Err(e) => return Err(e),
+        }
+        Ok(reported)
+    }
+
+    /// `Charge`: takes `cost` from every limit the request matches, beyond
+    /// the limit if need be.
+    pub fn charge<D, R>(&self, resource: &str, descriptors: &D, cost: u64) -> Result<R, RequestError>
+    where
+        D: Descriptors + ?Sized,
+        R: for<'r> From<crate::engine::settle::Charged<'r>>,
+    {
+        let rules = self.engine.rules();
+        Ok(R::from(self.engine.charge(&rules, resource, descriptors, cost)?))
     }
 
     /// A resource's limits for these descriptors, consuming nothing; `only`

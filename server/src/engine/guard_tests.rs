@@ -52,7 +52,7 @@ fn ask(e: &Engine, resource: &str) -> Got {
 fn ask_with(e: &Engine, resource: &str, dry_run: bool) -> Got {
     let rules = e.rules();
     let none = HashMap::<String, String>::new();
-    let a = e.acquire(&rules, &Request { resource, descriptors: &none, cost: 1, dry_run }).unwrap();
+    let a = e.acquire(&rules, &Request { resource, descriptors: &none, cost: 1, dry_run, settle: false }).unwrap();
     Got {
         verdict: a.verdict,
         reason: a.reason(),
@@ -74,7 +74,7 @@ fn a_concurrency_limit_holds_slots_until_reported() {
     let third = ask(&e, "db");
     assert_eq!(third.verdict, Verdict::ConcurrencyLimited);
     assert_eq!(third.reason, "concurrency limit of 'db' reached: 2 calls in flight");
-    assert_eq!(report(&e, "db", &a, Outcome::Success), Reported { counted: true, breaker_state: None });
+    assert_eq!(report(&e, "db", &a, Outcome::Success), Reported { counted: true, breaker_state: None, settled: false });
     assert_eq!(ask(&e, "db").verdict, Verdict::Allowed);
     assert!(!report(&e, "db", &a, Outcome::Success).counted, "a permit returns once");
 }
@@ -141,7 +141,7 @@ fn report_answers_unknown_malformed_and_mismatched_permits() {
     let (e, _) = engine();
     let rules = e.rules();
     let unknown = e.report(&rules, "db", "0123456789abcdef0123456789abcdef", Outcome::Success, None).unwrap();
-    assert_eq!(unknown, Reported { counted: false, breaker_state: None });
+    assert_eq!(unknown, Reported { counted: false, breaker_state: None, settled: false });
     let err = e.report(&rules, "db", "not-a-permit", Outcome::Success, None).unwrap_err();
     assert_eq!(err.to_string(), "permit_id: 'not-a-permit' is not a permit id");
     let p = ask(&e, "db").permit.unwrap();

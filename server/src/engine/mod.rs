@@ -29,6 +29,7 @@ mod overrides;
 pub mod report;
 pub mod request;
 pub mod rls;
+pub mod settle;
 pub mod sync;
 pub mod what_if;
 
@@ -46,6 +47,8 @@ pub struct Engine {
     buckets: Buckets,
     guards: guards::Guards,
     permits: guards::Permits,
+    /// Estimates waiting for their actual cost.
+    settlements: settle::Settlements,
     levels: Levels,
     events: Events,
     clock: SharedClock,
@@ -71,6 +74,7 @@ impl Engine {
             buckets: Buckets::new(config.max_keys),
             guards: guards::Guards::default(),
             permits: guards::Permits::default(),
+            settlements: settle::Settlements::default(),
             levels: Levels::default(),
             events: Events::default(),
             clock,
@@ -131,7 +135,9 @@ impl Engine {
     /// Forgets idle buckets and buckets of limits no longer in force.
     pub fn sweep(&self) -> usize {
         let rules = self.rules.load_full();
-        self.buckets.sweep(self.clock.now(), |id| rules.algorithm(id))
+        let now = self.clock.now();
+        self.expire_estimates(now);
+        self.buckets.sweep(now, |id| rules.algorithm(id))
     }
 }
 

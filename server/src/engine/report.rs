@@ -21,6 +21,8 @@ pub struct Report<'a> {
     pub permit_id: &'a str,
     pub outcome: Outcome,
     pub latency: Option<Duration>,
+    /// What the call really cost (a permit of an Acquire with `settle`).
+    pub actual_cost: Option<u64>,
 }
 
 /// The answer to one ReportOutcome.
@@ -29,6 +31,8 @@ pub struct Reported {
     /// False for an expired or unknown permit.
     pub counted: bool,
     pub breaker_state: Option<State>,
+    /// An actual cost was applied to the estimate.
+    pub settled: bool,
 }
 
 /// Every breaker, the level and the rules version at one moment.
@@ -54,14 +58,14 @@ impl Engine {
     ) -> Result<Reported, RequestError> {
         let Some(permit) = self.permits.take(permit_id, resource)? else {
             outcome_counter(rules, resource, outcome, "unknown");
-            return Ok(Reported { counted: false, breaker_state: self.current_state(rules, resource) });
+            return Ok(Reported { counted: false, breaker_state: self.current_state(rules, resource), settled: false });
         };
         let now = self.clock.now();
         if permit.expires_at <= now {
             outcome_counter(rules, &permit.resource, outcome, "expired");
             let state = self.current_state(rules, &permit.resource);
             self.release(permit, now);
-            return Ok(Reported { counted: false, breaker_state: state });
+            return Ok(Reported { counted: false, breaker_state: state, settled: false });
         }
         permit.guarded.touch(now);
         let latency = latency.unwrap_or_else(|| Duration::from_nanos(now.saturating_since(permit.issued_at)));
@@ -81,7 +85,7 @@ impl Engine {
         };
         outcome_counter(rules, &permit.resource, outcome, "counted");
         self.release(permit, now);
-        Ok(Reported { counted: true, breaker_state: state })
+        Ok(Reported { counted: true, breaker_state: state, settled: false })
     }
 
     fn record(

@@ -24,6 +24,8 @@ pub struct Request<'a, D: ?Sized> {
     pub cost: u32,
     /// Answer without consuming anything.
     pub dry_run: bool,
+    /// `cost` is an estimate, settled by the report (see `settle.rs`).
+    pub settle: bool,
 }
 
 /// Bad input: the message names the field and the value.

@@ -35,7 +35,7 @@ fn ask(
     cost: u32,
 ) -> Result<(Verdict, Vec<u64>), RequestError> {
     let rules = e.rules();
-    let out = e.acquire(&rules, &Request { resource, descriptors, cost, dry_run: false })?;
+    let out = e.acquire(&rules, &Request { resource, descriptors, cost, dry_run: false, settle: false })?;
     Ok((out.verdict, out.limits.iter().map(|l| l.status.remaining).collect()))
 }
 
@@ -68,7 +68,7 @@ fn the_denial_names_the_limit_and_when_to_retry() {
     let (e, _) = engine(RULES);
     let u1 = d(&[("user", "u1")]);
     let rules = e.rules();
-    let req = Request { resource: "orders", descriptors: &u1, cost: 2, dry_run: false };
+    let req = Request { resource: "orders", descriptors: &u1, cost: 2, dry_run: false, settle: false };
     e.acquire(&rules, &req).unwrap();
     let out = e.acquire(&rules, &req).unwrap();
     assert_eq!(out.verdict, Verdict::RateLimited);
@@ -110,7 +110,7 @@ fn dry_run_answers_without_consuming() {
     let (e, _) = engine(RULES);
     let u1 = d(&[("user", "u1")]);
     let rules = e.rules();
-    let dry = Request { resource: "orders", descriptors: &u1, cost: 2, dry_run: true };
+    let dry = Request { resource: "orders", descriptors: &u1, cost: 2, dry_run: true, settle: false };
     for _ in 0..3 {
         let out = e.acquire(&rules, &dry).unwrap();
         assert_eq!(out.verdict, Verdict::Allowed);

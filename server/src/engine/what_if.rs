@@ -236,7 +236,7 @@ resources:
 "#;
 
     fn ask<'a>(d: &'a HashMap<String, String>) -> Request<'a, HashMap<String, String>> {
-        Request { resource: "api", descriptors: d, cost: 1, dry_run: false }
+        Request { resource: "api", descriptors: d, cost: 1, dry_run: false, settle: false }
     }
 
     fn user(u: &str) -> HashMap<String, String> {

@@ -40,6 +40,12 @@ impl Floodgate for DataPlane {
         Ok(Response::new(pb::AcquireBatchResponse { responses }))
     }
 
+    async fn charge(&self, request: Request<pb::ChargeRequest>) -> Result<Response<pb::ChargeResponse>, Status> {
+        let req = request.get_ref();
+        let response: pb::ChargeResponse = self.decider.charge(&req.resource, &req.descriptors, req.cost)?;
+        Ok(Response::new(response))
+    }
+
     async fn report_outcome(
         &self,
         request: Request<pb::ReportOutcomeRequest>,

@@ -44,6 +44,11 @@ impl Config {
         }
     }
 
+    /// Where the window holding `at` starts.
+    pub fn window_of(&self, at: Timestamp) -> Timestamp {
+        self.window_start(at)
+    }
+
     /// Where the window that starts at `start` ends.
     pub fn window_end(&self, start: Timestamp) -> Timestamp {
         match &self.calendar {

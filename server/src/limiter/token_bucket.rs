@@ -2,6 +2,11 @@
 //!
 //! Admits cost k when it holds at least k tokens and takes them. Tokens are kept
 //! exactly (whole tokens plus picotokens), so fractional refills add up.
+//!
+//! Consumption forced beyond what it holds (a settled cost larger than its
+//! estimate, a `Charge`) is a debt: the bucket stays empty, and its refill
+//! starts only once the debt is refilled (`updated` lies in the future by the
+//! debt's refill time), so later callers wait it out.
 
 use super::rate::{self, Amount, Rate};
 use super::{Decision, Limiter, Status, nanos};
@@ -53,18 +58,20 @@ impl Limiter for TokenBucket {
     }
 
     fn check(&self, cfg: &Config, now: Timestamp, cost: u64) -> Decision {
+        // Time still owed to a debt: nothing refills before it is over.
+        let debt = self.updated.saturating_since(now);
         let have = self.tokens_at(cfg, now);
         let need = rate::pico(cost);
         let full = rate::pico(cfg.capacity);
         let admitted = have >= need;
         let left = if admitted { have - need } else { have };
-        let retry_after = if admitted { 0 } else { cfg.refill.time_for(need - have) };
+        let retry_after = if admitted { 0 } else { debt.saturating_add(cfg.refill.time_for(need - have)) };
         Decision {
             admitted,
             status: Status {
                 limit: cfg.capacity,
                 remaining: rate::floor_units(left),
-                reset_after: nanos(cfg.refill.time_for(full - left)),
+                reset_after: nanos(debt.saturating_add(cfg.refill.time_for(full - left))),
                 retry_after: nanos(retry_after),
                 wait: nanos(0),
             },
@@ -73,12 +80,32 @@ impl Limiter for TokenBucket {
 
     fn commit(&mut self, cfg: &Config, now: Timestamp, cost: u64) {
         let have = self.tokens_at(cfg, now);
-        self.set(have.saturating_sub(rate::pico(cost)), now);
+        let need = rate::pico(cost);
+        if have >= need {
+            self.set(have - need, now);
+        } else {
+            // A debt: empty, and the refill starts once the shortfall is refilled.
+            let owed = cfg.refill.time_for(need - have);
+            self.tokens = Amount::from_pico(0);
+            self.updated = self.updated.max(now).add_nanos(owed);
+        }
     }
 
     fn refund(&mut self, cfg: &Config, now: Timestamp, cost: u64) {
+        let mut give = rate::pico(cost);
+        let debt = self.updated.saturating_since(now);
+        if debt > 0 {
+            // Pay the debt back first.
+            let owed = cfg.refill.gain(debt);
+            if give <= owed {
+                self.updated = Timestamp::from_nanos(self.updated.as_nanos() - cfg.refill.time_for(give).min(debt));
+                return;
+            }
+            give -= owed;
+            self.updated = now;
+        }
         let have = self.tokens_at(cfg, now);
-        self.set((have + rate::pico(cost)).min(rate::pico(cfg.capacity)), now);
+        self.set((have + give).min(rate::pico(cfg.capacity)), now);
     }
 }
 
@@ -154,6 +181,27 @@ mod tests {
         assert_eq!(d.status.reset_after, ms(0));
         assert!(b.try_acquire(&c, at_ms(3_600_000), 5).admitted);
         assert!(!b.try_acquire(&c, at_ms(3_600_000), 1).admitted);
+    }
+
+    #[test]
+    fn forced_consumption_is_a_debt_that_later_callers_wait_out() {
+        let c = cfg(10, 1.0);
+        let mut b = TokenBucket::new(&c, T0);
+        b.commit(&c, T0, 25);
+        let d = b.check(&c, T0, 1);
+        assert!(!d.admitted);
+        assert_eq!(d.status.remaining, 0);
+        assert_eq!(d.status.retry_after, ms(16_000), "15 tokens owed, then 1 to refill, at 1/s");
+        assert_eq!(d.status.reset_after, ms(25_000), "full again after 15 + 10 s");
+        assert!(!b.try_acquire(&c, at_ms(15_999), 1).admitted);
+        assert!(b.try_acquire(&c, at_ms(16_000), 1).admitted, "the debt is paid, one token refilled");
+        // A refund pays a debt back before it adds tokens.
+        let mut b = TokenBucket::new(&c, T0);
+        b.commit(&c, T0, 15);
+        b.refund(&c, T0, 3);
+        assert_eq!(b.check(&c, T0, 1).status.retry_after, ms(3_000), "2 owed, 1 to refill");
+        b.refund(&c, T0, 4);
+        assert_eq!(b.check(&c, T0, 0).status.remaining, 2, "debt paid, 2 tokens left");
     }
 
     #[test]

@@ -199,7 +199,7 @@ impl Replication {
                     None => {
                         ok = false;
                         let now = self.engine.clock().now();
-                        for item in batch.iter().filter(|i| i.delta > 0) {
+                        for item in batch.iter().filter(|i| i.delta != 0) {
                             self.sync().restore_dirty(item, now);
                         }
                     }

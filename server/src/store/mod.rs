@@ -75,6 +75,28 @@ impl Buckets {
         decision
     }
 
+    /// Takes `cost` whether or not it fits (usage that already happened),
+    /// beyond the limit if need be.
+    pub fn force(&self, key: BucketKey, alg: &Algorithm, now: Timestamp, cost: u64) {
+        let created = match self.map.entry(key) {
+            Entry::Occupied(mut e) => {
+                let slot = e.get_mut();
+                slot.touched = now;
+                slot.bucket.force(alg, now, cost);
+                false
+            }
+            Entry::Vacant(e) => {
+                let mut bucket = alg.new_bucket(now);
+                bucket.force(alg, now, cost);
+                e.insert(Slot { bucket, touched: now });
+                true
+            }
+        };
+        if created && self.len.fetch_add(1, Ordering::Relaxed) >= self.max_keys {
+            self.evict_least_recently_used();
+        }
+    }
+
     /// Sets a bucket's state (a replica adopting the merged state).
     pub fn put(&self, key: BucketKey, bucket: Bucket, now: Timestamp) {
         let created = self.map.insert(key, Slot { bucket, touched: now }).is_none();

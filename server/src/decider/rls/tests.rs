@@ -236,7 +236,9 @@ fn a_concurrency_limit_only_gates_and_never_leaks() {
     assert_eq!(dec.figures().permits_in_flight, 0);
     let rules = dec.engine.rules();
     let none = HashMap::<String, String>::new();
-    let held = dec.engine.acquire(&rules, &Request { resource: "db", descriptors: &none, cost: 1, dry_run: false });
+    let held = dec
+        .engine
+        .acquire(&rules, &Request { resource: "db", descriptors: &none, cost: 1, dry_run: false, settle: false });
     let permit = held.unwrap().permit_id.expect("a permit");
     drop(rules);
     assert_eq!(overs(&dec, "db", &[("k", "v")], 2), [true, true], "the slot is held by an Acquire caller");
@@ -250,7 +252,9 @@ fn a_breaker_lets_rls_through_only_when_closed_and_never_takes_a_probe() {
     let none = HashMap::<String, String>::new();
     let acquire = || {
         let rules = dec.engine.rules();
-        let a = dec.engine.acquire(&rules, &Request { resource: "pay", descriptors: &none, cost: 1, dry_run: false });
+        let a = dec
+            .engine
+            .acquire(&rules, &Request { resource: "pay", descriptors: &none, cost: 1, dry_run: false, settle: false });
         a.unwrap().permit_id
     };
     let permit = acquire().unwrap();

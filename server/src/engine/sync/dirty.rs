@@ -14,7 +14,9 @@ struct Dirty {
     /// The request's resource: the bucket's hash tag in Redis.
     resource: String,
     limit: LimitId,
-    delta: u64,
+    /// Units taken since the last sync; negative when more was given back
+    /// (a settled estimate) than taken.
+    delta: i64,
     touched: Timestamp,
     /// What the replicas had left in common at the last sync, and when.
     available: f64,
@@ -36,7 +38,8 @@ pub struct SyncItem {
     pub key: BucketKey,
     pub resource: String,
     pub limit: LimitId,
-    pub delta: u64,
+    /// Units to push; negative gives back.
+    pub delta: i64,
 }
 
 #[derive(Debug, Default)]
@@ -48,7 +51,7 @@ impl DirtyBuckets {
     /// Notes units taken (or, negative, given back) from a replicated bucket.
     pub(super) fn note(&self, key: &BucketKey, resource: &str, limit: LimitId, units: i64, now: Timestamp) {
         if let Some(mut e) = self.map.get_mut(key) {
-            e.delta = e.delta.saturating_add_signed(units);
+            e.delta = e.delta.saturating_add(units);
             e.touched = now;
             return;
         }
@@ -60,7 +63,7 @@ impl DirtyBuckets {
             available: 0.0,
             synced_at: Timestamp::ZERO,
         });
-        e.delta = e.delta.saturating_add_signed(units);
+        e.delta = e.delta.saturating_add(units);
         e.touched = now;
     }
 
@@ -69,7 +72,7 @@ impl DirtyBuckets {
     pub(super) fn drain(&self, now: Timestamp, active: Duration) -> Vec<SyncItem> {
         let mut items = Vec::new();
         self.map.retain(|key, d| {
-            let keep = d.delta > 0 || now.saturating_since(d.touched) < duration_nanos(active);
+            let keep = d.delta != 0 || now.saturating_since(d.touched) < duration_nanos(active);
             if keep {
                 items.push(SyncItem { key: key.clone(), resource: d.resource.clone(), limit: d.limit, delta: d.delta });
                 d.delta = 0;
@@ -80,12 +83,12 @@ impl DirtyBuckets {
     }
 
     /// One bucket's consumption, now reset.
-    pub(super) fn take(&self, key: &BucketKey) -> u64 {
+    pub(super) fn take(&self, key: &BucketKey) -> i64 {
         self.map.get_mut(key).map_or(0, |mut d| std::mem::take(&mut d.delta))
     }
 
     /// Consumption not yet pushed for `key`.
-    pub(super) fn pending(&self, key: &BucketKey) -> u64 {
+    pub(super) fn pending(&self, key: &BucketKey) -> i64 {
         self.map.get(key).map_or(0, |d| d.delta)
     }
 

@@ -163,13 +163,13 @@ impl Replica {
     }
 
     /// One bucket's consumption since its last sync, now reset (to push it now).
-    pub fn take_dirty(&self, key: &BucketKey) -> u64 {
+    pub fn take_dirty(&self, key: &BucketKey) -> i64 {
         self.dirty.take(key)
     }
 
     /// Puts back consumption a failed sync could not push.
     pub fn restore_dirty(&self, item: &SyncItem, now: Timestamp) {
-        self.dirty.note(&item.key, &item.resource, item.limit, item.delta as i64, now);
+        self.dirty.note(&item.key, &item.resource, item.limit, item.delta, now);
     }
 
     /// Probe outcomes and returned probes waiting to be sent to Redis.
@@ -279,7 +279,9 @@ impl Engine {
         let mut bucket = Bucket::adopt(alg, now, shared, sync.share());
         let pending = sync.dirty.pending(key);
         if pending > 0 {
-            bucket.force(alg, now, pending);
+            bucket.force(alg, now, pending.unsigned_abs());
+        } else if pending < 0 {
+            bucket.refund(alg, now, pending.unsigned_abs());
         }
         self.buckets.put(key.clone(), bucket, now);
         sync.dirty.synced(key, resource, shared.available, now);

@@ -18,7 +18,7 @@ fn replicated_buckets_are_synced_while_used_and_dropped_when_idle() {
     let d: HashMap<String, String> = [("user".to_string(), "u1".to_string())].into();
     let rules = e.rules_full();
     for _ in 0..3 {
-        e.acquire(&rules, &Request { resource: "r", descriptors: &d, cost: 1, dry_run: false }).unwrap();
+        e.acquire(&rules, &Request { resource: "r", descriptors: &d, cost: 1, dry_run: false, settle: false }).unwrap();
     }
     let active = Duration::from_secs(10);
     let items = sync.drain_dirty(clock.now(), active);
@@ -57,7 +57,9 @@ fn admitted(e: &Engine, resource: &str, n: usize) -> usize {
     let rules = e.rules_full();
     (0..n)
         .filter(|_| {
-            let a = e.acquire(&rules, &Request { resource, descriptors: &none, cost: 1, dry_run: false }).unwrap();
+            let a = e
+                .acquire(&rules, &Request { resource, descriptors: &none, cost: 1, dry_run: false, settle: false })
+                .unwrap();
             a.verdict == crate::engine::Verdict::Allowed
         })
         .count()

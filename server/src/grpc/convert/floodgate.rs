@@ -15,7 +15,13 @@ use crate::events::Event;
 
 impl<'a> From<&'a pb::AcquireRequest> for Request<'a, HashMap<String, String>> {
     fn from(r: &'a pb::AcquireRequest) -> Self {
-        Request { resource: &r.resource, descriptors: &r.descriptors, cost: r.cost, dry_run: r.dry_run }
+        Request {
+            resource: &r.resource,
+            descriptors: &r.descriptors,
+            cost: r.cost,
+            dry_run: r.dry_run,
+            settle: r.settle,
+        }
     }
 }
 
@@ -36,7 +42,7 @@ impl<'a> TryFrom<&'a pb::ReportOutcomeRequest> for Report<'a> {
             })?),
             None => None,
         };
-        Ok(Report { resource: &r.resource, permit_id: &r.permit_id, outcome, latency })
+        Ok(Report { resource: &r.resource, permit_id: &r.permit_id, outcome, latency, actual_cost: r.actual_cost })
     }
 }
 
@@ -102,6 +108,12 @@ fn state_number(s: Option<State>) -> i32 {
 
 /// A limit's state for an answer. `algorithm` is left empty: it is the same in
 /// every answer, costs a sixth of a batch's encoding, and Peek reports it.
+impl From<crate::engine::settle::Charged<'_>> for pb::ChargeResponse {
+    fn from(c: crate::engine::settle::Charged<'_>) -> Self {
+        pb::ChargeResponse { limits: c.0.iter().map(Into::into).collect() }
+    }
+}
+
 impl From<&LimitReport<'_>> for pb::LimitStatus {
     fn from(r: &LimitReport<'_>) -> Self {
         pb::LimitStatus {
@@ -151,7 +163,11 @@ impl From<Answer<'_>> for pb::PeekResponse {
 
 impl From<Reported> for pb::ReportOutcomeResponse {
     fn from(r: Reported) -> Self {
-        pb::ReportOutcomeResponse { counted: r.counted, breaker_state: state_number(r.breaker_state) }
+        pb::ReportOutcomeResponse {
+            counted: r.counted,
+            breaker_state: state_number(r.breaker_state),
+            settled: r.settled,
+        }
     }
 }
 

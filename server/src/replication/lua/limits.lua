@@ -35,7 +35,9 @@ end
 --   again after taking cost if ok), retry (us until cost fits, when not ok),
 --   wait (shaping), and the extra numbers replicas adopt (start, prev, cur);
 -- take(key, p, now, cost, st) consumes cost, even beyond the limit (a
--- replica's consumption is pushed whether or not it still fits).
+-- replica's consumption is pushed whether or not it still fits); give(key,
+-- p, now, units, st), where it has a meaning, gives units back (a settled
+-- estimate), never beyond a full bucket or below an empty window.
 local A = {}
 
 A[1] = {
@@ -54,6 +56,11 @@ A[1] = {
     redis.call('HSET', key, 't', left, 'u', now)
     expire(key, (p[1] - left) / p[2] * 1e6)
   end,
+  give = function(key, p, now, units, st)
+    local left = math.min(p[1], st.avail + units)
+    redis.call('HSET', key, 't', left, 'u', now)
+    expire(key, (p[1] - left) / p[2] * 1e6)
+  end,
 }
 
 A[2] = {
@@ -68,6 +75,11 @@ A[2] = {
   end,
   take = function(key, p, now, cost, st)
     local tat = st.tat + cost * 1e6 / p[1]
+    redis.call('SET', key, tat)
+    expire(key, tat - now)
+  end,
+  give = function(key, p, now, units, st)
+    local tat = math.max(now, st.tat - units * 1e6 / p[1])
     redis.call('SET', key, tat)
     expire(key, tat - now)
   end,
@@ -91,6 +103,11 @@ A[3] = {
     redis.call('SET', key, drain)
     expire(key, drain - now)
   end,
+  give = function(key, p, now, units, st)
+    local drain = math.max(now, st.drain - units / p[2] * 1e6)
+    redis.call('SET', key, drain)
+    expire(key, drain - now)
+  end,
 }
 
 A[4] = {
@@ -109,6 +126,11 @@ A[4] = {
     redis.call('INCRBY', k, cost)
     expire(k, p[2])
   end,
+  give = function(key, p, now, units, st)
+    local k = key .. ':' .. int(st.start)
+    if redis.call('DECRBY', k, units) < 0 then redis.call('SET', k, 0) end
+    expire(k, p[2])
+  end,
 }
 
 A[7] = {
@@ -125,6 +147,11 @@ A[7] = {
   take = function(key, p, now, cost, st)
     local k = key .. ':' .. int(st.start)
     redis.call('INCRBY', k, cost)
+    expire(k, st.e - now)
+  end,
+  give = function(key, p, now, units, st)
+    local k = key .. ':' .. int(st.start)
+    if redis.call('DECRBY', k, units) < 0 then redis.call('SET', k, 0) end
     expire(k, st.e - now)
   end,
 }

@@ -1,0 +1,322 @@
+//! Reserve, then settle: an Acquire with `settle` takes its cost as an
+//! estimate and hands out a permit; the report's actual cost gives back the
+//! difference or takes the rest, beyond the limit if need be (a debt that
+//! later callers wait out). `Charge` takes usage without asking first.
+//!
+//! Per algorithm: the token bucket, GCRA and the leaky bucket carry a debt
+//! over time (an empty bucket that refills only once the debt is refilled; a
+//! theoretical arrival or drain time further ahead). The fixed and sliding
+//! windows count beyond their limit until the window ends, when a window
+//! forgives what it counted; a give-back applies only while the window the
+//! estimate was taken in is still the current one (a later window never
+//! took it). The sliding log gives back its newest entries.
+//!
+//! Replicated limits push what settling gave or took at the next sync, like
+//! any consumption. Strict limits are decided by Redis and are not settled
+//! (the estimate stands).
+
+use dashmap::DashMap;
+use dashmap::mapref::entry::Entry;
+use smallvec::SmallVec;
+
+use super::decide::{Answer, Verdict, matched};
+use super::request::{self, Descriptors, Request, RequestError};
+use super::{Engine, Installed, LimitReport};
+use crate::limiter::Algorithm;
+use crate::rules::{LimitId, SyncMode};
+use crate::store::BucketKey;
+use crate::time::Timestamp;
+
+/// What a `Charge` left: the matched limits, in rule order.
+pub struct Charged<'r>(pub SmallVec<[LimitReport<'r>; 2]>);
+
+/// Estimates waiting to be settled, at most.
+pub const MAX_PENDING: usize = 1_000_000;
+
+/// An estimate taken, waiting for its actual cost.
+#[derive(Debug)]
+struct Pending {
+    resource: String,
+    cost: u64,
+    at: Timestamp,
+    expires: Timestamp,
+    buckets: SmallVec<[(LimitId, BucketKey); 2]>,
+}
+
+#[derive(Debug, Default)]
+pub struct Settlements {
+    map: DashMap<u128, Pending, ahash::RandomState>,
+}
+
+impl Settlements {
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
+/// Whether giving back now what was taken at `at` can still matter: a
+/// window algorithm's later window never took it.
+fn same_window(alg: &Algorithm, at: Timestamp, now: Timestamp) -> bool {
+    match alg {
+        Algorithm::FixedWindow(c) => c.window_of(at) == c.window_of(now),
+        Algorithm::SlidingWindow(c) => at.as_nanos() / c.window == now.as_nanos() / c.window,
+        _ => true,
+    }
+}
+
+impl Engine {
+    /// After an allowed Acquire with `settle`: remembers what its estimate
+    /// took and puts the permit to settle it in `answer` (the breaker's or
+    /// the concurrency limit's permit when it has one).
+    pub fn hold_estimate<D: Descriptors + ?Sized>(
+        &self,
+        rules: &Installed,
+        req: &Request<'_, D>,
+        answer: &mut Answer<'_>,
+    ) {
+        if !req.settle || req.dry_run || answer.verdict != Verdict::Allowed || self.settlements.len() >= MAX_PENDING {
+            return;
+        }
+        let Some(rule) = rules.rules.find(req.resource) else { return };
+        let replicated = self.sync.is_some();
+        let buckets: SmallVec<[(LimitId, BucketKey); 2]> = matched(rule, req.resource, req.descriptors)
+            .into_iter()
+            .filter(|(l, _, _)| !(replicated && l.sync == SyncMode::Strict))
+            .map(|(l, _, k)| (l.id, k))
+            .collect();
+        let now = self.clock.now();
+        let ttl = rule.concurrency.map_or(super::DEFAULT_PERMIT_TTL, |c| c.permit_ttl);
+        let pending = Pending {
+            resource: req.resource.to_string(),
+            cost: u64::from(req.cost.max(1)),
+            at: now,
+            expires: now.saturating_add(ttl),
+            buckets,
+        };
+        if let Some(id) = &answer.permit_id {
+            if let Ok(key) = request::check_permit_id(id) {
+                self.settlements.map.insert(key, pending);
+            }
+            return;
+        }
+        loop {
+            // ThreadRng: ChaCha12, seeded and reseeded from the operating system.
+            let key: u128 = rand::random();
+            if let Entry::Vacant(slot) = self.settlements.map.entry(key) {
+                slot.insert(pending);
+                answer.permit_id = Some(format!("{key:032x}"));
+                return;
+            }
+        }
+    }
+
+    /// Settles permit `id` at `actual` (or, `None`, lets its estimate stand
+    /// and forgets it). `Ok(false)` when it holds no estimate (unknown,
+    /// expired, already settled, or not from an Acquire with `settle`).
+    pub fn settle_estimate(
+        &self,
+        rules: &Installed,
+        id: &str,
+        resource: &str,
+        actual: Option<u64>,
+    ) -> Result<bool, RequestError> {
+        let key = request::check_permit_id(id)?;
+        let Some((_, p)) = self.settlements.map.remove_if(&key, |_, p| resource.is_empty() || p.resource == resource)
+        else {
+            if self.settlements.map.contains_key(&key) {
+                return Err(RequestError::PermitResourceMismatch { resource: resource.into() });
+            }
+            return Ok(false);
+        };
+        let now = self.clock.now();
+        let Some(actual) = actual else { return Ok(false) };
+        if p.expires <= now {
+            return Ok(false);
+        }
+        for (limit, bucket) in &p.buckets {
+            let Some((_, l)) = rules.limit(*limit) else { continue };
+            if actual > p.cost {
+                let more = actual - p.cost;
+                self.buckets.force(bucket.clone(), &l.algorithm, now, more);
+                self.note_replicated(l, bucket, &p.resource, i64::try_from(more).unwrap_or(i64::MAX), now);
+            } else if actual < p.cost && same_window(&l.algorithm, p.at, now) {
+                let back = p.cost - actual;
+                self.buckets.refund(bucket, &l.algorithm, now, back);
+                self.note_replicated(l, bucket, &p.resource, -i64::try_from(back).unwrap_or(i64::MAX), now);
+            }
+        }
+        Ok(true)
+    }
+
+    /// `Charge`: takes `cost` from every limit the request matches, beyond
+    /// the limit if need be; the limits' state afterwards.
+    pub fn charge<'r, D: Descriptors + ?Sized>(
+        &self,
+        rules: &'r Installed,
+        resource: &str,
+        descriptors: &D,
+        cost: u64,
+    ) -> Result<Charged<'r>, RequestError> {
+        request::validate(resource, descriptors)?;
+        let Some(rule) = rules.rules.find(resource) else { return Ok(Charged(SmallVec::new())) };
+        let now = self.clock.now();
+        let replicated = self.sync.is_some();
+        let mut out = SmallVec::new();
+        for (l, index, bucket) in matched(rule, resource, descriptors) {
+            if cost > 0 && !(replicated && l.sync == SyncMode::Strict) {
+                self.buckets.force(bucket.clone(), &l.algorithm, now, cost);
+                self.note_replicated(l, &bucket, resource, i64::try_from(cost).unwrap_or(i64::MAX), now);
+            }
+            let status = self.buckets.check(&bucket, &l.algorithm, now, 0).status;
+            out.push(LimitReport { limit: l, index, status, exceeded: status.remaining == 0 });
+        }
+        Ok(Charged(out))
+    }
+
+    /// Forgets estimates whose permits expired: they stand as taken.
+    pub(super) fn expire_estimates(&self, now: Timestamp) -> usize {
+        let before = self.settlements.len();
+        self.settlements.map.retain(|_, p| p.expires > now);
+        before - self.settlements.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::engine::EngineConfig;
+    use crate::rules::RuleSet;
+    use crate::time::{Clock, ManualClock};
+
+    const RULES: &str = r#"
+resources:
+  - name: llm
+    limits:
+      - { name: tokens, key: [user], algorithm: token_bucket, capacity: 100, refill_per_second: 10 }
+      - { name: daily, key: [user], algorithm: fixed_window, limit: 1000, window: 1h }
+  - name: db
+    concurrency: { max_in_flight: 5, permit_ttl: 30s }
+    limits: [ { name: rows, algorithm: gcra, rate_per_second: 100, burst: 100 } ]
+  - name: short
+    concurrency: { max_in_flight: 5, permit_ttl: 60s }
+    limits: [ { name: w, algorithm: fixed_window, limit: 5, window: 10s } ]
+"#;
+
+    fn engine() -> (Engine, Arc<ManualClock>) {
+        let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_700_006_400)));
+        let e = Engine::new(EngineConfig { max_keys: usize::MAX, replicated: false }, clock.clone());
+        e.install(RuleSet::from_yaml(RULES, "t").unwrap(), RULES.into(), "t".into());
+        (e, clock)
+    }
+
+    fn user() -> HashMap<String, String> {
+        HashMap::from([("user".to_string(), "u1".to_string())])
+    }
+
+    /// An Acquire with `settle` of `cost`: (allowed, permit, remaining per limit).
+    fn estimate(e: &Engine, resource: &str, cost: u32) -> (bool, Option<String>, Vec<u64>) {
+        let rules = e.rules();
+        let d = user();
+        let req = Request { resource, descriptors: &d, cost, dry_run: false, settle: true };
+        let mut a = e.acquire(&rules, &req).unwrap();
+        e.hold_estimate(&rules, &req, &mut a);
+        (a.verdict == Verdict::Allowed, a.permit_id.clone(), a.limits.iter().map(|l| l.status.remaining).collect())
+    }
+
+    fn remaining(e: &Engine, resource: &str) -> Vec<(u64, Duration)> {
+        let rules = e.rules();
+        let a = e.peek(&rules, resource, &user(), None).unwrap();
+        a.limits.iter().map(|l| (l.status.remaining, l.status.retry_after)).collect()
+    }
+
+    #[test]
+    fn a_lower_actual_cost_gives_back_the_difference() {
+        let (e, _) = engine();
+        let (ok, permit, left) = estimate(&e, "llm", 60);
+        assert!(ok);
+        assert_eq!(left, [40, 940]);
+        let permit = permit.expect("a permit to settle with, though the rule has no breaker");
+        assert_eq!(e.settle_estimate(&e.rules(), &permit, "llm", Some(15)), Ok(true));
+        assert_eq!(remaining(&e, "llm").iter().map(|r| r.0).collect::<Vec<_>>(), [85, 985]);
+        assert_eq!(e.settle_estimate(&e.rules(), &permit, "llm", Some(0)), Ok(false), "settled once");
+    }
+
+    #[test]
+    fn a_higher_actual_cost_is_a_debt_later_callers_wait_out() {
+        let (e, clock) = engine();
+        let (_, permit, _) = estimate(&e, "llm", 50);
+        assert_eq!(e.settle_estimate(&e.rules(), &permit.unwrap(), "", Some(180)), Ok(true));
+        // 100 - 180 = 80 tokens owed; at 10/s the bucket is empty for 8 s.
+        let r = remaining(&e, "llm");
+        assert_eq!(r[0], (0, Duration::ZERO), "peek asks for nothing: no retry time");
+        assert_eq!(r[1].0, 820, "the window counts the actual cost");
+        let (ok, _, _) = estimate(&e, "llm", 1);
+        assert!(!ok);
+        clock.advance(Duration::from_millis(8_099));
+        assert!(!estimate(&e, "llm", 1).0, "still paying the debt back");
+        clock.advance(Duration::from_millis(1));
+        assert!(estimate(&e, "llm", 1).0, "8 s of debt, then 0.1 s for one token");
+    }
+
+    #[test]
+    fn gcra_carries_a_debt_and_a_guarded_permit_settles_too() {
+        let (e, clock) = engine();
+        let (ok, permit, _) = estimate(&e, "db", 10);
+        assert!(ok);
+        let permit = permit.unwrap();
+        // The concurrency permit is the settle permit: one report does both.
+        let reported = e.report(&e.rules(), "db", &permit, crate::breaker::Outcome::Success, None).unwrap();
+        assert!(reported.counted);
+        assert_eq!(e.settle_estimate(&e.rules(), &permit, "db", Some(150)), Ok(true));
+        // 150 in a burst of 100 at 100/s: 0.5 s over, then 10 ms per row.
+        assert!(!estimate(&e, "db", 1).0);
+        clock.advance(Duration::from_millis(510));
+        assert!(estimate(&e, "db", 1).0);
+    }
+
+    #[test]
+    fn bad_or_foreign_permits_and_windows_that_moved_on() {
+        let (e, clock) = engine();
+        let rules = e.rules();
+        assert!(matches!(e.settle_estimate(&rules, "nope", "", Some(1)), Err(RequestError::MalformedPermit(_))));
+        assert_eq!(e.settle_estimate(&rules, &format!("{:032x}", 7), "", Some(1)), Ok(false), "unknown");
+        let (_, permit, _) = estimate(&e, "llm", 30);
+        let permit = permit.unwrap();
+        assert!(matches!(
+            e.settle_estimate(&rules, &permit, "db", Some(1)),
+            Err(RequestError::PermitResourceMismatch { .. })
+        ));
+        clock.advance(Duration::from_secs(60));
+        assert_eq!(e.settle_estimate(&rules, &permit, "llm", Some(0)), Ok(false), "expired after the permit's 60 s");
+        // A window that moved on never took the estimate: nothing comes back to it.
+        clock.advance(Duration::from_secs(10) - Duration::from_nanos(clock.now().as_nanos() % 10_000_000_000));
+        let (_, old, _) = estimate(&e, "short", 4);
+        clock.advance(Duration::from_secs(10));
+        let (_, new, left) = estimate(&e, "short", 3);
+        assert_eq!(left, [2]);
+        assert_eq!(e.settle_estimate(&rules, &old.unwrap(), "short", Some(0)), Ok(true));
+        assert_eq!(remaining(&e, "short")[0].0, 2, "the new window keeps its 3");
+        assert_eq!(e.settle_estimate(&rules, &new.unwrap(), "short", Some(1)), Ok(true));
+        assert_eq!(remaining(&e, "short")[0].0, 4, "its own estimate comes back");
+    }
+
+    #[test]
+    fn charge_takes_usage_beyond_the_limit() {
+        let (e, _) = engine();
+        let rules = e.rules();
+        let charged = e.charge(&rules, "llm", &user(), 130).unwrap();
+        let after: Vec<_> = charged.0.iter().map(|l| (l.limit.name.as_str(), l.status.remaining, l.exceeded)).collect();
+        assert_eq!(after, [("tokens", 0, true), ("daily", 870, false)]);
+        assert!(!estimate(&e, "llm", 1).0, "30 tokens owed");
+        assert_eq!(e.charge(&rules, "nothing-matches", &user(), 5).unwrap().0.len(), 0);
+        assert!(matches!(e.charge(&rules, "", &user(), 5), Err(RequestError::Empty { .. })));
+    }
+}

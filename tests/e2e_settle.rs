@@ -1,0 +1,207 @@
+//! Reserve, then settle, through the real binary: an estimate taken by
+//! Acquire with `settle`, settled by ReportOutcome's `actual_cost` (given
+//! back, or a debt), `Charge` for usage metered after the fact, the CLI, and
+//! two replicas on a real Redis seeing each other's settlements.
+
+mod support;
+
+use std::collections::HashMap;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use floodgate_proto::v1 as pb;
+use support::redis::RedisServer;
+use support::*;
+
+const RULES: &str = r#"
+resources:
+  - name: llm
+    limits:
+      - { name: tokens, key: [user], algorithm: token_bucket, capacity: 1000, refill_per_second: 0.001 }
+"#;
+
+fn ask(user: &str, cost: u32) -> pb::AcquireRequest {
+    pb::AcquireRequest {
+        resource: "llm".into(),
+        descriptors: HashMap::from([("user".into(), user.into())]),
+        cost,
+        settle: true,
+        ..Default::default()
+    }
+}
+
+fn settle(permit: &str, actual: u64) -> pb::ReportOutcomeRequest {
+    pb::ReportOutcomeRequest {
+        resource: "llm".into(),
+        permit_id: permit.into(),
+        outcome: pb::Outcome::Success as i32,
+        actual_cost: Some(actual),
+        ..Default::default()
+    }
+}
+
+async fn tokens_left(fg: &Floodgate, user: &str) -> u64 {
+    let peek = pb::PeekRequest {
+        resource: "llm".into(),
+        descriptors: HashMap::from([("user".into(), user.into())]),
+        ..Default::default()
+    };
+    fg.admin().await.peek(peek).await.unwrap().into_inner().limits[0].remaining
+}
+
+#[tokio::test]
+async fn estimates_are_settled_charged_and_carried_as_debt() {
+    let dir = TempDir::new();
+    let fg = Floodgate::start(&["--config", path_str(&dir.write("rules.yaml", RULES))]);
+    let mut c = fg.client().await;
+
+    // An LLM call estimated at 800 tokens used 300: 500 come back.
+    let a = c.acquire(ask("u1", 800)).await.unwrap().into_inner();
+    assert_eq!((a.verdict(), a.limits[0].remaining), (pb::Verdict::Allowed, 200));
+    assert_eq!(a.permit_id.len(), 32, "a permit to settle with");
+    let r = c.report_outcome(settle(&a.permit_id, 300)).await.unwrap().into_inner();
+    assert!(r.counted && r.settled);
+    assert_eq!(tokens_left(&fg, "u1").await, 700);
+    let again = c.report_outcome(settle(&a.permit_id, 1)).await.unwrap().into_inner();
+    assert!(!again.settled, "settled once");
+
+    // One estimated at 500 used 1,900: 700 - 1,900 = a debt of 1,200.
+    let b = c.acquire(ask("u1", 500)).await.unwrap().into_inner();
+    assert!(c.report_outcome(settle(&b.permit_id, 1_900)).await.unwrap().into_inner().settled);
+    let denied = c.acquire(ask("u1", 1)).await.unwrap().into_inner();
+    assert_eq!(denied.verdict(), pb::Verdict::RateLimited);
+    let retry = denied.retry_after.unwrap().seconds;
+    assert!((1_200_000..=1_201_000).contains(&retry), "1,201 tokens at 0.001/s: {retry}s");
+
+    // Unsettled, the estimate stands; without `settle`, no permit.
+    let plain = c.acquire(pb::AcquireRequest { settle: false, ..ask("u2", 10) }).await.unwrap().into_inner();
+    assert!(plain.permit_id.is_empty());
+
+    // Charge: usage without asking, beyond the limit.
+    let charged = c
+        .charge(pb::ChargeRequest {
+            resource: "llm".into(),
+            descriptors: HashMap::from([("user".into(), "u3".into())]),
+            cost: 1_500,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((charged.limits[0].remaining, charged.limits[0].exceeded), (0, true));
+    assert_eq!(c.acquire(ask("u3", 1)).await.unwrap().into_inner().verdict(), pb::Verdict::RateLimited);
+    let bad = c.charge(pb::ChargeRequest { resource: "".into(), ..Default::default() }).await.unwrap_err();
+    assert_eq!((bad.code(), bad.message()), (tonic::Code::InvalidArgument, "resource: must not be empty"));
+
+    // The CLI: acquire --settle, then report --actual-cost.
+    let out = Command::new(BIN)
+        .args(["acquire", "--server", &fg.grpc, "llm", "-d", "user=cli", "--cost", "100", "--settle"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let permit = text.lines().find_map(|l| l.trim().strip_prefix("permit: ")).expect(&text).to_string();
+    let out = Command::new(BIN)
+        .args(["report", "--server", &fg.grpc, "--outcome", "success", "--actual-cost", "40", &permit])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "counted, settled", "{out:?}");
+    assert_eq!(tokens_left(&fg, "cli").await, 960);
+}
+
+/// Waits until `fg` answers `want` for one token of `user`'s bucket (real
+/// calls: a replica pulls a bucket from Redis when traffic first touches it).
+async fn eventually_verdict(fg: &Floodgate, user: &str, want: pb::Verdict) {
+    let mut c = fg.client().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let one = pb::AcquireRequest { settle: false, ..ask(user, 1) };
+        if c.acquire(one).await.unwrap().into_inner().verdict() == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{user}: never {want:?} on the other replica");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settlements_reach_the_other_replica_through_redis() {
+    let redis = RedisServer::start();
+    let dir = TempDir::new();
+    let file = dir.write("rules.yaml", RULES);
+    let url = redis.url();
+    let args = ["--config", path_str(&file), "--redis", &url, "--sync-interval", "100ms", "--redis-timeout", "50ms"];
+    let (a, b) = (Floodgate::start(&args), Floodgate::start(&args));
+    let mut ca = a.client().await;
+
+    // A debt settled on A empties the bucket for B too.
+    let p = ca.acquire(ask("debt", 10)).await.unwrap().into_inner();
+    assert!(ca.report_outcome(settle(&p.permit_id, 3_000)).await.unwrap().into_inner().settled);
+    eventually_verdict(&b, "debt", pb::Verdict::RateLimited).await;
+
+    // The whole bucket estimated on A and pushed to Redis (its tokens read
+    // there), then given back: B admits again.
+    let p = ca.acquire(ask("back", 1_000)).await.unwrap().into_inner();
+    assert_eq!(p.verdict(), pb::Verdict::Allowed);
+    let tokens_in_redis = || {
+        let key = redis.cli(&["--scan", "--pattern", "fg:b:{llm}:tokens:token_bucket:*back*"]).unwrap_or_default();
+        let key = key.lines().next().unwrap_or_default().to_string();
+        redis.cli(&["HGET", &key, "t"]).and_then(|t| t.parse::<f64>().ok())
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tokens_in_redis().is_none_or(|t| t > 1.0) {
+        assert!(Instant::now() < deadline, "A never pushed its estimate: {:?}", tokens_in_redis());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eventually_verdict(&b, "back", pb::Verdict::RateLimited).await;
+    assert!(ca.report_outcome(settle(&p.permit_id, 0)).await.unwrap().into_inner().settled);
+    eventually_verdict(&b, "back", pb::Verdict::Allowed).await;
+    assert!(tokens_in_redis().is_some_and(|t| t > 900.0), "given back in Redis: {:?}", tokens_in_redis());
+}
+
+#[tokio::test]
+async fn the_client_crate_settles_from_a_guard_and_from_an_http_response() {
+    use axum::{Router, routing::get};
+    use floodgate_client::http::{ActualCost, FloodgateLayer};
+    use floodgate_client::{Acquire, Client};
+    use tower::ServiceExt;
+
+    let dir = TempDir::new();
+    let fg = Floodgate::start(&["--config", path_str(&dir.write("rules.yaml", RULES))]);
+    let client = Client::builder().endpoint(fg.url()).watch(false).build().unwrap();
+
+    // A guard: estimated at 500, the call says it used 120.
+    let answer = client
+        .guard(Acquire::new("llm").descriptor("user", "guard").cost(500))
+        .run_metered(|| async { (Ok::<_, std::io::Error>("completion"), 120) })
+        .await
+        .unwrap();
+    assert_eq!(answer, "completion");
+    client.flush().await;
+    assert_eq!(tokens_left(&fg, "guard").await, 880);
+
+    // The HTTP layer: estimated at 300; one response says 70 in a header,
+    // another 450 in an extension.
+    let app = Router::new()
+        .route("/header", get(|| async { ([("x-tokens-used", "70")], "ok") }))
+        .route(
+            "/extension",
+            get(|| async {
+                let mut r = http::Response::new(axum::body::Body::from("ok"));
+                r.extensions_mut().insert(ActualCost(450));
+                r
+            }),
+        )
+        .layer(
+            FloodgateLayer::new(client.clone())
+                .describe(|req| Some(Acquire::new("llm").descriptor("user", &req.uri.path()[1..]).cost(300)))
+                .actual_cost_header("x-tokens-used")
+                .unwrap(),
+        );
+    for path in ["/header", "/extension"] {
+        let r = app.clone().oneshot(http::Request::get(path).body(axum::body::Body::empty()).unwrap()).await.unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    client.flush().await;
+    assert_eq!(tokens_left(&fg, "header").await, 930);
+    assert_eq!(tokens_left(&fg, "extension").await, 550);
+    assert!(FloodgateLayer::new(client).actual_cost_header("bad header").is_err(), "bad input is an error");
+}
