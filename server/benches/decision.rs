@@ -5,6 +5,8 @@
 //!   store, all-or-nothing), on one hot key and spread over 100,000 keys.
 //! - `multi_limit/*`: 1, 2 and 3 limits taken all or nothing.
 //! - `contention/*`: the sharded store under 1, 2 and 4 threads at once.
+//! - `overrides/*`: one decision on a resource with 0, 1 and 100,000
+//!   overrides (none matching the caller, and one that does).
 //!
 //! Limits are sized so that every decision admits: the steady state measured is
 //! the common path, not the denial path.
@@ -21,6 +23,7 @@ use floodgate::limiter::{
     Algorithm, fixed_window, gcra, leaky_bucket, sliding_window, sliding_window_log, token_bucket,
 };
 use floodgate::rules::RuleSet;
+use floodgate::rules::tiers::Override;
 use floodgate::time::{Clock, SystemClock};
 
 const ALGORITHMS: &[(&str, &str)] = &[
@@ -138,9 +141,31 @@ fn run_threads(e: &Arc<Engine>, threads: usize, iters: u64, spread: bool) -> Dur
     start.elapsed()
 }
 
+fn overrides(c: &mut Criterion) {
+    let mut group = c.benchmark_group("overrides");
+    let limit =
+        "{ name: l, key: [user], algorithm: token_bucket, capacity: 1000000000000, refill_per_second: 1000000000 }";
+    for n in [0usize, 1, 100_000] {
+        let yaml = format!("resources:\n  - name: api\n    limits: [ {limit} ]\n");
+        let mut rules = RuleSet::from_yaml(&yaml, "bench").unwrap();
+        let base = rules.rules()[0].limits.clone();
+        let list = (0..n).map(|i| Override::factor(vec![("user".into(), format!("vip-{i}"))], 10.0, &base)).collect();
+        assert!(rules.set_overrides("api", list));
+        let e = Engine::new(EngineConfig { max_keys: 10_000_000, replicated: false }, Arc::new(SystemClock::new()));
+        e.install(rules, yaml, "bench".into());
+        let plain = descriptors("u42");
+        group.bench_function(BenchmarkId::new("no_match", n), |b| b.iter(|| black_box(decide(&e, &plain))));
+        if n > 0 {
+            let vip = descriptors(&format!("vip-{}", n - 1));
+            group.bench_function(BenchmarkId::new("match", n), |b| b.iter(|| black_box(decide(&e, &vip))));
+        }
+    }
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
-    targets = algorithms, engine_hot_and_spread, multi_limit, contention
+    targets = algorithms, engine_hot_and_spread, multi_limit, contention, overrides
 }
 criterion_main!(benches);

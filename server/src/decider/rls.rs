@@ -243,7 +243,11 @@ fn status(
     let shown = match item.target {
         Target::Envoy(l) => Shown { name: l.name.clone(), requests_per_unit: l.requests_per_unit, unit: l.unit },
         Target::Override { requests_per_unit, unit, .. } => Shown { name: String::new(), requests_per_unit, unit },
-        Target::Rules(i) => {
+        // The precomputed table holds the rule's own limits; an override's
+        // (another limit object) is computed here.
+        Target::Rules(i)
+            if rules.rules.rules()[i].limits.get(report.index).is_some_and(|l| std::ptr::eq(l, report.limit)) =>
+        {
             let (requests_per_unit, unit) = rules.per_unit(i, report.index);
             Shown { name: report.limit.name.clone(), requests_per_unit, unit }
         }

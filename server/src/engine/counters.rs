@@ -22,7 +22,9 @@ pub struct RuleMetrics {
 
 impl RuleMetrics {
     pub fn new(rule: &Rule) -> Self {
-        Self::for_resource(&rule.name, &rule.limits.iter().map(|l| l.name.clone()).collect::<Vec<_>>())
+        let mut overrides = rule.overrides.list().to_vec();
+        let names = crate::rules::tiers::Overrides::names(&rule.limits, &mut overrides);
+        Self::for_resource(&rule.name, &names)
     }
 
     pub fn unmatched() -> Self {

@@ -82,6 +82,8 @@ pub struct Prepared<'r> {
     pub(super) gate: bool,
     /// Redis's answer when the resource's breaker needed a probe.
     pub(super) remote_breaker: Option<RemoteBreaker>,
+    /// An override blocks the request: its `retry_after` and the values.
+    pub(super) blocked: Option<(Duration, String)>,
 }
 
 impl Prepared<'_> {
@@ -202,7 +204,17 @@ impl Engine {
         request::validate(req.resource, req.descriptors)?;
         let cost = u64::from(req.cost.max(1));
         let rule = rules.rules.position(req.resource).map(|i| (&rules.rules.rules()[i], &rules.metrics[i]));
-        let matched = rule.map(|(r, _)| matched(r, req.resource, req.descriptors)).unwrap_or_default();
+        let mut blocked = None;
+        let matched = match rule {
+            None => Matched::default(),
+            Some((r, _)) => match limits_for(r, req.descriptors) {
+                Ok(limits) => matched_in(limits, r.per_resource(), req.resource, req.descriptors),
+                Err(block) => {
+                    blocked = Some(block);
+                    Matched::default()
+                }
+            },
+        };
         for (limit, _, _) in &matched {
             let capacity = limit.algorithm.capacity();
             if cost > capacity {
@@ -222,6 +234,7 @@ impl Engine {
             dry_run: req.dry_run,
             gate: false,
             remote_breaker: None,
+            blocked,
         })
     }
 
@@ -333,14 +346,63 @@ impl Engine {
 
 /// The limits of `rule` that apply: a keyed limit applies only when every
 /// descriptor it names is present.
+/// The limits that decide a request under `rule`: an override's for the
+/// descriptor values it names, else the rule's; `Err` when an override blocks
+/// them (its `retry_after`, and the values).
+pub(super) fn limits_for<'r, D: Descriptors + ?Sized>(
+    rule: &'r Rule,
+    d: &D,
+) -> Result<LimitsFor<'r>, (std::time::Duration, String)> {
+    let own = LimitsFor { limits: &rule.limits, slots: None };
+    if rule.overrides.is_empty() {
+        return Ok(own);
+    }
+    let Some(o) = rule.overrides.find(|k| d.get(k)) else { return Ok(own) };
+    match &o.action {
+        crate::rules::tiers::Action::Block { retry_after } => {
+            let values = o.when.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
+            Err((*retry_after, values))
+        }
+        _ => Ok(LimitsFor { limits: &o.limits, slots: Some(&o.slots) }),
+    }
+}
+
+/// The limits deciding a request, and where each is counted (an override's
+/// limits by their rule-wide slot; the rule's own by their position).
+#[derive(Clone, Copy)]
+pub(super) struct LimitsFor<'r> {
+    limits: &'r [crate::rules::Limit],
+    slots: Option<&'r [usize]>,
+}
+
+impl<'r> LimitsFor<'r> {
+    /// The rule's own limits, overrides aside.
+    pub(super) fn own(rule: &'r Rule) -> Self {
+        LimitsFor { limits: &rule.limits, slots: None }
+    }
+}
+
 pub(super) fn matched<'r, D: Descriptors + ?Sized>(rule: &'r Rule, resource: &str, d: &D) -> Matched<'r> {
-    let per_resource = rule.per_resource();
-    rule.limits
+    match limits_for(rule, d) {
+        Ok(limits) => matched_in(limits, rule.per_resource(), resource, d),
+        Err(_) => Matched::default(),
+    }
+}
+
+pub(super) fn matched_in<'r, D: Descriptors + ?Sized>(
+    limits: LimitsFor<'r>,
+    per_resource: bool,
+    resource: &str,
+    d: &D,
+) -> Matched<'r> {
+    let slot = |i: usize| limits.slots.map_or(i, |s| s[i]);
+    limits
+        .limits
         .iter()
         .enumerate()
         .filter_map(|(index, limit)| {
             if limit.key.is_empty() && !per_resource {
-                return Some((limit, index, BucketKey::global(limit.id)));
+                return Some((limit, slot(index), BucketKey::global(limit.id)));
             }
             let mut parts: SmallVec<[&str; 4]> = SmallVec::new();
             if per_resource {
@@ -349,7 +411,7 @@ pub(super) fn matched<'r, D: Descriptors + ?Sized>(rule: &'r Rule, resource: &st
             for k in &limit.key {
                 parts.push(d.get(k)?);
             }
-            Some((limit, index, BucketKey::new(limit.id, parts)))
+            Some((limit, slot(index), BucketKey::new(limit.id, parts)))
         })
         .collect()
 }

@@ -59,6 +59,8 @@ pub struct EnvoyInstalled {
 #[derive(Clone, Copy, Debug)]
 enum Place {
     Rule(usize, usize),
+    /// A limit of an override of a rule: (rule, override, limit).
+    Override(usize, usize, usize),
     Envoy(usize),
 }
 
@@ -97,6 +99,10 @@ impl Installed {
     pub fn limit(&self, id: LimitId) -> Option<(&Rule, &Limit)> {
         let rule = match self.by_id.get(&id) {
             Some(&Place::Rule(r, l)) => return Some((&self.rules.rules()[r], &self.rules.rules()[r].limits[l])),
+            Some(&Place::Override(r, o, l)) => {
+                let rule = &self.rules.rules()[r];
+                return Some((rule, &rule.overrides.list()[o].limits[l]));
+            }
             Some(&Place::Envoy(r)) => &self.envoy.config.rules()[r],
             None => self.overrides.rule(id)?,
         };
@@ -142,6 +148,16 @@ impl RulesSlot {
         let mut ids = self.ids.lock().unwrap_or_else(|e| e.into_inner());
         for rule in rules.rules_mut() {
             assign(&mut ids, "", rule);
+            // An override's limits have buckets of their own, the same across
+            // reloads for the same override position.
+            let name = rule.name.clone();
+            for (j, o) in rule.overrides.list_mut().iter_mut().enumerate() {
+                for limit in &mut o.limits {
+                    let next = LimitId(ids.len() as u32 + 1);
+                    let identity = (format!("\u{2}{name}#{j}"), limit.name.clone(), limit.algorithm.name());
+                    limit.id = *ids.entry(identity).or_insert(next);
+                }
+            }
         }
         let current = self.current.load_full();
         let metrics = rules.rules().iter().map(RuleMetrics::new).collect();
@@ -177,6 +193,11 @@ impl RulesSlot {
         for (r, rule) in rules.rules().iter().enumerate() {
             for (l, limit) in rule.limits.iter().enumerate() {
                 by_id.insert(limit.id, Place::Rule(r, l));
+            }
+            for (o, over) in rule.overrides.list().iter().enumerate() {
+                for (l, limit) in over.limits.iter().enumerate() {
+                    by_id.insert(limit.id, Place::Override(r, o, l));
+                }
             }
         }
         for (r, rule) in envoy.config.rules().iter().enumerate() {

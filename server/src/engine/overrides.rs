@@ -97,6 +97,7 @@ fn rule(requests_per_unit: u32, unit: Unit, id: LimitId) -> Rule {
         breaker: None,
         shed_at_level: None,
         max_breakers: DEFAULT_MAX_BREAKERS,
+        overrides: Default::default(),
     }
 }
 

@@ -15,7 +15,7 @@
 use smallvec::SmallVec;
 
 use super::counters::RuleMetrics;
-use super::decide::{Matched, Prepared, matched};
+use super::decide::{Matched, Prepared, limits_for, matched_in};
 use super::{Engine, Installed, RequestError, request};
 use crate::rules::Rule;
 use crate::rules::envoy::{EnvoyLimit, Matched as EnvoyMatch, Unit};
@@ -86,6 +86,7 @@ impl Engine {
         d: &RlsDescriptor<'_>,
         target: Target<'r>,
     ) -> Option<Prepared<'r>> {
+        let mut blocked = None;
         // The counter of an Envoy limit is per distinct list of entries, as upstream's.
         let flat = || d.entries.iter().flat_map(|(k, v)| [*k, *v]);
         let (rule, metrics, matched): (&Rule, &RuleMetrics, Matched<'r>) = match target {
@@ -110,7 +111,15 @@ impl Engine {
             }
             Target::Rules(i) => {
                 let rule = &rules.rules.rules()[i];
-                (rule, &rules.metrics[i], matched(rule, domain, d.entries.as_slice()))
+                let entries = d.entries.as_slice();
+                let matched = match limits_for(rule, entries) {
+                    Ok(limits) => matched_in(limits, rule.per_resource(), domain, entries),
+                    Err(block) => {
+                        blocked = Some(block);
+                        Matched::default()
+                    }
+                };
+                (rule, &rules.metrics[i], matched)
             }
         };
         let guarded = rule.breaker.is_some() || rule.concurrency.is_some();
@@ -124,6 +133,7 @@ impl Engine {
             dry_run: d.hits == 0,
             gate: true,
             remote_breaker: None,
+            blocked,
         })
     }
 }

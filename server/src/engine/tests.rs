@@ -159,3 +159,45 @@ fn sweep_forgets_idle_buckets() {
     assert_eq!(e.sweep(), 2);
     assert!(e.buckets().is_empty());
 }
+
+const TIERED: &str = r#"
+tiers:
+  gold:
+    - { name: per-key, key: [api_key], algorithm: fixed_window, limit: 5, window: 1h }
+    - { name: burst, key: [api_key], algorithm: token_bucket, capacity: 2, refill_per_second: 1 }
+resources:
+  - name: api
+    limits:
+      - { name: per-key, key: [api_key], algorithm: fixed_window, limit: 2, window: 1h }
+    overrides:
+      - { when: { api_key: k-gold }, tier: gold }
+      - { when: { tenant: acme }, factor: 10 }
+      - { when: { api_key: k-big }, limits: { per-key: 4 } }
+      - { when: { ip: 6.6.6.6 }, block: true, retry_after: 1h }
+"#;
+
+#[test]
+fn overrides_give_tiers_factors_absolute_limits_and_blocks() {
+    let (e, _) = engine(TIERED);
+    let admitted = |pairs: &[(&str, &str)], n: usize| {
+        let d = d(pairs);
+        (0..n).filter(|_| ask(&e, "api", &d, 1).unwrap().0 == Verdict::Allowed).count()
+    };
+    assert_eq!(admitted(&[("api_key", "plain")], 10), 2, "the rule's own limit");
+    assert_eq!(admitted(&[("api_key", "k-big")], 10), 4, "an absolute limit");
+    assert_eq!(admitted(&[("api_key", "k1"), ("tenant", "acme")], 30), 20, "ten times the limit");
+    // The gold tier's limits instead: its token bucket of 2 bites first.
+    let gold = d(&[("api_key", "k-gold")]);
+    let (v, remaining) = ask(&e, "api", &gold, 1).unwrap();
+    assert_eq!((v, remaining), (Verdict::Allowed, vec![4, 1]));
+    // Blocked: denied before any limit, with its retry_after and a reason.
+    let rules = e.rules();
+    let ip = d(&[("api_key", "x"), ("ip", "6.6.6.6")]);
+    let a = e.acquire(&rules, &Request { resource: "api", descriptors: &ip, cost: 1, dry_run: false, settle: false });
+    let a = a.unwrap();
+    assert_eq!((a.verdict, a.retry_after), (Verdict::RateLimited, Duration::from_secs(3600)));
+    assert_eq!(a.reason(), "blocked by an override for ip=6.6.6.6, retry in 60m");
+    assert!(a.limits.is_empty());
+    // An override's buckets are its own: k-big's 4 did not touch plain's.
+    assert_eq!(admitted(&[("api_key", "plain")], 1), 0);
+}

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use smallvec::SmallVec;
 
-use super::decide::{enforced_denial, matched};
+use super::decide::{LimitsFor, enforced_denial, matched_in};
 use super::request::{Descriptors, Request};
 use crate::limiter::Decision;
 use crate::rules::{LimitId, Rule, RuleSet};
@@ -105,7 +105,8 @@ impl WhatIf {
         };
         let rule = &self.rules.rules()[i];
         let cost = u64::from(req.cost.max(1));
-        let matched = matched(rule, req.resource, req.descriptors);
+        // The candidate rules' own limits (their overrides are not tried).
+        let matched = matched_in(LimitsFor::own(rule), rule.per_resource(), req.resource, req.descriptors);
         // All or nothing, as the live decision: what an admitted call takes
         // stays taken; a denied call takes nothing.
         let mut decisions: SmallVec<[Decision; 4]> = SmallVec::new();

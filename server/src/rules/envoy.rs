@@ -485,6 +485,7 @@ impl Walker<'_> {
             breaker: None,
             shed_at_level: None,
             max_breakers: super::DEFAULT_MAX_BREAKERS,
+            overrides: Default::default(),
         };
         self.config.rules.push(rule);
         self.config.limits.push(EnvoyLimit {

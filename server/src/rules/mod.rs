@@ -17,6 +17,7 @@ pub mod envoy;
 mod fields;
 pub mod glob;
 mod parse;
+pub mod tiers;
 
 pub use breaker::{Backoff, BreakerConfig, WindowKind};
 pub use fields::{RuleError, RuleErrors};
@@ -51,6 +52,8 @@ pub struct Rule {
     /// concurrency counts, one per resource it matched; the least recently
     /// used go first.
     pub max_breakers: usize,
+    /// Other limits (or a block) for some descriptor values.
+    pub overrides: tiers::Overrides,
 }
 
 /// How many resources a template rule keeps breakers for, unless it says.
@@ -155,6 +158,15 @@ impl RuleSet {
 
     pub(crate) fn rules_mut(&mut self) -> &mut [Rule] {
         &mut self.rules
+    }
+
+    /// Replaces the overrides of the rule named `name` (as written); false
+    /// when there is none. Limits must still get their ids, at install.
+    pub fn set_overrides(&mut self, name: &str, mut list: Vec<tiers::Override>) -> bool {
+        let Some(rule) = self.rules.iter_mut().find(|r| r.name == name) else { return false };
+        tiers::Overrides::names(&rule.limits, &mut list);
+        rule.overrides = tiers::Overrides::new(list);
+        true
     }
 }
 

@@ -1,12 +1,13 @@
 //! YAML to a validated [`RuleSet`], reporting every error at once.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use serde_yaml_ng::Value;
 
 use super::fields::{Collector, Fields, RuleErrors};
 use super::glob::Glob;
+use super::tiers::{Action, Override, Overrides};
 use super::{
     BreakerConfig, Concurrency, Limit, LimitId, MAX_DESCRIPTORS, MAX_NAME_BYTES, OnRedisError, Pattern, Rule, RuleSet,
     SyncMode,
@@ -45,7 +46,8 @@ pub(super) fn rule_set(text: &str, file: &str) -> Result<RuleSet, RuleErrors> {
     let Some(top) = out.fields(&doc, None, "") else {
         return Err(out.into_errors());
     };
-    top.deny_unknown(&["resources"]);
+    top.deny_unknown(&["resources", "tiers"]);
+    let tiers = tiers(&top);
     let items = match top.get("resources") {
         Some(Value::Sequence(items)) => items.as_slice(),
         Some(_) => {
@@ -65,18 +67,27 @@ pub(super) fn rule_set(text: &str, file: &str) -> Result<RuleSet, RuleErrors> {
         {
             out.push(Some(name), "name", "is defined twice; each resource may appear once");
         }
-        rules.extend(resource(&out, item, i));
+        rules.extend(resource(&out, item, i, &tiers));
     }
     if out.is_empty() { Ok(RuleSet::new(rules)) } else { Err(out.into_errors()) }
 }
 
-fn resource(out: &Collector, item: &Value, index: usize) -> Option<Rule> {
+fn resource(out: &Collector, item: &Value, index: usize, tiers: &HashMap<String, Vec<Limit>>) -> Option<Rule> {
     let name = item.get("name").and_then(Value::as_str);
     let label = name.map(str::to_string).unwrap_or_else(|| format!("#{}", index + 1));
     let f = out.fields(item, None, &format!("resources[{index}]"))?;
     let f = Fields::with_resource(f, &label);
     let errors_before = out.count();
-    f.deny_unknown(&["name", "limits", "concurrency", "breaker", "shed_at_level", "max_breakers", "shadow"]);
+    f.deny_unknown(&[
+        "name",
+        "limits",
+        "concurrency",
+        "breaker",
+        "shed_at_level",
+        "max_breakers",
+        "shadow",
+        "overrides",
+    ]);
     let name = f.required("name", Fields::string);
     if let Some(n) = &name {
         check_name(&f, "name", n);
@@ -85,6 +96,7 @@ fn resource(out: &Collector, item: &Value, index: usize) -> Option<Rule> {
     if f.flag("shadow") {
         limits.iter_mut().for_each(|l| l.shadow = true);
     }
+    let overrides = overrides(&f, &limits, tiers);
     let concurrency = f.nested("concurrency").and_then(|c| concurrency(&c));
     let breaker = f.nested("breaker").and_then(|b| BreakerConfig::parse(&b));
     let shed_at_level = f.u64_in("shed_at_level", 1, 3).map(|n| n as u32);
@@ -102,7 +114,7 @@ fn resource(out: &Collector, item: &Value, index: usize) -> Option<Rule> {
     }
     let name = name?;
     let max_breakers = max_breakers.unwrap_or(super::DEFAULT_MAX_BREAKERS);
-    Some(Rule { name, pattern, limits, concurrency, breaker, shed_at_level, max_breakers })
+    Some(Rule { name, pattern, limits, concurrency, breaker, shed_at_level, max_breakers, overrides })
 }
 
 fn check_name(f: &Fields<'_>, key: &str, name: &str) {
@@ -115,12 +127,168 @@ fn check_name(f: &Fields<'_>, key: &str, name: &str) {
     }
 }
 
+/// At most this many overrides per resource, and values in one's `when`.
+pub const MAX_OVERRIDES: usize = 1_000_000;
+const MAX_WHEN: usize = 8;
+
+/// `tiers: { gold: [limits...] }`: named sets of limits overrides can pick.
+fn tiers(top: &Fields<'_>) -> HashMap<String, Vec<Limit>> {
+    let mut out = HashMap::new();
+    let Some(map) = top.get("tiers") else { return out };
+    let Some(map) = map.as_mapping() else {
+        top.error("tiers", "must be a mapping of tier names to lists of limits");
+        return out;
+    };
+    for (name, list) in map {
+        let Some(name) = name.as_str() else {
+            top.error("tiers", "tier names must be strings");
+            continue;
+        };
+        let holder = serde_yaml_ng::Mapping::from_iter([(Value::from("limits"), list.clone())]);
+        let holder = Value::Mapping(holder);
+        let Some(t) = top.nested_value(&holder, &format!("tiers.{name}")) else { continue };
+        out.insert(name.to_string(), limit_list(&t, "limits"));
+    }
+    out
+}
+
+/// A resource's `overrides`: each `when` some descriptor values, and one of
+/// `block: true` (with `retry_after`), `factor: F`, `limits: {name: N}` or
+/// `tier: NAME`.
+fn overrides(f: &Fields<'_>, limits: &[Limit], tiers: &HashMap<String, Vec<Limit>>) -> Overrides {
+    let items = match f.get("overrides") {
+        None => return Overrides::default(),
+        Some(Value::Sequence(items)) => items,
+        Some(_) => {
+            f.error("overrides", "must be a list of overrides");
+            return Overrides::default();
+        }
+    };
+    if items.len() > MAX_OVERRIDES {
+        f.error("overrides", format!("{} overrides; the limit is {MAX_OVERRIDES}", items.len()));
+        return Overrides::default();
+    }
+    let mut out = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let Some(o) = f.nested_value(item, &format!("overrides[{i}]")) else { continue };
+        if let Some(o) = one_override(&o, limits, tiers) {
+            out.push(o);
+        }
+    }
+    Overrides::names(limits, &mut out);
+    Overrides::new(out)
+}
+
+fn one_override(f: &Fields<'_>, limits: &[Limit], tiers: &HashMap<String, Vec<Limit>>) -> Option<Override> {
+    f.deny_unknown(&["when", "block", "retry_after", "factor", "limits", "tier"]);
+    let when: Vec<(String, String)> = match f.get("when").and_then(Value::as_mapping) {
+        Some(m) => m.iter().filter_map(|(k, v)| Some((k.as_str()?.to_string(), yaml_scalar(v)?))).collect(),
+        None => {
+            f.error("when", "is required: a mapping of descriptor keys to values, e.g. { tenant: acme }");
+            return None;
+        }
+    };
+    if when.is_empty() || when.len() > MAX_WHEN {
+        f.error("when", format!("must name 1 to {MAX_WHEN} descriptor values, got {}", when.len()));
+        return None;
+    }
+    for (k, _) in &when {
+        check_name(f, "when", k);
+    }
+    let given: Vec<&str> = ["block", "factor", "limits", "tier"].into_iter().filter(|k| f.has(k)).collect();
+    if given.len() != 1 {
+        f.error("when", "needs exactly one of block, factor, limits or tier");
+        return None;
+    }
+    if f.has("retry_after") && given[0] != "block" {
+        f.error("retry_after", "applies only with block: true");
+    }
+    let (action, derived) = match given[0] {
+        "block" => {
+            if !f.flag("block") {
+                f.error("block", "must be true (remove the override to unblock)");
+                return None;
+            }
+            let retry_after = if f.has("retry_after") {
+                f.duration("retry_after", Duration::from_secs(1))?
+            } else {
+                Duration::from_secs(60)
+            };
+            (Action::Block { retry_after }, Vec::new())
+        }
+        "factor" => {
+            let factor = f.f64("factor")?;
+            if !(factor > 0.0 && factor <= 1_000_000.0) {
+                f.error("factor", format!("must be above 0 and at most 1000000, got {factor}"));
+                return None;
+            }
+            (Action::Factor(factor), limits.iter().map(|l| scaled(l, factor)).collect())
+        }
+        "limits" => {
+            let Some(map) = f.get("limits").and_then(Value::as_mapping) else {
+                f.error("limits", "must map limit names to numbers, e.g. { per-user: 5000 }");
+                return None;
+            };
+            let mut set = Vec::new();
+            for (k, v) in map {
+                let name = k.as_str().unwrap_or_default();
+                let Some(l) = limits.iter().find(|l| l.name == name) else {
+                    f.error("limits", format!("'{name}' is not a limit of this resource"));
+                    return None;
+                };
+                let n = v.as_u64().filter(|n| (1..=MAX_AMOUNT).contains(n));
+                let Some(n) = n else {
+                    f.error("limits", format!("'{name}' must be a whole number from 1 to {MAX_AMOUNT}"));
+                    return None;
+                };
+                set.push((l.name.clone(), n));
+            }
+            let derived = limits
+                .iter()
+                .map(|l| match set.iter().find(|(name, _)| *name == l.name) {
+                    Some(&(_, n)) => scaled(l, n as f64 / l.algorithm.capacity() as f64),
+                    None => l.clone(),
+                })
+                .collect();
+            (Action::Limits(set), derived)
+        }
+        _ => {
+            let name = f.string("tier")?;
+            let Some(t) = tiers.get(&name) else {
+                f.error("tier", format!("'{name}' is not a tier (define it under tiers:)"));
+                return None;
+            };
+            (Action::Tier(name), t.clone())
+        }
+    };
+    Some(Override { when, action, limits: derived, slots: Vec::new() })
+}
+
+/// A descriptor value as YAML writes it: a string, a number or a boolean.
+fn yaml_scalar(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        Value::Bool(b) => Some(b.to_string()),
+        _ => None,
+    }
+}
+
+/// `l` at `factor` times its capacity and rate.
+fn scaled(l: &Limit, factor: f64) -> Limit {
+    Limit { algorithm: l.algorithm.scaled(factor), ..l.clone() }
+}
+
 fn limits(f: &Fields<'_>) -> Vec<Limit> {
-    let items = match f.get("limits") {
+    limit_list(f, "limits")
+}
+
+fn limit_list(f: &Fields<'_>, key: &str) -> Vec<Limit> {
+    let items = match f.get(key) {
         None => return Vec::new(),
         Some(Value::Sequence(items)) => items,
         Some(_) => {
-            f.error("limits", "must be a list of limits");
+            f.error(key, "must be a list of limits");
             return Vec::new();
         }
     };

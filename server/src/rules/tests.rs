@@ -138,7 +138,9 @@ fn structural_errors_are_reported() {
     assert!(errors_of("")[0].contains("the file is empty"));
     assert!(errors_of("resources: [")[0].contains("not valid YAML"));
     assert!(
-        errors_of("limits: []").iter().any(|e| e == "rules.yaml: limits: unknown field (expected one of: resources)")
+        errors_of("limits: []")
+            .iter()
+            .any(|e| e == "rules.yaml: limits: unknown field (expected one of: resources, tiers)")
     );
     assert!(errors_of("resources: 5")[0].contains("resources: must be a list"));
     let e = errors_of("resources: [ { limits: [] } ]");
@@ -224,4 +226,37 @@ resources:
     )
     .unwrap();
     assert_eq!(ok.rules()[0].limits[0].algorithm.summary(), "fixed_window 10000 per calendar month (Europe/Paris)");
+}
+
+#[test]
+fn overrides_and_tiers_are_checked() {
+    let e = errors_of(
+        r#"
+tiers:
+  gold:
+    - { name: per-key, key: [api_key], algorithm: token_bucket, capacity: 1000, refill_per_second: 100 }
+resources:
+  - name: api
+    limits: [ { name: per-key, key: [api_key], algorithm: token_bucket, capacity: 100, refill_per_second: 10 } ]
+    overrides:
+      - { when: { api_key: a }, tier: platinum }
+      - { when: { api_key: b }, factor: 0 }
+      - { when: { api_key: c }, limits: { nope: 5 } }
+      - { when: { api_key: d }, factor: 2, block: true }
+      - { when: {}, factor: 2 }
+      - { factor: 2 }
+      - { when: { api_key: e }, factor: 2, retry_after: 1m }
+"#,
+    );
+    for want in [
+        "overrides[0].tier: 'platinum' is not a tier (define it under tiers:)",
+        "overrides[1].factor: must be above 0 and at most 1000000, got 0",
+        "overrides[2].limits: 'nope' is not a limit of this resource",
+        "overrides[3].when: needs exactly one of block, factor, limits or tier",
+        "overrides[4].when: must name 1 to 8 descriptor values, got 0",
+        "overrides[5].when: is required: a mapping of descriptor keys to values, e.g. { tenant: acme }",
+        "overrides[6].retry_after: applies only with block: true",
+    ] {
+        assert!(e.iter().any(|e| e.ends_with(want)), "missing {want:?} in {e:#?}");
+    }
 }

@@ -81,6 +81,20 @@ impl Engine {
             }
             return Step::Done(answer);
         };
+        if let Some((retry_after, values)) = p.blocked {
+            let denial = Denial::Blocked { values, retry_after };
+            let answer = Answer {
+                rule: Some(&rule.name),
+                verdict: denial.verdict(),
+                retry_after,
+                denial: Some(Box::new(denial)),
+                ..Answer::allowed(level)
+            };
+            if !p.dry_run {
+                answer.count(metrics);
+            }
+            return Step::Done(answer);
+        }
         // Limits Redis decides: with Redis up it is asked; while it is down,
         // each follows its `on_redis_error`, on every request of the outage.
         let redis_limits = self.sync.is_some() && !p.dry_run && p.matched.iter().any(|(l, ..)| decided_by_redis(l));

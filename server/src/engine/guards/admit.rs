@@ -32,9 +32,25 @@ pub struct Admitted {
 /// A denial before the limits were looked at.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Denial {
-    Shed { at: u32, level: u32 },
-    CircuitOpen { resource: String, state: State, retry_after: Duration },
-    Concurrency { resource: String, max: u32, retry_after: Duration },
+    /// An override of the rules blocks these descriptor values.
+    Blocked {
+        values: String,
+        retry_after: Duration,
+    },
+    Shed {
+        at: u32,
+        level: u32,
+    },
+    CircuitOpen {
+        resource: String,
+        state: State,
+        retry_after: Duration,
+    },
+    Concurrency {
+        resource: String,
+        max: u32,
+        retry_after: Duration,
+    },
 }
 
 impl Admitted {
@@ -47,6 +63,7 @@ impl Admitted {
 impl Denial {
     pub fn verdict(&self) -> Verdict {
         match self {
+            Denial::Blocked { .. } => Verdict::RateLimited,
             Denial::Shed { .. } => Verdict::Shed,
             Denial::CircuitOpen { .. } => Verdict::CircuitOpen,
             Denial::Concurrency { .. } => Verdict::ConcurrencyLimited,
@@ -55,7 +72,9 @@ impl Denial {
 
     pub fn retry_after(&self) -> Duration {
         match self {
-            Denial::CircuitOpen { retry_after, .. } | Denial::Concurrency { retry_after, .. } => *retry_after,
+            Denial::CircuitOpen { retry_after, .. }
+            | Denial::Concurrency { retry_after, .. }
+            | Denial::Blocked { retry_after, .. } => *retry_after,
             Denial::Shed { .. } => Duration::ZERO,
         }
     }
@@ -71,6 +90,9 @@ impl Denial {
 impl fmt::Display for Denial {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Denial::Blocked { values, retry_after } => {
+                write!(f, "blocked by an override for {values}, retry in {}", duration::human(*retry_after))
+            }
             Denial::Shed { at, level } => {
                 write!(f, "shed: degradation level is {level}, this resource is shed at {at}")
             }
