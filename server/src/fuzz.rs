@@ -92,15 +92,23 @@ pub fn rules(data: &[u8]) {
 }
 
 /// A request body as a client would send it: the first byte picks the RPC,
-/// the rest is the message, decoded, checked and decided.
+/// the rest is the message, decoded, checked and decided (4: a Charge).
 pub fn requests(data: &[u8]) {
     let Some((&kind, body)) = data.split_first() else { return };
     let (e, decider) = engine();
     let rules = e.rules();
-    match kind % 4 {
+    match kind % 5 {
         0 => {
             if let Ok(r) = pb::AcquireRequest::decode(body) {
-                let _ = e.acquire(&rules, &Request::from(&r));
+                let req = Request::from(&r);
+                if let Ok(mut answer) = e.acquire(&rules, &req) {
+                    e.hold_estimate(&rules, &req, &mut answer);
+                }
+            }
+        }
+        4 => {
+            if let Ok(r) = pb::ChargeRequest::decode(body) {
+                let _ = e.charge(&rules, &r.resource, &r.descriptors, r.cost);
             }
         }
         1 => {
@@ -115,6 +123,7 @@ pub fn requests(data: &[u8]) {
                 && let Ok(report) = Report::try_from(&r)
             {
                 let _ = e.report(&rules, report.resource, report.permit_id, report.outcome, report.latency);
+                let _ = e.settle_estimate(&rules, report.permit_id, report.resource, report.actual_cost);
             }
         }
         _ => {

@@ -125,6 +125,11 @@ impl Engine {
         actual: Option<u64>,
     ) -> Result<bool, RequestError> {
         let key = request::check_permit_id(id)?;
+        if let Some(actual) = actual
+            && actual > u64::from(u32::MAX)
+        {
+            return Err(RequestError::CostTooLarge { field: "actual_cost", value: actual });
+        }
         let Some((_, p)) = self.settlements.map.remove_if(&key, |_, p| resource.is_empty() || p.resource == resource)
         else {
             if self.settlements.map.contains_key(&key) {
@@ -162,6 +167,9 @@ impl Engine {
         cost: u64,
     ) -> Result<Charged<'r>, RequestError> {
         request::validate(resource, descriptors)?;
+        if cost > u64::from(u32::MAX) {
+            return Err(RequestError::CostTooLarge { field: "cost", value: cost });
+        }
         let Some(rule) = rules.rules.find(resource) else { return Ok(Charged(SmallVec::new())) };
         let now = self.clock.now();
         let replicated = self.sync.is_some();
@@ -318,5 +326,7 @@ resources:
         assert!(!estimate(&e, "llm", 1).0, "30 tokens owed");
         assert_eq!(e.charge(&rules, "nothing-matches", &user(), 5).unwrap().0.len(), 0);
         assert!(matches!(e.charge(&rules, "", &user(), 5), Err(RequestError::Empty { .. })));
+        let huge = e.charge(&rules, "llm", &user(), u64::MAX).err().map(|e| e.to_string());
+        assert_eq!(huge.as_deref(), Some("cost: 18446744073709551615 is larger than the largest cost, 4294967295"));
     }
 }

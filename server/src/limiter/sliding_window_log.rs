@@ -106,10 +106,10 @@ impl Limiter for SlidingWindowLog {
         if cost == 0 {
             return;
         }
-        self.total += cost;
+        self.total = self.total.saturating_add(cost);
         // A later entry (another replica's clock) keeps the log sorted: merge into it.
         match self.entries.back_mut() {
-            Some((at, n)) if *at >= now => *n += cost,
+            Some((at, n)) if *at >= now => *n = n.saturating_add(cost),
             _ => self.entries.push_back((now, cost)),
         }
     }
