@@ -128,7 +128,7 @@ async fn settlements_reach_the_other_replica_through_redis() {
     let dir = TempDir::new();
     let file = dir.write("rules.yaml", RULES);
     let url = redis.url();
-    let args = ["--config", path_str(&file), "--redis", &url, "--sync-interval", "100ms", "--redis-timeout", "50ms"];
+    let args = ["--config", path_str(&file), "--redis", &url, "--sync-interval", "100ms", "--redis-timeout", "1s"];
     let (a, b) = (Floodgate::start(&args), Floodgate::start(&args));
     let mut ca = a.client().await;
 
@@ -141,8 +141,9 @@ async fn settlements_reach_the_other_replica_through_redis() {
     // there), then given back: B admits again.
     let p = ca.acquire(ask("back", 1_000)).await.unwrap().into_inner();
     assert_eq!(p.verdict(), pb::Verdict::Allowed);
+    // The bucket's hash (its leases live beside it, under `...:l`).
     let tokens_in_redis = || {
-        let key = redis.cli(&["--scan", "--pattern", "fg:b:{llm}:tokens:token_bucket:*back*"]).unwrap_or_default();
+        let key = redis.cli(&["--scan", "--pattern", "fg:b:{llm}:tokens:token_bucket:*back"]).unwrap_or_default();
         let key = key.lines().next().unwrap_or_default().to_string();
         redis.cli(&["HGET", &key, "t"]).and_then(|t| t.parse::<f64>().ok())
     };
