@@ -278,17 +278,24 @@ fn default_replica_id() -> String {
     format!("{host}-{}", std::process::id())
 }
 
-/// SIGINT or SIGTERM.
-async fn shutdown_signal() {
+/// SIGINT or SIGTERM. The handlers are installed now, before the server says
+/// it is listening: a signal that arrives at once still stops it cleanly
+/// (an async fn would install them only when first polled).
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
         let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
+        let mut int = signal(SignalKind::interrupt()).expect("installing the SIGINT handler");
+        async move {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
         }
     }
     #[cfg(not(unix))]
-    let _ = tokio::signal::ctrl_c().await;
+    async {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }
