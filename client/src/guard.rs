@@ -13,7 +13,7 @@ use std::time::Instant;
 use crate::client::Client;
 use crate::decision::{Acquire, Decision};
 use crate::error::Error;
-use crate::permit::Outcome;
+use crate::permit::{Outcome, Permit};
 
 /// Decides how a call went from its result.
 pub trait Classify<T, E> {
@@ -175,13 +175,9 @@ impl<'c, C> Guard<'c, C> {
         self
     }
 
-    /// Runs `f` if allowed. Denied calls never run `f`.
-    pub async fn run<T, E, F, Fut>(self, f: F) -> Result<T, GuardError<E>>
-    where
-        C: Classify<T, E>,
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<T, E>>,
-    {
+    /// Asks; when allowed, waits out any shaping and hands over the permit
+    /// (set to report this guard's cancellation outcome if dropped).
+    async fn admit<E>(&self) -> Result<Option<Permit>, GuardError<E>> {
         let mut decision = self.client.acquire(&self.req).await.map_err(GuardError::Client)?;
         if !decision.is_allowed() {
             return Err(GuardError::Denied(Box::new(decision)));
@@ -189,10 +185,20 @@ impl<'c, C> Guard<'c, C> {
         if !decision.wait.is_zero() {
             tokio::time::sleep(decision.wait).await;
         }
-        let permit = decision.permit.take().map(|p| match self.cancelled {
+        Ok(decision.permit.take().map(|p| match self.cancelled {
             Some(outcome) => p.on_drop(outcome),
             None => p,
-        });
+        }))
+    }
+
+    /// Runs `f` if allowed. Denied calls never run `f`.
+    pub async fn run<T, E, F, Fut>(self, f: F) -> Result<T, GuardError<E>>
+    where
+        C: Classify<T, E>,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let permit = self.admit().await?;
         let start = Instant::now();
         // If this future is dropped here, the permit reports itself as cancelled.
         let result = f().await;
@@ -215,17 +221,7 @@ impl<'c, C> Guard<'c, C> {
         Fut: Future<Output = (Result<T, E>, u64)>,
     {
         self.req = self.req.settle();
-        let mut decision = self.client.acquire(&self.req).await.map_err(GuardError::Client)?;
-        if !decision.is_allowed() {
-            return Err(GuardError::Denied(Box::new(decision)));
-        }
-        if !decision.wait.is_zero() {
-            tokio::time::sleep(decision.wait).await;
-        }
-        let permit = decision.permit.take().map(|p| match self.cancelled {
-            Some(outcome) => p.on_drop(outcome),
-            None => p,
-        });
+        let permit = self.admit().await?;
         // If this future is dropped here, the permit reports itself as cancelled.
         let (result, actual) = f().await;
         if let Some(permit) = permit {
