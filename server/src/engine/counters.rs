@@ -22,8 +22,8 @@ pub struct RuleMetrics {
 
 impl RuleMetrics {
     pub fn new(rule: &Rule) -> Self {
-        let mut overrides = rule.overrides.list().to_vec();
-        let names = crate::rules::tiers::Overrides::names(&rule.limits, &mut overrides);
+        let own = rule.limits.iter().map(|l| l.name.clone());
+        let names: Vec<String> = own.chain(rule.overrides.extra_names().iter().cloned()).collect();
         Self::for_resource(&rule.name, &names)
     }
 

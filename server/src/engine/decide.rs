@@ -124,6 +124,21 @@ impl Prepared<'_> {
     }
 }
 
+// === impl Denial ===
+
+impl Denial {
+    /// The verdict a denial before the limits answers. (Here, not beside
+    /// `Denial`: the guards know nothing of answers.)
+    pub fn verdict(&self) -> Verdict {
+        match self {
+            Denial::Blocked { .. } => Verdict::RateLimited,
+            Denial::Shed { .. } => Verdict::Shed,
+            Denial::CircuitOpen { .. } => Verdict::CircuitOpen,
+            Denial::Concurrency { .. } => Verdict::ConcurrencyLimited,
+        }
+    }
+}
+
 // === impl Answer ===
 
 impl Answer<'_> {
@@ -311,29 +326,9 @@ impl Engine {
         now: Timestamp,
         cost: u64,
     ) -> SmallVec<[Decision; 4]> {
-        let mut decisions = SmallVec::new();
-        let mut denied = false;
-        for (limit, _, key) in matched {
-            let alg = &limit.algorithm;
-            let d = if denied {
-                self.buckets.check(key, alg, now, cost)
-            } else {
-                self.buckets.acquire(key.clone(), alg, now, cost)
-            };
-            if !d.admitted && !denied && !limit.shadow {
-                denied = true;
-                let taken = matched.iter().zip(decisions.iter()).filter(|(_, d): &(_, &Decision)| d.admitted);
-                for ((l, _, k), _) in taken {
-                    self.buckets.refund(k, &l.algorithm, now, cost);
-                    self.note_replicated(l, k, resource, -(cost as i64), now);
-                }
-            }
-            if d.admitted && !denied {
-                self.note_replicated(limit, key, resource, cost as i64, now);
-            }
-            decisions.push(d);
-        }
-        decisions
+        take_all_or_nothing(&self.buckets, matched, now, cost, |l, k, units| {
+            self.note_replicated(l, k, resource, units, now)
+        })
     }
 
     /// Keeps count of what a replicated limit took, for the next sync.
@@ -414,6 +409,36 @@ pub(super) fn matched_in<'r, D: Descriptors + ?Sized>(
             Some((limit, slot(index), BucketKey::new(limit.id, parts)))
         })
         .collect()
+}
+
+/// [`Engine::take_all_or_nothing`] in any bucket store; `taken` hears of
+/// every unit taken (positive) or given back (negative), per bucket.
+pub(super) fn take_all_or_nothing(
+    buckets: &crate::store::Buckets,
+    matched: &Matched<'_>,
+    now: Timestamp,
+    cost: u64,
+    mut taken: impl FnMut(&Limit, &BucketKey, i64),
+) -> SmallVec<[Decision; 4]> {
+    let mut decisions = SmallVec::new();
+    let mut denied = false;
+    for (limit, _, key) in matched {
+        let alg = &limit.algorithm;
+        let d = if denied { buckets.check(key, alg, now, cost) } else { buckets.acquire(key.clone(), alg, now, cost) };
+        if !d.admitted && !denied && !limit.shadow {
+            denied = true;
+            let admitted = matched.iter().zip(decisions.iter()).filter(|(_, d): &(_, &Decision)| d.admitted);
+            for ((l, _, k), _) in admitted {
+                buckets.refund(k, &l.algorithm, now, cost);
+                taken(l, k, -(cost as i64));
+            }
+        }
+        if d.admitted && !denied {
+            taken(limit, key, cost as i64);
+        }
+        decisions.push(d);
+    }
+    decisions
 }
 
 /// A denial that counts: by a limit that is not in shadow mode.

@@ -22,7 +22,6 @@ use smallvec::SmallVec;
 use super::decide::{Answer, Verdict, matched};
 use super::request::{self, Descriptors, Request, RequestError};
 use super::{Engine, Installed, LimitReport};
-use crate::limiter::Algorithm;
 use crate::rules::{LimitId, SyncMode};
 use crate::store::BucketKey;
 use crate::time::Timestamp;
@@ -55,16 +54,6 @@ impl Settlements {
 
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
-    }
-}
-
-/// Whether giving back now what was taken at `at` can still matter: a
-/// window algorithm's later window never took it.
-fn same_window(alg: &Algorithm, at: Timestamp, now: Timestamp) -> bool {
-    match alg {
-        Algorithm::FixedWindow(c) => c.window_of(at) == c.window_of(now),
-        Algorithm::SlidingWindow(c) => at.as_nanos() / c.window == now.as_nanos() / c.window,
-        _ => true,
     }
 }
 
@@ -148,7 +137,7 @@ impl Engine {
                 let more = actual - p.cost;
                 self.buckets.force(bucket.clone(), &l.algorithm, now, more);
                 self.note_replicated(l, bucket, &p.resource, i64::try_from(more).unwrap_or(i64::MAX), now);
-            } else if actual < p.cost && same_window(&l.algorithm, p.at, now) {
+            } else if actual < p.cost && l.algorithm.same_window(p.at, now) {
                 let back = p.cost - actual;
                 self.buckets.refund(bucket, &l.algorithm, now, back);
                 self.note_replicated(l, bucket, &p.resource, -i64::try_from(back).unwrap_or(i64::MAX), now);

@@ -12,11 +12,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use smallvec::SmallVec;
 
-use super::decide::{LimitsFor, enforced_denial, matched_in};
+use super::decide::{LimitsFor, enforced_denial, matched_in, take_all_or_nothing};
 use super::request::{Descriptors, Request};
 use crate::limiter::Decision;
-use crate::rules::{LimitId, Rule, RuleSet};
-use crate::store::Buckets;
+use crate::rules::{Limit, LimitId, Rule, RuleSet};
+use crate::store::{BucketKey, Buckets};
 use crate::time::Timestamp;
 
 /// Heavy hitters kept per limit.
@@ -108,26 +108,19 @@ impl WhatIf {
         // The candidate rules' own limits (their overrides are not tried).
         let matched = matched_in(LimitsFor::own(rule), rule.per_resource(), req.resource, req.descriptors);
         // All or nothing, as the live decision: what an admitted call takes
-        // stays taken; a denied call takes nothing.
-        let mut decisions: SmallVec<[Decision; 4]> = SmallVec::new();
-        let mut denied = false;
-        for (limit, _, key) in &matched {
-            let d = if denied || cost > limit.algorithm.capacity() {
-                self.buckets.check(key, &limit.algorithm, now, cost)
-            } else {
-                self.buckets.acquire(key.clone(), &limit.algorithm, now, cost)
+        // stays taken; a denied call takes nothing. A cost above a limit's
+        // capacity (bad input under these rules) is refused by that limit.
+        let decisions: SmallVec<[Decision; 4]> = if matched.iter().any(|(l, ..)| cost > l.algorithm.capacity()) {
+            let check = |(l, _, k): &(&Limit, usize, BucketKey)| {
+                let d = self.buckets.check(k, &l.algorithm, now, cost);
+                Decision { admitted: cost <= l.algorithm.capacity() && !enforced_denial(l, &d), ..d }
             };
-            let refused = cost > limit.algorithm.capacity() || enforced_denial(limit, &d);
-            if refused && !denied {
-                denied = true;
-                for ((l, _, k), taken) in matched.iter().zip(&decisions) {
-                    if taken.admitted {
-                        self.buckets.refund(k, &l.algorithm, now, cost);
-                    }
-                }
-            }
-            decisions.push(Decision { admitted: !refused, ..d });
-        }
+            matched.iter().map(check).collect()
+        } else {
+            let decisions = take_all_or_nothing(&self.buckets, &matched, now, cost, |_, _, _| {});
+            let refused = |(l, _, _): &(&Limit, usize, BucketKey), d: &Decision| enforced_denial(l, d);
+            matched.iter().zip(decisions).map(|(m, d)| Decision { admitted: !refused(m, &d), ..d }).collect()
+        };
         for ((limit, index, _), d) in matched.iter().zip(&decisions) {
             let stats = &self.stats[i][*index];
             stats.evaluated.fetch_add(1, Ordering::Relaxed);

@@ -140,6 +140,17 @@ impl Algorithm {
         }
     }
 
+    /// Whether `at` and `now` fall in the same window of a window algorithm
+    /// (always, for the others): what was taken at `at` can still be given
+    /// back at `now` only then, as a later window never took it.
+    pub fn same_window(&self, at: Timestamp, now: Timestamp) -> bool {
+        match self {
+            Algorithm::FixedWindow(c) => c.window_of(at) == c.window_of(now),
+            Algorithm::SlidingWindow(c) => at.as_nanos() / c.window == now.as_nanos() / c.window,
+            _ => true,
+        }
+    }
+
     /// The largest cost this limit can ever admit at once; a bigger cost is bad input.
     pub fn capacity(&self) -> u64 {
         match self {

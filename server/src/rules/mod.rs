@@ -162,10 +162,9 @@ impl RuleSet {
 
     /// Replaces the overrides of the rule named `name` (as written); false
     /// when there is none. Limits must still get their ids, at install.
-    pub fn set_overrides(&mut self, name: &str, mut list: Vec<tiers::Override>) -> bool {
+    pub fn set_overrides(&mut self, name: &str, list: Vec<tiers::Override>) -> bool {
         let Some(rule) = self.rules.iter_mut().find(|r| r.name == name) else { return false };
-        tiers::Overrides::names(&rule.limits, &mut list);
-        rule.overrides = tiers::Overrides::new(list);
+        rule.overrides = tiers::Overrides::new(&rule.limits, list);
         true
     }
 }

@@ -175,8 +175,7 @@ fn overrides(f: &Fields<'_>, limits: &[Limit], tiers: &HashMap<String, Vec<Limit
             out.push(o);
         }
     }
-    Overrides::names(limits, &mut out);
-    Overrides::new(out)
+    Overrides::new(limits, out)
 }
 
 fn one_override(f: &Fields<'_>, limits: &[Limit], tiers: &HashMap<String, Vec<Limit>>) -> Option<Override> {

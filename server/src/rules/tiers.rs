@@ -36,8 +36,9 @@ pub struct Override {
     pub action: Action,
     /// The resource's limits under this override (empty for a block).
     pub limits: Vec<Limit>,
-    /// Each of those limits' place among the rule's limit names (see
-    /// [`Overrides::names`]): where its decisions are counted.
+    /// Each of those limits' metrics slot: its position among the rule's
+    /// limits when it has the name of one, else after them (see
+    /// [`Overrides::extra_names`]).
     pub slots: Vec<usize>,
 }
 
@@ -55,38 +56,44 @@ pub struct Overrides {
     list: Vec<Override>,
     /// First `when` key, then its value: the overrides starting with it, in order.
     index: HashMap<String, HashMap<String, Vec<u32>, ahash::RandomState>, ahash::RandomState>,
+    /// See [`Overrides::extra_names`].
+    extra_names: Vec<String>,
 }
 
 impl Overrides {
-    /// The rule's limit names followed by those only overrides have (a
-    /// tier's own limits), in order: one metrics slot each. Sets every
-    /// override's `slots`.
-    pub fn names(base: &[Limit], list: &mut [Override]) -> Vec<String> {
-        let mut names: Vec<String> = base.iter().map(|l| l.name.clone()).collect();
-        for o in list {
+    /// `list`, overriding the rule's `base` limits: sets every override's
+    /// `slots` and notes the limit names only overrides have (a tier's own).
+    pub fn new(base: &[Limit], mut list: Vec<Override>) -> Overrides {
+        let mut extra: Vec<String> = Vec::new();
+        for o in &mut list {
             o.slots = o
                 .limits
                 .iter()
-                .map(|l| match names.iter().position(|n| *n == l.name) {
+                .map(|l| match base.iter().position(|b| b.name == l.name) {
                     Some(i) => i,
-                    None => {
-                        names.push(l.name.clone());
-                        names.len() - 1
-                    }
+                    None => match extra.iter().position(|n| *n == l.name) {
+                        Some(i) => base.len() + i,
+                        None => {
+                            extra.push(l.name.clone());
+                            base.len() + extra.len() - 1
+                        }
+                    },
                 })
                 .collect();
         }
-        names
-    }
-
-    pub fn new(list: Vec<Override>) -> Overrides {
         let mut index: HashMap<String, HashMap<String, Vec<u32>, ahash::RandomState>, ahash::RandomState> =
             HashMap::default();
         for (i, o) in list.iter().enumerate() {
             let Some((k, v)) = o.when.first() else { continue };
             index.entry(k.clone()).or_default().entry(v.clone()).or_default().push(i as u32);
         }
-        Overrides { list, index }
+        Overrides { list, index, extra_names: extra }
+    }
+
+    /// Limit names only overrides have, in order: their metrics slots follow
+    /// the rule's own limits.
+    pub fn extra_names(&self) -> &[String] {
+        &self.extra_names
     }
 
     pub fn is_empty(&self) -> bool {
@@ -141,11 +148,14 @@ mod tests {
 
     #[test]
     fn the_first_override_whose_values_all_match_wins() {
-        let set = Overrides::new(vec![
-            o(&[("tenant", "acme"), ("plan", "gold")], 1.0),
-            o(&[("user", "u1")], 2.0),
-            o(&[("tenant", "acme")], 3.0),
-        ]);
+        let set = Overrides::new(
+            &[],
+            vec![
+                o(&[("tenant", "acme"), ("plan", "gold")], 1.0),
+                o(&[("user", "u1")], 2.0),
+                o(&[("tenant", "acme")], 3.0),
+            ],
+        );
         let find = |pairs: &[(&str, &str)]| {
             let found = set.find(|k| pairs.iter().find(|(pk, _)| *pk == k).map(|(_, v)| *v));
             found.map(|o| o.action.clone())

@@ -8,7 +8,6 @@ use std::time::Duration;
 use super::permits::{Permit, Permits};
 use super::{Guarded, Guards};
 use crate::breaker::{Admission, Outcome, State};
-use crate::engine::decide::Verdict;
 use crate::engine::sync::{RemoteBreaker, RemoteOutcome, Replica};
 use crate::events::{Event, Events};
 use crate::rules::{Rule, duration};
@@ -61,15 +60,6 @@ impl Admitted {
 }
 
 impl Denial {
-    pub fn verdict(&self) -> Verdict {
-        match self {
-            Denial::Blocked { .. } => Verdict::RateLimited,
-            Denial::Shed { .. } => Verdict::Shed,
-            Denial::CircuitOpen { .. } => Verdict::CircuitOpen,
-            Denial::Concurrency { .. } => Verdict::ConcurrencyLimited,
-        }
-    }
-
     pub fn retry_after(&self) -> Duration {
         match self {
             Denial::CircuitOpen { retry_after, .. }
