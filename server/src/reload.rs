@@ -24,16 +24,21 @@ pub fn spawn(
     loaded: String,
     quiet: Duration,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-    let last = Arc::new(Mutex::new(loaded));
-    let read = {
-        let (path, decider, last) = (path.clone(), decider.clone(), last.clone());
-        move || {
-            let (path, decider, last) = (path.clone(), decider.clone(), last.clone());
-            async move { reload(&path, &decider, &mut *last.lock().await).await }
-        }
-    };
+    let read = reader(path.clone(), decider, loaded, |path, decider, last| async move {
+        reload(&path, &decider, &mut *last.lock().await).await
+    });
     spawn_sighup(read.clone());
     crate::files::watch(vec![path], quiet, read)
+}
+
+/// What the watcher calls on every change: `reload` of `target`, one at a
+/// time, given the text last seen (`loaded` at first).
+fn reader<R, Fut>(target: PathBuf, decider: Arc<Decider>, loaded: String, reload: R) -> impl Fn() -> Fut + Clone
+where
+    R: Fn(PathBuf, Arc<Decider>, Arc<Mutex<String>>) -> Fut + Clone,
+{
+    let last = Arc::new(Mutex::new(loaded));
+    move || reload(target.clone(), decider.clone(), last.clone())
 }
 
 #[cfg(unix)]
@@ -102,14 +107,9 @@ pub fn spawn_envoy(
     loaded: String,
     quiet: Duration,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-    let last = Arc::new(Mutex::new(loaded));
-    let read = {
-        let (dir, decider, last) = (dir.clone(), decider.clone(), last.clone());
-        move || {
-            let (dir, decider, last) = (dir.clone(), decider.clone(), last.clone());
-            async move { reload_envoy(dir, &decider, &mut *last.lock().await).await }
-        }
-    };
+    let read = reader(dir.clone(), decider, loaded, |dir, decider, last| async move {
+        reload_envoy(dir, &decider, &mut *last.lock().await).await
+    });
     // Changes inside the directory (a path in it), and to the files in it
     // now, through their symlinks (a Kubernetes ConfigMap's `..data`).
     let mut paths = vec![dir.join(".floodgate")];

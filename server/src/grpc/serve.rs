@@ -119,15 +119,7 @@ where
     let mut incoming = listen::accept(port);
     let graceful = GracefulShutdown::new();
     tokio::pin!(stop);
-    loop {
-        let io = tokio::select! {
-            io = incoming.recv() => match io {
-                Some(Ok(io)) => io,
-                Some(Err(_)) => continue,
-                None => break,
-            },
-            () = &mut stop => break,
-        };
+    while let Some(io) = listen::next_until(&mut incoming, stop.as_mut()).await {
         let peer: Peer = io.peer().clone();
         let service = service.clone().map_request(move |req: http::Request<hyper::body::Incoming>| {
             let mut req = req.map(tonic::body::Body::new);

@@ -29,15 +29,7 @@ pub async fn serve(port: Port, router: Router, stop: impl Future<Output = ()>) {
         .keep_alive_timeout(limits.keepalive_timeout);
     let graceful = GracefulShutdown::new();
     tokio::pin!(stop);
-    loop {
-        let io = tokio::select! {
-            io = incoming.recv() => match io {
-                Some(Ok(io)) => io,
-                Some(Err(_)) => continue,
-                None => break,
-            },
-            () = &mut stop => break,
-        };
+    while let Some(io) = listen::next_until(&mut incoming, stop.as_mut()).await {
         let peer: Peer = io.peer().clone();
         let service = router.clone().map_request(move |mut req: http::Request<hyper::body::Incoming>| {
             req.extensions_mut().insert(peer.clone());

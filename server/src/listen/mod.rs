@@ -69,6 +69,24 @@ pub fn accept(port: Port) -> mpsc::Receiver<std::io::Result<ServerIo>> {
     rx
 }
 
+/// The next connection `accept` handed over, or `None` once `stop` has
+/// completed or the port is closed.
+pub async fn next_until(
+    incoming: &mut mpsc::Receiver<std::io::Result<ServerIo>>,
+    mut stop: std::pin::Pin<&mut impl Future<Output = ()>>,
+) -> Option<ServerIo> {
+    loop {
+        tokio::select! {
+            io = incoming.recv() => match io {
+                Some(Ok(io)) => return Some(io),
+                Some(Err(_)) => continue,
+                None => return None,
+            },
+            () = &mut stop => return None,
+        }
+    }
+}
+
 async fn accept_loop(port: Port, tx: mpsc::Sender<std::io::Result<ServerIo>>) {
     let slots = Arc::new(Semaphore::new(port.limits.max_connections.max(1)));
     let open = metrics::gauge!(crate::metrics::CONNECTIONS, "port" => port.name);
