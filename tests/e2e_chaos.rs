@@ -44,15 +44,6 @@ fn replica(dir: &TempDir, url: &str) -> Floodgate {
     ])
 }
 
-fn wait_live(fg: &Floodgate, n: u32) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let series = format!("floodgate_live_replicas {n}");
-    while !fg.http_get("/metrics").1.lines().any(|l| l == series) {
-        assert!(Instant::now() < deadline, "never saw {n} live replicas");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// `n` calls on `resource` through each replica at once: admitted in all.
 fn admitted(a: &Floodgate, b: &Floodgate, resource: &str, n: u32) -> u64 {
     let args = ["--resource", resource, "-n", &n.to_string(), "-c", "4", "--rps", "200", "--timeout", "5s"];

@@ -62,16 +62,6 @@ fn replica(dir: &TempDir, redis: &[&str]) -> Floodgate {
     Floodgate::start(&args)
 }
 
-/// Waits until `fg` counts `n` live replicas (their heartbeats reached Redis).
-fn wait_live(fg: &Floodgate, n: u32) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let series = format!("floodgate_live_replicas {n}");
-    while !fg.http_get("/metrics").1.lines().any(|l| l == series) {
-        assert!(Instant::now() < deadline, "never saw {n} live replicas");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Two replicas sharing one Redis (or cluster), each counting both as live.
 fn two_replicas(dir: &TempDir, redis: &[&str]) -> (Floodgate, Floodgate) {
     let (a, b) = (replica(dir, redis), replica(dir, redis));

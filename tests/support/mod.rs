@@ -43,6 +43,16 @@ pub fn same_daily_reset(a: u64, b: u64, slack: u64) -> bool {
     d <= slack || d >= 86_400 - slack
 }
 
+/// Waits until `fg` counts `n` live replicas (their heartbeats reached Redis).
+pub fn wait_live(fg: &Floodgate, n: u32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let series = format!("floodgate_live_replicas {n}");
+    while !fg.http_get("/metrics").1.lines().any(|l| l == series) {
+        assert!(Instant::now() < deadline, "never saw {n} live replicas");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// The binary under test, built by cargo for this test run.
 pub const BIN: &str = env!("CARGO_BIN_EXE_floodgate");
 
