@@ -71,6 +71,18 @@ async fn admin_needs_a_token_with_the_right_role_and_every_change_is_audited() {
     assert!(err.message().contains("token:grafana has the read role"), "{}", err.message());
     let level = pb::SetDegradationLevelRequest { level: 3, automatic: false };
     assert_eq!(code_of(reader.set_degradation_level(level).await).await, Code::PermissionDenied);
+    // Overrides: reading them is for readers, changing them for admins.
+    assert_eq!(code_of(reader.list_overrides(pb::ListOverridesRequest::default()).await).await, Code::Ok);
+    let block = pb::Override {
+        rule: "*".into(),
+        when: [("ip".to_string(), "6.6.6.6".to_string())].into(),
+        action: Some(pb::r#override::Action::Block(pb::Block::default())),
+        ..Default::default()
+    };
+    let set = pb::SetOverridesRequest { overrides: vec![block] };
+    assert_eq!(code_of(reader.set_overrides(set).await).await, Code::PermissionDenied);
+    let delete = pb::DeleteOverridesRequest { ids: vec!["x".into()] };
+    assert_eq!(code_of(reader.delete_overrides(delete).await).await, Code::PermissionDenied);
     assert_eq!(reader.get_rules(pb::GetRulesRequest {}).await.unwrap().into_inner().version, 1, "nothing changed");
 
     let mut alice = with_token(ch.clone(), Some("admin-token-0123456789"));

@@ -1,10 +1,13 @@
 //! Overrides and tiers in the rules file, through the real binary: a tier's
 //! limits, a factor, absolute numbers and a block, each decided in buckets
-//! of its own and counted under the resource's metrics.
+//! of its own and counted under the resource's metrics. Then overrides set at
+//! run time through Admin and the CLI: kept in a file or in Redis across
+//! restarts, shared by replicas, announced on Watch, ended at their expiry.
 
 mod support;
 
 use std::collections::HashMap;
+use std::process::Command;
 use std::time::Duration;
 
 use floodgate_proto::v1 as pb;
@@ -75,4 +78,188 @@ async fn tiers_factors_absolute_limits_and_blocks_from_the_rules_file() {
     })
     .await;
     assert_eq!(admitted(&mut c, &[("api_key", "k2"), ("tenant", "acme")], 22).await, 20, "still ten times");
+}
+
+/// The limit `api` has for these descriptors now (Peek), or `None` when
+/// nothing matched (a block matches no limit).
+async fn limit_of(fg: &Floodgate, pairs: &[(&str, &str)]) -> Option<u64> {
+    let mut admin = fg.admin().await;
+    let req = pb::PeekRequest { resource: "api".into(), descriptors: ask(pairs).descriptors, limit: String::new() };
+    let peek = admin.peek(req).await.unwrap().into_inner();
+    peek.limits.first().map(|l| l.limit)
+}
+
+fn factor(id: &str, tenant: &str, f: f64, ttl: Option<u64>) -> pb::Override {
+    pb::Override {
+        id: id.into(),
+        rule: "api".into(),
+        when: [("tenant".to_string(), tenant.to_string())].into(),
+        action: Some(pb::r#override::Action::Factor(f)),
+        ttl: ttl.map(|s| prost_types::Duration { seconds: s as i64, nanos: 0 }),
+        reason: "e2e".into(),
+        ..Default::default()
+    }
+}
+
+fn set(overrides: Vec<pb::Override>) -> pb::SetOverridesRequest {
+    pb::SetOverridesRequest { overrides }
+}
+
+async fn list(fg: &Floodgate) -> pb::ListOverridesResponse {
+    let mut admin = fg.admin().await;
+    admin.list_overrides(pb::ListOverridesRequest::default()).await.unwrap().into_inner()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_time_overrides_are_kept_in_a_file_announced_on_watch_and_end_at_their_expiry() {
+    let dir = TempDir::new();
+    let rules = dir.write("rules.yaml", RULES);
+    let file = dir.path("overrides.jsonl");
+    let args = ["--config", path_str(&rules), "--overrides-file", path_str(&file)];
+    let mut fg = Floodgate::start(&args);
+    let mut watch = fg.client().await.watch(pb::WatchRequest::default()).await.unwrap().into_inner();
+    let first = watch.message().await.unwrap().unwrap();
+    assert!(matches!(first.event, Some(pb::watch_event::Event::Snapshot(_))));
+    let mut admin = fg.admin().await;
+
+    // acme: 10x from the file; an override set at run time wins over it.
+    assert_eq!(limit_of(&fg, &[("api_key", "k1"), ("tenant", "acme")]).await, Some(20));
+    let answer = admin.set_overrides(set(vec![factor("acme-x3", "acme", 3.0, None)])).await.unwrap().into_inner();
+    assert!(answer.persisted, "kept in --overrides-file");
+    assert_eq!(answer.overrides[0].id, "acme-x3");
+    assert!(answer.overrides[0].active);
+    assert_eq!(limit_of(&fg, &[("api_key", "k1"), ("tenant", "acme")]).await, Some(6));
+    let event = watch.message().await.unwrap().unwrap();
+    let Some(pb::watch_event::Event::Overrides(changed)) = event.event else { panic!("{event:?}") };
+    assert_eq!((changed.set, changed.rules_version), (vec!["acme-x3".to_string()], answer.rules_version));
+
+    // Bad input: INVALID_ARGUMENT naming the item and field; nothing changes.
+    let before = list(&fg).await;
+    let mut unknown_tier = factor("t", "x", 2.0, None);
+    unknown_tier.action = Some(pb::r#override::Action::Tier("platinum".into()));
+    let cases = [
+        (factor("ok", "x", 2.0, None), "overrides[1].factor: must be above 0", factor("bad", "y", -1.0, None)),
+        (factor("ok", "x", 2.0, None), "overrides[1].tier: 'platinum' is not a tier", unknown_tier),
+        (factor("ok", "x", 2.0, None), "overrides[1].id: 'bad id' has ' '", factor("bad id", "y", 2.0, None)),
+        (
+            factor("ok", "x", 2.0, None),
+            "overrides[1].ttl: 0s 0ns is not between 1s and 366d",
+            factor("z", "y", 2.0, Some(0)),
+        ),
+        (factor("ok", "x", 2.0, None), "overrides[1].id: 'ok' appears twice", factor("ok", "y", 2.0, None)),
+    ];
+    for (good, want, bad) in cases {
+        let err = admin.set_overrides(set(vec![good, bad])).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+        assert!(err.message().starts_with(want), "{} does not start with {want}", err.message());
+    }
+    let mut no_rule = factor("r", "x", 2.0, None);
+    no_rule.rule = "nope".into();
+    let err = admin.set_overrides(set(vec![no_rule])).await.unwrap_err();
+    assert!(err.message().contains("overrides[0].rule: no rule is named 'nope'"), "{}", err.message());
+    assert_eq!(list(&fg).await, before, "a refused call changed nothing");
+
+    // One that lasts two seconds: applies, then ends on its own (announced),
+    // and acme is back to the run-time 3x.
+    let short = factor("acme-short", "acme", 5.0, Some(2));
+    let mut short_more = short.clone();
+    short_more.when.insert("api_key".into(), "k-short".into());
+    admin.set_overrides(set(vec![short_more])).await.unwrap();
+    assert_eq!(limit_of(&fg, &[("api_key", "k-short"), ("tenant", "acme")]).await, Some(10), "more values win");
+    let _ = watch.message().await.unwrap();
+    let event = tokio::time::timeout(Duration::from_secs(20), watch.message()).await.unwrap().unwrap().unwrap();
+    let Some(pb::watch_event::Event::Overrides(changed)) = event.event else { panic!("{event:?}") };
+    assert_eq!(changed.expired, ["acme-short"]);
+    assert_eq!(limit_of(&fg, &[("api_key", "k-short"), ("tenant", "acme")]).await, Some(6));
+
+    // The CLI: set a block for an hour, list, and (after a restart) delete.
+    let cli = |args: &[&str]| {
+        let out = Command::new(BIN).arg("overrides").args(["--server", &fg.grpc]).args(args).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let said = cli(&[
+        "set",
+        "api",
+        "--when",
+        "api_key=k-bad",
+        "--block",
+        "--retry-after",
+        "5m",
+        "--for",
+        "1h",
+        "--id",
+        "block-k-bad",
+    ]);
+    assert!(said.starts_with("set block-k-bad (rules v"), "{said}");
+    let blocked = fg.client().await.acquire(ask(&[("api_key", "k-bad")])).await.unwrap().into_inner();
+    assert_eq!((blocked.verdict(), blocked.retry_after.unwrap().seconds), (pb::Verdict::RateLimited, 300));
+    let table = cli(&["list"]);
+    assert!(
+        table.lines().any(|l| l.starts_with("acme-x3 ") && l.contains("factor 3") && l.ends_with("yes")),
+        "{table}"
+    );
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("block-k-bad ") && l.contains("block (retry 300s)") && l.contains("in 59m")),
+        "{table}"
+    );
+
+    // A restart keeps them (read back from the file).
+    let status = fg.terminate();
+    assert!(status.success(), "{status:?}");
+    drop(fg);
+    let fg = Floodgate::start(&args);
+    assert_eq!(list(&fg).await.total, 2);
+    assert_eq!(limit_of(&fg, &[("api_key", "k1"), ("tenant", "acme")]).await, Some(6));
+    let out =
+        Command::new(BIN).args(["overrides", "--server", &fg.grpc, "delete", "acme-x3", "nope"]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "acme-x3: deleted\nnope: not found\n");
+    assert_eq!(limit_of(&fg, &[("api_key", "k1"), ("tenant", "acme")]).await, Some(20), "the file's 10x again");
+    assert_eq!(std::fs::read_to_string(&file).unwrap().lines().count(), 1, "the file keeps the block only");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_time_overrides_are_shared_by_replicas_through_redis_and_outlive_them() {
+    let (redis, _dir, args) = replicated(RULES);
+    let args = strs(&args);
+    let (a, b) = (Floodgate::start(&args), Floodgate::start(&args));
+    let mut admin_a = a.admin().await;
+    let answer = admin_a.set_overrides(set(vec![factor("t7", "t7", 4.0, None)])).await.unwrap().into_inner();
+    assert!(answer.persisted);
+    assert_eq!(
+        limit_of(&a, &[("api_key", "k"), ("tenant", "t7")]).await,
+        Some(8),
+        "at once on the replica that set it"
+    );
+    eventually("B applies A's override", Duration::from_secs(10), || async {
+        (limit_of(&b, &[("api_key", "k"), ("tenant", "t7")]).await == Some(8)).then_some(())
+    })
+    .await;
+    // Deleted on B: gone on A too.
+    let mut admin_b = b.admin().await;
+    admin_b.set_overrides(set(vec![factor("t8", "t8", 0.5, None)])).await.unwrap();
+    let done = admin_b.delete_overrides(pb::DeleteOverridesRequest { ids: vec!["t7".into()] }).await.unwrap();
+    assert_eq!(done.into_inner().deleted, ["t7"]);
+    eventually("A sees the delete", Duration::from_secs(10), || async {
+        (limit_of(&a, &[("api_key", "k"), ("tenant", "t7")]).await == Some(2)).then_some(())
+    })
+    .await;
+    assert_eq!(redis.cli(&["HLEN", "{fg}:overrides"]).as_deref(), Some("1"));
+
+    // Both replicas gone; a new one reads them from Redis before it serves.
+    drop((a, b));
+    let c = Floodgate::start(&args);
+    assert_eq!(limit_of(&c, &[("api_key", "k"), ("tenant", "t8")]).await, Some(1));
+    let listed = list(&c).await;
+    assert_eq!(listed.overrides.iter().map(|o| o.id.as_str()).collect::<Vec<_>>(), ["t8"]);
+    assert!(listed.overrides[0].created_by.starts_with("peer 127.0.0.1:"), "{:?}", listed.overrides[0]);
+
+    // Redis down: a change is refused (UNAVAILABLE) and nothing changes here.
+    drop(redis);
+    let mut admin_c = c.admin().await;
+    let err = admin_c.set_overrides(set(vec![factor("t9", "t9", 2.0, None)])).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    assert_eq!(limit_of(&c, &[("api_key", "k"), ("tenant", "t9")]).await, Some(2));
 }

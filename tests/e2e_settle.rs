@@ -10,7 +10,6 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use floodgate_proto::v1 as pb;
-use support::redis::RedisServer;
 use support::*;
 
 const RULES: &str = r#"
@@ -124,11 +123,8 @@ async fn eventually_verdict(fg: &Floodgate, user: &str, want: pb::Verdict) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settlements_reach_the_other_replica_through_redis() {
-    let redis = RedisServer::start();
-    let dir = TempDir::new();
-    let file = dir.write("rules.yaml", RULES);
-    let url = redis.url();
-    let args = ["--config", path_str(&file), "--redis", &url, "--sync-interval", "100ms", "--redis-timeout", "1s"];
+    let (redis, _dir, args) = replicated(RULES);
+    let args = strs(&args);
     let (a, b) = (Floodgate::start(&args), Floodgate::start(&args));
     let mut ca = a.client().await;
 

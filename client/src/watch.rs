@@ -158,7 +158,7 @@ impl OpenBreakers {
                 }
             }
             Event::Breaker(t) => self.set(&t.resource, t.to_state(), t.next_probe_at.as_ref()),
-            Event::Degradation(_) | Event::Rules(_) => {}
+            Event::Degradation(_) | Event::Rules(_) | Event::Overrides(_) => {}
         }
     }
 }

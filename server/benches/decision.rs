@@ -6,7 +6,8 @@
 //! - `multi_limit/*`: 1, 2 and 3 limits taken all or nothing.
 //! - `contention/*`: the sharded store under 1, 2 and 4 threads at once.
 //! - `overrides/*`: one decision on a resource with 0, 1 and 100,000
-//!   overrides (none matching the caller, and one that does).
+//!   overrides (none matching the caller, and one that does): from the rules
+//!   file, and set at run time with an expiry (`run_time_*`).
 //!
 //! Limits are sized so that every decision admits: the steady state measured is
 //! the common path, not the denial path.
@@ -22,6 +23,7 @@ use floodgate::limiter::rate::Rate;
 use floodgate::limiter::{
     Algorithm, fixed_window, gcra, leaky_bucket, sliding_window, sliding_window_log, token_bucket,
 };
+use floodgate::overrides::{Change, Do, Spec, Table};
 use floodgate::rules::RuleSet;
 use floodgate::rules::tiers::Override;
 use floodgate::time::{Clock, SystemClock};
@@ -159,6 +161,26 @@ fn overrides(c: &mut Criterion) {
             let vip = descriptors(&format!("vip-{}", n - 1));
             group.bench_function(BenchmarkId::new("match", n), |b| b.iter(|| black_box(decide(&e, &vip))));
         }
+    }
+    // Set at run time, each ending in an hour: a match also reads the clock.
+    for n in [1usize, 100_000] {
+        let yaml = format!("resources:\n  - name: api\n    limits: [ {limit} ]\n");
+        let e = engine(&yaml);
+        let now = e.clock().now().as_nanos();
+        let specs = (0..n).map(|i| Spec {
+            id: format!("vip-{i}"),
+            rule: "api".into(),
+            when: vec![("user".into(), format!("vip-{i}"))],
+            action: Do::Factor(10.0),
+            expires_at: Some(now + 3_600_000_000_000),
+            created_at: now,
+            created_by: "bench".into(),
+            reason: String::new(),
+        });
+        e.install_overrides(Arc::new(Table::from_specs(specs)), Change::default());
+        let (plain, vip) = (descriptors("u42"), descriptors(&format!("vip-{}", n - 1)));
+        group.bench_function(BenchmarkId::new("run_time_no_match", n), |b| b.iter(|| black_box(decide(&e, &plain))));
+        group.bench_function(BenchmarkId::new("run_time_match", n), |b| b.iter(|| black_box(decide(&e, &vip))));
     }
     group.finish();
 }

@@ -30,6 +30,13 @@ pub enum Event {
         source: String,
         patterns: Arc<[String]>,
     },
+    /// Overrides set at run time were set, deleted or reached their expiry.
+    Overrides {
+        version: u64,
+        set: Vec<String>,
+        deleted: Vec<String>,
+        expired: Vec<String>,
+    },
 }
 
 #[derive(Clone)]
@@ -65,6 +72,10 @@ impl Events {
                 gauge!(metrics::DEGRADATION_LEVEL).set(f64::from(c.to));
             }
             Event::Rules { .. } => {}
+            Event::Overrides { version, set, deleted, expired } => {
+                let (set, deleted, expired) = (set.len(), deleted.len(), expired.len());
+                tracing::info!(version, set, deleted, expired, "overrides changed");
+            }
         }
         // No receivers is fine: nobody is watching.
         let _ = self.tx.send(Arc::new(event));

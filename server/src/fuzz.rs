@@ -18,9 +18,12 @@ use crate::time::SystemClock;
 
 /// Rules with every algorithm, keys, globs, a breaker and a concurrency limit.
 const RULES: &str = r#"
+tiers:
+  gold: [ { name: g, key: [user], algorithm: fixed_window, limit: 9, window: 1s } ]
 resources:
   - name: tb
     limits: [ { name: l, key: [user], algorithm: token_bucket, capacity: 5, refill_per_second: 1 } ]
+    overrides: [ { when: { user: vip }, tier: gold } ]
   - name: gcra
     limits: [ { name: l, algorithm: gcra, rate_per_second: 2, burst: 3 } ]
   - name: shape
@@ -92,12 +95,13 @@ pub fn rules(data: &[u8]) {
 }
 
 /// A request body as a client would send it: the first byte picks the RPC,
-/// the rest is the message, decoded, checked and decided (4: a Charge).
+/// the rest is the message, decoded, checked and decided (4: a Charge; 5:
+/// Admin's SetOverrides, then a decision under each and their deletion).
 pub fn requests(data: &[u8]) {
     let Some((&kind, body)) = data.split_first() else { return };
     let (e, decider) = engine();
     let rules = e.rules();
-    match kind % 5 {
+    match kind % 6 {
         0 => {
             if let Ok(r) = pb::AcquireRequest::decode(body) {
                 let req = Request::from(&r);
@@ -126,17 +130,41 @@ pub fn requests(data: &[u8]) {
                 let _ = e.settle_estimate(&rules, report.permit_id, report.resource, report.actual_cost);
             }
         }
+        5 => {
+            if let Ok(r) = pb::SetOverridesRequest::decode(body) {
+                let new = r.overrides.iter().take(16).map(crate::grpc::convert::overrides::new_override);
+                if let Ok(new) = new.collect::<Result<Vec<_>, _>>()
+                    && let Ok(set) = ready(decider.set_overrides(new, "fuzz"))
+                {
+                    let rules = e.rules();
+                    for s in &set.specs {
+                        let d: std::collections::HashMap<String, String> = s.when.iter().cloned().collect();
+                        let req =
+                            Request { resource: &s.rule, descriptors: &d, cost: 1, dry_run: false, settle: false };
+                        let _ = e.acquire(&rules, &req);
+                    }
+                    let ids = set.specs.iter().map(|s| s.id.clone()).collect();
+                    ready(decider.delete_overrides(ids)).expect("deleting what was just set");
+                }
+            }
+        }
         _ => {
             if let Ok(r) = rls::RateLimitRequest::decode(body)
                 && let Ok(ask) = RlsAsk::try_from(&r)
             {
-                // Memory only: the answer is ready on the first poll.
-                let ask = ask.ask();
-                let mut call = std::pin::pin!(decider.should_rate_limit(&ask));
-                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-                assert!(call.as_mut().poll(&mut cx).is_ready(), "a memory-only RLS call never waits");
+                let _ = ready(decider.should_rate_limit(&ask.ask()));
             }
         }
     }
     e.tick();
+}
+
+/// Polls `f` once: memory only, nothing here ever waits.
+fn ready<F: Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match f.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(out) => out,
+        std::task::Poll::Pending => panic!("a memory-only call waited"),
+    }
 }

@@ -43,6 +43,7 @@ pub mod http;
 pub mod limiter;
 pub mod listen;
 pub mod metrics;
+pub mod overrides;
 pub mod reload;
 pub mod replication;
 pub mod rules;

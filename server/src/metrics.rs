@@ -47,6 +47,7 @@ pub const WATCH_STREAMS: &str = "floodgate_watch_streams";
 pub const CONNECTIONS_REJECTED: &str = "floodgate_connections_rejected_total";
 pub const RLS_GLOBAL_SHADOW: &str = "floodgate_rls_global_shadow_total";
 pub const RLS_OVERRIDES_REFUSED: &str = "floodgate_rls_overrides_refused_total";
+pub const OVERRIDES: &str = "floodgate_overrides";
 
 /// The resource label of requests that no rule matched.
 pub const UNMATCHED: &str = "_unmatched";
@@ -84,6 +85,7 @@ fn describe() {
     );
     describe_counter!(RPC_REQUESTS, "gRPC calls by method and status code");
     describe_gauge!(KEYS, "Buckets held in memory");
+    describe_gauge!(OVERRIDES, "Overrides set at run time (Admin SetOverrides), expired ones not yet removed included");
     describe_counter!(EVICTIONS, "Buckets evicted: idle ones and least recently used ones beyond --max-keys");
     describe_counter!(RULE_RELOADS, "Rule loads by source and result (success or failure)");
     describe_gauge!(RULES_VERSION, "Version of the rules in force");

@@ -40,6 +40,8 @@ pub struct Options {
     pub limits: Limits,
     /// Watch streams open at once.
     pub max_watchers: usize,
+    /// Overrides set at run time: the file to keep them in without Redis, how many.
+    pub overrides: crate::decider::OverrideOptions,
     /// TLS (and mTLS) on both ports.
     pub tls: Option<TlsFiles>,
     /// Who may call Admin.
@@ -115,7 +117,19 @@ pub async fn run(
         }
         None => None,
     };
-    let decider = Arc::new(Decider::new(engine.clone(), replication).with_rls(opts.rls));
+    if replicated && opts.overrides.file.is_some() {
+        anyhow::bail!("--overrides-file is for a server without Redis: with Redis, overrides are kept there");
+    }
+    if let Some(path) = &opts.overrides.file {
+        let table = decider::read_overrides_file(path, opts.overrides.max).context("reading the overrides file")?;
+        let (count, version) = (table.len(), engine.install_overrides(Arc::new(table), Default::default()));
+        tracing::info!(file = %path.display(), count, version, "overrides set at run time restored");
+    }
+    let decider =
+        Arc::new(Decider::new(engine.clone(), replication).with_rls(opts.rls).with_overrides(opts.overrides.clone()));
+    if !decider.overrides_persisted() {
+        tracing::info!("overrides set through Admin are kept in memory only (see --overrides-file)");
+    }
     let _reloader = match watched {
         Some((path, text)) => {
             Some(reload::spawn(path, decider.clone(), text, opts.reload_quiet).context("watching the rules file")?)
@@ -130,6 +144,7 @@ pub async fn run(
         None => None,
     };
     let _sweeper = engine::spawn_sweeper(&engine, opts.sweep_interval);
+    let _expiry = spawn_override_expiry(&decider);
     // Permit expiry, HALF_OPEN probe expiry and the degradation level.
     let _ticker = engine::spawn_ticker(&engine, Duration::from_millis(100));
 
@@ -170,6 +185,21 @@ pub async fn run(
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Every second, removes the overrides that have ended (they stopped
+/// applying at their expiry already).
+fn spawn_override_expiry(decider: &Arc<Decider>) -> tokio::task::JoinHandle<()> {
+    let weak = Arc::downgrade(decider);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(decider) = weak.upgrade() else { return };
+            decider.expire_overrides().await;
+        }
+    })
 }
 
 async fn stopped(mut rx: watch::Receiver<bool>) {

@@ -43,6 +43,22 @@ pub fn same_daily_reset(a: u64, b: u64, slack: u64) -> bool {
     d <= slack || d >= 86_400 - slack
 }
 
+/// A Redis, a rules file holding `rules`, and the `serve` arguments of a
+/// replica using both (synced every 100 ms).
+pub fn replicated(rules: &str) -> (redis::RedisServer, TempDir, Vec<String>) {
+    let redis = redis::RedisServer::start();
+    let dir = TempDir::new();
+    let file = dir.write("rules.yaml", rules);
+    let args =
+        ["--config", path_str(&file), "--redis", &redis.url(), "--sync-interval", "100ms", "--redis-timeout", "1s"];
+    (redis, dir, args.map(String::from).to_vec())
+}
+
+/// `args` as `Floodgate::start` takes them.
+pub fn strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
+}
+
 /// Waits until `fg` counts `n` live replicas (their heartbeats reached Redis).
 pub fn wait_live(fg: &Floodgate, n: u32) {
     let deadline = Instant::now() + Duration::from_secs(10);

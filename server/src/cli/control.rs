@@ -70,7 +70,14 @@ pub struct WatchArgs {
 }
 
 fn ago_or_in(t: &Option<prost_types::Timestamp>) -> String {
-    let Some(t) = t else { return "-".into() };
+    match t {
+        Some(t) => ago_or_in_ts(t),
+        None => "-".into(),
+    }
+}
+
+/// "in 5m" or "3s ago".
+pub(super) fn ago_or_in_ts(t: &prost_types::Timestamp) -> String {
     let at = std::time::UNIX_EPOCH + Duration::new(t.seconds.max(0) as u64, t.nanos.max(0) as u32);
     match at.duration_since(std::time::SystemTime::now()) {
         Ok(d) => format!("in {}", crate::rules::duration::human(d)),
@@ -211,6 +218,13 @@ pub async fn watch(args: WatchArgs) -> anyhow::Result<ExitCode> {
                 )
             }
             Some(Event::Rules(r)) => format!("rules v{} from {}", r.version, r.source),
+            Some(Event::Overrides(o)) => format!(
+                "overrides (rules v{}): set [{}], deleted [{}], expired [{}]",
+                o.rules_version,
+                o.set.join(", "),
+                o.deleted.join(", "),
+                o.expired.join(", ")
+            ),
             None => continue,
         };
         println!("#{} {line}", e.sequence);

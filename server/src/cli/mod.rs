@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 mod check_config;
 mod client;
 mod control;
+mod overrides;
 mod serve;
 
 #[derive(Parser, Debug)]
@@ -48,6 +49,8 @@ enum Command {
     Level(control::LevelArgs),
     /// Stream breaker transitions, level changes and rule reloads.
     Watch(control::WatchArgs),
+    /// Overrides set at run time: list (default), set, delete.
+    Overrides(overrides::OverridesArgs),
     /// Load-test a server, ghz-style.
     Bench(crate::bench::BenchArgs),
 }
@@ -65,6 +68,7 @@ impl Cli {
             Command::Breakers(args) => return client::block_on(control::breakers(args)),
             Command::Level(args) => return client::block_on(control::level(args)),
             Command::Watch(args) => return client::block_on(control::watch(args)),
+            Command::Overrides(args) => return client::block_on(overrides::overrides(args)),
         };
         match result {
             Ok(()) => ExitCode::SUCCESS,

@@ -70,6 +70,16 @@ pub struct ServeArgs {
     #[arg(long, default_value = "1s", value_parser = super::parse_duration)]
     reload_debounce: Duration,
 
+    /// Keep overrides set through Admin in this file (JSON lines, written
+    /// atomically, read at start) on a server without Redis; with Redis they
+    /// are kept there. Without either they last until the process ends.
+    #[arg(long, env = "FLOODGATE_OVERRIDES_FILE")]
+    overrides_file: Option<PathBuf>,
+
+    /// The most overrides set through Admin that the server keeps.
+    #[arg(long, default_value_t = crate::overrides::DEFAULT_MAX)]
+    max_overrides: usize,
+
     #[command(flatten)]
     limits: LimitArgs,
 
@@ -239,6 +249,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         shutdown_grace: args.shutdown_grace,
         limits,
         max_watchers: l.max_watchers.max(1),
+        overrides: crate::decider::OverrideOptions { file: args.overrides_file, max: args.max_overrides },
         tls,
         access,
         clock: Arc::new(SystemClock::new()),

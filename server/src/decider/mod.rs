@@ -25,8 +25,12 @@ use crate::replication::Replication;
 use crate::rules::envoy::EnvoyConfig;
 use crate::rules::{RuleErrors, RuleSet};
 
+mod overrides;
 mod rls;
 
+pub use overrides::{
+    MAX_PAGE, NewOverride, OverrideOptions, OverridesPage, OverridesSet, read_file as read_overrides_file,
+};
 pub use rls::{RlsAnswer, RlsHeaders, RlsOptions, RlsRequest, RlsStatus, Shown};
 
 pub struct Decider {
@@ -37,6 +41,9 @@ pub struct Decider {
     applying: tokio::sync::Mutex<()>,
     /// Candidate rules observed in shadow (`ApplyRules` with `what_if`).
     what_if: arc_swap::ArcSwapOption<WhatIf>,
+    /// Overrides set at run time: where they are kept; one change at a time.
+    override_options: OverrideOptions,
+    changing: tokio::sync::Mutex<()>,
 }
 
 /// Where a rule set comes from.
@@ -123,7 +130,16 @@ impl Decider {
             rls: RlsOptions::default(),
             applying: tokio::sync::Mutex::new(()),
             what_if: arc_swap::ArcSwapOption::empty(),
+            override_options: OverrideOptions::default(),
+            changing: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// Where overrides set at run time are kept (a server with Redis keeps
+    /// them there whatever `file` says), and how many.
+    pub fn with_overrides(mut self, options: OverrideOptions) -> Self {
+        self.override_options = options;
+        self
     }
 
     /// How Envoy's RLS answers (global shadow mode, response headers).

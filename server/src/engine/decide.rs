@@ -16,7 +16,7 @@ use crate::breaker;
 use crate::limiter::{Decision, Status};
 use crate::rules::{Limit, Rule, SyncMode, duration};
 use crate::store::BucketKey;
-use crate::time::Timestamp;
+use crate::time::{SharedClock, Timestamp};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verdict {
@@ -222,7 +222,7 @@ impl Engine {
         let mut blocked = None;
         let matched = match rule {
             None => Matched::default(),
-            Some((r, _)) => match limits_for(r, req.descriptors) {
+            Some((r, _)) => match limits_for(r, req.descriptors, &self.clock) {
                 Ok(limits) => matched_in(limits, r.per_resource(), req.resource, req.descriptors),
                 Err(block) => {
                     blocked = Some(block);
@@ -302,7 +302,7 @@ impl Engine {
         let Some(rule) = rules.rules.find(resource) else {
             return Ok(Answer::allowed(level));
         };
-        let mut matched = matched(rule, resource, descriptors);
+        let mut matched = matched(rule, resource, descriptors, &self.clock);
         matched.retain(|(l, _, _)| only.is_none_or(|name| l.name == name));
         let now = self.clock.now();
         let decisions: SmallVec<[Decision; 4]> =
@@ -347,12 +347,13 @@ impl Engine {
 pub(super) fn limits_for<'r, D: Descriptors + ?Sized>(
     rule: &'r Rule,
     d: &D,
+    clock: &SharedClock,
 ) -> Result<LimitsFor<'r>, (std::time::Duration, String)> {
     let own = LimitsFor { limits: &rule.limits, slots: None };
     if rule.overrides.is_empty() {
         return Ok(own);
     }
-    let Some(o) = rule.overrides.find(|k| d.get(k)) else { return Ok(own) };
+    let Some(o) = rule.overrides.find(|k| d.get(k), || clock.now().as_nanos()) else { return Ok(own) };
     match &o.action {
         crate::rules::tiers::Action::Block { retry_after } => {
             let values = o.when.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
@@ -377,8 +378,13 @@ impl<'r> LimitsFor<'r> {
     }
 }
 
-pub(super) fn matched<'r, D: Descriptors + ?Sized>(rule: &'r Rule, resource: &str, d: &D) -> Matched<'r> {
-    match limits_for(rule, d) {
+pub(super) fn matched<'r, D: Descriptors + ?Sized>(
+    rule: &'r Rule,
+    resource: &str,
+    d: &D,
+    clock: &SharedClock,
+) -> Matched<'r> {
+    match limits_for(rule, d, clock) {
         Ok(limits) => matched_in(limits, rule.per_resource(), resource, d),
         Err(_) => Matched::default(),
     }

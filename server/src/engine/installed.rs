@@ -6,22 +6,30 @@
 //! optionally, an envoyproxy/ratelimit configuration (`envoy`), each installed
 //! on its own without touching the other.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use arc_swap::{ArcSwap, Guard};
 
 use super::counters::RuleMetrics;
-use super::overrides::Overrides;
+use super::envoy_sizes::EnvoySizes;
 use crate::limiter::Algorithm;
+use crate::overrides::Table;
 use crate::rules::envoy::{self, EnvoyConfig, Unit};
 use crate::rules::{Limit, LimitId, Rule, RuleSet};
 
 /// The rules in force, with where they came from.
 #[derive(Debug)]
 pub struct Installed {
+    /// The rules deciding: the file's, with the overrides set at run time
+    /// merged in.
     pub rules: Arc<RuleSet>,
+    /// The file's rules as read.
+    pub file: Arc<RuleSet>,
+    /// The overrides set at run time, and why those that do not apply do not.
+    pub runtime: Arc<Table>,
+    pub problems: Arc<BTreeMap<String, String>>,
     /// The text they were read from.
     pub yaml: String,
     /// Increases with every install.
@@ -38,7 +46,7 @@ pub struct Installed {
     pub(super) unmatched: RuleMetrics,
     /// Limits Envoy sends with a descriptor (`limit` overrides); kept for
     /// the life of the process.
-    pub(super) overrides: Arc<Overrides>,
+    pub(super) envoy_sizes: Arc<EnvoySizes>,
     /// Every limit of `rules` in Envoy's terms (requests per unit), by rule.
     per_unit: Vec<Vec<(u32, Unit)>>,
 }
@@ -67,8 +75,24 @@ enum Place {
 /// Where the rules in force live.
 pub struct RulesSlot {
     current: ArcSwap<Installed>,
-    /// Limit ids by (rule, limit, algorithm). Also serialises installs.
-    ids: Mutex<HashMap<(String, String, &'static str), LimitId>>,
+    /// Limit ids. Also serialises installs.
+    ids: Mutex<Ids>,
+}
+
+/// (rule, limit, algorithm): a limit's identity.
+type Identity = (String, String, &'static str);
+
+/// Limit ids by identity: the file's kept for the life of the process (a
+/// limit that comes back gets its buckets back), run-time overrides' only
+/// while they exist (they come and go by the thousand).
+#[derive(Default)]
+struct Ids {
+    file: HashMap<Identity, LimitId>,
+    /// By the override's id, then identity: kept while the id is in the
+    /// table (an override waiting for its rule to come back keeps its buckets).
+    runtime: HashMap<(String, Identity), LimitId>,
+    /// The last id given.
+    last: u32,
 }
 
 // === impl Installed ===
@@ -77,6 +101,9 @@ impl Installed {
     fn empty() -> Self {
         Installed {
             rules: Arc::default(),
+            file: Arc::default(),
+            runtime: Arc::default(),
+            problems: Arc::default(),
             yaml: String::new(),
             version: 0,
             source: String::new(),
@@ -85,7 +112,7 @@ impl Installed {
             by_id: HashMap::new(),
             metrics: Vec::new(),
             unmatched: RuleMetrics::unmatched(),
-            overrides: Arc::new(Overrides::new()),
+            envoy_sizes: Arc::new(EnvoySizes::new()),
             per_unit: Vec::new(),
         }
     }
@@ -104,7 +131,7 @@ impl Installed {
                 return Some((rule, &rule.overrides.list()[o].limits[l]));
             }
             Some(&Place::Envoy(r)) => &self.envoy.config.rules()[r],
-            None => self.overrides.rule(id)?,
+            None => self.envoy_sizes.rule(id)?,
         };
         Some((rule, &rule.limits[0]))
     }
@@ -129,7 +156,7 @@ impl Installed {
 
 impl RulesSlot {
     pub fn new() -> Self {
-        RulesSlot { current: ArcSwap::from_pointee(Installed::empty()), ids: Mutex::new(HashMap::new()) }
+        RulesSlot { current: ArcSwap::from_pointee(Installed::empty()), ids: Mutex::new(Ids::default()) }
     }
 
     /// The rules in force; hold the guard only for the length of one decision.
@@ -142,26 +169,64 @@ impl RulesSlot {
         self.current.load_full()
     }
 
-    /// Swaps in a new rule set, keeping the Envoy configuration in force;
-    /// returns the version.
-    pub fn install(&self, mut rules: RuleSet, yaml: String, source: String) -> u64 {
+    /// Swaps in a new rule set (with the overrides set at run time), keeping
+    /// the Envoy configuration in force; returns the version.
+    pub fn install(&self, rules: RuleSet, yaml: String, source: String) -> u64 {
         let mut ids = self.ids.lock().unwrap_or_else(|e| e.into_inner());
+        let current = self.current.load_full();
+        let parts = Parts { yaml, source, envoy: current.envoy.clone(), runtime: current.runtime.clone() };
+        self.merge_and_swap(&mut ids, &current, Arc::new(rules), parts)
+    }
+
+    /// Swaps in other overrides set at run time, keeping the rules; returns
+    /// the version.
+    pub fn install_runtime(&self, runtime: Arc<Table>) -> u64 {
+        let mut ids = self.ids.lock().unwrap_or_else(|e| e.into_inner());
+        let current = self.current.load_full();
+        let parts =
+            Parts { yaml: current.yaml.clone(), source: current.source.clone(), envoy: current.envoy.clone(), runtime };
+        self.merge_and_swap(&mut ids, &current, current.file.clone(), parts)
+    }
+
+    /// Merges `file` with `parts.runtime`, gives every limit its id, swaps.
+    fn merge_and_swap(&self, ids: &mut Ids, current: &Installed, file: Arc<RuleSet>, parts: Parts) -> u64 {
+        let (mut rules, problems) = parts.runtime.merge(&file);
+        ids.runtime.retain(|(id, _), _| parts.runtime.get(id).is_some());
         for rule in rules.rules_mut() {
-            assign(&mut ids, "", rule);
+            ids.assign("", rule);
             // An override's limits have buckets of their own, the same across
-            // reloads for the same override position.
+            // installs while it has the same tag.
             let name = rule.name.clone();
-            for (j, o) in rule.overrides.list_mut().iter_mut().enumerate() {
+            for o in rule.overrides.list_mut() {
+                let runtime = o.tag.strip_prefix('@').map(str::to_string);
                 for limit in &mut o.limits {
-                    let next = LimitId(ids.len() as u32 + 1);
-                    let identity = (format!("\u{2}{name}#{j}"), limit.name.clone(), limit.algorithm.name());
-                    limit.id = *ids.entry(identity).or_insert(next);
+                    let identity = (format!("\u{2}{name}{}", o.tag), limit.name.clone(), limit.algorithm.name());
+                    limit.id = match &runtime {
+                        None => ids.get(identity),
+                        Some(id) => match ids.runtime.get(&(id.clone(), identity.clone())) {
+                            Some(&known) => known,
+                            None => {
+                                let new = ids.next();
+                                ids.runtime.insert((id.clone(), identity), new);
+                                new
+                            }
+                        },
+                    };
                 }
             }
         }
-        let current = self.current.load_full();
         let metrics = rules.rules().iter().map(RuleMetrics::new).collect();
-        self.swap(&current, Arc::new(rules), metrics, yaml, source, current.envoy.clone())
+        // The file's rules get the ids too: a what-if or a later merge reads them.
+        let file = match Arc::try_unwrap(file) {
+            Ok(mut f) => {
+                for rule in f.rules_mut() {
+                    ids.assign("", rule);
+                }
+                Arc::new(f)
+            }
+            Err(shared) => shared,
+        };
+        self.swap(current, Arc::new(rules), file, Arc::new(problems), metrics, parts)
     }
 
     /// Swaps in an envoyproxy/ratelimit configuration (read from `source`),
@@ -169,14 +234,19 @@ impl RulesSlot {
     pub fn install_envoy(&self, mut config: EnvoyConfig, text: String, source: String) -> u64 {
         let mut ids = self.ids.lock().unwrap_or_else(|e| e.into_inner());
         for rule in config.rules_mut() {
-            assign(&mut ids, "\u{1}envoy:", rule);
+            ids.assign("\u{1}envoy:", rule);
         }
         let metrics = config.rules().iter().map(RuleMetrics::new).collect();
         let envoy = Arc::new(EnvoyInstalled { config, text, source, metrics });
         let current = self.current.load_full();
-        let (yaml, rules_source) = (current.yaml.clone(), current.source.clone());
+        let parts = Parts {
+            yaml: current.yaml.clone(),
+            source: current.source.clone(),
+            envoy,
+            runtime: current.runtime.clone(),
+        };
         let metrics = current.rules.rules().iter().map(RuleMetrics::new).collect();
-        self.swap(&current, current.rules.clone(), metrics, yaml, rules_source, envoy)
+        self.swap(&current, current.rules.clone(), current.file.clone(), current.problems.clone(), metrics, parts)
     }
 
     /// Installs a new `Installed` built from its parts; the caller holds `ids`.
@@ -184,11 +254,12 @@ impl RulesSlot {
         &self,
         current: &Installed,
         rules: Arc<RuleSet>,
+        file: Arc<RuleSet>,
+        problems: Arc<BTreeMap<String, String>>,
         metrics: Vec<RuleMetrics>,
-        yaml: String,
-        source: String,
-        envoy: Arc<EnvoyInstalled>,
+        parts: Parts,
     ) -> u64 {
+        let Parts { yaml, source, envoy, runtime } = parts;
         let mut by_id = HashMap::new();
         for (r, rule) in rules.rules().iter().enumerate() {
             for (l, limit) in rule.limits.iter().enumerate() {
@@ -207,6 +278,9 @@ impl RulesSlot {
         let installed = Installed {
             per_unit,
             rules,
+            file,
+            runtime,
+            problems,
             yaml,
             version: current.version + 1,
             source,
@@ -215,7 +289,7 @@ impl RulesSlot {
             by_id,
             metrics,
             unmatched: RuleMetrics::unmatched(),
-            overrides: current.overrides.clone(),
+            envoy_sizes: current.envoy_sizes.clone(),
         };
         let version = installed.version;
         self.current.store(Arc::new(installed));
@@ -223,13 +297,35 @@ impl RulesSlot {
     }
 }
 
-/// Gives every limit of `rule` its id: the one it had, by (rule, limit,
-/// algorithm), else a new one.
-fn assign(ids: &mut HashMap<(String, String, &'static str), LimitId>, prefix: &str, rule: &mut Rule) {
-    for limit in &mut rule.limits {
-        let next = LimitId(ids.len() as u32 + 1);
-        let identity = (format!("{prefix}{}", rule.name), limit.name.clone(), limit.algorithm.name());
-        limit.id = *ids.entry(identity).or_insert(next);
+/// What an install keeps or replaces besides the rules.
+struct Parts {
+    yaml: String,
+    source: String,
+    envoy: Arc<EnvoyInstalled>,
+    runtime: Arc<Table>,
+}
+
+impl Ids {
+    fn next(&mut self) -> LimitId {
+        self.last += 1;
+        LimitId(self.last)
+    }
+
+    /// The id of a limit of the file (or Envoy's): the one it had, else a new one.
+    fn get(&mut self, identity: Identity) -> LimitId {
+        if let Some(&id) = self.file.get(&identity) {
+            return id;
+        }
+        let id = self.next();
+        self.file.insert(identity, id);
+        id
+    }
+
+    /// Gives every limit of `rule` its id, by (rule, limit, algorithm).
+    fn assign(&mut self, prefix: &str, rule: &mut Rule) {
+        for limit in &mut rule.limits {
+            limit.id = self.get((format!("{prefix}{}", rule.name), limit.name.clone(), limit.algorithm.name()));
+        }
     }
 }
 

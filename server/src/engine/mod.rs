@@ -23,9 +23,9 @@ use crate::time::SharedClock;
 
 mod counters;
 pub mod decide;
+mod envoy_sizes;
 pub mod guards;
 mod installed;
-mod overrides;
 pub mod report;
 pub mod request;
 pub mod rls;
@@ -98,6 +98,17 @@ impl Engine {
         let patterns = rules.rules().iter().map(|r| r.name.clone()).collect();
         let version = self.rules.install(rules, yaml, source.clone());
         self.events.publish(Event::Rules { version, source, patterns });
+        version
+    }
+
+    /// Installs other overrides set at run time beside the rules in force;
+    /// `change` says what changed, for Watch.
+    pub fn install_overrides(&self, table: Arc<crate::overrides::Table>, change: crate::overrides::Change) -> u64 {
+        let count = table.len();
+        let version = self.rules.install_runtime(table);
+        ::metrics::gauge!(crate::metrics::OVERRIDES).set(count as f64);
+        let crate::overrides::Change { set, deleted, expired } = change;
+        self.events.publish(Event::Overrides { version, set, deleted, expired });
         version
     }
 

@@ -67,6 +67,12 @@ pub enum RequestError {
     NoWhatIf,
     #[error("{field}: {value} is not one of {expected}")]
     UnknownEnum { field: &'static str, value: i32, expected: &'static str },
+    #[error("{field}: {message}")]
+    BadOverride { field: &'static str, message: String },
+    #[error("overrides: {count} would be set; the limit is {max} (--max-overrides)")]
+    TooManyOverrides { count: usize, max: usize },
+    #[error("overrides could not be kept: {0}")]
+    OverridesNotKept(String),
     #[error("{field}[{index}]{}{source}", if source.starts_with_field() { "." } else { ": " })]
     InBatch { field: &'static str, index: usize, source: Box<RequestError> },
 }

@@ -62,7 +62,7 @@ impl Engine {
         if let Some((requests_per_unit, unit)) = d.limit
             && (envoy.has_domain(domain) || rules.rules.position(domain).is_some())
         {
-            match rules.overrides.get(requests_per_unit, unit) {
+            match rules.envoy_sizes.get(requests_per_unit, unit) {
                 Some((rule, metrics)) => return Ok(Target::Override { rule, metrics, requests_per_unit, unit }),
                 // Too many sizes already: the configured limit applies.
                 None => metrics::counter!(crate::metrics::RLS_OVERRIDES_REFUSED).increment(1),
@@ -112,7 +112,7 @@ impl Engine {
             Target::Rules(i) => {
                 let rule = &rules.rules.rules()[i];
                 let entries = d.entries.as_slice();
-                let matched = match limits_for(rule, entries) {
+                let matched = match limits_for(rule, entries, &self.clock) {
                     Ok(limits) => matched_in(limits, rule.per_resource(), domain, entries),
                     Err(block) => {
                         blocked = Some(block);

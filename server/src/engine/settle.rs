@@ -72,7 +72,7 @@ impl Engine {
         }
         let Some(rule) = rules.rules.find(req.resource) else { return };
         let replicated = self.sync.is_some();
-        let buckets: SmallVec<[(LimitId, BucketKey); 2]> = matched(rule, req.resource, req.descriptors)
+        let buckets: SmallVec<[(LimitId, BucketKey); 2]> = matched(rule, req.resource, req.descriptors, &self.clock)
             .into_iter()
             .filter(|(l, _, _)| !(replicated && l.sync == SyncMode::Strict))
             .map(|(l, _, k)| (l.id, k))
@@ -163,7 +163,7 @@ impl Engine {
         let now = self.clock.now();
         let replicated = self.sync.is_some();
         let mut out = SmallVec::new();
-        for (l, index, bucket) in matched(rule, resource, descriptors) {
+        for (l, index, bucket) in matched(rule, resource, descriptors, &self.clock) {
             if cost > 0 && !(replicated && l.sync == SyncMode::Strict) {
                 self.buckets.force(bucket.clone(), &l.algorithm, now, cost);
                 self.note_replicated(l, &bucket, resource, i64::try_from(cost).unwrap_or(i64::MAX), now);

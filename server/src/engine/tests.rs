@@ -201,3 +201,69 @@ fn overrides_give_tiers_factors_absolute_limits_and_blocks() {
     // An override's buckets are its own: k-big's 4 did not touch plain's.
     assert_eq!(admitted(&[("api_key", "plain")], 1), 0);
 }
+
+fn runtime_spec(id: &str, when: &[(&str, &str)], action: crate::overrides::Do) -> crate::overrides::Spec {
+    crate::overrides::Spec {
+        id: id.into(),
+        rule: "api".into(),
+        when: when.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        action,
+        expires_at: None,
+        created_at: 1,
+        created_by: "test".into(),
+        reason: String::new(),
+    }
+}
+
+#[test]
+fn a_run_time_override_applies_before_the_files_and_ends_at_its_expiry_exactly() {
+    use crate::overrides::{Change, Do, Table};
+    let (e, clock) = engine(TIERED);
+    let now = crate::time::Clock::now(&*clock).as_nanos();
+    // k-big has the file's 4; for ten seconds, a block wins over it.
+    let mut block = runtime_spec("block-k-big", &[("api_key", "k-big")], Do::Block { retry_after_ms: 5_000 });
+    block.expires_at = Some(now + 10_000_000_000);
+    let v1 = e.rules().version;
+    let v2 = e.install_overrides(Arc::new(Table::from_specs([block])), Change::default());
+    assert_eq!(v2, v1 + 1, "an override change is an install");
+    let k_big = d(&[("api_key", "k-big")]);
+    let (v, _) = ask(&e, "api", &k_big, 1).unwrap();
+    assert_eq!(v, Verdict::RateLimited, "blocked");
+    clock.advance(Duration::from_nanos(9_999_999_999));
+    assert_eq!(ask(&e, "api", &k_big, 1).unwrap().0, Verdict::RateLimited, "a nanosecond before its end");
+    clock.advance(Duration::from_nanos(1));
+    // Ended: not yet removed from the table, and no longer applying.
+    assert_eq!(e.rules().runtime.len(), 1);
+    assert_eq!(ask(&e, "api", &k_big, 1).unwrap(), (Verdict::Allowed, vec![3]), "the file's override again");
+}
+
+#[test]
+fn buckets_survive_run_time_override_changes_that_do_not_touch_them() {
+    use crate::overrides::{Change, Do, Table};
+    let (e, _) = engine(TIERED);
+    let k_big = d(&[("api_key", "k-big")]);
+    let plain = d(&[("api_key", "plain")]);
+    let acme = d(&[("api_key", "a1"), ("tenant", "acme")]);
+    assert_eq!(ask(&e, "api", &k_big, 1).unwrap(), (Verdict::Allowed, vec![3]));
+    assert_eq!(ask(&e, "api", &plain, 1).unwrap(), (Verdict::Allowed, vec![1]));
+    let one = Table::from_specs([runtime_spec("acme-x2", &[("tenant", "acme")], Do::Factor(2.0))]);
+    e.install_overrides(Arc::new(one.clone()), Change::default());
+    // acme: twice the rule's 2, from a bucket of its own.
+    assert_eq!(ask(&e, "api", &acme, 1).unwrap(), (Verdict::Allowed, vec![3]));
+    // A second override set: the first's bucket and the file's are kept.
+    let two = one.with(&[runtime_spec("u9", &[("api_key", "u9")], Do::Limits(vec![("per-key".into(), 7)]))]);
+    e.install_overrides(Arc::new(two.clone()), Change::default());
+    assert_eq!(ask(&e, "api", &acme, 1).unwrap(), (Verdict::Allowed, vec![2]));
+    assert_eq!(ask(&e, "api", &k_big, 1).unwrap(), (Verdict::Allowed, vec![2]), "the file's override's bucket");
+    assert_eq!(ask(&e, "api", &plain, 1).unwrap(), (Verdict::Allowed, vec![0]), "the rule's own bucket");
+    assert_eq!(ask(&e, "api", &d(&[("api_key", "u9")]), 1).unwrap(), (Verdict::Allowed, vec![6]));
+    // A reload of the same file keeps the run-time overrides and their buckets.
+    e.install(RuleSet::from_yaml(TIERED, "t").unwrap(), TIERED.into(), "test".into());
+    assert_eq!(ask(&e, "api", &acme, 1).unwrap(), (Verdict::Allowed, vec![1]));
+    // A rules file without the rule: kept, inactive, and back with the rule.
+    e.install(RuleSet::from_yaml(RULES, "t").unwrap(), RULES.into(), "test".into());
+    assert_eq!(e.rules().problems.len(), 2, "{:?}", e.rules().problems);
+    e.install(RuleSet::from_yaml(TIERED, "t").unwrap(), TIERED.into(), "test".into());
+    assert!(e.rules().problems.is_empty());
+    assert_eq!(ask(&e, "api", &acme, 1).unwrap(), (Verdict::Allowed, vec![0]));
+}

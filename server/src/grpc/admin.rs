@@ -7,6 +7,7 @@ use pb::admin_server::Admin;
 use tonic::{Request, Response, Status};
 
 use super::convert::floodgate::{breaker_state_request, level_request};
+use super::convert::overrides;
 use crate::access::Caller;
 use crate::decider::Decider;
 
@@ -104,5 +105,56 @@ impl Admin for ControlPlane {
         let only = (!req.limit.is_empty()).then_some(req.limit.as_str());
         let response: pb::PeekResponse = self.decider.peek(&req.resource, &req.descriptors, only)?;
         Ok(Response::new(response))
+    }
+
+    async fn set_overrides(
+        &self,
+        request: Request<pb::SetOverridesRequest>,
+    ) -> Result<Response<pb::SetOverridesResponse>, Status> {
+        use crate::engine::RequestError;
+        let req = request.get_ref();
+        let new = req
+            .overrides
+            .iter()
+            .enumerate()
+            .map(|(i, o)| overrides::new_override(o).map_err(|e| e.in_batch("overrides", i)))
+            .collect::<Result<Vec<_>, RequestError>>()?;
+        let who = who(&request);
+        let before = self.decider.rules().version;
+        let set = self.decider.set_overrides(new, &who).await?;
+        let ids: Vec<&str> = set.specs.iter().map(|s| s.id.as_str()).collect();
+        let (count, ids, after) = (ids.len(), ids.join(","), set.rules_version);
+        tracing::info!(target: "floodgate::audit", who, change = "SetOverrides", count, ids, version_before = before, version_after = after, "admin change");
+        Ok(Response::new(pb::SetOverridesResponse {
+            overrides: set.specs.iter().map(|s| overrides::to_pb(s, None)).collect(),
+            rules_version: set.rules_version,
+            persisted: set.persisted,
+        }))
+    }
+
+    async fn list_overrides(
+        &self,
+        request: Request<pb::ListOverridesRequest>,
+    ) -> Result<Response<pb::ListOverridesResponse>, Status> {
+        let req = request.get_ref();
+        let page = self.decider.list_overrides(&req.rule, &req.after, req.limit as usize);
+        Ok(Response::new(pb::ListOverridesResponse {
+            overrides: page.items.into_iter().map(|(s, problem)| overrides::to_pb(&s, problem)).collect(),
+            next_after: page.next_after,
+            total: page.total as u64,
+        }))
+    }
+
+    async fn delete_overrides(
+        &self,
+        request: Request<pb::DeleteOverridesRequest>,
+    ) -> Result<Response<pb::DeleteOverridesResponse>, Status> {
+        let ids = request.get_ref().ids.clone();
+        let who = who(&request);
+        let before = self.decider.rules().version;
+        let (deleted, after) = self.decider.delete_overrides(ids).await?;
+        let (count, ids) = (deleted.len(), deleted.join(","));
+        tracing::info!(target: "floodgate::audit", who, change = "DeleteOverrides", count, ids, version_before = before, version_after = after, "admin change");
+        Ok(Response::new(pb::DeleteOverridesResponse { deleted, rules_version: after }))
     }
 }

@@ -15,7 +15,7 @@ use crate::access::{Access, Denied, Role};
 use crate::listen::Peer;
 
 /// Admin calls that change nothing.
-const READ_ONLY: &[&str] = &["GetRules", "ListBreakers", "GetBreaker", "Peek", "GetWhatIf"];
+const READ_ONLY: &[&str] = &["GetRules", "ListBreakers", "GetBreaker", "Peek", "GetWhatIf", "ListOverrides"];
 
 #[derive(Clone)]
 pub struct AdminGate<S> {

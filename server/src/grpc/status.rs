@@ -11,6 +11,8 @@ impl From<RequestError> for Status {
             RequestError::NoBreaker(_) | RequestError::NoSuchLimit { .. } | RequestError::NoWhatIf => {
                 Status::not_found(e.to_string())
             }
+            RequestError::TooManyOverrides { .. } => Status::resource_exhausted(e.to_string()),
+            RequestError::OverridesNotKept(_) => Status::unavailable(e.to_string()),
             e => Status::invalid_argument(e.to_string()),
         }
     }

@@ -100,7 +100,7 @@ fn snapshot(decider: &Decider, only: &HashSet<String>, resync: bool) -> Kind {
 fn wanted(event: &Event, only: &HashSet<String>) -> bool {
     match event {
         Event::Breaker { resource, .. } => only.is_empty() || only.contains(resource),
-        Event::Degradation(_) | Event::Rules { .. } => true,
+        Event::Degradation(_) | Event::Rules { .. } | Event::Overrides { .. } => true,
     }
 }
 

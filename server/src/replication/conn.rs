@@ -92,7 +92,8 @@ const SLOW_WAITS: u32 = 20;
 
 pub struct Conn {
     handle: ArcSwapOption<Handle>,
-    timeout: Duration,
+    /// The longest wait for one answer: `--redis-timeout` times [`SLOW_WAITS`].
+    longest: Duration,
     /// When Redis last answered anything, in microseconds since `base`.
     last_answer: AtomicU64,
     base: Instant,
@@ -132,13 +133,13 @@ impl Conn {
     pub fn open(target: &Target, credentials: &Credentials, timeout: Duration) -> anyhow::Result<Arc<Conn>> {
         let conn = Arc::new(Conn {
             handle: ArcSwapOption::empty(),
-            timeout,
+            longest: timeout * SLOW_WAITS,
             last_answer: AtomicU64::new(0),
             base: Instant::now(),
         });
-        // The connection's own response timeout is the longest wait; `call`
-        // decides sooner whether Redis is dead or only slow.
-        let longest = timeout * SLOW_WAITS;
+        // The connection's own response timeout is the longest wait;
+        // `call_within` decides sooner whether Redis is dead or only slow.
+        let longest = conn.longest;
         match target {
             Target::Standalone(url) => {
                 let client = client(url, credentials)?;
@@ -186,14 +187,16 @@ impl Conn {
         Ok(conn)
     }
 
-    /// Runs one exchange with Redis, bounded by the timeout.
+    /// Runs one exchange with Redis, bounded by `timeout` (`--redis-timeout`
+    /// for decisions; longer for an operator's change).
     ///
     /// A slow Redis is not a dead one: when no answer came within the
     /// timeout but Redis answered other calls meanwhile, the call goes on
     /// waiting, a timeout at a time, up to twenty. Only a timeout in which
     /// Redis answered nothing at all (it is dead, stopped or unreachable)
-    /// ends the call.
-    pub async fn call<T, F, Fut>(&self, what: &'static str, f: F) -> Result<T, CallError>
+    /// ends the call. The connection itself never waits longer than
+    /// [`Conn::longest`].
+    pub async fn call_within<T, F, Fut>(&self, what: &'static str, timeout: Duration, f: F) -> Result<T, CallError>
     where
         F: FnOnce(Handle) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
@@ -204,7 +207,7 @@ impl Conn {
         let mut waits = 0;
         let result = loop {
             let step = self.now_us();
-            match tokio::time::timeout(self.timeout, &mut call).await {
+            match tokio::time::timeout(timeout, &mut call).await {
                 Ok(r) => break r.map_err(CallError::Redis),
                 Err(_) => {
                     waits += 1;
@@ -220,6 +223,11 @@ impl Conn {
         }
         metrics::histogram!(crate::metrics::REDIS_RTT, "op" => what).record(start.elapsed().as_secs_f64());
         result
+    }
+
+    /// The longest any call may wait for its answer.
+    pub fn longest(&self) -> Duration {
+        self.longest
     }
 
     fn now_us(&self) -> u64 {

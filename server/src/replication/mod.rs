@@ -25,6 +25,7 @@ mod breakers;
 mod conn;
 mod decide;
 mod limits;
+mod overrides;
 mod rules;
 mod scripts;
 mod wire;
@@ -50,6 +51,9 @@ pub struct Replication {
     conn: Arc<Conn>,
     scripts: Scripts,
     config: Config,
+    /// The version of the overrides stored in Redis that this replica has
+    /// installed; `u64::MAX` before the first load. Loads are one at a time.
+    overrides_seen: tokio::sync::Mutex<u64>,
 }
 
 impl Replication {
@@ -59,8 +63,10 @@ impl Replication {
     pub async fn start(config: Config, engine: Arc<Engine>) -> anyhow::Result<Arc<Replication>> {
         anyhow::ensure!(engine.sync().is_some(), "the engine keeps no replication state");
         let conn = Conn::open(&config.target, &config.credentials, config.timeout)?;
-        let r = Arc::new(Replication { engine, conn, scripts: Scripts::default(), config });
+        let overrides_seen = tokio::sync::Mutex::new(u64::MAX);
+        let r = Arc::new(Replication { engine, conn, scripts: Scripts::default(), config, overrides_seen });
         r.load_shared_rules().await;
+        r.poll_overrides().await;
         tokio::spawn(sync_loop(Arc::downgrade(&r)));
         tokio::spawn(rules::listen(Arc::downgrade(&r)));
         Ok(r)
@@ -77,7 +83,16 @@ impl Replication {
         F: FnOnce(conn::Handle) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
-        match self.conn.call(what, f).await {
+        self.call_within(what, self.config.timeout, f).await
+    }
+
+    /// [`Replication::call`] with another timeout.
+    async fn call_within<T, F, Fut>(&self, what: &'static str, timeout: Duration, f: F) -> Option<T>
+    where
+        F: FnOnce(conn::Handle) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        match self.conn.call_within(what, timeout, f).await {
             Ok(v) => Some(v),
             Err(e) => {
                 if self.sync().up() {
@@ -141,6 +156,7 @@ impl Replication {
             tracing::info!("Redis answers again: deciding through it");
             self.engine.end_outage();
         }
+        self.poll_overrides().await;
         let rules = self.engine.rules_full();
         let buckets = self.sync_buckets(&rules).await;
         let breakers = self.sync_breakers(&rules).await;

@@ -88,6 +88,7 @@ async fn handle(r: &Replication, text: &str) {
             r.refresh_breaker(&rules, resource).await;
         }
         _ if text == "r" => r.load_shared_rules().await,
+        _ if text == "o" => r.poll_overrides().await,
         _ => {}
     }
 }

@@ -35,6 +35,8 @@ pub struct RuleSet {
     exact: HashMap<String, usize, ahash::RandomState>,
     globs: Vec<(Glob, usize)>,
     default: Option<usize>,
+    /// The file's tiers, by name: overrides set at run time may pick them.
+    tiers: HashMap<String, Vec<Limit>>,
 }
 
 /// Everything configured for one resource name or pattern.
@@ -124,8 +126,8 @@ impl RuleSet {
         parse::rule_set(text, file)
     }
 
-    fn new(rules: Vec<Rule>) -> RuleSet {
-        let mut set = RuleSet { rules, ..RuleSet::default() };
+    fn new(rules: Vec<Rule>, tiers: HashMap<String, Vec<Limit>>) -> RuleSet {
+        let mut set = RuleSet { rules, tiers, ..RuleSet::default() };
         for (i, rule) in set.rules.iter().enumerate() {
             match rule.pattern {
                 Pattern::Exact => {
@@ -156,14 +158,25 @@ impl RuleSet {
         &self.rules
     }
 
+    /// The tiers the file defines, by name.
+    pub fn tiers(&self) -> &HashMap<String, Vec<Limit>> {
+        &self.tiers
+    }
+
     pub(crate) fn rules_mut(&mut self) -> &mut [Rule] {
         &mut self.rules
     }
 
     /// Replaces the overrides of the rule named `name` (as written); false
     /// when there is none. Limits must still get their ids, at install.
-    pub fn set_overrides(&mut self, name: &str, list: Vec<tiers::Override>) -> bool {
+    /// An override without a tag is tagged by its position (`#j`).
+    pub fn set_overrides(&mut self, name: &str, mut list: Vec<tiers::Override>) -> bool {
         let Some(rule) = self.rules.iter_mut().find(|r| r.name == name) else { return false };
+        for (j, o) in list.iter_mut().enumerate() {
+            if o.tag.is_empty() {
+                o.tag = format!("#{j}");
+            }
+        }
         rule.overrides = tiers::Overrides::new(&rule.limits, list);
         true
     }

@@ -18,9 +18,7 @@ use crate::limiter::{
     Algorithm, calendar, fixed_window, gcra, leaky_bucket, sliding_window, sliding_window_log, token_bucket,
 };
 
-/// The largest capacity, burst or window limit: far beyond any real use, and
-/// small enough that no arithmetic on it can overflow.
-const MAX_AMOUNT: u64 = 1_000_000_000_000;
+use super::tiers::MAX_AMOUNT;
 /// The longest window or refill period (about 31 years).
 const MAX_SPAN_NANOS: u64 = 1_000_000_000_000_000_000;
 const MIN_WINDOW: Duration = Duration::from_millis(1);
@@ -69,7 +67,7 @@ pub(super) fn rule_set(text: &str, file: &str) -> Result<RuleSet, RuleErrors> {
         }
         rules.extend(resource(&out, item, i, &tiers));
     }
-    if out.is_empty() { Ok(RuleSet::new(rules)) } else { Err(out.into_errors()) }
+    if out.is_empty() { Ok(RuleSet::new(rules, tiers)) } else { Err(out.into_errors()) }
 }
 
 fn resource(out: &Collector, item: &Value, index: usize, tiers: &HashMap<String, Vec<Limit>>) -> Option<Rule> {
@@ -172,7 +170,7 @@ fn overrides(f: &Fields<'_>, limits: &[Limit], tiers: &HashMap<String, Vec<Limit
     for (i, item) in items.iter().enumerate() {
         let Some(o) = f.nested_value(item, &format!("overrides[{i}]")) else { continue };
         if let Some(o) = one_override(&o, limits, tiers) {
-            out.push(o);
+            out.push(o.tagged(format!("#{i}")));
         }
     }
     Overrides::new(limits, out)
@@ -202,7 +200,7 @@ fn one_override(f: &Fields<'_>, limits: &[Limit], tiers: &HashMap<String, Vec<Li
     if f.has("retry_after") && given[0] != "block" {
         f.error("retry_after", "applies only with block: true");
     }
-    let (action, derived) = match given[0] {
+    let action = match given[0] {
         "block" => {
             if !f.flag("block") {
                 f.error("block", "must be true (remove the override to unblock)");
@@ -213,16 +211,9 @@ fn one_override(f: &Fields<'_>, limits: &[Limit], tiers: &HashMap<String, Vec<Li
             } else {
                 Duration::from_secs(60)
             };
-            (Action::Block { retry_after }, Vec::new())
+            Action::Block { retry_after }
         }
-        "factor" => {
-            let factor = f.f64("factor")?;
-            if !(factor > 0.0 && factor <= 1_000_000.0) {
-                f.error("factor", format!("must be above 0 and at most 1000000, got {factor}"));
-                return None;
-            }
-            (Action::Factor(factor), limits.iter().map(|l| scaled(l, factor)).collect())
-        }
+        "factor" => Action::Factor(f.f64("factor")?),
         "limits" => {
             let Some(map) = f.get("limits").and_then(Value::as_mapping) else {
                 f.error("limits", "must map limit names to numbers, e.g. { per-user: 5000 }");
@@ -231,36 +222,23 @@ fn one_override(f: &Fields<'_>, limits: &[Limit], tiers: &HashMap<String, Vec<Li
             let mut set = Vec::new();
             for (k, v) in map {
                 let name = k.as_str().unwrap_or_default();
-                let Some(l) = limits.iter().find(|l| l.name == name) else {
-                    f.error("limits", format!("'{name}' is not a limit of this resource"));
-                    return None;
-                };
-                let n = v.as_u64().filter(|n| (1..=MAX_AMOUNT).contains(n));
-                let Some(n) = n else {
+                let Some(n) = v.as_u64() else {
                     f.error("limits", format!("'{name}' must be a whole number from 1 to {MAX_AMOUNT}"));
                     return None;
                 };
-                set.push((l.name.clone(), n));
+                set.push((name.to_string(), n));
             }
-            let derived = limits
-                .iter()
-                .map(|l| match set.iter().find(|(name, _)| *name == l.name) {
-                    Some(&(_, n)) => scaled(l, n as f64 / l.algorithm.capacity() as f64),
-                    None => l.clone(),
-                })
-                .collect();
-            (Action::Limits(set), derived)
+            Action::Limits(set)
         }
-        _ => {
-            let name = f.string("tier")?;
-            let Some(t) = tiers.get(&name) else {
-                f.error("tier", format!("'{name}' is not a tier (define it under tiers:)"));
-                return None;
-            };
-            (Action::Tier(name), t.clone())
-        }
+        _ => Action::Tier(f.string("tier")?),
     };
-    Some(Override { when, action, limits: derived, slots: Vec::new() })
+    match Override::new(when, action, limits, tiers) {
+        Ok(o) => Some(o),
+        Err((field, why)) => {
+            f.error(field, why);
+            None
+        }
+    }
 }
 
 /// A descriptor value as YAML writes it: a string, a number or a boolean.
@@ -271,11 +249,6 @@ fn yaml_scalar(v: &Value) -> Option<String> {
         Value::Bool(b) => Some(b.to_string()),
         _ => None,
     }
-}
-
-/// `l` at `factor` times its capacity and rate.
-fn scaled(l: &Limit, factor: f64) -> Limit {
-    Limit { algorithm: l.algorithm.scaled(factor), ..l.clone() }
 }
 
 fn limits(f: &Fields<'_>) -> Vec<Limit> {

@@ -14,6 +14,14 @@ use std::time::Duration;
 
 use super::Limit;
 
+/// The largest capacity, burst or window limit: far beyond any real use, and
+/// small enough that no arithmetic on it can overflow.
+pub const MAX_AMOUNT: u64 = 1_000_000_000_000;
+/// The largest factor an override may give.
+pub const MAX_FACTOR: f64 = 1_000_000.0;
+/// `until` of an override that never ends.
+pub const NEVER: u64 = u64::MAX;
+
 /// What an override does.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Action {
@@ -40,14 +48,95 @@ pub struct Override {
     /// limits when it has the name of one, else after them (see
     /// [`Overrides::extra_names`]).
     pub slots: Vec<usize>,
+    /// When it stops applying, in nanoseconds since the Unix epoch
+    /// ([`NEVER`] for the rules file's).
+    pub until: u64,
+    /// Where it comes from, unique within its rule: `#3` for the file's
+    /// fourth, `@ID` for one set at run time. Its limits keep their buckets
+    /// across installs while it does.
+    pub tag: String,
 }
 
 impl Override {
+    /// `action` for requests carrying `when`, on a rule with the `base`
+    /// limits; `Err((field, why))` when the action names a limit or tier that
+    /// does not exist or a number out of range.
+    pub fn new(
+        when: Vec<(String, String)>,
+        action: Action,
+        base: &[Limit],
+        tiers: &HashMap<String, Vec<Limit>>,
+    ) -> Result<Override, (&'static str, String)> {
+        let limits = derive(&action, base, tiers)?;
+        Ok(Override { when, action, limits, slots: Vec::new(), until: NEVER, tag: String::new() })
+    }
+
     /// `factor` times every limit of `base` for requests carrying `when`.
     pub fn factor(when: Vec<(String, String)>, factor: f64, base: &[Limit]) -> Override {
-        let limits = base.iter().map(|l| Limit { algorithm: l.algorithm.scaled(factor), ..l.clone() }).collect();
-        Override { when, action: Action::Factor(factor), limits, slots: Vec::new() }
+        let limits = base.iter().map(|l| scaled(l, factor)).collect();
+        Override { when, action: Action::Factor(factor), limits, slots: Vec::new(), until: NEVER, tag: String::new() }
     }
+
+    /// The same override, ending at `until` (nanoseconds since the epoch).
+    pub fn until(mut self, until: u64) -> Override {
+        self.until = until;
+        self
+    }
+
+    /// The same override, tagged (see [`Override::tag`]).
+    pub fn tagged(mut self, tag: String) -> Override {
+        self.tag = tag;
+        self
+    }
+}
+
+/// The limits `action` gives a rule whose own are `base`.
+fn derive(
+    action: &Action,
+    base: &[Limit],
+    tiers: &HashMap<String, Vec<Limit>>,
+) -> Result<Vec<Limit>, (&'static str, String)> {
+    match action {
+        Action::Block { .. } => Ok(Vec::new()),
+        Action::Factor(factor) => {
+            if !(*factor > 0.0 && *factor <= MAX_FACTOR) {
+                return Err(("factor", format!("must be above 0 and at most {MAX_FACTOR}, got {factor}")));
+            }
+            Ok(base.iter().map(|l| scaled(l, *factor)).collect())
+        }
+        Action::Limits(set) => {
+            if set.is_empty() {
+                return Err(("limits", "must name at least one limit, e.g. { per-user: 5000 }".into()));
+            }
+            for (name, n) in set {
+                if !base.iter().any(|l| l.name == *name) {
+                    return Err(("limits", format!("'{}' is not a limit of this resource", name.escape_debug())));
+                }
+                if !(1..=MAX_AMOUNT).contains(n) {
+                    return Err((
+                        "limits",
+                        format!("'{}' must be a whole number from 1 to {MAX_AMOUNT}, got {n}", name.escape_debug()),
+                    ));
+                }
+            }
+            Ok(base
+                .iter()
+                .map(|l| match set.iter().find(|(name, _)| *name == l.name) {
+                    Some(&(_, n)) => scaled(l, n as f64 / l.algorithm.capacity() as f64),
+                    None => l.clone(),
+                })
+                .collect())
+        }
+        Action::Tier(name) => match tiers.get(name) {
+            Some(t) => Ok(t.clone()),
+            None => Err(("tier", format!("'{}' is not a tier (define it under tiers:)", name.escape_debug()))),
+        },
+    }
+}
+
+/// `l` at `factor` times its capacity and rate.
+fn scaled(l: &Limit, factor: f64) -> Limit {
+    Limit { algorithm: l.algorithm.scaled(factor), ..l.clone() }
 }
 
 /// A resource's overrides, indexed by their first descriptor value.
@@ -112,8 +201,14 @@ impl Overrides {
         &mut self.list
     }
 
-    /// The first override (in file order) whose values the request carries.
-    pub fn find<'a, 'd>(&'a self, get: impl Fn(&str) -> Option<&'d str>) -> Option<&'a Override> {
+    /// The first override (in order) whose values the request carries and
+    /// that has not ended at `now()` (nanoseconds since the epoch; asked only
+    /// of an override that ends).
+    pub fn find<'a, 'd>(
+        &'a self,
+        get: impl Fn(&str) -> Option<&'d str>,
+        now: impl Fn() -> u64,
+    ) -> Option<&'a Override> {
         let mut best: Option<u32> = None;
         for (key, by_value) in &self.index {
             let Some(value) = get(key) else { continue };
@@ -123,7 +218,8 @@ impl Overrides {
                     break;
                 }
                 let o = &self.list[i as usize];
-                if o.when[1..].iter().all(|(k, v)| get(k) == Some(v.as_str())) {
+                if (o.until == NEVER || o.until > now()) && o.when[1..].iter().all(|(k, v)| get(k) == Some(v.as_str()))
+                {
                     best = Some(i);
                     break;
                 }
@@ -143,6 +239,8 @@ mod tests {
             action: Action::Factor(factor),
             limits: Vec::new(),
             slots: Vec::new(),
+            until: NEVER,
+            tag: String::new(),
         }
     }
 
@@ -157,7 +255,7 @@ mod tests {
             ],
         );
         let find = |pairs: &[(&str, &str)]| {
-            let found = set.find(|k| pairs.iter().find(|(pk, _)| *pk == k).map(|(_, v)| *v));
+            let found = set.find(|k| pairs.iter().find(|(pk, _)| *pk == k).map(|(_, v)| *v), || 0);
             found.map(|o| o.action.clone())
         };
         assert_eq!(find(&[("tenant", "acme"), ("plan", "gold")]), Some(Action::Factor(1.0)));
@@ -165,5 +263,24 @@ mod tests {
         assert_eq!(find(&[("tenant", "acme"), ("user", "u1")]), Some(Action::Factor(2.0)), "file order");
         assert_eq!(find(&[("tenant", "other")]), None);
         assert_eq!(find(&[]), None);
+    }
+
+    #[test]
+    fn an_ended_override_gives_way_to_the_next_that_matches() {
+        let set = Overrides::new(&[], vec![o(&[("tenant", "acme")], 2.0).until(100), o(&[("tenant", "acme")], 3.0)]);
+        let at = |now| set.find(|k| (k == "tenant").then_some("acme"), || now).map(|o| o.action.clone());
+        assert_eq!(at(99), Some(Action::Factor(2.0)));
+        assert_eq!(at(100), Some(Action::Factor(3.0)), "ended at its `until`, exactly");
+    }
+
+    #[test]
+    fn derive_refuses_unknown_names_and_numbers_out_of_range() {
+        let tiers = HashMap::new();
+        let err = |a: Action| Override::new(vec![("k".into(), "v".into())], a, &[], &tiers).unwrap_err();
+        assert_eq!(err(Action::Tier("gold".into())).0, "tier");
+        assert_eq!(err(Action::Factor(0.0)).0, "factor");
+        assert_eq!(err(Action::Factor(f64::NAN)).0, "factor");
+        assert!(err(Action::Limits(vec![("nope".into(), 5)])).1.contains("'nope' is not a limit"));
+        assert_eq!(err(Action::Limits(Vec::new())).0, "limits");
     }
 }

@@ -294,6 +294,12 @@ impl From<&Event> for Kind {
                 source: source.clone(),
                 rule_patterns: patterns.to_vec(),
             }),
+            Event::Overrides { version, set, deleted, expired } => Kind::Overrides(pb::OverridesChanged {
+                set: set.clone(),
+                deleted: deleted.clone(),
+                expired: expired.clone(),
+                rules_version: *version,
+            }),
         }
     }
 }

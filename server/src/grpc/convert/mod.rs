@@ -4,6 +4,7 @@
 //!
 //! - [`floodgate`]: `floodgate.v1` (the data plane, Admin, Watch).
 //! - [`envoy`]: Envoy's RLS v3.
+//! - [`overrides`]: overrides set at run time (Admin).
 
 use std::time::{Duration, SystemTime};
 
@@ -11,6 +12,7 @@ use crate::time::Timestamp;
 
 pub mod envoy;
 pub mod floodgate;
+pub mod overrides;
 
 /// A duration for the wire; zero is left out (absent means zero).
 pub fn duration(d: Duration) -> Option<prost_types::Duration> {

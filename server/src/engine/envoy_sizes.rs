@@ -2,7 +2,7 @@
 //! replaces the configured one. Each distinct size becomes a fixed-window rule
 //! with one limit, created on first use and kept for the life of the process,
 //! so that its buckets keep counting across rule reloads. At most
-//! [`MAX_OVERRIDES`] sizes exist: a caller cannot grow this without bound.
+//! [`MAX_SIZES`] sizes exist: a caller cannot grow this without bound.
 
 use std::collections::HashMap;
 use std::sync::{OnceLock, RwLock};
@@ -13,16 +13,16 @@ use crate::rules::envoy::Unit;
 use crate::rules::{DEFAULT_MAX_BREAKERS, Limit, LimitId, OnRedisError, Pattern, Rule, SyncMode};
 
 /// The most distinct override sizes one process keeps.
-pub const MAX_OVERRIDES: usize = 256;
+pub const MAX_SIZES: usize = 256;
 
-pub struct Overrides {
+pub struct EnvoySizes {
     slots: Box<[OnceLock<(Rule, RuleMetrics)>]>,
     index: RwLock<HashMap<(u32, Unit), usize>>,
 }
 
-impl std::fmt::Debug for Overrides {
+impl std::fmt::Debug for EnvoySizes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Overrides").field("sizes", &self.index.read().map(|m| m.len()).unwrap_or(0)).finish()
+        f.debug_struct("EnvoySizes").field("sizes", &self.index.read().map(|m| m.len()).unwrap_or(0)).finish()
     }
 }
 
@@ -32,13 +32,13 @@ fn id_of(slot: usize) -> LimitId {
     LimitId(u32::MAX - slot as u32)
 }
 
-impl Overrides {
+impl EnvoySizes {
     pub fn new() -> Self {
-        Overrides { slots: (0..MAX_OVERRIDES).map(|_| OnceLock::new()).collect(), index: RwLock::new(HashMap::new()) }
+        EnvoySizes { slots: (0..MAX_SIZES).map(|_| OnceLock::new()).collect(), index: RwLock::new(HashMap::new()) }
     }
 
     /// The rule for `requests_per_unit` per `unit`, created on first use;
-    /// `None` once [`MAX_OVERRIDES`] sizes exist.
+    /// `None` once [`MAX_SIZES`] sizes exist.
     pub fn get(&self, requests_per_unit: u32, unit: Unit) -> Option<(&Rule, &RuleMetrics)> {
         let key = (requests_per_unit, unit);
         let found = self.index.read().unwrap_or_else(|e| e.into_inner()).get(&key).copied();
@@ -49,7 +49,7 @@ impl Overrides {
                 let next = index.len();
                 match index.get(&key) {
                     Some(&slot) => slot,
-                    None if next < MAX_OVERRIDES => {
+                    None if next < MAX_SIZES => {
                         let rule = rule(requests_per_unit, unit, id_of(next));
                         let metrics = RuleMetrics::new(&rule);
                         let _ = self.slots[next].set((rule, metrics));
@@ -70,7 +70,7 @@ impl Overrides {
     }
 }
 
-impl Default for Overrides {
+impl Default for EnvoySizes {
     fn default() -> Self {
         Self::new()
     }
@@ -107,7 +107,7 @@ mod tests {
 
     #[test]
     fn sizes_are_shared_bounded_and_found_by_id() {
-        let o = Overrides::new();
+        let o = EnvoySizes::new();
         let (a, _) = o.get(10, Unit::Minute).unwrap();
         let a_id = a.limits[0].id;
         let (again, _) = o.get(10, Unit::Minute).unwrap();
@@ -116,10 +116,10 @@ mod tests {
         assert_ne!(b.limits[0].id, a_id);
         assert_eq!(o.rule(a_id).unwrap().name, "override:10/minute");
         assert!(o.rule(LimitId(7)).is_none());
-        for n in 0..MAX_OVERRIDES as u32 {
+        for n in 0..MAX_SIZES as u32 {
             let _ = o.get(1000 + n, Unit::Second);
         }
-        assert!(o.get(99_999, Unit::Day).is_none(), "no more than MAX_OVERRIDES sizes");
+        assert!(o.get(99_999, Unit::Day).is_none(), "no more than MAX_SIZES sizes");
         assert!(o.get(10, Unit::Minute).is_some(), "sizes already known still work");
     }
 }
