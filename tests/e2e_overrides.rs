@@ -159,6 +159,19 @@ async fn run_time_overrides_are_kept_in_a_file_announced_on_watch_and_end_at_the
     assert!(err.message().contains("overrides[0].rule: no rule is named 'nope'"), "{}", err.message());
     assert_eq!(list(&fg).await, before, "a refused call changed nothing");
 
+    // The most one call may carry: 10,000 set, paged through, deleted.
+    let many: Vec<pb::Override> =
+        (0..10_000).map(|i| factor(&format!("bulk-{i:05}"), &format!("b{i}"), 2.0, None)).collect();
+    let ids: Vec<String> = many.iter().map(|o| o.id.clone()).collect();
+    admin.set_overrides(set(many)).await.unwrap();
+    let page = admin.list_overrides(pb::ListOverridesRequest { after: "bulk-00999".into(), ..Default::default() });
+    let page = page.await.unwrap().into_inner();
+    assert_eq!((page.total, page.overrides.len(), page.next_after.as_str()), (10_001, 1000, "bulk-01999"));
+    let done = admin.delete_overrides(pb::DeleteOverridesRequest { ids }).await.unwrap().into_inner();
+    assert_eq!(done.deleted.len(), 10_000);
+    let _ = watch.message().await.unwrap();
+    let _ = watch.message().await.unwrap();
+
     // One that lasts two seconds: applies, then ends on its own (announced),
     // and acme is back to the run-time 3x.
     let short = factor("acme-short", "acme", 5.0, Some(2));

@@ -20,6 +20,9 @@ const CAPS: &[(&str, usize)] = &[
     ("/floodgate.v1.Floodgate/ReportOutcome", 16 * KIB),
     ("/floodgate.v1.Floodgate/ReportOutcomeBatch", MIB),
     ("/floodgate.v1.Admin/ApplyRules", crate::rules::bounds::MAX_BYTES + 64 * KIB),
+    // Up to 10,000 overrides or ids per call.
+    ("/floodgate.v1.Admin/SetOverrides", 8 * MIB),
+    ("/floodgate.v1.Admin/DeleteOverrides", 2 * MIB),
     ("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", MIB),
 ];
 const DEFAULT: usize = 64 * KIB;
