@@ -20,6 +20,7 @@ pub const LIMIT_DECISIONS: &str = "floodgate_limit_decisions_total";
 pub const RPC_DURATION: &str = "floodgate_rpc_duration_seconds";
 pub const RPC_REQUESTS: &str = "floodgate_rpc_requests_total";
 pub const KEYS: &str = "floodgate_keys";
+pub const MAX_KEYS: &str = "floodgate_max_keys";
 pub const EVICTIONS: &str = "floodgate_evictions_total";
 pub const RULE_RELOADS: &str = "floodgate_rule_reloads_total";
 pub const RULES_VERSION: &str = "floodgate_rules_version";
@@ -85,6 +86,7 @@ fn describe() {
     );
     describe_counter!(RPC_REQUESTS, "gRPC calls by method and status code");
     describe_gauge!(KEYS, "Buckets held in memory");
+    describe_gauge!(MAX_KEYS, "--max-keys: the most buckets held before the least recently used are evicted");
     describe_gauge!(OVERRIDES, "Overrides set at run time (Admin SetOverrides), expired ones not yet removed included");
     describe_counter!(EVICTIONS, "Buckets evicted: idle ones and least recently used ones beyond --max-keys");
     describe_counter!(RULE_RELOADS, "Rule loads by source and result (success or failure)");

@@ -96,6 +96,7 @@ pub async fn run(
     let _tls_watch = [&grpc_tls, &http_tls].into_iter().flatten().map(|t| t.watch()).collect::<Result<Vec<_>, _>>()?;
 
     let replicated = opts.replication.is_some();
+    metrics::gauge!(crate::metrics::MAX_KEYS).set(opts.max_keys as f64);
     let engine = Arc::new(Engine::new(EngineConfig { max_keys: opts.max_keys, replicated }, opts.clock.clone()));
     // Rules first: rules another replica applied through Admin (stored in
     // Redis) then win over the file until it changes.
