@@ -1,5 +1,6 @@
 //! What operators watch, through the real binary: /metrics after some calls,
-//! and `floodgate bench` with its JSON report.
+//! who is being limited (`GetTopKeys`, `floodgate top`), and `floodgate
+//! bench` with its JSON report.
 
 mod support;
 
@@ -17,6 +18,9 @@ resources:
   - name: bench
     limits:
       - { name: hourly, algorithm: fixed_window, limit: 250, window: 1h }
+  - name: "svc.*"
+    limits:
+      - { name: per-tenant, key: [tenant], algorithm: fixed_window, limit: 1, window: 1h }
 "#;
 
 fn start() -> (Floodgate, TempDir) {
@@ -158,4 +162,58 @@ async fn logs_are_json_when_asked_and_quiet_per_request_at_info() {
         assert!(v["level"].is_string() && v["message"].is_string(), "{line}");
     }
     assert!(lines.len() < 10, "nothing is logged per request at info level: {logs}");
+}
+
+#[tokio::test]
+async fn top_keys_name_who_is_denied_most_through_admin_and_the_cli() {
+    let (fg, _dir) = start();
+    let mut client = fg.client().await;
+    // greedy asks 12 times (2 admitted, 10 denied); polite-0..4 once each.
+    for _ in 0..12 {
+        client.acquire(acquire("orders", &[("user", "greedy")], 1)).await.unwrap();
+    }
+    for i in 0..5 {
+        client.acquire(acquire("orders", &[("user", &format!("polite-{i}"))], 1)).await.unwrap();
+    }
+    // A template rule's keys name the resource too.
+    for _ in 0..3 {
+        client.acquire(acquire("svc.search", &[("tenant", "acme")], 1)).await.unwrap();
+    }
+    // Dry runs are not counted.
+    let mut dry = acquire("orders", &[("user", "dry")], 1);
+    dry.dry_run = true;
+    client.acquire(dry).await.unwrap();
+
+    let mut admin = fg.admin().await;
+    let top = admin.get_top_keys(pb::GetTopKeysRequest::default()).await.unwrap().into_inner();
+    assert_eq!(top.window.unwrap().seconds, 300);
+    let names: Vec<(&str, &str)> = top.limits.iter().map(|l| (l.rule.as_str(), l.limit.as_str())).collect();
+    assert_eq!(names, [("orders", "per-user"), ("svc.*", "per-tenant")], "keyed limits only: global has no key");
+    let per_user = &top.limits[0];
+    assert_eq!(per_user.denied.len(), 1);
+    assert_eq!(
+        (per_user.denied[0].key.as_str(), per_user.denied[0].count, per_user.denied[0].error),
+        ("user=greedy", 10, 0)
+    );
+    // Admissions are sampled (one in admitted_sample, counted that many).
+    let admitted: u64 = per_user.admitted.iter().map(|k| k.count).sum();
+    assert_eq!(admitted % u64::from(top.admitted_sample), 0);
+    assert!(admitted <= 7 + u64::from(top.admitted_sample), "{admitted}");
+    assert!(per_user.admitted.iter().all(|k| k.key != "user=dry"), "{:?}", per_user.admitted);
+    assert_eq!(top.limits[1].denied[0].key, "svc.search,tenant=acme");
+    assert_eq!(top.limits[1].denied[0].count, 2);
+
+    let only = admin.get_top_keys(pb::GetTopKeysRequest { rule: "svc.*".into(), count: 1 }).await.unwrap();
+    assert_eq!(only.into_inner().limits.len(), 1);
+
+    let out = Command::new(BIN).args(["top", "--server", &fg.grpc, "--rule", "orders", "-n", "3"]).output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("orders / per-user  (last 5 min)"), "{text}");
+    assert_eq!(
+        lines.next().map(str::split_whitespace).map(Iterator::collect::<Vec<_>>),
+        Some(vec!["denied", "10", "user=greedy"]),
+        "{text}"
+    );
 }

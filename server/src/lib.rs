@@ -39,6 +39,7 @@ pub mod files;
 #[doc(hidden)]
 pub mod fuzz;
 pub mod grpc;
+pub mod hitters;
 pub mod http;
 pub mod limiter;
 pub mod listen;

@@ -9,6 +9,7 @@ mod client;
 mod control;
 mod overrides;
 mod serve;
+mod top;
 
 #[derive(Parser, Debug)]
 #[command(name = "floodgate", version, about = "A rate-limit and circuit-breaker decision service")]
@@ -51,6 +52,8 @@ enum Command {
     Watch(control::WatchArgs),
     /// Overrides set at run time: list (default), set, delete.
     Overrides(overrides::OverridesArgs),
+    /// Who is being limited: each limit's most denied and admitted keys lately.
+    Top(top::TopArgs),
     /// Load-test a server, ghz-style.
     Bench(crate::bench::BenchArgs),
 }
@@ -69,6 +72,7 @@ impl Cli {
             Command::Level(args) => return client::block_on(control::level(args)),
             Command::Watch(args) => return client::block_on(control::watch(args)),
             Command::Overrides(args) => return client::block_on(overrides::overrides(args)),
+            Command::Top(args) => return client::block_on(top::top(args)),
         };
         match result {
             Ok(()) => ExitCode::SUCCESS,

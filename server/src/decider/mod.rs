@@ -428,6 +428,11 @@ impl Decider {
         self.engine.events().subscribe()
     }
 
+    /// Per limit, the keys denied and admitted most lately.
+    pub fn top_keys(&self, rule: &str, n: usize) -> Vec<crate::engine::hottest::TopLimit> {
+        self.engine.top_keys(&self.engine.rules(), rule, n)
+    }
+
     pub fn figures(&self) -> Figures {
         Figures {
             keys: self.engine.buckets().len(),

@@ -286,6 +286,9 @@ impl Engine {
             }
         }
         fill_limits(answer, matched, &decisions);
+        if !dry_run {
+            observe_hitters(matched, &decisions, now);
+        }
     }
 
     /// The state of a resource's limits for these descriptors, consuming nothing.
@@ -450,6 +453,19 @@ pub(super) fn take_all_or_nothing(
 /// A denial that counts: by a limit that is not in shadow mode.
 pub(super) fn enforced_denial(l: &Limit, d: &Decision) -> bool {
     !d.admitted && !l.shadow
+}
+
+/// Counts each matched limit's decision among its hottest keys (a global
+/// bucket has no key worth naming).
+#[inline]
+pub(super) fn observe_hitters(matched: &Matched<'_>, decisions: &[Decision], now: Timestamp) {
+    for ((limit, _, key), d) in matched.iter().zip(decisions) {
+        if let Some(h) = &limit.hitters
+            && !key.scope.is_empty()
+        {
+            h.observe(&key.scope, !d.admitted, || now.as_nanos() / 1_000_000_000);
+        }
+    }
 }
 
 pub(super) fn fill_limits<'r>(answer: &mut Answer<'r>, matched: &Matched<'r>, decisions: &[Decision]) {

@@ -92,6 +92,7 @@ fn rule(requests_per_unit: u32, unit: Unit, id: LimitId) -> Rule {
             sync: SyncMode::default(),
             on_redis_error: OnRedisError::default(),
             shadow: false,
+            hitters: None,
         }],
         concurrency: None,
         breaker: None,

@@ -14,6 +14,7 @@ use arc_swap::{ArcSwap, Guard};
 
 use super::counters::RuleMetrics;
 use super::envoy_sizes::EnvoySizes;
+use crate::hitters::Hitters;
 use crate::limiter::Algorithm;
 use crate::overrides::Table;
 use crate::rules::envoy::{self, EnvoyConfig, Unit};
@@ -93,6 +94,10 @@ struct Ids {
     runtime: HashMap<(String, Identity), LimitId>,
     /// The last id given.
     last: u32,
+    /// Hottest keys by (rule, limit name): an override's limit shares its
+    /// rule's limit's, and both outlive installs. Bounded by the names rules
+    /// files have used.
+    hitters: HashMap<(String, String), Arc<Hitters>>,
 }
 
 // === impl Installed ===
@@ -197,9 +202,20 @@ impl RulesSlot {
             // An override's limits have buckets of their own, the same across
             // installs while it has the same tag.
             let name = rule.name.clone();
+            // The rule's hottest keys by limit name, looked up once per name.
+            let mut hitters: Vec<(String, Arc<Hitters>)> = Vec::new();
             for o in rule.overrides.list_mut() {
                 let runtime = o.tag.strip_prefix('@').map(str::to_string);
                 for limit in &mut o.limits {
+                    let h = match hitters.iter().find(|(n, _)| *n == limit.name) {
+                        Some((_, h)) => h.clone(),
+                        None => {
+                            let h = ids.hitters("", &name, &limit.name);
+                            hitters.push((limit.name.clone(), h.clone()));
+                            h
+                        }
+                    };
+                    limit.hitters = Some(h);
                     let identity = (format!("\u{2}{name}{}", o.tag), limit.name.clone(), limit.algorithm.name());
                     limit.id = match &runtime {
                         None => ids.get(identity),
@@ -321,11 +337,17 @@ impl Ids {
         id
     }
 
-    /// Gives every limit of `rule` its id, by (rule, limit, algorithm).
+    /// Gives every limit of `rule` its id, by (rule, limit, algorithm), and
+    /// its hottest keys.
     fn assign(&mut self, prefix: &str, rule: &mut Rule) {
         for limit in &mut rule.limits {
             limit.id = self.get((format!("{prefix}{}", rule.name), limit.name.clone(), limit.algorithm.name()));
+            limit.hitters = Some(self.hitters(prefix, &rule.name, &limit.name));
         }
+    }
+
+    fn hitters(&mut self, prefix: &str, rule: &str, limit: &str) -> Arc<Hitters> {
+        self.hitters.entry((format!("{prefix}{rule}"), limit.to_string())).or_default().clone()
     }
 }
 

@@ -25,6 +25,7 @@ mod counters;
 pub mod decide;
 mod envoy_sizes;
 pub mod guards;
+pub mod hottest;
 mod installed;
 pub mod report;
 pub mod request;

@@ -157,4 +157,30 @@ impl Admin for ControlPlane {
         tracing::info!(target: "floodgate::audit", who, change = "DeleteOverrides", count, ids, version_before = before, version_after = after, "admin change");
         Ok(Response::new(pb::DeleteOverridesResponse { deleted, rules_version: after }))
     }
+
+    async fn get_top_keys(
+        &self,
+        request: Request<pb::GetTopKeysRequest>,
+    ) -> Result<Response<pb::GetTopKeysResponse>, Status> {
+        let req = request.get_ref();
+        let n = if req.count == 0 { 10 } else { req.count as usize };
+        let key = |(key, count, error): (String, u64, u64)| pb::TopKey { key, count, error };
+        let limits = self
+            .decider
+            .top_keys(&req.rule, n)
+            .into_iter()
+            .map(|t| pb::LimitTopKeys {
+                rule: t.rule,
+                limit: t.limit,
+                denied: t.denied.into_iter().map(key).collect(),
+                admitted: t.admitted.into_iter().map(key).collect(),
+            })
+            .collect();
+        let window = std::time::Duration::from_secs(crate::hitters::EPOCH_SECS * crate::hitters::EPOCHS as u64);
+        Ok(Response::new(pb::GetTopKeysResponse {
+            limits,
+            window: super::convert::duration(window),
+            admitted_sample: crate::hitters::ADMITTED_SAMPLE,
+        }))
+    }
 }

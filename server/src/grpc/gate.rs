@@ -15,7 +15,8 @@ use crate::access::{Access, Denied, Role};
 use crate::listen::Peer;
 
 /// Admin calls that change nothing.
-const READ_ONLY: &[&str] = &["GetRules", "ListBreakers", "GetBreaker", "Peek", "GetWhatIf", "ListOverrides"];
+const READ_ONLY: &[&str] =
+    &["GetRules", "ListBreakers", "GetBreaker", "Peek", "GetWhatIf", "ListOverrides", "GetTopKeys"];
 
 #[derive(Clone)]
 pub struct AdminGate<S> {

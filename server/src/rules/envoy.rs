@@ -476,6 +476,7 @@ impl Walker<'_> {
             sync: SyncMode::default(),
             on_redis_error: OnRedisError::default(),
             shadow,
+            hitters: None,
         };
         let rule = Rule {
             name: stat.to_string(),

@@ -84,6 +84,9 @@ pub struct Limit {
     /// Evaluated and counted, never enforced: a denial by this limit leaves
     /// the verdict alone (the answer says it would have denied).
     pub shadow: bool,
+    /// Its hottest keys; shared by the limits of the same rule and name (an
+    /// override's), kept across installs; set by the engine at install.
+    pub hitters: Option<std::sync::Arc<crate::hitters::Hitters>>,
 }
 
 /// A limit's identity in the bucket store.

@@ -330,6 +330,7 @@ fn limit(f: &Fields<'_>) -> Option<Limit> {
         sync: sync.unwrap_or_default(),
         on_redis_error: on_error.unwrap_or_default(),
         shadow,
+        hitters: None,
     })
 }
 

@@ -188,6 +188,9 @@ impl Engine {
             p.limits.iter().map(|(l, .., d)| d.unwrap_or_else(|| not_asked(l))).collect();
         let matched: Matched<'r> = p.limits.iter().map(|(l, i, k, _)| (*l, *i, k.clone())).collect();
         fill_limits(&mut p.answer, &matched, &decisions);
+        if !p.dry_run {
+            super::observe_hitters(&matched, &decisions, p.now);
+        }
         self.settle(p)
     }
 

@@ -1,0 +1,68 @@
+//! The hottest keys of the rules in force (see [`crate::hitters`]).
+
+use std::sync::Arc;
+
+use super::{Engine, Installed};
+use crate::hitters::{Hitter, Hitters, TOP};
+use crate::rules::{Limit, Rule};
+use crate::store::BucketKey;
+
+/// One limit's hottest keys, as text: (key, count, error), most first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopLimit {
+    pub rule: String,
+    pub limit: String,
+    pub denied: Vec<(String, u64, u64)>,
+    pub admitted: Vec<(String, u64, u64)>,
+}
+
+impl Engine {
+    /// Per limit of the rules in force (only `rule`'s when not empty), the
+    /// `n` keys it denied and admitted most lately; limits without any left out.
+    pub fn top_keys(&self, rules: &Installed, rule: &str, n: usize) -> Vec<TopLimit> {
+        let n = n.clamp(1, TOP);
+        let now = self.clock.now().as_nanos() / 1_000_000_000;
+        let mut out = Vec::new();
+        for r in rules.rules.rules().iter().filter(|r| rule.is_empty() || r.name == rule) {
+            for (limit, hitters) in distinct_limits(r) {
+                let text = |h: Vec<Hitter>| -> Vec<(String, u64, u64)> {
+                    h.into_iter().map(|h| (key_text(r, limit, h.scope), h.count, h.error)).collect()
+                };
+                let denied = text(hitters.top(true, now, n));
+                let admitted = text(hitters.top(false, now, n));
+                if denied.is_empty() && admitted.is_empty() {
+                    continue;
+                }
+                out.push(TopLimit { rule: r.name.clone(), limit: limit.name.clone(), denied, admitted });
+            }
+        }
+        out
+    }
+}
+
+/// A rule's limits and its overrides' (a tier's own), one per name.
+fn distinct_limits(rule: &Rule) -> Vec<(&Limit, &Arc<Hitters>)> {
+    let mut out: Vec<(&Limit, &Arc<Hitters>)> = Vec::new();
+    let all = rule.limits.iter().chain(rule.overrides.list().iter().flat_map(|o| o.limits.iter()));
+    for l in all {
+        if let Some(h) = &l.hitters
+            && !out.iter().any(|(seen, _)| seen.name == l.name)
+        {
+            out.push((l, h));
+        }
+    }
+    out
+}
+
+/// A bucket's scope as `user=u42,tenant=acme`, after the resource for a
+/// template rule.
+fn key_text(rule: &Rule, limit: &Limit, scope: compact_str::CompactString) -> String {
+    let parts = BucketKey { limit: limit.id, scope }.parts();
+    let mut parts = parts.into_iter();
+    let mut out: Vec<String> = Vec::new();
+    if rule.per_resource() {
+        out.extend(parts.next());
+    }
+    out.extend(limit.key.iter().zip(parts).map(|(k, v)| format!("{k}={v}")));
+    out.join(",")
+}
