@@ -152,7 +152,7 @@ pub async fn run(
     let (reporter, health_service) = tonic_health::server::health_reporter();
     reporter.set_service_status("", tonic_health::ServingStatus::Serving).await;
     let routes = grpc::routes(decider.clone(), health_service, access.clone(), opts.max_watchers)?;
-    let health = http::HttpState::new(decider, prometheus);
+    let health = http::HttpState::new(decider, prometheus, access.clone());
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let limits = opts.limits;

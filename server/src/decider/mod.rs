@@ -88,6 +88,14 @@ pub struct BreakerView {
     pub info: Info,
 }
 
+/// See [`Decider::replica_health`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplicaHealth {
+    pub replicated: bool,
+    pub redis_up: bool,
+    pub live_replicas: u32,
+}
+
 /// Figures read at scrape time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Figures {
@@ -426,6 +434,28 @@ impl Decider {
     /// Every event from now on, in order.
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<Event>> {
         self.engine.events().subscribe()
+    }
+
+    /// What an exact rule's global (keyless) limits hold now: (name, limit,
+    /// remaining); empty for a template rule, whose buckets are per resource.
+    pub fn global_use(&self, rule: &str) -> Vec<(String, u64, u64)> {
+        let rules = self.engine.rules();
+        let Some(r) = rules.rules.rules().iter().find(|r| r.name == rule) else { return Vec::new() };
+        if r.per_resource() || r.limits.iter().all(|l| !l.key.is_empty()) {
+            return Vec::new();
+        }
+        let none: std::collections::HashMap<String, String> = std::collections::HashMap::new();
+        let Ok(answer) = self.engine.peek(&rules, rule, &none, None) else { return Vec::new() };
+        answer.limits.iter().map(|l| (l.limit.name.clone(), l.status.limit, l.status.remaining)).collect()
+    }
+
+    /// Whether this server replicates, whether Redis answers, and how many
+    /// replicas are live.
+    pub fn replica_health(&self) -> ReplicaHealth {
+        match self.engine.sync() {
+            Some(sync) => ReplicaHealth { replicated: true, redis_up: sync.up(), live_replicas: sync.live() },
+            None => ReplicaHealth { replicated: false, redis_up: false, live_replicas: 1 },
+        }
     }
 
     /// Per limit, the keys denied and admitted most lately.

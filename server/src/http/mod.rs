@@ -1,5 +1,5 @@
-//! The HTTP port: `/healthz`, `/readyz` and `/metrics`, served (`serve`)
-//! with the same connection bounds and TLS as the gRPC port.
+//! The HTTP port: `/healthz`, `/readyz`, `/metrics` and the console (`/`),
+//! served (`serve`) with the same connection bounds and TLS as the gRPC port.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,8 +11,10 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusHandle;
 
+use crate::access::Access;
 use crate::decider::Decider;
 
+mod console;
 mod serve;
 
 pub use serve::serve;
@@ -23,11 +25,16 @@ pub struct HttpState {
     ready: Arc<AtomicBool>,
     decider: Arc<Decider>,
     prometheus: Option<PrometheusHandle>,
+    /// Who may read the console's data and use its actions (as Admin).
+    access: Arc<Access>,
+    console: console::Console,
 }
 
 impl HttpState {
-    pub fn new(decider: Arc<Decider>, prometheus: Option<PrometheusHandle>) -> Self {
-        HttpState { ready: Arc::new(AtomicBool::new(false)), decider, prometheus }
+    /// Must be called on the runtime: the console starts keeping events.
+    pub fn new(decider: Arc<Decider>, prometheus: Option<PrometheusHandle>, access: Arc<Access>) -> Self {
+        let console = console::Console::start(&decider);
+        HttpState { ready: Arc::new(AtomicBool::new(false)), decider, prometheus, access, console }
     }
 
     pub fn set_ready(&self, ready: bool) {
@@ -44,6 +51,7 @@ pub fn router(state: HttpState) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .merge(console::routes())
         .with_state(state)
 }
 

@@ -1,0 +1,379 @@
+//! The console: a page on the HTTP port (`/`) showing the rules in force,
+//! each resource's limits (global buckets' use, hottest keys), breakers with
+//! a timeline of transitions, the degradation level and replication; it
+//! updates live from the event feed Watch reads, and offers the Admin actions
+//! (reset or force a breaker, set the level).
+//!
+//! Its assets are compiled in. The JSON it reads (`/api/v1/console`,
+//! `/api/v1/events`) needs the read role and its actions the admin role,
+//! exactly as `Admin` over gRPC: a bearer token in `Authorization` (the page
+//! asks for one and keeps it for the tab only), an mTLS identity, or loopback
+//! when no credential is configured. Tokens never travel in URLs or cookies,
+//! so there is nothing for a cross-site request to ride on; the page is served
+//! with a strict Content-Security-Policy and sets text, never markup.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+
+use super::HttpState;
+use crate::access::{Denied, Role};
+use crate::breaker::State as BreakerState;
+use crate::decider::Decider;
+use crate::events::Event;
+use crate::listen::Peer;
+
+const PAGE: &str = include_str!("console/index.html");
+const SCRIPT: &str = include_str!("console/console.js");
+const STYLE: &str = include_str!("console/console.css");
+/// Transitions and other events kept for the timeline.
+const TIMELINE: usize = 200;
+/// Event streams open at once.
+const MAX_STREAMS: usize = 256;
+/// The largest action body.
+const MAX_BODY: usize = 4096;
+
+/// What the console keeps besides the Decider: the recent events.
+#[derive(Clone)]
+pub struct Console {
+    timeline: Arc<Mutex<VecDeque<Value>>>,
+    streams: Arc<AtomicUsize>,
+}
+
+impl Console {
+    /// Starts keeping the timeline of `decider`'s events.
+    pub fn start(decider: &Arc<Decider>) -> Console {
+        let console = Console { timeline: Arc::default(), streams: Arc::default() };
+        let mut events = decider.subscribe();
+        let timeline = Arc::downgrade(&console.timeline);
+        tokio::spawn(async move {
+            loop {
+                let event = match events.recv().await {
+                    Ok(e) => e,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(_) => return,
+                };
+                let Some(timeline) = timeline.upgrade() else { return };
+                let mut t = timeline.lock().unwrap_or_else(|e| e.into_inner());
+                if t.len() == TIMELINE {
+                    t.pop_front();
+                }
+                t.push_back(event_json(&event));
+            }
+        });
+        console
+    }
+}
+
+pub fn routes() -> Router<HttpState> {
+    Router::new()
+        .route("/", get(|| async { asset("text/html; charset=utf-8", PAGE) }))
+        .route("/console.js", get(|| async { asset("text/javascript; charset=utf-8", SCRIPT) }))
+        .route("/console.css", get(|| async { asset("text/css; charset=utf-8", STYLE) }))
+        .route("/favicon.ico", get(|| async { StatusCode::NO_CONTENT }))
+        .route("/api/v1/console", get(state))
+        .route("/api/v1/events", get(events))
+        .route("/api/v1/breakers/{resource}/state", post(set_breaker))
+        .route("/api/v1/level", post(set_level))
+}
+
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    let mut r = (StatusCode::OK, body).into_response();
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, content_type.parse().expect("valid"));
+    let csp = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+    h.insert(header::CONTENT_SECURITY_POLICY, csp.parse().expect("valid"));
+    h.insert(header::X_CONTENT_TYPE_OPTIONS, "nosniff".parse().expect("valid"));
+    h.insert(header::REFERRER_POLICY, "no-referrer".parse().expect("valid"));
+    h.insert(header::CACHE_CONTROL, "no-store".parse().expect("valid"));
+    r
+}
+
+fn json_response(status: StatusCode, body: Value) -> Response {
+    let mut r = (status, body.to_string()).into_response();
+    r.headers_mut().insert(header::CONTENT_TYPE, "application/json".parse().expect("valid"));
+    r.headers_mut().insert(header::CACHE_CONTROL, "no-store".parse().expect("valid"));
+    r
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    json_response(status, json!({ "error": message.into() }))
+}
+
+/// Who may do this, as Admin decides it; the refusal as the answer.
+fn allow(
+    state: &HttpState,
+    headers: &HeaderMap,
+    peer: Option<&Peer>,
+    needs: Role,
+    what: &str,
+) -> Result<String, Box<Response>> {
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, t)| t.trim());
+    let peer = peer.cloned().unwrap_or_default();
+    match state.access.check(needs, bearer, &peer) {
+        Ok(caller) => Ok(caller.who),
+        Err(denied) => {
+            let (status, why) = match denied {
+                Denied::Unauthenticated(why) => (StatusCode::UNAUTHORIZED, why),
+                Denied::PermissionDenied(why) => (StatusCode::FORBIDDEN, why),
+            };
+            let peer = peer.addr.map(|a| a.to_string()).unwrap_or_default();
+            if needs == Role::Admin {
+                tracing::warn!(target: "floodgate::audit", peer, method = what, reason = %why, "console action refused");
+            }
+            Err(Box::new(error(status, why)))
+        }
+    }
+}
+
+async fn state(State(s): State<HttpState>, req: Request) -> Response {
+    if let Err(refused) = allow(&s, req.headers(), req.extensions().get::<Peer>(), Role::Read, "console") {
+        return *refused;
+    }
+    let timeline: Vec<Value> = s.console.timeline.lock().unwrap_or_else(|e| e.into_inner()).iter().cloned().collect();
+    json_response(StatusCode::OK, snapshot(&s.decider, timeline))
+}
+
+/// Everything the page shows.
+fn snapshot(decider: &Decider, timeline: Vec<Value>) -> Value {
+    let installed = decider.installed();
+    let top = decider.top_keys("", 5);
+    let resources: Vec<Value> = installed
+        .rules
+        .rules()
+        .iter()
+        .map(|rule| {
+            let used = decider.global_use(&rule.name);
+            let limits: Vec<Value> = rule
+                .limits
+                .iter()
+                .map(|l| {
+                    let global = used.iter().find(|(name, ..)| *name == l.name).map(|(_, limit, remaining)| json!({ "limit": limit, "remaining": remaining }));
+                    json!({ "name": l.name, "algorithm": l.algorithm.summary(), "key": l.key, "shadow": l.shadow, "global": global })
+                })
+                .collect();
+            let hot: Vec<Value> = top
+                .iter()
+                .filter(|t| t.rule == rule.name)
+                .map(|t| {
+                    let keys = |k: &[(String, u64, u64)]| k.iter().map(|(key, count, error)| json!({ "key": key, "count": count, "error": error })).collect::<Vec<_>>();
+                    json!({ "limit": t.limit, "denied": keys(&t.denied), "admitted": keys(&t.admitted) })
+                })
+                .collect();
+            json!({
+                "rule": rule.name,
+                "limits": limits,
+                "overrides": rule.overrides.len(),
+                "breaker": rule.breaker.is_some(),
+                "concurrency": rule.concurrency.map(|c| c.max_in_flight),
+                "shed_at_level": rule.shed_at_level,
+                "top": hot,
+            })
+        })
+        .collect();
+    let breakers: Vec<Value> = decider
+        .breakers()
+        .into_iter()
+        .map(|b| {
+            let i = &b.info;
+            json!({
+                "resource": b.resource,
+                "state": i.state.name(),
+                "calls": i.window.calls,
+                "failure_rate": i.window.failure_rate(),
+                "slow_call_rate": i.window.slow_call_rate(),
+                "not_permitted": i.not_permitted,
+                "opened_at": i.opened_at.map(|t| rfc3339(t.to_system_time())),
+                "next_probe_at": i.next_probe_at.map(|t| rfc3339(t.to_system_time())),
+            })
+        })
+        .collect();
+    let snapshot = decider.snapshot();
+    let health = decider.replica_health();
+    json!({
+        "rules": {
+            "version": installed.version,
+            "source": installed.source,
+            "loaded_at": rfc3339(installed.loaded_at),
+            "patterns": installed.resource_names(),
+        },
+        "resources": resources,
+        "breakers": breakers,
+        "timeline": timeline,
+        "level": { "level": snapshot.level.level, "manual": snapshot.level.manual, "automatic": snapshot.level.automatic },
+        "replication": {
+            "mode": if health.replicated { "redis" } else { "memory" },
+            "redis_up": health.redis_up,
+            "live_replicas": health.live_replicas,
+        },
+        "overrides": installed.runtime.len(),
+        "now": rfc3339(SystemTime::now()),
+    })
+}
+
+/// Server-sent events: one `data:` line of JSON per event, a comment every
+/// 15 s to keep proxies from closing the stream.
+async fn events(State(s): State<HttpState>, req: Request) -> Response {
+    if let Err(refused) = allow(&s, req.headers(), req.extensions().get::<Peer>(), Role::Read, "console events") {
+        return *refused;
+    }
+    if s.console.streams.fetch_add(1, Ordering::AcqRel) >= MAX_STREAMS {
+        s.console.streams.fetch_sub(1, Ordering::AcqRel);
+        return error(StatusCode::TOO_MANY_REQUESTS, format!("{MAX_STREAMS} event streams are open"));
+    }
+    let slot = StreamSlot(s.console.streams.clone());
+    let mut rx = s.decider.subscribe();
+    let stream = async_stream(move |tx| async move {
+        let _slot = slot;
+        let mut ping = tokio::time::interval(Duration::from_secs(15));
+        loop {
+            let chunk = tokio::select! {
+                e = rx.recv() => match e {
+                    Ok(e) => format!("data: {}\n\n", event_json(&e)),
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => "data: {\"kind\":\"resync\"}\n\n".to_string(),
+                    Err(_) => return,
+                },
+                _ = ping.tick() => ": ping\n\n".to_string(),
+            };
+            if tx.send(Ok(Bytes::from(chunk))).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut r = Response::new(Body::from_stream(stream));
+    r.headers_mut().insert(header::CONTENT_TYPE, "text/event-stream".parse().expect("valid"));
+    r.headers_mut().insert(header::CACHE_CONTROL, "no-store".parse().expect("valid"));
+    r
+}
+
+/// Frees a stream's place when the stream ends.
+struct StreamSlot(Arc<AtomicUsize>);
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A stream fed by a task through a small channel; the task ends when the
+/// client goes (the send fails).
+fn async_stream<F, Fut>(f: F) -> tokio_stream::wrappers::ReceiverStream<Result<Bytes, std::io::Error>>
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    tokio::spawn(f(tx));
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+async fn read_body(req: Request) -> Result<Value, Response> {
+    let bytes = axum::body::to_bytes(req.into_body(), MAX_BODY)
+        .await
+        .map_err(|_| error(StatusCode::PAYLOAD_TOO_LARGE, format!("the body is over {MAX_BODY} bytes")))?;
+    serde_json::from_slice(&bytes).map_err(|e| error(StatusCode::BAD_REQUEST, format!("not JSON: {e}")))
+}
+
+async fn set_breaker(State(s): State<HttpState>, Path(resource): Path<String>, req: Request) -> Response {
+    let who = match allow(&s, req.headers(), req.extensions().get::<Peer>(), Role::Admin, "console SetBreakerState") {
+        Ok(who) => who,
+        Err(refused) => return *refused,
+    };
+    let body = match read_body(req).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let name = body["state"].as_str().unwrap_or_default();
+    let to = match name {
+        "CLOSED" => BreakerState::Closed,
+        "FORCED_OPEN" => BreakerState::ForcedOpen,
+        "DISABLED" => BreakerState::Disabled,
+        "METRICS_ONLY" => BreakerState::MetricsOnly,
+        other => {
+            let other = other.escape_debug();
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("state: '{other}' is not CLOSED, FORCED_OPEN, DISABLED or METRICS_ONLY"),
+            );
+        }
+    };
+    match s.decider.set_breaker(&resource, to).await {
+        Ok(view) => {
+            let (resource, version) = (resource.escape_debug().to_string(), s.decider.rules().version);
+            tracing::info!(target: "floodgate::audit", who, change = "SetBreakerState (console)", resource, to = to.name(), version_before = version, version_after = version, "admin change");
+            json_response(StatusCode::OK, json!({ "resource": view.resource, "state": view.info.state.name() }))
+        }
+        Err(e @ crate::engine::RequestError::NoBreaker(_)) => error(StatusCode::NOT_FOUND, e.to_string()),
+        Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
+    }
+}
+
+async fn set_level(State(s): State<HttpState>, req: Request) -> Response {
+    let who = match allow(&s, req.headers(), req.extensions().get::<Peer>(), Role::Admin, "console SetDegradationLevel")
+    {
+        Ok(who) => who,
+        Err(refused) => return *refused,
+    };
+    let body = match read_body(req).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let level = if body["automatic"].as_bool() == Some(true) {
+        None
+    } else {
+        match body["level"].as_u64().and_then(|l| u32::try_from(l).ok()) {
+            Some(l) => Some(l),
+            None => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    format!("level: {} is not a degradation level (0 to 3)", body["level"]),
+                );
+            }
+        }
+    };
+    match s.decider.set_level(level) {
+        Ok(l) => {
+            tracing::info!(target: "floodgate::audit", who, change = "SetDegradationLevel (console)", level = l.level, manual = l.manual, "admin change");
+            json_response(StatusCode::OK, json!({ "level": l.level, "manual": l.manual, "automatic": l.automatic }))
+        }
+        Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
+    }
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    jiff::Timestamp::try_from(t).map(|t| t.to_string()).unwrap_or_default()
+}
+
+/// An event as the page reads it.
+fn event_json(e: &Event) -> Value {
+    let at = rfc3339(SystemTime::now());
+    match e {
+        Event::Breaker { resource, transition: t, .. } => json!({
+            "kind": "breaker", "at": at, "resource": resource,
+            "from": t.from.name(), "to": t.to.name(), "reason": t.reason,
+        }),
+        Event::Degradation(c) => {
+            json!({ "kind": "degradation", "at": at, "from": c.from, "to": c.to, "manual": c.manual })
+        }
+        Event::Rules { version, source, .. } => {
+            json!({ "kind": "rules", "at": at, "version": version, "source": source })
+        }
+        Event::Overrides { version, set, deleted, expired } => json!({
+            "kind": "overrides", "at": at, "version": version, "set": set.len(), "deleted": deleted.len(), "expired": expired.len(),
+        }),
+    }
+}

@@ -1,0 +1,67 @@
+// Drives Floodgate's console in a real Chromium (playwright-core), for
+// tests/e2e_console.rs: prints one word per step on stdout, and waits for a
+// line on stdin where the Rust side checks the server in between.
+//
+//   node console.cjs URL READ_TOKEN ADMIN_TOKEN SCREENSHOT
+"use strict";
+
+const { chromium } = require("playwright-core");
+const readline = require("readline");
+
+const [url, readToken, adminToken, screenshot] = process.argv.slice(2);
+const lines = readline.createInterface({ input: process.stdin });
+const nextLine = () => new Promise((resolve) => lines.once("line", resolve));
+const step = (word) => console.log(word);
+
+(async () => {
+  const browser = await chromium.launch({
+    executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+    args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
+  });
+  try {
+    const page = await browser.newPage({ viewport: { width: 1400, height: 900 } });
+    const errors = [];
+    page.on("pageerror", (e) => errors.push(String(e)));
+    page.on("console", (m) => { if (m.type() === "error" && !/status of 40[13]/.test(m.text())) errors.push(m.text()); });
+    await page.goto(url);
+    await page.locator("#message", { hasText: "A token is needed" }).waitFor({ timeout: 20000 });
+    step("NEEDS_TOKEN");
+
+    const use = async (token) => {
+      await page.fill("#token", token);
+      await page.click("#auth button");
+    };
+    await use(readToken);
+    const state = page.locator('#breakers tr[data-resource="payments"] td.state');
+    await state.filter({ hasText: /^CLOSED$/ }).waitFor({ timeout: 20000 });
+    await page.locator("#live", { hasText: "live" }).waitFor({ timeout: 20000 });
+    step("READY");
+
+    // The Rust side reports failures now: the page must see OPEN by itself.
+    await state.filter({ hasText: /^OPEN$/ }).waitFor({ timeout: 30000 });
+    await page.locator("#timeline li", { hasText: "breaker payments: CLOSED -> OPEN" }).waitFor({ timeout: 10000 });
+    step("SAW_OPEN");
+
+    // A read token may look, not act.
+    await page.click('#breakers tr[data-resource="payments"] button[data-action="CLOSED"]');
+    await page.locator("#message", { hasText: "Refused (403)" }).waitFor({ timeout: 10000 });
+    step("REFUSED");
+    await nextLine();
+
+    await use(adminToken);
+    await page.click('#breakers tr[data-resource="payments"] button[data-action="CLOSED"]');
+    await page.locator("#message", { hasText: "Breaker payments is CLOSED" }).waitFor({ timeout: 10000 });
+    await state.filter({ hasText: /^CLOSED$/ }).waitFor({ timeout: 10000 });
+    step("RESET");
+
+    await page.screenshot({ path: screenshot, fullPage: true });
+    if (errors.length) throw new Error("errors in the page: " + errors.join("; "));
+    step("DONE");
+  } finally {
+    await browser.close();
+    lines.close();
+  }
+})().catch((e) => {
+  console.error(e && e.stack ? e.stack : String(e));
+  process.exit(1);
+});
