@@ -15,7 +15,8 @@
 //! - [`replication`]: Redis: replicated and strict limits, shared breakers and rules.
 //! - [`engine`]: the decision core: rules in force, all-or-nothing over limits,
 //!   breakers and permits; `engine::sync` keeps what replication needs.
-//! - [`events`]: transitions and reloads, for Watch; [`metrics`]: names and the recorder.
+//! - [`events`]: transitions and reloads, for Watch; [`metrics`]: names and the recorder;
+//!   [`traces`]: spans over OTLP, continuing the caller's trace.
 //! - [`rules`]: the rules file, validated into types that cannot hold a bad value.
 //! - [`store`]: every bucket, sharded in memory, with idle and LRU eviction.
 //! - [`limiter`]: the six algorithms, pure state types that take `now`.
@@ -52,3 +53,4 @@ pub mod runtime;
 pub mod server;
 pub mod store;
 pub mod time;
+pub mod traces;

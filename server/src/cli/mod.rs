@@ -27,7 +27,7 @@ pub struct Cli {
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
-enum LogFormat {
+pub(crate) enum LogFormat {
     Human,
     Json,
 }
@@ -60,9 +60,12 @@ enum Command {
 
 impl Cli {
     pub fn run(self) -> ExitCode {
-        init_logging(self.log_format, &self.log_level);
+        // The server sets up logging on its runtime, where traces are exported from.
+        if !matches!(self.command, Command::Serve(_)) {
+            init_logging(self.log_format, &self.log_level, None);
+        }
         let result = match self.command {
-            Command::Serve(args) => serve::run(*args),
+            Command::Serve(args) => serve::run(*args, self.log_format, self.log_level),
             Command::Bench(args) => crate::bench::run(args),
             Command::CheckConfig(args) => return check_config::run(args),
             Command::Acquire(args) => return client::block_on(client::acquire(args)),
@@ -84,16 +87,36 @@ impl Cli {
     }
 }
 
-fn init_logging(format: LogFormat, filter: &str) {
+/// Logs to stderr, filtered by `filter`; with `otlp`, the spans of gRPC
+/// calls are exported too, whatever the log filter.
+fn init_logging(
+    format: LogFormat,
+    filter: &str,
+    otlp: Option<&crate::traces::OtlpConfig>,
+) -> Option<crate::traces::Exporter> {
     use tracing_subscriber::EnvFilter;
+    use tracing_subscriber::prelude::*;
     let filter = std::env::var("RUST_LOG").ok().unwrap_or_else(|| filter.to_string());
     let filter = EnvFilter::try_new(&filter).unwrap_or_else(|_| EnvFilter::new("info"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Human => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    let fmt = tracing_subscriber::fmt::layer().with_ansi(ansi).with_writer(std::io::stderr);
+    let fmt = match format {
+        LogFormat::Human => fmt.boxed(),
+        LogFormat::Json => fmt.json().flatten_event(true).boxed(),
     };
+    let (exporter, spans) = match otlp.map(crate::traces::Exporter::start) {
+        Some(Ok((exporter, layer))) => {
+            let only_calls = tracing_subscriber::filter::filter_fn(|m| m.target() == "floodgate::rpc");
+            (Some(exporter), Some(layer.with_filter(only_calls)))
+        }
+        Some(Err(e)) => {
+            eprintln!("floodgate: OTLP exporter: {e:#}; no traces will be exported");
+            (None, None)
+        }
+        None => (None, None),
+    };
+    let _ = tracing_subscriber::registry().with(fmt.with_filter(filter)).with(spans).try_init();
+    exporter
 }
 
 /// Parses a duration flag such as `10s` or `250ms`.

@@ -94,6 +94,26 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     envoy: EnvoyArgs,
+
+    #[command(flatten)]
+    otlp: OtlpArgs,
+}
+
+/// Traces over OTLP.
+#[derive(Args, Debug)]
+#[command(next_help_heading = "Traces (OTLP)")]
+struct OtlpArgs {
+    /// Export a span per gRPC call to this OTLP/gRPC collector (e.g.
+    /// http://127.0.0.1:4317). A W3C traceparent in the call's metadata makes
+    /// it part of the caller's trace.
+    #[arg(long = "otlp-endpoint", env = "FLOODGATE_OTLP_ENDPOINT")]
+    endpoint: Option<String>,
+    /// Of the calls that carry no sampled traceparent, the fraction traced.
+    #[arg(long = "otlp-sample-ratio", default_value_t = 0.0)]
+    sample_ratio: f64,
+    /// The service.name of the spans.
+    #[arg(long = "otlp-service-name", default_value = "floodgate")]
+    service_name: String,
 }
 
 /// Bounds on connections, on both ports.
@@ -189,8 +209,23 @@ struct RedisAuthArgs {
     redis_ca: Option<PathBuf>,
 }
 
-pub fn run(args: ServeArgs) -> anyhow::Result<()> {
-    crate::runtime::build(args.threads)?.block_on(serve(args))
+pub fn run(args: ServeArgs, log_format: super::LogFormat, log_level: String) -> anyhow::Result<()> {
+    crate::runtime::build(args.threads)?.block_on(async move {
+        let otlp = args.otlp.endpoint.clone().map(|endpoint| crate::traces::OtlpConfig {
+            endpoint,
+            sample_ratio: args.otlp.sample_ratio,
+            service_name: args.otlp.service_name.clone(),
+        });
+        let exporter = super::init_logging(log_format, &log_level, otlp.as_ref());
+        if let Some(o) = &otlp {
+            tracing::info!(endpoint = %o.endpoint, sample_ratio = o.sample_ratio, "exporting traces over OTLP");
+        }
+        let served = serve(args).await;
+        if let Some(exporter) = exporter {
+            tokio::task::spawn_blocking(move || exporter.shutdown()).await.ok();
+        }
+        served
+    })
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {

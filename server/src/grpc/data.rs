@@ -28,6 +28,7 @@ impl Floodgate for DataPlane {
     async fn acquire(&self, request: Request<pb::AcquireRequest>) -> Result<Response<pb::AcquireResponse>, Status> {
         let req = engine::Request::from(request.get_ref());
         let response: pb::AcquireResponse = self.decider.acquire(&req).await?;
+        crate::traces::record_verdict(response.verdict().as_str_name());
         Ok(Response::new(response))
     }
 

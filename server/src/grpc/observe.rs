@@ -19,6 +19,7 @@ const METHODS: &[(&str, &str)] = &[
     ("/floodgate.v1.Floodgate/AcquireBatch", "Floodgate/AcquireBatch"),
     ("/floodgate.v1.Floodgate/ReportOutcome", "Floodgate/ReportOutcome"),
     ("/floodgate.v1.Floodgate/ReportOutcomeBatch", "Floodgate/ReportOutcomeBatch"),
+    ("/floodgate.v1.Floodgate/Charge", "Floodgate/Charge"),
     ("/floodgate.v1.Floodgate/Watch", "Floodgate/Watch"),
     ("/floodgate.v1.Admin/GetRules", "Admin/GetRules"),
     ("/floodgate.v1.Admin/ApplyRules", "Admin/ApplyRules"),
@@ -27,6 +28,11 @@ const METHODS: &[(&str, &str)] = &[
     ("/floodgate.v1.Admin/SetBreakerState", "Admin/SetBreakerState"),
     ("/floodgate.v1.Admin/SetDegradationLevel", "Admin/SetDegradationLevel"),
     ("/floodgate.v1.Admin/Peek", "Admin/Peek"),
+    ("/floodgate.v1.Admin/GetWhatIf", "Admin/GetWhatIf"),
+    ("/floodgate.v1.Admin/SetOverrides", "Admin/SetOverrides"),
+    ("/floodgate.v1.Admin/ListOverrides", "Admin/ListOverrides"),
+    ("/floodgate.v1.Admin/DeleteOverrides", "Admin/DeleteOverrides"),
+    ("/floodgate.v1.Admin/GetTopKeys", "Admin/GetTopKeys"),
     ("/grpc.health.v1.Health/Check", "Health/Check"),
     ("/grpc.health.v1.Health/Watch", "Health/Watch"),
     ("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", "RateLimitService/ShouldRateLimit"),
@@ -88,6 +94,7 @@ where
             let code =
                 response.as_ref().ok().and_then(|r| tonic::Status::from_header_map(r.headers())).map(|s| s.code());
             metrics.record(start.elapsed(), code);
+            crate::traces::record_status(code.map_or(0, |c| c as i32));
             response
         })
     }

@@ -127,7 +127,7 @@ where
             req
         });
         let service = tower::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-            let span = tracing::debug_span!("rpc", path = %req.uri().path());
+            let span = crate::traces::rpc_span(req.headers(), req.uri().path());
             service.clone().oneshot(req).instrument(span)
         });
         let streams = Streams::default();
