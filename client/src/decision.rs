@@ -54,6 +54,8 @@ pub enum Source {
     /// The server was unreachable and the client decided with its own
     /// limiter, at its share of the limits the server last reported.
     Local,
+    /// A lease the server granted this client: no round trip.
+    Lease,
 }
 
 /// A circuit breaker's state.
@@ -146,6 +148,14 @@ impl Acquire {
 
     pub fn descriptors(&self) -> &HashMap<String, String> {
         &self.descriptors
+    }
+
+    pub(crate) fn is_dry_run(&self) -> bool {
+        self.dry_run
+    }
+
+    pub(crate) fn is_settle(&self) -> bool {
+        self.settle
     }
 
     /// The units it takes (0 is read as 1).
@@ -250,6 +260,22 @@ impl Decision {
 
     /// What the client answers on the server's behalf when it cannot be reached
     /// and fails open: allowed, with no limits.
+    /// Allowed from a lease.
+    pub(crate) fn leased() -> Self {
+        Decision { source: Source::Lease, ..Decision::fail_open() }
+    }
+
+    /// Denied: the last lease asked for found nothing left.
+    pub(crate) fn lease_empty(retry_after: Duration) -> Self {
+        Decision {
+            verdict: Verdict::RateLimited,
+            retry_after,
+            reason: format!("nothing left to lease, retry in {}ms", retry_after.as_millis()),
+            source: Source::Lease,
+            ..Decision::fail_open()
+        }
+    }
+
     pub fn fail_open() -> Self {
         Decision {
             verdict: Verdict::Allowed,

@@ -60,6 +60,7 @@ pub mod grpc;
 pub mod guard;
 pub mod http;
 mod last_good;
+mod lease;
 mod local;
 mod permit;
 mod reporter;

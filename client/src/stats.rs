@@ -13,13 +13,14 @@ pub struct Stats {
     reports_counted: AtomicU64,
     reports_uncounted: AtomicU64,
     reports_dropped: AtomicU64,
+    leased: AtomicU64,
 }
 
 /// A copy of the counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct StatsSnapshot {
-    /// Acquire calls sent to a server.
+    /// Calls sent to a server (Acquire, AcquireBatch, Lease).
     pub rpcs: u64,
     /// Denials answered from the open-breaker cache, with no round trip.
     pub cached_denials: u64,
@@ -34,6 +35,8 @@ pub struct StatsSnapshot {
     pub reports_uncounted: u64,
     /// Reports that could not be delivered.
     pub reports_dropped: u64,
+    /// Decisions answered from a lease, with no round trip.
+    pub leased: u64,
 }
 
 impl Stats {
@@ -62,6 +65,10 @@ impl Stats {
         self.reports_uncounted.fetch_add(uncounted, Ordering::Relaxed);
     }
 
+    pub(crate) fn leased(&self) {
+        self.leased.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(crate) fn dropped(&self, n: u64) {
         self.reports_dropped.fetch_add(n, Ordering::Relaxed);
     }
@@ -77,6 +84,7 @@ impl Stats {
             reports_counted: l(&self.reports_counted),
             reports_uncounted: l(&self.reports_uncounted),
             reports_dropped: l(&self.reports_dropped),
+            leased: l(&self.leased),
         }
     }
 }

@@ -25,7 +25,7 @@ resources:
     limits: [ { name: l, key: [user], algorithm: token_bucket, capacity: 5, refill_per_second: 1 } ]
     overrides: [ { when: { user: vip }, tier: gold } ]
   - name: gcra
-    limits: [ { name: l, algorithm: gcra, rate_per_second: 2, burst: 3 } ]
+    limits: [ { name: l, algorithm: gcra, rate_per_second: 2, burst: 3, lease: 1s } ]
   - name: shape
     limits: [ { name: l, algorithm: leaky_bucket, capacity: 4, leak_per_second: 2, mode: shape, max_wait: 1s } ]
   - name: fw
@@ -96,12 +96,13 @@ pub fn rules(data: &[u8]) {
 
 /// A request body as a client would send it: the first byte picks the RPC,
 /// the rest is the message, decoded, checked and decided (4: a Charge; 5:
-/// Admin's SetOverrides, then a decision under each and their deletion).
+/// Admin's SetOverrides, then a decision under each and their deletion; 6: a
+/// Lease).
 pub fn requests(data: &[u8]) {
     let Some((&kind, body)) = data.split_first() else { return };
     let (e, decider) = engine();
     let rules = e.rules();
-    match kind % 6 {
+    match kind % 7 {
         0 => {
             if let Ok(r) = pb::AcquireRequest::decode(body) {
                 let req = Request::from(&r);
@@ -146,6 +147,11 @@ pub fn requests(data: &[u8]) {
                     let ids = set.specs.iter().map(|s| s.id.clone()).collect();
                     ready(decider.delete_overrides(ids)).expect("deleting what was just set");
                 }
+            }
+        }
+        6 => {
+            if let Ok(r) = pb::LeaseRequest::decode(body) {
+                let _ = ready(decider.lease(&(&r).into()));
             }
         }
         _ => {

@@ -49,6 +49,8 @@ pub const CONNECTIONS_REJECTED: &str = "floodgate_connections_rejected_total";
 pub const RLS_GLOBAL_SHADOW: &str = "floodgate_rls_global_shadow_total";
 pub const RLS_OVERRIDES_REFUSED: &str = "floodgate_rls_overrides_refused_total";
 pub const OVERRIDES: &str = "floodgate_overrides";
+pub const LEASES: &str = "floodgate_leases_total";
+pub const LEASED_UNITS: &str = "floodgate_leased_units_total";
 
 /// The resource label of requests that no rule matched.
 pub const UNMATCHED: &str = "_unmatched";
@@ -86,6 +88,8 @@ fn describe() {
     );
     describe_counter!(RPC_REQUESTS, "gRPC calls by method and status code");
     describe_gauge!(KEYS, "Buckets held in memory");
+    describe_counter!(LEASES, "Lease requests by result: granted, empty (nothing available) or not_leasable");
+    describe_counter!(LEASED_UNITS, "Units handed out in leases");
     describe_gauge!(MAX_KEYS, "--max-keys: the most buckets held before the least recently used are evicted");
     describe_gauge!(OVERRIDES, "Overrides set at run time (Admin SetOverrides), expired ones not yet removed included");
     describe_counter!(EVICTIONS, "Buckets evicted: idle ones and least recently used ones beyond --max-keys");

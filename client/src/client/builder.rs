@@ -57,6 +57,7 @@ pub struct Builder {
     report_batch: usize,
     report_interval: Duration,
     last_good_capacity: usize,
+    leases: bool,
 }
 
 // === impl FailMode ===
@@ -126,6 +127,7 @@ impl Default for Builder {
             report_batch: 100,
             report_interval: Duration::from_millis(10),
             last_good_capacity: 10_000,
+            leases: false,
         }
     }
 }
@@ -195,6 +197,16 @@ impl Builder {
         self
     }
 
+    /// Decide from leases where the rules allow (limits marked `lease:`): the
+    /// client takes a share of a key's limits and answers its calls without a
+    /// round trip, renewing in the background (default off). Denials then
+    /// come from the lease running out (`Source::Lease`); what leasing
+    /// trades is described in the README.
+    pub fn leases(mut self, on: bool) -> Self {
+        self.leases = on;
+        self
+    }
+
     /// Last good values kept for [`Fallback::LastGood`](crate::Fallback::LastGood)
     /// (default 10,000; the least recently stored go first).
     pub fn last_good_capacity(mut self, n: usize) -> Self {
@@ -245,8 +257,12 @@ impl Builder {
             },
             last_good: LastGood::new(self.last_good_capacity),
             stats,
+            leases: self.leases.then(crate::lease::Leases::new),
             _closed: closed,
         });
+        if self.leases {
+            tokio::spawn(super::renew_leases(Arc::downgrade(&inner)));
+        }
         if self.watch {
             let grpcs = inner.endpoints.iter().map(|e| e.grpc.clone()).collect();
             tokio::spawn(watch::follow(Arc::downgrade(&inner.known), grpcs, on_close));

@@ -14,6 +14,7 @@ use crate::connection::ServerBreaker;
 use crate::decision::{Acquire, BreakerState, Decision, Source, Verdict};
 use crate::error::{Error, unreachable};
 use crate::last_good::LastGood;
+use crate::lease::{self, Granted, Leases};
 use crate::local::{self, LocalLimits};
 use crate::permit::{Outcome, Permit, Sink};
 use crate::reporter::Reporter;
@@ -57,6 +58,8 @@ pub(crate) struct Inner {
     pub(crate) local: Option<LocalLimits>,
     pub(crate) last_good: LastGood,
     pub(crate) stats: Arc<Stats>,
+    /// Leases held, when the builder turned them on.
+    pub(crate) leases: Option<Leases>,
     /// Dropped with the client: the Watch task ends.
     pub(crate) _closed: tokio::sync::watch::Sender<()>,
 }
@@ -94,6 +97,9 @@ impl Client {
     /// `request_timeout`. The only error is bad input the server refused.
     pub async fn acquire(&self, req: &Acquire) -> Result<Decision, Error> {
         if let Some(d) = self.known_answer(req) {
+            return Ok(d);
+        }
+        if let Some(d) = self.leased_answer(req).await {
             return Ok(d);
         }
         let proto = req.to_proto();
@@ -185,6 +191,80 @@ impl Client {
         })
     }
 
+    /// A decision from the lease on `req`'s key, asking for one when there
+    /// is none or it is used up; `None` when the call must be asked.
+    async fn leased_answer(&self, req: &Acquire) -> Option<Decision> {
+        let leases = self.inner.leases.as_ref()?;
+        if req.is_dry_run() || req.is_settle() {
+            return None;
+        }
+        let cell = leases.cell(local::key(req))?;
+        let mut state = cell.lock().await;
+        let cost = u64::from(req.cost_units());
+        let now = Instant::now();
+        if state.not_leasable(now) {
+            return None;
+        }
+        if let Some(d) = state.local(cost, now) {
+            self.inner.stats.leased();
+            return Some(d);
+        }
+        if state.template.is_none() {
+            state.template = Some(req.clone());
+        }
+        let (previous, used, want) = state.renewal(cost);
+        let granted = self.lease(req, previous, used, want, false).await;
+        if matches!(granted, Granted::Unreachable) {
+            return Some(self.without_server(req));
+        }
+        let d = state.granted(granted, cost, Instant::now())?;
+        self.inner.stats.leased();
+        Some(d)
+    }
+
+    /// One Lease call.
+    async fn lease(&self, req: &Acquire, previous: String, used: u64, want: u64, release: bool) -> Granted {
+        let Some(leases) = &self.inner.leases else { return Granted::Refused };
+        let proto = lease::request(req, &leases.holder, previous, used, want, release);
+        let asked = self.ask(|mut grpc| {
+            let proto = proto.clone();
+            async move { grpc.lease(proto).await }
+        });
+        let duration = |d: Option<prost_types::Duration>| {
+            d.map_or(Duration::ZERO, |d| Duration::new(d.seconds.max(0) as u64, d.nanos.max(0) as u32))
+        };
+        match asked.await {
+            Asked::Answer(_, r) if !r.leasable => Granted::NotLeasable,
+            Asked::Answer(_, r) if r.granted == 0 => Granted::Empty(duration(r.retry_after)),
+            Asked::Answer(_, r) => Granted::Lease { id: r.lease_id, granted: r.granted, ttl: duration(r.ttl) },
+            Asked::BadInput(_) => Granted::Refused,
+            Asked::Unreachable => Granted::Unreachable,
+        }
+    }
+
+    /// Renews the leases due (used ones; unused ones are returned). A
+    /// renewal that finds no server keeps the lease in hand until its end.
+    pub(crate) async fn renew_leases(&self) {
+        let Some(leases) = &self.inner.leases else { return };
+        for cell in leases.cells() {
+            let Ok(mut state) = cell.try_lock() else { continue };
+            let now = Instant::now();
+            let (Some(used), Some(template)) = (state.due(now), state.template.clone()) else { continue };
+            let (previous, used, want) = if used == 0 {
+                let (previous, _, _) = state.renewal(1);
+                (previous, 0, 0)
+            } else {
+                state.renewal(1)
+            };
+            let granted = self.lease(&template, previous, used, want, want == 0).await;
+            if want == 0 && !matches!(granted, Granted::Unreachable) {
+                state.held = None;
+                continue;
+            }
+            state.granted(granted, 0, Instant::now());
+        }
+    }
+
     /// Tries each server in turn within `request_timeout`.
     async fn ask<T, F, Fut>(&self, call: F) -> Asked<T>
     where
@@ -266,5 +346,16 @@ impl Sink for Inner {
         if !ep.reporter.send(report, permit.urgent) {
             self.stats.dropped(1);
         }
+    }
+}
+
+/// Renews the leases due, in the background, until the client is dropped.
+pub(crate) async fn renew_leases(inner: std::sync::Weak<Inner>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(inner) = inner.upgrade() else { return };
+        Client::from_inner(inner).renew_leases().await;
     }
 }

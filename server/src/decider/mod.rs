@@ -25,9 +25,11 @@ use crate::replication::Replication;
 use crate::rules::envoy::EnvoyConfig;
 use crate::rules::{RuleErrors, RuleSet};
 
+mod lease;
 mod overrides;
 mod rls;
 
+pub use lease::{LeaseAsk, Leased};
 pub use overrides::{
     MAX_PAGE, NewOverride, OverrideOptions, OverridesPage, OverridesSet, read_file as read_overrides_file,
 };

@@ -93,6 +93,7 @@ fn rule(requests_per_unit: u32, unit: Unit, id: LimitId) -> Rule {
             on_redis_error: OnRedisError::default(),
             shadow: false,
             hitters: None,
+            lease: None,
         }],
         concurrency: None,
         breaker: None,

@@ -19,7 +19,7 @@ use crate::degradation::Levels;
 use crate::events::{Event, Events};
 use crate::rules::RuleSet;
 use crate::store::Buckets;
-use crate::time::SharedClock;
+use crate::time::{SharedClock, Timestamp};
 
 mod counters;
 pub mod decide;
@@ -27,6 +27,7 @@ mod envoy_sizes;
 pub mod guards;
 pub mod hottest;
 mod installed;
+pub mod lease;
 pub mod report;
 pub mod request;
 pub mod rls;
@@ -50,6 +51,8 @@ pub struct Engine {
     permits: guards::Permits,
     /// Estimates waiting for their actual cost.
     settlements: settle::Settlements,
+    /// Recent lease holders per bucket, for fair shares.
+    leases: lease::Leases,
     levels: Levels,
     events: Events,
     clock: SharedClock,
@@ -76,6 +79,7 @@ impl Engine {
             guards: guards::Guards::default(),
             permits: guards::Permits::default(),
             settlements: settle::Settlements::default(),
+            leases: lease::Leases::default(),
             levels: Levels::default(),
             events: Events::default(),
             clock,
@@ -149,6 +153,8 @@ impl Engine {
         let rules = self.rules.load_full();
         let now = self.clock.now();
         self.expire_estimates(now);
+        // Two of the longest leases.
+        self.leases.forget(Timestamp::from_nanos(now.as_nanos().saturating_sub(120_000_000_000)));
         self.buckets.sweep(now, |id| rules.algorithm(id))
     }
 }

@@ -174,6 +174,15 @@ impl Engine {
         Ok(Charged(out))
     }
 
+    /// Keeps the estimate of permit `id` until `expires` (a lease's time).
+    pub fn hold_estimate_until(&self, id: &str, expires: Timestamp) {
+        if let Ok(key) = request::check_permit_id(id)
+            && let Some(mut p) = self.settlements.map.get_mut(&key)
+        {
+            p.expires = expires;
+        }
+    }
+
     /// Forgets estimates whose permits expired: they stand as taken.
     pub(super) fn expire_estimates(&self, now: Timestamp) -> usize {
         let before = self.settlements.len();

@@ -41,6 +41,19 @@ impl Floodgate for DataPlane {
         Ok(Response::new(pb::AcquireBatchResponse { responses }))
     }
 
+    async fn lease(&self, request: Request<pb::LeaseRequest>) -> Result<Response<pb::LeaseResponse>, Status> {
+        let l = self.decider.lease(&request.get_ref().into()).await?;
+        Ok(Response::new(pb::LeaseResponse {
+            leasable: l.leasable,
+            reason: l.reason,
+            lease_id: l.lease_id,
+            granted: l.granted,
+            ttl: crate::grpc::convert::duration(l.ttl),
+            retry_after: crate::grpc::convert::duration(l.retry_after),
+            returned: l.returned,
+        }))
+    }
+
     async fn charge(&self, request: Request<pb::ChargeRequest>) -> Result<Response<pb::ChargeResponse>, Status> {
         let req = request.get_ref();
         let response: pb::ChargeResponse = self.decider.charge(&req.resource, &req.descriptors, req.cost)?;

@@ -20,6 +20,7 @@ const METHODS: &[(&str, &str)] = &[
     ("/floodgate.v1.Floodgate/ReportOutcome", "Floodgate/ReportOutcome"),
     ("/floodgate.v1.Floodgate/ReportOutcomeBatch", "Floodgate/ReportOutcomeBatch"),
     ("/floodgate.v1.Floodgate/Charge", "Floodgate/Charge"),
+    ("/floodgate.v1.Floodgate/Lease", "Floodgate/Lease"),
     ("/floodgate.v1.Floodgate/Watch", "Floodgate/Watch"),
     ("/floodgate.v1.Admin/GetRules", "Admin/GetRules"),
     ("/floodgate.v1.Admin/ApplyRules", "Admin/ApplyRules"),

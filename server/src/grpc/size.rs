@@ -18,6 +18,7 @@ const CAPS: &[(&str, usize)] = &[
     ("/floodgate.v1.Floodgate/Acquire", 64 * KIB),
     ("/floodgate.v1.Floodgate/AcquireBatch", 4 * MIB),
     ("/floodgate.v1.Floodgate/ReportOutcome", 16 * KIB),
+    ("/floodgate.v1.Floodgate/Lease", 64 * KIB),
     ("/floodgate.v1.Floodgate/ReportOutcomeBatch", MIB),
     ("/floodgate.v1.Admin/ApplyRules", crate::rules::bounds::MAX_BYTES + 64 * KIB),
     // Up to 10,000 overrides or ids per call.

@@ -477,6 +477,7 @@ impl Walker<'_> {
             on_redis_error: OnRedisError::default(),
             shadow,
             hitters: None,
+            lease: None,
         };
         let rule = Rule {
             name: stat.to_string(),

@@ -87,6 +87,8 @@ pub struct Limit {
     /// Its hottest keys; shared by the limits of the same rule and name (an
     /// override's), kept across installs; set by the engine at install.
     pub hitters: Option<std::sync::Arc<crate::hitters::Hitters>>,
+    /// Clients may lease a share of it for up to this long (`lease: 2s`).
+    pub lease: Option<Duration>,
 }
 
 /// A limit's identity in the bucket store.

@@ -22,7 +22,7 @@ use super::tiers::MAX_AMOUNT;
 /// The longest window or refill period (about 31 years).
 const MAX_SPAN_NANOS: u64 = 1_000_000_000_000_000_000;
 const MIN_WINDOW: Duration = Duration::from_millis(1);
-const COMMON: &[&str] = &["name", "key", "algorithm", "sync", "on_redis_error", "shadow"];
+const COMMON: &[&str] = &["name", "key", "algorithm", "sync", "on_redis_error", "shadow", "lease"];
 
 pub(super) fn rule_set(text: &str, file: &str) -> Result<RuleSet, RuleErrors> {
     let out = Collector::new(file);
@@ -322,6 +322,7 @@ fn limit(f: &Fields<'_>) -> Option<Limit> {
         _ => windowed(f, MAX_AMOUNT).map(|(l, w)| Algorithm::SlidingWindow(sliding_window::Config::new(l, w))),
     };
     let shadow = f.flag("shadow");
+    let lease = lease(f, algorithm.as_ref());
     Some(Limit {
         id: LimitId::default(),
         name: name?,
@@ -331,7 +332,31 @@ fn limit(f: &Fields<'_>) -> Option<Limit> {
         on_redis_error: on_error.unwrap_or_default(),
         shadow,
         hitters: None,
+        lease,
     })
+}
+
+/// The longest lease a limit may hand out.
+const MAX_LEASE: Duration = Duration::from_secs(60);
+
+/// `lease: 2s`: clients may take a share of this limit for up to that long
+/// and decide on their own (see `engine::lease`).
+fn lease(f: &Fields<'_>, algorithm: Option<&Algorithm>) -> Option<Duration> {
+    if !f.has("lease") {
+        return None;
+    }
+    let ttl = f.duration("lease", Duration::from_millis(100))?;
+    if ttl > MAX_LEASE {
+        f.error("lease", format!("must be at most 1m, got {}", super::duration::format(ttl)));
+        return None;
+    }
+    if let Some(Algorithm::LeakyBucket(c)) = algorithm
+        && matches!(c.mode, Mode::Shape { .. })
+    {
+        f.error("lease", "a shaping leaky bucket makes callers wait; it cannot be leased");
+        return None;
+    }
+    Some(ttl)
 }
 
 fn check_key(f: &Fields<'_>, key: &[String]) {

@@ -303,3 +303,17 @@ impl From<&Event> for Kind {
         }
     }
 }
+
+impl<'a> From<&'a pb::LeaseRequest> for crate::decider::LeaseAsk<'a, std::collections::HashMap<String, String>> {
+    fn from(r: &'a pb::LeaseRequest) -> Self {
+        crate::decider::LeaseAsk {
+            resource: &r.resource,
+            descriptors: &r.descriptors,
+            want: r.want,
+            previous: &r.previous_lease_id,
+            used: r.used,
+            holder: &r.holder,
+            release: r.release,
+        }
+    }
+}
