@@ -232,3 +232,50 @@ fn the_envoy_config_reloads_while_serving() {
     assert_eq!(envoy.get("/", &[("x-user", &user)]).status, 429);
     assert!(fg.logs().contains("'fortnight' is not second, minute, hour, day, week, month or year"), "{}", fg.logs());
 }
+
+/// Floodgate's rules for the RLQS test: a leasable per-tenant limit (its
+/// lease outlasts Envoy's report period, which Envoy 1.40 keeps at 5 s).
+const QUOTA_RULES: &str = r#"
+resources:
+  - name: api
+    limits:
+      - { name: per-tenant, key: [tenant], algorithm: fixed_window, limit: 40, window: 1h, lease: 10s }
+"#;
+
+#[test]
+fn two_envoys_rate_limit_quota_filters_share_one_limit_through_rlqs() {
+    let dir = TempDir::new();
+    let fg = Floodgate::start(&["--config", path_str(&dir.write("rules.yaml", QUOTA_RULES))]);
+    let (a, b) = (Envoy::start_rlqs(&fg.grpc, "edge", "api", "1s"), Envoy::start_rlqs(&fg.grpc, "edge", "api", "1s"));
+    let tenant = fresh("t");
+    let headers = [("x-tenant", tenant.as_str())];
+    // Until the first assignment arrives, the bucket denies (DENY_ALL): wait
+    // for one Envoy's first 200.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut admitted = 0;
+    while admitted == 0 {
+        for envoy in [&a, &b] {
+            admitted += usize::from(envoy.get("/", &headers).status == 200);
+        }
+        assert!(std::time::Instant::now() < deadline, "no assignment reached Envoy:\n{}", a.logs());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Both Envoys, alternately, well past the limit.
+    for i in 0..200 {
+        let envoy = if i % 2 == 0 { &a } else { &b };
+        admitted += usize::from(envoy.get("/", &headers).status == 200);
+    }
+    eprintln!("two Envoys, 200 requests after the first 200: {admitted} admitted of 40");
+    assert!(admitted <= 40, "the two Envoys admitted {admitted}; the limit is 40 an hour");
+    assert!(admitted >= 30, "the Envoys used the limit: {admitted} admitted of 40");
+    let granted = metric(&fg, r#"floodgate_leases_total{result="granted"}"#);
+    assert!(granted >= 1.0, "leases granted: {granted}");
+    // Another tenant is a bucket of its own, with its own 40.
+    let other = fresh("u");
+    let other = [("x-tenant", other.as_str())];
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while a.get("/", &other).status != 200 {
+        assert!(std::time::Instant::now() < deadline, "no assignment for the second bucket");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -50,9 +50,78 @@ pub struct Envoy {
 
 impl Envoy {
     pub fn start(setup: Setup<'_>) -> Envoy {
+        let filter = format!(
+            r#"
+                  - name: envoy.filters.http.ratelimit
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+                      domain: {domain}
+                      rate_limits: {rate_limits}
+                      failure_mode_deny: {deny}
+                      enable_x_ratelimit_headers: DRAFT_VERSION_03
+                      timeout: 5s
+                      rate_limit_service:
+                        transport_api_version: V3
+                        grpc_service: {{ envoy_grpc: {{ cluster_name: floodgate }} }}"#,
+            domain = setup.domain,
+            rate_limits = setup.rate_limits,
+            deny = setup.failure_mode_deny,
+        );
+        Envoy::start_with_filter(&filter, setup.floodgate)
+    }
+
+    /// Envoy's `rate_limit_quota` filter asking Floodgate's RLQS: one bucket
+    /// per `x-tenant` header value, `{ name: NAME, tenant: VALUE }`,
+    /// reported every `report`; DENY_ALL until the first assignment and once
+    /// one expired.
+    pub fn start_rlqs(floodgate: &str, domain: &str, name: &str, report: &str) -> Envoy {
+        let filter = format!(
+            r#"
+                  - name: envoy.filters.http.rate_limit_quota
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaFilterConfig
+                      rlqs_server: {{ envoy_grpc: {{ cluster_name: floodgate }} }}
+                      domain: {domain}
+                      bucket_matchers:
+                        matcher_list:
+                          matchers:
+                            - predicate:
+                                single_predicate:
+                                  input:
+                                    name: tenant
+                                    typed_config:
+                                      "@type": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput
+                                      header_name: x-tenant
+                                  value_match: {{ safe_regex: {{ google_re2: {{}}, regex: ".+" }} }}
+                              on_match:
+                                action:
+                                  name: rate_limit_quota
+                                  typed_config:
+                                    "@type": type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaBucketSettings
+                                    bucket_id_builder:
+                                      bucket_id_builder:
+                                        name: {{ string_value: {name} }}
+                                        tenant:
+                                          custom_value:
+                                            name: tenant
+                                            typed_config:
+                                              "@type": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput
+                                              header_name: x-tenant
+                                    reporting_interval: {report}
+                                    no_assignment_behavior:
+                                      fallback_rate_limit: {{ blanket_rule: DENY_ALL }}
+                                    expired_assignment_behavior:
+                                      fallback_rate_limit: {{ blanket_rule: DENY_ALL }}"#
+        );
+        Envoy::start_with_filter(&filter, floodgate)
+    }
+
+    /// Envoy with `filter` (YAML list items at the http_filters indentation)
+    /// before the router.
+    pub fn start_with_filter(filter: &str, floodgate: &str) -> Envoy {
         let upstream = upstream();
         let (port, admin) = (free_port(false), free_port(false));
-        let (fg_host, fg_port) = setup.floodgate.rsplit_once(':').expect("host:port");
+        let (fg_host, fg_port) = floodgate.rsplit_once(':').expect("host:port");
         let config = format!(
             r#"
 admin:
@@ -76,18 +145,7 @@ static_resources:
                         - match: {{ prefix: "/" }}
                           route:
                             cluster: upstream
-                http_filters:
-                  - name: envoy.filters.http.ratelimit
-                    typed_config:
-                      "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
-                      domain: {domain}
-                      rate_limits: {rate_limits}
-                      failure_mode_deny: {deny}
-                      enable_x_ratelimit_headers: DRAFT_VERSION_03
-                      timeout: 5s
-                      rate_limit_service:
-                        transport_api_version: V3
-                        grpc_service: {{ envoy_grpc: {{ cluster_name: floodgate }} }}
+                http_filters:{filter}
                   - name: envoy.filters.http.router
                     typed_config:
                       "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
@@ -109,9 +167,6 @@ static_resources:
         cluster_name: floodgate
         endpoints: [ {{ lb_endpoints: [ {{ endpoint: {{ address: {{ socket_address: {{ address: {fg_host}, port_value: {fg_port} }} }} }} }} ] }} ]
 "#,
-            domain = setup.domain,
-            rate_limits = setup.rate_limits,
-            deny = setup.failure_mode_deny,
         );
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("envoy.yaml");
@@ -204,8 +259,19 @@ pub fn get(port: u16, path: &str, headers: &[(&str, &str)]) -> Response {
             headers.push((n.trim().to_ascii_lowercase(), v.trim().to_string()));
         }
     }
-    let mut rest = Vec::new();
-    let _ = reader.read_to_end(&mut rest);
+    // The body's length when given: Envoy may keep a closing connection open
+    // for its delayed-close time after a local reply.
+    let length = headers.iter().find(|(n, _)| n == "content-length").and_then(|(_, v)| v.parse::<usize>().ok());
+    match length {
+        Some(n) => {
+            let mut body = vec![0; n];
+            let _ = reader.read_exact(&mut body);
+        }
+        None => {
+            let mut rest = Vec::new();
+            let _ = reader.read_to_end(&mut rest);
+        }
+    }
     Response { status, headers }
 }
 

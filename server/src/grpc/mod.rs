@@ -16,6 +16,7 @@ mod data;
 mod envoy;
 mod gate;
 mod observe;
+mod rlqs;
 mod serve;
 mod size;
 mod status;
@@ -54,7 +55,8 @@ where
     routes
         .add_service(FloodgateServer::new(DataPlane::new(decider.clone(), max_watchers)).max_decoding_message_size(cap))
         .add_service(AdminGate::new(admin, access))
-        .add_service(EnvoyRls::new(decider, cap))
+        .add_service(EnvoyRls::new(decider.clone(), cap))
+        .add_service(rlqs::Rlqs::server(decider, cap))
         .add_service(health)
         .add_service(reflection().build_v1()?)
         .add_service(reflection().build_v1alpha()?);

@@ -37,6 +37,10 @@ const METHODS: &[(&str, &str)] = &[
     ("/grpc.health.v1.Health/Check", "Health/Check"),
     ("/grpc.health.v1.Health/Watch", "Health/Watch"),
     ("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", "RateLimitService/ShouldRateLimit"),
+    (
+        "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas",
+        "RateLimitQuotaService/StreamRateLimitQuotas",
+    ),
 ];
 
 #[derive(Clone)]

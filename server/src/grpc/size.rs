@@ -25,6 +25,7 @@ const CAPS: &[(&str, usize)] = &[
     ("/floodgate.v1.Admin/SetOverrides", 8 * MIB),
     ("/floodgate.v1.Admin/DeleteOverrides", 2 * MIB),
     ("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", MIB),
+    ("/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas", MIB),
 ];
 const DEFAULT: usize = 64 * KIB;
 

@@ -1,0 +1,213 @@
+//! Envoy's Rate Limit Quota Service (RLQS,
+//! `envoy.service.rate_limit_quota.v3`), for Envoy's `rate_limit_quota`
+//! filter: each Envoy streams usage reports per bucket, and gets back, per
+//! bucket, an assignment it enforces by itself until the next one.
+//!
+//! An assignment is a lease (see `decider::lease`): a bucket id names the
+//! resource (`name`, else the filter's `domain`) and the descriptors (the
+//! other entries); each report settles the bucket's previous lease at what
+//! Envoy says it allowed and grants the next, sized from its demand (allowed
+//! plus denied) and the Envoys' fair shares. The units are taken when granted,
+//! so a fleet of Envoys admits no more than the limits hold. Envoy gets them
+//! as a token bucket of the granted units that does not refill before the
+//! lease's end (the next report replaces it), or DENY_ALL while nothing is
+//! left. A bucket no rule limits is ALLOW_ALL; one whose limits are not marked
+//! `lease:` is ALLOW_ALL too, and said in the log (RLQS cannot ask per call).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use envoy_types::pb::envoy::service::rate_limit_quota::v3 as rlqs;
+use envoy_types::pb::envoy::r#type::v3::{RateLimitStrategy, TokenBucket, rate_limit_strategy};
+use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use rlqs::rate_limit_quota_response::{BucketAction, bucket_action};
+use rlqs::rate_limit_quota_service_server::{RateLimitQuotaService, RateLimitQuotaServiceServer};
+use tokio_stream::StreamExt;
+use tonic::{Request, Response, Status};
+
+use crate::decider::{Decider, LeaseAsk};
+
+/// Streams open at once.
+pub const MAX_STREAMS: usize = 1024;
+/// Buckets one stream may have leases for.
+pub const MAX_BUCKETS: usize = 10_000;
+
+pub struct Rlqs {
+    decider: Arc<Decider>,
+    streams: Arc<AtomicUsize>,
+    next: AtomicU64,
+}
+
+impl Rlqs {
+    pub fn server(decider: Arc<Decider>, max_message: usize) -> RateLimitQuotaServiceServer<Rlqs> {
+        let rlqs = Rlqs { decider, streams: Arc::default(), next: AtomicU64::new(1) };
+        RateLimitQuotaServiceServer::new(rlqs).max_decoding_message_size(max_message)
+    }
+}
+
+/// A stream's buckets: the lease each holds, by bucket id.
+#[derive(Default)]
+struct Buckets {
+    leases: HashMap<Vec<(String, String)>, String>,
+    serial: u32,
+}
+
+type Responses = tokio_stream::wrappers::ReceiverStream<Result<rlqs::RateLimitQuotaResponse, Status>>;
+
+#[tonic::async_trait]
+impl RateLimitQuotaService for Rlqs {
+    type StreamRateLimitQuotasStream = Responses;
+
+    async fn stream_rate_limit_quotas(
+        &self,
+        request: Request<tonic::Streaming<rlqs::RateLimitQuotaUsageReports>>,
+    ) -> Result<Response<Responses>, Status> {
+        if self.streams.fetch_add(1, Ordering::AcqRel) >= MAX_STREAMS {
+            self.streams.fetch_sub(1, Ordering::AcqRel);
+            return Err(Status::resource_exhausted(format!("{MAX_STREAMS} RLQS streams are open")));
+        }
+        let holder = match request.remote_addr() {
+            Some(a) => format!("rlqs-{a}-{}", self.next.fetch_add(1, Ordering::Relaxed)),
+            None => format!("rlqs-{}", self.next.fetch_add(1, Ordering::Relaxed)),
+        };
+        let mut reports = request.into_inner();
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let (decider, streams) = (self.decider.clone(), self.streams.clone());
+        tokio::spawn(async move {
+            let _open = Open(streams);
+            let mut buckets = Buckets::default();
+            while let Some(report) = reports.next().await {
+                let report = match report {
+                    Ok(r) => r,
+                    Err(e) => {
+                        tracing::debug!(holder, error = %e, "RLQS stream ended");
+                        break;
+                    }
+                };
+                tracing::debug!(
+                    holder,
+                    domain = report.domain,
+                    buckets = report.bucket_quota_usages.len(),
+                    "RLQS usage report"
+                );
+                let response = answer(&decider, &holder, &mut buckets, report).await;
+                if response.bucket_action.is_empty() {
+                    continue;
+                }
+                if tx.send(Ok(response)).await.is_err() {
+                    return;
+                }
+            }
+            // The stream ended: what the leases granted stays taken (Envoy
+            // may have used it) and each expires on its own.
+        });
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(rx)))
+    }
+}
+
+/// Frees a stream's place when its task ends.
+struct Open(Arc<AtomicUsize>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Settles and renews every bucket of one report.
+async fn answer(
+    decider: &Decider,
+    holder: &str,
+    buckets: &mut Buckets,
+    report: rlqs::RateLimitQuotaUsageReports,
+) -> rlqs::RateLimitQuotaResponse {
+    let mut actions = Vec::new();
+    for usage in report.bucket_quota_usages {
+        let Some(id) = usage.bucket_id else { continue };
+        let mut pairs: Vec<(String, String)> = id.bucket.into_iter().collect();
+        pairs.sort();
+        let resource = pairs.iter().find(|(k, _)| k == "name").map_or(report.domain.clone(), |(_, v)| v.clone());
+        let descriptors: Vec<(&str, &str)> =
+            pairs.iter().filter(|(k, _)| k != "name").map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let previous = buckets.leases.get(&pairs).cloned().unwrap_or_default();
+        if previous.is_empty() && buckets.leases.len() >= MAX_BUCKETS {
+            continue;
+        }
+        // A new bucket gets a fair share; then about twice what it was asked
+        // for (allowed plus denied) since the last report.
+        let demand = usage.num_requests_allowed.saturating_add(usage.num_requests_denied);
+        let want = if previous.is_empty() { 0 } else { demand.saturating_mul(2).max(1) };
+        let ask = LeaseAsk {
+            resource: &resource,
+            descriptors: descriptors.as_slice(),
+            want,
+            previous: &previous,
+            used: usage.num_requests_allowed,
+            holder,
+            release: false,
+        };
+        let leased = match decider.lease(&ask).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::debug!(error = %e, "RLQS bucket refused");
+                continue;
+            }
+        };
+        let action = if !leased.leasable {
+            if !leased.reason.starts_with("no rule") {
+                tracing::warn!(
+                    resource = resource.escape_debug().to_string(),
+                    reason = leased.reason,
+                    "RLQS bucket cannot be leased: ALLOW_ALL"
+                );
+            }
+            buckets.leases.remove(&pairs);
+            blanket(rate_limit_strategy::BlanketRule::AllowAll, Duration::from_secs(60))
+        } else if leased.granted == 0 {
+            buckets.leases.remove(&pairs);
+            blanket(
+                rate_limit_strategy::BlanketRule::DenyAll,
+                leased.retry_after.clamp(Duration::from_millis(100), leased.ttl),
+            )
+        } else {
+            buckets.leases.insert(pairs.clone(), leased.lease_id);
+            let tokens = u32::try_from(leased.granted).unwrap_or(u32::MAX);
+            // Refilled only once the lease is over: the next report replaces
+            // it first. Each assignment differs from the last (by up to a
+            // millisecond of the fill interval) so that Envoy starts a fresh
+            // bucket rather than keeping the last one's tokens, which went
+            // back to the limits.
+            buckets.serial = buckets.serial.wrapping_add(1);
+            let fill = leased.ttl * 2 + Duration::from_micros(u64::from(buckets.serial % 1000));
+            let bucket = TokenBucket {
+                max_tokens: tokens,
+                tokens_per_fill: Some(envoy_types::pb::google::protobuf::UInt32Value { value: tokens }),
+                fill_interval: Some(duration(fill)),
+            };
+            assignment(
+                RateLimitStrategy { strategy: Some(rate_limit_strategy::Strategy::TokenBucket(bucket)) },
+                leased.ttl,
+            )
+        };
+        let bucket_id = rlqs::BucketId { bucket: pairs.into_iter().collect() };
+        actions.push(BucketAction { bucket_id: Some(bucket_id), bucket_action: Some(action) });
+    }
+    rlqs::RateLimitQuotaResponse { bucket_action: actions }
+}
+
+fn blanket(rule: rate_limit_strategy::BlanketRule, ttl: Duration) -> bucket_action::BucketAction {
+    assignment(RateLimitStrategy { strategy: Some(rate_limit_strategy::Strategy::BlanketRule(rule as i32)) }, ttl)
+}
+
+fn assignment(strategy: RateLimitStrategy, ttl: Duration) -> bucket_action::BucketAction {
+    bucket_action::BucketAction::QuotaAssignmentAction(bucket_action::QuotaAssignmentAction {
+        assignment_time_to_live: Some(duration(ttl)),
+        rate_limit_strategy: Some(strategy),
+    })
+}
+
+fn duration(d: Duration) -> PbDuration {
+    PbDuration { seconds: d.as_secs() as i64, nanos: d.subsec_nanos() as i32 }
+}
