@@ -140,3 +140,42 @@ async fn four_holders_at_once_stay_within_what_the_bucket_holds() {
     assert!(admitted as f64 <= bound, "{admitted} admitted; the bucket held at most {bound:.0}");
     assert!(admitted >= 200, "the holders shared the bucket: {admitted}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_on_two_replicas_share_one_replicated_limit() {
+    let rules = r#"
+resources:
+  - name: fleet
+    limits:
+      - { name: per-user, key: [user], algorithm: fixed_window, limit: 100, window: 1h, lease: 1s }
+"#;
+    let (_redis, _dir, args) = replicated(rules);
+    let args = strs(&args);
+    let (a, b) = (Floodgate::start(&args), Floodgate::start(&args));
+    wait_live(&a, 2);
+    wait_live(&b, 2);
+    let allowed = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for fg in [&a, &b] {
+        let c = client(fg, FailMode::Closed);
+        let allowed = allowed.clone();
+        tasks.push(tokio::spawn(async move {
+            let req = Acquire::new("fleet").descriptor("user", "u1");
+            let started = Instant::now();
+            while started.elapsed() < Duration::from_secs(3) {
+                if c.acquire(&req).await.unwrap().verdict == Verdict::Allowed {
+                    allowed.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let admitted = allowed.load(Ordering::Relaxed);
+    eprintln!("two replicas, a leasing client on each: {admitted} admitted of 100");
+    assert!(admitted <= 100, "{admitted} admitted; the limit is 100 an hour");
+    assert!(admitted >= 50, "each replica leased its share: {admitted} admitted");
+}
