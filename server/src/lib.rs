@@ -17,7 +17,9 @@
 //!   breakers and permits; `engine::sync` keeps what replication needs.
 //! - [`events`]: transitions and reloads, for Watch; [`metrics`]: names and the recorder;
 //!   [`traces`]: spans over OTLP, continuing the caller's trace.
-//! - [`rules`]: the rules file, validated into types that cannot hold a bad value.
+//! - [`rules`]: the rules file, validated into types that cannot hold a bad value;
+//!   [`overrides`]: overrides set at run time, merged into the rules at install.
+//! - [`hitters`]: each limit's hottest keys (Space-Saving sketches).
 //! - [`store`]: every bucket, sharded in memory, with idle and LRU eviction.
 //! - [`limiter`]: the six algorithms, pure state types that take `now`.
 //! - [`breaker`], [`degradation`]: the breaker state machine and the levels.

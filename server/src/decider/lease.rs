@@ -48,11 +48,14 @@ struct Granted {
     verdict: Verdict,
     permit_id: Option<String>,
     retry_after: Duration,
+    /// What the limits hold after it (the least of them).
+    available: u64,
 }
 
 impl From<Answer<'_>> for Granted {
     fn from(a: Answer<'_>) -> Self {
-        Granted { verdict: a.verdict, permit_id: a.permit_id, retry_after: a.retry_after }
+        let available = a.limits.iter().map(|l| l.status.remaining).min().unwrap_or(0);
+        Granted { verdict: a.verdict, permit_id: a.permit_id, retry_after: a.retry_after, available }
     }
 }
 
@@ -86,26 +89,39 @@ impl Decider {
         out.leasable = true;
         out.ttl = plan.ttl;
         if plan.grant == 0 {
+            // Asked again within a lease time at most: units may come back
+            // before the limit's own retry_after (a holder returns some).
             ::metrics::counter!(crate::metrics::LEASES, "result" => "empty").increment(1);
-            out.retry_after = plan.retry_after;
+            out.retry_after = plan.retry_after.clamp(Duration::from_millis(1), plan.ttl);
             return Ok(out);
         }
-        let cost = u32::try_from(plan.grant).unwrap_or(u32::MAX);
-        let req = Request { resource: ask.resource, descriptors: ask.descriptors, cost, dry_run: false, settle: true };
-        let granted: Granted = self.acquire(&req).await?;
-        match (granted.verdict, granted.permit_id) {
-            (Verdict::Allowed, Some(id)) => {
-                let until = self.engine.clock().now().saturating_add(plan.ttl + GRACE);
-                self.engine.hold_estimate_until(&id, until);
-                ::metrics::counter!(crate::metrics::LEASES, "result" => "granted").increment(1);
-                ::metrics::counter!(crate::metrics::LEASED_UNITS).increment(u64::from(cost));
-                out.lease_id = id;
-                out.granted = u64::from(cost);
-            }
-            _ => {
-                // Taken by others between the plan and the take.
-                ::metrics::counter!(crate::metrics::LEASES, "result" => "empty").increment(1);
-                out.retry_after = granted.retry_after.max(Duration::from_millis(1));
+        // The plan read this replica's memory; taking may find less (another
+        // caller came first, or a replicated bucket was first pulled from
+        // Redis, at this replica's share): then once more, at what is there.
+        let mut cost = u32::try_from(plan.grant).unwrap_or(u32::MAX);
+        for attempt in 0..2 {
+            let req =
+                Request { resource: ask.resource, descriptors: ask.descriptors, cost, dry_run: false, settle: true };
+            let granted: Granted = self.acquire(&req).await?;
+            match (granted.verdict, granted.permit_id) {
+                (Verdict::Allowed, Some(id)) => {
+                    let until = self.engine.clock().now().saturating_add(plan.ttl + GRACE);
+                    self.engine.hold_estimate_until(&id, until);
+                    ::metrics::counter!(crate::metrics::LEASES, "result" => "granted").increment(1);
+                    ::metrics::counter!(crate::metrics::LEASED_UNITS).increment(u64::from(cost));
+                    out.lease_id = id;
+                    out.granted = u64::from(cost);
+                    return Ok(out);
+                }
+                _ if attempt == 0 && granted.available > 0 => {
+                    let share = granted.available.div_ceil(plan.holders as u64);
+                    cost = u32::try_from(share.min(plan.grant)).unwrap_or(u32::MAX);
+                }
+                _ => {
+                    ::metrics::counter!(crate::metrics::LEASES, "result" => "empty").increment(1);
+                    out.retry_after = granted.retry_after.clamp(Duration::from_millis(1), plan.ttl);
+                    return Ok(out);
+                }
             }
         }
         Ok(out)
