@@ -100,8 +100,10 @@ fn two_hundreds_turn_into_429s_at_the_exact_count_with_envoys_headers() {
     let dir = TempDir::new();
     let fg = floodgate(&dir, &[]);
     let envoy = envoy(&fg, "edge", false);
+    let mut last = String::new();
     within_one_day(|| {
         let user = fresh("ann");
+        last = user.clone();
         let got = statuses(&envoy, &[("x-user", &user)], 6);
         assert_eq!(got, [200, 200, 200, 200, 429, 429], "4 per day; envoy logs:\n{}", envoy.logs());
         let other = fresh("bob");
@@ -113,6 +115,12 @@ fn two_hundreds_turn_into_429s_at_the_exact_count_with_envoys_headers() {
         let secs = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
         assert!(reset.abs_diff(86_400 - secs % 86_400) <= 2, "reset {reset}s: the end of the UTC day");
     });
+    // Who is being limited, for the Envoy configuration's limits too.
+    let out = std::process::Command::new(BIN).args(["top", "--server", &fg.grpc]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = format!("user={last}");
+    let denied = text.lines().find(|l| l.trim_start().starts_with("denied") && l.ends_with(&line));
+    assert_eq!(denied.map(|l| l.split_whitespace().nth(1)), Some(Some("2")), "{text}");
 }
 
 #[test]

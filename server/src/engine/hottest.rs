@@ -36,8 +36,34 @@ impl Engine {
                 out.push(TopLimit { rule: r.name.clone(), limit: limit.name.clone(), denied, admitted });
             }
         }
+        // The envoyproxy/ratelimit configuration's limits: keyed by the
+        // request's descriptor entries.
+        for r in rules.envoy.config.rules().iter().filter(|r| rule.is_empty() || r.name == rule) {
+            let Some(limit) = r.limits.first() else { continue };
+            let Some(hitters) = &limit.hitters else { continue };
+            let text = |h: Vec<Hitter>| -> Vec<(String, u64, u64)> {
+                h.into_iter().map(|h| (entries_text(limit, h.scope), h.count, h.error)).collect()
+            };
+            let denied = text(hitters.top(true, now, n));
+            let admitted = text(hitters.top(false, now, n));
+            if denied.is_empty() && admitted.is_empty() {
+                continue;
+            }
+            out.push(TopLimit { rule: r.name.clone(), limit: limit.name.clone(), denied, admitted });
+        }
         out
     }
+}
+
+/// An Envoy descriptor's bucket scope (its entries, key then value) as
+/// `user=u42,plan=gold`.
+fn entries_text(limit: &Limit, scope: compact_str::CompactString) -> String {
+    let parts = BucketKey { limit: limit.id, scope }.parts();
+    parts
+        .chunks(2)
+        .map(|kv| format!("{}={}", kv[0], kv.get(1).map_or("", String::as_str)))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// A rule's limits and its overrides' (a tier's own), one per name.
