@@ -1,4 +1,4 @@
-//! Leases: with [`Builder::leases`](crate::client::builder::Builder::leases),
+//! Leases: with `Builder::leases(true)`,
 //! the client asks the server for a share of a resource's limits for the
 //! descriptors it sees (only limits the rules mark `lease:`), decides calls
 //! from it without a round trip, and renews it in the background before it

@@ -213,6 +213,14 @@ impl fmt::Debug for Access {
     }
 }
 
+/// The token of an `authorization: Bearer TOKEN` header (gRPC metadata or
+/// the console's HTTP requests).
+pub fn bearer(headers: &http::HeaderMap) -> Option<&str> {
+    let value = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
 fn anonymous(peer: &Peer) -> String {
     peer.addr.map_or_else(|| "unknown peer".into(), |a| format!("peer {a}"))
 }

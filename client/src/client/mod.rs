@@ -230,13 +230,11 @@ impl Client {
             let proto = proto.clone();
             async move { grpc.lease(proto).await }
         });
-        let duration = |d: Option<prost_types::Duration>| {
-            d.map_or(Duration::ZERO, |d| Duration::new(d.seconds.max(0) as u64, d.nanos.max(0) as u32))
-        };
+        use crate::decision::duration;
         match asked.await {
             Asked::Answer(_, r) if !r.leasable => Granted::NotLeasable,
-            Asked::Answer(_, r) if r.granted == 0 => Granted::Empty(duration(r.retry_after)),
-            Asked::Answer(_, r) => Granted::Lease { id: r.lease_id, granted: r.granted, ttl: duration(r.ttl) },
+            Asked::Answer(_, r) if r.granted == 0 => Granted::Empty(duration(&r.retry_after)),
+            Asked::Answer(_, r) => Granted::Lease { id: r.lease_id, granted: r.granted, ttl: duration(&r.ttl) },
             Asked::BadInput(_) => Granted::Refused,
             Asked::Unreachable => Granted::Unreachable,
         }

@@ -438,16 +438,15 @@ impl Decider {
         self.engine.events().subscribe()
     }
 
-    /// What an exact rule's global (keyless) limits hold now: (name, limit,
-    /// remaining); empty for a template rule, whose buckets are per resource.
-    pub fn global_use(&self, rule: &str) -> Vec<(String, u64, u64)> {
-        let rules = self.engine.rules();
-        let Some(r) = rules.rules.rules().iter().find(|r| r.name == rule) else { return Vec::new() };
-        if r.per_resource() || r.limits.iter().all(|l| !l.key.is_empty()) {
+    /// What an exact rule of `rules` (the rules in force) has in its
+    /// global (keyless) limits now: (name, limit, remaining); empty for a
+    /// template rule, whose buckets are per resource.
+    pub fn global_use(&self, rules: &Installed, rule: &crate::rules::Rule) -> Vec<(String, u64, u64)> {
+        if rule.per_resource() || rule.limits.iter().all(|l| !l.key.is_empty()) {
             return Vec::new();
         }
         let none: std::collections::HashMap<String, String> = std::collections::HashMap::new();
-        let Ok(answer) = self.engine.peek(&rules, rule, &none, None) else { return Vec::new() };
+        let Ok(answer) = self.engine.peek(rules, &rule.name, &none, None) else { return Vec::new() };
         answer.limits.iter().map(|l| (l.limit.name.clone(), l.status.limit, l.status.remaining)).collect()
     }
 

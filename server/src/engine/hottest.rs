@@ -2,8 +2,10 @@
 
 use std::sync::Arc;
 
+use compact_str::CompactString;
+
 use super::{Engine, Installed};
-use crate::hitters::{Hitter, Hitters, TOP};
+use crate::hitters::{Hitters, TOP};
 use crate::rules::{Limit, Rule};
 use crate::store::BucketKey;
 
@@ -23,33 +25,29 @@ impl Engine {
         let n = n.clamp(1, TOP);
         let now = self.clock.now().as_nanos() / 1_000_000_000;
         let mut out = Vec::new();
+        // One limit's lists, its keys as text; nothing when it counted none.
+        let mut push = |r: &Rule, limit: &Limit, hitters: &Hitters, text: &dyn Fn(CompactString) -> String| {
+            let list = |denied| -> Vec<(String, u64, u64)> {
+                hitters.top(denied, now, n).into_iter().map(|h| (text(h.scope), h.count, h.error)).collect()
+            };
+            let (denied, admitted) = (list(true), list(false));
+            if !(denied.is_empty() && admitted.is_empty()) {
+                out.push(TopLimit { rule: r.name.clone(), limit: limit.name.clone(), denied, admitted });
+            }
+        };
         for r in rules.rules.rules().iter().filter(|r| rule.is_empty() || r.name == rule) {
             for (limit, hitters) in distinct_limits(r) {
-                let text = |h: Vec<Hitter>| -> Vec<(String, u64, u64)> {
-                    h.into_iter().map(|h| (key_text(r, limit, h.scope), h.count, h.error)).collect()
-                };
-                let denied = text(hitters.top(true, now, n));
-                let admitted = text(hitters.top(false, now, n));
-                if denied.is_empty() && admitted.is_empty() {
-                    continue;
-                }
-                out.push(TopLimit { rule: r.name.clone(), limit: limit.name.clone(), denied, admitted });
+                push(r, limit, hitters, &|scope| key_text(r, limit, scope));
             }
         }
         // The envoyproxy/ratelimit configuration's limits: keyed by the
         // request's descriptor entries.
         for r in rules.envoy.config.rules().iter().filter(|r| rule.is_empty() || r.name == rule) {
-            let Some(limit) = r.limits.first() else { continue };
-            let Some(hitters) = &limit.hitters else { continue };
-            let text = |h: Vec<Hitter>| -> Vec<(String, u64, u64)> {
-                h.into_iter().map(|h| (entries_text(limit, h.scope), h.count, h.error)).collect()
-            };
-            let denied = text(hitters.top(true, now, n));
-            let admitted = text(hitters.top(false, now, n));
-            if denied.is_empty() && admitted.is_empty() {
-                continue;
+            if let Some(limit) = r.limits.first()
+                && let Some(hitters) = &limit.hitters
+            {
+                push(r, limit, hitters, &|scope| entries_text(limit, scope));
             }
-            out.push(TopLimit { rule: r.name.clone(), limit: limit.name.clone(), denied, admitted });
         }
         out
     }
@@ -57,7 +55,7 @@ impl Engine {
 
 /// An Envoy descriptor's bucket scope (its entries, key then value) as
 /// `user=u42,plan=gold`.
-fn entries_text(limit: &Limit, scope: compact_str::CompactString) -> String {
+fn entries_text(limit: &Limit, scope: CompactString) -> String {
     let parts = BucketKey { limit: limit.id, scope }.parts();
     parts
         .chunks(2)
@@ -82,7 +80,7 @@ fn distinct_limits(rule: &Rule) -> Vec<(&Limit, &Arc<Hitters>)> {
 
 /// A bucket's scope as `user=u42,tenant=acme`, after the resource for a
 /// template rule.
-fn key_text(rule: &Rule, limit: &Limit, scope: compact_str::CompactString) -> String {
+fn key_text(rule: &Rule, limit: &Limit, scope: CompactString) -> String {
     let parts = BucketKey { limit: limit.id, scope }.parts();
     let mut parts = parts.into_iter();
     let mut out: Vec<String> = Vec::new();

@@ -40,13 +40,6 @@ fn needs(path: &str) -> Role {
     if READ_ONLY.contains(&method) { Role::Read } else { Role::Admin }
 }
 
-/// The token of an `authorization: Bearer TOKEN` header.
-fn bearer<B>(req: &http::Request<B>) -> Option<&str> {
-    let value = req.headers().get(http::header::AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, token) = value.split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-}
-
 impl<S, B> Service<http::Request<B>> for AdminGate<S>
 where
     S: Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
@@ -64,7 +57,7 @@ where
     fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
         let peer = req.extensions().get::<Peer>().cloned().unwrap_or_default();
         let path = req.uri().path().to_string();
-        match self.access.check(needs(&path), bearer(&req), &peer) {
+        match self.access.check(needs(&path), crate::access::bearer(req.headers()), &peer) {
             Ok(caller) => {
                 req.extensions_mut().insert(caller);
                 Box::pin(self.inner.call(req))

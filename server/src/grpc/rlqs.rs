@@ -21,12 +21,12 @@ use std::time::Duration;
 
 use envoy_types::pb::envoy::service::rate_limit_quota::v3 as rlqs;
 use envoy_types::pb::envoy::r#type::v3::{RateLimitStrategy, TokenBucket, rate_limit_strategy};
-use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use rlqs::rate_limit_quota_response::{BucketAction, bucket_action};
 use rlqs::rate_limit_quota_service_server::{RateLimitQuotaService, RateLimitQuotaServiceServer};
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status};
 
+use super::convert::envoy::duration;
 use crate::decider::{Decider, LeaseAsk};
 
 /// Streams open at once.
@@ -206,8 +206,4 @@ fn assignment(strategy: RateLimitStrategy, ttl: Duration) -> bucket_action::Buck
         assignment_time_to_live: Some(duration(ttl)),
         rate_limit_strategy: Some(strategy),
     })
-}
-
-fn duration(d: Duration) -> PbDuration {
-    PbDuration { seconds: d.as_secs() as i64, nanos: d.subsec_nanos() as i32 }
 }

@@ -117,14 +117,8 @@ fn allow(
     needs: Role,
     what: &str,
 ) -> Result<String, Box<Response>> {
-    let bearer = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, t)| t.trim());
     let peer = peer.cloned().unwrap_or_default();
-    match state.access.check(needs, bearer, &peer) {
+    match state.access.check(needs, crate::access::bearer(headers), &peer) {
         Ok(caller) => Ok(caller.who),
         Err(denied) => {
             let (status, why) = match denied {
@@ -157,7 +151,7 @@ fn snapshot(decider: &Decider, timeline: Vec<Value>) -> Value {
         .rules()
         .iter()
         .map(|rule| {
-            let used = decider.global_use(&rule.name);
+            let used = decider.global_use(&installed, rule);
             let limits: Vec<Value> = rule
                 .limits
                 .iter()

@@ -88,11 +88,13 @@ impl From<RlsStatus> for DescriptorStatus {
                 unit: l.unit as i32,
             }),
             limit_remaining: s.remaining,
-            duration_until_reset: s.reset.map(|d| envoy_types::pb::google::protobuf::Duration {
-                seconds: d.as_secs() as i64,
-                nanos: d.subsec_nanos() as i32,
-            }),
+            duration_until_reset: s.reset.map(duration),
             quota: None,
         }
     }
+}
+
+/// A duration in Envoy's types.
+pub fn duration(d: std::time::Duration) -> envoy_types::pb::google::protobuf::Duration {
+    envoy_types::pb::google::protobuf::Duration { seconds: d.as_secs() as i64, nanos: d.subsec_nanos() as i32 }
 }
