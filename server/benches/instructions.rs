@@ -1,0 +1,119 @@
+//! Decisions to count instructions of, under callgrind: `scripts/callgrind`
+//! runs this binary with `--scenario NAME --decisions N` under
+//! `valgrind --tool=callgrind --toggle-collect=*measured*` and divides the
+//! instructions by N. Setup and warm-up are outside `measured`, so the figure
+//! is what one decision costs on the memory-only path, whatever the machine
+//! is doing at the time.
+//!
+//! Scenarios (every decision admits):
+//! - `hot_key`: one keyed token bucket, one key.
+//! - `three_limits`: a token bucket, a sliding window and a GCRA, one key.
+//! - `guarded`: the three limits, a breaker and a concurrency limit; each
+//!   decision is an Acquire and the ReportOutcome that returns its permit.
+//!
+//! Without arguments (as `cargo test --benches` runs it) each scenario runs a
+//! thousand times, so the suite checks it still works.
+
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use floodgate::breaker::Outcome;
+use floodgate::decider::Decider;
+use floodgate::engine::{Answer, Engine, EngineConfig, Report, Request, Verdict};
+use floodgate::rules::RuleSet;
+use floodgate::time::SystemClock;
+
+const THREE: &str = "
+      - { name: global, algorithm: token_bucket, capacity: 1000000000000, refill_per_second: 1000000000 }
+      - { name: per-user, key: [user], algorithm: sliding_window, limit: 1000000000000, window: 1s }
+      - { name: per-tenant, key: [tenant], algorithm: gcra, rate_per_second: 1000000000, burst: 1000000000000 }";
+
+fn rules(scenario: &str) -> String {
+    match scenario {
+        "hot_key" => "resources:\n  - name: api\n    limits:\n      - { name: l, key: [user], algorithm: token_bucket, capacity: 1000000000000, refill_per_second: 1000000000 }\n".into(),
+        "three_limits" => format!("resources:\n  - name: api\n    limits:{THREE}\n"),
+        "guarded" => format!(
+            "resources:\n  - name: api\n    limits:{THREE}\n    concurrency: {{ max_in_flight: 1000000 }}\n    breaker: {{ window: {{ kind: count, size: 100 }}, minimum_calls: 10 }}\n"
+        ),
+        other => panic!("no scenario {other}: hot_key, three_limits or guarded"),
+    }
+}
+
+/// What the bench keeps of an answer.
+struct Kept {
+    verdict: Verdict,
+    permit: Option<String>,
+}
+
+impl From<Answer<'_>> for Kept {
+    fn from(a: Answer<'_>) -> Self {
+        Kept { verdict: a.verdict, permit: a.permit_id }
+    }
+}
+
+/// Polls a future that never waits (the memory-only path) to its end.
+fn now<F: Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(v) => v,
+        Poll::Pending => panic!("a memory-only decision waited"),
+    }
+}
+
+fn decide(decider: &Decider, descriptors: &HashMap<String, String>) {
+    let req = Request { resource: "api", descriptors, cost: 1, dry_run: false, settle: false };
+    let kept: Kept = now(decider.acquire(&req)).expect("a valid request");
+    assert_eq!(kept.verdict, Verdict::Allowed);
+    if let Some(permit) = &kept.permit {
+        let report =
+            Report { resource: "api", permit_id: permit, outcome: Outcome::Success, latency: None, actual_cost: None };
+        black_box(now(decider.report(&report)).expect("a valid report"));
+    }
+}
+
+#[inline(never)]
+fn measured(decider: &Decider, descriptors: &HashMap<String, String>, decisions: u64) {
+    for _ in 0..decisions {
+        decide(decider, descriptors);
+    }
+}
+
+fn run(scenario: &str, decisions: u64) {
+    let yaml = rules(scenario);
+    let engine = Arc::new(Engine::new(
+        EngineConfig { max_keys: 10_000_000, replicated: false },
+        Arc::new(SystemClock::new()),
+    ));
+    engine.install(RuleSet::from_yaml(&yaml, "bench").unwrap(), yaml.clone(), "bench".into());
+    let decider = Decider::new(engine, None);
+    let descriptors =
+        HashMap::from([("user".to_string(), "u42".to_string()), ("tenant".to_string(), "acme".to_string())]);
+    // Warm: the bucket exists, the metrics are registered.
+    warm_up(&decider, &descriptors);
+    measured(&decider, &descriptors, decisions);
+}
+
+#[inline(never)]
+fn warm_up(decider: &Decider, descriptors: &HashMap<String, String>) {
+    for _ in 0..1000 {
+        decide(decider, descriptors);
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let value = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
+    match value("--scenario") {
+        Some(scenario) => {
+            let decisions = value("--decisions").map_or(100_000, |n| n.parse().expect("--decisions N"));
+            run(&scenario, decisions);
+        }
+        None => {
+            for scenario in ["hot_key", "three_limits", "guarded"] {
+                run(scenario, 1000);
+            }
+        }
+    }
+}
