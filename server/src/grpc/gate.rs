@@ -11,12 +11,9 @@ use std::task::{Context, Poll};
 use tonic::server::NamedService;
 use tower::Service;
 
+use super::rpc::{Caller, Rpc};
 use crate::access::{Access, Denied, Role};
 use crate::listen::Peer;
-
-/// Admin calls that change nothing.
-const READ_ONLY: &[&str] =
-    &["GetRules", "ListBreakers", "GetBreaker", "Peek", "GetWhatIf", "ListOverrides", "GetTopKeys"];
 
 #[derive(Clone)]
 pub struct AdminGate<S> {
@@ -34,10 +31,13 @@ impl<S: NamedService> NamedService for AdminGate<S> {
     const NAME: &'static str = S::NAME;
 }
 
-/// The role a method needs.
+/// The role a method needs: its row's in [`Rpc`]; an Admin path the table
+/// does not know needs the most.
 fn needs(path: &str) -> Role {
-    let method = path.rsplit('/').next().unwrap_or_default();
-    if READ_ONLY.contains(&method) { Role::Read } else { Role::Admin }
+    match Rpc::from_path(path).map(Rpc::caller) {
+        Some(Caller::Admin(role)) => role,
+        Some(Caller::Anyone) | None => Role::Admin,
+    }
 }
 
 impl<S, B> Service<http::Request<B>> for AdminGate<S>

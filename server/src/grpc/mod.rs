@@ -17,6 +17,7 @@ mod envoy;
 mod gate;
 mod observe;
 mod rlqs;
+pub mod rpc;
 mod serve;
 mod size;
 mod status;
@@ -50,7 +51,7 @@ where
     let mut routes = RoutesBuilder::default();
     // Per-method caps are checked first (SizeLayer); tonic's own limit is
     // only a backstop above the largest.
-    let cap = size::largest() * 2;
+    let cap = rpc::largest_cap() * 2;
     let admin = AdminServer::new(ControlPlane::new(decider.clone())).max_decoding_message_size(cap);
     routes
         .add_service(FloodgateServer::new(DataPlane::new(decider.clone(), max_watchers)).max_decoding_message_size(cap))

@@ -1,7 +1,6 @@
 //! Latency and status code of every gRPC call, by method, as a tower layer
 //! around all services on the port (health and reflection included).
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -10,42 +9,14 @@ use std::time::Instant;
 
 use tower::{Layer, Service};
 
+use super::rpc::Rpc;
 use crate::metrics::RpcMetrics;
-
-/// Methods get their own label; any other path is counted as "other", so a
-/// client cannot grow the label set.
-const METHODS: &[(&str, &str)] = &[
-    ("/floodgate.v1.Floodgate/Acquire", "Floodgate/Acquire"),
-    ("/floodgate.v1.Floodgate/AcquireBatch", "Floodgate/AcquireBatch"),
-    ("/floodgate.v1.Floodgate/ReportOutcome", "Floodgate/ReportOutcome"),
-    ("/floodgate.v1.Floodgate/ReportOutcomeBatch", "Floodgate/ReportOutcomeBatch"),
-    ("/floodgate.v1.Floodgate/Charge", "Floodgate/Charge"),
-    ("/floodgate.v1.Floodgate/Lease", "Floodgate/Lease"),
-    ("/floodgate.v1.Floodgate/Watch", "Floodgate/Watch"),
-    ("/floodgate.v1.Admin/GetRules", "Admin/GetRules"),
-    ("/floodgate.v1.Admin/ApplyRules", "Admin/ApplyRules"),
-    ("/floodgate.v1.Admin/ListBreakers", "Admin/ListBreakers"),
-    ("/floodgate.v1.Admin/GetBreaker", "Admin/GetBreaker"),
-    ("/floodgate.v1.Admin/SetBreakerState", "Admin/SetBreakerState"),
-    ("/floodgate.v1.Admin/SetDegradationLevel", "Admin/SetDegradationLevel"),
-    ("/floodgate.v1.Admin/Peek", "Admin/Peek"),
-    ("/floodgate.v1.Admin/GetWhatIf", "Admin/GetWhatIf"),
-    ("/floodgate.v1.Admin/SetOverrides", "Admin/SetOverrides"),
-    ("/floodgate.v1.Admin/ListOverrides", "Admin/ListOverrides"),
-    ("/floodgate.v1.Admin/DeleteOverrides", "Admin/DeleteOverrides"),
-    ("/floodgate.v1.Admin/GetTopKeys", "Admin/GetTopKeys"),
-    ("/grpc.health.v1.Health/Check", "Health/Check"),
-    ("/grpc.health.v1.Health/Watch", "Health/Watch"),
-    ("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", "RateLimitService/ShouldRateLimit"),
-    (
-        "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas",
-        "RateLimitQuotaService/StreamRateLimitQuotas",
-    ),
-];
 
 #[derive(Clone)]
 pub struct ObserveLayer {
-    by_path: Arc<HashMap<&'static str, RpcMetrics>>,
+    /// By [`Rpc`], in table order: every RPC gets its own label; any other
+    /// path is counted as "other", so a client cannot grow the label set.
+    by_rpc: Arc<[RpcMetrics]>,
     other: RpcMetrics,
 }
 
@@ -57,8 +28,8 @@ pub struct Observe<S> {
 
 impl ObserveLayer {
     pub fn new() -> Self {
-        let by_path = METHODS.iter().map(|&(path, label)| (path, RpcMetrics::new(label))).collect();
-        ObserveLayer { by_path: Arc::new(by_path), other: RpcMetrics::new("other") }
+        let by_rpc = Rpc::ALL.iter().map(|r| RpcMetrics::new(r.label())).collect();
+        ObserveLayer { by_rpc, other: RpcMetrics::new("other") }
     }
 }
 
@@ -90,7 +61,8 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let metrics = self.layer.by_path.get(req.uri().path()).unwrap_or(&self.layer.other).clone();
+        let rpc = Rpc::from_path(req.uri().path());
+        let metrics = rpc.map_or(&self.layer.other, |r| &self.layer.by_rpc[r as usize]).clone();
         let start = Instant::now();
         let call = self.inner.call(req);
         Box::pin(async move {

@@ -10,33 +10,11 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tower::{Layer, Service};
 
-const KIB: usize = 1024;
-const MIB: usize = 1024 * KIB;
+use super::rpc::{self, Rpc};
 
-/// Caps by method path; anything else gets [`DEFAULT`].
-const CAPS: &[(&str, usize)] = &[
-    ("/floodgate.v1.Floodgate/Acquire", 64 * KIB),
-    ("/floodgate.v1.Floodgate/AcquireBatch", 4 * MIB),
-    ("/floodgate.v1.Floodgate/ReportOutcome", 16 * KIB),
-    ("/floodgate.v1.Floodgate/Lease", 64 * KIB),
-    ("/floodgate.v1.Floodgate/ReportOutcomeBatch", MIB),
-    ("/floodgate.v1.Admin/ApplyRules", crate::rules::bounds::MAX_BYTES + 64 * KIB),
-    // Up to 10,000 overrides or ids per call.
-    ("/floodgate.v1.Admin/SetOverrides", 8 * MIB),
-    ("/floodgate.v1.Admin/DeleteOverrides", 2 * MIB),
-    ("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", MIB),
-    ("/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas", MIB),
-];
-const DEFAULT: usize = 64 * KIB;
-
-/// The cap for a method path.
+/// The cap for a method path: its row's in [`Rpc`], else the smallest.
 pub fn cap(path: &str) -> usize {
-    CAPS.iter().find(|(p, _)| *p == path).map_or(DEFAULT, |&(_, c)| c)
-}
-
-/// The largest cap: what tonic's own decoding limit is set to, as a backstop.
-pub fn largest() -> usize {
-    CAPS.iter().map(|&(_, c)| c).max().unwrap_or(DEFAULT).max(DEFAULT)
+    Rpc::from_path(path).map_or(rpc::UNKNOWN_CAP, Rpc::cap)
 }
 
 #[derive(Clone, Copy, Debug, Default)]
