@@ -82,10 +82,8 @@ fn measured(decider: &Decider, descriptors: &HashMap<String, String>, decisions:
 
 fn run(scenario: &str, decisions: u64) {
     let yaml = rules(scenario);
-    let engine = Arc::new(Engine::new(
-        EngineConfig { max_keys: 10_000_000, replicated: false },
-        Arc::new(SystemClock::new()),
-    ));
+    let engine =
+        Arc::new(Engine::new(EngineConfig { max_keys: 10_000_000, replicated: false }, Arc::new(SystemClock::new())));
     engine.install(RuleSet::from_yaml(&yaml, "bench").unwrap(), yaml.clone(), "bench".into());
     let decider = Decider::new(engine, None);
     let descriptors =

@@ -74,6 +74,39 @@ pub trait Limiter: Sized {
     }
 }
 
+/// The algorithms, as the rules file names them: one list the parser reads
+/// (`Kind::NAMED`) and [`Algorithm::kind`] matches without a wildcard, so an
+/// algorithm added to [`Algorithm`] fails to compile until it is named here,
+/// and one named here fails to compile until the parser builds it.
+macro_rules! kinds {
+    ($($kind:ident = $name:literal;)*) => {
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum Kind {
+            $($kind),*
+        }
+
+        impl Kind {
+            /// Every algorithm, by its name in the rules file.
+            pub const NAMED: &'static [(&'static str, Kind)] = &[$(($name, Kind::$kind)),*];
+
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Kind::$kind => $name),*
+                }
+            }
+        }
+    };
+}
+
+kinds! {
+    TokenBucket = "token_bucket";
+    Gcra = "gcra";
+    LeakyBucket = "leaky_bucket";
+    FixedWindow = "fixed_window";
+    SlidingWindowLog = "sliding_window_log";
+    SlidingWindow = "sliding_window";
+}
+
 /// A validated limit configuration: one algorithm and its numbers.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Algorithm {
@@ -111,16 +144,20 @@ pub enum Bucket {
 // === impl Algorithm ===
 
 impl Algorithm {
+    pub fn kind(&self) -> Kind {
+        match self {
+            Algorithm::TokenBucket(_) => Kind::TokenBucket,
+            Algorithm::Gcra(_) => Kind::Gcra,
+            Algorithm::LeakyBucket(_) => Kind::LeakyBucket,
+            Algorithm::FixedWindow(_) => Kind::FixedWindow,
+            Algorithm::SlidingWindowLog(_) => Kind::SlidingWindowLog,
+            Algorithm::SlidingWindow(_) => Kind::SlidingWindow,
+        }
+    }
+
     /// The name used in the rules file.
     pub fn name(&self) -> &'static str {
-        match self {
-            Algorithm::TokenBucket(_) => "token_bucket",
-            Algorithm::Gcra(_) => "gcra",
-            Algorithm::LeakyBucket(_) => "leaky_bucket",
-            Algorithm::FixedWindow(_) => "fixed_window",
-            Algorithm::SlidingWindowLog(_) => "sliding_window_log",
-            Algorithm::SlidingWindow(_) => "sliding_window",
-        }
+        self.kind().name()
     }
 
     /// The limit in words, for reasons: a window's `fixed_window 3 per 1m`, a

@@ -15,6 +15,64 @@ use crate::time::Timestamp;
 const LIMITS: &str = include_str!("lua/limits.lua");
 const BREAKER: &str = include_str!("lua/breaker.lua");
 
+/// How limits.lua is told which algorithm a limit runs: `CODE.<lua name>`,
+/// a table prepended to the Lua from this list, so the two cannot drift; a
+/// test checks that limits.lua defines every one.
+macro_rules! codes {
+    ($($code:ident = $n:literal, $lua:literal;)*) => {
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum Code {
+            $($code = $n),*
+        }
+
+        impl Code {
+            pub const ALL: &'static [Code] = &[$(Code::$code),*];
+
+            /// Its name in limits.lua's `CODE` table.
+            pub fn lua_name(self) -> &'static str {
+                match self {
+                    $(Code::$code => $lua),*
+                }
+            }
+        }
+    };
+}
+
+codes! {
+    TokenBucket = 1, "token_bucket";
+    Gcra = 2, "gcra";
+    LeakyBucket = 3, "leaky_bucket";
+    FixedWindow = 4, "fixed_window";
+    SlidingLog = 5, "sliding_log";
+    SlidingWindow = 6, "sliding_window";
+    Calendar = 7, "calendar";
+}
+
+impl Code {
+    /// How a limit's algorithm goes to Redis.
+    pub fn of(alg: &Algorithm) -> Code {
+        match alg {
+            Algorithm::TokenBucket(_) => Code::TokenBucket,
+            Algorithm::Gcra(_) => Code::Gcra,
+            Algorithm::LeakyBucket(_) => Code::LeakyBucket,
+            Algorithm::FixedWindow(c) if c.calendar.is_some() => Code::Calendar,
+            Algorithm::FixedWindow(_) => Code::FixedWindow,
+            Algorithm::SlidingWindowLog(_) => Code::SlidingLog,
+            Algorithm::SlidingWindow(_) => Code::SlidingWindow,
+        }
+    }
+
+    fn number(self) -> f64 {
+        f64::from(self as u8)
+    }
+}
+
+/// limits.lua with its `CODE` table first.
+fn limits_lua() -> String {
+    let codes: Vec<String> = Code::ALL.iter().map(|c| format!("{} = {}", c.lua_name(), *c as u8)).collect();
+    format!("local CODE = {{ {} }}\n{LIMITS}", codes.join(", "))
+}
+
 /// Keys not tied to a resource share one tag, so they sit together.
 pub const REPLICAS: &str = "{fg}:replicas";
 pub const RULES: &str = "{fg}:rules";
@@ -125,7 +183,8 @@ impl BreakerOp {
 
 impl Default for Scripts {
     fn default() -> Self {
-        let limits = |body: &str| Script::new(&format!("{LIMITS}\n{body}"));
+        let lua = limits_lua();
+        let limits = |body: &str| Script::new(&format!("{lua}\n{body}"));
         let breaker = |body: &str| Script::new(&format!("{BREAKER}\n{body}"));
         Scripts {
             take: limits(include_str!("lua/take.lua")),
@@ -162,25 +221,26 @@ pub fn breaker_keys(resource: &str) -> [String; 2] {
 /// clock): Redis picks the window its own clock falls in.
 pub fn limit_args(alg: &Algorithm, now: Timestamp) -> [f64; 5] {
     let us = |ns: u64| ns as f64 / 1000.0;
+    let code = Code::of(alg).number();
     match alg {
-        Algorithm::TokenBucket(c) => [1.0, c.capacity as f64, c.refill.as_f64(), 0.0, 0.0],
-        Algorithm::Gcra(c) => [2.0, c.rate.as_f64(), c.burst as f64, 0.0, 0.0],
+        Algorithm::TokenBucket(c) => [code, c.capacity as f64, c.refill.as_f64(), 0.0, 0.0],
+        Algorithm::Gcra(c) => [code, c.rate.as_f64(), c.burst as f64, 0.0, 0.0],
         Algorithm::LeakyBucket(c) => {
             let (max_wait, shape) = match c.mode {
                 Mode::Police => (-1.0, 0.0),
                 Mode::Shape { max_wait } => (max_wait.map_or(-1.0, us), 1.0),
             };
-            [3.0, c.capacity as f64, c.leak.as_f64(), max_wait, shape]
+            [code, c.capacity as f64, c.leak.as_f64(), max_wait, shape]
         }
         Algorithm::FixedWindow(c) => match &c.calendar {
-            None => [4.0, c.limit as f64, us(c.window), 0.0, 0.0],
+            None => [code, c.limit as f64, us(c.window), 0.0, 0.0],
             Some(cal) => {
                 let (start, end) = cal.window(now.as_nanos());
-                [7.0, c.limit as f64, us(start), us(end), us(cal.end_of(end))]
+                [code, c.limit as f64, us(start), us(end), us(cal.end_of(end))]
             }
         },
-        Algorithm::SlidingWindowLog(c) => [5.0, c.limit as f64, us(c.window), 0.0, 0.0],
-        Algorithm::SlidingWindow(c) => [6.0, c.limit as f64, us(c.window), 0.0, 0.0],
+        Algorithm::SlidingWindowLog(c) => [code, c.limit as f64, us(c.window), 0.0, 0.0],
+        Algorithm::SlidingWindow(c) => [code, c.limit as f64, us(c.window), 0.0, 0.0],
     }
 }
 
@@ -209,6 +269,18 @@ pub fn breaker_args(c: &BreakerConfig) -> [f64; 10] {
 mod tests {
     use super::*;
     use crate::rules::LimitId;
+
+    #[test]
+    fn limits_lua_defines_every_code_and_no_other() {
+        let defined: Vec<&str> =
+            LIMITS.lines().filter_map(|l| l.strip_prefix("A[")?.split_once(']').map(|(code, _)| code)).collect();
+        let wanted: Vec<String> = Code::ALL.iter().map(|c| format!("CODE.{}", c.lua_name())).collect();
+        let missing: Vec<&String> = wanted.iter().filter(|w| !defined.contains(&w.as_str())).collect();
+        assert!(missing.is_empty(), "limits.lua defines no algorithm for {missing:?}");
+        let unknown: Vec<&&str> = defined.iter().filter(|d| !wanted.iter().any(|w| w == *d)).collect();
+        assert!(unknown.is_empty(), "limits.lua defines algorithms the server never sends: {unknown:?}");
+        assert!(limits_lua().starts_with("local CODE = { token_bucket = 1, gcra = 2,"), "{}", &limits_lua()[..80]);
+    }
 
     #[test]
     fn keys_share_the_resource_tag_even_with_braces() {

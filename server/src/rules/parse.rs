@@ -15,7 +15,7 @@ use super::{
 use crate::limiter::leaky_bucket::Mode;
 use crate::limiter::rate::Rate;
 use crate::limiter::{
-    Algorithm, calendar, fixed_window, gcra, leaky_bucket, sliding_window, sliding_window_log, token_bucket,
+    Algorithm, Kind, calendar, fixed_window, gcra, leaky_bucket, sliding_window, sliding_window_log, token_bucket,
 };
 
 use super::tiers::MAX_AMOUNT;
@@ -299,27 +299,16 @@ fn limit(f: &Fields<'_>) -> Option<Limit> {
         "on_redis_error",
         &[("local", OnRedisError::Local), ("allow", OnRedisError::Allow), ("deny", OnRedisError::Deny)],
     );
-    let algorithm = f.required("algorithm", |f, k| {
-        f.choice(
-            k,
-            &[
-                ("token_bucket", 0),
-                ("gcra", 1),
-                ("leaky_bucket", 2),
-                ("fixed_window", 3),
-                ("sliding_window_log", 4),
-                ("sliding_window", 5),
-            ],
-        )
-    });
-    let algorithm = match algorithm? {
-        0 => token_bucket(f),
-        1 => gcra(f),
-        2 => leaky_bucket(f),
-        3 => fixed(f),
-        4 => windowed(f, sliding_window_log::MAX_LIMIT)
+    let algorithm = match f.required("algorithm", |f, k| f.choice(k, Kind::NAMED))? {
+        Kind::TokenBucket => token_bucket(f),
+        Kind::Gcra => gcra(f),
+        Kind::LeakyBucket => leaky_bucket(f),
+        Kind::FixedWindow => fixed(f),
+        Kind::SlidingWindowLog => windowed(f, sliding_window_log::MAX_LIMIT)
             .map(|(l, w)| Algorithm::SlidingWindowLog(sliding_window_log::Config::new(l, w))),
-        _ => windowed(f, MAX_AMOUNT).map(|(l, w)| Algorithm::SlidingWindow(sliding_window::Config::new(l, w))),
+        Kind::SlidingWindow => {
+            windowed(f, MAX_AMOUNT).map(|(l, w)| Algorithm::SlidingWindow(sliding_window::Config::new(l, w)))
+        }
     };
     let shadow = f.flag("shadow");
     let lease = lease(f, algorithm.as_ref());

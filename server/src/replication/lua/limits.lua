@@ -1,18 +1,19 @@
 -- Floodgate's limiter algorithms, run inside Redis.
 --
 -- Time is Redis's own clock (TIME, microseconds), so replicas with skewed
--- clocks still agree. Every limit is passed as five numbers in ARGV:
---   algorithm code, p1, p2, p3, p4
--- 1 token_bucket   p1 capacity, p2 refill per second
--- 2 gcra           p1 rate per second, p2 burst
--- 3 leaky_bucket   p1 capacity, p2 leak per second, p3 max wait us (-1: none), p4 1 shape / 0 police
--- 4 fixed_window   p1 limit, p2 window us
--- 5 sliding_log    p1 limit, p2 window us
--- 6 sliding_window p1 limit, p2 window us
--- 7 calendar       p1 limit, p2 window start us, p3 its end (the next one's
---                  start), p4 the next one's end: a fixed window whose
---                  boundaries the replica computed (a day, week, month or
---                  year in a time zone); Redis's clock picks one of the two.
+-- clocks still agree. Every limit is passed as five numbers in ARGV: its
+-- algorithm's code, then p1 to p4. The codes are CODE.<name>, a table the
+-- server prepends to this file from its own list (replication/scripts.rs):
+-- token_bucket    p1 capacity, p2 refill per second
+-- gcra            p1 rate per second, p2 burst
+-- leaky_bucket    p1 capacity, p2 leak per second, p3 max wait us (-1: none), p4 1 shape / 0 police
+-- fixed_window    p1 limit, p2 window us
+-- sliding_log     p1 limit, p2 window us
+-- sliding_window  p1 limit, p2 window us
+-- calendar        p1 limit, p2 window start us, p3 its end (the next one's
+--                 start), p4 the next one's end: a fixed window whose
+--                 boundaries the replica computed (a day, week, month or
+--                 year in a time zone); Redis's clock picks one of the two.
 -- Keys share the resource's hash tag, so every key a script touches is in the
 -- slot of its KEYS. Numbers are doubles: exact for whole values below 2^53.
 
@@ -37,10 +38,24 @@ end
 -- take(key, p, now, cost, st) consumes cost, even beyond the limit (a
 -- replica's consumption is pushed whether or not it still fits); give(key,
 -- p, now, units, st), where it has a meaning, gives units back (a settled
--- estimate), never beyond a full bucket or below an empty window.
+-- estimate), never beyond a full bucket or below an empty window;
+-- restored(p, known, at, now), what a bucket of which a replica knew `known`
+-- available at `at` has available now (nil: unknown, leave it), for a Redis
+-- that lost its data.
 local A = {}
 
-A[1] = {
+-- Rate limits refill since `at`; windows keep `known` only while the window
+-- of `at` is still the current one.
+local function refilled(cap, rate)
+  return function(p, known, at, now) return math.min(p[cap], known + math.max(0, now - at) * p[rate] / 1e6) end
+end
+local function windowed(p, known, at, now)
+  if math.floor(at / p[2]) == math.floor(now / p[2]) then return known end
+  return nil
+end
+
+A[CODE.token_bucket] = {
+  restored = refilled(1, 2),
   status = function(key, p, now, cost)
     local v = redis.call('HMGET', key, 't', 'u')
     local cap, rate = p[1], p[2]
@@ -63,7 +78,8 @@ A[1] = {
   end,
 }
 
-A[2] = {
+A[CODE.gcra] = {
+  restored = refilled(2, 1),
   status = function(key, p, now, cost)
     local t = 1e6 / p[1]
     local tat = math.max(tonumber(redis.call('GET', key) or now), now)
@@ -85,7 +101,8 @@ A[2] = {
   end,
 }
 
-A[3] = {
+A[CODE.leaky_bucket] = {
+  restored = refilled(1, 2),
   status = function(key, p, now, cost)
     local cap, rate, max_wait, shape = p[1], p[2], p[3], p[4] == 1
     local drain = math.max(tonumber(redis.call('GET', key) or now), now)
@@ -110,7 +127,8 @@ A[3] = {
   end,
 }
 
-A[4] = {
+A[CODE.fixed_window] = {
+  restored = windowed,
   status = function(key, p, now, cost)
     local limit, w = p[1], p[2]
     local start = now - now % w
@@ -133,7 +151,12 @@ A[4] = {
   end,
 }
 
-A[7] = {
+A[CODE.calendar] = {
+  -- Known only while the window of `at` (p2 to p3) is still the current one.
+  restored = function(p, known, at, now)
+    if at >= p[2] and at < p[3] and now < p[3] then return known end
+    return nil
+  end,
   status = function(key, p, now, cost)
     local limit, start, e = p[1], p[2], p[3]
     if now >= e then start, e = p[3], p[4] end
@@ -156,7 +179,8 @@ A[7] = {
   end,
 }
 
-A[5] = {
+A[CODE.sliding_log] = {
+  restored = windowed,
   status = function(key, p, now, cost)
     local limit, w = p[1], p[2]
     redis.call('ZREMRANGEBYSCORE', key, '-inf', now - w)
@@ -184,7 +208,8 @@ A[5] = {
   end,
 }
 
-A[6] = {
+A[CODE.sliding_window] = {
+  restored = windowed,
   status = function(key, p, now, cost)
     local limit, w = p[1], p[2]
     local start = now - now % w

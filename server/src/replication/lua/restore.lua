@@ -15,15 +15,7 @@ for i = 2, #KEYS do
   local alg = tonumber(ARGV[b + 1])
   local p = { tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5]) }
   local known, at = tonumber(ARGV[b + 6]), tonumber(ARGV[b + 7])
-  local target = nil
-  local since = math.max(0, now - at)
-  if alg == 1 or alg == 3 then
-    target = math.min(p[1], known + since * p[2] / 1e6)
-  elseif alg == 2 then
-    target = math.min(p[2], known + since * p[1] / 1e6)
-  elseif math.floor(at / p[2]) == math.floor(now / p[2]) then
-    target = known
-  end
+  local target = A[alg].restored(p, known, at, now)
   if target then
     local s = A[alg].status(KEYS[i], p, now, 0)
     if s.avail > target then
