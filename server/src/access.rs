@@ -58,6 +58,14 @@ pub enum Denied {
     PermissionDenied(String),
 }
 
+impl std::fmt::Display for Denied {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Denied::Unauthenticated(why) | Denied::PermissionDenied(why) => f.write_str(why),
+        }
+    }
+}
+
 #[derive(Clone)]
 struct Token {
     secret: Vec<u8>,

@@ -373,6 +373,17 @@ impl State {
         State::ALL.into_iter().find(|s| i64::from(s.number()) == n)
     }
 
+    /// Whether an operator may set it (`SetBreakerState`): not OPEN or
+    /// HALF_OPEN, which only the breaker itself enters.
+    pub fn settable(self) -> bool {
+        !matches!(self, State::Open | State::HalfOpen)
+    }
+
+    /// The state named `name` (as [`State::name`] writes it).
+    pub fn from_name(name: &str) -> Option<State> {
+        State::ALL.into_iter().find(|s| s.name() == name)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             State::Closed => "CLOSED",

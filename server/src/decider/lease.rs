@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::Decider;
 use crate::breaker::Outcome;
+use crate::engine::lease::NotLeasable;
 use crate::engine::{Answer, Descriptors, Report, Request, RequestError, Verdict};
 
 /// Extra time the server keeps a lease's estimate past its end, for a
@@ -31,9 +32,8 @@ pub struct LeaseAsk<'a, D: ?Sized> {
 /// The answer.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Leased {
-    pub leasable: bool,
-    /// Why not, when not leasable.
-    pub reason: String,
+    /// Why these limits may not be leased; `None` when they may.
+    pub not_leasable: Option<NotLeasable>,
     pub lease_id: String,
     pub granted: u64,
     pub ttl: Duration,
@@ -74,32 +74,28 @@ impl Decider {
             out.returned = self.report(&report).await?.settled;
         }
         if ask.release {
-            out.leasable = true;
             return Ok(out);
         }
         let rules = self.engine.rules_full();
         let plan = match self.engine.lease_plan(&rules, ask.resource, ask.descriptors, ask.want, ask.holder)? {
             Ok(plan) => plan,
-            Err(reason) => {
+            Err(why) => {
                 ::metrics::counter!(crate::metrics::LEASES, "result" => "not_leasable").increment(1);
-                out.reason = reason;
+                out.not_leasable = Some(why);
                 return Ok(out);
             }
         };
-        out.leasable = true;
         out.ttl = plan.ttl;
         if plan.grant == 0 {
-            // Asked again within a lease time at most: units may come back
-            // before the limit's own retry_after (a holder returns some).
             ::metrics::counter!(crate::metrics::LEASES, "result" => "empty").increment(1);
-            out.retry_after = plan.retry_after.clamp(Duration::from_millis(1), plan.ttl);
+            out.retry_after = plan.ask_again_in(plan.retry_after);
             return Ok(out);
         }
-        // The plan read this replica's memory; taking may find less (another
-        // caller came first, or a replicated bucket was first pulled from
-        // Redis, at this replica's share): then once more, at what is there.
+        // The plan read this replica's memory; taking may find less: then
+        // what the plan says to take instead.
         let mut cost = u32::try_from(plan.grant).unwrap_or(u32::MAX);
-        for attempt in 0..2 {
+        let mut attempt = 0;
+        loop {
             let req =
                 Request { resource: ask.resource, descriptors: ask.descriptors, cost, dry_run: false, settle: true };
             let granted: Granted = self.acquire(&req).await?;
@@ -113,18 +109,19 @@ impl Decider {
                     out.granted = u64::from(cost);
                     return Ok(out);
                 }
-                _ if attempt == 0 && granted.available > 0 => {
-                    let share = granted.available.div_ceil(plan.holders as u64);
-                    cost = u32::try_from(share.min(plan.grant)).unwrap_or(u32::MAX);
-                }
-                _ => {
-                    ::metrics::counter!(crate::metrics::LEASES, "result" => "empty").increment(1);
-                    out.retry_after = granted.retry_after.clamp(Duration::from_millis(1), plan.ttl);
-                    return Ok(out);
-                }
+                _ => match plan.after_shortfall(attempt, granted.available) {
+                    Some(units) => {
+                        cost = u32::try_from(units).unwrap_or(u32::MAX);
+                        attempt += 1;
+                    }
+                    None => {
+                        ::metrics::counter!(crate::metrics::LEASES, "result" => "empty").increment(1);
+                        out.retry_after = plan.ask_again_in(granted.retry_after);
+                        return Ok(out);
+                    }
+                },
             }
         }
-        Ok(out)
     }
 }
 
@@ -180,7 +177,7 @@ resources:
     async fn a_lease_takes_its_units_and_a_renewal_gives_back_what_was_not_used() {
         let (d, _) = decider(RULES);
         let a = lease(&d, "a", 50, "", 0).await;
-        assert!(a.leasable, "{a:?}");
+        assert!(a.not_leasable.is_none(), "{a:?}");
         assert_eq!((a.granted, a.ttl), (50, Duration::from_secs(2)));
         assert_eq!(remaining(&d).await, 50, "taken when granted: never more admitted than the limit holds");
         // Used 10 of 50: 40 come back, and the new lease takes 15.
@@ -259,11 +256,14 @@ resources:
             release: false,
         };
         let mixed = d.lease(&ask("mixed")).await.unwrap();
-        assert!(!mixed.leasable);
-        assert_eq!(mixed.reason, "limit 'exact' may not be leased (no `lease:` in the rules)");
-        assert!(d.lease(&ask("guarded")).await.unwrap().reason.contains("circuit breaker"));
-        assert_eq!(d.lease(&ask("nothing")).await.unwrap().reason, "no rule matches the resource");
-        assert_eq!(d.lease(&ask("api")).await.unwrap().reason, "no limit applies to these descriptors");
+        assert_eq!(mixed.not_leasable, Some(NotLeasable::NotMarked("exact".into())));
+        assert_eq!(
+            mixed.not_leasable.unwrap().to_string(),
+            "limit 'exact' may not be leased (no `lease:` in the rules)"
+        );
+        assert_eq!(d.lease(&ask("guarded")).await.unwrap().not_leasable, Some(NotLeasable::Breaker));
+        assert_eq!(d.lease(&ask("nothing")).await.unwrap().not_leasable, Some(NotLeasable::NoRule));
+        assert_eq!(d.lease(&ask("api")).await.unwrap().not_leasable, Some(NotLeasable::NoLimit));
 
         // A lease out, then the rule loses `lease:`: the return still settles
         // (the limit kept its buckets), and no new lease is granted.
@@ -272,7 +272,7 @@ resources:
         d.install(RuleSet::from_yaml(&unleased, "t").unwrap(), unleased.clone(), super::super::Origin::Admin);
         let after = lease(&d, "a", 10, &out.lease_id, 5).await;
         assert!(after.returned, "{after:?}");
-        assert!(!after.leasable);
+        assert!(after.not_leasable.is_some());
         assert_eq!(remaining(&d).await, 95);
     }
 

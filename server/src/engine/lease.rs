@@ -85,7 +85,90 @@ impl Leases {
 }
 
 /// Why a request cannot be leased, for the client (which then asks per call).
-pub type NotLeasable = String;
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NotLeasable {
+    #[error("no rule matches the resource")]
+    NoRule,
+    #[error("the resource has a circuit breaker: each call is decided by the server")]
+    Breaker,
+    #[error("the resource has a concurrency limit: each call is decided by the server")]
+    Concurrency,
+    #[error("the resource is shed by degradation level: each call is decided by the server")]
+    Shed,
+    #[error("blocked by an override for {0}")]
+    Blocked(String),
+    #[error("no limit applies to these descriptors")]
+    NoLimit,
+    #[error("limit '{0}' is in shadow mode")]
+    Shadow(String),
+    #[error("limit '{0}' may not be leased (no `lease:` in the rules)")]
+    NotMarked(String),
+}
+
+/// The shortest time a holder told "nothing left" waits before asking again.
+const MIN_ASK_AGAIN: Duration = Duration::from_millis(1);
+
+impl Plan {
+    /// What to take after taking `self.grant` (at attempt `attempt`, from 0)
+    /// found only `available`: another caller came first, or a replicated
+    /// bucket was first pulled from Redis at this replica's share. Once, a
+    /// fair share of what is there; then nothing (`None`) until the holder
+    /// asks again.
+    pub fn after_shortfall(&self, attempt: u32, available: u64) -> Option<u64> {
+        (attempt == 0 && available > 0).then(|| available.div_ceil(self.holders as u64).min(self.grant))
+    }
+
+    /// When a holder granted nothing asks again: within one lease time at
+    /// most, since units may come back before the limit's own `retry_after`
+    /// (another holder returns some).
+    pub fn ask_again_in(&self, retry_after: Duration) -> Duration {
+        retry_after.clamp(MIN_ASK_AGAIN, self.ttl)
+    }
+}
+
+/// What a holder that reports its demand (Envoy's RLQS: what it allowed and
+/// denied since its last report) asks for next: a fair share the first time,
+/// then about twice its last demand.
+pub fn want_from_demand(first: bool, allowed: u64, denied: u64) -> u64 {
+    if first { 0 } else { allowed.saturating_add(denied).saturating_mul(2).max(1) }
+}
+
+/// One holder's leases by what it calls each bucket (an RLQS stream's bucket
+/// ids), bounded: a holder cannot make the server keep more than
+/// [`Book::MAX`] of them.
+#[derive(Debug)]
+pub struct Book<K> {
+    leases: std::collections::HashMap<K, String>,
+}
+
+impl<K: std::hash::Hash + Eq> Book<K> {
+    /// The most buckets one holder has leases for.
+    pub const MAX: usize = 10_000;
+
+    /// The lease held for `bucket` (empty when none); `None` when the book is
+    /// full and `bucket` is not in it.
+    pub fn lease_of(&self, bucket: &K) -> Option<&str> {
+        match self.leases.get(bucket) {
+            Some(id) => Some(id),
+            None if self.leases.len() >= Self::MAX => None,
+            None => Some(""),
+        }
+    }
+
+    pub fn hold(&mut self, bucket: K, lease: String) {
+        self.leases.insert(bucket, lease);
+    }
+
+    pub fn forget(&mut self, bucket: &K) {
+        self.leases.remove(bucket);
+    }
+}
+
+impl<K> Default for Book<K> {
+    fn default() -> Self {
+        Book { leases: std::collections::HashMap::new() }
+    }
+}
 
 impl Engine {
     /// How much `holder` may lease of `resource`'s limits for `d` now, at
@@ -100,30 +183,30 @@ impl Engine {
     ) -> Result<Result<Plan, NotLeasable>, RequestError> {
         request::validate(resource, d)?;
         let Some(rule) = rules.rules.find(resource) else {
-            return Ok(Err("no rule matches the resource".into()));
+            return Ok(Err(NotLeasable::NoRule));
         };
         if rule.breaker.is_some() {
-            return Ok(Err("the resource has a circuit breaker: each call is decided by the server".into()));
+            return Ok(Err(NotLeasable::Breaker));
         }
         if rule.concurrency.is_some() {
-            return Ok(Err("the resource has a concurrency limit: each call is decided by the server".into()));
+            return Ok(Err(NotLeasable::Concurrency));
         }
         if rule.shed_at_level.is_some() {
-            return Ok(Err("the resource is shed by degradation level: each call is decided by the server".into()));
+            return Ok(Err(NotLeasable::Shed));
         }
         let matched = match limits_for(rule, d, &self.clock) {
             Ok(limits) => matched_in(limits, rule.per_resource(), resource, d),
-            Err((_, values)) => return Ok(Err(format!("blocked by an override for {values}"))),
+            Err((_, values)) => return Ok(Err(NotLeasable::Blocked(values))),
         };
         if matched.is_empty() {
-            return Ok(Err("no limit applies to these descriptors".into()));
+            return Ok(Err(NotLeasable::NoLimit));
         }
         let mut ttl = Duration::MAX;
         for (l, ..) in &matched {
             match l.lease {
-                _ if l.shadow => return Ok(Err(format!("limit '{}' is in shadow mode", l.name))),
+                _ if l.shadow => return Ok(Err(NotLeasable::Shadow(l.name.clone()))),
                 Some(t) => ttl = ttl.min(t),
-                None => return Ok(Err(format!("limit '{}' may not be leased (no `lease:` in the rules)", l.name))),
+                None => return Ok(Err(NotLeasable::NotMarked(l.name.clone()))),
             }
         }
         let now = self.clock.now();

@@ -39,7 +39,7 @@ pub use decide::{Answer, LimitReport, Pending, Prepared, Step, Verdict};
 pub use guards::{DEFAULT_PERMIT_TTL, Denial};
 pub use installed::{EnvoyInstalled, Installed};
 pub use report::{Report, Reported, Snapshot};
-pub use request::{Descriptors, Request, RequestError};
+pub use request::{Descriptors, ErrorKind, Request, RequestError};
 pub use rls::{RlsDescriptor, Target};
 
 pub use crate::degradation::Level;

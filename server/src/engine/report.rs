@@ -183,7 +183,7 @@ impl Engine {
 
     /// CLOSED (reset), FORCED_OPEN, DISABLED or METRICS_ONLY.
     pub fn set_breaker(&self, rules: &Installed, resource: &str, to: State) -> Result<Info, RequestError> {
-        if matches!(to, State::Open | State::HalfOpen) {
+        if !to.settable() {
             return Err(RequestError::BadBreakerState(to.name()));
         }
         let (rule, cfg) = breaker_config(rules, resource)?;

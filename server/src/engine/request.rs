@@ -77,6 +77,21 @@ pub enum RequestError {
     InBatch { field: &'static str, index: usize, source: Box<RequestError> },
 }
 
+/// What kind of failure an error is, whatever protocol answers it: gRPC
+/// (`grpc::status`) and the console (`http::console`) each map these, and
+/// only these, to their codes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The caller's input is wrong; nothing changed.
+    BadInput,
+    /// What the caller named does not exist.
+    NotFound,
+    /// A bound on what the server keeps would be passed.
+    TooMany,
+    /// A store the change needs did not answer; nothing changed.
+    Unavailable,
+}
+
 impl<S: BuildHasher> Descriptors for HashMap<String, String, S> {
     fn get(&self, key: &str) -> Option<&str> {
         HashMap::get(self, key).map(String::as_str)
@@ -107,6 +122,32 @@ impl<K: AsRef<str>, V: AsRef<str>> Descriptors for [(K, V)] {
 }
 
 impl RequestError {
+    /// Matched without a wildcard: a new error says what kind it is.
+    pub fn kind(&self) -> ErrorKind {
+        use RequestError::*;
+        match self {
+            NoBreaker(_) | NoSuchLimit { .. } | NoWhatIf => ErrorKind::NotFound,
+            TooManyOverrides { .. } => ErrorKind::TooMany,
+            OverridesNotKept(_) => ErrorKind::Unavailable,
+            InBatch { source, .. } => source.kind(),
+            Empty { .. }
+            | TooLong { .. }
+            | ControlCharacter { .. }
+            | TooManyDescriptors(_)
+            | BatchTooLarge { .. }
+            | CostExceedsCapacity { .. }
+            | CostTooLarge { .. }
+            | MalformedPermit(_)
+            | PermitResourceMismatch { .. }
+            | BadDuration { .. }
+            | BadBreakerState(_)
+            | BadLevel(_)
+            | WhatIfLength(_)
+            | UnknownEnum { .. }
+            | BadOverride { .. } => ErrorKind::BadInput,
+        }
+    }
+
     /// Whether the message opens with the field it is about (`resource: ...`),
     /// so that a batch can prefix it with the item (`requests[2].resource: ...`).
     fn starts_with_field(&self) -> bool {

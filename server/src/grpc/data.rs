@@ -6,6 +6,7 @@ use floodgate_proto::v1 as pb;
 use pb::floodgate_server::Floodgate;
 use tonic::{Request, Response, Status};
 
+use super::status::Refusal;
 use super::watch;
 use crate::decider::Decider;
 use crate::engine::{self, Report};
@@ -44,8 +45,8 @@ impl Floodgate for DataPlane {
     async fn lease(&self, request: Request<pb::LeaseRequest>) -> Result<Response<pb::LeaseResponse>, Status> {
         let l = self.decider.lease(&request.get_ref().into()).await?;
         Ok(Response::new(pb::LeaseResponse {
-            leasable: l.leasable,
-            reason: l.reason,
+            leasable: l.not_leasable.is_none(),
+            reason: l.not_leasable.map(|why| why.to_string()).unwrap_or_default(),
             lease_id: l.lease_id,
             granted: l.granted,
             ttl: crate::grpc::convert::duration(l.ttl),
@@ -88,10 +89,7 @@ impl Floodgate for DataPlane {
 
     async fn watch(&self, request: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
         let Ok(slot) = self.watchers.clone().try_acquire_owned() else {
-            return Err(Status::resource_exhausted(format!(
-                "{} Watch streams are open; the limit is {} (--max-watchers)",
-                self.max_watchers, self.max_watchers
-            )));
+            return Err(Refusal::TooManyWatchers { max: self.max_watchers }.into());
         };
         let resources = request.into_inner().resources;
         Ok(Response::new(watch::stream(self.decider.clone(), resources, slot)))

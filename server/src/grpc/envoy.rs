@@ -73,7 +73,7 @@ where
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         if req.uri().path() != SHOULD_RATE_LIMIT {
-            return Box::pin(async { Ok(Status::unimplemented("no such method").into_http()) });
+            return Box::pin(async { Ok(Status::from(super::status::Refusal::NoSuchMethod).into_http()) });
         }
         let method = ShouldRateLimit(self.decider.clone());
         let max = self.max_decoding;

@@ -12,7 +12,8 @@ use tonic::server::NamedService;
 use tower::Service;
 
 use super::rpc::{Caller, Rpc};
-use crate::access::{Access, Denied, Role};
+use super::status::Refusal;
+use crate::access::{Access, Role};
 use crate::listen::Peer;
 
 #[derive(Clone)]
@@ -64,10 +65,7 @@ where
             }
             Err(denied) => {
                 let peer = peer.addr.map(|a| a.to_string()).unwrap_or_default();
-                let status = match denied {
-                    Denied::Unauthenticated(why) => tonic::Status::unauthenticated(why),
-                    Denied::PermissionDenied(why) => tonic::Status::permission_denied(why),
-                };
+                let status = tonic::Status::from(Refusal::Denied(denied));
                 tracing::warn!(target: "floodgate::audit", peer, method = path, reason = status.message(), "admin call refused");
                 Box::pin(async move { Ok(status.into_http()) })
             }

@@ -14,7 +14,6 @@
 //! left. A bucket no rule limits is ALLOW_ALL; one whose limits are not marked
 //! `lease:` is ALLOW_ALL too, and said in the log (RLQS cannot ask per call).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -27,12 +26,12 @@ use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status};
 
 use super::convert::envoy::duration;
+use super::status::Refusal;
 use crate::decider::{Decider, LeaseAsk};
+use crate::engine::lease::{Book, NotLeasable, want_from_demand};
 
 /// Streams open at once.
 pub const MAX_STREAMS: usize = 1024;
-/// Buckets one stream may have leases for.
-pub const MAX_BUCKETS: usize = 10_000;
 
 pub struct Rlqs {
     decider: Arc<Decider>,
@@ -47,10 +46,11 @@ impl Rlqs {
     }
 }
 
-/// A stream's buckets: the lease each holds, by bucket id.
+/// A stream's buckets: the lease each holds, by bucket id; and a serial
+/// that makes each assignment differ from the last (see `answer`).
 #[derive(Default)]
 struct Buckets {
-    leases: HashMap<Vec<(String, String)>, String>,
+    book: Book<Vec<(String, String)>>,
     serial: u32,
 }
 
@@ -66,7 +66,7 @@ impl RateLimitQuotaService for Rlqs {
     ) -> Result<Response<Responses>, Status> {
         if self.streams.fetch_add(1, Ordering::AcqRel) >= MAX_STREAMS {
             self.streams.fetch_sub(1, Ordering::AcqRel);
-            return Err(Status::resource_exhausted(format!("{MAX_STREAMS} RLQS streams are open")));
+            return Err(Refusal::TooManyQuotaStreams { max: MAX_STREAMS }.into());
         }
         let holder = match request.remote_addr() {
             Some(a) => format!("rlqs-{a}-{}", self.next.fetch_add(1, Ordering::Relaxed)),
@@ -131,14 +131,8 @@ async fn answer(
         let resource = pairs.iter().find(|(k, _)| k == "name").map_or(report.domain.clone(), |(_, v)| v.clone());
         let descriptors: Vec<(&str, &str)> =
             pairs.iter().filter(|(k, _)| k != "name").map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let previous = buckets.leases.get(&pairs).cloned().unwrap_or_default();
-        if previous.is_empty() && buckets.leases.len() >= MAX_BUCKETS {
-            continue;
-        }
-        // A new bucket gets a fair share; then about twice what it was asked
-        // for (allowed plus denied) since the last report.
-        let demand = usage.num_requests_allowed.saturating_add(usage.num_requests_denied);
-        let want = if previous.is_empty() { 0 } else { demand.saturating_mul(2).max(1) };
+        let Some(previous) = buckets.book.lease_of(&pairs).map(str::to_string) else { continue };
+        let want = want_from_demand(previous.is_empty(), usage.num_requests_allowed, usage.num_requests_denied);
         let ask = LeaseAsk {
             resource: &resource,
             descriptors: descriptors.as_slice(),
@@ -155,24 +149,24 @@ async fn answer(
                 continue;
             }
         };
-        let action = if !leased.leasable {
-            if !leased.reason.starts_with("no rule") {
+        let action = if let Some(why) = leased.not_leasable {
+            if why != NotLeasable::NoRule {
                 tracing::warn!(
                     resource = resource.escape_debug().to_string(),
-                    reason = leased.reason,
+                    reason = %why,
                     "RLQS bucket cannot be leased: ALLOW_ALL"
                 );
             }
-            buckets.leases.remove(&pairs);
+            buckets.book.forget(&pairs);
             blanket(rate_limit_strategy::BlanketRule::AllowAll, Duration::from_secs(60))
         } else if leased.granted == 0 {
-            buckets.leases.remove(&pairs);
+            buckets.book.forget(&pairs);
             blanket(
                 rate_limit_strategy::BlanketRule::DenyAll,
                 leased.retry_after.clamp(Duration::from_millis(100), leased.ttl),
             )
         } else {
-            buckets.leases.insert(pairs.clone(), leased.lease_id);
+            buckets.book.hold(pairs.clone(), leased.lease_id);
             let tokens = u32::try_from(leased.granted).unwrap_or(u32::MAX);
             // Refilled only once the lease is over: the next report replaces
             // it first. Each assignment differs from the last (by up to a

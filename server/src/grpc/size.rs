@@ -11,6 +11,7 @@ use http_body::{Body, Frame, SizeHint};
 use tower::{Layer, Service};
 
 use super::rpc::{self, Rpc};
+use super::status::Refusal;
 
 /// The cap for a method path: its row's in [`Rpc`], else the smallest.
 pub fn cap(path: &str) -> usize {
@@ -76,10 +77,7 @@ where
                 if let Some(data) = frame.data_ref() {
                     this.seen += data.len();
                     if this.seen > this.cap {
-                        let status = tonic::Status::resource_exhausted(format!(
-                            "the request is larger than this method's limit of {} bytes",
-                            this.cap
-                        ));
+                        let status = tonic::Status::from(Refusal::TooLarge { cap: this.cap });
                         return Poll::Ready(Some(Err(Box::new(status))));
                     }
                 }

@@ -2,24 +2,59 @@
 
 use tonic::Status;
 
-use crate::engine::RequestError;
+use crate::access::Denied;
+use crate::engine::{ErrorKind, RequestError};
 use crate::rules::RuleErrors;
+
+/// What the transport itself refuses, before or beside a decision.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("{max} Watch streams are open; the limit is {max} (--max-watchers)")]
+    TooManyWatchers { max: usize },
+    #[error("{max} RLQS streams are open")]
+    TooManyQuotaStreams { max: usize },
+    #[error("the request is larger than this method's limit of {cap} bytes")]
+    TooLarge { cap: usize },
+    #[error("no such method")]
+    NoSuchMethod,
+    /// The Admin gate's answer: no credential, or not enough of one.
+    #[error("{0}")]
+    Denied(Denied),
+}
+
+impl From<ErrorKind> for tonic::Code {
+    fn from(kind: ErrorKind) -> tonic::Code {
+        match kind {
+            ErrorKind::BadInput => tonic::Code::InvalidArgument,
+            ErrorKind::NotFound => tonic::Code::NotFound,
+            ErrorKind::TooMany => tonic::Code::ResourceExhausted,
+            ErrorKind::Unavailable => tonic::Code::Unavailable,
+        }
+    }
+}
 
 impl From<RequestError> for Status {
     fn from(e: RequestError) -> Status {
-        match e {
-            RequestError::NoBreaker(_) | RequestError::NoSuchLimit { .. } | RequestError::NoWhatIf => {
-                Status::not_found(e.to_string())
-            }
-            RequestError::TooManyOverrides { .. } => Status::resource_exhausted(e.to_string()),
-            RequestError::OverridesNotKept(_) => Status::unavailable(e.to_string()),
-            e => Status::invalid_argument(e.to_string()),
-        }
+        Status::new(e.kind().into(), e.to_string())
     }
 }
 
 impl From<RuleErrors> for Status {
     fn from(e: RuleErrors) -> Status {
         Status::invalid_argument(e.to_string())
+    }
+}
+
+impl From<Refusal> for Status {
+    fn from(r: Refusal) -> Status {
+        let code = match &r {
+            Refusal::TooManyWatchers { .. } | Refusal::TooManyQuotaStreams { .. } | Refusal::TooLarge { .. } => {
+                tonic::Code::ResourceExhausted
+            }
+            Refusal::NoSuchMethod => tonic::Code::Unimplemented,
+            Refusal::Denied(Denied::Unauthenticated(_)) => tonic::Code::Unauthenticated,
+            Refusal::Denied(Denied::PermissionDenied(_)) => tonic::Code::PermissionDenied,
+        };
+        Status::new(code, r.to_string())
     }
 }

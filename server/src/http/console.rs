@@ -29,6 +29,7 @@ use super::HttpState;
 use crate::access::{Denied, Role};
 use crate::breaker::State as BreakerState;
 use crate::decider::Decider;
+use crate::engine::{ErrorKind, RequestError};
 use crate::events::Event;
 use crate::listen::Peer;
 
@@ -107,6 +108,17 @@ fn json_response(status: StatusCode, body: Value) -> Response {
 
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
     json_response(status, json!({ "error": message.into() }))
+}
+
+/// A decider's error as the console answers it: by its kind, as gRPC does.
+fn refused(e: RequestError) -> Response {
+    let status = match e.kind() {
+        ErrorKind::BadInput => StatusCode::BAD_REQUEST,
+        ErrorKind::NotFound => StatusCode::NOT_FOUND,
+        ErrorKind::TooMany => StatusCode::TOO_MANY_REQUESTS,
+        ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    error(status, e.to_string())
 }
 
 /// Who may do this, as Admin decides it; the refusal as the answer.
@@ -292,18 +304,12 @@ async fn set_breaker(State(s): State<HttpState>, Path(resource): Path<String>, r
         Err(r) => return r,
     };
     let name = body["state"].as_str().unwrap_or_default();
-    let to = match name {
-        "CLOSED" => BreakerState::Closed,
-        "FORCED_OPEN" => BreakerState::ForcedOpen,
-        "DISABLED" => BreakerState::Disabled,
-        "METRICS_ONLY" => BreakerState::MetricsOnly,
-        other => {
-            let other = other.escape_debug();
-            return error(
-                StatusCode::BAD_REQUEST,
-                format!("state: '{other}' is not CLOSED, FORCED_OPEN, DISABLED or METRICS_ONLY"),
-            );
-        }
+    let Some(to) = BreakerState::from_name(name).filter(|s| s.settable()) else {
+        let name = name.escape_debug();
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("state: '{name}' is not CLOSED, FORCED_OPEN, DISABLED or METRICS_ONLY"),
+        );
     };
     match s.decider.set_breaker(&resource, to).await {
         Ok(view) => {
@@ -311,8 +317,7 @@ async fn set_breaker(State(s): State<HttpState>, Path(resource): Path<String>, r
             tracing::info!(target: "floodgate::audit", who, change = "SetBreakerState (console)", resource, to = to.name(), version_before = version, version_after = version, "admin change");
             json_response(StatusCode::OK, json!({ "resource": view.resource, "state": view.info.state.name() }))
         }
-        Err(e @ crate::engine::RequestError::NoBreaker(_)) => error(StatusCode::NOT_FOUND, e.to_string()),
-        Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
+        Err(e) => refused(e),
     }
 }
 
@@ -344,7 +349,7 @@ async fn set_level(State(s): State<HttpState>, req: Request) -> Response {
             tracing::info!(target: "floodgate::audit", who, change = "SetDegradationLevel (console)", level = l.level, manual = l.manual, "admin change");
             json_response(StatusCode::OK, json!({ "level": l.level, "manual": l.manual, "automatic": l.automatic }))
         }
-        Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
+        Err(e) => refused(e),
     }
 }
 
