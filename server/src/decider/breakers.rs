@@ -1,0 +1,63 @@
+//! Breakers and the degradation level: read, set by an operator (on every
+//! replica), and their events for Watch.
+
+use std::sync::Arc;
+
+use tokio::sync::broadcast;
+
+use super::Decider;
+use crate::breaker::{Info, State};
+use crate::degradation::{self, Level};
+use crate::engine::{RequestError, Snapshot};
+use crate::events::Event;
+
+/// One resource's breaker.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BreakerView {
+    pub resource: String,
+    pub info: Info,
+}
+
+impl Decider {
+    /// Every breaker in use, by resource.
+    pub fn breakers(&self) -> Vec<BreakerView> {
+        let rules = self.engine.rules();
+        self.engine.breakers(&rules).into_iter().map(|(resource, info)| BreakerView { resource, info }).collect()
+    }
+
+    /// One resource's breaker; an error when its rule has none.
+    pub fn breaker(&self, resource: &str) -> Result<BreakerView, RequestError> {
+        let info = self.engine.breaker(&self.engine.rules(), resource)?;
+        Ok(BreakerView { resource: resource.into(), info })
+    }
+
+    /// CLOSED (reset), FORCED_OPEN, DISABLED or METRICS_ONLY, on every replica.
+    pub async fn set_breaker(&self, resource: &str, to: State) -> Result<BreakerView, RequestError> {
+        let rules = self.engine.rules_full();
+        let mut info = self.engine.set_breaker(&rules, resource, to)?;
+        if let Some(replication) = &self.replication {
+            replication.force_breaker(&rules, resource, to).await;
+            info = self.engine.breaker(&rules, resource)?;
+        }
+        tracing::info!(resource, state = to.name(), "breaker state set through Admin");
+        Ok(BreakerView { resource: resource.into(), info })
+    }
+
+    /// An operator's degradation level (0 to 3), or `None` for automatic.
+    pub fn set_level(&self, level: Option<u32>) -> Result<Level, RequestError> {
+        if let Some(level) = level.filter(|&l| l > degradation::MAX_LEVEL) {
+            return Err(RequestError::BadLevel(level));
+        }
+        Ok(self.engine.set_degradation(level))
+    }
+
+    /// What a Watch stream starts with.
+    pub fn snapshot(&self) -> Snapshot {
+        self.engine.snapshot()
+    }
+
+    /// Every event from now on, in order.
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Event>> {
+        self.engine.events().subscribe()
+    }
+}

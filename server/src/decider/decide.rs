@@ -1,0 +1,162 @@
+//! Decisions and what comes back after them: Acquire (one or a batch),
+//! ReportOutcome (one or a batch), Charge and Peek.
+
+use super::Decider;
+use crate::engine::request::check_batch;
+use crate::engine::settle::Charged;
+use crate::engine::{
+    Answer, Descriptors, Engine, Installed, Prepared, Report, Reported, Request, RequestError, Verdict,
+};
+use crate::replication::Replication;
+
+impl Decider {
+    /// One decision, as the caller's type.
+    pub async fn acquire<D, R>(&self, req: &Request<'_, D>) -> Result<R, RequestError>
+    where
+        D: Descriptors + Sync + ?Sized,
+        R: for<'r> From<Answer<'r>>,
+    {
+        match &self.replication {
+            None => {
+                let rules = self.engine.rules();
+                let answer = self.engine.acquire(&rules, req)?;
+                Ok(self.answered(&rules, req, answer))
+            }
+            // Boxed: the memory-only call's future stays small.
+            Some(replication) => Box::pin(self.acquire_replicated(replication, req)).await,
+        }
+    }
+
+    async fn acquire_replicated<D, R>(&self, replication: &Replication, req: &Request<'_, D>) -> Result<R, RequestError>
+    where
+        D: Descriptors + Sync + ?Sized,
+        R: for<'r> From<Answer<'r>>,
+    {
+        let rules = self.engine.rules_full();
+        let prepared = vec![self.engine.prepare(&rules, req)?];
+        let again = |_| self.engine.prepare(&rules, req).ok();
+        let answer = replication.decide_many(&rules, prepared, again).await.into_iter().next();
+        Ok(self.answered(&rules, req, answer.expect("one answer per request")))
+    }
+
+    /// Independent decisions, answered in order. Every item is checked first:
+    /// one bad item refuses the whole batch (named `field[i]`), taking nothing.
+    pub async fn acquire_many<D, R>(&self, field: &'static str, reqs: &[Request<'_, D>]) -> Result<Vec<R>, RequestError>
+    where
+        D: Descriptors + Sync + ?Sized,
+        R: for<'r> From<Answer<'r>>,
+    {
+        check_batch(field, reqs.len())?;
+        let Some(replication) = &self.replication else {
+            let rules = self.engine.rules();
+            let prepared = prepare_all(&self.engine, &rules, field, reqs)?;
+            let now = self.engine.clock().now();
+            let answers = prepared.into_iter().map(|p| self.engine.decide(p, now));
+            return Ok(answers.zip(reqs).map(|(a, req)| self.answered(&rules, req, a)).collect());
+        };
+        let rules = self.engine.rules_full();
+        let prepared = prepare_all(&self.engine, &rules, field, reqs)?;
+        let again = |i: usize| self.engine.prepare(&rules, &reqs[i]).ok();
+        let answers = replication.decide_many(&rules, prepared, again).await;
+        Ok(answers.into_iter().zip(reqs).map(|(a, req)| self.answered(&rules, req, a)).collect())
+    }
+
+    /// Every decided call, however it was decided: shown to the what-if
+    /// running (if any), its estimate held (with `settle`), translated.
+    #[inline]
+    fn answered<'r, D: Descriptors + ?Sized, R: From<Answer<'r>>>(
+        &self,
+        rules: &Installed,
+        req: &Request<'_, D>,
+        mut answer: Answer<'r>,
+    ) -> R {
+        if let Some(w) = &*self.what_if.load() {
+            w.observe(req, answer.verdict == Verdict::Allowed, self.engine.clock().now());
+        }
+        if req.settle {
+            self.engine.hold_estimate(rules, req, &mut answer);
+        }
+        R::from(answer)
+    }
+
+    /// Takes a permit back with the call's outcome.
+    pub async fn report(&self, r: &Report<'_>) -> Result<Reported, RequestError> {
+        let reported = self.report_here(r)?;
+        if let Some(replication) = &self.replication {
+            replication.after_report().await;
+        }
+        Ok(reported)
+    }
+
+    /// Many outcomes, in order; the first that cannot be taken stops the batch.
+    pub async fn report_many(
+        &self,
+        field: &'static str,
+        reports: &[Report<'_>],
+    ) -> Result<Vec<Reported>, RequestError> {
+        check_batch(field, reports.len())?;
+        let reported = reports
+            .iter()
+            .enumerate()
+            .map(|(i, r)| self.report_here(r).map_err(|e| e.in_batch(field, i)))
+            .collect::<Result<Vec<_>, _>>();
+        if let Some(replication) = &self.replication {
+            replication.after_report().await;
+        }
+        reported
+    }
+
+    fn report_here(&self, r: &Report<'_>) -> Result<Reported, RequestError> {
+        let rules = self.engine.rules();
+        let mut reported = self.engine.report(&rules, r.resource, r.permit_id, r.outcome, r.latency)?;
+        // A permit of an Acquire with `settle`: its estimate is settled (or,
+        // without an actual cost, stands) whether or not it also guarded a call.
+        match self.engine.settle_estimate(&rules, r.permit_id, r.resource, r.actual_cost) {
+            Ok(settled) => {
+                reported.settled = settled;
+                reported.counted |= settled;
+            }
+            Err(RequestError::PermitResourceMismatch { .. }) if reported.counted => {}
+            Err(e) => return Err(e),
+        }
+        Ok(reported)
+    }
+
+    /// `Charge`: takes `cost` from every limit the request matches, beyond
+    /// the limit if need be.
+    pub fn charge<D, R>(&self, resource: &str, descriptors: &D, cost: u64) -> Result<R, RequestError>
+    where
+        D: Descriptors + ?Sized,
+        R: for<'r> From<Charged<'r>>,
+    {
+        let rules = self.engine.rules();
+        Ok(R::from(self.engine.charge(&rules, resource, descriptors, cost)?))
+    }
+
+    /// A resource's limits for these descriptors, consuming nothing; `only`
+    /// keeps one limit by name (an error when it did not match).
+    pub fn peek<D, R>(&self, resource: &str, descriptors: &D, only: Option<&str>) -> Result<R, RequestError>
+    where
+        D: Descriptors + ?Sized,
+        R: for<'r> From<Answer<'r>>,
+    {
+        let rules = self.engine.rules();
+        let answer = self.engine.peek(&rules, resource, descriptors, only)?;
+        if let Some(limit) = only
+            && answer.limits.is_empty()
+        {
+            return Err(RequestError::NoSuchLimit { resource: resource.into(), limit: limit.into() });
+        }
+        Ok(R::from(answer))
+    }
+}
+
+/// Checks and matches every item before any is decided.
+fn prepare_all<'r, D: Descriptors + ?Sized>(
+    engine: &Engine,
+    rules: &'r Installed,
+    field: &'static str,
+    reqs: &[Request<'_, D>],
+) -> Result<Vec<Prepared<'r>>, RequestError> {
+    reqs.iter().enumerate().map(|(i, r)| engine.prepare(rules, r).map_err(|e| e.in_batch(field, i))).collect()
+}

@@ -1,0 +1,176 @@
+//! The rules in force: read, applied through Admin (shared with the other
+//! replicas), installed from a file or an Envoy configuration, and tried as a
+//! what-if beside the rules in force.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use super::Decider;
+use crate::engine::what_if::{self, WhatIf};
+use crate::engine::{Engine, Installed};
+use crate::rules::envoy::EnvoyConfig;
+use crate::rules::{RuleErrors, RuleSet};
+
+/// Where a rule set comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// The rules file, by path.
+    File(String),
+    /// The default rules built into the binary.
+    Embedded,
+    /// `Admin.ApplyRules`.
+    Admin,
+    /// An envoyproxy/ratelimit configuration directory.
+    Envoy,
+}
+
+/// The outcome of `ApplyRules`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Applied {
+    /// The version in force afterwards.
+    pub version: u64,
+    pub resources: Vec<String>,
+    /// False when only validated, or tried as a what-if.
+    pub applied: bool,
+    /// When the what-if this started ends.
+    pub what_if_until: Option<SystemTime>,
+}
+
+/// The rules in force, for `GetRules`.
+#[derive(Clone, Debug)]
+pub struct RulesInForce {
+    pub yaml: String,
+    pub version: u64,
+    pub source: String,
+    pub loaded_at: SystemTime,
+    pub resources: Vec<String>,
+}
+
+// === impl Origin ===
+
+impl Origin {
+    /// The `source` label of `floodgate_rule_reloads_total`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Origin::File(_) => "file",
+            Origin::Embedded => "embedded",
+            Origin::Admin => "admin",
+            Origin::Envoy => "envoy",
+        }
+    }
+
+    fn name(&self) -> String {
+        match self {
+            Origin::File(path) => path.clone(),
+            Origin::Embedded => "embedded".into(),
+            Origin::Admin => "admin".into(),
+            Origin::Envoy => "envoy".into(),
+        }
+    }
+}
+
+// === impl Decider ===
+
+impl Decider {
+    pub fn rules(&self) -> RulesInForce {
+        let installed = self.engine.rules();
+        RulesInForce {
+            yaml: installed.yaml.clone(),
+            version: installed.version,
+            source: installed.source.clone(),
+            loaded_at: installed.loaded_at,
+            resources: installed.resource_names(),
+        }
+    }
+
+    /// The rules in force, whole.
+    pub fn installed(&self) -> Arc<Installed> {
+        self.engine.rules_full()
+    }
+
+    /// Validates a rules file and, unless `validate_only`, swaps it in and
+    /// shares it with the other replicas. Invalid rules are refused whole.
+    /// One at a time, parsed off the async workers, so that a rules upload
+    /// never holds up decisions.
+    pub async fn apply_rules(&self, yaml: &str, validate_only: bool) -> Result<Applied, RuleErrors> {
+        let _one_at_a_time = self.applying.lock().await;
+        let rules = parse_off_the_workers(yaml).await.inspect_err(|_| {
+            if !validate_only {
+                crate::metrics::rule_reload(Origin::Admin.label(), false, self.engine.rules().version);
+            }
+        })?;
+        let resources = rules.rules().iter().map(|r| r.name.clone()).collect();
+        if validate_only {
+            return Ok(Applied {
+                version: self.engine.rules().version,
+                resources,
+                applied: false,
+                what_if_until: None,
+            });
+        }
+        let version = self.install(rules, yaml.to_string(), Origin::Admin);
+        if let Some(replication) = &self.replication {
+            replication.share_rules(yaml).await;
+        }
+        tracing::info!(version, "rules applied through Admin");
+        Ok(Applied { version, resources, applied: true, what_if_until: None })
+    }
+
+    /// `ApplyRules` with `what_if`: validates `yaml` and runs it in shadow
+    /// beside the rules in force for `length`, replacing a what-if running.
+    pub async fn start_what_if(&self, yaml: &str, length: std::time::Duration) -> Result<Applied, RuleErrors> {
+        let _one_at_a_time = self.applying.lock().await;
+        let rules = parse_off_the_workers(yaml).await?;
+        let resources = rules.rules().iter().map(|r| r.name.clone()).collect();
+        let now = self.engine.clock().now();
+        let until = now.saturating_add(length);
+        self.what_if.store(Some(Arc::new(WhatIf::new(rules, now, until))));
+        let until = SystemTime::UNIX_EPOCH + std::time::Duration::from_nanos(until.as_nanos());
+        Ok(Applied { version: self.engine.rules().version, resources, applied: false, what_if_until: Some(until) })
+    }
+
+    /// The report of the last what-if started, if any.
+    pub fn what_if(&self) -> Option<what_if::Report> {
+        Some(self.what_if.load_full()?.report(self.engine.clock().now()))
+    }
+
+    /// Installs rules read here (the file, or the embedded default), for this
+    /// replica only. Returns the version.
+    pub fn install(&self, rules: RuleSet, yaml: String, origin: Origin) -> u64 {
+        install(&self.engine, rules, yaml, origin)
+    }
+
+    /// Installs an envoyproxy/ratelimit configuration read from `dir`.
+    pub fn install_envoy(&self, config: EnvoyConfig, text: String, dir: &std::path::Path) -> u64 {
+        install_envoy(&self.engine, config, text, dir)
+    }
+
+    /// Counts a rules file that could not be installed.
+    pub fn refused(&self, origin: &Origin) {
+        crate::metrics::rule_reload(origin.label(), false, self.engine.rules().version);
+    }
+}
+
+/// A rules upload parsed on a blocking thread: parsing is bounded, but a
+/// large file takes long enough to hold up the decisions on a worker.
+async fn parse_off_the_workers(yaml: &str) -> Result<RuleSet, RuleErrors> {
+    let text = yaml.to_string();
+    tokio::task::spawn_blocking(move || RuleSet::from_yaml(&text, "ApplyRules"))
+        .await
+        .unwrap_or_else(|e| Err(RuleErrors::one("ApplyRules", format!("the parser failed: {e}"))))
+}
+
+/// Installs an envoyproxy/ratelimit configuration read from `dir` and counts
+/// the reload; the version.
+pub fn install_envoy(engine: &Engine, config: EnvoyConfig, text: String, dir: &std::path::Path) -> u64 {
+    let version = engine.install_envoy(config, text, dir.display().to_string());
+    crate::metrics::rule_reload(Origin::Envoy.label(), true, version);
+    version
+}
+
+/// Installs rules in `engine` and counts the reload; the version.
+pub fn install(engine: &Engine, rules: RuleSet, yaml: String, origin: Origin) -> u64 {
+    let version = engine.install(rules, yaml, origin.name());
+    crate::metrics::rule_reload(origin.label(), true, version);
+    version
+}

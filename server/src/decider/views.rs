@@ -1,0 +1,61 @@
+//! What the console, the metrics and Admin's read calls see: use of global
+//! limits, replication health, the hottest keys, figures read at scrape time.
+
+use super::Decider;
+use crate::engine::Installed;
+use crate::engine::hottest::TopLimit;
+use crate::rules::Rule;
+
+/// See [`Decider::replica_health`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplicaHealth {
+    pub replicated: bool,
+    pub redis_up: bool,
+    pub live_replicas: u32,
+}
+
+/// Figures read at scrape time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Figures {
+    pub keys: usize,
+    pub evicted: u64,
+    pub permits_in_flight: usize,
+    pub level: u32,
+}
+
+impl Decider {
+    /// What an exact rule of `rules` (the rules in force) has in its
+    /// global (keyless) limits now: (name, limit, remaining); empty for a
+    /// template rule, whose buckets are per resource.
+    pub fn global_use(&self, rules: &Installed, rule: &Rule) -> Vec<(String, u64, u64)> {
+        if rule.per_resource() || rule.limits.iter().all(|l| !l.key.is_empty()) {
+            return Vec::new();
+        }
+        let none: std::collections::HashMap<String, String> = std::collections::HashMap::new();
+        let Ok(answer) = self.engine.peek(rules, &rule.name, &none, None) else { return Vec::new() };
+        answer.limits.iter().map(|l| (l.limit.name.clone(), l.status.limit, l.status.remaining)).collect()
+    }
+
+    /// Whether this server replicates, whether Redis answers, and how many
+    /// replicas are live.
+    pub fn replica_health(&self) -> ReplicaHealth {
+        match self.engine.sync() {
+            Some(sync) => ReplicaHealth { replicated: true, redis_up: sync.up(), live_replicas: sync.live() },
+            None => ReplicaHealth { replicated: false, redis_up: false, live_replicas: 1 },
+        }
+    }
+
+    /// Per limit, the keys denied and admitted most lately.
+    pub fn top_keys(&self, rule: &str, n: usize) -> Vec<TopLimit> {
+        self.engine.top_keys(&self.engine.rules(), rule, n)
+    }
+
+    pub fn figures(&self) -> Figures {
+        Figures {
+            keys: self.engine.buckets().len(),
+            evicted: self.engine.buckets().evicted(),
+            permits_in_flight: self.engine.permits_in_flight(),
+            level: self.engine.degradation_level(),
+        }
+    }
+}
