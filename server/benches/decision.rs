@@ -25,7 +25,7 @@ use floodgate::limiter::{
 };
 use floodgate::overrides::{Change, Do, Spec, Table};
 use floodgate::rules::RuleSet;
-use floodgate::rules::tiers::Override;
+use floodgate::rules::overrides::Override;
 use floodgate::time::{Clock, SystemClock};
 
 const ALGORITHMS: &[(&str, &str)] = &[

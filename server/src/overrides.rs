@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::rules::tiers::{Action, NEVER, Override};
+use crate::rules::overrides::{Action, NEVER, Override};
 use crate::rules::{MAX_NAME_BYTES, RuleSet};
 
 /// The longest id.

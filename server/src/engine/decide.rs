@@ -9,13 +9,14 @@ use smallvec::SmallVec;
 
 use super::counters::RuleMetrics;
 use super::guards::Denial;
+use super::installed::RuleHandles;
 use super::request::{self, Descriptors, Request, RequestError};
 use super::sync::{RemoteBreaker, decided_by_redis};
 use super::{Engine, Installed};
 use crate::breaker;
 use crate::limiter::{Decision, Status};
 use crate::rules::{Limit, Rule, SyncMode, duration};
-use crate::store::BucketKey;
+use crate::store::{BucketKey, LimitId};
 use crate::time::{SharedClock, Timestamp};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,7 +68,7 @@ pub(super) type Matched<'r> = SmallVec<[(&'r Limit, usize, BucketKey); 2]>;
 /// A request checked and matched against the rules, not yet decided.
 #[derive(Debug)]
 pub struct Prepared<'r> {
-    pub(super) rule: Option<(&'r Rule, &'r RuleMetrics)>,
+    pub(super) rule: Option<(&'r Rule, &'r RuleHandles)>,
     /// Where a decision no rule matched is counted.
     pub(super) unmatched: &'r RuleMetrics,
     /// The resource, kept when the rule guards it (breaker or concurrency).
@@ -218,11 +219,11 @@ impl Engine {
     ) -> Result<Prepared<'r>, RequestError> {
         request::validate(req.resource, req.descriptors)?;
         let cost = u64::from(req.cost.max(1));
-        let rule = rules.rules.position(req.resource).map(|i| (&rules.rules.rules()[i], &rules.metrics[i]));
+        let rule = rules.find(req.resource);
         let mut blocked = None;
         let matched = match rule {
             None => Matched::default(),
-            Some((r, _)) => match limits_for(r, req.descriptors, &self.clock) {
+            Some((r, h)) => match limits_for(r, h, req.descriptors, &self.clock) {
                 Ok(limits) => matched_in(limits, r.per_resource(), req.resource, req.descriptors),
                 Err(block) => {
                     blocked = Some(block);
@@ -241,7 +242,7 @@ impl Engine {
         let request_resource = if self.sync.is_some() { req.resource.to_string() } else { String::new() };
         Ok(Prepared {
             rule,
-            unmatched: &rules.unmatched,
+            unmatched: &rules.handles.unmatched,
             resource,
             request_resource,
             matched,
@@ -264,9 +265,11 @@ impl Engine {
     }
 
     /// Every limit decided in this process, all or nothing, into `answer`.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn decide_limits<'r>(
         &self,
         answer: &mut Answer<'r>,
+        handles: &RuleHandles,
         matched: &Matched<'r>,
         resource: &str,
         now: Timestamp,
@@ -287,7 +290,7 @@ impl Engine {
         }
         fill_limits(answer, matched, &decisions);
         if !dry_run {
-            observe_hitters(matched, &decisions, now);
+            observe_hitters(handles, matched, &decisions, now);
         }
     }
 
@@ -302,10 +305,10 @@ impl Engine {
     ) -> Result<Answer<'r>, RequestError> {
         request::validate(resource, descriptors)?;
         let level = self.levels.current();
-        let Some(rule) = rules.rules.find(resource) else {
+        let Some((rule, handles)) = rules.find(resource) else {
             return Ok(Answer::allowed(level));
         };
-        let mut matched = matched(rule, resource, descriptors, &self.clock);
+        let mut matched = matched(rule, handles, resource, descriptors, &self.clock);
         matched.retain(|(l, _, _)| only.is_none_or(|name| l.name == name));
         let now = self.clock.now();
         let decisions: SmallVec<[Decision; 4]> =
@@ -342,52 +345,56 @@ impl Engine {
     }
 }
 
-/// The limits of `rule` that apply: a keyed limit applies only when every
-/// descriptor it names is present.
 /// The limits that decide a request under `rule`: an override's for the
 /// descriptor values it names, else the rule's; `Err` when an override blocks
 /// them (its `retry_after`, and the values).
 pub(super) fn limits_for<'r, D: Descriptors + ?Sized>(
     rule: &'r Rule,
+    handles: &'r RuleHandles,
     d: &D,
     clock: &SharedClock,
 ) -> Result<LimitsFor<'r>, (std::time::Duration, String)> {
-    let own = LimitsFor { limits: &rule.limits, slots: None };
+    let own = LimitsFor::own(rule, handles.ids(None));
     if rule.overrides.is_empty() {
         return Ok(own);
     }
-    let Some(o) = rule.overrides.find(|k| d.get(k), || clock.now().as_nanos()) else { return Ok(own) };
+    let Some((i, o)) = rule.overrides.find(|k| d.get(k), || clock.now().as_nanos()) else { return Ok(own) };
     match &o.action {
-        crate::rules::tiers::Action::Block { retry_after } => {
+        crate::rules::overrides::Action::Block { retry_after } => {
             let values = o.when.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
             Err((*retry_after, values))
         }
-        _ => Ok(LimitsFor { limits: &o.limits, slots: Some(&o.slots) }),
+        _ => Ok(LimitsFor { limits: &o.limits, slots: Some(&o.slots), ids: handles.ids(Some(i)) }),
     }
 }
 
-/// The limits deciding a request, and where each is counted (an override's
-/// limits by their rule-wide slot; the rule's own by their position).
+/// The limits deciding a request, their ids, and where each is counted (an
+/// override's limits by their rule-wide slot; the rule's own by their
+/// position).
 #[derive(Clone, Copy)]
 pub(super) struct LimitsFor<'r> {
     limits: &'r [crate::rules::Limit],
     slots: Option<&'r [usize]>,
+    ids: &'r [LimitId],
 }
 
 impl<'r> LimitsFor<'r> {
-    /// The rule's own limits, overrides aside.
-    pub(super) fn own(rule: &'r Rule) -> Self {
-        LimitsFor { limits: &rule.limits, slots: None }
+    /// The rule's own limits, overrides aside, with these ids.
+    pub(super) fn own(rule: &'r Rule, ids: &'r [LimitId]) -> Self {
+        LimitsFor { limits: &rule.limits, slots: None, ids }
     }
 }
 
+/// The limits of `rule` that apply to a request: a keyed limit applies only
+/// when every descriptor it names is present; none when an override blocks it.
 pub(super) fn matched<'r, D: Descriptors + ?Sized>(
     rule: &'r Rule,
+    handles: &'r RuleHandles,
     resource: &str,
     d: &D,
     clock: &SharedClock,
 ) -> Matched<'r> {
-    match limits_for(rule, d, clock) {
+    match limits_for(rule, handles, d, clock) {
         Ok(limits) => matched_in(limits, rule.per_resource(), resource, d),
         Err(_) => Matched::default(),
     }
@@ -405,8 +412,9 @@ pub(super) fn matched_in<'r, D: Descriptors + ?Sized>(
         .iter()
         .enumerate()
         .filter_map(|(index, limit)| {
+            let id = limits.ids[index];
             if limit.key.is_empty() && !per_resource {
-                return Some((limit, slot(index), BucketKey::global(limit.id)));
+                return Some((limit, slot(index), BucketKey::global(id)));
             }
             let mut parts: SmallVec<[&str; 4]> = SmallVec::new();
             if per_resource {
@@ -415,7 +423,7 @@ pub(super) fn matched_in<'r, D: Descriptors + ?Sized>(
             for k in &limit.key {
                 parts.push(d.get(k)?);
             }
-            Some((limit, slot(index), BucketKey::new(limit.id, parts)))
+            Some((limit, slot(index), BucketKey::new(id, parts)))
         })
         .collect()
 }
@@ -458,9 +466,9 @@ pub(super) fn enforced_denial(l: &Limit, d: &Decision) -> bool {
 /// Counts each matched limit's decision among its hottest keys (a global
 /// bucket has no key worth naming).
 #[inline]
-pub(super) fn observe_hitters(matched: &Matched<'_>, decisions: &[Decision], now: Timestamp) {
-    for ((limit, _, key), d) in matched.iter().zip(decisions) {
-        if let Some(h) = &limit.hitters
+pub(super) fn observe_hitters(handles: &RuleHandles, matched: &Matched<'_>, decisions: &[Decision], now: Timestamp) {
+    for ((_, slot, key), d) in matched.iter().zip(decisions) {
+        if let Some(h) = handles.hitters(*slot)
             && !key.scope.is_empty()
         {
             h.observe(&key.scope, !d.admitted, || now.as_nanos() / 1_000_000_000);

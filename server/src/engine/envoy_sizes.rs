@@ -7,16 +7,17 @@
 use std::collections::HashMap;
 use std::sync::{OnceLock, RwLock};
 
-use super::counters::RuleMetrics;
+use super::installed::RuleHandles;
 use crate::limiter::{Algorithm, fixed_window};
 use crate::rules::envoy::Unit;
-use crate::rules::{DEFAULT_MAX_BREAKERS, Limit, LimitId, OnRedisError, Pattern, Rule, SyncMode};
+use crate::rules::{DEFAULT_MAX_BREAKERS, Limit, OnRedisError, Pattern, Rule, SyncMode};
+use crate::store::LimitId;
 
 /// The most distinct override sizes one process keeps.
 pub const MAX_SIZES: usize = 256;
 
 pub struct EnvoySizes {
-    slots: Box<[OnceLock<(Rule, RuleMetrics)>]>,
+    slots: Box<[OnceLock<(Rule, RuleHandles)>]>,
     index: RwLock<HashMap<(u32, Unit), usize>>,
 }
 
@@ -39,7 +40,7 @@ impl EnvoySizes {
 
     /// The rule for `requests_per_unit` per `unit`, created on first use;
     /// `None` once [`MAX_SIZES`] sizes exist.
-    pub fn get(&self, requests_per_unit: u32, unit: Unit) -> Option<(&Rule, &RuleMetrics)> {
+    pub fn get(&self, requests_per_unit: u32, unit: Unit) -> Option<(&Rule, &RuleHandles)> {
         let key = (requests_per_unit, unit);
         let found = self.index.read().unwrap_or_else(|e| e.into_inner()).get(&key).copied();
         let slot = match found {
@@ -50,9 +51,9 @@ impl EnvoySizes {
                 match index.get(&key) {
                     Some(&slot) => slot,
                     None if next < MAX_SIZES => {
-                        let rule = rule(requests_per_unit, unit, id_of(next));
-                        let metrics = RuleMetrics::new(&rule);
-                        let _ = self.slots[next].set((rule, metrics));
+                        let rule = rule(requests_per_unit, unit);
+                        let handles = RuleHandles::without_hitters(&rule, vec![id_of(next)]);
+                        let _ = self.slots[next].set((rule, handles));
                         index.insert(key, next);
                         next
                     }
@@ -66,7 +67,7 @@ impl EnvoySizes {
     /// The rule of an override limit, by its limit's id.
     pub fn rule(&self, id: LimitId) -> Option<&Rule> {
         let slot = (u32::MAX - id.0) as usize;
-        self.slots.get(slot)?.get().map(|(r, _)| r).filter(|r| r.limits[0].id == id)
+        self.slots.get(slot)?.get().filter(|(_, h)| h.ids[0] == id).map(|(r, _)| r)
     }
 }
 
@@ -76,13 +77,12 @@ impl Default for EnvoySizes {
     }
 }
 
-fn rule(requests_per_unit: u32, unit: Unit, id: LimitId) -> Rule {
+fn rule(requests_per_unit: u32, unit: Unit) -> Rule {
     let name = format!("override:{requests_per_unit}/{}", unit.name());
     Rule {
         name: name.clone(),
         pattern: Pattern::Exact,
         limits: vec![Limit {
-            id,
             name,
             key: Vec::new(),
             algorithm: Algorithm::FixedWindow(fixed_window::Config::new(
@@ -92,7 +92,6 @@ fn rule(requests_per_unit: u32, unit: Unit, id: LimitId) -> Rule {
             sync: SyncMode::default(),
             on_redis_error: OnRedisError::default(),
             shadow: false,
-            hitters: None,
             lease: None,
         }],
         concurrency: None,
@@ -110,12 +109,12 @@ mod tests {
     #[test]
     fn sizes_are_shared_bounded_and_found_by_id() {
         let o = EnvoySizes::new();
-        let (a, _) = o.get(10, Unit::Minute).unwrap();
-        let a_id = a.limits[0].id;
-        let (again, _) = o.get(10, Unit::Minute).unwrap();
-        assert_eq!(again.limits[0].id, a_id, "the same size is the same limit");
-        let (b, _) = o.get(10, Unit::Hour).unwrap();
-        assert_ne!(b.limits[0].id, a_id);
+        let (_, a) = o.get(10, Unit::Minute).unwrap();
+        let a_id = a.ids[0];
+        let (_, again) = o.get(10, Unit::Minute).unwrap();
+        assert_eq!(again.ids[0], a_id, "the same size is the same limit");
+        let (_, b) = o.get(10, Unit::Hour).unwrap();
+        assert_ne!(b.ids[0], a_id);
         assert_eq!(o.rule(a_id).unwrap().name, "override:10/minute");
         assert!(o.rule(LimitId(7)).is_none());
         for n in 0..MAX_SIZES as u32 {

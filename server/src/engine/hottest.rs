@@ -1,13 +1,12 @@
 //! The hottest keys of the rules in force (see [`crate::hitters`]).
 
-use std::sync::Arc;
-
 use compact_str::CompactString;
 
+use super::installed::RuleHandles;
 use super::{Engine, Installed};
 use crate::hitters::{Hitters, TOP};
 use crate::rules::{Limit, Rule};
-use crate::store::BucketKey;
+use crate::store::{BucketKey, LimitId};
 
 /// One limit's hottest keys, as text: (key, count, error), most first.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,18 +34,24 @@ impl Engine {
                 out.push(TopLimit { rule: r.name.clone(), limit: limit.name.clone(), denied, admitted });
             }
         };
-        for r in rules.rules.rules().iter().filter(|r| rule.is_empty() || r.name == rule) {
-            for (limit, hitters) in distinct_limits(r) {
+        for i in 0..rules.rules.rules().len() {
+            let (r, handles) = rules.rule_at(i);
+            if !(rule.is_empty() || r.name == rule) {
+                continue;
+            }
+            for (limit, hitters) in distinct_limits(r, handles) {
                 push(r, limit, hitters, &|scope| key_text(r, limit, scope));
             }
         }
         // The envoyproxy/ratelimit configuration's limits: keyed by the
         // request's descriptor entries.
-        for r in rules.envoy.config.rules().iter().filter(|r| rule.is_empty() || r.name == rule) {
-            if let Some(limit) = r.limits.first()
-                && let Some(hitters) = &limit.hitters
+        for i in 0..rules.envoy.config.rules().len() {
+            let (r, handles) = rules.envoy_rule(i);
+            if (rule.is_empty() || r.name == rule)
+                && let Some(limit) = r.limits.first()
+                && let Some(hitters) = handles.hitters(0)
             {
-                push(r, limit, hitters, &|scope| entries_text(limit, scope));
+                push(r, limit, hitters, &|scope| entries_text(scope));
             }
         }
         out
@@ -55,8 +60,8 @@ impl Engine {
 
 /// An Envoy descriptor's bucket scope (its entries, key then value) as
 /// `user=u42,plan=gold`.
-fn entries_text(limit: &Limit, scope: CompactString) -> String {
-    let parts = BucketKey { limit: limit.id, scope }.parts();
+fn entries_text(scope: CompactString) -> String {
+    let parts = BucketKey { limit: LimitId::default(), scope }.parts();
     parts
         .chunks(2)
         .map(|kv| format!("{}={}", kv[0], kv.get(1).map_or("", String::as_str)))
@@ -64,24 +69,21 @@ fn entries_text(limit: &Limit, scope: CompactString) -> String {
         .join(",")
 }
 
-/// A rule's limits and its overrides' (a tier's own), one per name.
-fn distinct_limits(rule: &Rule) -> Vec<(&Limit, &Arc<Hitters>)> {
-    let mut out: Vec<(&Limit, &Arc<Hitters>)> = Vec::new();
-    let all = rule.limits.iter().chain(rule.overrides.list().iter().flat_map(|o| o.limits.iter()));
-    for l in all {
-        if let Some(h) = &l.hitters
-            && !out.iter().any(|(seen, _)| seen.name == l.name)
-        {
-            out.push((l, h));
-        }
-    }
-    out
+/// A rule's limits and its overrides' (a tier's own), one per name (one per
+/// hottest-keys slot), with their hottest keys.
+fn distinct_limits<'r>(rule: &'r Rule, handles: &'r RuleHandles) -> Vec<(&'r Limit, &'r Hitters)> {
+    let own = rule.limits.iter().enumerate();
+    let extra = rule.overrides.extra_names().iter().enumerate().filter_map(|(j, name)| {
+        let limit = rule.overrides.list().iter().flat_map(|o| o.limits.iter()).find(|l| l.name == *name)?;
+        Some((rule.limits.len() + j, limit))
+    });
+    own.chain(extra).filter_map(|(slot, limit)| Some((limit, handles.hitters(slot)?))).collect()
 }
 
 /// A bucket's scope as `user=u42,tenant=acme`, after the resource for a
 /// template rule.
 fn key_text(rule: &Rule, limit: &Limit, scope: CompactString) -> String {
-    let parts = BucketKey { limit: limit.id, scope }.parts();
+    let parts = BucketKey { limit: LimitId::default(), scope }.parts();
     let mut parts = parts.into_iter();
     let mut out: Vec<String> = Vec::new();
     if rule.per_resource() {

@@ -1,6 +1,10 @@
 //! The rules in force: swapped atomically, read without a lock on the hot path.
-//! Limit ids are kept across installs, so that a limit that keeps its rule,
-//! name and algorithm keeps its buckets.
+//!
+//! The rules are plain data ([`crate::rules`]); what the engine keeps for
+//! them while they are in force sits beside them, in [`Handles`]: each
+//! limit's id in the bucket store (kept across installs, so that a limit that
+//! keeps its rule, name and algorithm keeps its buckets), its hottest keys,
+//! and each rule's decision counters.
 //!
 //! Two sources live side by side: Floodgate's rules file (`rules`) and,
 //! optionally, an envoyproxy/ratelimit configuration (`envoy`), each installed
@@ -18,9 +22,11 @@ use crate::hitters::Hitters;
 use crate::limiter::Algorithm;
 use crate::overrides::Table;
 use crate::rules::envoy::{self, EnvoyConfig, Unit};
-use crate::rules::{Limit, LimitId, Rule, RuleSet};
+use crate::rules::{Limit, Rule, RuleSet};
+use crate::store::LimitId;
 
-/// The rules in force, with where they came from.
+/// The rules in force, with where they came from, and what the engine keeps
+/// beside them.
 #[derive(Debug)]
 pub struct Installed {
     /// The rules deciding: the file's, with the overrides set at run time
@@ -40,16 +46,7 @@ pub struct Installed {
     pub loaded_at: SystemTime,
     /// The envoyproxy/ratelimit configuration (empty when none is loaded).
     pub envoy: Arc<EnvoyInstalled>,
-    /// Every limit by id.
-    by_id: HashMap<LimitId, Place>,
-    /// Decision counters, one per rule, and for requests no rule matched.
-    pub(super) metrics: Vec<RuleMetrics>,
-    pub(super) unmatched: RuleMetrics,
-    /// Limits Envoy sends with a descriptor (`limit` overrides); kept for
-    /// the life of the process.
-    pub(super) envoy_sizes: Arc<EnvoySizes>,
-    /// Every limit of `rules` in Envoy's terms (requests per unit), by rule.
-    per_unit: Vec<Vec<(u32, Unit)>>,
+    pub(super) handles: Handles,
 }
 
 /// An envoyproxy/ratelimit configuration in force.
@@ -60,8 +57,39 @@ pub struct EnvoyInstalled {
     pub text: String,
     /// The directory it was read from; empty when none is loaded.
     pub source: String,
-    /// One set of counters per limit, as `config.rules()` orders them.
-    pub(super) metrics: Vec<RuleMetrics>,
+}
+
+/// What the engine keeps beside the rules in force.
+#[derive(Debug)]
+pub(super) struct Handles {
+    /// One per rule of [`Installed::rules`], in order.
+    rules: Arc<Vec<RuleHandles>>,
+    /// One per rule of the Envoy configuration, in order.
+    envoy: Arc<Vec<RuleHandles>>,
+    /// Where a decision no rule matched is counted.
+    pub(super) unmatched: RuleMetrics,
+    /// Every limit by id.
+    by_id: HashMap<LimitId, Place>,
+    /// Limits Envoy sends with a descriptor (`limit` overrides); kept for
+    /// the life of the process.
+    pub(super) envoy_sizes: Arc<EnvoySizes>,
+    /// Every limit of `rules` in Envoy's terms (requests per unit), by rule.
+    per_unit: Vec<Vec<(u32, Unit)>>,
+}
+
+/// What the engine keeps for one rule in force.
+#[derive(Debug)]
+pub struct RuleHandles {
+    /// The ids of the rule's own limits, in order.
+    pub(super) ids: Vec<LimitId>,
+    /// The ids of each override's limits, as `rule.overrides.list()` orders them.
+    pub(super) override_ids: Vec<Vec<LimitId>>,
+    /// Hottest keys by slot: the rule's limits, then the names only its
+    /// overrides' limits have (see `Overrides::extra_names`). Shared by the
+    /// limits of one rule and name (an override's with the rule's), and kept
+    /// across installs.
+    pub(super) hitters: Vec<Option<Arc<Hitters>>>,
+    pub(super) metrics: RuleMetrics,
 }
 
 /// Where a limit lives: one of our rules, or the Envoy configuration.
@@ -114,12 +142,30 @@ impl Installed {
             source: String::new(),
             loaded_at: SystemTime::now(),
             envoy: Arc::default(),
-            by_id: HashMap::new(),
-            metrics: Vec::new(),
-            unmatched: RuleMetrics::unmatched(),
-            envoy_sizes: Arc::new(EnvoySizes::new()),
-            per_unit: Vec::new(),
+            handles: Handles {
+                rules: Arc::default(),
+                envoy: Arc::default(),
+                unmatched: RuleMetrics::unmatched(),
+                by_id: HashMap::new(),
+                envoy_sizes: Arc::new(EnvoySizes::new()),
+                per_unit: Vec::new(),
+            },
         }
+    }
+
+    /// The rule for `resource` (see [`RuleSet::position`]) with its handles.
+    pub fn find(&self, resource: &str) -> Option<(&Rule, &RuleHandles)> {
+        self.rules.position(resource).map(|i| self.rule_at(i))
+    }
+
+    /// The `i`th rule of [`Installed::rules`] with its handles.
+    pub fn rule_at(&self, i: usize) -> (&Rule, &RuleHandles) {
+        (&self.rules.rules()[i], &self.handles.rules[i])
+    }
+
+    /// The `i`th rule of the Envoy configuration with its handles.
+    pub fn envoy_rule(&self, i: usize) -> (&Rule, &RuleHandles) {
+        (&self.envoy.config.rules()[i], &self.handles.envoy[i])
     }
 
     /// The algorithm of a limit still in force.
@@ -129,31 +175,51 @@ impl Installed {
 
     /// A limit still in force, with its rule.
     pub fn limit(&self, id: LimitId) -> Option<(&Rule, &Limit)> {
-        let rule = match self.by_id.get(&id) {
+        let rule = match self.handles.by_id.get(&id) {
             Some(&Place::Rule(r, l)) => return Some((&self.rules.rules()[r], &self.rules.rules()[r].limits[l])),
             Some(&Place::Override(r, o, l)) => {
                 let rule = &self.rules.rules()[r];
                 return Some((rule, &rule.overrides.list()[o].limits[l]));
             }
             Some(&Place::Envoy(r)) => &self.envoy.config.rules()[r],
-            None => self.envoy_sizes.rule(id)?,
+            None => self.handles.envoy_sizes.rule(id)?,
         };
         Some((rule, &rule.limits[0]))
     }
 
     /// A limit of ours in Envoy's terms: rule `rule`, limit `limit`.
     pub fn per_unit(&self, rule: usize, limit: usize) -> (u32, Unit) {
-        self.per_unit[rule][limit]
-    }
-
-    /// The counters of the `i`th rule of the Envoy configuration.
-    pub(super) fn envoy_metrics(&self, i: usize) -> &RuleMetrics {
-        &self.envoy.metrics[i]
+        self.handles.per_unit[rule][limit]
     }
 
     /// The rule patterns, in file order.
     pub fn resource_names(&self) -> Vec<String> {
         self.rules.rules().iter().map(|r| r.name.clone()).collect()
+    }
+}
+
+// === impl RuleHandles ===
+
+impl RuleHandles {
+    /// The ids of the limits that decide under the `o`th override, or the
+    /// rule's own (`None`).
+    pub(super) fn ids(&self, o: Option<usize>) -> &[LimitId] {
+        match o {
+            None => &self.ids,
+            Some(o) => &self.override_ids[o],
+        }
+    }
+
+    /// The hottest keys of slot `slot`, if it keeps them.
+    #[inline]
+    pub(super) fn hitters(&self, slot: usize) -> Option<&Hitters> {
+        self.hitters.get(slot)?.as_deref()
+    }
+
+    /// The handles of a rule that keeps no hottest keys (Envoy's sizes).
+    pub(super) fn without_hitters(rule: &Rule, ids: Vec<LimitId>) -> RuleHandles {
+        let slots = rule.limits.len() + rule.overrides.extra_names().len();
+        RuleHandles { ids, override_ids: Vec::new(), hitters: vec![None; slots], metrics: RuleMetrics::new(rule) }
     }
 }
 
@@ -195,65 +261,19 @@ impl RulesSlot {
 
     /// Merges `file` with `parts.runtime`, gives every limit its id, swaps.
     fn merge_and_swap(&self, ids: &mut Ids, current: &Installed, file: Arc<RuleSet>, parts: Parts) -> u64 {
-        let (mut rules, problems) = parts.runtime.merge(&file);
+        let (rules, problems) = parts.runtime.merge(&file);
         ids.runtime.retain(|(id, _), _| parts.runtime.get(id).is_some());
-        for rule in rules.rules_mut() {
-            ids.assign("", rule);
-            // An override's limits have buckets of their own, the same across
-            // installs while it has the same tag.
-            let name = rule.name.clone();
-            // The rule's hottest keys by limit name, looked up once per name.
-            let mut hitters: Vec<(String, Arc<Hitters>)> = Vec::new();
-            for o in rule.overrides.list_mut() {
-                let runtime = o.tag.strip_prefix('@').map(str::to_string);
-                for limit in &mut o.limits {
-                    let h = match hitters.iter().find(|(n, _)| *n == limit.name) {
-                        Some((_, h)) => h.clone(),
-                        None => {
-                            let h = ids.hitters("", &name, &limit.name);
-                            hitters.push((limit.name.clone(), h.clone()));
-                            h
-                        }
-                    };
-                    limit.hitters = Some(h);
-                    let identity = (format!("\u{2}{name}{}", o.tag), limit.name.clone(), limit.algorithm.name());
-                    limit.id = match &runtime {
-                        None => ids.get(identity),
-                        Some(id) => match ids.runtime.get(&(id.clone(), identity.clone())) {
-                            Some(&known) => known,
-                            None => {
-                                let new = ids.next();
-                                ids.runtime.insert((id.clone(), identity), new);
-                                new
-                            }
-                        },
-                    };
-                }
-            }
-        }
-        let metrics = rules.rules().iter().map(RuleMetrics::new).collect();
-        // The file's rules get the ids too: a what-if or a later merge reads them.
-        let file = match Arc::try_unwrap(file) {
-            Ok(mut f) => {
-                for rule in f.rules_mut() {
-                    ids.assign("", rule);
-                }
-                Arc::new(f)
-            }
-            Err(shared) => shared,
-        };
-        self.swap(current, Arc::new(rules), file, Arc::new(problems), metrics, parts)
+        let handles = Arc::new(rules.rules().iter().map(|rule| ids.rule_handles(rule)).collect());
+        let envoy_handles = current.handles.envoy.clone();
+        self.swap(current, Arc::new(rules), file, Arc::new(problems), handles, envoy_handles, parts)
     }
 
     /// Swaps in an envoyproxy/ratelimit configuration (read from `source`),
     /// keeping our rules in force; returns the version.
-    pub fn install_envoy(&self, mut config: EnvoyConfig, text: String, source: String) -> u64 {
+    pub fn install_envoy(&self, config: EnvoyConfig, text: String, source: String) -> u64 {
         let mut ids = self.ids.lock().unwrap_or_else(|e| e.into_inner());
-        for rule in config.rules_mut() {
-            ids.assign("\u{1}envoy:", rule);
-        }
-        let metrics = config.rules().iter().map(RuleMetrics::new).collect();
-        let envoy = Arc::new(EnvoyInstalled { config, text, source, metrics });
+        let envoy_handles = Arc::new(config.rules().iter().map(|rule| ids.envoy_handles(rule)).collect());
+        let envoy = Arc::new(EnvoyInstalled { config, text, source });
         let current = self.current.load_full();
         let parts = Parts {
             yaml: current.yaml.clone(),
@@ -261,38 +281,40 @@ impl RulesSlot {
             envoy,
             runtime: current.runtime.clone(),
         };
-        let metrics = current.rules.rules().iter().map(RuleMetrics::new).collect();
-        self.swap(&current, current.rules.clone(), current.file.clone(), current.problems.clone(), metrics, parts)
+        let (rules, file, problems) = (current.rules.clone(), current.file.clone(), current.problems.clone());
+        let handles = current.handles.rules.clone();
+        self.swap(&current, rules, file, problems, handles, envoy_handles, parts)
     }
 
     /// Installs a new `Installed` built from its parts; the caller holds `ids`.
+    #[allow(clippy::too_many_arguments)]
     fn swap(
         &self,
         current: &Installed,
         rules: Arc<RuleSet>,
         file: Arc<RuleSet>,
         problems: Arc<BTreeMap<String, String>>,
-        metrics: Vec<RuleMetrics>,
+        handles: Arc<Vec<RuleHandles>>,
+        envoy_handles: Arc<Vec<RuleHandles>>,
         parts: Parts,
     ) -> u64 {
         let Parts { yaml, source, envoy, runtime } = parts;
         let mut by_id = HashMap::new();
-        for (r, rule) in rules.rules().iter().enumerate() {
-            for (l, limit) in rule.limits.iter().enumerate() {
-                by_id.insert(limit.id, Place::Rule(r, l));
+        for (r, h) in handles.iter().enumerate() {
+            for (l, id) in h.ids.iter().enumerate() {
+                by_id.insert(*id, Place::Rule(r, l));
             }
-            for (o, over) in rule.overrides.list().iter().enumerate() {
-                for (l, limit) in over.limits.iter().enumerate() {
-                    by_id.insert(limit.id, Place::Override(r, o, l));
+            for (o, ids) in h.override_ids.iter().enumerate() {
+                for (l, id) in ids.iter().enumerate() {
+                    by_id.insert(*id, Place::Override(r, o, l));
                 }
             }
         }
-        for (r, rule) in envoy.config.rules().iter().enumerate() {
-            by_id.insert(rule.limits[0].id, Place::Envoy(r));
+        for (r, h) in envoy_handles.iter().enumerate() {
+            by_id.insert(h.ids[0], Place::Envoy(r));
         }
         let per_unit = rules.rules().iter().map(|r| r.limits.iter().map(envoy::per_unit).collect()).collect();
         let installed = Installed {
-            per_unit,
             rules,
             file,
             runtime,
@@ -302,10 +324,14 @@ impl RulesSlot {
             source,
             loaded_at: SystemTime::now(),
             envoy,
-            by_id,
-            metrics,
-            unmatched: RuleMetrics::unmatched(),
-            envoy_sizes: current.envoy_sizes.clone(),
+            handles: Handles {
+                rules: handles,
+                envoy: envoy_handles,
+                unmatched: RuleMetrics::unmatched(),
+                by_id,
+                envoy_sizes: current.handles.envoy_sizes.clone(),
+                per_unit,
+            },
         };
         let version = installed.version;
         self.current.store(Arc::new(installed));
@@ -320,6 +346,11 @@ struct Parts {
     envoy: Arc<EnvoyInstalled>,
     runtime: Arc<Table>,
 }
+
+/// The prefix of Envoy rules' identities: apart from ours, whatever their names.
+const ENVOY: &str = "\u{1}envoy:";
+/// The prefix of overrides' limits' identities.
+const OVERRIDE: &str = "\u{2}";
 
 impl Ids {
     fn next(&mut self) -> LimitId {
@@ -337,13 +368,56 @@ impl Ids {
         id
     }
 
-    /// Gives every limit of `rule` its id, by (rule, limit, algorithm), and
-    /// its hottest keys.
-    fn assign(&mut self, prefix: &str, rule: &mut Rule) {
-        for limit in &mut rule.limits {
-            limit.id = self.get((format!("{prefix}{}", rule.name), limit.name.clone(), limit.algorithm.name()));
-            limit.hitters = Some(self.hitters(prefix, &rule.name, &limit.name));
+    /// The id of a limit of an override set at run time (`@ID` tags): kept
+    /// while the override is.
+    fn runtime(&mut self, override_id: &str, identity: Identity) -> LimitId {
+        let key = (override_id.to_string(), identity);
+        if let Some(&id) = self.runtime.get(&key) {
+            return id;
         }
+        let id = self.next();
+        self.runtime.insert(key, id);
+        id
+    }
+
+    /// The ids of `limits` of rule `rule` (with `prefix`), by (rule, limit, algorithm).
+    fn ids_of(&mut self, prefix: &str, rule: &str, limits: &[Limit]) -> Vec<LimitId> {
+        limits.iter().map(|l| self.get((format!("{prefix}{rule}"), l.name.clone(), l.algorithm.name()))).collect()
+    }
+
+    /// A rule's handles: its limits' ids, its overrides' (their own buckets,
+    /// the same across installs while the override has the same tag), and
+    /// its hottest keys by slot.
+    fn rule_handles(&mut self, rule: &Rule) -> RuleHandles {
+        let ids = self.ids_of("", &rule.name, &rule.limits);
+        let mut override_ids = Vec::with_capacity(rule.overrides.len());
+        for o in rule.overrides.list() {
+            let runtime = o.tag.strip_prefix('@');
+            let list = o
+                .limits
+                .iter()
+                .map(|limit| {
+                    let identity =
+                        (format!("{OVERRIDE}{}{}", rule.name, o.tag), limit.name.clone(), limit.algorithm.name());
+                    match runtime {
+                        None => self.get(identity),
+                        Some(id) => self.runtime(id, identity),
+                    }
+                })
+                .collect();
+            override_ids.push(list);
+        }
+        let names =
+            rule.limits.iter().map(|l| l.name.as_str()).chain(rule.overrides.extra_names().iter().map(String::as_str));
+        let hitters = names.map(|name| Some(self.hitters("", &rule.name, name))).collect();
+        RuleHandles { ids, override_ids, hitters, metrics: RuleMetrics::new(rule) }
+    }
+
+    /// An Envoy rule's handles: one limit, no overrides.
+    fn envoy_handles(&mut self, rule: &Rule) -> RuleHandles {
+        let ids = self.ids_of(ENVOY, &rule.name, &rule.limits);
+        let hitters = rule.limits.iter().map(|l| Some(self.hitters(ENVOY, &rule.name, &l.name))).collect();
+        RuleHandles { ids, override_ids: Vec::new(), hitters, metrics: RuleMetrics::new(rule) }
     }
 
     fn hitters(&mut self, prefix: &str, rule: &str, limit: &str) -> Arc<Hitters> {

@@ -182,7 +182,7 @@ impl Engine {
         holder: &str,
     ) -> Result<Result<Plan, NotLeasable>, RequestError> {
         request::validate(resource, d)?;
-        let Some(rule) = rules.rules.find(resource) else {
+        let Some((rule, handles)) = rules.find(resource) else {
             return Ok(Err(NotLeasable::NoRule));
         };
         if rule.breaker.is_some() {
@@ -194,7 +194,7 @@ impl Engine {
         if rule.shed_at_level.is_some() {
             return Ok(Err(NotLeasable::Shed));
         }
-        let matched = match limits_for(rule, d, &self.clock) {
+        let matched = match limits_for(rule, handles, d, &self.clock) {
             Ok(limits) => matched_in(limits, rule.per_resource(), resource, d),
             Err((_, values)) => return Ok(Err(NotLeasable::Blocked(values))),
         };

@@ -14,8 +14,8 @@
 
 use smallvec::SmallVec;
 
-use super::counters::RuleMetrics;
 use super::decide::{Matched, Prepared, limits_for, matched_in};
+use super::installed::RuleHandles;
 use super::{Engine, Installed, RequestError, request};
 use crate::rules::Rule;
 use crate::rules::envoy::{EnvoyLimit, Matched as EnvoyMatch, Unit};
@@ -42,7 +42,7 @@ pub enum Target<'r> {
     /// A limit of the Envoy configuration.
     Envoy(&'r EnvoyLimit),
     /// A limit Envoy sent with the descriptor.
-    Override { rule: &'r Rule, metrics: &'r RuleMetrics, requests_per_unit: u32, unit: Unit },
+    Override { rule: &'r Rule, handles: &'r RuleHandles, requests_per_unit: u32, unit: Unit },
     /// Our rules for the domain: the rule's position.
     Rules(usize),
 }
@@ -62,8 +62,8 @@ impl Engine {
         if let Some((requests_per_unit, unit)) = d.limit
             && (envoy.has_domain(domain) || rules.rules.position(domain).is_some())
         {
-            match rules.envoy_sizes.get(requests_per_unit, unit) {
-                Some((rule, metrics)) => return Ok(Target::Override { rule, metrics, requests_per_unit, unit }),
+            match rules.handles.envoy_sizes.get(requests_per_unit, unit) {
+                Some((rule, handles)) => return Ok(Target::Override { rule, handles, requests_per_unit, unit }),
                 // Too many sizes already: the configured limit applies.
                 None => metrics::counter!(crate::metrics::RLS_OVERRIDES_REFUSED).increment(1),
             }
@@ -89,43 +89,43 @@ impl Engine {
         let mut blocked = None;
         // The counter of an Envoy limit is per distinct list of entries, as upstream's.
         let flat = || d.entries.iter().flat_map(|(k, v)| [*k, *v]);
-        let (rule, metrics, matched): (&Rule, &RuleMetrics, Matched<'r>) = match target {
+        let (rule, handles, matched): (&Rule, &RuleHandles, Matched<'r>) = match target {
             Target::Nothing | Target::Unlimited(_) => return None,
             Target::Envoy(l) => {
-                let rule = &rules.envoy.config.rules()[l.rule];
+                let (rule, handles) = rules.envoy_rule(l.rule);
                 let key = if l.shared.is_empty() {
-                    BucketKey::new(rule.limits[0].id, flat())
+                    BucketKey::new(handles.ids[0], flat())
                 } else {
                     // `share_threshold`: every value a wildcard matches counts as the wildcard.
                     let entries = d.entries.iter().enumerate().flat_map(|(i, &(k, v))| {
                         let v = l.shared.iter().find(|(at, _)| *at == i).map_or(v, |(_, w)| w.as_str());
                         [k, v]
                     });
-                    BucketKey::new(rule.limits[0].id, entries)
+                    BucketKey::new(handles.ids[0], entries)
                 };
-                (rule, rules.envoy_metrics(l.rule), SmallVec::from_iter([(&rule.limits[0], 0, key)]))
+                (rule, handles, SmallVec::from_iter([(&rule.limits[0], 0, key)]))
             }
-            Target::Override { rule, metrics, .. } => {
-                let key = BucketKey::new(rule.limits[0].id, std::iter::once(domain).chain(flat()));
-                (rule, metrics, SmallVec::from_iter([(&rule.limits[0], 0, key)]))
+            Target::Override { rule, handles, .. } => {
+                let key = BucketKey::new(handles.ids[0], std::iter::once(domain).chain(flat()));
+                (rule, handles, SmallVec::from_iter([(&rule.limits[0], 0, key)]))
             }
             Target::Rules(i) => {
-                let rule = &rules.rules.rules()[i];
+                let (rule, handles) = rules.rule_at(i);
                 let entries = d.entries.as_slice();
-                let matched = match limits_for(rule, entries, &self.clock) {
+                let matched = match limits_for(rule, handles, entries, &self.clock) {
                     Ok(limits) => matched_in(limits, rule.per_resource(), domain, entries),
                     Err(block) => {
                         blocked = Some(block);
                         Matched::default()
                     }
                 };
-                (rule, &rules.metrics[i], matched)
+                (rule, handles, matched)
             }
         };
         let guarded = rule.breaker.is_some() || rule.concurrency.is_some();
         Some(Prepared {
-            rule: Some((rule, metrics)),
-            unmatched: &rules.unmatched,
+            rule: Some((rule, handles)),
+            unmatched: &rules.handles.unmatched,
             resource: guarded.then(|| domain.to_string()),
             request_resource: if self.sync.is_some() { domain.to_string() } else { String::new() },
             matched,

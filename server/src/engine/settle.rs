@@ -22,7 +22,7 @@ use smallvec::SmallVec;
 use super::decide::{Answer, Verdict, matched};
 use super::request::{self, Descriptors, Request, RequestError};
 use super::{Engine, Installed, LimitReport};
-use crate::rules::{LimitId, SyncMode};
+use crate::rules::SyncMode;
 use crate::store::BucketKey;
 use crate::time::Timestamp;
 
@@ -39,7 +39,7 @@ struct Pending {
     cost: u64,
     at: Timestamp,
     expires: Timestamp,
-    buckets: SmallVec<[(LimitId, BucketKey); 2]>,
+    buckets: SmallVec<[BucketKey; 2]>,
 }
 
 #[derive(Debug, Default)]
@@ -70,12 +70,12 @@ impl Engine {
         if !req.settle || req.dry_run || answer.verdict != Verdict::Allowed || self.settlements.len() >= MAX_PENDING {
             return;
         }
-        let Some(rule) = rules.rules.find(req.resource) else { return };
+        let Some((rule, handles)) = rules.find(req.resource) else { return };
         let replicated = self.sync.is_some();
-        let buckets: SmallVec<[(LimitId, BucketKey); 2]> = matched(rule, req.resource, req.descriptors, &self.clock)
+        let buckets: SmallVec<[BucketKey; 2]> = matched(rule, handles, req.resource, req.descriptors, &self.clock)
             .into_iter()
             .filter(|(l, _, _)| !(replicated && l.sync == SyncMode::Strict))
-            .map(|(l, _, k)| (l.id, k))
+            .map(|(_, _, k)| k)
             .collect();
         let now = self.clock.now();
         let ttl = rule.concurrency.map_or(super::DEFAULT_PERMIT_TTL, |c| c.permit_ttl);
@@ -131,8 +131,8 @@ impl Engine {
         if p.expires <= now {
             return Ok(false);
         }
-        for (limit, bucket) in &p.buckets {
-            let Some((_, l)) = rules.limit(*limit) else { continue };
+        for bucket in &p.buckets {
+            let Some((_, l)) = rules.limit(bucket.limit) else { continue };
             if actual > p.cost {
                 let more = actual - p.cost;
                 self.buckets.force(bucket.clone(), &l.algorithm, now, more);
@@ -159,11 +159,11 @@ impl Engine {
         if cost > u64::from(u32::MAX) {
             return Err(RequestError::CostTooLarge { field: "cost", value: cost });
         }
-        let Some(rule) = rules.rules.find(resource) else { return Ok(Charged(SmallVec::new())) };
+        let Some((rule, handles)) = rules.find(resource) else { return Ok(Charged(SmallVec::new())) };
         let now = self.clock.now();
         let replicated = self.sync.is_some();
         let mut out = SmallVec::new();
-        for (l, index, bucket) in matched(rule, resource, descriptors, &self.clock) {
+        for (l, index, bucket) in matched(rule, handles, resource, descriptors, &self.clock) {
             if cost > 0 && !(replicated && l.sync == SyncMode::Strict) {
                 self.buckets.force(bucket.clone(), &l.algorithm, now, cost);
                 self.note_replicated(l, &bucket, resource, i64::try_from(cost).unwrap_or(i64::MAX), now);

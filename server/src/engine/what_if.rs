@@ -15,8 +15,8 @@ use smallvec::SmallVec;
 use super::decide::{LimitsFor, enforced_denial, matched_in, take_all_or_nothing};
 use super::request::{Descriptors, Request};
 use crate::limiter::Decision;
-use crate::rules::{Limit, LimitId, Rule, RuleSet};
-use crate::store::{BucketKey, Buckets};
+use crate::rules::{Limit, Rule, RuleSet};
+use crate::store::{BucketKey, Buckets, LimitId};
 use crate::time::Timestamp;
 
 /// Heavy hitters kept per limit.
@@ -29,6 +29,9 @@ const MAX_KEY_BYTES: usize = 512;
 /// A what-if in progress (or finished, until the next one).
 pub struct WhatIf {
     rules: RuleSet,
+    /// Per rule, its limits' ids: identities of its own, for buckets in a
+    /// store of its own.
+    ids: Vec<Vec<LimitId>>,
     buckets: Buckets,
     started: Timestamp,
     until: Timestamp,
@@ -71,18 +74,17 @@ pub struct Report {
 
 impl WhatIf {
     /// Candidate `rules`, observed from `now` until `until`.
-    pub fn new(mut rules: RuleSet, now: Timestamp, until: Timestamp) -> WhatIf {
-        // Identities of its own: these buckets live in a store of their own.
+    pub fn new(rules: RuleSet, now: Timestamp, until: Timestamp) -> WhatIf {
         let mut next = 0u32;
-        for rule in rules.rules_mut() {
-            for limit in &mut rule.limits {
-                next += 1;
-                limit.id = LimitId(next);
-            }
-        }
+        let mut id = || {
+            next += 1;
+            LimitId(next)
+        };
+        let ids = rules.rules().iter().map(|r| r.limits.iter().map(|_| id()).collect()).collect();
         let stats = rules.rules().iter().map(|r| r.limits.iter().map(|_| LimitStats::default()).collect()).collect();
         WhatIf {
             rules,
+            ids,
             buckets: Buckets::new(MAX_KEYS),
             started: now,
             until,
@@ -106,7 +108,8 @@ impl WhatIf {
         let rule = &self.rules.rules()[i];
         let cost = u64::from(req.cost.max(1));
         // The candidate rules' own limits (their overrides are not tried).
-        let matched = matched_in(LimitsFor::own(rule), rule.per_resource(), req.resource, req.descriptors);
+        let limits = LimitsFor::own(rule, &self.ids[i]);
+        let matched = matched_in(limits, rule.per_resource(), req.resource, req.descriptors);
         // All or nothing, as the live decision: what an admitted call takes
         // stays taken; a denied call takes nothing. A cost above a limit's
         // capacity (bad input under these rules) is refused by that limit.

@@ -268,7 +268,7 @@ pub fn breaker_args(c: &BreakerConfig) -> [f64; 10] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::LimitId;
+    use crate::store::LimitId;
 
     #[test]
     fn limits_lua_defines_every_code_and_no_other() {

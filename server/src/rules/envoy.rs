@@ -21,7 +21,7 @@ use std::path::Path;
 
 use serde_yaml_ng::{Mapping, Value};
 
-use super::{Limit, LimitId, OnRedisError, Pattern, Rule, RuleError, RuleErrors, SyncMode};
+use super::{Limit, OnRedisError, Pattern, Rule, RuleError, RuleErrors, SyncMode};
 use crate::limiter::{Algorithm, fixed_window};
 
 /// A rate limit unit, with Envoy's numbers (`RateLimitResponse.RateLimit.Unit`).
@@ -279,10 +279,6 @@ impl EnvoyConfig {
         &self.rules
     }
 
-    pub(crate) fn rules_mut(&mut self) -> &mut [Rule] {
-        &mut self.rules
-    }
-
     /// The engine's limit of an Envoy limit.
     pub fn limit_of<'c>(&'c self, l: &EnvoyLimit) -> &'c Limit {
         &self.rules[l.rule].limits[0]
@@ -468,7 +464,6 @@ impl Walker<'_> {
         }
         let window = unit.seconds() * 1_000_000_000;
         let limit = Limit {
-            id: LimitId::default(),
             // Unique in the domain: the Redis key and the metrics name it.
             name: stat.to_string(),
             key: Vec::new(),
@@ -476,7 +471,6 @@ impl Walker<'_> {
             sync: SyncMode::default(),
             on_redis_error: OnRedisError::default(),
             shadow,
-            hitters: None,
             lease: None,
         };
         let rule = Rule {

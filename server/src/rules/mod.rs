@@ -16,8 +16,8 @@ pub mod duration;
 pub mod envoy;
 mod fields;
 pub mod glob;
+pub mod overrides;
 mod parse;
-pub mod tiers;
 
 pub use breaker::{Backoff, BreakerConfig, WindowKind};
 pub use fields::{RuleError, RuleErrors};
@@ -29,7 +29,7 @@ pub const MAX_NAME_BYTES: usize = 256;
 pub const MAX_DESCRIPTORS: usize = 32;
 
 /// A validated rules file, ready for matching.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct RuleSet {
     rules: Vec<Rule>,
     exact: HashMap<String, usize, ahash::RandomState>,
@@ -40,7 +40,7 @@ pub struct RuleSet {
 }
 
 /// Everything configured for one resource name or pattern.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Rule {
     /// The name or pattern as written.
     pub name: String,
@@ -55,7 +55,7 @@ pub struct Rule {
     /// used go first.
     pub max_breakers: usize,
     /// Other limits (or a block) for some descriptor values.
-    pub overrides: tiers::Overrides,
+    pub overrides: overrides::Overrides,
 }
 
 /// How many resources a template rule keeps breakers for, unless it says.
@@ -69,12 +69,11 @@ pub enum Pattern {
     Default,
 }
 
-/// One bucket definition.
-#[derive(Clone, Debug)]
+/// One bucket definition: plain data. What the engine keeps for it while it
+/// is in force (its id in the bucket store, its hottest keys) sits beside it,
+/// in `engine::installed`.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Limit {
-    /// Stable across reloads while the resource, name and algorithm stay; set
-    /// by the engine when the rules are installed.
-    pub id: LimitId,
     pub name: String,
     /// Descriptor names whose values select the bucket; empty for one global bucket.
     pub key: Vec<String>,
@@ -84,16 +83,9 @@ pub struct Limit {
     /// Evaluated and counted, never enforced: a denial by this limit leaves
     /// the verdict alone (the answer says it would have denied).
     pub shadow: bool,
-    /// Its hottest keys; shared by the limits of the same rule and name (an
-    /// override's), kept across installs; set by the engine at install.
-    pub hitters: Option<std::sync::Arc<crate::hitters::Hitters>>,
     /// Clients may lease a share of it for up to this long (`lease: 2s`).
     pub lease: Option<Duration>,
 }
-
-/// A limit's identity in the bucket store.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LimitId(pub u32);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Concurrency {
@@ -168,21 +160,17 @@ impl RuleSet {
         &self.tiers
     }
 
-    pub(crate) fn rules_mut(&mut self) -> &mut [Rule] {
-        &mut self.rules
-    }
-
     /// Replaces the overrides of the rule named `name` (as written); false
     /// when there is none. Limits must still get their ids, at install.
     /// An override without a tag is tagged by its position (`#j`).
-    pub fn set_overrides(&mut self, name: &str, mut list: Vec<tiers::Override>) -> bool {
+    pub fn set_overrides(&mut self, name: &str, mut list: Vec<overrides::Override>) -> bool {
         let Some(rule) = self.rules.iter_mut().find(|r| r.name == name) else { return false };
         for (j, o) in list.iter_mut().enumerate() {
             if o.tag.is_empty() {
                 o.tag = format!("#{j}");
             }
         }
-        rule.overrides = tiers::Overrides::new(&rule.limits, list);
+        rule.overrides = overrides::Overrides::new(&rule.limits, list);
         true
     }
 }

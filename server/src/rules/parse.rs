@@ -7,10 +7,9 @@ use serde_yaml_ng::Value;
 
 use super::fields::{Collector, Fields, RuleErrors};
 use super::glob::Glob;
-use super::tiers::{Action, Override, Overrides};
+use super::overrides::{Action, Override, Overrides};
 use super::{
-    BreakerConfig, Concurrency, Limit, LimitId, MAX_DESCRIPTORS, MAX_NAME_BYTES, OnRedisError, Pattern, Rule, RuleSet,
-    SyncMode,
+    BreakerConfig, Concurrency, Limit, MAX_DESCRIPTORS, MAX_NAME_BYTES, OnRedisError, Pattern, Rule, RuleSet, SyncMode,
 };
 use crate::limiter::leaky_bucket::Mode;
 use crate::limiter::rate::Rate;
@@ -18,7 +17,7 @@ use crate::limiter::{
     Algorithm, Kind, calendar, fixed_window, gcra, leaky_bucket, sliding_window, sliding_window_log, token_bucket,
 };
 
-use super::tiers::MAX_AMOUNT;
+use super::overrides::MAX_AMOUNT;
 /// The longest window or refill period (about 31 years).
 const MAX_SPAN_NANOS: u64 = 1_000_000_000_000_000_000;
 const MIN_WINDOW: Duration = Duration::from_millis(1);
@@ -313,14 +312,12 @@ fn limit(f: &Fields<'_>) -> Option<Limit> {
     let shadow = f.flag("shadow");
     let lease = lease(f, algorithm.as_ref());
     Some(Limit {
-        id: LimitId::default(),
         name: name?,
         key,
         algorithm: algorithm?,
         sync: sync.unwrap_or_default(),
         on_redis_error: on_error.unwrap_or_default(),
         shadow,
-        hitters: None,
         lease,
     })
 }

@@ -260,3 +260,13 @@ resources:
         assert!(e.iter().any(|e| e.ends_with(want)), "missing {want:?} in {e:#?}");
     }
 }
+
+#[test]
+fn validated_rules_are_plain_data_compared_as_such() {
+    // Nothing the engine keeps at run time (ids, hottest keys, counters) is
+    // inside the rules: the same file read twice is the same value.
+    let a = RuleSet::from_yaml(SPEC_EXAMPLE, "a.yaml").unwrap();
+    assert_eq!(a, RuleSet::from_yaml(SPEC_EXAMPLE, "b.yaml").unwrap());
+    let changed = SPEC_EXAMPLE.replace("capacity: 200", "capacity: 201");
+    assert_ne!(a, RuleSet::from_yaml(&changed, "a.yaml").unwrap());
+}

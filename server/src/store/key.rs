@@ -2,7 +2,11 @@
 
 use compact_str::CompactString;
 
-use crate::rules::LimitId;
+/// A limit's identity in the bucket store: given by the engine when rules
+/// are installed, and stable across installs while the limit keeps its
+/// rule, name and algorithm.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LimitId(pub u32);
 
 /// One bucket: a limit and its scope (the resource for per-resource rules, then
 /// the values of the limit's key descriptors). Scopes up to 24 bytes are stored

@@ -12,12 +12,11 @@ use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 
 use crate::limiter::{Algorithm, Bucket, Decision};
-use crate::rules::LimitId;
 use crate::time::Timestamp;
 
 mod key;
 
-pub use key::BucketKey;
+pub use key::{BucketKey, LimitId};
 
 /// Shards: enough that two cores rarely meet on one lock, and small enough
 /// that a sweep holds each lock only briefly.

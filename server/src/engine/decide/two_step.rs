@@ -8,8 +8,8 @@ use smallvec::SmallVec;
 
 use super::{Answer, Matched, Prepared, Verdict, fill_limits};
 use crate::engine::Engine;
-use crate::engine::counters::RuleMetrics;
 use crate::engine::guards::{Admitted, Ask, Denial, Guards};
+use crate::engine::installed::RuleHandles;
 use crate::engine::sync::{RemoteBreaker, decided_by_redis};
 use crate::limiter::{Decision, Status};
 use crate::rules::{Limit, OnRedisError, Rule};
@@ -34,7 +34,7 @@ pub enum Step<'r> {
 pub struct Pending<'r> {
     answer: Answer<'r>,
     rule: &'r Rule,
-    metrics: &'r RuleMetrics,
+    handles: &'r RuleHandles,
     resource: Option<String>,
     request_resource: String,
     admitted: Option<Admitted>,
@@ -74,7 +74,7 @@ impl Engine {
     #[inline]
     pub fn begin<'r>(&self, p: Prepared<'r>, now: Timestamp) -> Step<'r> {
         let level = self.levels.current();
-        let Some((rule, metrics)) = p.rule else {
+        let Some((rule, handles)) = p.rule else {
             let answer = Answer::allowed(level);
             if !p.dry_run {
                 answer.count(p.unmatched);
@@ -91,7 +91,7 @@ impl Engine {
                 ..Answer::allowed(level)
             };
             if !p.dry_run {
-                answer.count(metrics);
+                answer.count(&handles.metrics);
             }
             return Step::Done(answer);
         }
@@ -102,16 +102,16 @@ impl Engine {
         if unguarded && !redis_limits {
             // The common case, without the machinery for guards and Redis.
             let mut answer = Answer { rule: Some(&rule.name), ..Answer::allowed(level) };
-            self.decide_limits(&mut answer, &p.matched, &p.request_resource, now, p.cost, p.dry_run);
+            self.decide_limits(&mut answer, handles, &p.matched, &p.request_resource, now, p.cost, p.dry_run);
             if !p.dry_run {
-                answer.count(metrics);
+                answer.count(&handles.metrics);
             }
             return Step::Done(answer);
         }
         let mut pending = Pending {
             answer: Answer { rule: Some(&rule.name), ..Answer::allowed(level) },
             rule,
-            metrics,
+            handles,
             admitted: None,
             limits: SmallVec::new(),
             cost: p.cost,
@@ -128,7 +128,7 @@ impl Engine {
         if !redis_limits {
             let (now, cost, dry_run) = (pending.now, pending.cost, pending.dry_run);
             let resource = std::mem::take(&mut pending.request_resource);
-            self.decide_limits(&mut pending.answer, &p.matched, &resource, now, cost, dry_run);
+            self.decide_limits(&mut pending.answer, handles, &p.matched, &resource, now, cost, dry_run);
             return Step::Done(self.settle(pending));
         }
         let (remote, local): (Matched<'r>, Matched<'r>) =
@@ -189,7 +189,7 @@ impl Engine {
         let matched: Matched<'r> = p.limits.iter().map(|(l, i, k, _)| (*l, *i, k.clone())).collect();
         fill_limits(&mut p.answer, &matched, &decisions);
         if !p.dry_run {
-            super::observe_hitters(&matched, &decisions, p.now);
+            super::observe_hitters(p.handles, &matched, &decisions, p.now);
         }
         self.settle(p)
     }
@@ -207,7 +207,7 @@ impl Engine {
             }
         }
         if !p.dry_run {
-            p.answer.count(p.metrics);
+            p.answer.count(&p.handles.metrics);
         }
         p.answer
     }

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 
-use crate::rules::LimitId;
 use crate::store::BucketKey;
+use crate::store::LimitId;
 use crate::time::{Timestamp, duration_nanos};
 
 /// One replicated bucket's consumption since its last sync.

@@ -151,7 +151,7 @@ impl Replica {
     /// Notes units a replicated limit took (or, negative, gave back).
     pub(super) fn note(&self, l: &Limit, key: &BucketKey, resource: &str, units: i64, now: Timestamp) {
         if l.sync == SyncMode::Replicated {
-            self.dirty.note(key, resource, l.id, units, now);
+            self.dirty.note(key, resource, key.limit, units, now);
         }
     }
 

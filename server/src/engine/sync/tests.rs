@@ -75,7 +75,7 @@ fn while_redis_is_down_every_strict_decision_follows_its_policy() {
     assert!(!sync.up(), "Redis has not answered yet");
     // Redis last said 18 were left on "local": this replica's share is 9.
     let rules = e.rules_full();
-    let key = crate::store::BucketKey::global(rules.rules.find("local").unwrap().limits[0].id);
+    let key = crate::store::BucketKey::global(rules.find("local").unwrap().1.ids[0]);
     sync.saw_strict(&key, "local", 18, clock.now());
     assert_eq!(admitted(&e, "local", 20), 9);
     assert_eq!(admitted(&e, "deny", 20), 0, "every request of the outage, not only the first");

@@ -37,7 +37,7 @@ pub enum Action {
 }
 
 /// One override of a resource.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Override {
     /// Descriptor values that must all be present.
     pub when: Vec<(String, String)>,
@@ -140,7 +140,7 @@ fn scaled(l: &Limit, factor: f64) -> Limit {
 }
 
 /// A resource's overrides, indexed by their first descriptor value.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Overrides {
     list: Vec<Override>,
     /// First `when` key, then its value: the overrides starting with it, in order.
@@ -197,18 +197,14 @@ impl Overrides {
         &self.list
     }
 
-    pub(crate) fn list_mut(&mut self) -> &mut [Override] {
-        &mut self.list
-    }
-
     /// The first override (in order) whose values the request carries and
     /// that has not ended at `now()` (nanoseconds since the epoch; asked only
-    /// of an override that ends).
+    /// of an override that ends), with its position in [`Overrides::list`].
     pub fn find<'a, 'd>(
         &'a self,
         get: impl Fn(&str) -> Option<&'d str>,
         now: impl Fn() -> u64,
-    ) -> Option<&'a Override> {
+    ) -> Option<(usize, &'a Override)> {
         let mut best: Option<u32> = None;
         for (key, by_value) in &self.index {
             let Some(value) = get(key) else { continue };
@@ -225,7 +221,7 @@ impl Overrides {
                 }
             }
         }
-        best.map(|i| &self.list[i as usize])
+        best.map(|i| (i as usize, &self.list[i as usize]))
     }
 }
 
@@ -256,7 +252,7 @@ mod tests {
         );
         let find = |pairs: &[(&str, &str)]| {
             let found = set.find(|k| pairs.iter().find(|(pk, _)| *pk == k).map(|(_, v)| *v), || 0);
-            found.map(|o| o.action.clone())
+            found.map(|(_, o)| o.action.clone())
         };
         assert_eq!(find(&[("tenant", "acme"), ("plan", "gold")]), Some(Action::Factor(1.0)));
         assert_eq!(find(&[("tenant", "acme")]), Some(Action::Factor(3.0)), "all values must match");
@@ -268,7 +264,7 @@ mod tests {
     #[test]
     fn an_ended_override_gives_way_to_the_next_that_matches() {
         let set = Overrides::new(&[], vec![o(&[("tenant", "acme")], 2.0).until(100), o(&[("tenant", "acme")], 3.0)]);
-        let at = |now| set.find(|k| (k == "tenant").then_some("acme"), || now).map(|o| o.action.clone());
+        let at = |now| set.find(|k| (k == "tenant").then_some("acme"), || now).map(|(_, o)| o.action.clone());
         assert_eq!(at(99), Some(Action::Factor(2.0)));
         assert_eq!(at(100), Some(Action::Factor(3.0)), "ended at its `until`, exactly");
     }
