@@ -247,3 +247,47 @@ async fn the_grpc_port_advertises_max_concurrent_streams() {
     .await;
     assert_eq!(streams, 77);
 }
+
+/// Flags that cannot work are refused before the server binds a port or
+/// connects anywhere: it exits at once, naming the flag.
+#[test]
+fn flags_that_cannot_work_are_refused_before_anything_starts() {
+    let dir = TempDir::new();
+    let overrides = dir.path("overrides.jsonl");
+    let overrides = overrides.to_str().unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (&["--sync-interval", "0s"], "--sync-interval"),
+        (&["--redis-timeout", "0ms"], "--redis-timeout"),
+        (&["--sweep-interval", "0s"], "--sweep-interval"),
+        (&["--max-keys", "0"], "--max-keys"),
+        (&["--threads", "0"], "--threads"),
+        (&["--max-connections", "0"], "--max-connections"),
+        (&["--max-concurrent-streams", "0"], "--max-concurrent-streams"),
+        (&["--max-watchers", "0"], "--max-watchers"),
+        // Port 1 on loopback: nothing listens, so a server that got as far as
+        // connecting would sit retrying rather than exit.
+        (&["--overrides-file", overrides, "--redis", "redis://127.0.0.1:1"], "--overrides-file"),
+    ];
+    for (args, flag) in cases {
+        let mut child = std::process::Command::new(BIN)
+            .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
+            .args(*args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while child.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                child.kill().unwrap();
+                panic!("{args:?}: the server started instead of refusing");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(out.stdout.is_empty(), "{args:?}: the server said it listens");
+        assert!(stderr.contains(flag), "{args:?}: {stderr}");
+    }
+}

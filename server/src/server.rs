@@ -1,4 +1,6 @@
-//! The server entry: `run(options, listeners, shutdown)`. `main` only parses flags.
+//! The server entry: `run(options, listeners, shutdown)`. `main` only parses
+//! flags. `run` is a short sequence of named steps: every conflict between
+//! options is refused before anything connects, spawns or listens.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -13,6 +15,7 @@ use crate::access::{Access, AccessConfig};
 use crate::decider::{self, Decider, Origin};
 use crate::engine::{self, Engine, EngineConfig};
 use crate::listen::{Limits, Port, Tls, TlsFiles};
+use crate::replication::Replication;
 use crate::rules::envoy::EnvoyConfig;
 use crate::rules::{RuleErrors, RuleSet};
 use crate::time::SharedClock;
@@ -70,6 +73,36 @@ pub async fn run(
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    check(&opts)?;
+    let prometheus = start_metrics();
+    let access = Access::load(opts.access.clone()).context("loading the admin tokens")?;
+    let _tokens = access.watch()?;
+    if !access.credentials_configured() {
+        tracing::warn!("no admin credential configured: Admin answers only on loopback (see --admin-token-file)");
+    }
+    let tls = load_tls(&opts)?;
+    let engine = build_engine(&opts);
+    let sources = install_sources(&opts, &engine)?;
+    let replication = start_replication(&opts, &engine).await?;
+    let decider =
+        Arc::new(Decider::new(engine.clone(), replication).with_rls(opts.rls).with_overrides(opts.overrides.clone()));
+    if !decider.overrides_persisted() {
+        tracing::info!("overrides set through Admin are kept in memory only (see --overrides-file)");
+    }
+    let _background = spawn_background(&opts, &engine, &decider, sources)?;
+    serve(opts, listeners, decider, access, tls, prometheus, shutdown).await
+}
+
+/// Options that cannot go together, refused before anything starts.
+fn check(opts: &Options) -> anyhow::Result<()> {
+    if opts.replication.is_some() && opts.overrides.file.is_some() {
+        anyhow::bail!("--overrides-file is for a server without Redis: with Redis, overrides are kept there");
+    }
+    Ok(())
+}
+
+/// The Prometheus recorder, and its upkeep every five seconds.
+fn start_metrics() -> Option<metrics_exporter_prometheus::PrometheusHandle> {
     let prometheus = crate::metrics::install();
     if let Some(handle) = prometheus.clone() {
         tokio::spawn(async move {
@@ -80,84 +113,123 @@ pub async fn run(
             }
         });
     }
-    let access = Access::load(opts.access.clone()).context("loading the admin tokens")?;
-    let _tokens = access.watch()?;
-    if !access.credentials_configured() {
-        tracing::warn!("no admin credential configured: Admin answers only on loopback (see --admin-token-file)");
-    }
-    let (grpc_tls, http_tls) = match &opts.tls {
-        Some(files) => {
-            let grpc = Tls::load(files.clone(), &[b"h2"]).context("TLS for gRPC")?;
-            let http = Tls::load(files.clone(), &[b"h2", b"http/1.1"]).context("TLS for HTTP")?;
-            (Some(grpc), Some(http))
-        }
-        None => (None, None),
-    };
-    let _tls_watch = [&grpc_tls, &http_tls].into_iter().flatten().map(|t| t.watch()).collect::<Result<Vec<_>, _>>()?;
+    prometheus
+}
 
-    let replicated = opts.replication.is_some();
+/// TLS for each port (both or neither), reloaded when the files change.
+struct PortsTls {
+    grpc: Option<Arc<Tls>>,
+    http: Option<Arc<Tls>>,
+}
+
+fn load_tls(opts: &Options) -> anyhow::Result<PortsTls> {
+    let Some(files) = &opts.tls else { return Ok(PortsTls { grpc: None, http: None }) };
+    let grpc = Tls::load(files.clone(), &[b"h2"]).context("TLS for gRPC")?;
+    let http = Tls::load(files.clone(), &[b"h2", b"http/1.1"]).context("TLS for HTTP")?;
+    grpc.watch()?;
+    http.watch()?;
+    Ok(PortsTls { grpc: Some(grpc), http: Some(http) })
+}
+
+fn build_engine(opts: &Options) -> Arc<Engine> {
     metrics::gauge!(crate::metrics::MAX_KEYS).set(opts.max_keys as f64);
-    let engine = Arc::new(Engine::new(EngineConfig { max_keys: opts.max_keys, replicated }, opts.clock.clone()));
-    // Rules first: rules another replica applied through Admin (stored in
-    // Redis) then win over the file until it changes.
-    let watched = install_rules_in_force(&opts, &engine)?;
-    let envoy_watched = match &opts.envoy_config {
+    let config = EngineConfig { max_keys: opts.max_keys, replicated: opts.replication.is_some() };
+    Arc::new(Engine::new(config, opts.clock.clone()))
+}
+
+/// What the server reads at start and then watches.
+struct Sources {
+    /// The rules file and the text read from it.
+    rules: Option<(PathBuf, String)>,
+    /// The envoyproxy/ratelimit directory and the text read from it.
+    envoy: Option<(PathBuf, String)>,
+}
+
+/// The rules file (or the embedded rules), the Envoy configuration and the
+/// overrides file, installed before replication starts: rules another
+/// replica applied through Admin (stored in Redis) then win over the file
+/// until it changes.
+fn install_sources(opts: &Options, engine: &Engine) -> anyhow::Result<Sources> {
+    let rules = install_rules_in_force(opts, engine)?;
+    let envoy = match &opts.envoy_config {
         Some(dir) => {
             let (config, text) = EnvoyConfig::load_dir(dir).map_err(|e| anyhow::anyhow!("{e}"))?;
             let domains = config.domains().count();
-            let version = decider::install_envoy(&engine, config, text.clone(), dir);
+            let version = decider::install_envoy(engine, config, text.clone(), dir);
             tracing::info!(dir = %dir.display(), domains, version, "envoyproxy/ratelimit configuration loaded");
             Some((dir.clone(), text))
         }
         None => None,
     };
-    let replication = match opts.replication.clone() {
-        Some(config) => {
-            tracing::info!(target = ?config.target, sync_interval = ?config.sync_interval, "replicating through Redis");
-            Some(crate::replication::Replication::start(config, engine.clone()).await?)
-        }
-        None => None,
-    };
-    if replicated && opts.overrides.file.is_some() {
-        anyhow::bail!("--overrides-file is for a server without Redis: with Redis, overrides are kept there");
-    }
     if let Some(path) = &opts.overrides.file {
         let table = decider::read_overrides_file(path, opts.overrides.max).context("reading the overrides file")?;
         let (count, version) = (table.len(), engine.install_overrides(Arc::new(table), Default::default()));
         tracing::info!(file = %path.display(), count, version, "overrides set at run time restored");
     }
-    let decider =
-        Arc::new(Decider::new(engine.clone(), replication).with_rls(opts.rls).with_overrides(opts.overrides.clone()));
-    if !decider.overrides_persisted() {
-        tracing::info!("overrides set through Admin are kept in memory only (see --overrides-file)");
-    }
-    let _reloader = match watched {
-        Some((path, text)) => {
-            Some(reload::spawn(path, decider.clone(), text, opts.reload_quiet).context("watching the rules file")?)
-        }
-        None => None,
-    };
-    let _envoy_reloader = match envoy_watched {
-        Some((dir, text)) => Some(
-            reload::spawn_envoy(dir, decider.clone(), text, opts.reload_quiet)
-                .context("watching the envoyproxy/ratelimit configuration")?,
-        ),
-        None => None,
-    };
-    let _sweeper = engine::spawn_sweeper(&engine, opts.sweep_interval);
-    let _expiry = spawn_override_expiry(&decider);
-    // Permit expiry, HALF_OPEN probe expiry and the degradation level.
-    let _ticker = engine::spawn_ticker(&engine, Duration::from_millis(100));
+    Ok(Sources { rules, envoy })
+}
 
+async fn start_replication(opts: &Options, engine: &Arc<Engine>) -> anyhow::Result<Option<Arc<Replication>>> {
+    let Some(config) = opts.replication.clone() else { return Ok(None) };
+    tracing::info!(target = ?config.target, sync_interval = ?config.sync_interval, "replicating through Redis");
+    Ok(Some(Replication::start(config, engine.clone()).await?))
+}
+
+/// Everything that runs beside the ports; stopped when dropped.
+struct Background(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        self.0.iter().for_each(|t| t.abort());
+    }
+}
+
+/// The file watchers, and the sweeper, the ticker (permit and probe expiry,
+/// the degradation level) and the override expiry.
+fn spawn_background(
+    opts: &Options,
+    engine: &Arc<Engine>,
+    decider: &Arc<Decider>,
+    sources: Sources,
+) -> anyhow::Result<Background> {
+    let mut tasks = Vec::new();
+    if let Some((path, text)) = sources.rules {
+        tasks.push(reload::spawn(path, decider.clone(), text, opts.reload_quiet).context("watching the rules file")?);
+    }
+    if let Some((dir, text)) = sources.envoy {
+        let watcher = reload::spawn_envoy(dir, decider.clone(), text, opts.reload_quiet)
+            .context("watching the envoyproxy/ratelimit configuration")?;
+        tasks.push(watcher);
+    }
+    tasks.extend([
+        engine::spawn_sweeper(engine, opts.sweep_interval),
+        engine::spawn_ticker(engine, Duration::from_millis(100)),
+        // Overrides that have ended stopped applying at their expiry
+        // already; this removes them within a second.
+        crate::runtime::every(Duration::from_secs(1), decider, |d| async move { d.expire_overrides().await }),
+    ]);
+    Ok(Background(tasks))
+}
+
+/// Both ports, until `shutdown`; then a drain of at most the grace period.
+async fn serve(
+    opts: Options,
+    listeners: Listeners,
+    decider: Arc<Decider>,
+    access: Arc<Access>,
+    tls: PortsTls,
+    prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     let (reporter, health_service) = tonic_health::server::health_reporter();
     reporter.set_service_status("", tonic_health::ServingStatus::Serving).await;
     let routes = grpc::routes(decider.clone(), health_service, access.clone(), opts.max_watchers)?;
-    let health = http::HttpState::new(decider, prometheus, access.clone());
+    let health = http::HttpState::new(decider, prometheus, access);
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let limits = opts.limits;
-    let grpc_port = Port { name: "grpc", listener: listeners.grpc, tls: grpc_tls, limits };
-    let http_port = Port { name: "http", listener: listeners.http, tls: http_tls, limits };
+    let grpc_port = Port { name: "grpc", listener: listeners.grpc, tls: tls.grpc, limits };
+    let http_port = Port { name: "http", listener: listeners.http, tls: tls.http, limits };
     let service =
         tower::ServiceBuilder::new().layer(grpc::ObserveLayer::new()).layer(grpc::SizeLayer).service(routes.prepare());
     let grpc = grpc::serve(grpc_port, service, stopped(stop_rx.clone()));
@@ -186,21 +258,6 @@ pub async fn run(
     }
     tracing::info!("stopped");
     Ok(())
-}
-
-/// Every second, removes the overrides that have ended (they stopped
-/// applying at their expiry already).
-fn spawn_override_expiry(decider: &Arc<Decider>) -> tokio::task::JoinHandle<()> {
-    let weak = Arc::downgrade(decider);
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            let Some(decider) = weak.upgrade() else { return };
-            decider.expire_overrides().await;
-        }
-    })
 }
 
 async fn stopped(mut rx: watch::Receiver<bool>) {

@@ -123,3 +123,22 @@ fn init_logging(
 pub(crate) fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     crate::rules::duration::parse(s)
 }
+
+/// A duration flag that must be above zero (an interval or a timeout: zero
+/// would spin, or give up at once).
+pub(crate) fn parse_positive_duration(s: &str) -> Result<std::time::Duration, String> {
+    let d = parse_duration(s)?;
+    if d.is_zero() {
+        return Err("must be above 0".into());
+    }
+    Ok(d)
+}
+
+/// A count flag that must be at least 1.
+pub(crate) fn parse_positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}

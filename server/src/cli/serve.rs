@@ -29,11 +29,11 @@ pub struct ServeArgs {
     http_listen: SocketAddr,
 
     /// The most buckets held in memory; beyond it the least recently used are evicted.
-    #[arg(long, default_value_t = 10_000_000)]
+    #[arg(long, default_value_t = 10_000_000, value_parser = super::parse_positive)]
     max_keys: usize,
 
     /// How often idle buckets are forgotten.
-    #[arg(long, default_value = "10s", value_parser = super::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = super::parse_positive_duration)]
     sweep_interval: Duration,
 
     /// How long in-flight calls may take to finish after SIGTERM or SIGINT.
@@ -50,11 +50,11 @@ pub struct ServeArgs {
     redis_cluster: Vec<String>,
 
     /// How often replicated limits and breakers are synced with Redis.
-    #[arg(long, default_value = "100ms", value_parser = super::parse_duration)]
+    #[arg(long, default_value = "100ms", value_parser = super::parse_positive_duration)]
     sync_interval: Duration,
 
     /// The longest any call waits for Redis.
-    #[arg(long, default_value = "50ms", value_parser = super::parse_duration)]
+    #[arg(long, default_value = "50ms", value_parser = super::parse_positive_duration)]
     redis_timeout: Duration,
 
     /// This replica's name among the live replicas (default: host and process id).
@@ -62,7 +62,7 @@ pub struct ServeArgs {
     replica_id: Option<String>,
 
     /// Worker threads (default: one per core).
-    #[arg(long)]
+    #[arg(long, value_parser = super::parse_positive)]
     threads: Option<usize>,
 
     /// How long the rules file must stay unchanged before it is read again
@@ -73,7 +73,7 @@ pub struct ServeArgs {
     /// Keep overrides set through Admin in this file (JSON lines, written
     /// atomically, read at start) on a server without Redis; with Redis they
     /// are kept there. Without either they last until the process ends.
-    #[arg(long, env = "FLOODGATE_OVERRIDES_FILE")]
+    #[arg(long, env = "FLOODGATE_OVERRIDES_FILE", conflicts_with_all = ["redis", "redis_cluster"])]
     overrides_file: Option<PathBuf>,
 
     /// The most overrides set through Admin that the server keeps.
@@ -120,7 +120,7 @@ struct OtlpArgs {
 #[derive(Args, Debug)]
 struct LimitArgs {
     /// Connections open at once, per port; beyond it new ones are closed.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = 10_000, value_parser = super::parse_positive)]
     max_connections: usize,
     /// From accept to a finished TLS handshake, or to a plaintext first byte.
     #[arg(long, default_value = "10s", value_parser = super::parse_duration)]
@@ -132,7 +132,7 @@ struct LimitArgs {
     #[arg(long, default_value = "10s", value_parser = super::parse_duration)]
     header_read_timeout: Duration,
     /// HTTP/2 streams (calls in flight) per connection.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
     max_concurrent_streams: u32,
     /// HTTP/2 keepalive pings: how often.
     #[arg(long, default_value = "60s", value_parser = super::parse_duration)]
@@ -141,7 +141,7 @@ struct LimitArgs {
     #[arg(long, default_value = "20s", value_parser = super::parse_duration)]
     keepalive_timeout: Duration,
     /// Watch streams open at once.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, value_parser = super::parse_positive)]
     max_watchers: usize,
 }
 
@@ -245,19 +245,19 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Some(target) => Some(replication::Config {
             target,
             credentials,
-            sync_interval: args.sync_interval.max(Duration::from_millis(1)),
-            timeout: args.redis_timeout.max(Duration::from_millis(1)),
+            sync_interval: args.sync_interval,
+            timeout: args.redis_timeout,
             replica_id: args.replica_id.unwrap_or_else(default_replica_id),
         }),
         None => None,
     };
     let l = &args.limits;
     let limits = Limits {
-        max_connections: l.max_connections.max(1),
+        max_connections: l.max_connections,
         handshake_timeout: l.handshake_timeout,
         idle_timeout: l.idle_timeout,
         header_read_timeout: l.header_read_timeout,
-        max_concurrent_streams: l.max_concurrent_streams.max(1),
+        max_concurrent_streams: l.max_concurrent_streams,
         keepalive_interval: l.keepalive_interval,
         keepalive_timeout: l.keepalive_timeout,
     };
@@ -283,7 +283,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         sweep_interval: args.sweep_interval,
         shutdown_grace: args.shutdown_grace,
         limits,
-        max_watchers: l.max_watchers.max(1),
+        max_watchers: l.max_watchers,
         overrides: crate::decider::OverrideOptions { file: args.overrides_file, max: args.max_overrides },
         tls,
         access,

@@ -161,31 +161,15 @@ impl Engine {
 
 /// Runs [`Engine::tick`] every `every` until the engine is dropped.
 pub fn spawn_ticker(engine: &Arc<Engine>, every: Duration) -> tokio::task::JoinHandle<()> {
-    let weak = Arc::downgrade(engine);
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            let Some(engine) = weak.upgrade() else { return };
-            engine.tick();
-        }
-    })
+    crate::runtime::every(every, engine, |engine| async move { engine.tick() })
 }
 
-/// Runs [`Engine::sweep`] every `every` until the engine is dropped.
+/// Runs [`Engine::sweep`] every `every` (off the async workers: it walks
+/// every bucket) until the engine is dropped.
 pub fn spawn_sweeper(engine: &Arc<Engine>, every: Duration) -> tokio::task::JoinHandle<()> {
-    let weak = Arc::downgrade(engine);
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
-        loop {
-            tick.tick().await;
-            let Some(engine) = weak.upgrade() else { return };
-            let removed = tokio::task::spawn_blocking(move || engine.sweep()).await.unwrap_or(0);
-            tracing::debug!(removed, "swept idle buckets");
-        }
+    crate::runtime::every(every, engine, |engine| async move {
+        let removed = tokio::task::spawn_blocking(move || engine.sweep()).await.unwrap_or(0);
+        tracing::debug!(removed, "swept idle buckets");
     })
 }
 
