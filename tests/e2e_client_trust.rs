@@ -53,9 +53,15 @@ async fn a_cancelled_probe_does_not_cut_the_client_off() {
         assert_eq!(c.acquire(&ask).await.unwrap().source, Source::FailOpen);
     }
     assert!(c.is_degraded(), "three timeouts in a row open the local breaker");
-    // After the cool-down one call probes; an outer timeout cancels it.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let _ = tokio::time::timeout(Duration::from_millis(5), c.acquire(&ask)).await;
+    // After the cool-down one call probes (it is sent: the client's count of
+    // calls sent grows); an outer timeout cancels it. Until then each call is
+    // answered without the server.
+    eventually("a call that probes the stopped server", Duration::from_secs(10), || async {
+        let sent = c.stats().rpcs;
+        let _ = tokio::time::timeout(Duration::from_millis(5), c.acquire(&ask)).await;
+        (c.stats().rpcs > sent).then_some(())
+    })
+    .await;
     signal(fg.pid(), "CONT");
     let reached = eventually("a call that reaches the server again", Duration::from_secs(10), || async {
         let d = c.acquire(&ask).await.unwrap();

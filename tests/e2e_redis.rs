@@ -413,8 +413,8 @@ async fn a_replicated_fixed_window_reports_when_its_window_really_ends() {
     let mut client = a.client().await;
     let ask = || acquire("hourly", &[("user", "u1")], 1);
     client.acquire(ask()).await.unwrap();
-    // Past a sync or two: the bucket is now this replica's lease of Redis's window.
-    tokio::time::sleep(Duration::from_millis(350)).await;
+    // Past two syncs: the bucket is now this replica's lease of Redis's window.
+    wait_syncs(&a, 2);
     let r = client.acquire(ask()).await.unwrap().into_inner();
     let reset = r.limits[0].reset_after.as_ref().map_or(0, |d| d.seconds);
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();

@@ -20,6 +20,10 @@ pub enum Error {
     /// A layer was given a header or metadata name that cannot be one.
     #[error("'{name}' is not a valid header name")]
     InvalidHeader { name: String },
+    /// The server answered something the protocol does not allow (a batch
+    /// answered with fewer or more answers than questions).
+    #[error("the server's answer breaks the protocol: {0}")]
+    Protocol(String),
 }
 
 /// A header (or gRPC metadata) name, checked.

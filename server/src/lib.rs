@@ -17,7 +17,7 @@
 //!   breakers and permits; `engine::sync` keeps what replication needs.
 //! - [`events`]: transitions and reloads, for Watch; [`metrics`]: names and the recorder;
 //!   [`traces`]: spans over OTLP, continuing the caller's trace.
-//! - [`rules`]: the rules file, validated into types that cannot hold a bad value;
+//! - [`rules`]: the rules file, validated into plain data that cannot hold a bad value;
 //!   [`overrides`]: overrides set at run time, merged into the rules at install.
 //! - [`hitters`]: each limit's hottest keys (Space-Saving sketches).
 //! - [`store`]: every bucket, sharded in memory, with idle and LRU eviction.
@@ -25,9 +25,13 @@
 //! - [`breaker`], [`degradation`]: the breaker state machine and the levels.
 //! - [`time`]: the injected clock; [`runtime`]: the Tokio runtime.
 //!
-//! Dependencies point down this list only: `cli` -> `server` -> `grpc`/`http`
-//! -> `decider` -> `replication` -> `engine` -> `store`/`limiter`/`breaker`
-//! -> `rules` -> `time`; `events` and `metrics` sit below `engine`.
+//! Dependencies point down only (`scripts/module-cycles` checks there is no
+//! cycle):
+//! - `cli` -> `server` -> `grpc`, `http` -> `decider` -> `replication` -> `engine`;
+//! - `engine` -> `store`, `events`, `overrides`, `hitters`;
+//! - `events` -> `degradation` -> `breaker` -> `rules` -> `limiter` -> `time`;
+//! - `store` -> `limiter`; `overrides` -> `rules`; `metrics` and `hitters`
+//!   import nothing of the crate.
 
 pub mod access;
 pub mod bench;

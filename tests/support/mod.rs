@@ -69,6 +69,21 @@ pub fn wait_live(fg: &Floodgate, n: u32) {
     }
 }
 
+/// Waits until `fg` has finished `n` more rounds of its Redis sync than it
+/// had when called.
+pub fn wait_syncs(fg: &Floodgate, n: u64) {
+    let rounds = || {
+        let metrics = fg.http_get("/metrics").1;
+        let line = metrics.lines().find(|l| l.starts_with("floodgate_redis_sync_duration_seconds_count"));
+        line.and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok()).unwrap_or(0)
+    };
+    let (start, deadline) = (rounds(), Instant::now() + Duration::from_secs(10));
+    while rounds() < start + n {
+        assert!(Instant::now() < deadline, "fewer than {n} sync rounds in 10 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// The binary under test, built by cargo for this test run.
 pub const BIN: &str = env!("CARGO_BIN_EXE_floodgate");
 

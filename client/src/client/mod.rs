@@ -127,6 +127,10 @@ impl Client {
                 async move { grpc.acquire_batch(batch).await }
             });
             match answer.await {
+                Asked::Answer(_, r) if r.responses.len() != chunk.len() => {
+                    let (asked, answered) = (chunk.len(), r.responses.len());
+                    return Err(Error::Protocol(format!("{asked} questions in a batch got {answered} answers")));
+                }
                 Asked::Answer(endpoint, r) => {
                     for (&i, response) in chunk.iter().zip(r.responses) {
                         out[i] = Some(self.decision(response, &reqs[i], endpoint));
@@ -136,7 +140,8 @@ impl Client {
                 Asked::Unreachable => chunk.iter().for_each(|&i| out[i] = Some(self.without_server(&reqs[i]))),
             }
         }
-        Ok(out.into_iter().map(|d| d.expect("every question answered")).collect())
+        // Every question was answered: known, sent and answered, or failed over.
+        Ok(out.into_iter().flatten().collect())
     }
 
     /// Asks until allowed or until `deadline`, waiting out each denial's

@@ -129,9 +129,9 @@ impl Decider {
         Ok(Applied { version: self.engine.rules().version, resources, applied: false, what_if_until: Some(until) })
     }
 
-    /// The report of the last what-if started, if any.
-    pub fn what_if(&self) -> Option<what_if::Report> {
-        Some(self.what_if.load_full()?.report(self.engine.clock().now()))
+    /// What the last what-if started found, if one was.
+    pub fn what_if(&self) -> Option<what_if::Findings> {
+        Some(self.what_if.load_full()?.findings(self.engine.clock().now()))
     }
 
     /// Installs rules read here (the file, or the embedded default), for this

@@ -276,22 +276,40 @@ impl Engine {
         cost: u64,
         dry_run: bool,
     ) {
-        let mut decisions = if dry_run {
-            matched.iter().map(|(l, _, k)| self.buckets.check(k, &l.algorithm, now, cost)).collect()
-        } else {
-            self.take_all_or_nothing(matched, resource, now, cost)
-        };
+        let mut decisions = self.take_or_check(matched, resource, now, cost, dry_run);
         if matched.iter().zip(&decisions).any(|((l, ..), d)| enforced_denial(l, d)) {
-            // Nothing was taken: the limits that would have admitted report
-            // what they hold, not what they would hold after this cost.
             for ((l, _, k), d) in matched.iter().zip(&mut decisions).filter(|(_, d)| d.admitted) {
-                d.status = self.buckets.check(k, &l.algorithm, now, 0).status;
+                self.restate(l, k, d, now);
             }
         }
         fill_limits(answer, matched, &decisions);
         if !dry_run {
             observe_hitters(handles, matched, &decisions, now);
         }
+    }
+
+    /// Every matched limit's decision: taken all or nothing, or on a dry run
+    /// only checked.
+    pub(super) fn take_or_check(
+        &self,
+        matched: &Matched<'_>,
+        resource: &str,
+        now: Timestamp,
+        cost: u64,
+        dry_run: bool,
+    ) -> SmallVec<[Decision; 4]> {
+        if dry_run {
+            matched.iter().map(|(l, _, k)| self.buckets.check(k, &l.algorithm, now, cost)).collect()
+        } else {
+            self.take_all_or_nothing(matched, resource, now, cost)
+        }
+    }
+
+    /// A limit that would have admitted a call another limit denied: nothing
+    /// was taken, so it reports what it holds, not what it would hold after
+    /// the cost.
+    pub(super) fn restate(&self, l: &Limit, key: &BucketKey, d: &mut Decision, now: Timestamp) {
+        d.status = self.buckets.check(key, &l.algorithm, now, 0).status;
     }
 
     /// The state of a resource's limits for these descriptors, consuming nothing.

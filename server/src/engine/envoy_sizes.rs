@@ -8,9 +8,8 @@ use std::collections::HashMap;
 use std::sync::{OnceLock, RwLock};
 
 use super::installed::RuleHandles;
-use crate::limiter::{Algorithm, fixed_window};
-use crate::rules::envoy::Unit;
-use crate::rules::{DEFAULT_MAX_BREAKERS, Limit, OnRedisError, Pattern, Rule, SyncMode};
+use crate::rules::Rule;
+use crate::rules::envoy::{self, Unit};
 use crate::store::LimitId;
 
 /// The most distinct override sizes one process keeps.
@@ -78,28 +77,7 @@ impl Default for EnvoySizes {
 }
 
 fn rule(requests_per_unit: u32, unit: Unit) -> Rule {
-    let name = format!("override:{requests_per_unit}/{}", unit.name());
-    Rule {
-        name: name.clone(),
-        pattern: Pattern::Exact,
-        limits: vec![Limit {
-            name,
-            key: Vec::new(),
-            algorithm: Algorithm::FixedWindow(fixed_window::Config::new(
-                u64::from(requests_per_unit),
-                unit.seconds() * 1_000_000_000,
-            )),
-            sync: SyncMode::default(),
-            on_redis_error: OnRedisError::default(),
-            shadow: false,
-            lease: None,
-        }],
-        concurrency: None,
-        breaker: None,
-        shed_at_level: None,
-        max_breakers: DEFAULT_MAX_BREAKERS,
-        overrides: Default::default(),
-    }
+    envoy::window_rule(format!("override:{requests_per_unit}/{}", unit.name()), requests_per_unit, unit, false)
 }
 
 #[cfg(test)]

@@ -49,9 +49,9 @@ struct LimitStats {
     top: Mutex<SpaceSaving>,
 }
 
-/// The report of one candidate limit.
+/// What one candidate limit would have done.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LimitReport {
+pub struct LimitFindings {
     pub rule: String,
     pub limit: String,
     pub evaluated: u64,
@@ -61,15 +61,15 @@ pub struct LimitReport {
     pub top: Vec<(String, u64, u64)>,
 }
 
-/// The whole report.
+/// What the candidate rules would have done.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Report {
+pub struct Findings {
     pub running: bool,
     pub started: Timestamp,
     pub until: Timestamp,
     pub calls: u64,
     pub unmatched: u64,
-    pub limits: Vec<LimitReport>,
+    pub limits: Vec<LimitFindings>,
 }
 
 impl WhatIf {
@@ -139,11 +139,11 @@ impl WhatIf {
         }
     }
 
-    pub fn report(&self, now: Timestamp) -> Report {
+    pub fn findings(&self, now: Timestamp) -> Findings {
         let mut limits = Vec::new();
         for (rule, stats) in self.rules.rules().iter().zip(&self.stats) {
             for (limit, s) in rule.limits.iter().zip(stats) {
-                limits.push(LimitReport {
+                limits.push(LimitFindings {
                     rule: rule.name.clone(),
                     limit: limit.name.clone(),
                     evaluated: s.evaluated.load(Ordering::Relaxed),
@@ -153,7 +153,7 @@ impl WhatIf {
                 });
             }
         }
-        Report {
+        Findings {
             running: now < self.until,
             started: self.started,
             until: self.until,
@@ -252,7 +252,7 @@ resources:
         w.observe(&ask(&light), true, t);
         w.observe(&Request { dry_run: true, ..ask(&light) }, true, t);
         w.observe(&Request { resource: "other", ..ask(&light) }, true, t);
-        let r = w.report(t);
+        let r = w.findings(t);
         assert!(r.running);
         assert_eq!((r.calls, r.unmatched), (12, 1), "dry runs are not calls");
         let per_user = &r.limits[0];
@@ -262,8 +262,8 @@ resources:
         assert_eq!((all.evaluated, all.would_deny), (11, 0), "a denied call took nothing from the global limit");
         // Ended: nothing more is counted.
         w.observe(&ask(&light), true, t.add_nanos(60_000_000_000));
-        assert!(!w.report(t.add_nanos(60_000_000_000)).running);
-        assert_eq!(w.report(t).calls, 12);
+        assert!(!w.findings(t.add_nanos(60_000_000_000)).running);
+        assert_eq!(w.findings(t).calls, 12);
     }
 
     #[test]

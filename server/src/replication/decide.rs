@@ -5,7 +5,9 @@
 
 use std::collections::HashSet;
 
-use super::{Replication, join_all};
+use futures_util::future::join_all;
+
+use super::Replication;
 use crate::engine::{Answer, Installed, Pending, Prepared, Step, Verdict};
 use crate::rules::SyncMode;
 use crate::store::BucketKey;

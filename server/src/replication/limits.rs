@@ -5,11 +5,12 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use smallvec::SmallVec;
 
+use super::Replication;
 use super::scripts::{ScriptName, bucket_key, limit_args, marker_key};
 use super::wire::{self, Answered, TakeReply};
-use super::{Replication, join_all};
 use crate::engine::sync::SyncItem;
 use crate::engine::{Installed, Pending};
 use crate::limiter::{Decision, Shared, Status};

@@ -187,27 +187,3 @@ async fn sync_loop(weak: std::sync::Weak<Replication>) {
         tokio::time::sleep(interval.max(backoff).saturating_sub(started.elapsed())).await;
     }
 }
-
-/// Runs futures concurrently on this task and collects their outputs in order.
-async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
-    let futures: Vec<_> = futures.into_iter().map(Box::pin).collect();
-    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
-    let mut futures: Vec<Option<_>> = futures.into_iter().map(Some).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (slot, out) in futures.iter_mut().zip(outputs.iter_mut()) {
-            if let Some(f) = slot {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => {
-                        *out = Some(v);
-                        *slot = None;
-                    }
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending { std::task::Poll::Pending } else { std::task::Poll::Ready(()) }
-    })
-    .await;
-    outputs.into_iter().map(|o| o.expect("every future finished")).collect()
-}

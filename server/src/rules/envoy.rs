@@ -462,28 +462,9 @@ impl Walker<'_> {
                 _ => self.error(&format!("{path}.replaces"), "every entry needs a name"),
             }
         }
-        let window = unit.seconds() * 1_000_000_000;
-        let limit = Limit {
-            // Unique in the domain: the Redis key and the metrics name it.
-            name: stat.to_string(),
-            key: Vec::new(),
-            algorithm: Algorithm::FixedWindow(fixed_window::Config::new(u64::from(requests_per_unit), window)),
-            sync: SyncMode::default(),
-            on_redis_error: OnRedisError::default(),
-            shadow,
-            lease: None,
-        };
-        let rule = Rule {
-            name: stat.to_string(),
-            pattern: Pattern::Exact,
-            limits: vec![limit],
-            concurrency: None,
-            breaker: None,
-            shed_at_level: None,
-            max_breakers: super::DEFAULT_MAX_BREAKERS,
-            overrides: Default::default(),
-        };
-        self.config.rules.push(rule);
+        // Named by its stat, unique in the domain: the Redis key and the
+        // metrics name it.
+        self.config.rules.push(window_rule(stat.to_string(), requests_per_unit, unit, shadow));
         self.config.limits.push(EnvoyLimit {
             path: stat.to_string(),
             name,
@@ -495,6 +476,32 @@ impl Walker<'_> {
             rule: self.config.rules.len() - 1,
         });
         Some(self.config.limits.len() - 1)
+    }
+}
+
+/// A rule of one fixed window of `requests_per_unit` per `unit`, named
+/// `name` (its limit too): how a limit of envoyproxy/ratelimit's
+/// configuration, or one Envoy sends with a descriptor, is decided.
+pub fn window_rule(name: String, requests_per_unit: u32, unit: Unit, shadow: bool) -> Rule {
+    let window = unit.seconds() * 1_000_000_000;
+    let limit = Limit {
+        name: name.clone(),
+        key: Vec::new(),
+        algorithm: Algorithm::FixedWindow(fixed_window::Config::new(u64::from(requests_per_unit), window)),
+        sync: SyncMode::default(),
+        on_redis_error: OnRedisError::default(),
+        shadow,
+        lease: None,
+    };
+    Rule {
+        name,
+        pattern: Pattern::Exact,
+        limits: vec![limit],
+        concurrency: None,
+        breaker: None,
+        shed_at_level: None,
+        max_breakers: super::DEFAULT_MAX_BREAKERS,
+        overrides: Default::default(),
     }
 }
 

@@ -129,15 +129,11 @@ impl Engine {
             let (now, cost, dry_run) = (pending.now, pending.cost, pending.dry_run);
             let resource = std::mem::take(&mut pending.request_resource);
             self.decide_limits(&mut pending.answer, handles, &p.matched, &resource, now, cost, dry_run);
-            return Step::Done(self.settle(pending));
+            return Step::Done(self.conclude(pending));
         }
         let (remote, local): (Matched<'r>, Matched<'r>) =
             p.matched.into_iter().partition(|(l, _, _)| decided_by_redis(l));
-        let decisions = if p.dry_run {
-            local.iter().map(|(l, _, k)| self.buckets.check(k, &l.algorithm, now, p.cost)).collect()
-        } else {
-            self.take_all_or_nothing(&local, &pending.request_resource, now, p.cost)
-        };
+        let decisions = self.take_or_check(&local, &pending.request_resource, now, p.cost, p.dry_run);
         let denied = local.iter().zip(&decisions).any(|((l, ..), d)| super::enforced_denial(l, d));
         pending.given_back = denied;
         pending.limits.extend(local.into_iter().zip(decisions).map(|((l, i, k), d)| (l, i, k, Some(d))));
@@ -180,8 +176,7 @@ impl Engine {
                     self.buckets.refund(k, &l.algorithm, p.now, p.cost);
                     self.note_replicated(l, k, &p.request_resource, -(p.cost as i64), p.now);
                 }
-                // Nothing was taken: report what the limit holds now.
-                d.status = self.buckets.check(k, &l.algorithm, p.now, 0).status;
+                self.restate(l, k, d, p.now);
             }
         }
         let decisions: SmallVec<[Decision; 4]> =
@@ -191,11 +186,12 @@ impl Engine {
         if !p.dry_run {
             super::observe_hitters(p.handles, &matched, &decisions, p.now);
         }
-        self.settle(p)
+        self.conclude(p)
     }
 
-    /// Hands out the permit, or gives back what the guards handed out.
-    fn settle<'r>(&self, mut p: Pending<'r>) -> Answer<'r> {
+    /// Hands out the permit, or gives back what the guards handed out; counts
+    /// the decision.
+    fn conclude<'r>(&self, mut p: Pending<'r>) -> Answer<'r> {
         if let Some(a) = p.admitted.take() {
             p.answer.breaker_state = a.breaker_state;
             if p.answer.verdict != Verdict::Allowed || p.dry_run || p.gate {
@@ -218,7 +214,7 @@ impl Engine {
         p.answer.retry_after = denial.retry_after();
         p.answer.breaker_state = denial.breaker_state();
         p.answer.denial = Some(Box::new(denial));
-        self.settle(p)
+        self.conclude(p)
     }
 
     /// Shedding, the breaker and the concurrency limit; the denial if any.

@@ -196,8 +196,8 @@ impl From<Applied> for pb::ApplyRulesResponse {
     }
 }
 
-impl From<crate::engine::what_if::Report> for pb::GetWhatIfResponse {
-    fn from(r: crate::engine::what_if::Report) -> Self {
+impl From<crate::engine::what_if::Findings> for pb::GetWhatIfResponse {
+    fn from(r: crate::engine::what_if::Findings) -> Self {
         let at = |t: crate::time::Timestamp| {
             timestamp(std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_nanos(t.as_nanos()))
         };
