@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use futures_util::future::join_all;
 
 use super::Replication;
-use crate::engine::{Answer, Installed, Pending, Prepared, Step, Verdict};
+use crate::engine::{Answer, Engine, Installed, Pending, Prepared, Step, Verdict};
 use crate::rules::SyncMode;
 use crate::store::BucketKey;
 
@@ -79,20 +79,22 @@ impl Replication {
     async fn decide_steps<'r>(&self, rules: &Installed, prepared: Vec<Prepared<'r>>) -> Vec<Answer<'r>> {
         let now = self.engine.clock().now();
         let mut answers: Vec<Option<Answer<'r>>> = Vec::with_capacity(prepared.len());
-        let mut remote = Vec::new();
+        let mut remote = Waiting { engine: &self.engine, items: Vec::new() };
         for p in prepared {
             match self.engine.begin(p, now) {
                 Step::Done(answer) => answers.push(Some(answer)),
                 Step::Remote(pending) => {
-                    remote.push((answers.len(), pending));
+                    remote.items.push((answers.len(), pending));
                     answers.push(None);
                 }
             }
         }
-        if !remote.is_empty() {
-            let pending: Vec<&Pending<'r>> = remote.iter().map(|(_, p)| &**p).collect();
+        if !remote.items.is_empty() {
+            let pending: Vec<&Pending<'r>> = remote.items.iter().map(|(_, p)| &**p).collect();
+            // Cancelled here (the caller went away), `remote` gives back
+            // what the decisions took as it drops.
             let decisions = self.strict(rules, &pending).await;
-            for ((i, pending), decisions) in remote.into_iter().zip(decisions) {
+            for ((i, pending), decisions) in std::mem::take(&mut remote.items).into_iter().zip(decisions) {
                 answers[i] = Some(self.engine.finish(*pending, decisions));
             }
         }
@@ -134,6 +136,21 @@ impl Replication {
         let (index, prepared): (Vec<usize>, Vec<Prepared<'r>>) = again.into_iter().unzip();
         for (i, answer) in index.into_iter().zip(self.decide_steps(rules, prepared).await) {
             answers[i] = answer;
+        }
+    }
+}
+
+/// Decisions waiting for Redis. Dropped before they finish (the future of
+/// the call was dropped at the await), each gives back what it took here.
+struct Waiting<'e, 'r> {
+    engine: &'e Engine,
+    items: Vec<(usize, Box<Pending<'r>>)>,
+}
+
+impl Drop for Waiting<'_, '_> {
+    fn drop(&mut self) {
+        for (_, pending) in self.items.drain(..) {
+            self.engine.abandon(*pending);
         }
     }
 }

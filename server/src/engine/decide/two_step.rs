@@ -8,7 +8,7 @@ use smallvec::SmallVec;
 
 use super::{Answer, Matched, Prepared, Verdict, fill_limits};
 use crate::engine::Engine;
-use crate::engine::guards::{Admitted, Ask, Denial, Guards};
+use crate::engine::guards::{Admitted, Ask, Denial};
 use crate::engine::installed::RuleHandles;
 use crate::engine::sync::{RemoteBreaker, decided_by_redis};
 use crate::limiter::{Decision, Status};
@@ -189,13 +189,29 @@ impl Engine {
         self.conclude(p)
     }
 
+    /// A decision that will not finish (its caller went away while Redis was
+    /// asked): the limits decided here give back what they took, and the
+    /// guards' admission goes back as it drops. Nothing is counted: the
+    /// caller never got an answer.
+    pub fn abandon(&self, p: Pending<'_>) {
+        if p.dry_run || p.given_back {
+            return;
+        }
+        for (l, _, k, d) in &p.limits {
+            if d.is_some_and(|d| d.admitted) && !(self.sync.is_some() && decided_by_redis(l)) {
+                self.buckets.refund(k, &l.algorithm, p.now, p.cost);
+                self.note_replicated(l, k, &p.request_resource, -(p.cost as i64), p.now);
+            }
+        }
+    }
+
     /// Hands out the permit, or gives back what the guards handed out; counts
     /// the decision.
     fn conclude<'r>(&self, mut p: Pending<'r>) -> Answer<'r> {
         if let Some(a) = p.admitted.take() {
             p.answer.breaker_state = a.breaker_state;
             if p.answer.verdict != Verdict::Allowed || p.dry_run || p.gate {
-                Guards::undo(a, self.sync.as_ref());
+                drop(a);
             } else {
                 let resource = p.resource.clone().unwrap_or_default();
                 p.answer.holds_slot = a.holds_slot();
@@ -223,7 +239,7 @@ impl Engine {
             Some(resource) => {
                 let dry_run = p.dry_run || p.gate;
                 let ask = Ask { rule: p.rule, resource, level, now: p.now, dry_run, gate: p.gate, remote };
-                match self.guards.admit(ask, &self.events, self.sync.as_ref()) {
+                match self.guards.admit(ask, &self.events) {
                     Ok(a) => {
                         p.admitted = Some(a);
                         None

@@ -1,5 +1,8 @@
 //! The guards before the limits: shedding, the circuit breaker and the
-//! concurrency limit. What they hand out is undone if a later check denies.
+//! concurrency limit. What they hand out is an [`Admitted`], a value whose
+//! drop gives it back: a later check that denies, or a caller that goes
+//! away while Redis is asked, returns the slot and the probe at once, as
+//! tower's concurrency limit returns its semaphore permit.
 
 use std::fmt;
 use std::sync::Arc;
@@ -7,8 +10,8 @@ use std::time::Duration;
 
 use super::permits::{Permit, Permits};
 use super::{Guarded, Guards};
-use crate::breaker::{Admission, Outcome, State};
-use crate::engine::sync::{RemoteBreaker, RemoteOutcome, Replica};
+use crate::breaker::{Admission, State};
+use crate::engine::sync::{ProbeGrant, RemoteBreaker};
 use crate::events::{Event, Events};
 use crate::rules::{Rule, duration};
 use crate::time::Timestamp;
@@ -16,16 +19,23 @@ use crate::time::Timestamp;
 /// A permit's time to live when the rule sets none (no concurrency limit).
 pub const DEFAULT_PERMIT_TTL: Duration = Duration::from_secs(60);
 
-/// What the guards handed out for one call.
+/// What the guards handed out for one call. Dropped, it gives back what it
+/// holds; [`Permits::issue_for`] takes it over into a permit instead.
 #[derive(Debug)]
 pub struct Admitted {
+    /// `None` once handed over to a permit.
+    held: Option<Held>,
+    pub breaker_state: Option<State>,
+}
+
+#[derive(Debug)]
+struct Held {
     guarded: Arc<Guarded>,
     /// The breaker's generation, and whether this call is a probe.
     breaker: Option<(u64, bool)>,
-    /// A probe the shared breaker granted: its shared generation.
-    remote_probe: Option<(String, u64)>,
+    /// A probe the shared breaker granted.
+    remote_probe: Option<ProbeGrant>,
     holds_slot: bool,
-    pub breaker_state: Option<State>,
 }
 
 /// A denial before the limits were looked at.
@@ -55,7 +65,26 @@ pub enum Denial {
 impl Admitted {
     /// Whether this call holds one of the resource's concurrency slots.
     pub fn holds_slot(&self) -> bool {
-        self.holds_slot
+        self.held.as_ref().is_some_and(|h| h.holds_slot)
+    }
+
+    fn hand_over(mut self) -> Held {
+        self.held.take().expect("held until handed over")
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let Some(held) = self.held.take() else { return };
+        if held.holds_slot {
+            held.guarded.release_slot();
+        }
+        // A shared probe goes back as its grant drops; a local one here.
+        if held.remote_probe.is_none()
+            && let (Some((generation, probe)), Some(b)) = (held.breaker, held.guarded.current_breaker().as_mut())
+        {
+            b.release(generation, probe);
+        }
     }
 }
 
@@ -120,7 +149,7 @@ pub struct Ask<'a> {
 
 impl Guards {
     /// Runs the guards of the rule for the resource; on a dry run, only asks.
-    pub fn admit(&self, ask: Ask<'_>, events: &Events, sync: Option<&Replica>) -> Result<Admitted, Denial> {
+    pub fn admit(&self, ask: Ask<'_>, events: &Events) -> Result<Admitted, Denial> {
         let Ask { rule, resource, level, now, dry_run, gate, remote } = ask;
         if let Some(at) = rule.shed_at_level.filter(|&at| level >= at) {
             return Err(Denial::Shed { at, level });
@@ -131,9 +160,9 @@ impl Guards {
         let mut remote_probe = None;
         let (breaker, breaker_state) = match (&rule.breaker, remote) {
             (Some(_), Some(RemoteBreaker::Deny { state, retry_after })) => return Err(closed(state, retry_after)),
-            (Some(_), Some(RemoteBreaker::Probe { generation })) if !dry_run => {
+            (Some(_), Some(RemoteBreaker::Probe(grant))) if !dry_run => {
                 let local = guarded.current_breaker().as_ref().map_or(0, |b| b.generation());
-                remote_probe = Some((resource.to_string(), generation));
+                remote_probe = Some(grant);
                 (Some((local, true)), Some(State::HalfOpen))
             }
             (Some(cfg), _) => {
@@ -163,36 +192,22 @@ impl Guards {
             }
             (None, _) => (None, None),
         };
-        let mut admitted = Admitted { guarded, breaker, remote_probe, holds_slot: false, breaker_state };
+        let mut held = Held { guarded, breaker, remote_probe, holds_slot: false };
         if let Some(c) = &rule.concurrency {
             let full = if dry_run {
-                admitted.guarded.in_flight.load(std::sync::atomic::Ordering::Acquire) >= c.max_in_flight
+                held.guarded.in_flight.load(std::sync::atomic::Ordering::Acquire) >= c.max_in_flight
             } else {
-                !admitted.guarded.try_take_slot(c.max_in_flight)
+                !held.guarded.try_take_slot(c.max_in_flight)
             };
             if full {
-                let retry_after = admitted.guarded.slot_free_in(c.max_in_flight);
-                Self::undo(admitted, sync);
+                let retry_after = held.guarded.slot_free_in(c.max_in_flight);
+                // Dropped: the breaker's admission (a probe) goes back.
+                drop(Admitted { held: Some(held), breaker_state });
                 return Err(Denial::Concurrency { resource: resource.into(), max: c.max_in_flight, retry_after });
             }
-            admitted.holds_slot = !dry_run;
+            held.holds_slot = !dry_run;
         }
-        Ok(admitted)
-    }
-
-    /// Gives back what the guards handed out for a call that does not go ahead.
-    pub fn undo(a: Admitted, sync: Option<&Replica>) {
-        if a.holds_slot {
-            a.guarded.release_slot();
-        }
-        if let Some((resource, generation)) = a.remote_probe {
-            // The shared breaker's probe goes back as an IGNORED outcome.
-            if let Some(sync) = sync {
-                sync.send(RemoteOutcome { resource, generation, outcome: Outcome::Ignored, slow: false });
-            }
-        } else if let (Some((generation, probe)), Some(b)) = (a.breaker, a.guarded.current_breaker().as_mut()) {
-            b.release(generation, probe);
-        }
+        Ok(Admitted { held: Some(held), breaker_state })
     }
 
     /// The state of a resource's breaker, if its rule has one.
@@ -206,18 +221,19 @@ impl Permits {
     /// A permit for an admitted call, expiring after the rule's `permit_ttl`
     /// (a probe's, after `max_wait_in_half_open` at the latest).
     pub fn issue_for(&self, rule: &Rule, resource: String, a: Admitted, now: Timestamp) -> String {
+        let held = a.hand_over();
         let mut ttl = rule.concurrency.map_or(DEFAULT_PERMIT_TTL, |c| c.permit_ttl);
-        if let (Some((_, true)), Some(cfg)) = (a.breaker, &rule.breaker) {
+        if let (Some((_, true)), Some(cfg)) = (held.breaker, &rule.breaker) {
             ttl = ttl.min(cfg.max_wait_in_half_open);
         }
         self.issue(Permit {
             resource,
-            guarded: a.guarded,
+            guarded: held.guarded,
             issued_at: now,
             expires_at: now.saturating_add(ttl),
-            breaker: a.breaker,
-            remote_probe: a.remote_probe.map(|(_, g)| g),
-            holds_slot: a.holds_slot,
+            breaker: held.breaker,
+            remote_probe: held.remote_probe.map(ProbeGrant::keep),
+            holds_slot: held.holds_slot,
         })
     }
 }

@@ -4,6 +4,7 @@
 //! news, and probe outcomes waiting to go out. The replication module (the
 //! network side) reads and feeds it; nothing here touches the network.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
 use std::time::Duration;
 
@@ -21,7 +22,7 @@ mod dirty;
 mod shared;
 
 pub use dirty::{Known, SyncItem};
-pub use shared::{BreakerNews, RemoteBreaker, RemoteOutcome, SharedBreaker};
+pub use shared::{BreakerNews, ProbeGrant, RemoteBreaker, RemoteOutcome, SharedBreaker};
 use shared::{Outbox, Unsynced};
 
 /// The replication state of one replica.
@@ -34,7 +35,7 @@ pub struct Replica {
     /// Redis's clock minus this replica's, in microseconds (from heartbeats).
     offset_us: AtomicI64,
     dirty: dirty::DirtyBuckets,
-    outbox: Outbox,
+    outbox: Arc<Outbox>,
     breakers: DashMap<String, Unsynced, ahash::RandomState>,
     /// What Redis last said a strict bucket had left: where an outage's
     /// local share starts, and what is restored if Redis loses its data.
@@ -183,6 +184,11 @@ impl Replica {
 
     pub(super) fn send(&self, outcome: RemoteOutcome) {
         self.outbox.push(outcome);
+    }
+
+    /// A probe of `resource`'s shared breaker that Redis granted.
+    pub fn probe_granted(&self, resource: &str, generation: u64) -> ProbeGrant {
+        ProbeGrant::new(resource.to_string(), generation, self.outbox.clone())
     }
 
     /// A call this replica's breaker recorded, for the next sync.

@@ -2,20 +2,18 @@
 //! shared breaker grants or denies, its state to adopt, outcomes to send, and
 //! each breaker's window news since the last sync.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::breaker::{Call, Counts, Outcome, State};
 use crate::time::Timestamp;
 
 /// Redis's answer for a breaker whose next call needs a probe.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Debug)]
 pub enum RemoteBreaker {
     /// A probe, counted across every replica, of the shared generation.
-    Probe {
-        generation: u64,
-    },
+    Probe(ProbeGrant),
     /// The shared breaker admits plain calls (closed, disabled, metrics-only).
     Plain,
     Deny {
@@ -31,6 +29,46 @@ pub struct SharedBreaker {
     pub state: State,
     pub open_until: Timestamp,
     pub openings: u32,
+}
+
+/// A probe the shared breaker granted: a value whose drop gives the probe
+/// back (an IGNORED outcome, sent at the next flush), unless a permit took
+/// it over. So a call cut off anywhere between the grant and its permit
+/// (another check denies it, its caller goes away while Redis is asked)
+/// never keeps a probe the round then waits for.
+#[derive(Debug)]
+pub struct ProbeGrant {
+    resource: String,
+    generation: u64,
+    outbox: Arc<Outbox>,
+    live: bool,
+}
+
+impl ProbeGrant {
+    pub(super) fn new(resource: String, generation: u64, outbox: Arc<Outbox>) -> Self {
+        ProbeGrant { resource, generation, outbox, live: true }
+    }
+
+    /// The shared generation it probes.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Taken over by a permit, which reports the probe's outcome itself.
+    pub fn keep(mut self) -> u64 {
+        self.live = false;
+        self.generation
+    }
+}
+
+impl Drop for ProbeGrant {
+    fn drop(&mut self) {
+        if self.live {
+            let resource = std::mem::take(&mut self.resource);
+            let generation = self.generation;
+            self.outbox.push(RemoteOutcome { resource, generation, outcome: Outcome::Ignored, slow: false });
+        }
+    }
 }
 
 /// A probe's outcome (or a probe given back) for the shared breaker.

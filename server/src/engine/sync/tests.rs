@@ -88,3 +88,62 @@ fn while_redis_is_down_every_strict_decision_follows_its_policy() {
     sync.saw_strict(&key, "local", 4, clock.now());
     assert_eq!(admitted(&e, "local", 20), 2);
 }
+
+const GUARDED: &str = r#"
+resources:
+  - name: db
+    concurrency: { max_in_flight: 1 }
+    limits:
+      - { name: here, algorithm: token_bucket, capacity: 10, refill_per_second: 1 }
+      - { name: there, algorithm: fixed_window, limit: 50, window: 1h, sync: strict }
+"#;
+
+#[test]
+fn a_decision_abandoned_while_redis_is_asked_gives_back_its_slot_and_its_units() {
+    use crate::engine::{Step, Verdict};
+    let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_700_006_400)));
+    let e = Engine::new(EngineConfig { max_keys: 1000, replicated: true }, clock.clone());
+    e.install(RuleSet::from_yaml(GUARDED, "t").unwrap(), GUARDED.into(), "t".into());
+    e.sync().unwrap().set_up(true);
+    let rules = e.rules_full();
+    let none: HashMap<String, String> = HashMap::new();
+    let req = Request { resource: "db", descriptors: &none, cost: 3, dry_run: false, settle: false };
+    let begin = || match e.begin(e.prepare(&rules, &req).unwrap(), clock.now()) {
+        Step::Remote(pending) => pending,
+        Step::Done(a) => panic!("decided without Redis: {a:?}"),
+    };
+    let here = |e: &Engine| {
+        let (_, handles) = rules.find("db").unwrap();
+        let key = crate::store::BucketKey::global(handles.ids[0]);
+        e.buckets().check(&key, rules.algorithm(key.limit).unwrap(), clock.now(), 0).status.remaining
+    };
+    let pending = begin();
+    assert_eq!(here(&e), 7, "the local limit took its part before Redis is asked");
+    // While it waits, the slot is taken.
+    match e.begin(e.prepare(&rules, &req).unwrap(), clock.now()) {
+        Step::Done(a) => assert_eq!(a.verdict, Verdict::ConcurrencyLimited),
+        Step::Remote(_) => panic!("one slot"),
+    }
+    // The caller went away: both come back at once.
+    e.abandon(*pending);
+    assert_eq!(here(&e), 10);
+    let again = begin();
+    assert_eq!(here(&e), 7, "the slot was free again");
+    // Dropped without a word (a panic, a forgotten decision): the slot still comes back.
+    drop(again);
+    drop(begin());
+}
+
+#[test]
+fn a_probe_grant_goes_back_when_dropped_unless_a_permit_took_it() {
+    use crate::breaker::Outcome;
+    let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_700_006_400)));
+    let e = Engine::new(EngineConfig { max_keys: 1000, replicated: true }, clock);
+    let sync = e.sync().unwrap();
+    drop(sync.probe_granted("pay", 7));
+    let back = sync.take_outbox();
+    assert_eq!(back.len(), 1);
+    assert_eq!((back[0].resource.as_str(), back[0].generation, back[0].outcome), ("pay", 7, Outcome::Ignored));
+    assert_eq!(sync.probe_granted("pay", 8).keep(), 8);
+    assert!(sync.take_outbox().is_empty(), "kept by a permit: its report says how it went");
+}
