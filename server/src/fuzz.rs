@@ -133,20 +133,7 @@ pub fn requests(data: &[u8]) {
         }
         5 => {
             if let Ok(r) = pb::SetOverridesRequest::decode(body) {
-                let new = r.overrides.iter().take(16).map(crate::grpc::convert::overrides::new_override);
-                if let Ok(new) = new.collect::<Result<Vec<_>, _>>()
-                    && let Ok(set) = ready(decider.set_overrides(new, "fuzz"))
-                {
-                    let rules = e.rules();
-                    for s in &set.specs {
-                        let d: std::collections::HashMap<String, String> = s.when.iter().cloned().collect();
-                        let req =
-                            Request { resource: &s.rule, descriptors: &d, cost: 1, dry_run: false, settle: false };
-                        let _ = e.acquire(&rules, &req);
-                    }
-                    let ids = set.specs.iter().map(|s| s.id.clone()).collect();
-                    ready(decider.delete_overrides(ids)).expect("deleting what was just set");
-                }
+                overrides(e, decider, &r);
             }
         }
         6 => {
@@ -163,6 +150,21 @@ pub fn requests(data: &[u8]) {
         }
     }
     e.tick();
+}
+
+/// Sets the overrides, decides a call under each, deletes them.
+fn overrides(e: &Engine, decider: &Decider, r: &pb::SetOverridesRequest) {
+    let new = r.overrides.iter().take(16).map(crate::grpc::convert::overrides::new_override);
+    let Ok(new) = new.collect::<Result<Vec<_>, _>>() else { return };
+    let Ok(set) = ready(decider.set_overrides(new, "fuzz")) else { return };
+    let rules = e.rules();
+    for s in &set.specs {
+        let d: std::collections::HashMap<String, String> = s.when.iter().cloned().collect();
+        let req = Request { resource: &s.rule, descriptors: &d, cost: 1, dry_run: false, settle: false };
+        let _ = e.acquire(&rules, &req);
+    }
+    let ids = set.specs.iter().map(|s| s.id.clone()).collect();
+    ready(decider.delete_overrides(ids)).expect("deleting what was just set");
 }
 
 /// Polls `f` once: memory only, nothing here ever waits.

@@ -85,61 +85,8 @@ fn wire(d: Duration) -> prost_types::Duration {
 pub async fn overrides(args: OverridesArgs) -> anyhow::Result<ExitCode> {
     let mut admin = pb::admin_client::AdminClient::new(args.server.connect().await?);
     match args.command.unwrap_or(OverridesCommand::List { rule: String::new() }) {
-        OverridesCommand::List { rule } => {
-            let mut after = String::new();
-            let mut shown = 0;
-            loop {
-                let req = pb::ListOverridesRequest { rule: rule.clone(), after, limit: 0 };
-                let page = admin.list_overrides(req).await.map_err(status_error)?.into_inner();
-                if shown == 0 {
-                    println!("{:<24} {:<16} {:<28} {:<22} {:<20} APPLIES", "ID", "RULE", "WHEN", "ACTION", "EXPIRES");
-                }
-                for o in &page.overrides {
-                    println!(
-                        "{:<24} {:<16} {:<28} {:<22} {:<20} {}",
-                        o.id,
-                        o.rule,
-                        when_text(o),
-                        action_text(o),
-                        o.expires_at.as_ref().map(super::control::ago_or_in_ts).unwrap_or_else(|| "never".into()),
-                        if o.active { "yes".to_string() } else { format!("no: {}", o.problem) }
-                    );
-                }
-                shown += page.overrides.len();
-                if page.next_after.is_empty() {
-                    if shown == 0 {
-                        println!("(no overrides set at run time)");
-                    }
-                    break;
-                }
-                after = page.next_after;
-            }
-        }
-        OverridesCommand::Set(a) => {
-            let action = match (a.factor, a.limit.is_empty(), a.tier, a.block) {
-                (Some(f), _, _, _) => Action::Factor(f),
-                (_, false, _, _) => Action::Limits(pb::LimitValues { values: a.limit.into_iter().collect() }),
-                (_, _, Some(t), _) => Action::Tier(t),
-                _ => Action::Block(pb::Block { retry_after: a.retry_after.map(wire) }),
-            };
-            let o = pb::Override {
-                id: a.id,
-                rule: a.rule,
-                when: a.when.into_iter().collect(),
-                action: Some(action),
-                ttl: a.ttl.map(wire),
-                reason: a.reason,
-                ..Default::default()
-            };
-            let req = pb::SetOverridesRequest { overrides: vec![o] };
-            let set = admin.set_overrides(req).await.map_err(status_error)?.into_inner();
-            for o in &set.overrides {
-                println!("set {} (rules v{})", o.id, set.rules_version);
-            }
-            if !set.persisted {
-                println!("note: this server keeps overrides in memory only; a restart loses them (--overrides-file)");
-            }
-        }
+        OverridesCommand::List { rule } => list(&mut admin, rule).await?,
+        OverridesCommand::Set(a) => set(&mut admin, a).await?,
         OverridesCommand::Delete { ids } => {
             let req = pb::DeleteOverridesRequest { ids: ids.clone() };
             let done = admin.delete_overrides(req).await.map_err(status_error)?.into_inner();
@@ -150,6 +97,67 @@ pub async fn overrides(args: OverridesArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+type Admin = pb::admin_client::AdminClient<crate::connect::Authed>;
+
+/// Every page of the list, as a table.
+async fn list(admin: &mut Admin, rule: String) -> anyhow::Result<()> {
+    let mut after = String::new();
+    let mut shown = 0;
+    loop {
+        let req = pb::ListOverridesRequest { rule: rule.clone(), after, limit: 0 };
+        let page = admin.list_overrides(req).await.map_err(status_error)?.into_inner();
+        if shown == 0 {
+            println!("{:<24} {:<16} {:<28} {:<22} {:<20} APPLIES", "ID", "RULE", "WHEN", "ACTION", "EXPIRES");
+        }
+        for o in &page.overrides {
+            println!(
+                "{:<24} {:<16} {:<28} {:<22} {:<20} {}",
+                o.id,
+                o.rule,
+                when_text(o),
+                action_text(o),
+                o.expires_at.as_ref().map(super::control::ago_or_in_ts).unwrap_or_else(|| "never".into()),
+                if o.active { "yes".to_string() } else { format!("no: {}", o.problem) }
+            );
+        }
+        shown += page.overrides.len();
+        if page.next_after.is_empty() {
+            if shown == 0 {
+                println!("(no overrides set at run time)");
+            }
+            return Ok(());
+        }
+        after = page.next_after;
+    }
+}
+
+async fn set(admin: &mut Admin, a: SetArgs) -> anyhow::Result<()> {
+    let action = match (a.factor, a.limit.is_empty(), a.tier, a.block) {
+        (Some(f), _, _, _) => Action::Factor(f),
+        (_, false, _, _) => Action::Limits(pb::LimitValues { values: a.limit.into_iter().collect() }),
+        (_, _, Some(t), _) => Action::Tier(t),
+        _ => Action::Block(pb::Block { retry_after: a.retry_after.map(wire) }),
+    };
+    let o = pb::Override {
+        id: a.id,
+        rule: a.rule,
+        when: a.when.into_iter().collect(),
+        action: Some(action),
+        ttl: a.ttl.map(wire),
+        reason: a.reason,
+        ..Default::default()
+    };
+    let req = pb::SetOverridesRequest { overrides: vec![o] };
+    let set = admin.set_overrides(req).await.map_err(status_error)?.into_inner();
+    for o in &set.overrides {
+        println!("set {} (rules v{})", o.id, set.rules_version);
+    }
+    if !set.persisted {
+        println!("note: this server keeps overrides in memory only; a restart loses them (--overrides-file)");
+    }
+    Ok(())
 }
 
 fn when_text(o: &pb::Override) -> String {

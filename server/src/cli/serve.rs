@@ -229,28 +229,25 @@ pub fn run(args: ServeArgs, log_format: super::LogFormat, log_level: String) -> 
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let grpc =
-        tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding gRPC on {}", args.listen))?;
-    let http = tokio::net::TcpListener::bind(args.http_listen)
-        .await
-        .with_context(|| format!("binding HTTP on {}", args.http_listen))?;
+    let (listen, http_listen) = (args.listen, args.http_listen);
+    // Everything the flags say is read (files included) before a port is bound.
+    let mut opts = options(args)?;
+    let grpc = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding gRPC on {listen}"))?;
+    let http =
+        tokio::net::TcpListener::bind(http_listen).await.with_context(|| format!("binding HTTP on {http_listen}"))?;
     let (grpc_addr, http_addr) = (grpc.local_addr()?, http.local_addr()?);
-    let target = match (args.redis, args.redis_cluster.is_empty()) {
-        (Some(url), _) => Some(Target::Standalone(url)),
-        (None, false) => Some(Target::Cluster(args.redis_cluster)),
-        (None, true) => None,
-    };
-    let credentials = redis_credentials(&args.redis_auth)?;
-    let replication = match target {
-        Some(target) => Some(replication::Config {
-            target,
-            credentials,
-            sync_interval: args.sync_interval,
-            timeout: args.redis_timeout,
-            replica_id: args.replica_id.unwrap_or_else(default_replica_id),
-        }),
-        None => None,
-    };
+    opts.on_ready = Some(Box::new(move || {
+        tracing::info!(grpc = %grpc_addr, http = %http_addr, "floodgate listening");
+        // One line on stdout, once serving, for scripts and tests that start
+        // the server on port 0.
+        println!("floodgate listening grpc={grpc_addr} http={http_addr}");
+    }));
+    server::run(opts, Listeners { grpc, http }, shutdown_signal()).await
+}
+
+/// The server's options from its flags.
+fn options(args: ServeArgs) -> anyhow::Result<Options> {
+    let replication = replication_config(&args)?;
     let l = &args.limits;
     let limits = Limits {
         max_connections: l.max_connections,
@@ -270,14 +267,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         identities: args.admin.admin_identities,
         read_open: args.admin.admin_read_open,
     };
-    let opts = Options {
+    let rls =
+        crate::decider::RlsOptions { shadow: args.envoy.envoy_shadow_mode, headers: args.envoy.envoy_response_headers };
+    Ok(Options {
         replication,
         config: args.config,
         envoy_config: args.envoy.envoy_config,
-        rls: crate::decider::RlsOptions {
-            shadow: args.envoy.envoy_shadow_mode,
-            headers: args.envoy.envoy_response_headers,
-        },
+        rls,
         reload_quiet: args.reload_debounce,
         max_keys: args.max_keys,
         sweep_interval: args.sweep_interval,
@@ -288,14 +284,24 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tls,
         access,
         clock: Arc::new(SystemClock::new()),
-        on_ready: Some(Box::new(move || {
-            tracing::info!(grpc = %grpc_addr, http = %http_addr, "floodgate listening");
-            // One line on stdout, once serving, for scripts and tests that start
-            // the server on port 0.
-            println!("floodgate listening grpc={grpc_addr} http={http_addr}");
-        })),
+        on_ready: None,
+    })
+}
+
+/// How this replica uses Redis, if it does.
+fn replication_config(args: &ServeArgs) -> anyhow::Result<Option<replication::Config>> {
+    let target = match (&args.redis, args.redis_cluster.is_empty()) {
+        (Some(url), _) => Target::Standalone(url.clone()),
+        (None, false) => Target::Cluster(args.redis_cluster.clone()),
+        (None, true) => return Ok(None),
     };
-    server::run(opts, Listeners { grpc, http }, shutdown_signal()).await
+    Ok(Some(replication::Config {
+        target,
+        credentials: redis_credentials(&args.redis_auth)?,
+        sync_interval: args.sync_interval,
+        timeout: args.redis_timeout,
+        replica_id: args.replica_id.clone().unwrap_or_else(default_replica_id),
+    }))
 }
 
 /// The Redis user and password, from a file or the environment: a password

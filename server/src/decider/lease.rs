@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::Decider;
 use crate::breaker::Outcome;
-use crate::engine::lease::NotLeasable;
+use crate::engine::lease::{NotLeasable, Plan};
 use crate::engine::{Answer, Descriptors, Report, Request, RequestError, Verdict};
 
 /// Extra time the server keeps a lease's estimate past its end, for a
@@ -91,8 +91,18 @@ impl Decider {
             out.retry_after = plan.ask_again_in(plan.retry_after);
             return Ok(out);
         }
-        // The plan read this replica's memory; taking may find less: then
-        // what the plan says to take instead.
+        self.grant(ask, &plan, out).await
+    }
+
+    /// Takes what `plan` grants, as an Acquire with `settle`. The plan read
+    /// this replica's memory; taking may find less: then what the plan says
+    /// to take instead.
+    async fn grant<D: Descriptors + Sync + ?Sized>(
+        &self,
+        ask: &LeaseAsk<'_, D>,
+        plan: &Plan,
+        mut out: Leased,
+    ) -> Result<Leased, RequestError> {
         let mut cost = u32::try_from(plan.grant).unwrap_or(u32::MAX);
         let mut attempt = 0;
         loop {

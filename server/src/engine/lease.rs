@@ -147,7 +147,11 @@ impl<K: std::hash::Hash + Eq> Book<K> {
 
     /// The lease held for `bucket` (empty when none); `None` when the book is
     /// full and `bucket` is not in it.
-    pub fn lease_of(&self, bucket: &K) -> Option<&str> {
+    pub fn lease_of<Q>(&self, bucket: &Q) -> Option<&str>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: std::hash::Hash + Eq + ?Sized,
+    {
         match self.leases.get(bucket) {
             Some(id) => Some(id),
             None if self.leases.len() >= Self::MAX => None,
@@ -159,7 +163,11 @@ impl<K: std::hash::Hash + Eq> Book<K> {
         self.leases.insert(bucket, lease);
     }
 
-    pub fn forget(&mut self, bucket: &K) {
+    pub fn forget<Q>(&mut self, bucket: &Q)
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: std::hash::Hash + Eq + ?Sized,
+    {
         self.leases.remove(bucket);
     }
 }

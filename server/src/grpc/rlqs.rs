@@ -128,67 +128,73 @@ async fn answer(
         let Some(id) = usage.bucket_id else { continue };
         let mut pairs: Vec<(String, String)> = id.bucket.into_iter().collect();
         pairs.sort();
-        let resource = pairs.iter().find(|(k, _)| k == "name").map_or(report.domain.clone(), |(_, v)| v.clone());
-        let descriptors: Vec<(&str, &str)> =
-            pairs.iter().filter(|(k, _)| k != "name").map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let Some(previous) = buckets.book.lease_of(&pairs).map(str::to_string) else { continue };
-        let want = want_from_demand(previous.is_empty(), usage.num_requests_allowed, usage.num_requests_denied);
-        let ask = LeaseAsk {
-            resource: &resource,
-            descriptors: descriptors.as_slice(),
-            want,
-            previous: &previous,
-            used: usage.num_requests_allowed,
-            holder,
-            release: false,
-        };
-        let leased = match decider.lease(&ask).await {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::debug!(error = %e, "RLQS bucket refused");
-                continue;
-            }
-        };
-        let action = if let Some(why) = leased.not_leasable {
-            if why != NotLeasable::NoRule {
-                tracing::warn!(
-                    resource = resource.escape_debug().to_string(),
-                    reason = %why,
-                    "RLQS bucket cannot be leased: ALLOW_ALL"
-                );
-            }
-            buckets.book.forget(&pairs);
-            blanket(rate_limit_strategy::BlanketRule::AllowAll, Duration::from_secs(60))
-        } else if leased.granted == 0 {
-            buckets.book.forget(&pairs);
-            blanket(
-                rate_limit_strategy::BlanketRule::DenyAll,
-                leased.retry_after.clamp(Duration::from_millis(100), leased.ttl),
-            )
-        } else {
-            buckets.book.hold(pairs.clone(), leased.lease_id);
-            let tokens = u32::try_from(leased.granted).unwrap_or(u32::MAX);
-            // Refilled only once the lease is over: the next report replaces
-            // it first. Each assignment differs from the last (by up to a
-            // millisecond of the fill interval) so that Envoy starts a fresh
-            // bucket rather than keeping the last one's tokens, which went
-            // back to the limits.
-            buckets.serial = buckets.serial.wrapping_add(1);
-            let fill = leased.ttl * 2 + Duration::from_micros(u64::from(buckets.serial % 1000));
-            let bucket = TokenBucket {
-                max_tokens: tokens,
-                tokens_per_fill: Some(envoy_types::pb::google::protobuf::UInt32Value { value: tokens }),
-                fill_interval: Some(duration(fill)),
-            };
-            assignment(
-                RateLimitStrategy { strategy: Some(rate_limit_strategy::Strategy::TokenBucket(bucket)) },
-                leased.ttl,
-            )
+        let (allowed, denied) = (usage.num_requests_allowed, usage.num_requests_denied);
+        let Some(action) = renew(decider, holder, buckets, &report.domain, &pairs, allowed, denied).await else {
+            continue;
         };
         let bucket_id = rlqs::BucketId { bucket: pairs.into_iter().collect() };
         actions.push(BucketAction { bucket_id: Some(bucket_id), bucket_action: Some(action) });
     }
     rlqs::RateLimitQuotaResponse { bucket_action: actions }
+}
+
+/// One bucket's previous lease settled at what Envoy allowed, and its next
+/// assignment; `None` when the bucket is refused (bad input, or the stream
+/// holds as many buckets as it may).
+async fn renew(
+    decider: &Decider,
+    holder: &str,
+    buckets: &mut Buckets,
+    domain: &str,
+    pairs: &[(String, String)],
+    allowed: u64,
+    denied: u64,
+) -> Option<bucket_action::BucketAction> {
+    let resource = pairs.iter().find(|(k, _)| k == "name").map_or(domain, |(_, v)| v.as_str());
+    let descriptors: Vec<(&str, &str)> =
+        pairs.iter().filter(|(k, _)| k != "name").map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let previous = buckets.book.lease_of(pairs)?.to_string();
+    let want = want_from_demand(previous.is_empty(), allowed, denied);
+    let ask = LeaseAsk {
+        resource,
+        descriptors: descriptors.as_slice(),
+        want,
+        previous: &previous,
+        used: allowed,
+        holder,
+        release: false,
+    };
+    let leased = decider.lease(&ask).await.inspect_err(|e| tracing::debug!(error = %e, "RLQS bucket refused")).ok()?;
+    if let Some(why) = leased.not_leasable {
+        if why != NotLeasable::NoRule {
+            let resource = resource.escape_debug().to_string();
+            tracing::warn!(resource, reason = %why, "RLQS bucket cannot be leased: ALLOW_ALL");
+        }
+        buckets.book.forget(pairs);
+        return Some(blanket(rate_limit_strategy::BlanketRule::AllowAll, Duration::from_secs(60)));
+    }
+    if leased.granted == 0 {
+        buckets.book.forget(pairs);
+        let ttl = leased.retry_after.clamp(Duration::from_millis(100), leased.ttl);
+        return Some(blanket(rate_limit_strategy::BlanketRule::DenyAll, ttl));
+    }
+    buckets.book.hold(pairs.to_vec(), leased.lease_id);
+    let tokens = u32::try_from(leased.granted).unwrap_or(u32::MAX);
+    // Refilled only once the lease is over: the next report replaces it
+    // first. Each assignment differs from the last (by up to a millisecond
+    // of the fill interval) so that Envoy starts a fresh bucket rather than
+    // keeping the last one's tokens, which went back to the limits.
+    buckets.serial = buckets.serial.wrapping_add(1);
+    let fill = leased.ttl * 2 + Duration::from_micros(u64::from(buckets.serial % 1000));
+    let bucket = TokenBucket {
+        max_tokens: tokens,
+        tokens_per_fill: Some(envoy_types::pb::google::protobuf::UInt32Value { value: tokens }),
+        fill_interval: Some(duration(fill)),
+    };
+    Some(assignment(
+        RateLimitStrategy { strategy: Some(rate_limit_strategy::Strategy::TokenBucket(bucket)) },
+        leased.ttl,
+    ))
 }
 
 fn blanket(rule: rate_limit_strategy::BlanketRule, ttl: Duration) -> bucket_action::BucketAction {

@@ -28,10 +28,13 @@ use serde_json::{Value, json};
 use super::HttpState;
 use crate::access::{Denied, Role};
 use crate::breaker::State as BreakerState;
-use crate::decider::Decider;
+use crate::decider::{BreakerView, Decider};
+use crate::engine::Installed;
+use crate::engine::hottest::TopLimit;
 use crate::engine::{ErrorKind, RequestError};
 use crate::events::Event;
 use crate::listen::Peer;
+use crate::rules::Rule;
 
 const PAGE: &str = include_str!("console/index.html");
 const SCRIPT: &str = include_str!("console/console.js");
@@ -158,56 +161,9 @@ async fn state(State(s): State<HttpState>, req: Request) -> Response {
 fn snapshot(decider: &Decider, timeline: Vec<Value>) -> Value {
     let installed = decider.installed();
     let top = decider.top_keys("", 5);
-    let resources: Vec<Value> = installed
-        .rules
-        .rules()
-        .iter()
-        .map(|rule| {
-            let used = decider.global_use(&installed, rule);
-            let limits: Vec<Value> = rule
-                .limits
-                .iter()
-                .map(|l| {
-                    let global = used.iter().find(|(name, ..)| *name == l.name).map(|(_, limit, remaining)| json!({ "limit": limit, "remaining": remaining }));
-                    json!({ "name": l.name, "algorithm": l.algorithm.summary(), "key": l.key, "shadow": l.shadow, "global": global })
-                })
-                .collect();
-            let hot: Vec<Value> = top
-                .iter()
-                .filter(|t| t.rule == rule.name)
-                .map(|t| {
-                    let keys = |k: &[(String, u64, u64)]| k.iter().map(|(key, count, error)| json!({ "key": key, "count": count, "error": error })).collect::<Vec<_>>();
-                    json!({ "limit": t.limit, "denied": keys(&t.denied), "admitted": keys(&t.admitted) })
-                })
-                .collect();
-            json!({
-                "rule": rule.name,
-                "limits": limits,
-                "overrides": rule.overrides.len(),
-                "breaker": rule.breaker.is_some(),
-                "concurrency": rule.concurrency.map(|c| c.max_in_flight),
-                "shed_at_level": rule.shed_at_level,
-                "top": hot,
-            })
-        })
-        .collect();
-    let breakers: Vec<Value> = decider
-        .breakers()
-        .into_iter()
-        .map(|b| {
-            let i = &b.info;
-            json!({
-                "resource": b.resource,
-                "state": i.state.name(),
-                "calls": i.window.calls,
-                "failure_rate": i.window.failure_rate(),
-                "slow_call_rate": i.window.slow_call_rate(),
-                "not_permitted": i.not_permitted,
-                "opened_at": i.opened_at.map(|t| rfc3339(t.to_system_time())),
-                "next_probe_at": i.next_probe_at.map(|t| rfc3339(t.to_system_time())),
-            })
-        })
-        .collect();
+    let resources: Vec<Value> =
+        installed.rules.rules().iter().map(|rule| resource_json(decider, &installed, rule, &top)).collect();
+    let breakers: Vec<Value> = decider.breakers().iter().map(breaker_json).collect();
     let snapshot = decider.snapshot();
     let health = decider.replica_health();
     json!({
@@ -228,6 +184,50 @@ fn snapshot(decider: &Decider, timeline: Vec<Value>) -> Value {
         },
         "overrides": installed.runtime.len(),
         "now": rfc3339(SystemTime::now()),
+    })
+}
+
+/// One rule: its limits (with the use of global ones) and hottest keys.
+fn resource_json(decider: &Decider, installed: &Installed, rule: &Rule, top: &[TopLimit]) -> Value {
+    let used = decider.global_use(installed, rule);
+    let limits: Vec<Value> = rule
+        .limits
+        .iter()
+        .map(|l| {
+            let global = used.iter().find(|(name, ..)| *name == l.name).map(|(_, limit, remaining)| json!({ "limit": limit, "remaining": remaining }));
+            json!({ "name": l.name, "algorithm": l.algorithm.summary(), "key": l.key, "shadow": l.shadow, "global": global })
+        })
+        .collect();
+    let keys = |k: &[(String, u64, u64)]| -> Vec<Value> {
+        k.iter().map(|(key, count, error)| json!({ "key": key, "count": count, "error": error })).collect()
+    };
+    let hot: Vec<Value> = top
+        .iter()
+        .filter(|t| t.rule == rule.name)
+        .map(|t| json!({ "limit": t.limit, "denied": keys(&t.denied), "admitted": keys(&t.admitted) }))
+        .collect();
+    json!({
+        "rule": rule.name,
+        "limits": limits,
+        "overrides": rule.overrides.len(),
+        "breaker": rule.breaker.is_some(),
+        "concurrency": rule.concurrency.map(|c| c.max_in_flight),
+        "shed_at_level": rule.shed_at_level,
+        "top": hot,
+    })
+}
+
+fn breaker_json(b: &BreakerView) -> Value {
+    let i = &b.info;
+    json!({
+        "resource": b.resource,
+        "state": i.state.name(),
+        "calls": i.window.calls,
+        "failure_rate": i.window.failure_rate(),
+        "slow_call_rate": i.window.slow_call_rate(),
+        "not_permitted": i.not_permitted,
+        "opened_at": i.opened_at.map(|t| rfc3339(t.to_system_time())),
+        "next_probe_at": i.next_probe_at.map(|t| rfc3339(t.to_system_time())),
     })
 }
 

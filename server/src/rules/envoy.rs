@@ -373,21 +373,7 @@ impl Walker<'_> {
                 continue;
             }
             let stat = format!("{stat}.{composite}");
-            let share = match map.get("share_threshold") {
-                None | Some(Value::Null) | Some(Value::Bool(false)) => false,
-                Some(Value::Bool(true)) if value.contains('*') => true,
-                Some(Value::Bool(true)) => {
-                    self.error(
-                        &format!("{here}.share_threshold"),
-                        format!("applies only to a wildcard value (containing '*'), not '{value}'"),
-                    );
-                    false
-                }
-                Some(_) => {
-                    self.error(&format!("{here}.share_threshold"), "must be true or false");
-                    false
-                }
-            };
+            let share = self.share_threshold(map, value, &here);
             if share {
                 self.shared.push((self.depth, value.to_string()));
             }
@@ -409,6 +395,26 @@ impl Walker<'_> {
         node
     }
 
+    /// A descriptor's `share_threshold`: whether every value its wildcard
+    /// matches shares one counter.
+    fn share_threshold(&mut self, map: &Mapping, value: &str, here: &str) -> bool {
+        match map.get("share_threshold") {
+            None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+            Some(Value::Bool(true)) if value.contains('*') => true,
+            Some(Value::Bool(true)) => {
+                self.error(
+                    &format!("{here}.share_threshold"),
+                    format!("applies only to a wildcard value (containing '*'), not '{value}'"),
+                );
+                false
+            }
+            Some(_) => {
+                self.error(&format!("{here}.share_threshold"), "must be true or false");
+                false
+            }
+        }
+    }
+
     fn rate_limit(&mut self, v: &Value, stat: &str, path: &str, shadow: bool) -> Option<usize> {
         let Some(map) = v.as_mapping() else {
             self.error(path, "must be a mapping");
@@ -418,6 +424,34 @@ impl Walker<'_> {
             self.error(&field, message);
         }
         let unlimited = map.get("unlimited").and_then(Value::as_bool).unwrap_or(false);
+        let (unit, requests_per_unit) = self.size(map, path, unlimited)?;
+        let name = map.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
+        let mut replaces = Vec::new();
+        for r in map.get("replaces").and_then(Value::as_sequence).into_iter().flatten() {
+            match r.get("name").and_then(Value::as_str) {
+                Some(n) if !n.is_empty() && n != name => replaces.push(n.to_string()),
+                Some(n) if n == name => self.error(&format!("{path}.replaces"), "must not name this limit itself"),
+                _ => self.error(&format!("{path}.replaces"), "every entry needs a name"),
+            }
+        }
+        // Named by its stat, unique in the domain: the Redis key and the
+        // metrics name it.
+        self.config.rules.push(window_rule(stat.to_string(), requests_per_unit, unit, shadow));
+        self.config.limits.push(EnvoyLimit {
+            path: stat.to_string(),
+            name,
+            unit,
+            requests_per_unit,
+            unlimited,
+            replaces,
+            shared: self.shared.clone(),
+            rule: self.config.rules.len() - 1,
+        });
+        Some(self.config.limits.len() - 1)
+    }
+
+    /// A limit's `unit` and `requests_per_unit` (an unlimited one has neither).
+    fn size(&mut self, map: &Mapping, path: &str, unlimited: bool) -> Option<(Unit, u32)> {
         let unit = map.get("unit").and_then(Value::as_str);
         let unit = match (unlimited, unit) {
             (true, Some(_)) => {
@@ -453,29 +487,7 @@ impl Walker<'_> {
                 return None;
             }
         };
-        let name = map.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
-        let mut replaces = Vec::new();
-        for r in map.get("replaces").and_then(Value::as_sequence).into_iter().flatten() {
-            match r.get("name").and_then(Value::as_str) {
-                Some(n) if !n.is_empty() && n != name => replaces.push(n.to_string()),
-                Some(n) if n == name => self.error(&format!("{path}.replaces"), "must not name this limit itself"),
-                _ => self.error(&format!("{path}.replaces"), "every entry needs a name"),
-            }
-        }
-        // Named by its stat, unique in the domain: the Redis key and the
-        // metrics name it.
-        self.config.rules.push(window_rule(stat.to_string(), requests_per_unit, unit, shadow));
-        self.config.limits.push(EnvoyLimit {
-            path: stat.to_string(),
-            name,
-            unit,
-            requests_per_unit,
-            unlimited,
-            replaces,
-            shared: self.shared.clone(),
-            rule: self.config.rules.len() - 1,
-        });
-        Some(self.config.limits.len() - 1)
+        Some((unit, requests_per_unit))
     }
 }
 

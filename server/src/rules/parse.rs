@@ -199,7 +199,20 @@ fn one_override(f: &Fields<'_>, limits: &[Limit], tiers: &HashMap<String, Vec<Li
     if f.has("retry_after") && given[0] != "block" {
         f.error("retry_after", "applies only with block: true");
     }
-    let action = match given[0] {
+    let action = override_action(f, given[0])?;
+    match Override::new(when, action, limits, tiers) {
+        Ok(o) => Some(o),
+        Err((field, why)) => {
+            f.error(field, why);
+            None
+        }
+    }
+}
+
+/// What an override does, from the one of `block`, `factor`, `limits` and
+/// `tier` it gives (`given`).
+fn override_action(f: &Fields<'_>, given: &str) -> Option<Action> {
+    Some(match given {
         "block" => {
             if !f.flag("block") {
                 f.error("block", "must be true (remove the override to unblock)");
@@ -230,14 +243,7 @@ fn one_override(f: &Fields<'_>, limits: &[Limit], tiers: &HashMap<String, Vec<Li
             Action::Limits(set)
         }
         _ => Action::Tier(f.string("tier")?),
-    };
-    match Override::new(when, action, limits, tiers) {
-        Ok(o) => Some(o),
-        Err((field, why)) => {
-            f.error(field, why);
-            None
-        }
-    }
+    })
 }
 
 /// A descriptor value as YAML writes it: a string, a number or a boolean.

@@ -63,6 +63,27 @@ impl<'r> Pending<'r> {
     }
 }
 
+/// An override blocks the request: denied before anything else.
+fn blocked<'r>(
+    (retry_after, values): (Duration, String),
+    dry_run: bool,
+    (rule, handles): (&'r Rule, &'r RuleHandles),
+    level: u32,
+) -> Answer<'r> {
+    let denial = Denial::Blocked { values, retry_after };
+    let answer = Answer {
+        rule: Some(&rule.name),
+        verdict: denial.verdict(),
+        retry_after,
+        denial: Some(Box::new(denial)),
+        ..Answer::allowed(level)
+    };
+    if !dry_run {
+        answer.count(&handles.metrics);
+    }
+    answer
+}
+
 /// Reported for a strict limit Redis was not asked about: its size, no state.
 fn not_asked(l: &Limit) -> Decision {
     Decision { admitted: true, status: Status { limit: l.algorithm.capacity(), ..Status::default() } }
@@ -81,19 +102,8 @@ impl Engine {
             }
             return Step::Done(answer);
         };
-        if let Some((retry_after, values)) = p.blocked {
-            let denial = Denial::Blocked { values, retry_after };
-            let answer = Answer {
-                rule: Some(&rule.name),
-                verdict: denial.verdict(),
-                retry_after,
-                denial: Some(Box::new(denial)),
-                ..Answer::allowed(level)
-            };
-            if !p.dry_run {
-                answer.count(&handles.metrics);
-            }
-            return Step::Done(answer);
+        if let Some(block) = p.blocked {
+            return Step::Done(blocked(block, p.dry_run, (rule, handles), level));
         }
         // Limits Redis decides: with Redis up it is asked; while it is down,
         // each follows its `on_redis_error`, on every request of the outage.
@@ -108,6 +118,19 @@ impl Engine {
             }
             return Step::Done(answer);
         }
+        self.begin_guarded(p, (rule, handles), level, now, redis_limits)
+    }
+
+    /// [`Engine::begin`] for a resource with guards (shedding, a breaker, a
+    /// concurrency limit) or with limits Redis decides.
+    fn begin_guarded<'r>(
+        &self,
+        p: Prepared<'r>,
+        (rule, handles): (&'r Rule, &'r RuleHandles),
+        level: u32,
+        now: Timestamp,
+        redis_limits: bool,
+    ) -> Step<'r> {
         let mut pending = Pending {
             answer: Answer { rule: Some(&rule.name), ..Answer::allowed(level) },
             rule,
@@ -131,9 +154,17 @@ impl Engine {
             self.decide_limits(&mut pending.answer, handles, &p.matched, &resource, now, cost, dry_run);
             return Step::Done(self.conclude(pending));
         }
+        self.ask_redis(pending, p.matched)
+    }
+
+    /// The limits decided here are taken (all or nothing) before Redis is
+    /// asked for the rest: `Remote` when it must be; decided here when a
+    /// local limit denies, or Redis is down (the outage policies).
+    fn ask_redis<'r>(&self, mut pending: Pending<'r>, matched: Matched<'r>) -> Step<'r> {
         let (remote, local): (Matched<'r>, Matched<'r>) =
-            p.matched.into_iter().partition(|(l, _, _)| decided_by_redis(l));
-        let decisions = self.take_or_check(&local, &pending.request_resource, now, p.cost, p.dry_run);
+            matched.into_iter().partition(|(l, _, _)| decided_by_redis(l));
+        let (now, cost, dry_run) = (pending.now, pending.cost, pending.dry_run);
+        let decisions = self.take_or_check(&local, &pending.request_resource, now, cost, dry_run);
         let denied = local.iter().zip(&decisions).any(|((l, ..), d)| super::enforced_denial(l, d));
         pending.given_back = denied;
         pending.limits.extend(local.into_iter().zip(decisions).map(|((l, i, k), d)| (l, i, k, Some(d))));
