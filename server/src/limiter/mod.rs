@@ -184,7 +184,10 @@ impl Algorithm {
         match self {
             Algorithm::FixedWindow(c) => c.window_of(at) == c.window_of(now),
             Algorithm::SlidingWindow(c) => at.as_nanos() / c.window == now.as_nanos() / c.window,
-            _ => true,
+            Algorithm::TokenBucket(_)
+            | Algorithm::Gcra(_)
+            | Algorithm::LeakyBucket(_)
+            | Algorithm::SlidingWindowLog(_) => true,
         }
     }
 
@@ -256,17 +259,36 @@ impl Algorithm {
 }
 
 /// Applies `$body` to the state and config of matching variants; `$fallback`
-/// when the bucket was made for another algorithm (the rule changed under it).
+/// when the bucket was made for another algorithm (the rule changed under
+/// it). The outer match names every bucket, so a new algorithm's bucket
+/// that is not dispatched fails to compile.
 macro_rules! dispatch {
     ($bucket:expr, $alg:expr, |$s:ident, $c:ident| $body:expr, $fallback:expr) => {
-        match ($bucket, $alg) {
-            (Bucket::TokenBucket($s), Algorithm::TokenBucket($c)) => $body,
-            (Bucket::Gcra($s), Algorithm::Gcra($c)) => $body,
-            (Bucket::LeakyBucket($s), Algorithm::LeakyBucket($c)) => $body,
-            (Bucket::FixedWindow($s), Algorithm::FixedWindow($c)) => $body,
-            (Bucket::SlidingWindowLog($s), Algorithm::SlidingWindowLog($c)) => $body,
-            (Bucket::SlidingWindow($s), Algorithm::SlidingWindow($c)) => $body,
-            _ => $fallback,
+        match $bucket {
+            Bucket::TokenBucket($s) => match $alg {
+                Algorithm::TokenBucket($c) => $body,
+                _ => $fallback,
+            },
+            Bucket::Gcra($s) => match $alg {
+                Algorithm::Gcra($c) => $body,
+                _ => $fallback,
+            },
+            Bucket::LeakyBucket($s) => match $alg {
+                Algorithm::LeakyBucket($c) => $body,
+                _ => $fallback,
+            },
+            Bucket::FixedWindow($s) => match $alg {
+                Algorithm::FixedWindow($c) => $body,
+                _ => $fallback,
+            },
+            Bucket::SlidingWindowLog($s) => match $alg {
+                Algorithm::SlidingWindowLog($c) => $body,
+                _ => $fallback,
+            },
+            Bucket::SlidingWindow($s) => match $alg {
+                Algorithm::SlidingWindow($c) => $body,
+                _ => $fallback,
+            },
         }
     };
 }
