@@ -49,7 +49,8 @@ struct Kept {
 
 impl From<Answer<'_>> for Kept {
     fn from(a: Answer<'_>) -> Self {
-        Kept { verdict: a.verdict, permit: a.permit_id }
+        // As the gRPC answer carries it.
+        Kept { verdict: a.verdict, permit: a.permit_id.map(|p| p.to_string()) }
     }
 }
 

@@ -55,7 +55,8 @@ struct Granted {
 impl From<Answer<'_>> for Granted {
     fn from(a: Answer<'_>) -> Self {
         let available = a.limits.iter().map(|l| l.status.remaining).min().unwrap_or(0);
-        Granted { verdict: a.verdict, permit_id: a.permit_id, retry_after: a.retry_after, available }
+        let permit_id = a.permit_id.map(|p| p.to_string());
+        Granted { verdict: a.verdict, permit_id, retry_after: a.retry_after, available }
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use smallvec::SmallVec;
 
 use super::counters::RuleMetrics;
-use super::guards::Denial;
+use super::guards::{Denial, PermitId};
 use super::installed::RuleHandles;
 use super::request::{self, Descriptors, Request, RequestError};
 use super::sync::{RemoteBreaker, decided_by_redis};
@@ -45,15 +45,16 @@ pub struct LimitReport<'r> {
 pub struct Answer<'r> {
     pub verdict: Verdict,
     /// The matched rule's name, if any.
-    pub rule: Option<&'r str>,
+    pub rule: Option<&'r String>,
     /// One per matched limit, in rule order (empty when denied before the limits).
     /// Two inline: most rules have one or two limits, and an answer is moved
     /// several times on its way out.
     pub limits: SmallVec<[LimitReport<'r>; 2]>,
     pub retry_after: Duration,
     pub wait: Duration,
-    /// Set when admitted on a resource with a breaker or a concurrency limit.
-    pub permit_id: Option<String>,
+    /// Set when admitted on a resource with a breaker or a concurrency
+    /// limit, or with `settle`.
+    pub permit_id: Option<PermitId>,
     /// The permit holds a concurrency slot.
     pub holds_slot: bool,
     pub breaker_state: Option<breaker::State>,
@@ -201,6 +202,7 @@ impl Answer<'_> {
 
 impl Engine {
     /// Decides one request against `rules` (from [`Engine::rules`]).
+    #[inline]
     pub fn acquire<'r, D: Descriptors + ?Sized>(
         &self,
         rules: &'r Installed,

@@ -56,7 +56,7 @@ fn ask_with(e: &Engine, resource: &str, dry_run: bool) -> Got {
     Got {
         verdict: a.verdict,
         reason: a.reason(),
-        permit: a.permit_id,
+        permit: a.permit_id.map(|p| p.to_string()),
         retry_after: a.retry_after,
         state: a.breaker_state,
     }

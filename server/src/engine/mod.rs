@@ -36,7 +36,7 @@ pub mod sync;
 pub mod what_if;
 
 pub use decide::{Answer, LimitReport, Pending, Prepared, Step, Verdict};
-pub use guards::{DEFAULT_PERMIT_TTL, Denial};
+pub use guards::{DEFAULT_PERMIT_TTL, Denial, PermitId};
 pub use installed::{EnvoyInstalled, Installed};
 pub use report::{Report, Reported, Snapshot};
 pub use request::{Descriptors, ErrorKind, Request, RequestError};

@@ -20,6 +20,7 @@ use dashmap::mapref::entry::Entry;
 use smallvec::SmallVec;
 
 use super::decide::{Answer, Verdict, matched};
+use super::guards::PermitId;
 use super::request::{self, Descriptors, Request, RequestError};
 use super::{Engine, Installed, LimitReport};
 use crate::rules::SyncMode;
@@ -86,18 +87,15 @@ impl Engine {
             expires: now.saturating_add(ttl),
             buckets,
         };
-        if let Some(id) = &answer.permit_id {
-            if let Ok(key) = request::check_permit_id(id) {
-                self.settlements.map.insert(key, pending);
-            }
+        if let Some(id) = answer.permit_id {
+            self.settlements.map.insert(id.get(), pending);
             return;
         }
         loop {
-            // ThreadRng: ChaCha12, seeded and reseeded from the operating system.
-            let key: u128 = rand::random();
-            if let Entry::Vacant(slot) = self.settlements.map.entry(key) {
+            let id = PermitId::random();
+            if let Entry::Vacant(slot) = self.settlements.map.entry(id.get()) {
                 slot.insert(pending);
-                answer.permit_id = Some(format!("{key:032x}"));
+                answer.permit_id = Some(id);
                 return;
             }
         }
@@ -234,7 +232,11 @@ resources:
         let req = Request { resource, descriptors: &d, cost, dry_run: false, settle: true };
         let mut a = e.acquire(&rules, &req).unwrap();
         e.hold_estimate(&rules, &req, &mut a);
-        (a.verdict == Verdict::Allowed, a.permit_id.clone(), a.limits.iter().map(|l| l.status.remaining).collect())
+        (
+            a.verdict == Verdict::Allowed,
+            a.permit_id.map(|p| p.to_string()),
+            a.limits.iter().map(|l| l.status.remaining).collect(),
+        )
     }
 
     fn remaining(e: &Engine, resource: &str) -> Vec<(u64, Duration)> {

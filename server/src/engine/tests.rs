@@ -129,7 +129,7 @@ fn peek_reports_state_without_consuming() {
     assert_eq!(out.limits.iter().map(|l| l.status.remaining).collect::<Vec<_>>(), [4, 1]);
     let out = e.peek(&rules, "orders", &u1, Some("per-user")).unwrap();
     assert_eq!(out.limits.len(), 1);
-    assert_eq!(out.rule, Some("orders"));
+    assert_eq!(out.rule.map(String::as_str), Some("orders"));
 }
 
 #[test]

@@ -46,7 +46,7 @@ impl Replication {
             }
         };
         Some(match grant {
-            Grant::Probe => RemoteBreaker::Probe(self.sync().probe_granted(resource, r.generation)),
+            Grant::Probe => RemoteBreaker::Probe(Box::new(self.sync().probe_granted(resource, r.generation))),
             Grant::Plain => RemoteBreaker::Plain,
             Grant::Denied => {
                 let retry_after = match r.state {

@@ -242,7 +242,7 @@ fn a_concurrency_limit_only_gates_and_never_leaks() {
     let permit = held.unwrap().permit_id.expect("a permit");
     drop(rules);
     assert_eq!(overs(&dec, "db", &[("k", "v")], 2), [true, true], "the slot is held by an Acquire caller");
-    dec.engine.report(&dec.engine.rules(), "db", &permit, Outcome::Success, None).unwrap();
+    dec.engine.report(&dec.engine.rules(), "db", &permit.to_string(), Outcome::Success, None).unwrap();
     assert_eq!(overs(&dec, "db", &[("k", "v")], 1), [false]);
 }
 
@@ -258,14 +258,14 @@ fn a_breaker_lets_rls_through_only_when_closed_and_never_takes_a_probe() {
         a.unwrap().permit_id
     };
     let permit = acquire().unwrap();
-    dec.engine.report(&dec.engine.rules(), "pay", &permit, Outcome::Failure, None).unwrap();
+    dec.engine.report(&dec.engine.rules(), "pay", &permit.to_string(), Outcome::Failure, None).unwrap();
     let open = call(&dec, "pay", vec![d(&[("k", "v")])]);
     assert!(open.over, "OPEN");
     assert_eq!(open.statuses[0].reset, Some(Duration::from_secs(5)), "retry when the breaker may probe");
     clock.advance(Duration::from_secs(6));
     assert_eq!(overs(&dec, "pay", &[("k", "v")], 3), [true; 3], "the probe is kept for a caller that reports");
     let probe = acquire().expect("an Acquire caller still gets the probe");
-    dec.engine.report(&dec.engine.rules(), "pay", &probe, Outcome::Success, None).unwrap();
+    dec.engine.report(&dec.engine.rules(), "pay", &probe.to_string(), Outcome::Success, None).unwrap();
     assert_eq!(overs(&dec, "pay", &[("k", "v")], 3), [false; 3], "CLOSED again");
     assert_eq!(dec.figures().permits_in_flight, 0);
 }

@@ -8,7 +8,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::permits::{Permit, Permits};
+use super::permits::{Permit, PermitId, Permits};
 use super::{Guarded, Guards};
 use crate::breaker::{Admission, State};
 use crate::engine::sync::{ProbeGrant, RemoteBreaker};
@@ -34,7 +34,7 @@ struct Held {
     /// The breaker's generation, and whether this call is a probe.
     breaker: Option<(u64, bool)>,
     /// A probe the shared breaker granted.
-    remote_probe: Option<ProbeGrant>,
+    remote_probe: Option<Box<ProbeGrant>>,
     holds_slot: bool,
 }
 
@@ -220,7 +220,7 @@ impl Guards {
 impl Permits {
     /// A permit for an admitted call, expiring after the rule's `permit_ttl`
     /// (a probe's, after `max_wait_in_half_open` at the latest).
-    pub fn issue_for(&self, rule: &Rule, resource: String, a: Admitted, now: Timestamp) -> String {
+    pub fn issue_for(&self, rule: &Rule, resource: String, a: Admitted, now: Timestamp) -> PermitId {
         let held = a.hand_over();
         let mut ttl = rule.concurrency.map_or(DEFAULT_PERMIT_TTL, |c| c.permit_ttl);
         if let (Some((_, true)), Some(cfg)) = (held.breaker, &rule.breaker) {
@@ -232,7 +232,7 @@ impl Permits {
             issued_at: now,
             expires_at: now.saturating_add(ttl),
             breaker: held.breaker,
-            remote_probe: held.remote_probe.map(ProbeGrant::keep),
+            remote_probe: held.remote_probe.map(|g| g.keep()),
             holds_slot: held.holds_slot,
         })
     }

@@ -15,7 +15,7 @@ mod admit;
 mod permits;
 
 pub use admit::{Admitted, Ask, DEFAULT_PERMIT_TTL, Denial};
-pub use permits::{Permit, Permits};
+pub use permits::{Permit, PermitId, Permits};
 
 /// A closed breaker untouched this long is forgotten (its history with it).
 pub const IDLE_TTL: Duration = Duration::from_secs(600);

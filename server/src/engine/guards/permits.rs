@@ -37,15 +37,40 @@ pub struct Permits {
     map: DashMap<u128, Permit, ahash::RandomState>,
 }
 
+/// A permit's id: 128 random bits, never 0, written as 32 hex digits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PermitId(std::num::NonZeroU128);
+
+impl PermitId {
+    /// A fresh id. ThreadRng: ChaCha12, seeded and reseeded from the
+    /// operating system.
+    pub fn random() -> PermitId {
+        loop {
+            if let Some(id) = std::num::NonZeroU128::new(rand::random()) {
+                return PermitId(id);
+            }
+        }
+    }
+
+    pub fn get(self) -> u128 {
+        self.0.get()
+    }
+}
+
+impl std::fmt::Display for PermitId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:032x}", self.0.get())
+    }
+}
+
 impl Permits {
-    pub fn issue(&self, permit: Permit) -> String {
+    pub fn issue(&self, permit: Permit) -> PermitId {
         let mut permit = Some(permit);
         loop {
-            // ThreadRng: ChaCha12, seeded and reseeded from the operating system.
-            let id: u128 = rand::random();
-            if let Entry::Vacant(slot) = self.map.entry(id) {
+            let id = PermitId::random();
+            if let Entry::Vacant(slot) = self.map.entry(id.get()) {
                 slot.insert(permit.take().expect("inserted once"));
-                return format!("{id:032x}");
+                return id;
             }
         }
     }
@@ -97,7 +122,7 @@ mod tests {
     #[test]
     fn ids_are_128_random_bits_and_do_not_follow_each_other() {
         let p = Permits::default();
-        let ids: Vec<String> = (0..1000).map(|_| p.issue(permit("r"))).collect();
+        let ids: Vec<String> = (0..1000).map(|_| p.issue(permit("r")).to_string()).collect();
         assert!(ids.iter().all(|id| id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())));
         let mut unique = ids.clone();
         unique.sort();
@@ -111,7 +136,7 @@ mod tests {
     #[test]
     fn a_wrong_resource_does_not_say_whose_permit_it_is() {
         let p = Permits::default();
-        let id = p.issue(permit("secret-payments-db"));
+        let id = p.issue(permit("secret-payments-db")).to_string();
         let err = p.take(&id, "other").unwrap_err().to_string();
         assert!(!err.contains("secret"), "{err}");
         assert!(p.take(&id, "secret-payments-db").unwrap().is_some());

@@ -13,7 +13,8 @@ use crate::time::Timestamp;
 #[derive(Debug)]
 pub enum RemoteBreaker {
     /// A probe, counted across every replica, of the shared generation.
-    Probe(ProbeGrant),
+    /// Boxed: rare, and every prepared decision carries room for this.
+    Probe(Box<ProbeGrant>),
     /// The shared breaker admits plain calls (closed, disabled, metrics-only).
     Plain,
     Deny {

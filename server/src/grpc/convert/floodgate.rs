@@ -140,7 +140,7 @@ impl From<Answer<'_>> for pb::AcquireResponse {
             breaker_state: state_number(out.breaker_state),
             degradation_level: out.degradation_level,
             reason: if out.verdict == Verdict::Allowed { String::new() } else { out.reason() },
-            permit_id: out.permit_id.unwrap_or_default(),
+            permit_id: out.permit_id.map(|p| p.to_string()).unwrap_or_default(),
             holds_slot: out.holds_slot,
         }
     }
@@ -149,7 +149,7 @@ impl From<Answer<'_>> for pb::AcquireResponse {
 impl From<Answer<'_>> for pb::PeekResponse {
     fn from(out: Answer<'_>) -> Self {
         pb::PeekResponse {
-            rule: out.rule.unwrap_or_default().to_string(),
+            rule: out.rule.cloned().unwrap_or_default(),
             limits: out
                 .limits
                 .iter()
