@@ -89,7 +89,7 @@ pub async fn run(
     if !decider.overrides_persisted() {
         tracing::info!("overrides set through Admin are kept in memory only (see --overrides-file)");
     }
-    let _background = spawn_background(&opts, &engine, &decider, sources)?;
+    let _background = spawn_background(&opts, &engine, &decider, sources, prometheus.clone())?;
     serve(opts, listeners, decider, access, tls, prometheus, shutdown).await
 }
 
@@ -101,19 +101,10 @@ fn check(opts: &Options) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The Prometheus recorder, and its upkeep every five seconds.
+/// The Prometheus recorder (its upkeep runs in the background, see
+/// [`spawn_background`]).
 fn start_metrics() -> Option<metrics_exporter_prometheus::PrometheusHandle> {
-    let prometheus = crate::metrics::install();
-    if let Some(handle) = prometheus.clone() {
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(5));
-            loop {
-                tick.tick().await;
-                handle.run_upkeep();
-            }
-        });
-    }
-    prometheus
+    crate::metrics::install()
 }
 
 /// TLS for each port (both or neither), reloaded when the files change.
@@ -185,12 +176,13 @@ impl Drop for Background {
 }
 
 /// The file watchers, and the sweeper, the ticker (permit and probe expiry,
-/// the degradation level) and the override expiry.
+/// the degradation level), the override expiry and the recorder's upkeep.
 fn spawn_background(
     opts: &Options,
     engine: &Arc<Engine>,
     decider: &Arc<Decider>,
     sources: Sources,
+    prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
 ) -> anyhow::Result<Background> {
     let mut tasks = Vec::new();
     if let Some((path, text)) = sources.rules {
@@ -208,6 +200,12 @@ fn spawn_background(
         // already; this removes them within a second.
         crate::runtime::every(Duration::from_secs(1), decider, |d| async move { d.expire_overrides().await }),
     ]);
+    if let Some(handle) = prometheus {
+        tasks.push(crate::runtime::every(Duration::from_secs(5), decider, move |_| {
+            let handle = handle.clone();
+            async move { handle.run_upkeep() }
+        }));
+    }
     Ok(Background(tasks))
 }
 
