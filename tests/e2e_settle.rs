@@ -202,3 +202,46 @@ async fn the_client_crate_settles_from_a_guard_and_from_an_http_response() {
     assert_eq!(tokens_left(&fg, "extension").await, 550);
     assert!(FloodgateLayer::new(client).actual_cost_header("bad header").is_err(), "bad input is an error");
 }
+
+const LOG: &str = r#"
+resources:
+  - name: log
+    limits:
+      - { name: exact, algorithm: sliding_window_log, limit: 10, window: 2s }
+"#;
+
+/// Giving back on a sliding log returns only the settling caller's entries:
+/// an estimate of 5 at 0 s, five other calls at 0.6 s, the estimate settled
+/// at 0. At 2.1 s the estimate's entries would have left the window, the
+/// others' not: only 5 more fit. (Before, the newest five, the others', went
+/// back: 10 more were admitted, 15 within 1.5 s on a limit of 10 per 2 s.)
+#[tokio::test]
+async fn a_sliding_log_gives_back_only_the_settled_callers_entries() {
+    let dir = TempDir::new();
+    let fg = Floodgate::start(&["--config", path_str(&dir.write("rules.yaml", LOG))]);
+    let mut c = fg.client().await;
+    let call =
+        |cost: u32, settle: bool| pb::AcquireRequest { resource: "log".into(), cost, settle, ..Default::default() };
+    let started = Instant::now();
+    let estimate = c.acquire(call(5, true)).await.unwrap().into_inner();
+    assert_eq!(estimate.verdict(), pb::Verdict::Allowed);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    for _ in 0..5 {
+        assert_eq!(c.acquire(call(1, false)).await.unwrap().into_inner().verdict(), pb::Verdict::Allowed);
+    }
+    let settled = pb::ReportOutcomeRequest {
+        resource: "log".into(),
+        permit_id: estimate.permit_id,
+        outcome: pb::Outcome::Success as i32,
+        actual_cost: Some(0),
+        ..Default::default()
+    };
+    assert!(c.report_outcome(settled).await.unwrap().into_inner().settled);
+    tokio::time::sleep(Duration::from_millis(2100).saturating_sub(started.elapsed())).await;
+    let mut admitted = 0;
+    for _ in 0..12 {
+        admitted += u32::from(c.acquire(call(1, false)).await.unwrap().into_inner().verdict() == pb::Verdict::Allowed);
+    }
+    assert!(started.elapsed() < Duration::from_millis(2550), "the others' entries must still be in the window");
+    assert_eq!(admitted, 5, "the others' 5 + 5 more = the limit of 10 in the window");
+}

@@ -106,9 +106,7 @@ pub fn requests(data: &[u8]) {
         0 => {
             if let Ok(r) = pb::AcquireRequest::decode(body) {
                 let req = Request::from(&r);
-                if let Ok(mut answer) = e.acquire(&rules, &req) {
-                    e.hold_estimate(&rules, &req, &mut answer);
-                }
+                let _ = e.acquire(&rules, &req);
             }
         }
         4 => {

@@ -20,7 +20,7 @@ impl Decider {
             None => {
                 let rules = self.engine.rules();
                 let answer = self.engine.acquire(&rules, req)?;
-                Ok(self.answered(&rules, req, answer))
+                Ok(self.answered(req, answer))
             }
             // Boxed: the memory-only call's future stays small.
             Some(replication) => Box::pin(self.acquire_replicated(replication, req)).await,
@@ -36,7 +36,7 @@ impl Decider {
         let prepared = vec![self.engine.prepare(&rules, req)?];
         let again = |_| self.engine.prepare(&rules, req).ok();
         let answer = replication.decide_many(&rules, prepared, again).await.into_iter().next();
-        Ok(self.answered(&rules, req, answer.expect("one answer per request")))
+        Ok(self.answered(req, answer.expect("one answer per request")))
     }
 
     /// Independent decisions, answered in order. Every item is checked first:
@@ -52,29 +52,25 @@ impl Decider {
             let prepared = prepare_all(&self.engine, &rules, field, reqs)?;
             let now = self.engine.clock().now();
             let answers = prepared.into_iter().map(|p| self.engine.decide(p, now));
-            return Ok(answers.zip(reqs).map(|(a, req)| self.answered(&rules, req, a)).collect());
+            return Ok(answers.zip(reqs).map(|(a, req)| self.answered(req, a)).collect());
         };
         let rules = self.engine.rules_full();
         let prepared = prepare_all(&self.engine, &rules, field, reqs)?;
         let again = |i: usize| self.engine.prepare(&rules, &reqs[i]).ok();
         let answers = replication.decide_many(&rules, prepared, again).await;
-        Ok(answers.into_iter().zip(reqs).map(|(a, req)| self.answered(&rules, req, a)).collect())
+        Ok(answers.into_iter().zip(reqs).map(|(a, req)| self.answered(req, a)).collect())
     }
 
     /// Every decided call, however it was decided: shown to the what-if
-    /// running (if any), its estimate held (with `settle`), translated.
+    /// running (if any), translated.
     #[inline]
     fn answered<'r, D: Descriptors + ?Sized, R: From<Answer<'r>>>(
         &self,
-        rules: &Installed,
         req: &Request<'_, D>,
-        mut answer: Answer<'r>,
+        answer: Answer<'r>,
     ) -> R {
         if let Some(w) = &*self.what_if.load() {
             w.observe(req, answer.verdict == Verdict::Allowed, self.engine.clock().now());
-        }
-        if req.settle {
-            self.engine.hold_estimate(rules, req, &mut answer);
         }
         R::from(answer)
     }

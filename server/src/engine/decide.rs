@@ -72,8 +72,13 @@ pub struct Prepared<'r> {
     pub(super) rule: Option<(&'r Rule, &'r RuleHandles)>,
     /// Where a decision no rule matched is counted.
     pub(super) unmatched: &'r RuleMetrics,
-    /// The resource, kept when the rule guards it (breaker or concurrency).
+    /// The resource, kept when the rule guards it (breaker or concurrency)
+    /// or the cost is an estimate to settle.
     pub(super) resource: Option<String>,
+    /// The rule has a breaker or a concurrency limit.
+    pub(super) guarded: bool,
+    /// The cost is an estimate: an allowed decision holds it for its report.
+    pub(super) settle: bool,
     /// The resource when replication needs it (a hash tag); else empty.
     pub(super) request_resource: String,
     pub(super) matched: Matched<'r>,
@@ -240,12 +245,15 @@ impl Engine {
             }
         }
         let guarded = rule.is_some_and(|(r, _)| r.breaker.is_some() || r.concurrency.is_some());
-        let resource = guarded.then(|| req.resource.to_string());
+        let settle = req.settle && !req.dry_run;
+        let resource = (guarded || settle).then(|| req.resource.to_string());
         let request_resource = if self.sync.is_some() { req.resource.to_string() } else { String::new() };
         Ok(Prepared {
             rule,
             unmatched: &rules.handles.unmatched,
             resource,
+            guarded,
+            settle,
             request_resource,
             matched,
             cost,

@@ -127,6 +127,8 @@ impl Engine {
             rule: Some((rule, handles)),
             unmatched: &rules.handles.unmatched,
             resource: guarded.then(|| domain.to_string()),
+            guarded,
+            settle: false,
             request_resource: if self.sync.is_some() { domain.to_string() } else { String::new() },
             matched,
             cost: d.hits,

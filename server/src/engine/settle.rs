@@ -19,11 +19,11 @@ use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 use smallvec::SmallVec;
 
-use super::decide::{Answer, Verdict, matched};
+use super::decide::{Answer, matched};
 use super::guards::PermitId;
-use super::request::{self, Descriptors, Request, RequestError};
+use super::request::{self, Descriptors, RequestError};
 use super::{Engine, Installed, LimitReport};
-use crate::rules::SyncMode;
+use crate::rules::{Limit, Rule, SyncMode};
 use crate::store::BucketKey;
 use crate::time::Timestamp;
 
@@ -59,34 +59,27 @@ impl Settlements {
 }
 
 impl Engine {
-    /// After an allowed Acquire with `settle`: remembers what its estimate
-    /// took and puts the permit to settle it in `answer` (the breaker's or
+    /// An allowed Acquire with `settle`: remembers what its estimate took
+    /// (the buckets of `taken`, at `now`, the instant the decision took
+    /// them) and puts the permit to settle it in `answer` (the breaker's or
     /// the concurrency limit's permit when it has one).
-    pub fn hold_estimate<D: Descriptors + ?Sized>(
+    pub(super) fn hold_estimate<'a>(
         &self,
-        rules: &Installed,
-        req: &Request<'_, D>,
         answer: &mut Answer<'_>,
+        rule: &Rule,
+        resource: String,
+        taken: impl Iterator<Item = (&'a Limit, &'a BucketKey)>,
+        cost: u64,
+        now: Timestamp,
     ) {
-        if !req.settle || req.dry_run || answer.verdict != Verdict::Allowed || self.settlements.len() >= MAX_PENDING {
+        if self.settlements.len() >= MAX_PENDING {
             return;
         }
-        let Some((rule, handles)) = rules.find(req.resource) else { return };
         let replicated = self.sync.is_some();
-        let buckets: SmallVec<[BucketKey; 2]> = matched(rule, handles, req.resource, req.descriptors, &self.clock)
-            .into_iter()
-            .filter(|(l, _, _)| !(replicated && l.sync == SyncMode::Strict))
-            .map(|(_, _, k)| k)
-            .collect();
-        let now = self.clock.now();
+        let buckets: SmallVec<[BucketKey; 2]> =
+            taken.filter(|(l, _)| !(replicated && l.sync == SyncMode::Strict)).map(|(_, k)| k.clone()).collect();
         let ttl = rule.concurrency.map_or(super::DEFAULT_PERMIT_TTL, |c| c.permit_ttl);
-        let pending = Pending {
-            resource: req.resource.to_string(),
-            cost: u64::from(req.cost.max(1)),
-            at: now,
-            expires: now.saturating_add(ttl),
-            buckets,
-        };
+        let pending = Pending { resource, cost, at: now, expires: now.saturating_add(ttl), buckets };
         if let Some(id) = answer.permit_id {
             self.settlements.map.insert(id.get(), pending);
             return;
@@ -137,7 +130,7 @@ impl Engine {
                 self.note_replicated(l, bucket, &p.resource, i64::try_from(more).unwrap_or(i64::MAX), now);
             } else if actual < p.cost && l.algorithm.same_window(p.at, now) {
                 let back = p.cost - actual;
-                self.buckets.refund(bucket, &l.algorithm, now, back);
+                self.buckets.give_back(bucket, &l.algorithm, now, p.at, back);
                 self.note_replicated(l, bucket, &p.resource, -i64::try_from(back).unwrap_or(i64::MAX), now);
             }
         }
@@ -196,7 +189,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::engine::EngineConfig;
+    use crate::engine::{EngineConfig, Request, Verdict};
     use crate::rules::RuleSet;
     use crate::time::{Clock, ManualClock};
 
@@ -230,8 +223,7 @@ resources:
         let rules = e.rules();
         let d = user();
         let req = Request { resource, descriptors: &d, cost, dry_run: false, settle: true };
-        let mut a = e.acquire(&rules, &req).unwrap();
-        e.hold_estimate(&rules, &req, &mut a);
+        let a = e.acquire(&rules, &req).unwrap();
         (
             a.verdict == Verdict::Allowed,
             a.permit_id.map(|p| p.to_string()),

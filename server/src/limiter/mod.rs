@@ -65,6 +65,14 @@ pub trait Limiter: Sized {
     /// Gives back what a `commit` at the same `now` took, as far as the state allows.
     fn refund(&mut self, cfg: &Self::Config, now: Timestamp, cost: u64);
 
+    /// Gives back `cost` of what a `commit` at `taken_at` (up to `now`)
+    /// took: an estimate settled lower, a lease returned. Only what that
+    /// commit added comes back, never what another caller's did.
+    fn give_back(&mut self, cfg: &Self::Config, now: Timestamp, taken_at: Timestamp, cost: u64) {
+        let _ = taken_at;
+        self.refund(cfg, now, cost);
+    }
+
     fn try_acquire(&mut self, cfg: &Self::Config, now: Timestamp, cost: u64) -> Decision {
         let decision = self.check(cfg, now, cost);
         if decision.admitted {
@@ -318,6 +326,11 @@ impl Bucket {
 
     pub fn refund(&mut self, alg: &Algorithm, now: Timestamp, cost: u64) {
         dispatch!(self, alg, |s, c| s.refund(c, now, cost), ())
+    }
+
+    /// See [`Limiter::give_back`].
+    pub fn give_back(&mut self, alg: &Algorithm, now: Timestamp, taken_at: Timestamp, cost: u64) {
+        dispatch!(self, alg, |s, c| s.give_back(c, now, taken_at, cost), ())
     }
 
     /// The current state, as a zero-cost check.

@@ -114,18 +114,23 @@ impl Limiter for SlidingWindowLog {
         }
     }
 
-    fn refund(&mut self, _cfg: &Config, _now: Timestamp, mut cost: u64) {
-        while cost > 0 {
-            let Some((_, n)) = self.entries.back_mut() else {
-                break;
-            };
-            let take = cost.min(*n);
-            *n -= take;
-            self.total -= take;
-            cost -= take;
-            if *n == 0 {
-                self.entries.pop_back();
-            }
+    fn refund(&mut self, cfg: &Config, now: Timestamp, cost: u64) {
+        self.give_back(cfg, now, now, cost);
+    }
+
+    /// A commit at `taken_at` is in the entry of that instant: only it gives
+    /// back, never an older or a newer caller's entry. (Callers admitted at
+    /// the same instant share it; their units are alike.) A commit merged
+    /// into a later entry (a clock that went back) gives nothing back.
+    fn give_back(&mut self, cfg: &Config, now: Timestamp, taken_at: Timestamp, cost: u64) {
+        self.prune(cfg, now);
+        let Some(i) = self.entries.iter().rposition(|(at, _)| *at == taken_at) else { return };
+        let n = &mut self.entries[i].1;
+        let back = cost.min(*n);
+        *n -= back;
+        self.total -= back;
+        if *n == 0 {
+            self.entries.remove(i);
         }
     }
 }
@@ -176,10 +181,32 @@ mod tests {
         let mut l = SlidingWindowLog::new(&c, T0);
         assert!(l.try_acquire(&c, T0, 10).admitted);
         assert!(!l.try_acquire(&c, at_ms(999), 1).admitted);
-        l.refund(&c, at_ms(999), 4);
+        l.give_back(&c, at_ms(999), T0, 4);
         assert_eq!(l.check(&c, at_ms(999), 0).status.remaining, 4);
         assert!(l.try_acquire(&c, at_ms(1000), 10).admitted);
         assert!(l.is_empty_after(&c, at_ms(2000)));
+    }
+
+    #[test]
+    fn giving_back_a_settled_estimate_takes_only_that_callers_entries() {
+        let c = Config::new(10, SEC);
+        let mut l = SlidingWindowLog::new(&c, T0);
+        // An estimate of 5 at 0 ms, then five other calls at 100 ms.
+        assert!(l.try_acquire(&c, at_ms(0), 5).admitted);
+        assert!(l.try_acquire(&c, at_ms(100), 5).admitted);
+        // The estimate is settled at 0: its 5 come back, the others stay.
+        l.give_back(&c, at_ms(200), at_ms(0), 5);
+        assert_eq!(l.check(&c, at_ms(200), 0).status.remaining, 5);
+        assert!(l.try_acquire(&c, at_ms(200), 5).admitted);
+        assert!(!l.try_acquire(&c, at_ms(300), 1).admitted, "10 in the window: the others' 5 were not given back");
+        // Before the fix, the newest entries (the 100 ms callers') went
+        // back: the window then held 5 + 5 + 5 admitted within 1 s.
+        // Given back twice, or after its entry left the window: nothing.
+        l.give_back(&c, at_ms(300), at_ms(0), 5);
+        assert_eq!(l.check(&c, at_ms(300), 0).status.remaining, 0);
+        assert!(l.try_acquire(&c, at_ms(1150), 5).admitted, "the 100 ms callers' 5 left at 1100 ms");
+        l.give_back(&c, at_ms(1150), at_ms(100), 5);
+        assert_eq!(l.check(&c, at_ms(1150), 0).status.remaining, 0, "the 100 ms entry is gone: nothing comes back");
     }
 
     impl SlidingWindowLog {

@@ -130,6 +130,13 @@ impl Buckets {
         }
     }
 
+    /// See [`Limiter::give_back`](crate::limiter::Limiter::give_back).
+    pub fn give_back(&self, key: &BucketKey, alg: &Algorithm, now: Timestamp, taken_at: Timestamp, cost: u64) {
+        if let Some(mut slot) = self.map.get_mut(key) {
+            slot.bucket.give_back(alg, now, taken_at, cost);
+        }
+    }
+
     /// Buckets held now.
     pub fn len(&self) -> usize {
         self.len.load(Ordering::Relaxed)

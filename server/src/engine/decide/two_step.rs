@@ -36,6 +36,8 @@ pub struct Pending<'r> {
     rule: &'r Rule,
     handles: &'r RuleHandles,
     resource: Option<String>,
+    guarded: bool,
+    settle: bool,
     request_resource: String,
     admitted: Option<Admitted>,
     /// Every matched limit in rule order; the decision is `None` until Redis answers.
@@ -108,11 +110,15 @@ impl Engine {
         // Limits Redis decides: with Redis up it is asked; while it is down,
         // each follows its `on_redis_error`, on every request of the outage.
         let redis_limits = self.sync.is_some() && !p.dry_run && p.matched.iter().any(|(l, ..)| decided_by_redis(l));
-        let unguarded = p.resource.is_none() && rule.shed_at_level.is_none_or(|at| level < at);
+        let unguarded = !p.guarded && rule.shed_at_level.is_none_or(|at| level < at);
         if unguarded && !redis_limits {
             // The common case, without the machinery for guards and Redis.
             let mut answer = Answer { rule: Some(&rule.name), ..Answer::allowed(level) };
             self.decide_limits(&mut answer, handles, &p.matched, &p.request_resource, now, p.cost, p.dry_run);
+            if let Some(resource) = p.resource.filter(|_| p.settle && answer.verdict == Verdict::Allowed) {
+                let taken = p.matched.iter().map(|(l, _, k)| (*l, k));
+                self.hold_estimate(&mut answer, rule, resource, taken, p.cost, now);
+            }
             if !p.dry_run {
                 answer.count(&handles.metrics);
             }
@@ -142,6 +148,8 @@ impl Engine {
             gate: p.gate,
             now,
             resource: p.resource,
+            guarded: p.guarded,
+            settle: p.settle,
             request_resource: p.request_resource,
             given_back: false,
         };
@@ -152,6 +160,7 @@ impl Engine {
             let (now, cost, dry_run) = (pending.now, pending.cost, pending.dry_run);
             let resource = std::mem::take(&mut pending.request_resource);
             self.decide_limits(&mut pending.answer, handles, &p.matched, &resource, now, cost, dry_run);
+            pending.limits.extend(p.matched.into_iter().map(|(l, i, k)| (l, i, k, None)));
             return Step::Done(self.conclude(pending));
         }
         self.ask_redis(pending, p.matched)
@@ -249,6 +258,10 @@ impl Engine {
                 p.answer.permit_id = Some(self.permits.issue_for(p.rule, resource, a, p.now));
             }
         }
+        if let Some(resource) = p.resource.take().filter(|_| p.settle && p.answer.verdict == Verdict::Allowed) {
+            let taken = p.limits.iter().map(|(l, _, k, _)| (*l, k));
+            self.hold_estimate(&mut p.answer, p.rule, resource, taken, p.cost, p.now);
+        }
         if !p.dry_run {
             p.answer.count(&p.handles.metrics);
         }
@@ -266,7 +279,7 @@ impl Engine {
 
     /// Shedding, the breaker and the concurrency limit; the denial if any.
     fn guard(&self, p: &mut Pending<'_>, level: u32, remote: Option<RemoteBreaker>) -> Option<Denial> {
-        match &p.resource {
+        match p.resource.as_ref().filter(|_| p.guarded) {
             Some(resource) => {
                 let dry_run = p.dry_run || p.gate;
                 let ask = Ask { rule: p.rule, resource, level, now: p.now, dry_run, gate: p.gate, remote };
