@@ -58,7 +58,8 @@ fn admitted(a: &Floodgate, b: &Floodgate, resource: &str, n: u32) -> u64 {
     reports.iter().map(|r| verdict(r, "ALLOWED")).sum()
 }
 
-/// Waits until both replicas have seen Redis come back `n` times.
+/// Waits until both replicas have seen Redis come back `n` times (after an
+/// outage, not their first connection).
 fn wait_back(a: &Floodgate, b: &Floodgate, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(15);
     for fg in [a, b] {
@@ -81,6 +82,7 @@ fn counted(redis: &RedisServer, resource: &str) -> u64 {
 
 #[test]
 fn outage_policies_hold_through_a_stall_a_loss_and_a_restart() {
+    let _serial = one_at_a_time();
     let mut redis = RedisServer::start();
     let dir = TempDir::new();
     let url = redis.url();
@@ -117,10 +119,13 @@ fn outage_policies_hold_through_a_stall_a_loss_and_a_restart() {
     assert_eq!(during[2].1, 40, "allow admits everything while Redis is stalled");
     assert_eq!(during[3].1, 0, "local: the share of what Redis last reported (nothing left) is nothing");
     assert!(during[4].1 <= 2, "replicated: used up before the stall, got {}", during[4].1);
-    // The calls in flight when Redis stopped ran when it resumed, past their
-    // deadline: they changed nothing.
+    // Back: what each replica admitted on its own was paid into Redis before
+    // it decided again. The calls in flight when Redis stopped ran when it
+    // resumed, past their deadline: they changed nothing (else 8 more).
     wait_back(&a, &b, 1);
-    assert_eq!(counted(&redis, "half"), 32, "a timed-out decision was counted in Redis later");
+    assert_eq!(counted(&redis, "half"), 32 + 18, "the outage's 18 are paid; the timed-out calls count nothing");
+    assert_eq!(counted(&redis, "allow"), 50 + 40, "what allow admitted is usage too: paid");
+    assert_eq!(counted(&redis, "deny"), 50);
 
     // Killed and back with nothing: the replicas restore what they knew.
     redis.restart_empty();
@@ -146,4 +151,85 @@ fn outage_policies_hold_through_a_stall_a_loss_and_a_restart() {
     }
     assert_eq!(after_restart.map(|(_, n)| n), [0, 0]);
     println!("{}", table.join("\n"));
+}
+
+const QUOTAS: &str = r#"
+resources:
+  - name: stalled
+    limits: [ { name: quota, algorithm: token_bucket, capacity: 500, refill_per_second: 0.001, sync: strict } ]
+  - name: emptied
+    limits: [ { name: quota, algorithm: token_bucket, capacity: 500, refill_per_second: 0.001, sync: strict } ]
+"#;
+
+/// Load on `resource` through both replicas, 40 calls a second each, for
+/// `seconds`, while `fault` runs on this thread: what both admitted.
+fn admitted_during(a: &Floodgate, b: &Floodgate, resource: &str, seconds: u32, fault: impl FnOnce()) -> u64 {
+    let z = format!("{seconds}s");
+    let args = ["--resource", resource, "-z", &z, "--rps", "40", "-c", "4", "--timeout", "5s"];
+    let reports = std::thread::scope(|s| {
+        let ha = s.spawn(|| bench(&a.grpc, &args));
+        let hb = s.spawn(|| bench(&b.grpc, &args));
+        fault();
+        [ha.join().unwrap(), hb.join().unwrap()]
+    });
+    for r in &reports {
+        assert_eq!(r["errorDistribution"], serde_json::json!({}), "no call may fail: {r}");
+    }
+    reports.iter().map(|r| verdict(r, "ALLOWED")).sum()
+}
+
+/// `strict` with the default `on_redis_error: local` admits at most what was
+/// left when Redis went away, over the outage and after it: what a replica
+/// admitted on its own is paid into Redis before it decides again, and a
+/// Redis back empty is restored, then paid. (Before: 619 and 745-818
+/// admitted of 500.)
+#[test]
+fn strict_admits_at_most_what_was_left_through_a_stall_and_an_empty_restart() {
+    let _serial = one_at_a_time();
+    let mut redis = RedisServer::start();
+    let dir = TempDir::new();
+    let rules = dir.write("rules.yaml", QUOTAS);
+    let start = || {
+        let args = [
+            "--config",
+            path_str(&rules),
+            "--redis",
+            &redis.url(),
+            "--sync-interval",
+            "100ms",
+            "--redis-timeout",
+            "50ms",
+        ];
+        Floodgate::start(&args)
+    };
+    let (a, b) = (start(), start());
+    wait_live(&a, 2);
+    wait_live(&b, 2);
+
+    // 40 calls a second through each replica for 12 s: Redis stalls for 3 s
+    // after 4 s (about 320 of 500 admitted by then).
+    let stalled = admitted_during(&a, &b, "stalled", 12, || {
+        std::thread::sleep(Duration::from_secs(4));
+        redis.signal("STOP");
+        std::thread::sleep(Duration::from_secs(3));
+        redis.signal("CONT");
+    });
+    println!("stalled: {stalled} admitted of 500");
+    // The bound: what was left when each replica last heard from Redis
+    // (which it reads every sync), shared: beyond 500, at most what the other
+    // replica admitted in one sync interval (40/s x 100 ms), halved, each.
+    let slack = 2 * (40 / 10) / 2;
+    assert!(stalled <= 500 + slack, "{stalled} admitted of 500 through a stall");
+    assert!(stalled >= 450, "{stalled} admitted of 500: the outage's shares went unused");
+
+    // The same, Redis killed after 4 s and back empty 2 s later.
+    let emptied = admitted_during(&a, &b, "emptied", 12, || {
+        std::thread::sleep(Duration::from_secs(4));
+        redis.kill();
+        std::thread::sleep(Duration::from_secs(2));
+        redis.restart_empty();
+    });
+    println!("emptied: {emptied} admitted of 500");
+    assert!(emptied <= 500 + slack, "{emptied} admitted of 500 through an empty restart");
+    assert!(a.logs().contains("Redis had lost") || b.logs().contains("Redis had lost"), "restored");
 }

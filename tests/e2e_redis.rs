@@ -42,14 +42,9 @@ resources:
 
 const SYNC_MS: u64 = 100;
 
-/// These tests run one at a time: each starts Redis, two or three servers and
-/// load generators, and their timing figures mean little on a machine shared
-/// with five more of them.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
-}
+// These tests run one at a time (`one_at_a_time`): each starts Redis, two or
+// three servers and load generators, and their timing figures mean little on
+// a machine shared with five more of them.
 
 fn replica(dir: &TempDir, redis: &[&str]) -> Floodgate {
     let file = dir.path("rules.yaml");

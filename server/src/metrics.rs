@@ -43,6 +43,7 @@ pub const LIVE_REPLICAS: &str = "floodgate_live_replicas";
 pub const REDIS_ESCALATIONS: &str = "floodgate_redis_escalations_total";
 pub const REDIS_LATE: &str = "floodgate_redis_late_total";
 pub const REDIS_RESTORES: &str = "floodgate_redis_restores_total";
+pub const REDIS_DEBTS_PAID: &str = "floodgate_redis_debts_paid_total";
 pub const CONNECTIONS: &str = "floodgate_connections";
 pub const WATCH_STREAMS: &str = "floodgate_watch_streams";
 pub const CONNECTIONS_REJECTED: &str = "floodgate_connections_rejected_total";
@@ -117,6 +118,10 @@ fn describe() {
     describe_counter!(REDIS_ESCALATIONS, "Replicated decisions sent to Redis because this replica's lease was short");
     describe_counter!(REDIS_LATE, "Strict decisions Redis ran after their deadline (changing nothing) and asked again");
     describe_counter!(REDIS_RESTORES, "Resources whose state Redis had lost, restored from what this replica knew");
+    describe_counter!(
+        REDIS_DEBTS_PAID,
+        "Strict buckets charged in Redis with what this replica admitted (or was charged) while Redis was away"
+    );
     describe_gauge!(CONNECTIONS, "Connections open, by port");
     describe_gauge!(WATCH_STREAMS, "Watch streams open");
     describe_counter!(

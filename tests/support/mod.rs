@@ -84,6 +84,13 @@ pub fn wait_syncs(fg: &Floodgate, n: u64) {
     }
 }
 
+/// Tests of one file that measure admissions under load take this, so that
+/// they do not share the two cores with each other.
+pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: Mutex<()> = Mutex::new(());
+    ONE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The binary under test, built by cargo for this test run.
 pub const BIN: &str = env!("CARGO_BIN_EXE_floodgate");
 

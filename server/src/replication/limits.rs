@@ -153,7 +153,7 @@ impl Replication {
     }
 
     /// How long a call may wait on a Redis that is slow but alive.
-    fn slow_limit(&self) -> u64 {
+    pub(super) fn slow_limit(&self) -> u64 {
         crate::time::duration_nanos(self.config.timeout * 20)
     }
 

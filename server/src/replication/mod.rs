@@ -21,6 +21,7 @@ use redis::{ScriptInvocation, Value};
 use crate::engine::Engine;
 use crate::engine::sync::Replica;
 
+mod adjust;
 mod breakers;
 mod conn;
 mod decide;
@@ -30,6 +31,7 @@ mod rules;
 mod scripts;
 mod wire;
 
+pub use adjust::Adjust;
 use conn::{CallError, Conn};
 pub use conn::{Credentials, Target};
 use scripts::{ScriptName, Scripts};
@@ -54,6 +56,8 @@ pub struct Replication {
     /// The version of the overrides stored in Redis that this replica has
     /// installed; `u64::MAX` before the first load. Loads are one at a time.
     overrides_seen: tokio::sync::Mutex<u64>,
+    /// Redis has answered since this replica started.
+    connected: std::sync::atomic::AtomicBool,
 }
 
 impl Replication {
@@ -64,7 +68,8 @@ impl Replication {
         anyhow::ensure!(engine.sync().is_some(), "the engine keeps no replication state");
         let conn = Conn::open(&config.target, &config.credentials, config.timeout)?;
         let overrides_seen = tokio::sync::Mutex::new(u64::MAX);
-        let r = Arc::new(Replication { engine, conn, scripts: Scripts::default(), config, overrides_seen });
+        let connected = std::sync::atomic::AtomicBool::new(false);
+        let r = Arc::new(Replication { engine, conn, scripts: Scripts::default(), config, overrides_seen, connected });
         r.load_shared_rules().await;
         r.poll_overrides().await;
         tokio::spawn(sync_loop(Arc::downgrade(&r)));
@@ -150,14 +155,14 @@ impl Replication {
         if !self.heartbeat().await {
             return false;
         }
-        // Redis answered: requests may ask it again, and the outage's local
-        // buckets go.
-        if self.sync().set_up(true) {
-            tracing::info!("Redis answers again: deciding through it");
-            self.engine.end_outage();
+        let rules = self.engine.rules_full();
+        // Redis answered: what was admitted here while it was away is paid
+        // first; then requests ask it again, and the outage's local buckets go.
+        if !self.come_back(&rules).await {
+            return false;
         }
         self.poll_overrides().await;
-        let rules = self.engine.rules_full();
+        self.refresh_strict(&rules).await;
         let buckets = self.sync_buckets(&rules).await;
         let breakers = self.sync_breakers(&rules).await;
         self.flush_outbox(&rules).await;

@@ -89,6 +89,8 @@ pub enum ScriptName {
     Heartbeat,
     /// Puts back what a replica knew of a resource Redis lost.
     Restore,
+    /// Takes units beyond the limit, or gives some back, on strict buckets.
+    Adjust,
     BreakerSync,
     BreakerProbe,
     BreakerReport,
@@ -100,6 +102,7 @@ pub struct Scripts {
     sync: Script,
     heartbeat: Script,
     restore: Script,
+    adjust: Script,
     breaker_sync: Script,
     breaker_probe: Script,
     breaker_report: Script,
@@ -127,6 +130,7 @@ impl ScriptName {
             ScriptName::Sync => "sync",
             ScriptName::Heartbeat => "heartbeat",
             ScriptName::Restore => "restore",
+            ScriptName::Adjust => "adjust",
             ScriptName::BreakerSync => "breaker_sync",
             ScriptName::BreakerProbe => "breaker_probe",
             ScriptName::BreakerReport => "breaker_report",
@@ -142,6 +146,7 @@ impl Scripts {
             ScriptName::Sync => &self.sync,
             ScriptName::Heartbeat => &self.heartbeat,
             ScriptName::Restore => &self.restore,
+            ScriptName::Adjust => &self.adjust,
             ScriptName::BreakerSync => &self.breaker_sync,
             ScriptName::BreakerProbe => &self.breaker_probe,
             ScriptName::BreakerReport => &self.breaker_report,
@@ -191,6 +196,7 @@ impl Default for Scripts {
             sync: limits(include_str!("lua/sync.lua")),
             heartbeat: Script::new(include_str!("lua/heartbeat.lua")),
             restore: limits(include_str!("lua/restore.lua")),
+            adjust: limits(include_str!("lua/adjust.lua")),
             breaker_sync: breaker(include_str!("lua/breaker_sync.lua")),
             breaker_probe: breaker(include_str!("lua/breaker_probe.lua")),
             breaker_report: breaker(include_str!("lua/breaker_report.lua")),
@@ -279,6 +285,14 @@ mod tests {
         assert!(missing.is_empty(), "limits.lua defines no algorithm for {missing:?}");
         let unknown: Vec<&&str> = defined.iter().filter(|d| !wanted.iter().any(|w| w == *d)).collect();
         assert!(unknown.is_empty(), "limits.lua defines algorithms the server never sends: {unknown:?}");
+        // Each defines every step the scripts call.
+        for block in LIMITS.split("\nA[").skip(1) {
+            let name = block.split(']').next().unwrap_or_default();
+            let body = block.split("\n}\n").next().unwrap_or_default();
+            for step in ["restored =", "status = function", "take = function", "give = function"] {
+                assert!(body.contains(step), "limits.lua's {name} has no `{step}`");
+            }
+        }
         assert!(limits_lua().starts_with("local CODE = { token_bucket = 1, gcra = 2,"), "{}", &limits_lua()[..80]);
     }
 

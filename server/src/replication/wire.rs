@@ -23,6 +23,8 @@ pub struct ReplyError {
 /// take.lua: the strict decision over a request's strict limits.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TakeReply {
+    /// Redis's time when it decided (us): when the units were taken.
+    pub at_us: i64,
     /// Every strict limit admitted, and each took the cost.
     pub admitted: bool,
     /// One per limit, in the order the keys were sent.
@@ -127,25 +129,26 @@ impl TakeReply {
     fn decided(v: Value, limits: &[usize]) -> Result<Vec<TakeReply>, ReplyError> {
         let script = ScriptName::Take;
         let r = integers(script, v)?;
-        let expected: usize = limits.iter().map(|n| 1 + 5 * n).sum();
+        let expected: usize = 1 + limits.iter().map(|n| 1 + 5 * n).sum::<usize>();
         if r.len() != expected {
             return Err(error(
                 script,
                 format!("{} numbers for {} decisions of {limits:?} limits", r.len(), limits.len()),
             ));
         }
-        let mut at = 0;
+        let at_us = r[0];
+        let mut at = 1;
         limits
             .iter()
             .map(|&n| {
-                let reply = Self::parse_one(&r[at..at + 1 + 5 * n]);
+                let reply = Self::parse_one(at_us, &r[at..at + 1 + 5 * n]);
                 at += 1 + 5 * n;
                 reply
             })
             .collect()
     }
 
-    fn parse_one(r: &[i64]) -> Result<TakeReply, ReplyError> {
+    fn parse_one(at_us: i64, r: &[i64]) -> Result<TakeReply, ReplyError> {
         let script = ScriptName::Take;
         let flag = |n: i64| match n {
             0 => Ok(false),
@@ -165,8 +168,20 @@ impl TakeReply {
                 })
             })
             .collect::<Result<_, ReplyError>>()?;
-        Ok(TakeReply { admitted, limits })
+        Ok(TakeReply { at_us, admitted, limits })
     }
+}
+
+/// adjust.lua: per bucket, what is available after (negative for a debt).
+pub fn parse_adjusted(v: Value, buckets: usize) -> Result<Answered<Vec<i64>>, ReplyError> {
+    if let Some(nothing) = did_nothing(&v) {
+        return Ok(nothing);
+    }
+    let r = integers(ScriptName::Adjust, v)?;
+    if r.len() != buckets {
+        return Err(error(ScriptName::Adjust, format!("{} numbers for {buckets} buckets", r.len())));
+    }
+    Ok(Answered::Done(r))
 }
 
 /// sync.lua: per bucket `{lease, window start us, prev, cur, available}`.
@@ -262,18 +277,19 @@ mod tests {
     #[test]
     fn a_take_reply_has_five_numbers_per_limit_of_each_decision() {
         let Answered::Done(r) =
-            TakeReply::parse_many(ints(&[1, 1, 4, 1000, 0, 0, 0, 1, 3, 0, 0, 0, 0, 0, 0, 5, 7]), &[1, 2]).unwrap()
+            TakeReply::parse_many(ints(&[99, 1, 1, 4, 1000, 0, 0, 0, 1, 3, 0, 0, 0, 0, 0, 0, 5, 7]), &[1, 2]).unwrap()
         else {
             panic!("decided")
         };
         assert!(r[0].admitted && !r[1].admitted);
+        assert_eq!((r[0].at_us, r[1].at_us), (99, 99), "Redis's time, once for every decision");
         assert_eq!(r[0].limits[0].remaining, 4);
         assert_eq!(r[0].limits[0].reset_after, Duration::from_millis(1));
         assert_eq!(r[1].limits.len(), 2);
         assert_eq!(r[1].limits[1].retry_after, Duration::from_micros(5));
-        let e = TakeReply::parse_many(ints(&[1, 1, 4]), &[1]).unwrap_err();
-        assert_eq!(e.to_string(), "unexpected reply from the take script: 3 numbers for 1 decisions of [1] limits");
-        assert!(TakeReply::parse_many(ints(&[2, 1, 4, 0, 0, 0]), &[1]).is_err(), "2 is not a flag");
+        let e = TakeReply::parse_many(ints(&[9, 1, 1, 4]), &[1]).unwrap_err();
+        assert_eq!(e.to_string(), "unexpected reply from the take script: 4 numbers for 1 decisions of [1] limits");
+        assert!(TakeReply::parse_many(ints(&[9, 2, 1, 4, 0, 0, 0]), &[1]).is_err(), "2 is not a flag");
         assert!(TakeReply::parse_many(Value::Nil, &[1]).is_err());
         assert_eq!(TakeReply::parse_many(ints(&[-1]), &[1]), Ok(Answered::TooLate));
         assert_eq!(TakeReply::parse_many(ints(&[-2]), &[3]), Ok(Answered::Lost));

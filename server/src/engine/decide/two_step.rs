@@ -197,7 +197,7 @@ impl Engine {
             p.limits.iter().filter(|(.., d)| d.is_none()).map(|(l, i, k, _)| (*l, *i, k.clone())).collect();
         let from_redis = match remote {
             Some(d) if d.len() == strict.len() => d,
-            _ => self.without_redis(&strict, p.now, p.cost),
+            _ => self.without_redis(&strict, &p.request_resource, p.now, p.cost),
         };
         let mut from_redis = from_redis.into_iter();
         for (.., d) in p.limits.iter_mut().filter(|(.., d)| d.is_none()) {
@@ -297,8 +297,15 @@ impl Engine {
 
     /// Strict limits while Redis cannot answer, all or nothing: `local`
     /// decides here with the limit divided among the live replicas, `allow`
-    /// admits, `deny` denies.
-    fn without_redis(&self, strict: &Matched<'_>, now: Timestamp, cost: u64) -> SmallVec<[Decision; 4]> {
+    /// admits, `deny` denies. What is admitted is owed to Redis, and paid
+    /// when it answers again.
+    fn without_redis(
+        &self,
+        strict: &Matched<'_>,
+        resource: &str,
+        now: Timestamp,
+        cost: u64,
+    ) -> SmallVec<[Decision; 4]> {
         let share = self.sync.as_ref().map_or(1.0, |s| s.share());
         let mut decisions = SmallVec::new();
         let mut taken = Vec::new();
@@ -330,6 +337,11 @@ impl Engine {
                 }
             }
             decisions.push(d);
+        }
+        if !denied && let Some(sync) = &self.sync {
+            for (_, _, k) in strict {
+                sync.owe(k, resource, i64::try_from(cost).unwrap_or(i64::MAX));
+            }
         }
         decisions
     }

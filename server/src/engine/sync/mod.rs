@@ -44,6 +44,18 @@ pub struct Replica {
     marked: DashMap<String, Timestamp, ahash::RandomState>,
     /// Strict buckets decided here during an outage, dropped when it ends.
     outage: DashMap<BucketKey, (), ahash::RandomState>,
+    /// What this replica owes strict buckets in Redis, net: units admitted
+    /// (or charged) while Redis could not be asked, less what was given
+    /// back. Paid when Redis answers again, before this replica asks it for
+    /// a decision; while any is owed, decisions follow the outage policies.
+    debts: std::sync::Mutex<std::collections::HashMap<BucketKey, Debt>>,
+}
+
+/// Units owed to one strict bucket in Redis (negative: to give back).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Debt {
+    pub resource: String,
+    pub units: i64,
 }
 
 /// A strict bucket's remaining units as Redis last reported them.
@@ -52,6 +64,8 @@ struct Seen {
     resource: String,
     remaining: f64,
     at: Timestamp,
+    /// When a decision here last used it (a refresh is not a use).
+    used: Timestamp,
 }
 
 /// State this replica keeps only while it is in use.
@@ -108,10 +122,63 @@ impl Replica {
         }
     }
 
-    /// What Redis answered for a strict bucket.
+    /// What Redis answered for a strict bucket a decision here used.
     pub fn saw_strict(&self, key: &BucketKey, resource: &str, remaining: u64, now: Timestamp) {
-        let seen = Seen { resource: resource.to_string(), remaining: remaining as f64, at: now };
+        let seen = Seen { resource: resource.to_string(), remaining: remaining as f64, at: now, used: now };
         self.strict_seen.insert(key.clone(), seen);
+    }
+
+    /// What Redis says a strict bucket has left now, read by the sync loop
+    /// so that an outage starts from a fresh figure, not from this
+    /// replica's own last decision.
+    pub fn refreshed_strict(&self, key: &BucketKey, available: i64, now: Timestamp) {
+        if let Some(mut s) = self.strict_seen.get_mut(key) {
+            s.remaining = available.max(0) as f64;
+            s.at = now;
+        }
+    }
+
+    /// Strict buckets a decision here used within `active`, by resource: the
+    /// ones whose figure the sync loop keeps fresh.
+    pub fn strict_in_use(&self, now: Timestamp, active: Duration) -> Vec<(String, BucketKey)> {
+        let active = crate::time::duration_nanos(active);
+        self.strict_seen
+            .iter()
+            .filter(|e| now.saturating_since(e.used) < active)
+            .map(|e| (e.resource.clone(), e.key().clone()))
+            .collect()
+    }
+
+    /// Notes units a strict bucket owes Redis (or, negative, gets back).
+    pub fn owe(&self, key: &BucketKey, resource: &str, units: i64) {
+        if units == 0 {
+            return;
+        }
+        let mut debts = self.debts.lock().unwrap_or_else(|e| e.into_inner());
+        let debt = debts.entry(key.clone()).or_insert_with(|| Debt { resource: resource.to_string(), units: 0 });
+        debt.units = debt.units.saturating_add(units);
+        if debt.units == 0 {
+            debts.remove(key);
+        }
+    }
+
+    /// Everything owed, now cleared (to pay it; what could not be paid is
+    /// owed again with [`Replica::owe`]).
+    pub fn take_debts(&self) -> Vec<(BucketKey, Debt)> {
+        std::mem::take(&mut *self.debts.lock().unwrap_or_else(|e| e.into_inner())).into_iter().collect()
+    }
+
+    /// Redis answers again: decisions ask it from now on. Under the debts'
+    /// lock, so that what is still owed (admitted here while the debts were
+    /// being paid) is taken in the same instant: the caller pays it at once.
+    /// With `only_if_paid`, nothing changes while anything is owed (`None`).
+    pub fn come_back(&self, only_if_paid: bool) -> Option<Vec<(BucketKey, Debt)>> {
+        let mut debts = self.debts.lock().unwrap_or_else(|e| e.into_inner());
+        if only_if_paid && !debts.is_empty() {
+            return None;
+        }
+        self.up.store(true, Ordering::Release);
+        Some(std::mem::take(&mut *debts).into_iter().collect())
     }
 
     /// What Redis last said `key` had left, if it said anything.

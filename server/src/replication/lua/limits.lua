@@ -37,8 +37,11 @@ end
 --   wait (shaping), and the extra numbers replicas adopt (start, prev, cur);
 -- take(key, p, now, cost, st) consumes cost, even beyond the limit (a
 -- replica's consumption is pushed whether or not it still fits); give(key,
--- p, now, units, st), where it has a meaning, gives units back (a settled
--- estimate), never beyond a full bucket or below an empty window;
+-- p, now, units, st, at) gives back units taken at `at` (Redis time, us; 0
+-- when unknown: the current window), never beyond a full bucket or below an
+-- empty window, and only while the window of `at` is the current one (a
+-- later window never took them); a sliding log gives back only the entries
+-- of the instant `at`, never another caller's;
 -- restored(p, known, at, now), what a bucket of which a replica knew `known`
 -- available at `at` has available now (nil: unknown, leave it), for a Redis
 -- that lost its data.
@@ -71,7 +74,7 @@ A[CODE.token_bucket] = {
     redis.call('HSET', key, 't', left, 'u', now)
     expire(key, (p[1] - left) / p[2] * 1e6)
   end,
-  give = function(key, p, now, units, st)
+  give = function(key, p, now, units, st, at)
     local left = math.min(p[1], st.avail + units)
     redis.call('HSET', key, 't', left, 'u', now)
     expire(key, (p[1] - left) / p[2] * 1e6)
@@ -94,7 +97,7 @@ A[CODE.gcra] = {
     redis.call('SET', key, tat)
     expire(key, tat - now)
   end,
-  give = function(key, p, now, units, st)
+  give = function(key, p, now, units, st, at)
     local tat = math.max(now, st.tat - units * 1e6 / p[1])
     redis.call('SET', key, tat)
     expire(key, tat - now)
@@ -120,7 +123,7 @@ A[CODE.leaky_bucket] = {
     redis.call('SET', key, drain)
     expire(key, drain - now)
   end,
-  give = function(key, p, now, units, st)
+  give = function(key, p, now, units, st, at)
     local drain = math.max(now, st.drain - units / p[2] * 1e6)
     redis.call('SET', key, drain)
     expire(key, drain - now)
@@ -144,7 +147,8 @@ A[CODE.fixed_window] = {
     redis.call('INCRBY', k, cost)
     expire(k, p[2])
   end,
-  give = function(key, p, now, units, st)
+  give = function(key, p, now, units, st, at)
+    if at > 0 and at - at % p[2] ~= st.start then return end
     local k = key .. ':' .. int(st.start)
     if redis.call('DECRBY', k, units) < 0 then redis.call('SET', k, 0) end
     expire(k, p[2])
@@ -172,7 +176,8 @@ A[CODE.calendar] = {
     redis.call('INCRBY', k, cost)
     expire(k, st.e - now)
   end,
-  give = function(key, p, now, units, st)
+  give = function(key, p, now, units, st, at)
+    if at > 0 and (at < st.start or at >= st.e) then return end
     local k = key .. ':' .. int(st.start)
     if redis.call('DECRBY', k, units) < 0 then redis.call('SET', k, 0) end
     expire(k, st.e - now)
@@ -205,6 +210,16 @@ A[CODE.sliding_log] = {
       redis.call('ZADD', key, now, int(now) .. ':' .. int(st.used + i))
     end
     expire(key, p[2])
+  end,
+  give = function(key, p, now, units, st, at)
+    if at <= 0 then return end
+    local left = units
+    while left > 0 do
+      local members = redis.call('ZRANGEBYSCORE', key, at, at, 'LIMIT', 0, math.min(left, 1000))
+      if #members == 0 then break end
+      redis.call('ZREM', key, unpack(members))
+      left = left - #members
+    end
   end,
 }
 
@@ -239,6 +254,12 @@ A[CODE.sliding_window] = {
   take = function(key, p, now, cost, st)
     local k = key .. ':' .. int(st.start)
     redis.call('INCRBY', k, cost)
+    expire(k, 2 * p[2])
+  end,
+  give = function(key, p, now, units, st, at)
+    if at > 0 and at - at % p[2] ~= st.start then return end
+    local k = key .. ':' .. int(st.start)
+    if redis.call('DECRBY', k, units) < 0 then redis.call('SET', k, 0) end
     expire(k, 2 * p[2])
   end,
 }

@@ -37,9 +37,9 @@ for i = 2, #KEYS do
     -- Every algorithm has exactly `delta` less to give after taking it.
     s.avail = s.avail - delta
     if s.cur then s.cur = s.cur + delta end
-  elseif delta < 0 and A[alg].give then
+  elseif delta < 0 then
     -- Given back (an estimate settled lower): as far as the state allows.
-    A[alg].give(key, p, now, -delta, s)
+    A[alg].give(key, p, now, -delta, s, 0)
     s = A[alg].status(key, p, now, 0)
   end
   local window = int(s.start or 0)

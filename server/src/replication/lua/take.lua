@@ -10,12 +10,14 @@
 -- asks the replica to restore what it holds first. ARGV[3]: the number of
 -- decisions; then per decision: its cost, its number of limits n, and five
 -- numbers per limit.
--- Returns per decision {admitted, then per limit: ok, floor(avail after), reset us, retry us, wait us}.
+-- Returns Redis's time (us: the instant every decision here took its units,
+-- for giving them back later), then per decision {admitted, then per limit:
+-- ok, floor(avail after), reset us, retry us, wait us}.
 local now = now_us()
 local deadline = tonumber(ARGV[1])
 if deadline > 0 and now > deadline then return { -1 } end
 if not marked(KEYS[1], tonumber(ARGV[2])) then return { -2 } end
-local out = {}
+local out = { now }
 local a, k = 4, 1
 for _ = 1, tonumber(ARGV[3]) do
   local cost, n = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
