@@ -245,3 +245,113 @@ async fn a_sliding_log_gives_back_only_the_settled_callers_entries() {
     assert!(started.elapsed() < Duration::from_millis(2550), "the others' entries must still be in the window");
     assert_eq!(admitted, 5, "the others' 5 + 5 more = the limit of 10 in the window");
 }
+
+const STRICT: &str = r#"
+resources:
+  - name: strict
+    limits:
+      - { name: tokens, key: [user], algorithm: token_bucket, capacity: 1000, refill_per_second: 0.001, sync: strict }
+  - name: log
+    limits:
+      - { name: exact, key: [user], algorithm: sliding_window_log, limit: 10, window: 1h, sync: strict }
+  - name: debt
+    limits:
+      - { name: tokens, key: [user], algorithm: token_bucket, capacity: 10, refill_per_second: 1 }
+"#;
+
+fn on(resource: &str, user: &str, cost: u32, settle: bool) -> pb::AcquireRequest {
+    pb::AcquireRequest {
+        resource: resource.into(),
+        descriptors: HashMap::from([("user".into(), user.into())]),
+        cost,
+        settle,
+        ..Default::default()
+    }
+}
+
+fn settled_at(resource: &str, permit: &str, actual: u64) -> pb::ReportOutcomeRequest {
+    pb::ReportOutcomeRequest { resource: resource.into(), ..settle(permit, actual) }
+}
+
+/// Strict limits are charged and settled in Redis too (before: Charge left
+/// a strict limit untouched, and estimates on strict limits stood).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn charge_and_settle_reach_strict_limits_in_redis() {
+    let (_redis, _dir, args) = replicated(STRICT);
+    let args = strs(&args);
+    let (a, b) = (Floodgate::start(&args), Floodgate::start(&args));
+    wait_live(&a, 2);
+    let (mut ca, mut cb) = (a.client().await, b.client().await);
+
+    // Charge 5000 on a strict bucket of 1000: a debt of 4000, on both replicas.
+    let charge = pb::ChargeRequest {
+        resource: "strict".into(),
+        descriptors: HashMap::from([("user".into(), "c".into())]),
+        cost: 5000,
+    };
+    let charged = ca.charge(charge).await.unwrap().into_inner();
+    assert_eq!((charged.limits[0].remaining, charged.limits[0].exceeded), (0, true), "{charged:?}");
+    let after = cb.acquire(on("strict", "c", 1, false)).await.unwrap().into_inner();
+    assert_eq!(after.verdict(), pb::Verdict::RateLimited, "{after:?}");
+
+    // An estimate of 600 settled at 100 on A: 500 back, as B sees.
+    let e = ca.acquire(on("strict", "s", 600, true)).await.unwrap().into_inner();
+    assert_eq!((e.verdict(), e.limits[0].remaining), (pb::Verdict::Allowed, 400));
+    assert!(ca.report_outcome(settled_at("strict", &e.permit_id, 100)).await.unwrap().into_inner().settled);
+    let seen = cb.acquire(on("strict", "s", 1, false)).await.unwrap().into_inner();
+    assert_eq!(seen.limits[0].remaining, 899, "1000 - 100 - 1: {seen:?}");
+
+    // A strict sliding log gives back only the settled estimate's entries.
+    let est = ca.acquire(on("log", "l", 5, true)).await.unwrap().into_inner();
+    assert_eq!(est.verdict(), pb::Verdict::Allowed);
+    for _ in 0..5 {
+        assert_eq!(cb.acquire(on("log", "l", 1, false)).await.unwrap().into_inner().verdict(), pb::Verdict::Allowed);
+    }
+    assert!(ca.report_outcome(settled_at("log", &est.permit_id, 0)).await.unwrap().into_inner().settled);
+    let mut admitted = 0;
+    for _ in 0..8 {
+        let v = cb.acquire(on("log", "l", 1, false)).await.unwrap().into_inner().verdict();
+        admitted += u32::from(v == pb::Verdict::Allowed);
+    }
+    assert_eq!(admitted, 5, "the estimate's 5 came back, not the others'");
+}
+
+/// A debt on a replicated bucket is the replicas' debt: Charge 40 on a bucket
+/// of 10 refilling 1/s through A, and B waits it out too (before: both said
+/// 1 s and admitted as the local bucket refilled).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replicated_debt_is_waited_out_on_every_replica() {
+    let (_redis, _dir, args) = replicated(STRICT);
+    let args = strs(&args);
+    let (a, b) = (Floodgate::start(&args), Floodgate::start(&args));
+    wait_live(&a, 2);
+    let (mut ca, mut cb) = (a.client().await, b.client().await);
+    // B knows the bucket before the charge.
+    assert_eq!(cb.acquire(on("debt", "d", 1, false)).await.unwrap().into_inner().verdict(), pb::Verdict::Allowed);
+    let charge = pb::ChargeRequest {
+        resource: "debt".into(),
+        descriptors: HashMap::from([("user".into(), "d".into())]),
+        cost: 40,
+    };
+    ca.charge(charge).await.unwrap();
+    wait_syncs(&a, 2);
+    wait_syncs(&b, 2);
+    for fg in [&mut ca, &mut cb] {
+        let denied = fg.acquire(on("debt", "d", 1, false)).await.unwrap().into_inner();
+        assert_eq!(denied.verdict(), pb::Verdict::RateLimited);
+        let retry = denied.retry_after.unwrap().seconds;
+        assert!((25..=32).contains(&retry), "a debt of about 31 tokens at 1/s: retry in {retry}s");
+    }
+    // Nothing admitted for the next 2 s on either (the debt lasts about 30 s).
+    let started = Instant::now();
+    let mut admitted = 0;
+    while started.elapsed() < Duration::from_secs(2) {
+        for fg in [&mut ca, &mut cb] {
+            admitted += u32::from(
+                fg.acquire(on("debt", "d", 1, false)).await.unwrap().into_inner().verdict() == pb::Verdict::Allowed,
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(admitted, 0, "admitted during the debt");
+}

@@ -3,11 +3,11 @@
 
 use super::Decider;
 use crate::engine::request::check_batch;
-use crate::engine::settle::Charged;
+use crate::engine::settle::{Charged, Strict};
 use crate::engine::{
     Answer, Descriptors, Engine, Installed, Prepared, Report, Reported, Request, RequestError, Verdict,
 };
-use crate::replication::Replication;
+use crate::replication::{Adjust, Replication};
 
 impl Decider {
     /// One decision, as the caller's type.
@@ -77,8 +77,9 @@ impl Decider {
 
     /// Takes a permit back with the call's outcome.
     pub async fn report(&self, r: &Report<'_>) -> Result<Reported, RequestError> {
-        let reported = self.report_here(r)?;
+        let (reported, strict) = self.report_here(r)?;
         if let Some(replication) = &self.replication {
+            self.adjust_strict(replication, strict).await;
             replication.after_report().await;
         }
         Ok(reported)
@@ -91,42 +92,94 @@ impl Decider {
         reports: &[Report<'_>],
     ) -> Result<Vec<Reported>, RequestError> {
         check_batch(field, reports.len())?;
-        let reported = reports
-            .iter()
-            .enumerate()
-            .map(|(i, r)| self.report_here(r).map_err(|e| e.in_batch(field, i)))
-            .collect::<Result<Vec<_>, _>>();
+        let mut reported = Vec::with_capacity(reports.len());
+        let mut strict = Vec::new();
+        let mut refused = None;
+        for (i, r) in reports.iter().enumerate() {
+            match self.report_here(r) {
+                Ok((one, adjust)) => {
+                    reported.push(one);
+                    strict.push(adjust);
+                }
+                Err(e) => {
+                    refused = Some(e.in_batch(field, i));
+                    break;
+                }
+            }
+        }
         if let Some(replication) = &self.replication {
+            for adjust in strict {
+                self.adjust_strict(replication, adjust).await;
+            }
             replication.after_report().await;
         }
-        reported
+        refused.map_or(Ok(reported), Err)
     }
 
-    fn report_here(&self, r: &Report<'_>) -> Result<Reported, RequestError> {
+    fn report_here(&self, r: &Report<'_>) -> Result<(Reported, Strict), RequestError> {
         let rules = self.engine.rules();
         let mut reported = self.engine.report(&rules, r.resource, r.permit_id, r.outcome, r.latency)?;
         // A permit of an Acquire with `settle`: its estimate is settled (or,
         // without an actual cost, stands) whether or not it also guarded a call.
         match self.engine.settle_estimate(&rules, r.permit_id, r.resource, r.actual_cost) {
             Ok(settled) => {
-                reported.settled = settled;
-                reported.counted |= settled;
+                reported.settled = settled.settled;
+                reported.counted |= settled.settled;
+                Ok((reported, settled.strict))
             }
-            Err(RequestError::PermitResourceMismatch { .. }) if reported.counted => {}
-            Err(e) => return Err(e),
+            Err(RequestError::PermitResourceMismatch { .. }) if reported.counted => Ok((reported, Strict::default())),
+            Err(e) => Err(e),
         }
-        Ok(reported)
     }
 
     /// `Charge`: takes `cost` from every limit the request matches, beyond
-    /// the limit if need be.
-    pub fn charge<D, R>(&self, resource: &str, descriptors: &D, cost: u64) -> Result<R, RequestError>
+    /// the limit if need be (strict limits in Redis; owed to it while it is
+    /// away).
+    pub async fn charge<D, R>(&self, resource: &str, descriptors: &D, cost: u64) -> Result<R, RequestError>
     where
         D: Descriptors + ?Sized,
         R: for<'r> From<Charged<'r>>,
     {
-        let rules = self.engine.rules();
-        Ok(R::from(self.engine.charge(&rules, resource, descriptors, cost)?))
+        let rules = self.engine.rules_full();
+        let mut charged = self.engine.charge(&rules, resource, descriptors, cost)?;
+        if let Some(replication) = &self.replication {
+            let strict = std::mem::take(&mut charged.strict);
+            let positions: Vec<usize> = strict.items.iter().map(|i| i.3).collect();
+            if let Some(left) = self.adjust_strict(replication, strict).await {
+                for (pos, available) in positions.into_iter().zip(left) {
+                    let Some(available) = available else { continue };
+                    let report = &mut charged.limits[pos];
+                    report.status.remaining = available.max(0) as u64;
+                    report.exceeded = available <= 0;
+                }
+            }
+        }
+        Ok(R::from(charged))
+    }
+
+    /// Takes or gives back units on strict buckets in Redis; what each has
+    /// left after. While Redis is away, or when it does not answer, they are
+    /// owed instead (`None`), and paid when it answers again.
+    async fn adjust_strict(&self, replication: &Replication, strict: Strict) -> Option<Vec<Option<i64>>> {
+        if strict.items.is_empty() {
+            return Some(Vec::new());
+        }
+        let sync = self.engine.sync()?;
+        if sync.up() {
+            let rules = self.engine.rules_full();
+            let items: Vec<Adjust> = strict
+                .items
+                .iter()
+                .map(|(key, units, at_us, _)| Adjust { key: key.clone(), units: *units, at_us: *at_us })
+                .collect();
+            if let Some(left) = replication.adjust(&rules, &strict.resource, &items).await {
+                return Some(left);
+            }
+        }
+        for (key, units, _, _) in &strict.items {
+            sync.owe(key, &strict.resource, *units);
+        }
+        None
     }
 
     /// A resource's limits for these descriptors, consuming nothing; `only`

@@ -520,4 +520,4 @@ pub(super) fn fill_limits<'r>(answer: &mut Answer<'r>, matched: &Matched<'r>, de
 
 mod two_step;
 
-pub use two_step::{Pending, Step};
+pub use two_step::{Pending, Remote, Step};

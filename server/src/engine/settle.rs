@@ -9,11 +9,13 @@
 //! windows count beyond their limit until the window ends, when a window
 //! forgives what it counted; a give-back applies only while the window the
 //! estimate was taken in is still the current one (a later window never
-//! took it). The sliding log gives back its newest entries.
+//! took it). The sliding log gives back only the estimate's own entries.
 //!
 //! Replicated limits push what settling gave or took at the next sync, like
-//! any consumption. Strict limits are decided by Redis and are not settled
-//! (the estimate stands).
+//! any consumption. Strict limits are adjusted in Redis (by the caller, see
+//! [`Strict`]): what the engine returns says what to take or give back; an
+//! estimate a strict limit took in an outage, or a charge Redis could not
+//! take, is owed and paid when Redis answers again.
 
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
@@ -22,13 +24,37 @@ use smallvec::SmallVec;
 use super::decide::{Answer, matched};
 use super::guards::PermitId;
 use super::request::{self, Descriptors, RequestError};
+use super::sync::decided_by_redis;
 use super::{Engine, Installed, LimitReport};
-use crate::rules::{Limit, Rule, SyncMode};
+use crate::rules::{Limit, Rule};
 use crate::store::BucketKey;
 use crate::time::Timestamp;
 
-/// What a `Charge` left: the matched limits, in rule order.
-pub struct Charged<'r>(pub SmallVec<[LimitReport<'r>; 2]>);
+/// What a `Charge` left: the matched limits, in rule order, and the strict
+/// ones Redis must take the cost from (their status is Redis's to fill in).
+pub struct Charged<'r> {
+    pub limits: SmallVec<[LimitReport<'r>; 2]>,
+    pub strict: Strict,
+}
+
+/// Units to take from (positive) or give back to (negative) strict buckets
+/// of one resource in Redis.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Strict {
+    pub resource: String,
+    /// (bucket, units, the Redis time of the take a give-back is part of,
+    /// us; 0 when unknown), with the bucket's position in `Charged::limits`.
+    pub items: SmallVec<[(BucketKey, i64, i64, usize); 1]>,
+}
+
+/// What a report's actual cost did to its estimate.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Settled {
+    /// An estimate was settled.
+    pub settled: bool,
+    /// What its strict limits must take or give back in Redis.
+    pub strict: Strict,
+}
 
 /// Estimates waiting to be settled, at most.
 pub const MAX_PENDING: usize = 1_000_000;
@@ -40,7 +66,13 @@ struct Pending {
     cost: u64,
     at: Timestamp,
     expires: Timestamp,
+    /// The buckets decided here.
     buckets: SmallVec<[BucketKey; 2]>,
+    /// The buckets Redis decided (strict), and when Redis took the units
+    /// (its clock, us); `None` when they were decided here while Redis was
+    /// away (what they took is owed).
+    strict: SmallVec<[BucketKey; 1]>,
+    redis_at: Option<i64>,
 }
 
 #[derive(Debug, Default)]
@@ -58,28 +90,39 @@ impl Settlements {
     }
 }
 
+/// Units as a signed count.
+fn signed(units: u64) -> i64 {
+    i64::try_from(units).unwrap_or(i64::MAX)
+}
+
 impl Engine {
     /// An allowed Acquire with `settle`: remembers what its estimate took
-    /// (the buckets of `taken`, at `now`, the instant the decision took
-    /// them) and puts the permit to settle it in `answer` (the breaker's or
-    /// the concurrency limit's permit when it has one).
+    /// (the buckets of `taken`, `cost` at `now`, the instant the decision
+    /// took them; Redis's instant `redis_at` for strict limits it decided)
+    /// and puts the permit to settle it in `answer` (the breaker's or the
+    /// concurrency limit's permit when it has one).
     pub(super) fn hold_estimate<'a>(
         &self,
         answer: &mut Answer<'_>,
         rule: &Rule,
         resource: String,
         taken: impl Iterator<Item = (&'a Limit, &'a BucketKey)>,
-        cost: u64,
-        now: Timestamp,
+        (cost, now, redis_at): (u64, Timestamp, Option<i64>),
     ) {
         if self.settlements.len() >= MAX_PENDING {
             return;
         }
-        let replicated = self.sync.is_some();
-        let buckets: SmallVec<[BucketKey; 2]> =
-            taken.filter(|(l, _)| !(replicated && l.sync == SyncMode::Strict)).map(|(_, k)| k.clone()).collect();
+        let (mut buckets, mut strict) = (SmallVec::new(), SmallVec::new());
+        for (l, k) in taken {
+            if self.sync.is_some() && decided_by_redis(l) {
+                strict.push(k.clone());
+            } else {
+                buckets.push(k.clone());
+            }
+        }
         let ttl = rule.concurrency.map_or(super::DEFAULT_PERMIT_TTL, |c| c.permit_ttl);
-        let pending = Pending { resource, cost, at: now, expires: now.saturating_add(ttl), buckets };
+        let expires = now.saturating_add(ttl);
+        let pending = Pending { resource, cost, at: now, expires, buckets, strict, redis_at };
         if let Some(id) = answer.permit_id {
             self.settlements.map.insert(id.get(), pending);
             return;
@@ -95,7 +138,7 @@ impl Engine {
     }
 
     /// Settles permit `id` at `actual` (or, `None`, lets its estimate stand
-    /// and forgets it). `Ok(false)` when it holds no estimate (unknown,
+    /// and forgets it). Not settled when it holds no estimate (unknown,
     /// expired, already settled, or not from an Acquire with `settle`).
     pub fn settle_estimate(
         &self,
@@ -103,7 +146,7 @@ impl Engine {
         id: &str,
         resource: &str,
         actual: Option<u64>,
-    ) -> Result<bool, RequestError> {
+    ) -> Result<Settled, RequestError> {
         let key = request::check_permit_id(id)?;
         if let Some(actual) = actual
             && actual > u64::from(u32::MAX)
@@ -115,30 +158,41 @@ impl Engine {
             if self.settlements.map.contains_key(&key) {
                 return Err(RequestError::PermitResourceMismatch { resource: resource.into() });
             }
-            return Ok(false);
+            return Ok(Settled::default());
         };
         let now = self.clock.now();
-        let Some(actual) = actual else { return Ok(false) };
+        let Some(actual) = actual else { return Ok(Settled::default()) };
         if p.expires <= now {
-            return Ok(false);
+            return Ok(Settled::default());
         }
         for bucket in &p.buckets {
             let Some((_, l)) = rules.limit(bucket.limit) else { continue };
             if actual > p.cost {
                 let more = actual - p.cost;
                 self.buckets.force(bucket.clone(), &l.algorithm, now, more);
-                self.note_replicated(l, bucket, &p.resource, i64::try_from(more).unwrap_or(i64::MAX), now);
+                self.note_replicated(l, bucket, &p.resource, signed(more), now);
             } else if actual < p.cost && l.algorithm.same_window(p.at, now) {
                 let back = p.cost - actual;
                 self.buckets.give_back(bucket, &l.algorithm, now, p.at, back);
-                self.note_replicated(l, bucket, &p.resource, -i64::try_from(back).unwrap_or(i64::MAX), now);
+                self.note_replicated(l, bucket, &p.resource, -signed(back), now);
             }
         }
-        Ok(true)
+        let units = signed(actual) - signed(p.cost);
+        let mut strict = Strict { resource: p.resource.clone(), items: SmallVec::new() };
+        if units != 0 {
+            match (p.redis_at, &self.sync) {
+                (Some(at), _) => strict.items.extend(p.strict.iter().map(|k| (k.clone(), units, at, 0))),
+                // Taken here while Redis was away: the debt is what changes.
+                (None, Some(sync)) => p.strict.iter().for_each(|k| sync.owe(k, &p.resource, units)),
+                (None, None) => {}
+            }
+        }
+        Ok(Settled { settled: true, strict })
     }
 
     /// `Charge`: takes `cost` from every limit the request matches, beyond
-    /// the limit if need be; the limits' state afterwards.
+    /// the limit if need be; the limits' state afterwards. Strict limits are
+    /// for the caller to take in Redis (`Charged::strict`).
     pub fn charge<'r, D: Descriptors + ?Sized>(
         &self,
         rules: &'r Installed,
@@ -150,19 +204,27 @@ impl Engine {
         if cost > u64::from(u32::MAX) {
             return Err(RequestError::CostTooLarge { field: "cost", value: cost });
         }
-        let Some((rule, handles)) = rules.find(resource) else { return Ok(Charged(SmallVec::new())) };
+        let mut charged = Charged { limits: SmallVec::new(), strict: Strict::default() };
+        let Some((rule, handles)) = rules.find(resource) else { return Ok(charged) };
         let now = self.clock.now();
-        let replicated = self.sync.is_some();
-        let mut out = SmallVec::new();
         for (l, index, bucket) in matched(rule, handles, resource, descriptors, &self.clock) {
-            if cost > 0 && !(replicated && l.sync == SyncMode::Strict) {
+            if self.sync.is_some() && decided_by_redis(l) {
+                if cost > 0 {
+                    charged.strict.items.push((bucket, signed(cost), 0, charged.limits.len()));
+                }
+                let status = crate::limiter::Status { limit: l.algorithm.capacity(), ..Default::default() };
+                charged.limits.push(LimitReport { limit: l, index, status, exceeded: false });
+                continue;
+            }
+            if cost > 0 {
                 self.buckets.force(bucket.clone(), &l.algorithm, now, cost);
-                self.note_replicated(l, &bucket, resource, i64::try_from(cost).unwrap_or(i64::MAX), now);
+                self.note_replicated(l, &bucket, resource, signed(cost), now);
             }
             let status = self.buckets.check(&bucket, &l.algorithm, now, 0).status;
-            out.push(LimitReport { limit: l, index, status, exceeded: status.remaining == 0 });
+            charged.limits.push(LimitReport { limit: l, index, status, exceeded: status.remaining == 0 });
         }
-        Ok(Charged(out))
+        charged.strict.resource = resource.to_string();
+        Ok(charged)
     }
 
     /// Keeps the estimate of permit `id` until `expires` (a lease's time).
@@ -244,16 +306,20 @@ resources:
         assert!(ok);
         assert_eq!(left, [40, 940]);
         let permit = permit.expect("a permit to settle with, though the rule has no breaker");
-        assert_eq!(e.settle_estimate(&e.rules(), &permit, "llm", Some(15)), Ok(true));
+        assert_eq!(e.settle_estimate(&e.rules(), &permit, "llm", Some(15)).map(|s| s.settled), Ok(true));
         assert_eq!(remaining(&e, "llm").iter().map(|r| r.0).collect::<Vec<_>>(), [85, 985]);
-        assert_eq!(e.settle_estimate(&e.rules(), &permit, "llm", Some(0)), Ok(false), "settled once");
+        assert_eq!(
+            e.settle_estimate(&e.rules(), &permit, "llm", Some(0)).map(|s| s.settled),
+            Ok(false),
+            "settled once"
+        );
     }
 
     #[test]
     fn a_higher_actual_cost_is_a_debt_later_callers_wait_out() {
         let (e, clock) = engine();
         let (_, permit, _) = estimate(&e, "llm", 50);
-        assert_eq!(e.settle_estimate(&e.rules(), &permit.unwrap(), "", Some(180)), Ok(true));
+        assert_eq!(e.settle_estimate(&e.rules(), &permit.unwrap(), "", Some(180)).map(|s| s.settled), Ok(true));
         // 100 - 180 = 80 tokens owed; at 10/s the bucket is empty for 8 s.
         let r = remaining(&e, "llm");
         assert_eq!(r[0], (0, Duration::ZERO), "peek asks for nothing: no retry time");
@@ -275,7 +341,7 @@ resources:
         // The concurrency permit is the settle permit: one report does both.
         let reported = e.report(&e.rules(), "db", &permit, crate::breaker::Outcome::Success, None).unwrap();
         assert!(reported.counted);
-        assert_eq!(e.settle_estimate(&e.rules(), &permit, "db", Some(150)), Ok(true));
+        assert_eq!(e.settle_estimate(&e.rules(), &permit, "db", Some(150)).map(|s| s.settled), Ok(true));
         // 150 in a burst of 100 at 100/s: 0.5 s over, then 10 ms per row.
         assert!(!estimate(&e, "db", 1).0);
         clock.advance(Duration::from_millis(510));
@@ -287,7 +353,11 @@ resources:
         let (e, clock) = engine();
         let rules = e.rules();
         assert!(matches!(e.settle_estimate(&rules, "nope", "", Some(1)), Err(RequestError::MalformedPermit(_))));
-        assert_eq!(e.settle_estimate(&rules, &format!("{:032x}", 7), "", Some(1)), Ok(false), "unknown");
+        assert_eq!(
+            e.settle_estimate(&rules, &format!("{:032x}", 7), "", Some(1)).map(|s| s.settled),
+            Ok(false),
+            "unknown"
+        );
         let (_, permit, _) = estimate(&e, "llm", 30);
         let permit = permit.unwrap();
         assert!(matches!(
@@ -295,16 +365,20 @@ resources:
             Err(RequestError::PermitResourceMismatch { .. })
         ));
         clock.advance(Duration::from_secs(60));
-        assert_eq!(e.settle_estimate(&rules, &permit, "llm", Some(0)), Ok(false), "expired after the permit's 60 s");
+        assert_eq!(
+            e.settle_estimate(&rules, &permit, "llm", Some(0)).map(|s| s.settled),
+            Ok(false),
+            "expired after the permit's 60 s"
+        );
         // A window that moved on never took the estimate: nothing comes back to it.
         clock.advance(Duration::from_secs(10) - Duration::from_nanos(clock.now().as_nanos() % 10_000_000_000));
         let (_, old, _) = estimate(&e, "short", 4);
         clock.advance(Duration::from_secs(10));
         let (_, new, left) = estimate(&e, "short", 3);
         assert_eq!(left, [2]);
-        assert_eq!(e.settle_estimate(&rules, &old.unwrap(), "short", Some(0)), Ok(true));
+        assert_eq!(e.settle_estimate(&rules, &old.unwrap(), "short", Some(0)).map(|s| s.settled), Ok(true));
         assert_eq!(remaining(&e, "short")[0].0, 2, "the new window keeps its 3");
-        assert_eq!(e.settle_estimate(&rules, &new.unwrap(), "short", Some(1)), Ok(true));
+        assert_eq!(e.settle_estimate(&rules, &new.unwrap(), "short", Some(1)).map(|s| s.settled), Ok(true));
         assert_eq!(remaining(&e, "short")[0].0, 4, "its own estimate comes back");
     }
 
@@ -313,10 +387,11 @@ resources:
         let (e, _) = engine();
         let rules = e.rules();
         let charged = e.charge(&rules, "llm", &user(), 130).unwrap();
-        let after: Vec<_> = charged.0.iter().map(|l| (l.limit.name.as_str(), l.status.remaining, l.exceeded)).collect();
+        let after: Vec<_> =
+            charged.limits.iter().map(|l| (l.limit.name.as_str(), l.status.remaining, l.exceeded)).collect();
         assert_eq!(after, [("tokens", 0, true), ("daily", 870, false)]);
         assert!(!estimate(&e, "llm", 1).0, "30 tokens owed");
-        assert_eq!(e.charge(&rules, "nothing-matches", &user(), 5).unwrap().0.len(), 0);
+        assert_eq!(e.charge(&rules, "nothing-matches", &user(), 5).unwrap().limits.len(), 0);
         assert!(matches!(e.charge(&rules, "", &user(), 5), Err(RequestError::Empty { .. })));
         let huge = e.charge(&rules, "llm", &user(), u64::MAX).err().map(|e| e.to_string());
         assert_eq!(huge.as_deref(), Some("cost: 18446744073709551615 is larger than the largest cost, 4294967295"));

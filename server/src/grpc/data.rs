@@ -57,7 +57,7 @@ impl Floodgate for DataPlane {
 
     async fn charge(&self, request: Request<pb::ChargeRequest>) -> Result<Response<pb::ChargeResponse>, Status> {
         let req = request.get_ref();
-        let response: pb::ChargeResponse = self.decider.charge(&req.resource, &req.descriptors, req.cost)?;
+        let response: pb::ChargeResponse = self.decider.charge(&req.resource, &req.descriptors, req.cost).await?;
         Ok(Response::new(response))
     }
 

@@ -350,13 +350,19 @@ impl Bucket {
     /// not a whole window per replica. A sliding log is never shared this way
     /// (Redis decides it exactly).
     pub fn adopt(alg: &Algorithm, now: Timestamp, shared: &Shared, share: f64) -> Bucket {
-        let lease = shared.lease.max(0.0);
+        // A debt in common (units taken beyond the limit) is every
+        // replica's: it is what the bucket holds here, not an empty lease.
+        let lease = if shared.available < 0.0 { shared.available } else { shared.lease.max(0.0) };
         match alg {
             Algorithm::TokenBucket(c) => Bucket::TokenBucket(TokenBucket::with_tokens(c, now, lease)),
             Algorithm::Gcra(c) => Bucket::Gcra(Gcra::with_available(c, now, lease)),
             Algorithm::LeakyBucket(c) => Bucket::LeakyBucket(LeakyBucket::with_room(c, now, lease)),
             Algorithm::FixedWindow(c) => {
-                let used = c.limit.saturating_sub(lease.floor() as u64);
+                let used = if lease < 0.0 {
+                    c.limit.saturating_add(-lease.floor() as u64)
+                } else {
+                    c.limit.saturating_sub(lease.floor() as u64)
+                };
                 let next_share = ((c.limit as f64) * share.clamp(0.0, 1.0)).ceil() as u64;
                 let carry = c.limit.saturating_sub(next_share);
                 Bucket::FixedWindow(FixedWindow::with_count(shared.window_start, used, carry))

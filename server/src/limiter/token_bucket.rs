@@ -31,9 +31,14 @@ impl Config {
 }
 
 impl TokenBucket {
-    /// A bucket holding `tokens` (a fraction allowed) at `now`.
+    /// A bucket holding `tokens` (a fraction allowed) at `now`; negative
+    /// tokens are a debt: empty until they are refilled.
     pub fn with_tokens(cfg: &Config, now: Timestamp, tokens: f64) -> Self {
-        let pico = (tokens.clamp(0.0, cfg.capacity as f64) * rate::PICO as f64) as u128;
+        if tokens < 0.0 {
+            let owed = (-tokens * rate::PICO as f64) as u128;
+            return TokenBucket { tokens: Amount::from_pico(0), updated: now.add_nanos(cfg.refill.time_for(owed)) };
+        }
+        let pico = (tokens.min(cfg.capacity as f64) * rate::PICO as f64) as u128;
         TokenBucket { tokens: Amount::from_pico(pico.min(rate::pico(cfg.capacity))), updated: now }
     }
 

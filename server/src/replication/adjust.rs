@@ -32,10 +32,11 @@ pub struct Adjust {
 
 impl Replication {
     /// Adjusts strict buckets of `resource`, once; what each has available
-    /// after (negative for a debt), or `None` when Redis did not answer in
-    /// time (nothing was changed then: each attempt carries a deadline). A
+    /// after (negative for a debt; `None` for a bucket whose limit is no
+    /// longer in force), or `None` when Redis did not answer in time
+    /// (nothing was changed then: each attempt carries a deadline). A
     /// resource Redis lost is restored first.
-    pub async fn adjust(&self, rules: &Installed, resource: &str, items: &[Adjust]) -> Option<Vec<i64>> {
+    pub async fn adjust(&self, rules: &Installed, resource: &str, items: &[Adjust]) -> Option<Vec<Option<i64>>> {
         let clock = self.engine.clock();
         let started = clock.now();
         let mut restored = false;
@@ -55,21 +56,24 @@ impl Replication {
                 sent += 1;
             }
             if sent == 0 {
-                return Some(Vec::new());
+                return Some(vec![None; items.len()]);
             }
-            let known = u8::from(self.sync().is_marked(resource));
-            invocation.arg(deadline).arg(known).arg(&args[..]);
+            invocation.arg(deadline).arg(self.sync().marker(resource)).arg(&args[..]);
             match self.run(ScriptName::Adjust, invocation, |v| wire::parse_adjusted(v, sent)).await? {
                 Answered::Done(left) => {
                     self.sync().mark(resource, clock.now());
-                    return Some(left);
+                    let mut left = left.into_iter();
+                    let aligned = items.iter().map(|i| rules.limit(i.key.limit).and_then(|_| left.next())).collect();
+                    return Some(aligned);
                 }
                 Answered::TooLate if clock.now().saturating_since(started) < self.slow_limit() => {
                     metrics::counter!(crate::metrics::REDIS_LATE).increment(1);
                 }
                 Answered::Lost if !restored => {
                     restored = true;
-                    self.restore(rules, resource).await;
+                    if !self.restore(rules, resource).await {
+                        return None;
+                    }
                 }
                 Answered::TooLate | Answered::Lost => return None,
             }
@@ -143,11 +147,10 @@ impl Replication {
             for chunk in items.chunks(BUCKETS_PER_SCRIPT) {
                 let Some(left) = self.adjust(rules, &resource, chunk).await else { return };
                 let now = self.engine.clock().now();
-                // Items whose limit is gone were not sent: match by position
-                // among those that were.
-                let sent = chunk.iter().filter(|i| rules.limit(i.key.limit).is_some());
-                for (item, available) in sent.zip(left) {
-                    self.sync().refreshed_strict(&item.key, available, now);
+                for (item, available) in chunk.iter().zip(left) {
+                    if let Some(available) = available {
+                        self.sync().refreshed_strict(&item.key, available, now);
+                    }
                 }
             }
         }

@@ -12,7 +12,7 @@ use super::Replication;
 use super::scripts::{ScriptName, bucket_key, limit_args, marker_key};
 use super::wire::{self, Answered, TakeReply};
 use crate::engine::sync::SyncItem;
-use crate::engine::{Installed, Pending};
+use crate::engine::{Installed, Pending, Remote};
 use crate::limiter::{Decision, Shared, Status};
 use crate::store::BucketKey;
 
@@ -24,17 +24,18 @@ const CONCURRENCY: usize = 32;
 const KEYS_PER_SCRIPT: usize = 200;
 /// A replicated bucket unused this long is no longer synced.
 const ACTIVE: Duration = Duration::from_secs(10);
+/// After restoring a resource Redis lost, how long at least its replicated
+/// buckets take no new lease: longer than a replica's longest wait between
+/// two attempts to reach Redis (2 s), so every replica has put back what it
+/// knew by then.
+const RECOVERY: Duration = Duration::from_millis(2500);
 
 impl Replication {
     /// Redis's decisions over the strict limits of these pending decisions,
     /// in order; `None` for those it could not answer. Decisions on one
     /// resource (one slot) go in one script, up to [`DECISIONS_PER_SCRIPT`];
     /// the scripts run concurrently.
-    pub(super) async fn strict(
-        &self,
-        rules: &Installed,
-        pending: &[&Pending<'_>],
-    ) -> Vec<Option<SmallVec<[Decision; 4]>>> {
+    pub(super) async fn strict(&self, rules: &Installed, pending: &[&Pending<'_>]) -> Vec<Option<Remote>> {
         let mut by_resource: HashMap<&str, Vec<usize>> = HashMap::new();
         for (i, p) in pending.iter().enumerate() {
             by_resource.entry(p.resource()).or_default().push(i);
@@ -60,7 +61,7 @@ impl Replication {
     /// deadline, so a script that runs after this replica gave up on it
     /// changes nothing; one that ran too late is asked again. A resource
     /// Redis lost is restored first.
-    async fn take(&self, rules: &Installed, group: &[&Pending<'_>]) -> Option<Vec<SmallVec<[Decision; 4]>>> {
+    async fn take(&self, rules: &Installed, group: &[&Pending<'_>]) -> Option<Vec<Remote>> {
         let resource = group.first()?.resource();
         let clock = self.engine.clock();
         let started = clock.now();
@@ -80,8 +81,7 @@ impl Replication {
                 }
                 counts.push(strict.len());
             }
-            let known = u8::from(self.sync().is_marked(resource));
-            invocation.arg(deadline).arg(known).arg(group.len()).arg(&args[..]);
+            invocation.arg(deadline).arg(self.sync().marker(resource)).arg(group.len()).arg(&args[..]);
             match self.run(ScriptName::Take, invocation, |v| TakeReply::parse_many(v, &counts)).await? {
                 Answered::Done(replies) => return Some(self.taken(resource, group, replies)),
                 Answered::TooLate if clock.now().saturating_since(started) < self.slow_limit() => {
@@ -89,7 +89,9 @@ impl Replication {
                 }
                 Answered::Lost if !restored => {
                     restored = true;
-                    self.restore(rules, resource).await;
+                    if !self.restore(rules, resource).await {
+                        return None;
+                    }
                 }
                 Answered::TooLate | Answered::Lost => return None,
             }
@@ -98,14 +100,15 @@ impl Replication {
 
     /// Redis's decisions, noted (what each strict bucket has left) and
     /// turned into the engine's.
-    fn taken(&self, resource: &str, group: &[&Pending<'_>], replies: Vec<TakeReply>) -> Vec<SmallVec<[Decision; 4]>> {
+    fn taken(&self, resource: &str, group: &[&Pending<'_>], replies: Vec<TakeReply>) -> Vec<Remote> {
         let now = self.engine.clock().now();
         self.sync().mark(resource, now);
         group
             .iter()
             .zip(replies)
             .map(|(p, reply)| {
-                p.strict()
+                let decisions = p
+                    .strict()
                     .zip(&reply.limits)
                     .map(|((limit, key), r)| {
                         self.sync().saw_strict(key, resource, r.remaining, now);
@@ -120,16 +123,24 @@ impl Replication {
                             },
                         }
                     })
-                    .collect()
+                    .collect();
+                Remote { decisions, at_us: reply.at_us }
             })
             .collect()
     }
 
-    /// Redis lost `resource` (its marker is gone): puts back what this
-    /// replica knew of its buckets, so the replicas go on from there.
-    pub(super) async fn restore(&self, rules: &Installed, resource: &str) {
+    /// Redis lost `resource` (its marker is gone or another's), or this
+    /// replica has not learned its marker yet: puts back what it knew of the
+    /// resource's buckets, so the replicas go on from there, and learns the
+    /// marker. After a loss, its replicated buckets take no new lease for a
+    /// while (the other replicas put back and push theirs meanwhile: a lease
+    /// cut from an earlier figure would overlap what they still hold).
+    pub(super) async fn restore(&self, rules: &Installed, resource: &str) -> bool {
         let known = self.sync().known_of(resource);
-        for chunk in known.chunks(KEYS_PER_SCRIPT) {
+        let chunks: Vec<&[crate::engine::sync::Known]> =
+            if known.is_empty() { vec![&[]] } else { known.chunks(KEYS_PER_SCRIPT).collect() };
+        let mut token = None;
+        for chunk in chunks {
             let mut invocation = self.scripts.get(ScriptName::Restore).prepare_invoke();
             invocation.key(marker_key(resource));
             for k in chunk {
@@ -140,16 +151,28 @@ impl Replication {
                     .arg(k.available)
                     .arg(self.sync().redis_time(k.at));
             }
-            let Some(lowered) = self.run(ScriptName::Restore, invocation, wire::parse_restored).await else { return };
-            metrics::counter!(crate::metrics::REDIS_RESTORES).increment(1);
-            tracing::warn!(
-                resource,
-                buckets = chunk.len(),
-                lowered,
-                "Redis had lost this resource's state: restored what this replica knew"
-            );
+            let Some((lowered, t)) = self.run(ScriptName::Restore, invocation, wire::parse_restored).await else {
+                return false;
+            };
+            token = Some(t);
+            if !chunk.is_empty() {
+                metrics::counter!(crate::metrics::REDIS_RESTORES).increment(1);
+                tracing::warn!(
+                    resource,
+                    buckets = chunk.len(),
+                    lowered,
+                    "Redis had lost this resource's state: restored what this replica knew"
+                );
+            }
         }
-        self.sync().mark(resource, self.engine.clock().now());
+        let now = self.engine.clock().now();
+        let Some(token) = token else { return false };
+        self.sync().learn_marker(resource, token, now);
+        if !known.is_empty() {
+            let recovery = (self.config.sync_interval * 3).max(RECOVERY);
+            self.sync().recover(resource, now.saturating_add(recovery));
+        }
+        true
     }
 
     /// How long a call may wait on a Redis that is slow but alive.
@@ -193,8 +216,12 @@ impl Replication {
             for (batch, shared) in group.iter().zip(join_all(calls).await) {
                 match shared {
                     Some(shared) => {
+                        let now = self.engine.clock().now();
                         for (item, shared) in batch.iter().zip(shared) {
-                            self.engine.adopt(rules, &item.resource, &item.key, &shared);
+                            // Recovering: pushed, but no new lease yet.
+                            if !self.sync().recovering(&item.resource, now) {
+                                self.engine.adopt(rules, &item.resource, &item.key, &shared);
+                            }
                         }
                     }
                     None => {
@@ -212,10 +239,37 @@ impl Replication {
 
     async fn sync_batch(&self, rules: &Installed, batch: &[&SyncItem], want: u64) -> Option<Vec<Shared>> {
         let resource = batch.first()?.resource.as_str();
+        let mut restored = false;
+        loop {
+            match self.sync_once_batch(rules, batch, want).await? {
+                Answered::Done(shared) => {
+                    self.sync().mark(resource, self.engine.clock().now());
+                    return Some(shared);
+                }
+                // Nothing was pushed: the consumption is pushed again next time.
+                Answered::TooLate => return None,
+                Answered::Lost if !restored => {
+                    restored = true;
+                    if !self.restore(rules, resource).await {
+                        return None;
+                    }
+                }
+                Answered::Lost => return None,
+            }
+        }
+    }
+
+    /// One run of the sync script over one resource's batch.
+    async fn sync_once_batch(
+        &self,
+        rules: &Installed,
+        batch: &[&SyncItem],
+        want: u64,
+    ) -> Option<Answered<Vec<Shared>>> {
+        let resource = batch.first()?.resource.as_str();
         let lease_ttl = (self.config.sync_interval * 3).as_micros() as u64;
         let now = self.engine.clock().now();
         let deadline = self.sync().redis_time(now.saturating_add(self.config.timeout));
-        let known = u8::from(self.sync().is_marked(resource));
         let mut invocation = self.scripts.get(ScriptName::Sync).prepare_invoke();
         invocation.key(marker_key(resource));
         invocation
@@ -224,7 +278,7 @@ impl Replication {
             .arg(lease_ttl)
             .arg(want)
             .arg(deadline)
-            .arg(known);
+            .arg(self.sync().marker(resource));
         for item in batch {
             // A limit gone from the rules still syncs once, as a no-op fixed window.
             let (key, args) = match rules.limit(item.limit) {
@@ -234,17 +288,6 @@ impl Replication {
             invocation.key(key).arg(item.delta).arg(&args[..]);
         }
         let n = batch.len();
-        match self.run(ScriptName::Sync, invocation, |v| wire::parse_sync(v, n)).await? {
-            Answered::Done(shared) => {
-                self.sync().mark(resource, self.engine.clock().now());
-                Some(shared)
-            }
-            // Nothing was pushed: the consumption is pushed again next time.
-            Answered::TooLate => None,
-            Answered::Lost => {
-                self.restore(rules, resource).await;
-                None
-            }
-        }
+        self.run(ScriptName::Sync, invocation, |v| wire::parse_sync(v, n)).await
     }
 }

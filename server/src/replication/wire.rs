@@ -224,11 +224,24 @@ pub fn parse_live(v: Value) -> Result<(u32, i64), ReplyError> {
     }
 }
 
-/// restore.lua: how many buckets were lowered.
-pub fn parse_restored(v: Value) -> Result<u64, ReplyError> {
-    match v {
-        Value::Int(n) if n >= 0 => Ok(n as u64),
-        other => Err(error(ScriptName::Restore, format!("not a count: {other:?}"))),
+/// restore.lua: how many buckets were lowered, and the marker's token.
+pub fn parse_restored(v: Value) -> Result<(u64, String), ReplyError> {
+    let script = ScriptName::Restore;
+    let Value::Array(items) = v else { return Err(error(script, format!("not an array: {v:?}"))) };
+    match &items[..] {
+        [Value::Int(n), token] if *n >= 0 => {
+            let token = match token {
+                Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+                Value::SimpleString(s) => Some(s.clone()),
+                Value::Int(n) => Some(n.to_string()),
+                _ => None,
+            };
+            match token.filter(|t| !t.is_empty()) {
+                Some(token) => Ok((*n as u64, token)),
+                None => Err(error(script, format!("no marker token: {items:?}"))),
+            }
+        }
+        _ => Err(error(script, format!("not {{count, token}}: {items:?}"))),
     }
 }
 

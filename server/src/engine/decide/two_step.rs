@@ -19,6 +19,14 @@ use crate::time::Timestamp;
 /// A matched limit and its decision, `None` until Redis answers.
 type Decided<'r> = (&'r Limit, usize, BucketKey, Option<Decision>);
 
+/// Redis's decisions over a request's strict limits, in rule order, and the
+/// instant (Redis's clock, us) it took their units.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Remote {
+    pub decisions: SmallVec<[Decision; 4]>,
+    pub at_us: i64,
+}
+
 /// Where a decision stands between its local part and Redis's.
 // `Done` is the common case and is returned by value: boxing it would cost an
 // allocation per decision. The rare `Remote` is boxed instead.
@@ -48,6 +56,8 @@ pub struct Pending<'r> {
     now: Timestamp,
     /// The local limits already gave back what they took (one of them denied).
     given_back: bool,
+    /// When Redis took the strict limits' units (its clock, us), once it did.
+    redis_at: Option<i64>,
 }
 
 impl<'r> Pending<'r> {
@@ -117,7 +127,7 @@ impl Engine {
             self.decide_limits(&mut answer, handles, &p.matched, &p.request_resource, now, p.cost, p.dry_run);
             if let Some(resource) = p.resource.filter(|_| p.settle && answer.verdict == Verdict::Allowed) {
                 let taken = p.matched.iter().map(|(l, _, k)| (*l, k));
-                self.hold_estimate(&mut answer, rule, resource, taken, p.cost, now);
+                self.hold_estimate(&mut answer, rule, resource, taken, (p.cost, now, None));
             }
             if !p.dry_run {
                 answer.count(&handles.metrics);
@@ -152,6 +162,7 @@ impl Engine {
             settle: p.settle,
             request_resource: p.request_resource,
             given_back: false,
+            redis_at: None,
         };
         if let Some(denied) = self.guard(&mut pending, level, p.remote_breaker) {
             return Step::Done(self.done(pending, denied));
@@ -181,7 +192,7 @@ impl Engine {
         pending.limits.extend(remote.into_iter().map(|(l, i, k)| (l, i, k, denied.then(|| not_asked(l)))));
         pending.limits.sort_by_key(|(_, i, _, _)| *i);
         if denied || pending.limits.iter().all(|(.., d)| d.is_some()) {
-            return Step::Done(self.finish(pending, Some(SmallVec::new())));
+            return Step::Done(self.finish(pending, Some(Remote { decisions: SmallVec::new(), at_us: 0 })));
         }
         if !self.sync.as_ref().is_some_and(|s| s.up()) {
             return Step::Done(self.finish(pending, None));
@@ -192,11 +203,14 @@ impl Engine {
     /// Completes a decision with Redis's answers for the strict limits, in
     /// rule order (`None` when Redis could not answer: each strict limit then
     /// follows its `on_redis_error`). When one denies, everything is given back.
-    pub fn finish<'r>(&self, mut p: Pending<'r>, remote: Option<SmallVec<[Decision; 4]>>) -> Answer<'r> {
+    pub fn finish<'r>(&self, mut p: Pending<'r>, remote: Option<Remote>) -> Answer<'r> {
         let strict: Matched<'r> =
             p.limits.iter().filter(|(.., d)| d.is_none()).map(|(l, i, k, _)| (*l, *i, k.clone())).collect();
         let from_redis = match remote {
-            Some(d) if d.len() == strict.len() => d,
+            Some(r) if r.decisions.len() == strict.len() => {
+                p.redis_at = (!strict.is_empty()).then_some(r.at_us);
+                r.decisions
+            }
             _ => self.without_redis(&strict, &p.request_resource, p.now, p.cost),
         };
         let mut from_redis = from_redis.into_iter();
@@ -260,7 +274,7 @@ impl Engine {
         }
         if let Some(resource) = p.resource.take().filter(|_| p.settle && p.answer.verdict == Verdict::Allowed) {
             let taken = p.limits.iter().map(|(l, _, k, _)| (*l, k));
-            self.hold_estimate(&mut p.answer, p.rule, resource, taken, p.cost, p.now);
+            self.hold_estimate(&mut p.answer, p.rule, resource, taken, (p.cost, p.now, p.redis_at));
         }
         if !p.dry_run {
             p.answer.count(&p.handles.metrics);

@@ -40,8 +40,13 @@ pub struct Replica {
     /// What Redis last said a strict bucket had left: where an outage's
     /// local share starts, and what is restored if Redis loses its data.
     strict_seen: DashMap<BucketKey, Seen, ahash::RandomState>,
-    /// Resources whose marker this replica has seen in Redis, and when.
-    marked: DashMap<String, Timestamp, ahash::RandomState>,
+    /// Resources whose marker this replica has seen in Redis: when, and its
+    /// token (see limits.lua).
+    marked: DashMap<String, (Timestamp, String), ahash::RandomState>,
+    /// Resources this replica restored lately, until when: their replicated
+    /// buckets take no new lease until every replica has had time to put
+    /// back what it knew and push what it took.
+    recovering: DashMap<String, Timestamp, ahash::RandomState>,
     /// Strict buckets decided here during an outage, dropped when it ends.
     outage: DashMap<BucketKey, (), ahash::RandomState>,
     /// What this replica owes strict buckets in Redis, net: units admitted
@@ -108,18 +113,33 @@ impl Replica {
         (local.as_nanos() / 1000) as i64 + self.offset_us.load(Ordering::Acquire)
     }
 
-    /// Whether this replica has seen `resource`'s marker in Redis.
-    pub fn is_marked(&self, resource: &str) -> bool {
-        self.marked.contains_key(resource)
+    /// The token of `resource`'s marker as this replica learned it; empty
+    /// when it has not (scripts then ask it to restore and learn it).
+    pub fn marker(&self, resource: &str) -> String {
+        self.marked.get(resource).map(|m| m.1.clone()).unwrap_or_default()
     }
 
+    /// A script found the marker this replica knows.
     pub fn mark(&self, resource: &str, now: Timestamp) {
-        match self.marked.get_mut(resource) {
-            Some(mut at) => *at = now,
-            None => {
-                self.marked.insert(resource.to_string(), now);
-            }
+        if let Some(mut m) = self.marked.get_mut(resource) {
+            m.0 = now;
         }
+    }
+
+    /// The marker's token, as a restore returned it.
+    pub fn learn_marker(&self, resource: &str, token: String, now: Timestamp) {
+        self.marked.insert(resource.to_string(), (now, token));
+    }
+
+    /// This replica restored `resource` (Redis had lost it): its replicated
+    /// buckets take no new lease until `until`.
+    pub fn recover(&self, resource: &str, until: Timestamp) {
+        self.recovering.insert(resource.to_string(), until);
+    }
+
+    /// Whether `resource` is being recovered at `now`.
+    pub fn recovering(&self, resource: &str, now: Timestamp) -> bool {
+        self.recovering.get(resource).is_some_and(|until| now < *until)
     }
 
     /// What Redis answered for a strict bucket a decision here used.
@@ -199,7 +219,8 @@ impl Replica {
     /// Forgets what has not been used for a while: markers and strict buckets.
     pub fn forget_idle(&self, now: Timestamp) {
         let fresh = |at: Timestamp| now.saturating_since(at) < crate::time::duration_nanos(FORGET_AFTER);
-        self.marked.retain(|_, at| fresh(*at));
+        self.marked.retain(|_, (at, _)| fresh(*at));
+        self.recovering.retain(|_, until| now < *until);
         self.strict_seen.retain(|_, s| fresh(s.at));
     }
 

@@ -110,7 +110,7 @@ fn state_number(s: Option<State>) -> i32 {
 /// every answer, costs a sixth of a batch's encoding, and Peek reports it.
 impl From<crate::engine::settle::Charged<'_>> for pb::ChargeResponse {
     fn from(c: crate::engine::settle::Charged<'_>) -> Self {
-        pb::ChargeResponse { limits: c.0.iter().map(Into::into).collect() }
+        pb::ChargeResponse { limits: c.limits.iter().map(Into::into).collect() }
     }
 }
 

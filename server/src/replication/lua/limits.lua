@@ -264,13 +264,16 @@ A[CODE.sliding_window] = {
   end,
 }
 
--- A resource's marker, set the first time a replica touches it (and kept
--- for a week from its last sync). A replica that saw it before and finds it
--- gone knows Redis lost its data: `known` is 1 then, and this returns false.
+-- A resource's marker holds a token, Redis's time when the marker was set
+-- (by restore.lua, the first time a replica touches the resource, or after
+-- Redis lost it); kept for a week from the last sync. Every other script is
+-- given the token its replica learned, and does nothing unless it is the
+-- one in Redis: a replica that does not know it yet, and one whose token is
+-- gone (Redis lost its data) or replaced (lost, and another replica has
+-- touched the resource since), restores what it knows first and learns the
+-- token then. So every replica that knew something of a lost resource puts
+-- it back, not only the first to notice.
 local MARKER_TTL = 604800
 local function marked(key, known)
-  if redis.call('EXISTS', key) == 1 then return true end
-  if known == 1 then return false end
-  redis.call('SET', key, '1', 'EX', MARKER_TTL)
-  return true
+  return known ~= '' and redis.call('GET', key) == known
 end

@@ -1,15 +1,28 @@
--- Redis lost a resource's state (its marker is gone): a replica puts back
--- what it knew, so that the replicas go on from there rather than from full
--- buckets. Several replicas may restore the same bucket: each only lowers
--- what is available to what it knew, never adds, so the lowest wins.
+-- Redis lost a resource's state (its marker is gone, or holds another token
+-- than the replica knew), or the replica touches it for the first time: the
+-- replica puts back what it knew, so that the replicas go on from there
+-- rather than from full buckets, and learns the marker's token.
+--
+-- Several replicas restore the same bucket, before and after others pushed
+-- what they took since: each restore lowers what is available by what it
+-- knows beyond the restores before it (`key:r` keeps the lowest target so
+-- far, refilled since for rate limits), never adds, so the result is the
+-- lowest knowledge less every push, in whatever order they arrive.
 --
 -- KEYS[1]: the resource's marker; then the buckets. Per bucket in ARGV, seven
 -- numbers: the limit's five, what was available, and when that was seen (us,
 -- Redis time). Rate limits refill since then; a window that has ended since
 -- is left as it is.
--- Returns how many buckets were lowered.
+-- Returns {how many buckets were lowered, the marker's token}.
 local now = now_us()
 local lowered = 0
+-- The first restore since Redis lost the resource sets a new token; the
+-- others of the same loss find it, and the targets stored with it.
+local token = redis.call('GET', KEYS[1])
+if not token then
+  token = int(now)
+  redis.call('SET', KEYS[1], token, 'EX', MARKER_TTL)
+end
 for i = 2, #KEYS do
   local b = (i - 2) * 7
   local alg = tonumber(ARGV[b + 1])
@@ -17,12 +30,27 @@ for i = 2, #KEYS do
   local known, at = tonumber(ARGV[b + 6]), tonumber(ARGV[b + 7])
   local target = A[alg].restored(p, known, at, now)
   if target then
-    local s = A[alg].status(KEYS[i], p, now, 0)
-    if s.avail > target then
-      A[alg].take(KEYS[i], p, now, math.ceil(s.avail - target), s)
+    local r = KEYS[i] .. ':r'
+    local before = redis.call('HMGET', r, 't', 'at', 'token')
+    local floor = nil
+    if before[1] and before[3] == token then
+      floor = A[alg].restored(p, tonumber(before[1]), tonumber(before[2]), now)
+    end
+    local lower = 0
+    if not floor then
+      local s = A[alg].status(KEYS[i], p, now, 0)
+      lower = s.avail - target
+    elseif target < floor then
+      lower = floor - target
+    end
+    if lower > 0 then
+      A[alg].take(KEYS[i], p, now, math.ceil(lower), A[alg].status(KEYS[i], p, now, 0))
       lowered = lowered + 1
+    end
+    if not floor or target < floor then
+      redis.call('HSET', r, 't', target, 'at', now, 'token', token)
+      redis.call('EXPIRE', r, MARKER_TTL)
     end
   end
 end
-redis.call('SET', KEYS[1], '1', 'EX', MARKER_TTL)
-return lowered
+return { lowered, token }

@@ -14,15 +14,16 @@
 -- least lease wanted (a request larger than the usual share), granted only
 -- from what is free; ARGV[5]: a deadline in Redis time, us (0: none), after
 -- which nothing is pushed ({-1}: the replica pushes it again next time);
--- ARGV[6]: 1 when this replica saw the marker before ({-2} if it is gone:
--- restore first). Then per bucket six numbers: units to push, and the
+-- ARGV[6]: the marker's token as this replica knows it ({-2} unless it is
+-- the one in Redis: restore first). Then per bucket six numbers: units to push, and the
 -- limit's five numbers.
--- Returns per bucket {lease (text), window start us, prev, cur, available (text)}.
+-- Returns per bucket {lease (text), window start us, prev, cur, available
+-- (text; negative while a debt is being paid)}.
 local now = now_us()
 local replica, share, ttl, want = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local deadline = tonumber(ARGV[5])
 if deadline > 0 and now > deadline then return { -1 } end
-if not marked(KEYS[1], tonumber(ARGV[6])) then return { -2 } end
+if not marked(KEYS[1], ARGV[6]) then return { -2 } end
 redis.call('EXPIRE', KEYS[1], MARKER_TTL)
 local out = {}
 for i = 2, #KEYS do
@@ -61,6 +62,8 @@ for i = 2, #KEYS do
   table.insert(out, s.start or 0)
   table.insert(out, s.prev or 0)
   table.insert(out, s.cur or 0)
-  table.insert(out, tostring(avail))
+  -- What is available in common, negative for a debt (units taken beyond
+  -- the limit): every replica waits it out.
+  table.insert(out, tostring(s.avail))
 end
 return out

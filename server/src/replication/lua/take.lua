@@ -5,9 +5,9 @@
 -- KEYS[1]: the resource's marker; then every decision's limits, in order.
 -- ARGV[1]: a deadline in Redis time, us (0: none): a script that runs after
 -- it changes nothing and returns {-1}, so a decision the replica gave up on
--- is never applied later. ARGV[2]: 1 when this replica has seen the marker
--- before: if it is gone, Redis lost its data; nothing is decided and {-2}
--- asks the replica to restore what it holds first. ARGV[3]: the number of
+-- is never applied later. ARGV[2]: the marker's token as this replica knows
+-- it (see limits.lua): unless it is the one in Redis, nothing is decided and
+-- {-2} asks the replica to restore what it holds first. ARGV[3]: the number of
 -- decisions; then per decision: its cost, its number of limits n, and five
 -- numbers per limit.
 -- Returns Redis's time (us: the instant every decision here took its units,
@@ -16,7 +16,7 @@
 local now = now_us()
 local deadline = tonumber(ARGV[1])
 if deadline > 0 and now > deadline then return { -1 } end
-if not marked(KEYS[1], tonumber(ARGV[2])) then return { -2 } end
+if not marked(KEYS[1], ARGV[2]) then return { -2 } end
 local out = { now }
 local a, k = 4, 1
 for _ = 1, tonumber(ARGV[3]) do
