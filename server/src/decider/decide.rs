@@ -35,7 +35,7 @@ impl Decider {
         let rules = self.engine.rules_full();
         let prepared = vec![self.engine.prepare(&rules, req)?];
         let again = |_| self.engine.prepare(&rules, req).ok();
-        let answer = replication.decide_many(&rules, prepared, again).await.into_iter().next();
+        let answer = replication.decide_many(prepared, again).await.into_iter().next();
         Ok(self.answered(req, answer.expect("one answer per request")))
     }
 
@@ -57,7 +57,7 @@ impl Decider {
         let rules = self.engine.rules_full();
         let prepared = prepare_all(&self.engine, &rules, field, reqs)?;
         let again = |i: usize| self.engine.prepare(&rules, &reqs[i]).ok();
-        let answers = replication.decide_many(&rules, prepared, again).await;
+        let answers = replication.decide_many(prepared, again).await;
         Ok(answers.into_iter().zip(reqs).map(|(a, req)| self.answered(req, a)).collect())
     }
 

@@ -126,7 +126,7 @@ impl Decider {
             p.leave_out(&items[i].shared.iter().map(|&(_, l)| l).collect::<SmallVec<[usize; 2]>>());
             Some(p)
         };
-        let decided = replication.decide_many(&rules, prepared, again).await;
+        let decided = replication.decide_many(prepared, again).await;
         let mut answers: Answers<'_> = (0..items.len()).map(|_| None).collect();
         for (&i, a) in index.iter().zip(decided) {
             answers[i] = Some(a);

@@ -7,7 +7,7 @@ use super::scripts::{BreakerOp, EVENTS, breaker_args, breaker_keys};
 use super::wire::{BreakerReply, Grant};
 use crate::breaker::State;
 use crate::engine::Installed;
-use crate::engine::sync::{BreakerNews, RemoteBreaker, RemoteOutcome, SharedBreaker};
+use crate::engine::sync::{BreakerNews, RemoteBreaker, SharedBreaker};
 
 impl Replication {
     /// Runs one breaker script for `resource`, whose rule has a breaker.
@@ -15,9 +15,13 @@ impl Replication {
         let cfg = rules.rules.find(resource)?.breaker.as_ref()?;
         let script = op.script();
         let [state_key, window_key] = breaker_keys(resource);
+        let deadline = self.sync().redis_time(self.engine.clock().now().saturating_add(self.config.timeout));
         let mut invocation = self.scripts.get(script).prepare_invoke();
-        invocation.key(state_key).key(window_key).arg(&breaker_args(cfg)[..]).arg(&op.args()[..]);
-        let reply = self.run(script, invocation, |v| BreakerReply::parse(script, v)).await?;
+        invocation.key(state_key).key(window_key).arg(&breaker_args(cfg)[..]).arg(deadline).arg(&op.args()[..]);
+        let Some(reply) = self.run(script, invocation, |v| BreakerReply::parse(script, v)).await? else {
+            metrics::counter!(crate::metrics::REDIS_LATE).increment(1);
+            return None;
+        };
         self.adopt_reply(rules, resource, &reply).await;
         Some(reply)
     }
@@ -61,15 +65,26 @@ impl Replication {
 
     /// After ReportOutcome: probe outcomes go to the shared breakers.
     pub async fn after_report(&self) {
-        if !self.sync().outbox_is_empty() {
+        // While Redis is away the sync loop sends them once it is back: a
+        // request does not wait on a dead Redis for them.
+        if self.sync().up() && !self.sync().outbox_is_empty() {
             self.flush_outbox(&self.engine.rules_full()).await;
         }
     }
 
     /// Sends probe outcomes (and probes given back) to the shared breakers.
+    /// One that could not be sent (Redis away, or too late) goes again at
+    /// the next flush: a late one changed nothing, so none counts twice.
     pub(super) async fn flush_outbox(&self, rules: &Installed) {
-        for RemoteOutcome { resource, generation, outcome, slow } in self.sync().take_outbox() {
-            self.run_breaker(rules, &resource, BreakerOp::Report { generation, outcome, slow }).await;
+        for o in self.sync().take_outbox() {
+            // A rule that lost its breaker has no probe to report.
+            if rules.rules.find(&o.resource).is_none_or(|r| r.breaker.is_none()) {
+                continue;
+            }
+            let op = BreakerOp::Report { generation: o.generation, outcome: o.outcome, slow: o.slow };
+            if self.run_breaker(rules, &o.resource, op).await.is_none() {
+                self.sync().resend(o);
+            }
         }
     }
 

@@ -8,7 +8,8 @@ use std::collections::HashSet;
 use futures_util::future::join_all;
 
 use super::Replication;
-use crate::engine::{Answer, Engine, Installed, Pending, Prepared, Step, Verdict};
+use crate::engine::sync::RemoteBreaker;
+use crate::engine::{Answer, Engine, Pending, Prepared, Step, Verdict};
 use crate::rules::SyncMode;
 use crate::store::BucketKey;
 
@@ -17,24 +18,19 @@ impl Replication {
     /// must: first touch of replicated buckets, probes of shared breakers,
     /// strict limits. `again(i)` prepares item `i` once more, for a second
     /// decision after a sync.
-    pub async fn decide_many<'r, F>(
-        &self,
-        rules: &'r Installed,
-        mut prepared: Vec<Prepared<'r>>,
-        again: F,
-    ) -> Vec<Answer<'r>>
+    pub async fn decide_many<'r, F>(&self, mut prepared: Vec<Prepared<'r>>, again: F) -> Vec<Answer<'r>>
     where
         F: Fn(usize) -> Option<Prepared<'r>>,
     {
         if self.sync().up() {
-            self.pull_missing(rules, &prepared).await;
-            self.ask_probes(rules, &mut prepared).await;
+            self.pull_missing(&prepared).await;
+            self.ask_probes(&mut prepared).await;
         }
-        let mut answers = self.decide_steps(rules, prepared).await;
+        let mut answers = self.decide_steps(prepared).await;
         if self.sync().up() {
-            self.escalate(rules, again, &mut answers).await;
+            self.escalate(again, &mut answers).await;
         }
-        if !self.sync().outbox_is_empty() {
+        if self.sync().up() && !self.sync().outbox_is_empty() {
             self.flush_outbox(&self.engine.rules_full()).await;
         }
         answers
@@ -42,7 +38,7 @@ impl Replication {
 
     /// Pulls every replicated bucket this process does not hold yet, all
     /// items' at once, so a restarted replica resumes where the replicas are.
-    async fn pull_missing(&self, rules: &Installed, prepared: &[Prepared<'_>]) {
+    async fn pull_missing(&self, prepared: &[Prepared<'_>]) {
         let mut seen = HashSet::new();
         let mut missing: Vec<(&str, BucketKey)> = Vec::new();
         for p in prepared.iter().filter(|p| !p.dry_run()) {
@@ -53,12 +49,12 @@ impl Replication {
             }
         }
         if !missing.is_empty() {
-            self.lease_now(rules, missing, 0).await;
+            self.lease_now(missing, 0).await;
         }
     }
 
     /// Asks the shared breakers for the probes the items need, concurrently.
-    async fn ask_probes(&self, rules: &Installed, prepared: &mut [Prepared<'_>]) {
+    async fn ask_probes(&self, prepared: &mut [Prepared<'_>]) {
         let wanted: Vec<usize> = (0..prepared.len())
             .filter(|&i| !prepared[i].dry_run() && self.engine.needs_remote_probe(&prepared[i], prepared[i].resource()))
             .collect();
@@ -66,7 +62,7 @@ impl Replication {
             return;
         }
         let resources: Vec<String> = wanted.iter().map(|&i| prepared[i].resource().to_string()).collect();
-        let grants = join_all(resources.iter().map(|r| self.probe(rules, r))).await;
+        let grants = join_all(resources.into_iter().map(|r| self.probe_detached(r))).await;
         for (i, grant) in wanted.into_iter().zip(grants) {
             if let Some(grant) = grant {
                 prepared[i].set_remote_breaker(grant);
@@ -74,9 +70,20 @@ impl Replication {
         }
     }
 
+    /// Asks for a probe on a task of its own: a grant whose caller went away
+    /// drops there, giving the probe back.
+    async fn probe_detached(&self, resource: String) -> Option<RemoteBreaker> {
+        let me = self.me.upgrade()?;
+        let task = tokio::spawn(async move {
+            let rules = me.engine.rules_full();
+            me.probe(&rules, &resource).await
+        });
+        task.await.ok().flatten()
+    }
+
     /// The local part of every item, then Redis's part of those with strict
     /// limits, concurrently.
-    async fn decide_steps<'r>(&self, rules: &Installed, prepared: Vec<Prepared<'r>>) -> Vec<Answer<'r>> {
+    async fn decide_steps<'r>(&self, prepared: Vec<Prepared<'r>>) -> Vec<Answer<'r>> {
         let now = self.engine.clock().now();
         let mut answers: Vec<Option<Answer<'r>>> = Vec::with_capacity(prepared.len());
         let mut remote = Waiting { engine: &self.engine, items: Vec::new() };
@@ -93,7 +100,7 @@ impl Replication {
             let pending: Vec<&Pending<'r>> = remote.items.iter().map(|(_, p)| &**p).collect();
             // Cancelled here (the caller went away), `remote` gives back
             // what the decisions took as it drops.
-            let decisions = self.strict(rules, &pending).await;
+            let decisions = self.strict(&pending).await;
             for ((i, pending), decisions) in std::mem::take(&mut remote.items).into_iter().zip(decisions) {
                 answers[i] = Some(self.engine.finish(*pending, decisions));
             }
@@ -104,7 +111,7 @@ impl Replication {
     /// Items denied by this replica's lease while the replicas had more in
     /// common: those buckets are synced now (asking for a lease of at least
     /// the cost) and the items decided again. Nothing was taken the first time.
-    async fn escalate<'r, F>(&self, rules: &'r Installed, again_for: F, answers: &mut [Answer<'r>])
+    async fn escalate<'r, F>(&self, again_for: F, answers: &mut [Answer<'r>])
     where
         F: Fn(usize) -> Option<Prepared<'r>>,
     {
@@ -132,9 +139,9 @@ impl Replication {
             return;
         }
         metrics::counter!(crate::metrics::REDIS_ESCALATIONS).increment(again.len() as u64);
-        self.lease_now(rules, keys, want).await;
+        self.lease_now(keys, want).await;
         let (index, prepared): (Vec<usize>, Vec<Prepared<'r>>) = again.into_iter().unzip();
-        for (i, answer) in index.into_iter().zip(self.decide_steps(rules, prepared).await) {
+        for (i, answer) in index.into_iter().zip(self.decide_steps(prepared).await) {
             answers[i] = answer;
         }
     }

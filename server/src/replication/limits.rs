@@ -9,6 +9,7 @@ use futures_util::future::join_all;
 use smallvec::SmallVec;
 
 use super::Replication;
+use super::adjust::Adjust;
 use super::scripts::{ScriptName, bucket_key, limit_args, marker_key};
 use super::wire::{self, Answered, TakeReply};
 use crate::engine::sync::SyncItem;
@@ -30,22 +31,62 @@ const ACTIVE: Duration = Duration::from_secs(10);
 /// knew by then.
 const RECOVERY: Duration = Duration::from_millis(2500);
 
+/// One take script's work, owned (it runs on a task of its own): per
+/// decision its cost and its strict limits.
+struct TakeJob {
+    resource: String,
+    decisions: Vec<(u64, SmallVec<[StrictLimit; 2]>)>,
+}
+
+/// A strict limit of a decision, as the take script needs it.
+struct StrictLimit {
+    key: BucketKey,
+    redis_key: String,
+    args: [f64; 5],
+    capacity: u64,
+}
+
+impl TakeJob {
+    fn new<'p, 'r: 'p>(group: impl Iterator<Item = &'p Pending<'r>>, now: crate::time::Timestamp) -> TakeJob {
+        let mut resource = String::new();
+        let decisions = group
+            .map(|p| {
+                resource = p.resource().to_string();
+                let limits = p
+                    .strict()
+                    .map(|(limit, key)| StrictLimit {
+                        key: key.clone(),
+                        redis_key: bucket_key(p.resource(), limit, key),
+                        args: limit_args(&limit.algorithm, now),
+                        capacity: limit.algorithm.capacity(),
+                    })
+                    .collect();
+                (p.cost(), limits)
+            })
+            .collect();
+        TakeJob { resource, decisions }
+    }
+}
+
 impl Replication {
     /// Redis's decisions over the strict limits of these pending decisions,
     /// in order; `None` for those it could not answer. Decisions on one
     /// resource (one slot) go in one script, up to [`DECISIONS_PER_SCRIPT`];
-    /// the scripts run concurrently.
-    pub(super) async fn strict(&self, rules: &Installed, pending: &[&Pending<'_>]) -> Vec<Option<Remote>> {
+    /// the scripts run concurrently, each on a task of its own, so that a
+    /// caller that goes away cannot cut an exchange with Redis in the middle
+    /// (what it took is then given back).
+    pub(super) async fn strict(&self, pending: &[&Pending<'_>]) -> Vec<Option<Remote>> {
         let mut by_resource: HashMap<&str, Vec<usize>> = HashMap::new();
         for (i, p) in pending.iter().enumerate() {
             by_resource.entry(p.resource()).or_default().push(i);
         }
-        let groups: Vec<Vec<&Pending<'_>>> = by_resource
+        let now = self.engine.clock().now();
+        let jobs: Vec<TakeJob> = by_resource
             .values()
             .flat_map(|v| v.chunks(DECISIONS_PER_SCRIPT))
-            .map(|g| g.iter().map(|&i| pending[i]).collect())
+            .map(|g| TakeJob::new(g.iter().map(|&i| pending[i]), now))
             .collect();
-        let replies = join_all(groups.iter().map(|g| self.take(rules, g))).await;
+        let replies = join_all(jobs.into_iter().map(|job| self.take_detached(job))).await;
         let mut out = vec![None; pending.len()];
         let order = by_resource.values().flat_map(|v| v.chunks(DECISIONS_PER_SCRIPT));
         for (indices, reply) in order.zip(replies) {
@@ -57,33 +98,62 @@ impl Replication {
         out
     }
 
+    /// Runs a take on a task of its own. If the caller is gone when Redis
+    /// answers, what the take admitted is given back in Redis.
+    async fn take_detached(&self, job: TakeJob) -> Option<Vec<Remote>> {
+        let me = self.me.upgrade()?;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let rules = me.engine.rules_full();
+            let taken = me.take(&rules, &job).await;
+            if let Err(Some(unwanted)) = tx.send(taken) {
+                me.give_back_unwanted(&rules, &job, &unwanted).await;
+            }
+        });
+        rx.await.ok().flatten()
+    }
+
+    /// A take whose caller went away: what it admitted goes back.
+    async fn give_back_unwanted(&self, rules: &Installed, job: &TakeJob, taken: &[Remote]) {
+        let mut items = Vec::new();
+        for ((cost, limits), remote) in job.decisions.iter().zip(taken) {
+            if remote.decisions.iter().all(|d| d.admitted) {
+                let units = -i64::try_from(*cost).unwrap_or(i64::MAX);
+                items.extend(limits.iter().map(|l| Adjust { key: l.key.clone(), units, at_us: remote.at_us }));
+            }
+        }
+        if !items.is_empty() && self.adjust(rules, &job.resource, &items).await.is_none() {
+            for item in &items {
+                self.sync().owe(&item.key, &job.resource, item.units);
+            }
+        }
+    }
+
     /// One take script over decisions of one resource. Each attempt carries a
     /// deadline, so a script that runs after this replica gave up on it
     /// changes nothing; one that ran too late is asked again. A resource
     /// Redis lost is restored first.
-    async fn take(&self, rules: &Installed, group: &[&Pending<'_>]) -> Option<Vec<Remote>> {
-        let resource = group.first()?.resource();
+    async fn take(&self, rules: &Installed, job: &TakeJob) -> Option<Vec<Remote>> {
+        let resource = job.resource.as_str();
         let clock = self.engine.clock();
         let started = clock.now();
         let mut restored = false;
+        let counts: Vec<usize> = job.decisions.iter().map(|(_, limits)| limits.len()).collect();
         loop {
             let deadline = self.sync().redis_time(clock.now().saturating_add(self.config.timeout));
             let mut invocation = self.scripts.get(ScriptName::Take).prepare_invoke();
             invocation.key(marker_key(resource));
             let mut args: Vec<f64> = Vec::new();
-            let mut counts = Vec::with_capacity(group.len());
-            for p in group {
-                let strict: SmallVec<[_; 4]> = p.strict().collect();
-                args.extend([p.cost() as f64, strict.len() as f64]);
-                for (limit, key) in &strict {
-                    invocation.key(bucket_key(resource, limit, key));
-                    args.extend(limit_args(&limit.algorithm, clock.now()));
+            for (cost, limits) in &job.decisions {
+                args.extend([*cost as f64, limits.len() as f64]);
+                for l in limits {
+                    invocation.key(&l.redis_key);
+                    args.extend(l.args);
                 }
-                counts.push(strict.len());
             }
-            invocation.arg(deadline).arg(self.sync().marker(resource)).arg(group.len()).arg(&args[..]);
+            invocation.arg(deadline).arg(self.sync().marker(resource)).arg(job.decisions.len()).arg(&args[..]);
             match self.run(ScriptName::Take, invocation, |v| TakeReply::parse_many(v, &counts)).await? {
-                Answered::Done(replies) => return Some(self.taken(resource, group, replies)),
+                Answered::Done(replies) => return Some(self.taken(job, replies)),
                 Answered::TooLate if clock.now().saturating_since(started) < self.slow_limit() => {
                     metrics::counter!(crate::metrics::REDIS_LATE).increment(1);
                 }
@@ -100,22 +170,23 @@ impl Replication {
 
     /// Redis's decisions, noted (what each strict bucket has left) and
     /// turned into the engine's.
-    fn taken(&self, resource: &str, group: &[&Pending<'_>], replies: Vec<TakeReply>) -> Vec<Remote> {
+    fn taken(&self, job: &TakeJob, replies: Vec<TakeReply>) -> Vec<Remote> {
+        let resource = job.resource.as_str();
         let now = self.engine.clock().now();
         self.sync().mark(resource, now);
-        group
+        job.decisions
             .iter()
             .zip(replies)
-            .map(|(p, reply)| {
-                let decisions = p
-                    .strict()
+            .map(|((_, limits), reply)| {
+                let decisions = limits
+                    .iter()
                     .zip(&reply.limits)
-                    .map(|((limit, key), r)| {
-                        self.sync().saw_strict(key, resource, r.remaining, now);
+                    .map(|(l, r)| {
+                        self.sync().saw_strict(&l.key, resource, r.remaining, now);
                         Decision {
                             admitted: reply.admitted,
                             status: Status {
-                                limit: limit.algorithm.capacity(),
+                                limit: l.capacity,
                                 remaining: r.remaining,
                                 reset_after: r.reset_after,
                                 retry_after: if r.admitted { Duration::ZERO } else { r.retry_after },
@@ -136,7 +207,10 @@ impl Replication {
     /// while (the other replicas put back and push theirs meanwhile: a lease
     /// cut from an earlier figure would overlap what they still hold).
     pub(super) async fn restore(&self, rules: &Installed, resource: &str) -> bool {
-        let known = self.sync().known_of(resource);
+        // Without a token, this replica meets the resource's marker for the
+        // first time: nothing was lost that it could know of.
+        let lost = !self.sync().marker(resource).is_empty();
+        let known = if lost { self.sync().known_of(resource) } else { Vec::new() };
         let chunks: Vec<&[crate::engine::sync::Known]> =
             if known.is_empty() { vec![&[]] } else { known.chunks(KEYS_PER_SCRIPT).collect() };
         let mut token = None;
@@ -168,7 +242,7 @@ impl Replication {
         let now = self.engine.clock().now();
         let Some(token) = token else { return false };
         self.sync().learn_marker(resource, token, now);
-        if !known.is_empty() {
+        if lost && !known.is_empty() {
             let recovery = (self.config.sync_interval * 3).max(RECOVERY);
             self.sync().recover(resource, now.saturating_add(recovery));
         }
@@ -182,8 +256,11 @@ impl Replication {
 
     /// Syncs these buckets now (pushing what they took), asking for a lease
     /// of at least `want` units if that much is free. With `want` 0, it pulls
-    /// the merged state of buckets this process does not hold yet.
-    pub(super) async fn lease_now(&self, rules: &Installed, keys: Vec<(&str, BucketKey)>, want: u64) {
+    /// the merged state of buckets this process does not hold yet. On a
+    /// task of its own: a caller that goes away cannot lose the consumption
+    /// taken out to be pushed, or push it twice.
+    pub(super) async fn lease_now(&self, keys: Vec<(&str, BucketKey)>, want: u64) {
+        let Some(me) = self.me.upgrade() else { return };
         let items: Vec<SyncItem> = keys
             .into_iter()
             .map(|(resource, key)| {
@@ -191,7 +268,11 @@ impl Replication {
                 SyncItem { limit: key.limit, key, resource: resource.to_string(), delta }
             })
             .collect();
-        self.push_and_adopt(rules, items, want).await;
+        let task = tokio::spawn(async move {
+            let rules = me.engine.rules_full();
+            me.push_and_adopt(&rules, items, want).await;
+        });
+        let _ = task.await;
     }
 
     /// One round of the replicated sync: push every active bucket's

@@ -58,6 +58,9 @@ pub struct Replication {
     overrides_seen: tokio::sync::Mutex<u64>,
     /// Redis has answered since this replica started.
     connected: std::sync::atomic::AtomicBool,
+    /// Itself, for exchanges that run on tasks of their own (so that a
+    /// caller that goes away never cuts one in the middle).
+    me: std::sync::Weak<Replication>,
 }
 
 impl Replication {
@@ -69,7 +72,15 @@ impl Replication {
         let conn = Conn::open(&config.target, &config.credentials, config.timeout)?;
         let overrides_seen = tokio::sync::Mutex::new(u64::MAX);
         let connected = std::sync::atomic::AtomicBool::new(false);
-        let r = Arc::new(Replication { engine, conn, scripts: Scripts::default(), config, overrides_seen, connected });
+        let r = Arc::new_cyclic(|me| Replication {
+            engine,
+            conn,
+            scripts: Scripts::default(),
+            config,
+            overrides_seen,
+            connected,
+            me: me.clone(),
+        });
         r.load_shared_rules().await;
         r.poll_overrides().await;
         tokio::spawn(sync_loop(Arc::downgrade(&r)));

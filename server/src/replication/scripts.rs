@@ -165,7 +165,7 @@ impl BreakerOp {
         }
     }
 
-    /// The arguments after breaker.lua's ten (ARGV[11] on).
+    /// The arguments after breaker.lua's ten and its deadline (ARGV[12] on).
     pub fn args(self) -> Vec<f64> {
         let flag = |b: bool| f64::from(u8::from(b));
         match self {

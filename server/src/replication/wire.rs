@@ -246,8 +246,12 @@ pub fn parse_restored(v: Value) -> Result<(u64, String), ReplyError> {
 }
 
 impl BreakerReply {
-    /// `{result, state, generation, open until us, openings, now us, changed}`.
-    pub fn parse(script: ScriptName, v: Value) -> Result<BreakerReply, ReplyError> {
+    /// `{result, state, generation, open until us, openings, now us,
+    /// changed}`; `None` for `{-1}`: it ran past its deadline, changing nothing.
+    pub fn parse(script: ScriptName, v: Value) -> Result<Option<BreakerReply>, ReplyError> {
+        if matches!(did_nothing::<()>(&v), Some(Answered::TooLate)) {
+            return Ok(None);
+        }
         let r = integers(script, v)?;
         let &[result, state, generation, open_until_us, openings, now_us, changed] = &r[..] else {
             return Err(error(script, format!("{} numbers, not 7", r.len())));
@@ -260,7 +264,7 @@ impl BreakerReply {
             n => return Err(error(script, format!("changed is {n}"))),
         };
         let openings = u32::try_from(openings.max(0)).unwrap_or(u32::MAX);
-        Ok(BreakerReply { result, state, generation, open_until_us, now_us, openings, changed })
+        Ok(Some(BreakerReply { result, state, generation, open_until_us, now_us, openings, changed }))
     }
 
     /// What breaker_probe.lua decided.
@@ -310,7 +314,7 @@ mod tests {
 
     #[test]
     fn an_unknown_breaker_state_is_an_error_not_closed() {
-        let ok = BreakerReply::parse(ScriptName::BreakerProbe, ints(&[1, 3, 7, 0, 2, 10, 1])).unwrap();
+        let ok = BreakerReply::parse(ScriptName::BreakerProbe, ints(&[1, 3, 7, 0, 2, 10, 1])).unwrap().unwrap();
         assert_eq!(
             (ok.state, ok.generation, ok.grant().unwrap(), ok.changed),
             (State::HalfOpen, 7, Grant::Probe, true)
@@ -318,8 +322,9 @@ mod tests {
         let e = BreakerReply::parse(ScriptName::BreakerSync, ints(&[0, 9, 7, 0, 2, 10, 0])).unwrap_err();
         assert_eq!(e.to_string(), "unexpected reply from the breaker_sync script: unknown breaker state 9");
         assert!(BreakerReply::parse(ScriptName::BreakerSync, ints(&[0, 1, 7])).is_err());
-        let odd = BreakerReply::parse(ScriptName::BreakerProbe, ints(&[5, 1, 7, 0, 0, 0, 0])).unwrap();
+        let odd = BreakerReply::parse(ScriptName::BreakerProbe, ints(&[5, 1, 7, 0, 0, 0, 0])).unwrap().unwrap();
         assert!(odd.grant().is_err());
+        assert_eq!(BreakerReply::parse(ScriptName::BreakerProbe, ints(&[-1])), Ok(None), "past its deadline");
     }
 
     #[test]

@@ -274,6 +274,11 @@ impl Replica {
         self.outbox.push(outcome);
     }
 
+    /// An outcome that could not be sent: sent again at the next flush.
+    pub fn resend(&self, outcome: RemoteOutcome) {
+        self.outbox.push(outcome);
+    }
+
     /// A probe of `resource`'s shared breaker that Redis granted.
     pub fn probe_granted(&self, resource: &str, generation: u64) -> ProbeGrant {
         ProbeGrant::new(resource.to_string(), generation, self.outbox.clone())

@@ -1,6 +1,6 @@
--- A probe's outcome. ARGV[11]: the probe's generation, ARGV[12]: 1 success,
--- 2 failure, 3 ignored; ARGV[13]: 1 when slow. Result 1 when it counted.
-local gen, outcome, slow = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
+-- A probe's outcome. ARGV[12]: the probe's generation, ARGV[13]: 1 success,
+-- 2 failure, 3 ignored; ARGV[14]: 1 when slow. Result 1 when it counted.
+local gen, outcome, slow = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
 if b.s ~= 3 or b.g ~= gen then return save(0) end
 if outcome == 3 then
   b.pi = math.max(0, b.pi - 1)
