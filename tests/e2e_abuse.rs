@@ -264,6 +264,15 @@ fn flags_that_cannot_work_are_refused_before_anything_starts() {
         (&["--max-connections", "0"], "--max-connections"),
         (&["--max-concurrent-streams", "0"], "--max-concurrent-streams"),
         (&["--max-watchers", "0"], "--max-watchers"),
+        // Not zero, but too small to work: a 1ns idle timeout closes every
+        // connection before it speaks, a 1us sync floods Redis.
+        (&["--idle-timeout", "1ns"], "--idle-timeout"),
+        (&["--keepalive-timeout", "10ms"], "--keepalive-timeout"),
+        (&["--handshake-timeout", "1ms"], "--handshake-timeout"),
+        (&["--sync-interval", "1us"], "--sync-interval"),
+        (&["--threads", "100000"], "--threads"),
+        (&["--replica-id", "two words"], "--replica-id"),
+        (&["--replica-id", ""], "--replica-id"),
         // Port 1 on loopback: nothing listens, so a server that got as far as
         // connecting would sit retrying rather than exit.
         (&["--overrides-file", overrides, "--redis", "redis://127.0.0.1:1"], "--overrides-file"),

@@ -417,3 +417,19 @@ async fn a_replicated_fixed_window_reports_when_its_window_really_ends() {
     assert!(reset <= 3600, "reset_after {reset} s on a 1 h window");
     assert!(reset.abs_diff(to_end) <= 2, "reset_after {reset} s; the window ends in {to_end} s");
 }
+
+#[test]
+fn two_processes_given_the_same_replica_id_count_as_two_live_replicas() {
+    let _serial = one_at_a_time();
+    let redis = RedisServer::start();
+    let dir = TempDir::new();
+    let url = redis.url();
+    // A copy-pasted deployment: both say they are "api-0". Counted as one,
+    // each would lease as if it were alone and their leases would overwrite
+    // each other in Redis.
+    let same = ["--redis", url.as_str(), "--replica-id", "api-0"];
+    let (a, b) = two_replicas(&dir, &same);
+    let members = redis.cli(&["ZRANGE", "{fg}:replicas", "0", "-1"]).unwrap();
+    assert_eq!(members.lines().filter(|l| l.starts_with("api-0#")).count(), 2, "{members}");
+    drop((a, b));
+}

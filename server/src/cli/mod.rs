@@ -124,14 +124,39 @@ pub(crate) fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     crate::rules::duration::parse(s)
 }
 
-/// A duration flag that must be above zero (an interval or a timeout: zero
-/// would spin, or give up at once).
-pub(crate) fn parse_positive_duration(s: &str) -> Result<std::time::Duration, String> {
+/// A duration flag of at least `min` (an interval or a timeout: below it the
+/// server would spin, flood Redis, or close connections before they speak).
+fn at_least(s: &str, min: std::time::Duration) -> Result<std::time::Duration, String> {
     let d = parse_duration(s)?;
-    if d.is_zero() {
-        return Err("must be above 0".into());
+    if d < min {
+        return Err(format!("must be at least {}", crate::rules::duration::format(min)));
     }
     Ok(d)
+}
+
+pub(crate) fn at_least_1ms(s: &str) -> Result<std::time::Duration, String> {
+    at_least(s, std::time::Duration::from_millis(1))
+}
+
+pub(crate) fn at_least_10ms(s: &str) -> Result<std::time::Duration, String> {
+    at_least(s, std::time::Duration::from_millis(10))
+}
+
+pub(crate) fn at_least_100ms(s: &str) -> Result<std::time::Duration, String> {
+    at_least(s, std::time::Duration::from_millis(100))
+}
+
+pub(crate) fn at_least_1s(s: &str) -> Result<std::time::Duration, String> {
+    at_least(s, std::time::Duration::from_secs(1))
+}
+
+/// `--threads`: 1 to 1024 workers (more than the OS gives a process fails
+/// to start, not a reason to crash).
+pub(crate) fn parse_threads(s: &str) -> Result<usize, String> {
+    match parse_positive(s)? {
+        n if n > 1024 => Err("must be at most 1024".into()),
+        n => Ok(n),
+    }
 }
 
 /// A count flag that must be at least 1.

@@ -33,7 +33,7 @@ pub struct ServeArgs {
     max_keys: usize,
 
     /// How often idle buckets are forgotten.
-    #[arg(long, default_value = "10s", value_parser = super::parse_positive_duration)]
+    #[arg(long, default_value = "10s", value_parser = super::at_least_100ms)]
     sweep_interval: Duration,
 
     /// How long in-flight calls may take to finish after SIGTERM or SIGINT.
@@ -50,19 +50,19 @@ pub struct ServeArgs {
     redis_cluster: Vec<String>,
 
     /// How often replicated limits and breakers are synced with Redis.
-    #[arg(long, default_value = "100ms", value_parser = super::parse_positive_duration)]
+    #[arg(long, default_value = "100ms", value_parser = super::at_least_10ms)]
     sync_interval: Duration,
 
     /// The longest any call waits for Redis.
-    #[arg(long, default_value = "50ms", value_parser = super::parse_positive_duration)]
+    #[arg(long, default_value = "50ms", value_parser = super::at_least_1ms)]
     redis_timeout: Duration,
 
     /// This replica's name among the live replicas (default: host and process id).
-    #[arg(long, env = "FLOODGATE_REPLICA_ID")]
+    #[arg(long, env = "FLOODGATE_REPLICA_ID", value_parser = replica_id)]
     replica_id: Option<String>,
 
     /// Worker threads (default: one per core).
-    #[arg(long, value_parser = super::parse_positive)]
+    #[arg(long, value_parser = super::parse_threads)]
     threads: Option<usize>,
 
     /// How long the rules file must stay unchanged before it is read again
@@ -123,22 +123,22 @@ struct LimitArgs {
     #[arg(long, default_value_t = 10_000, value_parser = super::parse_positive)]
     max_connections: usize,
     /// From accept to a finished TLS handshake, or to a plaintext first byte.
-    #[arg(long, default_value = "10s", value_parser = super::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = super::at_least_100ms)]
     handshake_timeout: Duration,
     /// A connection with no traffic this long is closed.
-    #[arg(long, default_value = "5m", value_parser = super::parse_duration)]
+    #[arg(long, default_value = "5m", value_parser = super::at_least_1s)]
     idle_timeout: Duration,
     /// HTTP/1: the request head must arrive within this.
-    #[arg(long, default_value = "10s", value_parser = super::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = super::at_least_100ms)]
     header_read_timeout: Duration,
     /// HTTP/2 streams (calls in flight) per connection.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
     max_concurrent_streams: u32,
     /// HTTP/2 keepalive pings: how often.
-    #[arg(long, default_value = "60s", value_parser = super::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = super::at_least_1s)]
     keepalive_interval: Duration,
     /// HTTP/2 keepalive pings: how long to wait for the answer.
-    #[arg(long, default_value = "20s", value_parser = super::parse_duration)]
+    #[arg(long, default_value = "20s", value_parser = super::at_least_1s)]
     keepalive_timeout: Duration,
     /// Watch streams open at once.
     #[arg(long, default_value_t = 1024, value_parser = super::parse_positive)]
@@ -322,6 +322,14 @@ fn redis_credentials(args: &RedisAuthArgs) -> anyhow::Result<Credentials> {
         None => None,
     };
     Ok(Credentials { user: args.redis_user.clone(), password, ca })
+}
+
+/// A replica id: 1 to 128 printable characters, no spaces.
+fn replica_id(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.len() > 128 || s.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err("must be 1 to 128 printable characters, without spaces".into());
+    }
+    Ok(s.to_string())
 }
 
 fn default_replica_id() -> String {

@@ -354,7 +354,7 @@ impl Replication {
         let mut invocation = self.scripts.get(ScriptName::Sync).prepare_invoke();
         invocation.key(marker_key(resource));
         invocation
-            .arg(&self.config.replica_id)
+            .arg(&self.instance)
             .arg(self.sync().share())
             .arg(lease_ttl)
             .arg(want)

@@ -61,6 +61,10 @@ pub struct Replication {
     /// Itself, for exchanges that run on tasks of their own (so that a
     /// caller that goes away never cuts one in the middle).
     me: std::sync::Weak<Replication>,
+    /// This process among the replicas: its replica id and a random part,
+    /// so that two processes given the same id still count as two live
+    /// replicas and hold leases of their own.
+    instance: String,
 }
 
 impl Replication {
@@ -72,6 +76,7 @@ impl Replication {
         let conn = Conn::open(&config.target, &config.credentials, config.timeout)?;
         let overrides_seen = tokio::sync::Mutex::new(u64::MAX);
         let connected = std::sync::atomic::AtomicBool::new(false);
+        let instance = format!("{}#{:016x}", config.replica_id, rand::random::<u64>());
         let r = Arc::new_cyclic(|me| Replication {
             engine,
             conn,
@@ -80,6 +85,7 @@ impl Replication {
             overrides_seen,
             connected,
             me: me.clone(),
+            instance,
         });
         r.load_shared_rules().await;
         r.poll_overrides().await;
@@ -150,7 +156,7 @@ impl Replication {
     async fn heartbeat(&self) -> bool {
         let ttl_ms = (self.config.sync_interval * 5).max(Duration::from_secs(1)).as_millis() as u64;
         let mut invocation = self.scripts.get(ScriptName::Heartbeat).prepare_invoke();
-        invocation.key(scripts::REPLICAS).arg(&self.config.replica_id).arg(ttl_ms);
+        invocation.key(scripts::REPLICAS).arg(&self.instance).arg(ttl_ms);
         let Some((live, redis_now)) = self.run(ScriptName::Heartbeat, invocation, wire::parse_live).await else {
             return false;
         };
