@@ -160,7 +160,7 @@ impl Decider {
     /// Takes or gives back units on strict buckets in Redis; what each has
     /// left after. While Redis is away, or when it does not answer, they are
     /// owed instead (`None`), and paid when it answers again.
-    async fn adjust_strict(&self, replication: &Replication, strict: Strict) -> Option<Vec<Option<i64>>> {
+    pub(super) async fn adjust_strict(&self, replication: &Replication, strict: Strict) -> Option<Vec<Option<i64>>> {
         if strict.items.is_empty() {
             return Some(Vec::new());
         }

@@ -6,9 +6,8 @@
 use std::time::Duration;
 
 use super::Decider;
-use crate::breaker::Outcome;
 use crate::engine::lease::{NotLeasable, Plan};
-use crate::engine::{Answer, Descriptors, Report, Request, RequestError, Verdict};
+use crate::engine::{Answer, Descriptors, Request, RequestError, Verdict};
 
 /// Extra time the server keeps a lease's estimate past its end, for a
 /// return that arrives late.
@@ -61,18 +60,20 @@ impl From<Answer<'_>> for Granted {
 }
 
 impl Decider {
+    /// Settles lease `previous` at `used`; whether it held an estimate.
+    async fn return_lease(&self, resource: &str, previous: &str, used: u64) -> Result<bool, RequestError> {
+        let settled = self.engine.settle_lease(&self.engine.rules(), previous, resource, used)?;
+        if let Some(replication) = &self.replication {
+            self.adjust_strict(replication, settled.strict).await;
+        }
+        Ok(settled.settled)
+    }
+
     /// Grants, renews or returns a lease.
     pub async fn lease<D: Descriptors + Sync + ?Sized>(&self, ask: &LeaseAsk<'_, D>) -> Result<Leased, RequestError> {
         let mut out = Leased::default();
         if !ask.previous.is_empty() {
-            let report = Report {
-                resource: ask.resource,
-                permit_id: ask.previous,
-                outcome: Outcome::Ignored,
-                latency: None,
-                actual_cost: Some(ask.used),
-            };
-            out.returned = self.report(&report).await?.settled;
+            out.returned = self.return_lease(ask.resource, ask.previous, ask.used).await?;
         }
         if ask.release {
             return Ok(out);
@@ -285,6 +286,34 @@ resources:
         assert!(after.returned, "{after:?}");
         assert!(after.not_leasable.is_some());
         assert_eq!(remaining(&d).await, 95);
+    }
+
+    #[tokio::test]
+    async fn a_return_counts_at_most_what_the_lease_granted_and_errors_name_the_lease() {
+        let (d, _) = decider(RULES);
+        let a = lease(&d, "a", 10, "", 0).await;
+        assert_eq!(a.granted, 10);
+        // A holder cannot have admitted a billion on a lease of ten.
+        assert!(release(&d, "a", &a.lease_id, 1_000_000_000).await);
+        assert_eq!(remaining(&d).await, 90, "the lease's 10, not a billion, and no debt");
+        let descriptors = user("u1");
+        let bad = |previous: &'static str, used: u64, resource: &'static str| LeaseAsk {
+            resource,
+            descriptors: &descriptors,
+            want: 0,
+            previous,
+            used,
+            holder: "a",
+            release: true,
+        };
+        let err = |e: Result<Leased, RequestError>| e.unwrap_err().to_string();
+        assert_eq!(err(d.lease(&bad("zzz", 1, "api")).await), "previous_lease_id: 'zzz' is not a lease id");
+        let b = lease(&d, "b", 5, "", 0).await;
+        let used = 5_000_000_000;
+        let too_many = LeaseAsk { previous: &b.lease_id, used, ..bad("", 0, "api") };
+        assert_eq!(err(d.lease(&too_many).await), "used: 5000000000 is larger than the largest cost, 4294967295");
+        let elsewhere = LeaseAsk { previous: &b.lease_id, ..bad("", 1, "mixed") };
+        assert_eq!(err(d.lease(&elsewhere).await), "resource: the lease was not granted for 'mixed'");
     }
 
     #[test]

@@ -49,6 +49,10 @@ pub enum RequestError {
     MalformedPermit(String),
     #[error("resource: the permit was not issued for '{resource}'")]
     PermitResourceMismatch { resource: String },
+    #[error("previous_lease_id: '{0}' is not a lease id")]
+    MalformedLease(String),
+    #[error("resource: the lease was not granted for '{resource}'")]
+    LeaseResourceMismatch { resource: String },
     #[error("{field}: {seconds}s {nanos}ns is not a duration (negative, or nanos not below 1e9)")]
     BadDuration { field: &'static str, seconds: i64, nanos: i32 },
     #[error("resource: no rule gives '{0}' a circuit breaker")]
@@ -139,6 +143,8 @@ impl RequestError {
             | CostTooLarge { .. }
             | MalformedPermit(_)
             | PermitResourceMismatch { .. }
+            | MalformedLease(_)
+            | LeaseResourceMismatch { .. }
             | BadDuration { .. }
             | BadBreakerState(_)
             | BadLevel(_)
@@ -220,7 +226,7 @@ fn check_value(field: &str, value: &str) -> Result<(), RequestError> {
 /// The start of a long value, enough to recognise it in an error, with
 /// control characters escaped: an error message must not carry a terminal
 /// escape sequence to whoever reads the logs.
-fn preview(value: &str) -> String {
+pub(super) fn preview(value: &str) -> String {
     const SHOWN: usize = 40;
     let escape = |s: &str| s.chars().flat_map(char::escape_default).collect::<String>();
     let escaped = |s: &str| if s.chars().any(char::is_control) { escape(s) } else { s.to_string() };

@@ -190,6 +190,28 @@ impl Engine {
         Ok(Settled { settled: true, strict })
     }
 
+    /// A lease returned or renewed (see `decider::lease`): its estimate
+    /// settled at what its holder says it used, never more than the lease
+    /// granted (a holder cannot have admitted more); errors name the
+    /// lease's fields.
+    pub fn settle_lease(
+        &self,
+        rules: &Installed,
+        id: &str,
+        resource: &str,
+        used: u64,
+    ) -> Result<Settled, RequestError> {
+        let key = request::check_permit_id(id).map_err(|_| RequestError::MalformedLease(request::preview(id)))?;
+        if used > u64::from(u32::MAX) {
+            return Err(RequestError::CostTooLarge { field: "used", value: used });
+        }
+        let used = self.settlements.map.get(&key).map_or(used, |p| used.min(p.cost));
+        self.settle_estimate(rules, id, resource, Some(used)).map_err(|e| match e {
+            RequestError::PermitResourceMismatch { resource } => RequestError::LeaseResourceMismatch { resource },
+            e => e,
+        })
+    }
+
     /// `Charge`: takes `cost` from every limit the request matches, beyond
     /// the limit if need be; the limits' state afterwards. Strict limits are
     /// for the caller to take in Redis (`Charged::strict`).
