@@ -184,3 +184,185 @@ async fn the_console_api_asks_for_the_admin_roles_and_the_page_keeps_to_itself()
     assert_eq!(http(&fg.http, "POST", "/api/v1/level", Some(ADMIN), &big).0, 413);
     assert_eq!(http(&fg.http, "POST", "/api/v1/level", Some(ADMIN), "not json").0, 400);
 }
+
+/// The level and the payments breaker's state, as Admin reads them.
+async fn level_and_breaker(fg: &Floodgate) -> (u64, pb::BreakerState) {
+    let mut admin = fg.admin().await;
+    let (status, body) = fg.http_get("/api/v1/console");
+    assert_eq!(status, 200, "{body}");
+    let level = serde_json::from_str::<serde_json::Value>(&body).unwrap()["level"]["level"].as_u64().unwrap();
+    let breaker = admin.get_breaker(pb::GetBreakerRequest { resource: "payments".into() }).await.unwrap();
+    (level, breaker.into_inner().state())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_sites_page_in_a_real_browser_cannot_act_through_the_console_or_read_it_by_rebinding() {
+    // No token file: loopback is the credential, as by default.
+    let dir = TempDir::new();
+    let rules = dir.write("rules.yaml", RULES);
+    let fg = Floodgate::start(&["--config", path_str(&rules), "--http-host", "floodgate.test"]);
+    let port = fg.http.rsplit(':').next().unwrap().to_string();
+    let mut node = Command::new("node")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/browser/cross_site.cjs"))
+        .arg(&port)
+        .env("NODE_PATH", test_cache().join("npm/node_modules"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("node (scripts/test installs it)");
+    let (tx, rx) = mpsc::channel();
+    let stdout = node.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let next = || match rx.recv_timeout(Duration::from_secs(90)) {
+        Ok(line) => line,
+        Err(_) => panic!("the browser stopped; server logs:\n{}", fg.logs()),
+    };
+    assert_eq!(next(), "OWN_PAGE_ACTS");
+    let attacked = next();
+    assert!(attacked.starts_with("ATTACKED "), "{attacked}");
+    // The CORS fetch never gets past its preflight; the others reach the server.
+    assert!(attacked.contains("/api/v1/level blocked"), "{attacked}");
+    assert_eq!(level_and_breaker(&fg).await, (1, pb::BreakerState::Closed), "{attacked}");
+    let logs = fg.logs();
+    assert!(logs.contains("Content-Type: an action must be sent as application/json"), "refused, not unsent: {logs}");
+    node.stdin.take().unwrap().write_all(b"CONTINUE\n").unwrap();
+    assert_eq!(next(), "REBIND 421", "the console's data, read by a rebound name");
+    assert_eq!(next(), "REBIND_PAGE 421");
+    assert_eq!(next(), "DONE");
+    assert!(node.wait().unwrap().success());
+}
+
+/// A raw HTTP/1.1 request with the given head lines: (status, body).
+fn raw(addr: &str, head: &str, body: &str) -> (u16, String) {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "{head}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    (head.split_whitespace().nth(1).unwrap().parse().unwrap(), body.to_string())
+}
+
+#[tokio::test]
+async fn actions_must_be_json_from_the_consoles_own_site_and_requests_must_name_a_host_it_answers_to() {
+    let dir = TempDir::new();
+    let rules = dir.write("rules.yaml", RULES);
+    let fg = Floodgate::start(&["--config", path_str(&rules), "--http-host", "*.floodgate.test"]);
+    let a = fg.http.as_str();
+    let level = r#"{"level":3}"#;
+    let post = |lines: &str| format!("POST /api/v1/level HTTP/1.1\r\n{lines}");
+    // As the attack report sent it.
+    let (status, body) =
+        raw(a, &post("Host: evil.test\r\nOrigin: http://evil.test\r\nContent-Type: text/plain"), level);
+    assert_eq!(status, 421, "{body}");
+    assert!(body.contains("host 'evil.test' is not one this server answers to"), "{body}");
+    let own = format!("Host: {a}");
+    let cases = [
+        (format!("{own}\r\nContent-Type: text/plain"), 415, "Content-Type"),
+        (own.to_string(), 415, "Content-Type"),
+        (
+            format!("{own}\r\nContent-Type: application/json\r\nOrigin: http://evil.test"),
+            403,
+            "Origin: 'http://evil.test'",
+        ),
+        (format!("{own}\r\nContent-Type: application/json\r\nOrigin: null"), 403, "Origin: 'null'"),
+        (format!("{own}\r\nContent-Type: application/json\r\nSec-Fetch-Site: cross-site"), 403, "Sec-Fetch-Site"),
+        (format!("{own}\r\nContent-Type: application/json\r\nSec-Fetch-Site: same-site"), 403, "Sec-Fetch-Site"),
+        ("Content-Type: application/json".to_string(), 421, "host ''"),
+    ];
+    for (lines, want, says) in &cases {
+        let (status, body) = raw(a, &post(lines), level);
+        assert_eq!(status, *want, "{lines}: {body}");
+        assert!(body.contains(says), "{lines}: {body}");
+    }
+    assert_eq!(level_and_breaker(&fg).await.0, 0, "no refused action changed the level");
+    // A client that is not a browser (no Origin), and the console's own page.
+    for lines in [
+        format!("{own}\r\nContent-Type: application/json"),
+        format!(
+            "{own}\r\nContent-Type: Application/JSON; charset=utf-8\r\nOrigin: http://{a}\r\nSec-Fetch-Site: same-origin"
+        ),
+        "Host: console.floodgate.test\r\nContent-Type: application/json\r\nOrigin: https://console.floodgate.test"
+            .to_string(),
+    ] {
+        let (status, body) = raw(a, &post(&lines), level);
+        assert_eq!(status, 200, "{lines}: {body}");
+    }
+    assert_eq!(level_and_breaker(&fg).await.0, 3);
+
+    // Reading: by address, localhost or a given name, never another name.
+    let get = |path: &str, host: &str| raw(a, &format!("GET {path} HTTP/1.1\r\nHost: {host}"), "");
+    let port = a.rsplit(':').next().unwrap();
+    for host in [a.to_string(), format!("localhost:{port}"), format!("fg.floodgate.test:{port}")] {
+        assert_eq!(get("/api/v1/console", &host).0, 200, "{host}");
+        assert_eq!(get("/metrics", &host).0, 200, "{host}");
+    }
+    for host in [format!("evil.test:{port}"), format!("floodgate.test:{port}"), format!("127.0.0.1.evil.test:{port}")] {
+        assert_eq!(get("/api/v1/console", &host).0, 421, "{host}");
+        assert_eq!(get("/metrics", &host).0, 421, "{host}");
+        assert_eq!(get("/", &host).0, 421, "{host}");
+    }
+    // Probes are answered whatever they name (they reveal nothing).
+    assert_eq!(get("/healthz", "evil.test").0, 200);
+    assert_eq!(get("/readyz", "evil.test").0, 200);
+}
+
+/// Opens the event stream and reads its reply's head; the stream stays open
+/// while the returned connection lives.
+fn open_events(addr: &str) -> (u16, std::net::TcpStream) {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET /api/v1/events HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {READER}\r\n\r\n").unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        use std::io::Read;
+        assert_eq!(
+            s.read(&mut byte).unwrap(),
+            1,
+            "the stream closed before its head: {:?}",
+            String::from_utf8_lossy(&head)
+        );
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head);
+    (head.split_whitespace().nth(1).unwrap().parse().unwrap(), s)
+}
+
+#[tokio::test]
+async fn an_event_stream_whose_client_went_frees_its_place_at_once() {
+    let (fg, _dir) = start();
+    let a = &fg.http;
+    // Every place taken, then one more refused.
+    let open: Vec<_> = (0..256)
+        .map(|i| {
+            let (status, s) = open_events(a);
+            assert_eq!(status, 200, "stream {i}");
+            s
+        })
+        .collect();
+    assert_eq!(open_events(a).0, 429, "a 257th stream is refused");
+    // The clients go. Their places are free before the next keep-alive ping
+    // (15 s): a new stream is served within a few seconds.
+    drop(open);
+    let start = std::time::Instant::now();
+    loop {
+        let (status, _s) = open_events(a);
+        if status == 200 {
+            break;
+        }
+        assert_eq!(status, 429);
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "places still taken {:?} after the clients went",
+            start.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

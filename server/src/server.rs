@@ -43,6 +43,8 @@ pub struct Options {
     pub limits: Limits,
     /// Watch streams open at once.
     pub max_watchers: usize,
+    /// Host names the HTTP port answers to besides addresses and localhost.
+    pub http_hosts: Vec<String>,
     /// Overrides set at run time: the file to keep them in without Redis, how many.
     pub overrides: crate::decider::OverrideOptions,
     /// TLS (and mTLS) on both ports.
@@ -222,7 +224,7 @@ async fn serve(
     let (reporter, health_service) = tonic_health::server::health_reporter();
     reporter.set_service_status("", tonic_health::ServingStatus::Serving).await;
     let routes = grpc::routes(decider.clone(), health_service, access.clone(), opts.max_watchers)?;
-    let health = http::HttpState::new(decider, prometheus, access);
+    let health = http::HttpState::new(decider, prometheus, access, http::Hosts::new(&opts.http_hosts));
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let limits = opts.limits;

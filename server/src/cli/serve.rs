@@ -24,9 +24,15 @@ pub struct ServeArgs {
     #[arg(long, default_value = "127.0.0.1:50051", env = "FLOODGATE_LISTEN")]
     listen: SocketAddr,
 
-    /// HTTP address for /healthz, /readyz and /metrics.
+    /// HTTP address for the console, /metrics, /healthz and /readyz.
     #[arg(long, default_value = "127.0.0.1:8080", env = "FLOODGATE_HTTP_LISTEN")]
     http_listen: SocketAddr,
+
+    /// A host name the HTTP port answers to, besides IP addresses and
+    /// localhost (`*.example.com` for any name under one); repeat for more.
+    /// Requests naming another host are refused (DNS rebinding).
+    #[arg(long = "http-host", value_name = "NAME", env = "FLOODGATE_HTTP_HOSTS", value_delimiter = ',', value_parser = crate::http::parse_host_name)]
+    http_hosts: Vec<String>,
 
     /// The most buckets held in memory; beyond it the least recently used are evicted.
     #[arg(long, default_value_t = 10_000_000, value_parser = super::parse_positive)]
@@ -280,6 +286,7 @@ fn options(args: ServeArgs) -> anyhow::Result<Options> {
         shutdown_grace: args.shutdown_grace,
         limits,
         max_watchers: l.max_watchers,
+        http_hosts: args.http_hosts,
         overrides: crate::decider::OverrideOptions { file: args.overrides_file, max: args.max_overrides },
         tls,
         access,

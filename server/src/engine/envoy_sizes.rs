@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::{OnceLock, RwLock};
 
-use super::installed::RuleHandles;
+use super::handles::RuleHandles;
 use crate::rules::Rule;
 use crate::rules::envoy::{self, Unit};
 use crate::store::LimitId;

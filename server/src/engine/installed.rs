@@ -18,6 +18,7 @@ use arc_swap::{ArcSwap, Guard};
 
 use super::counters::RuleMetrics;
 use super::envoy_sizes::EnvoySizes;
+pub use super::handles::RuleHandles;
 use crate::hitters::Hitters;
 use crate::limiter::Algorithm;
 use crate::overrides::Table;
@@ -75,21 +76,6 @@ pub(super) struct Handles {
     pub(super) envoy_sizes: Arc<EnvoySizes>,
     /// Every limit of `rules` in Envoy's terms (requests per unit), by rule.
     per_unit: Vec<Vec<(u32, Unit)>>,
-}
-
-/// What the engine keeps for one rule in force.
-#[derive(Debug)]
-pub struct RuleHandles {
-    /// The ids of the rule's own limits, in order.
-    pub(super) ids: Vec<LimitId>,
-    /// The ids of each override's limits, as `rule.overrides.list()` orders them.
-    pub(super) override_ids: Vec<Vec<LimitId>>,
-    /// Hottest keys by slot: the rule's limits, then the names only its
-    /// overrides' limits have (see `Overrides::extra_names`). Shared by the
-    /// limits of one rule and name (an override's with the rule's), and kept
-    /// across installs.
-    pub(super) hitters: Vec<Option<Arc<Hitters>>>,
-    pub(super) metrics: RuleMetrics,
 }
 
 /// Where a limit lives: one of our rules, or the Envoy configuration.
@@ -195,31 +181,6 @@ impl Installed {
     /// The rule patterns, in file order.
     pub fn resource_names(&self) -> Vec<String> {
         self.rules.rules().iter().map(|r| r.name.clone()).collect()
-    }
-}
-
-// === impl RuleHandles ===
-
-impl RuleHandles {
-    /// The ids of the limits that decide under the `o`th override, or the
-    /// rule's own (`None`).
-    pub(super) fn ids(&self, o: Option<usize>) -> &[LimitId] {
-        match o {
-            None => &self.ids,
-            Some(o) => &self.override_ids[o],
-        }
-    }
-
-    /// The hottest keys of slot `slot`, if it keeps them.
-    #[inline]
-    pub(super) fn hitters(&self, slot: usize) -> Option<&Hitters> {
-        self.hitters.get(slot)?.as_deref()
-    }
-
-    /// The handles of a rule that keeps no hottest keys (Envoy's sizes).
-    pub(super) fn without_hitters(rule: &Rule, ids: Vec<LimitId>) -> RuleHandles {
-        let slots = rule.limits.len() + rule.overrides.extra_names().len();
-        RuleHandles { ids, override_ids: Vec::new(), hitters: vec![None; slots], metrics: RuleMetrics::new(rule) }
     }
 }
 

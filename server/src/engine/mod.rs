@@ -25,6 +25,7 @@ mod counters;
 pub mod decide;
 mod envoy_sizes;
 pub mod guards;
+mod handles;
 pub mod hottest;
 mod installed;
 pub mod lease;

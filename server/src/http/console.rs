@@ -8,9 +8,12 @@
 //! `/api/v1/events`) needs the read role and its actions the admin role,
 //! exactly as `Admin` over gRPC: a bearer token in `Authorization` (the page
 //! asks for one and keeps it for the tab only), an mTLS identity, or loopback
-//! when no credential is configured. Tokens never travel in URLs or cookies,
-//! so there is nothing for a cross-site request to ride on; the page is served
-//! with a strict Content-Security-Policy and sets text, never markup.
+//! when no credential is configured. Tokens never travel in URLs or cookies;
+//! actions must be JSON from the console's own origin, and every request must
+//! name a host the server answers to ([`site`](super::site)), so another
+//! site's page can neither act through a local browser nor read by DNS
+//! rebinding. The page is served with a strict Content-Security-Policy and
+//! sets text, never markup.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -19,6 +22,7 @@ use std::time::{Duration, SystemTime};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -26,6 +30,7 @@ use axum::routing::{get, post};
 use serde_json::{Value, json};
 
 use super::HttpState;
+use super::reply::{error, json_response};
 use crate::access::{Denied, Role};
 use crate::breaker::State as BreakerState;
 use crate::decider::{BreakerView, Decider};
@@ -102,15 +107,13 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
     r
 }
 
-fn json_response(status: StatusCode, body: Value) -> Response {
-    let mut r = (status, body.to_string()).into_response();
-    r.headers_mut().insert(header::CONTENT_TYPE, "application/json".parse().expect("valid"));
-    r.headers_mut().insert(header::CACHE_CONTROL, "no-store".parse().expect("valid"));
-    r
+pub(super) async fn not_found(req: Request) -> Response {
+    let path: String = req.uri().path().chars().take(200).collect();
+    error(StatusCode::NOT_FOUND, format!("no such page: {path}"))
 }
 
-fn error(status: StatusCode, message: impl Into<String>) -> Response {
-    json_response(status, json!({ "error": message.into() }))
+pub(super) async fn method_not_allowed(req: Request) -> Response {
+    error(StatusCode::METHOD_NOT_ALLOWED, format!("{} is not allowed here", req.method()))
 }
 
 /// A decider's error as the console answers it: by its kind, as gRPC does.
@@ -122,6 +125,17 @@ fn refused(e: RequestError) -> Response {
         ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
     };
     error(status, e.to_string())
+}
+
+/// An action's sender: who it is, if the request is one the console acts on
+/// (JSON, from its own site) and the caller may act (the admin role).
+fn allow_action(state: &HttpState, req: &Request, what: &str) -> Result<String, Box<Response>> {
+    if let Err((status, why)) = super::site::check_action(req) {
+        let peer = req.extensions().get::<Peer>().and_then(|p| p.addr).map(|a| a.to_string()).unwrap_or_default();
+        tracing::warn!(target: "floodgate::audit", peer, method = what, reason = %why, "console action refused");
+        return Err(Box::new(error(status, why)));
+    }
+    allow(state, req.headers(), req.extensions().get::<Peer>(), Role::Admin, what)
 }
 
 /// Who may do this, as Admin decides it; the refusal as the answer.
@@ -248,6 +262,8 @@ async fn events(State(s): State<HttpState>, req: Request) -> Response {
         let mut ping = tokio::time::interval(Duration::from_secs(15));
         loop {
             let chunk = tokio::select! {
+                // The client went: its slot is free now, not at the next ping.
+                () = tx.closed() => return,
                 e = rx.recv() => match e {
                     Ok(e) => format!("data: {}\n\n", event_json(&e)),
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => "data: {\"kind\":\"resync\"}\n\n".to_string(),
@@ -294,21 +310,32 @@ async fn read_body(req: Request) -> Result<Value, Response> {
     serde_json::from_slice(&bytes).map_err(|e| error(StatusCode::BAD_REQUEST, format!("not JSON: {e}")))
 }
 
-async fn set_breaker(State(s): State<HttpState>, Path(resource): Path<String>, req: Request) -> Response {
-    let who = match allow(&s, req.headers(), req.extensions().get::<Peer>(), Role::Admin, "console SetBreakerState") {
+async fn set_breaker(
+    State(s): State<HttpState>,
+    resource: Result<Path<String>, PathRejection>,
+    req: Request,
+) -> Response {
+    let who = match allow_action(&s, &req, "console SetBreakerState") {
         Ok(who) => who,
         Err(refused) => return *refused,
+    };
+    let Ok(Path(resource)) = resource else {
+        return error(StatusCode::BAD_REQUEST, "resource: the path does not name a resource in UTF-8");
     };
     let body = match read_body(req).await {
         Ok(b) => b,
         Err(r) => return r,
     };
-    let name = body["state"].as_str().unwrap_or_default();
-    let Some(to) = BreakerState::from_name(name).filter(|s| s.settable()) else {
-        let name = name.escape_debug();
+    let to = body["state"].as_str().and_then(BreakerState::from_name).filter(|s| s.settable());
+    let Some(to) = to else {
+        let given = match &body["state"] {
+            Value::String(name) => format!("'{}'", name.escape_debug()),
+            Value::Null => "missing".to_string(),
+            other => other.to_string(),
+        };
         return error(
             StatusCode::BAD_REQUEST,
-            format!("state: '{name}' is not CLOSED, FORCED_OPEN, DISABLED or METRICS_ONLY"),
+            format!("state: {given} is not CLOSED, FORCED_OPEN, DISABLED or METRICS_ONLY"),
         );
     };
     match s.decider.set_breaker(&resource, to).await {
@@ -322,8 +349,7 @@ async fn set_breaker(State(s): State<HttpState>, Path(resource): Path<String>, r
 }
 
 async fn set_level(State(s): State<HttpState>, req: Request) -> Response {
-    let who = match allow(&s, req.headers(), req.extensions().get::<Peer>(), Role::Admin, "console SetDegradationLevel")
-    {
+    let who = match allow_action(&s, &req, "console SetDegradationLevel") {
         Ok(who) => who,
         Err(refused) => return *refused,
     };

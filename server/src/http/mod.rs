@@ -1,5 +1,6 @@
 //! The HTTP port: `/healthz`, `/readyz`, `/metrics` and the console (`/`),
-//! served (`serve`) with the same connection bounds and TLS as the gRPC port.
+//! served (`serve`) with the same connection bounds and TLS as the gRPC port,
+//! to the hosts it answers to (`site`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,9 +16,12 @@ use crate::access::Access;
 use crate::decider::Decider;
 
 mod console;
+mod reply;
 mod serve;
+mod site;
 
 pub use serve::serve;
+pub use site::{Hosts, parse_name as parse_host_name};
 
 /// What the HTTP endpoints report on.
 #[derive(Clone)]
@@ -28,13 +32,16 @@ pub struct HttpState {
     /// Who may read the console's data and use its actions (as Admin).
     access: Arc<Access>,
     console: console::Console,
+    /// The names the port answers to (see [`site`]).
+    hosts: Arc<Hosts>,
 }
 
 impl HttpState {
     /// Must be called on the runtime: the console starts keeping events.
-    pub fn new(decider: Arc<Decider>, prometheus: Option<PrometheusHandle>, access: Arc<Access>) -> Self {
+    pub fn new(decider: Arc<Decider>, prometheus: Option<PrometheusHandle>, access: Arc<Access>, hosts: Hosts) -> Self {
         let console = console::Console::start(&decider);
-        HttpState { ready: Arc::new(AtomicBool::new(false)), decider, prometheus, access, console }
+        let hosts = Arc::new(hosts);
+        HttpState { ready: Arc::new(AtomicBool::new(false)), decider, prometheus, access, console, hosts }
     }
 
     pub fn set_ready(&self, ready: bool) {
@@ -52,6 +59,9 @@ pub fn router(state: HttpState) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .merge(console::routes())
+        .fallback(console::not_found)
+        .method_not_allowed_fallback(console::method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), site::check_host))
         .with_state(state)
 }
 
