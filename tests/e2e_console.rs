@@ -305,10 +305,11 @@ async fn actions_must_be_json_from_the_consoles_own_site_and_requests_must_name_
     }
     for host in [format!("evil.test:{port}"), format!("floodgate.test:{port}"), format!("127.0.0.1.evil.test:{port}")] {
         assert_eq!(get("/api/v1/console", &host).0, 421, "{host}");
-        assert_eq!(get("/metrics", &host).0, 421, "{host}");
         assert_eq!(get("/", &host).0, 421, "{host}");
     }
-    // Probes are answered whatever they name (they reveal nothing).
+    // Probes and scrapers are answered whatever they name (a Service or
+    // container name): health says nothing, metrics are labelled by rule.
+    assert_eq!(get("/metrics", "floodgate-metrics.monitoring.svc:8080").0, 200);
     assert_eq!(get("/healthz", "evil.test").0, 200);
     assert_eq!(get("/readyz", "evil.test").0, 200);
 }
