@@ -218,3 +218,101 @@ fn serve_refuses_to_start_with_an_invalid_file() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("name: must not be empty"));
 }
+
+/// Runs `floodgate serve` with `args`; it must exit within 10 s, refusing,
+/// and say `says`.
+fn refuses_to_start(args: &[&str], says: &str) {
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("{args:?}: still running after 10 s (waiting on the file, or reading it without end)");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+    assert!(stderr.contains(says), "{args:?}: {stderr}");
+}
+
+fn mkfifo(path: &std::path::Path) {
+    assert!(Command::new("mkfifo").arg(path).status().unwrap().success());
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn files_that_are_not_files_are_refused_at_start_without_waiting_on_them() {
+    let dir = TempDir::new();
+    let fifo = dir.path("fifo.yaml");
+    mkfifo(&fifo);
+    let zero = dir.path("zero.yaml");
+    std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+    let envoy = dir.path("envoy");
+    std::fs::create_dir(&envoy).unwrap();
+    mkfifo(&envoy.join("a.yaml"));
+    let rules = dir.write("rules.yaml", &rules_with_limit(3));
+    for (args, says) in [
+        (vec!["--config", path_str(&fifo)], "is not a regular file but a FIFO"),
+        (vec!["--config", path_str(&zero)], "is not a regular file but a character device"),
+        (vec!["--config", "/dev/zero"], "is not a regular file but a character device"),
+        (vec!["--config", path_str(dir.path("").as_path())], "is not a regular file but a directory"),
+        (vec!["--envoy-config", path_str(&envoy)], "a.yaml: cannot read: is not a regular file but a FIFO"),
+        (vec!["--config", path_str(&rules), "--admin-token-file", path_str(&fifo)], "is not a regular file"),
+        (vec!["--config", path_str(&rules), "--admin-token-file", "/dev/zero"], "is not a regular file"),
+    ] {
+        refuses_to_start(&args, says);
+    }
+}
+
+#[tokio::test]
+async fn a_rules_file_swapped_for_a_fifo_or_dev_zero_keeps_the_old_rules_and_the_server_lean() {
+    let dir = TempDir::new();
+    let file = dir.write("rules.yaml", &rules_with_limit(3));
+    let fg = Floodgate::start(&["--config", path_str(&file)]);
+    let before = rss_kib(fg.pid());
+    let fifo = dir.path("fifo");
+    mkfifo(&fifo);
+    let mut refusals = 0;
+    for target in [std::path::PathBuf::from("/dev/zero"), fifo.clone(), dir.path("")] {
+        // Swapped in by a rename, as a deploy tool would.
+        let link = dir.path("next");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        std::fs::rename(&link, &file).unwrap();
+        refusals += 1;
+        eventually(
+            &format!("refusal {refusals} in the log ({})", target.display()),
+            Duration::from_secs(10),
+            || async { (fg.logs().matches("cannot read the rules file").count() >= refusals).then_some(()) },
+        )
+        .await;
+        // Still deciding, by the old rules.
+        assert_eq!(limit_of(&fg).await, Some(3), "{}", target.display());
+    }
+    let logs = fg.logs();
+    assert!(logs.contains("is not a regular file but a character device"), "{logs}");
+    assert!(logs.contains("is not a regular file but a FIFO"), "{logs}");
+    assert!(logs.contains("is not a regular file but a directory"), "{logs}");
+    let after = rss_kib(fg.pid());
+    assert!(after < before + 64 * 1024, "RSS {before} KiB before, {after} KiB after reading /dev/zero");
+
+    // A real file again: installed (the watcher was not stuck on the FIFO).
+    std::fs::remove_file(&file).unwrap();
+    dir.replace("rules.yaml", &rules_with_limit(7));
+    eventually("the new limit of 7", Duration::from_secs(10), || async {
+        (limit_of(&fg).await == Some(7)).then_some(())
+    })
+    .await;
+}

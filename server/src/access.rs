@@ -123,12 +123,8 @@ impl Access {
     pub fn load(config: AccessConfig) -> anyhow::Result<Arc<Access>> {
         let tokens = match &config.token_file {
             Some(path) => {
-                let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-                anyhow::ensure!(
-                    text.len() <= MAX_FILE_BYTES,
-                    "{} is larger than {MAX_FILE_BYTES} bytes",
-                    path.display()
-                );
+                let text = crate::files::read_text(path, MAX_FILE_BYTES)
+                    .with_context(|| format!("reading {}", path.display()))?;
                 parse_tokens(&text).with_context(|| format!("in {}", path.display()))?
             }
             None => Vec::new(),

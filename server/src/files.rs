@@ -83,6 +83,11 @@ impl Dirs {
 /// `path`, then every link target on its way to the file.
 fn chain(path: &Path) -> Vec<PathBuf> {
     let mut out = vec![path.to_path_buf()];
+    // A link to what is not a file (`/dev/zero`, a FIFO) is refused when
+    // read; its directory (`/dev`) is not watched.
+    if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
+        return out;
+    }
     let mut at = path.to_path_buf();
     for _ in 0..MAX_LINKS {
         let Ok(target) = std::fs::read_link(&at) else { break };
@@ -105,13 +110,70 @@ fn parent(p: &Path) -> Option<PathBuf> {
     }
 }
 
-/// Reads a file the server depends on, refusing one larger than `max` bytes.
-pub async fn read_bounded(path: &Path, max: usize) -> std::io::Result<String> {
-    let size = tokio::fs::metadata(path).await?.len();
-    if size > max as u64 {
-        return Err(std::io::Error::other(format!("{size} bytes; the limit is {max}")));
+/// Reads a file the server depends on: a regular file (after symlinks) of at
+/// most `max` bytes, or an error that says what it is instead.
+///
+/// Never blocks on what is not a file: it is opened without waiting (a FIFO
+/// with no writer opens at once), then refused by what `fstat` says it is
+/// (FIFO, device, directory, socket). Never reads more than `max + 1` bytes,
+/// whatever the size it claims (a file that grows while read, `/proc`).
+pub fn read_file(path: &Path, max: usize) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    #[cfg(unix)]
+    let file = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY).open(path)?
+    };
+    #[cfg(not(unix))]
+    let file = std::fs::File::open(path)?;
+    let kind = file.metadata()?.file_type();
+    if !kind.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("is not a regular file but {}", describe(kind)),
+        ));
     }
-    tokio::fs::read_to_string(path).await
+    let mut bytes = Vec::new();
+    file.take(max as u64 + 1).read_to_end(&mut bytes)?;
+    if bytes.len() > max {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("is larger than {max} bytes, the limit"),
+        ));
+    }
+    Ok(bytes)
+}
+
+/// [`read_file`] as UTF-8 text.
+pub fn read_text(path: &Path, max: usize) -> std::io::Result<String> {
+    String::from_utf8(read_file(path, max)?)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("is not UTF-8: {e}")))
+}
+
+/// [`read_text`] off the async threads.
+pub async fn read_bounded(path: &Path, max: usize) -> std::io::Result<String> {
+    let path = path.to_path_buf();
+    tokio::task::spawn_blocking(move || read_text(&path, max)).await.map_err(std::io::Error::other)?
+}
+
+fn describe(kind: std::fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if kind.is_fifo() {
+            return "a FIFO";
+        }
+        if kind.is_char_device() {
+            return "a character device";
+        }
+        if kind.is_block_device() {
+            return "a block device";
+        }
+        if kind.is_socket() {
+            return "a socket";
+        }
+    }
+    if kind.is_dir() { "a directory" } else { "not a file" }
 }
 
 #[cfg(test)]
@@ -129,5 +191,34 @@ mod tests {
         let dirs: Vec<PathBuf> = chain(&link).iter().filter_map(|p| parent(p)).collect();
         assert!(dirs.contains(&dir.path().to_path_buf()));
         assert!(dirs.iter().any(|d| d.canonicalize().unwrap() == other.path().canonicalize().unwrap()), "{dirs:?}");
+    }
+
+    #[test]
+    fn only_a_regular_file_within_its_bound_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("rules.yaml");
+        std::fs::write(&file, "0123456789").unwrap();
+        assert_eq!(read_text(&file, 10).unwrap(), "0123456789");
+        let e = read_text(&file, 9).unwrap_err().to_string();
+        assert!(e.contains("larger than 9 bytes"), "{e}");
+
+        // A FIFO with no writer: refused at once, not waited on.
+        let fifo = dir.path().join("fifo.yaml");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let e = read_text(&fifo, 10).unwrap_err().to_string();
+        assert!(e.contains("a FIFO"), "{e}");
+
+        // An endless device through a symlink, and a directory.
+        let zero = dir.path().join("zero.yaml");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        let e = read_text(&zero, 10).unwrap_err().to_string();
+        assert!(e.contains("a character device"), "{e}");
+        let e = read_text(dir.path(), 10).unwrap_err().to_string();
+        assert!(e.contains("a directory"), "{e}");
+
+        // Not UTF-8.
+        std::fs::write(&file, [0xff, 0xfe]).unwrap();
+        assert!(read_text(&file, 10).unwrap_err().to_string().contains("not UTF-8"));
     }
 }

@@ -64,7 +64,8 @@ pub struct Listeners {
 /// Reads and validates a rules file; every error names the file.
 pub fn load_rules(path: &std::path::Path) -> Result<(RuleSet, String), RuleErrors> {
     let file = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| RuleErrors::one(&file, format!("cannot read: {e}")))?;
+    let text = crate::files::read_text(path, crate::rules::bounds::MAX_BYTES)
+        .map_err(|e| RuleErrors::one(&file, format!("cannot read: {e}")))?;
     let rules = RuleSet::from_yaml(&text, &file)?;
     Ok((rules, text))
 }

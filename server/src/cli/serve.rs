@@ -316,7 +316,7 @@ fn replication_config(args: &ServeArgs) -> anyhow::Result<Option<replication::Co
 fn redis_credentials(args: &RedisAuthArgs) -> anyhow::Result<Credentials> {
     let password = match (&args.redis_password_file, std::env::var("FLOODGATE_REDIS_PASSWORD")) {
         (Some(file), _) => Some(
-            std::fs::read_to_string(file)
+            crate::files::read_text(file, 64 << 10)
                 .with_context(|| format!("reading the Redis password from {}", file.display()))?
                 .trim_end_matches(['\n', '\r'])
                 .to_string(),
@@ -325,7 +325,10 @@ fn redis_credentials(args: &RedisAuthArgs) -> anyhow::Result<Credentials> {
         _ => None,
     };
     let ca = match &args.redis_ca {
-        Some(file) => Some(std::fs::read(file).with_context(|| format!("reading the Redis CA {}", file.display()))?),
+        Some(file) => Some(
+            crate::files::read_file(file, 4 << 20)
+                .with_context(|| format!("reading the Redis CA {}", file.display()))?,
+        ),
         None => None,
     };
     Ok(Credentials { user: args.redis_user.clone(), password, ca })

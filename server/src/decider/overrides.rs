@@ -190,16 +190,8 @@ fn check_count(field: &'static str, count: usize) -> Result<(), RequestError> {
 /// Reads an overrides file: missing is empty; a bad line is an error naming it.
 pub fn read_file(path: &Path, max: usize) -> anyhow::Result<Table> {
     // A spec is well under 8 KiB: a file larger than that many cannot be ours.
-    let bound = (max as u64).saturating_mul(8192).saturating_add(1 << 20);
-    if let Ok(meta) = std::fs::metadata(path) {
-        anyhow::ensure!(
-            meta.len() <= bound,
-            "{}: {} bytes, more than {max} overrides can take",
-            path.display(),
-            meta.len()
-        );
-    }
-    let text = match std::fs::read_to_string(path) {
+    let bound = max.saturating_mul(8192).saturating_add(1 << 20);
+    let text = match crate::files::read_text(path, bound) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Table::default()),
         Err(e) => anyhow::bail!("reading {}: {e}", path.display()),

@@ -71,22 +71,29 @@ impl Tls {
     }
 }
 
+/// The largest certificate, key or CA file read (a CA bundle of the whole
+/// web's roots is about 200 KiB).
+const MAX_PEM_BYTES: usize = 4 << 20;
+
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
 fn server_config(files: &TlsFiles, alpn: &[Vec<u8>]) -> anyhow::Result<ServerConfig> {
-    let certs = CertificateDer::pem_file_iter(&files.cert)
-        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+    let read = |path: &std::path::Path| {
+        crate::files::read_file(path, MAX_PEM_BYTES).with_context(|| format!("reading {}", path.display()))
+    };
+    let certs = CertificateDer::pem_slice_iter(&read(&files.cert)?)
+        .collect::<Result<Vec<_>, _>>()
         .with_context(|| format!("reading certificates from {}", files.cert.display()))?;
     anyhow::ensure!(!certs.is_empty(), "no certificate in {}", files.cert.display());
-    let key = PrivateKeyDer::from_pem_file(&files.key)
+    let key = PrivateKeyDer::from_pem_slice(&read(&files.key)?)
         .with_context(|| format!("reading a private key from {}", files.key.display()))?;
     let builder = ServerConfig::builder_with_provider(provider()).with_safe_default_protocol_versions()?;
     let builder = match &files.client_ca {
         Some(ca) => {
             let mut roots = rustls::RootCertStore::empty();
-            for cert in CertificateDer::pem_file_iter(ca).with_context(|| format!("reading {}", ca.display()))? {
+            for cert in CertificateDer::pem_slice_iter(&read(ca)?) {
                 roots.add(cert.with_context(|| format!("reading {}", ca.display()))?)?;
             }
             let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())

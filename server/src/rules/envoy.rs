@@ -162,31 +162,30 @@ impl EnvoyConfig {
     pub fn load_dir(dir: &Path) -> Result<(EnvoyConfig, String), RuleErrors> {
         let dir_name = dir.display().to_string();
         let entries = std::fs::read_dir(dir).map_err(|e| RuleErrors::one(&dir_name, format!("cannot read: {e}")))?;
+        // One more than the limit is enough to refuse: a directory of a
+        // million entries is not listed whole.
         let mut names: Vec<_> = entries
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+            .take(MAX_FILES + 1)
             .collect();
         names.sort();
         if names.len() > MAX_FILES {
-            return Err(RuleErrors::one(&dir_name, format!("{} files; the limit is {MAX_FILES}", names.len())));
+            return Err(RuleErrors::one(&dir_name, format!("more than {MAX_FILES} files; that is the limit")));
         }
         let mut files = Vec::new();
         let mut total = 0;
         for path in names {
             let name = path.display().to_string();
-            let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-            if size > super::bounds::MAX_BYTES as u64 {
-                return Err(RuleErrors::one(&name, format!("{size} bytes; the limit is {}", super::bounds::MAX_BYTES)));
-            }
-            total += size;
+            let text = crate::files::read_text(&path, super::bounds::MAX_BYTES)
+                .map_err(|e| RuleErrors::one(&name, format!("cannot read: {e}")))?;
+            total += text.len() as u64;
             if total > MAX_TOTAL_BYTES {
                 return Err(RuleErrors::one(
                     &dir_name,
                     format!("over {MAX_TOTAL_BYTES} bytes in all; that is the limit"),
                 ));
             }
-            let text =
-                std::fs::read_to_string(&path).map_err(|e| RuleErrors::one(&name, format!("cannot read: {e}")))?;
             files.push((name, text));
         }
         let digest = files.iter().map(|(n, t)| format!("# {n}\n{t}\n")).collect();
