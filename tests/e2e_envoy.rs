@@ -284,3 +284,47 @@ fn check_config_validates_an_envoy_directory_naming_file_domain_and_path() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("'fortnight' is not second"));
 }
+
+#[tokio::test]
+async fn an_rlqs_bucket_named_twice_in_one_report_gets_one_assignment_for_its_summed_usage() {
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3 as rlqs;
+    let dir = TempDir::new();
+    let rules = "resources:\n  - name: api\n    limits:\n      - { name: per-tenant, key: [tenant], algorithm: fixed_window, limit: 40, window: 1h, lease: 10s }\n";
+    let fg = Floodgate::start(&["--config", path_str(&dir.write("rules.yaml", rules))]);
+    let mut client = rlqs::rate_limit_quota_service_client::RateLimitQuotaServiceClient::new(fg.channel().await);
+    let bucket = |tenant: &str, allowed: u64| rlqs::rate_limit_quota_usage_reports::BucketQuotaUsage {
+        bucket_id: Some(rlqs::BucketId {
+            bucket: [("name".to_string(), "api".to_string()), ("tenant".to_string(), tenant.to_string())].into(),
+        }),
+        num_requests_allowed: allowed,
+        ..Default::default()
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let mut answers =
+        client.stream_rate_limit_quotas(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
+    let report = |usages| rlqs::RateLimitQuotaUsageReports { domain: "edge".into(), bucket_quota_usages: usages };
+    let tokens = |a: &rlqs::rate_limit_quota_response::BucketAction| format!("{:?}", a.bucket_action);
+
+    // acme twice and beta once: two assignments, one a bucket.
+    tx.send(report(vec![bucket("acme", 0), bucket("beta", 0), bucket("acme", 0)])).await.unwrap();
+    let first = answers.message().await.unwrap().unwrap();
+    let tenants: Vec<String> =
+        first.bucket_action.iter().map(|a| a.bucket_id.as_ref().unwrap().bucket["tenant"].clone()).collect();
+    assert_eq!(tenants, ["acme", "beta"], "{first:?}");
+    // What acme's two entries used adds up: 15 + 15 of its lease come off the
+    // limit of 40 (its next lease is out of what is left, 10 at most).
+    tx.send(report(vec![bucket("acme", 15), bucket("acme", 15)])).await.unwrap();
+    let second = answers.message().await.unwrap().unwrap();
+    assert_eq!(second.bucket_action.len(), 1, "{second:?}");
+    let mut admin = fg.admin().await;
+    let peek = floodgate_proto::v1::PeekRequest {
+        resource: "api".into(),
+        descriptors: acquire("api", &[("tenant", "acme")], 1).descriptors,
+        limit: String::new(),
+    };
+    let limit = &admin.peek(peek).await.unwrap().into_inner().limits[0];
+    // 30 used and 10 leased anew: the whole 40 is out, the new lease is 10.
+    assert_eq!(limit.remaining, 0, "{limit:?}");
+    let next = tokens(&second.bucket_action[0]);
+    assert!(next.contains("max_tokens: 10,"), "40 - (15 + 15) = 10 left to lease: {next}");
+}

@@ -276,3 +276,51 @@ async fn run_time_overrides_are_shared_by_replicas_through_redis_and_outlive_the
     assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
     assert_eq!(limit_of(&c, &[("api_key", "k"), ("tenant", "t9")]).await, Some(2));
 }
+
+#[tokio::test]
+async fn an_override_cannot_lift_a_limit_past_what_its_algorithm_allows() {
+    let dir = TempDir::new();
+    let rules = dir.write(
+        "rules.yaml",
+        "resources:\n  - name: api\n    limits:\n      - { name: log, key: [tenant], algorithm: sliding_window_log, limit: 100, window: 1s }\n",
+    );
+    let fg = Floodgate::start(&["--config", path_str(&rules)]);
+    let mut admin = fg.admin().await;
+    // A sliding log keeps one entry a unit: 10,000 is its cap in a rules
+    // file, and so it is through an override (before: 10^12 was accepted,
+    // and 317,000 entries were kept for one key in one second).
+    let mut absolute = factor("abs", "acme", 1.0, None);
+    absolute.action = Some(pb::r#override::Action::Limits(pb::LimitValues {
+        values: [("log".to_string(), 1_000_000_000_000u64)].into(),
+    }));
+    for (o, says) in [
+        (absolute, "overrides[0].limits: would make 'log' 1000000000000; sliding_window_log allows at most 10000"),
+        (
+            factor("x", "acme", 1000.0, None),
+            "overrides[0].factor: would make 'log' 100000; sliding_window_log allows at most 10000",
+        ),
+    ] {
+        let err = admin.set_overrides(set(vec![o])).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+        assert!(err.message().contains(says), "{}", err.message());
+    }
+    assert!(list(&fg).await.overrides.is_empty(), "nothing was set");
+    // Up to the cap is fine.
+    admin.set_overrides(set(vec![factor("x100", "acme", 100.0, None)])).await.unwrap();
+    let peek = pb::PeekRequest {
+        resource: "api".into(),
+        descriptors: ask(&[("tenant", "acme")]).descriptors,
+        limit: String::new(),
+    };
+    assert_eq!(admin.peek(peek).await.unwrap().into_inner().limits[0].limit, 10_000);
+
+    // In the rules file too: refused whole.
+    let bad = dir.write(
+        "bad.yaml",
+        "resources:\n  - name: api\n    limits:\n      - { name: log, key: [tenant], algorithm: sliding_window_log, limit: 100, window: 1s }\n    overrides:\n      - { when: { tenant: big }, factor: 200 }\n",
+    );
+    let out = std::process::Command::new(BIN).arg("check-config").arg(&bad).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("overrides[0].factor: would make 'log' 20000"), "{err}");
+}

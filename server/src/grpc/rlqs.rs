@@ -14,6 +14,7 @@
 //! left. A bucket no rule limits is ALLOW_ALL; one whose limits are not marked
 //! `lease:` is ALLOW_ALL too, and said in the log (RLQS cannot ask per call).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -123,12 +124,28 @@ async fn answer(
     buckets: &mut Buckets,
     report: rlqs::RateLimitQuotaUsageReports,
 ) -> rlqs::RateLimitQuotaResponse {
-    let mut actions = Vec::new();
+    // A bucket named twice in one report is one bucket: its usages add up,
+    // and it gets one assignment (in the order buckets were first named).
+    let mut usages: Vec<(Vec<(String, String)>, u64, u64)> = Vec::new();
+    let mut seen: HashMap<Vec<(String, String)>, usize> = HashMap::new();
     for usage in report.bucket_quota_usages {
         let Some(id) = usage.bucket_id else { continue };
         let mut pairs: Vec<(String, String)> = id.bucket.into_iter().collect();
         pairs.sort();
         let (allowed, denied) = (usage.num_requests_allowed, usage.num_requests_denied);
+        match seen.get(&pairs) {
+            Some(&i) => {
+                usages[i].1 = usages[i].1.saturating_add(allowed);
+                usages[i].2 = usages[i].2.saturating_add(denied);
+            }
+            None => {
+                seen.insert(pairs.clone(), usages.len());
+                usages.push((pairs, allowed, denied));
+            }
+        }
+    }
+    let mut actions = Vec::new();
+    for (pairs, allowed, denied) in usages {
         let Some(action) = renew(decider, holder, buckets, &report.domain, &pairs, allowed, denied).await else {
             continue;
         };

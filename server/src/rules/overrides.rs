@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use super::Limit;
+use crate::limiter::{Algorithm, sliding_window_log};
 
 /// The largest capacity, burst or window limit: far beyond any real use, and
 /// small enough that no arithmetic on it can overflow.
@@ -102,7 +103,7 @@ fn derive(
             if !(*factor > 0.0 && *factor <= MAX_FACTOR) {
                 return Err(("factor", format!("must be above 0 and at most {MAX_FACTOR}, got {factor}")));
             }
-            Ok(base.iter().map(|l| scaled(l, *factor)).collect())
+            within_caps("factor", base.iter().map(|l| scaled(l, *factor)).collect())
         }
         Action::Limits(set) => {
             if set.is_empty() {
@@ -119,19 +120,38 @@ fn derive(
                     ));
                 }
             }
-            Ok(base
-                .iter()
-                .map(|l| match set.iter().find(|(name, _)| *name == l.name) {
-                    Some(&(_, n)) => scaled(l, n as f64 / l.algorithm.capacity() as f64),
-                    None => l.clone(),
-                })
-                .collect())
+            within_caps(
+                "limits",
+                base.iter()
+                    .map(|l| match set.iter().find(|(name, _)| *name == l.name) {
+                        Some(&(_, n)) => scaled(l, n as f64 / l.algorithm.capacity() as f64),
+                        None => l.clone(),
+                    })
+                    .collect(),
+            )
         }
         Action::Tier(name) => match tiers.get(name) {
             Some(t) => Ok(t.clone()),
             None => Err(("tier", format!("'{}' is not a tier (define it under tiers:)", name.escape_debug()))),
         },
     }
+}
+
+/// `limits`, unless one is above what its algorithm allows in a rules file
+/// (a sliding log keeps an entry per unit: 10,000 at most).
+fn within_caps(field: &'static str, limits: Vec<Limit>) -> Result<Vec<Limit>, (&'static str, String)> {
+    for l in &limits {
+        let cap = match l.algorithm {
+            Algorithm::SlidingWindowLog(_) => sliding_window_log::MAX_LIMIT,
+            _ => MAX_AMOUNT,
+        };
+        let n = l.algorithm.capacity();
+        if n > cap {
+            let name = l.name.escape_debug();
+            return Err((field, format!("would make '{name}' {n}; {} allows at most {cap}", l.algorithm.name())));
+        }
+    }
+    Ok(limits)
 }
 
 /// `l` at `factor` times its capacity and rate.
@@ -278,5 +298,27 @@ mod tests {
         assert_eq!(err(Action::Factor(f64::NAN)).0, "factor");
         assert!(err(Action::Limits(vec![("nope".into(), 5)])).1.contains("'nope' is not a limit"));
         assert_eq!(err(Action::Limits(Vec::new())).0, "limits");
+
+        // Past an algorithm's own cap: a sliding log keeps an entry a unit.
+        let log = super::super::RuleSet::from_yaml(
+            "resources:\n  - name: a\n    limits: [ { name: l, algorithm: sliding_window_log, limit: 100, window: 1s }, { name: f, algorithm: fixed_window, limit: 1000000000000, window: 1s } ]\n",
+            "t",
+        )
+        .unwrap();
+        let base = &log.rules()[0].limits[..1];
+        let refused = |a: Action| Override::new(vec![("k".into(), "v".into())], a, base, &tiers).unwrap_err();
+        let (field, why) = refused(Action::Limits(vec![("l".into(), 1_000_000_000_000)]));
+        assert_eq!(
+            (field, why.as_str()),
+            ("limits", "would make 'l' 1000000000000; sliding_window_log allows at most 10000")
+        );
+        assert_eq!(refused(Action::Factor(101.0)).0, "factor");
+        let ok = Override::new(vec![("k".into(), "v".into())], Action::Factor(100.0), base, &tiers).unwrap();
+        assert_eq!(ok.limits[0].algorithm.capacity(), 10_000);
+        let big = &log.rules()[0].limits[1..];
+        assert_eq!(
+            Override::new(vec![("k".into(), "v".into())], Action::Factor(2.0), big, &tiers).unwrap_err().0,
+            "factor"
+        );
     }
 }
