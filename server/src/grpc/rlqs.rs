@@ -117,6 +117,9 @@ impl Drop for Open {
     }
 }
 
+/// A bucket's id: its (key, value) pairs, sorted.
+type Pairs = Vec<(String, String)>;
+
 /// Settles and renews every bucket of one report.
 async fn answer(
     decider: &Decider,
@@ -126,8 +129,8 @@ async fn answer(
 ) -> rlqs::RateLimitQuotaResponse {
     // A bucket named twice in one report is one bucket: its usages add up,
     // and it gets one assignment (in the order buckets were first named).
-    let mut usages: Vec<(Vec<(String, String)>, u64, u64)> = Vec::new();
-    let mut seen: HashMap<Vec<(String, String)>, usize> = HashMap::new();
+    let mut usages: Vec<(Pairs, u64, u64)> = Vec::new();
+    let mut seen: HashMap<Pairs, usize> = HashMap::new();
     for usage in report.bucket_quota_usages {
         let Some(id) = usage.bucket_id else { continue };
         let mut pairs: Vec<(String, String)> = id.bucket.into_iter().collect();
