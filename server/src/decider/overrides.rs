@@ -77,7 +77,8 @@ impl Decider {
             }
             specs.push(spec);
         }
-        let next = installed.runtime.with(&specs);
+        let (runtime, added) = (installed.runtime.clone(), specs.clone());
+        let next = off_workers(move || runtime.with(&added)).await;
         if next.len() > self.override_options.max {
             return Err(RequestError::TooManyOverrides { count: next.len(), max: self.override_options.max });
         }
@@ -91,7 +92,8 @@ impl Decider {
         check_count("ids", ids.len())?;
         let _one_at_a_time = self.changing.lock().await;
         let installed = self.engine.rules_full();
-        let (next, gone) = installed.runtime.without(&ids);
+        let runtime = installed.runtime.clone();
+        let (next, gone) = off_workers(move || runtime.without(&ids)).await;
         if gone.is_empty() {
             return Ok((gone, installed.version));
         }
@@ -140,7 +142,8 @@ impl Decider {
             return;
         }
         let ids: Vec<String> = ended.iter().map(|s| s.id.clone()).collect();
-        let (next, _) = installed.runtime.without(&ids);
+        let (runtime, gone) = (installed.runtime.clone(), ids.clone());
+        let (next, _) = off_workers(move || runtime.without(&gone)).await;
         let change = Change { expired: ids, ..Change::default() };
         if let Err(e) = self.keep_and_install(next, &[], &[], change).await {
             tracing::warn!(error = %e, "removing ended overrides; they no longer apply, and removal is tried again");
@@ -166,16 +169,27 @@ impl Decider {
                 "Redis did not answer, so it is not in force; if Redis stored it late, every replica installs it at its next sync".into(),
             ));
         }
+        let next = Arc::new(next);
         if let Some(path) = &self.override_options.file {
-            let (path, text) = (path.clone(), next.to_lines());
-            tokio::task::spawn_blocking(move || write_atomically(&path, &text))
+            // Written whole off the workers: 100,000 lines take a while.
+            let (path, table) = (path.clone(), next.clone());
+            tokio::task::spawn_blocking(move || write_atomically(&path, &table.to_lines()))
                 .await
                 .map_err(|e| RequestError::OverridesNotKept(e.to_string()))?
                 .map_err(|e| {
                     RequestError::OverridesNotKept(format!("writing the overrides file: {e}; nothing changed"))
                 })?;
         }
-        Ok(self.engine.install_overrides(Arc::new(next), change))
+        Ok(self.engine.install_overrides_off_workers(next, change).await)
+    }
+}
+
+/// `f` on a blocking thread: copying a table of 100,000 overrides is not
+/// work for the threads that decide.
+async fn off_workers<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(t) => t,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
     }
 }
 

@@ -109,6 +109,21 @@ impl Engine {
 
     /// Installs other overrides set at run time beside the rules in force;
     /// `change` says what changed, for Watch.
+    /// [`Engine::install_overrides`] on a blocking thread: with 100,000
+    /// overrides a change re-merges the rules for about half a second, which
+    /// on a worker would hold up the decisions queued behind it.
+    pub async fn install_overrides_off_workers(
+        self: &Arc<Self>,
+        table: Arc<crate::overrides::Table>,
+        change: crate::overrides::Change,
+    ) -> u64 {
+        let engine = self.clone();
+        match tokio::task::spawn_blocking(move || engine.install_overrides(table, change)).await {
+            Ok(version) => version,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    }
+
     pub fn install_overrides(&self, table: Arc<crate::overrides::Table>, change: crate::overrides::Change) -> u64 {
         let count = table.len();
         let version = self.rules.install_runtime(table);

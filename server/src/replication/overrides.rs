@@ -120,7 +120,7 @@ impl Replication {
             }
         };
         *seen = version;
-        self.engine.install_overrides(std::sync::Arc::new(next), change)
+        self.engine.install_overrides_off_workers(std::sync::Arc::new(next), change).await
     }
 
     /// Tells the other replicas to read the overrides again.
@@ -155,7 +155,7 @@ impl Replication {
             let now = self.engine.clock().now().as_nanos();
             let (expired, deleted) = gone.into_iter().partition(|id| current.get(id).is_some_and(|s| s.ended(now)));
             let change = Change { set, deleted, expired };
-            let rules_version = self.engine.install_overrides(std::sync::Arc::new(table), change);
+            let rules_version = self.engine.install_overrides_off_workers(std::sync::Arc::new(table), change).await;
             tracing::info!(overrides = count, version, rules_version, "overrides stored in Redis installed");
         }
         // Changes made while the pages were read show as a newer version next time.
