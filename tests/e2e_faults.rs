@@ -1,0 +1,524 @@
+//! The fault checker: two real replicas and a real `redis-server` under
+//! seeded random schedules of faults while clients send traffic, and after
+//! each schedule the invariants the README states.
+//!
+//! A schedule is a list of faults, one after another with gaps between them,
+//! drawn from its seed: Redis stalled (SIGSTOP) or killed and back empty or
+//! with its data, a replica killed (SIGKILL) and started again on its port,
+//! the rules file rewritten (reloaded by both), overrides set and deleted,
+//! and bursts of calls the client gives up on after a few milliseconds
+//! (cancelled at whatever `.await` the server is in). Meanwhile each replica
+//! gets 20 calls a second on every limit below, some of them cancelled too.
+//!
+//! After each schedule, once Redis is back and leases have expired, what is
+//! left is drained and the totals checked:
+//!
+//! - `strict`, `on_redis_error: deny`: never more than the limit.
+//! - `strict`, `on_redis_error: local`: at most the limit plus, per outage,
+//!   what the replicas admit in one sync interval (the README's bound).
+//! - `replicated`: at most the limit plus R x rate x sync interval per fault.
+//! - nothing lost: what was admitted, drained or cancelled covers the limit,
+//!   less the same slack (a lease lost for good would show here).
+//! - concurrency slots: once `permit_ttl` has passed, every replica grants
+//!   all of its slots again (none lost to a cancelled call or a dead client).
+//! - every replica is ready at the end, and no log has a panic.
+//!
+//! `FLOODGATE_CHAOS_SECONDS` (default 100) bounds the run;
+//! `FLOODGATE_CHAOS_SEED=N` replays one schedule; `FLOODGATE_CHAOS_BASE`
+//! picks the first seed (CI's is fixed, `scripts/chaos` draws one).
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use floodgate_proto::v1 as pb;
+use support::redis::RedisServer;
+use support::*;
+use tonic::transport::{Channel, Endpoint};
+
+/// Per window limit, per schedule.
+const LIMIT: u64 = 400;
+/// Concurrency slots per replica, and their permits' TTL.
+const SLOTS: usize = 4;
+const PERMIT_TTL: Duration = Duration::from_secs(2);
+/// Calls a second per replica and limit.
+const RATE: u64 = 20;
+const SYNC: Duration = Duration::from_millis(100);
+const REPLICAS: usize = 2;
+/// Faults happen within this much of a schedule's start.
+const FAULT_SPAN: Duration = Duration::from_secs(12);
+
+fn rules(noise: u64) -> String {
+    format!(
+        r#"
+resources:
+  - name: "sd-*"
+    limits: [ {{ name: hourly, algorithm: fixed_window, limit: {LIMIT}, window: 1h, sync: strict, on_redis_error: deny }} ]
+  - name: "sl-*"
+    limits: [ {{ name: hourly, algorithm: fixed_window, limit: {LIMIT}, window: 1h, sync: strict, on_redis_error: local }} ]
+  - name: "rp-*"
+    limits: [ {{ name: hourly, algorithm: fixed_window, limit: {LIMIT}, window: 1h }} ]
+  - name: "cc-*"
+    concurrency: {{ max_in_flight: {SLOTS}, permit_ttl: 2s }}
+  - name: ov
+    limits: [ {{ name: per-tenant, key: [tenant], algorithm: token_bucket, capacity: 1000, refill_per_second: 100 }} ]
+  # reload {noise}
+  - name: noise-{noise}
+    limits: [ {{ name: n, algorithm: fixed_window, limit: 5, window: 1m }} ]
+"#
+    )
+}
+
+/// splitmix64: small, seeded, the same on every machine.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn millis(&mut self, from: u64, to: u64) -> Duration {
+        Duration::from_millis(from + self.below(to - from + 1))
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Fault {
+    /// SIGSTOP for this long, then SIGCONT.
+    Stall(Duration),
+    /// SIGKILL; down this long; back with nothing.
+    RedisEmpty(Duration),
+    /// SHUTDOWN SAVE; down this long; back with its data.
+    RedisRestart(Duration),
+    /// SIGKILL replica i; down this long; started again on its port.
+    KillReplica(usize, Duration),
+    /// The rules file rewritten (same limits, another unrelated rule).
+    Reload,
+    /// An override set (or the last one deleted) through replica i.
+    Override(usize, bool),
+    /// This many calls through replica i, each given up on after 1-20 ms.
+    Cancels(usize, u32),
+}
+
+impl Fault {
+    /// Whether Redis is away for part of it.
+    fn is_outage(&self) -> bool {
+        matches!(self, Fault::Stall(_) | Fault::RedisEmpty(_) | Fault::RedisRestart(_))
+    }
+}
+
+/// A schedule: (start offset, fault), in order.
+fn schedule(seed: u64) -> Vec<(Duration, Fault)> {
+    let mut rng = Rng(seed);
+    let mut at = rng.millis(300, 2000);
+    let mut out = Vec::new();
+    while at < FAULT_SPAN {
+        let fault = match rng.below(8) {
+            0 | 1 => Fault::Stall(rng.millis(200, 3000)),
+            2 => Fault::RedisEmpty(rng.millis(100, 2000)),
+            3 => Fault::RedisRestart(rng.millis(100, 1500)),
+            4 => Fault::KillReplica(rng.below(REPLICAS as u64) as usize, rng.millis(100, 1000)),
+            5 => Fault::Reload,
+            6 => Fault::Override(rng.below(REPLICAS as u64) as usize, rng.below(3) != 0),
+            _ => Fault::Cancels(rng.below(REPLICAS as u64) as usize, 20 + rng.below(80) as u32),
+        };
+        let length = match &fault {
+            Fault::Stall(d) | Fault::RedisEmpty(d) | Fault::RedisRestart(d) | Fault::KillReplica(_, d) => *d,
+            _ => Duration::ZERO,
+        };
+        out.push((at, fault));
+        at += length + rng.millis(200, 2000);
+    }
+    out
+}
+
+/// What clients saw of one limit in one schedule.
+#[derive(Default)]
+struct Seen {
+    allowed: AtomicU64,
+    denied: AtomicU64,
+    /// Given up on by the client: the server may have admitted them.
+    cancelled: AtomicU64,
+    errors: AtomicU64,
+}
+
+impl Seen {
+    fn count(&self, r: Option<Result<pb::Verdict, tonic::Status>>) {
+        match r {
+            None => self.cancelled.fetch_add(1, Ordering::Relaxed),
+            Some(Ok(pb::Verdict::Allowed)) => self.allowed.fetch_add(1, Ordering::Relaxed),
+            Some(Ok(_)) => self.denied.fetch_add(1, Ordering::Relaxed),
+            Some(Err(_)) => self.errors.fetch_add(1, Ordering::Relaxed),
+        };
+    }
+}
+
+fn channel(grpc: &str) -> Channel {
+    Endpoint::from_shared(format!("http://{grpc}"))
+        .unwrap()
+        .connect_timeout(Duration::from_millis(500))
+        .connect_lazy()
+}
+
+/// One Acquire, given up on after `patience`: `None` when it was.
+async fn ask(channel: &Channel, resource: &str, patience: Duration) -> Option<Result<pb::AcquireResponse, tonic::Status>> {
+    let mut c = pb::floodgate_client::FloodgateClient::new(channel.clone());
+    let req = acquire(resource, &[("tenant", "t1")], 1);
+    tokio::time::timeout(patience, c.acquire(req)).await.ok().map(|r| r.map(|r| r.into_inner()))
+}
+
+/// The replicas, their Redis and their rules file, kept across schedules.
+struct World {
+    redis: Mutex<RedisServer>,
+    replicas: Mutex<Vec<Floodgate>>,
+    grpc: Vec<String>,
+    dir: TempDir,
+    /// Logs of replicas killed so far, for the panic check.
+    dead_logs: Mutex<String>,
+    reloads: AtomicU64,
+    override_ids: Mutex<Vec<String>>,
+}
+
+impl World {
+    fn args(&self, redis: &str) -> Vec<String> {
+        let rules = self.dir.path("rules.yaml");
+        ["--config", path_str(&rules), "--redis", redis, "--sync-interval", "100ms", "--redis-timeout", "50ms"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    }
+
+    fn start() -> World {
+        let redis = RedisServer::start();
+        let dir = TempDir::new();
+        dir.write("rules.yaml", &rules(0));
+        let mut world = World {
+            redis: Mutex::new(redis),
+            replicas: Mutex::new(Vec::new()),
+            grpc: Vec::new(),
+            dir,
+            dead_logs: Mutex::default(),
+            reloads: AtomicU64::new(0),
+            override_ids: Mutex::default(),
+        };
+        let url = world.redis.lock().unwrap().url();
+        let args = world.args(&url);
+        let replicas: Vec<Floodgate> = (0..REPLICAS).map(|_| Floodgate::start(&strs(&args))).collect();
+        for fg in &replicas {
+            wait_live(fg, REPLICAS as u32);
+        }
+        world.grpc = replicas.iter().map(|f| f.grpc.clone()).collect();
+        *world.replicas.lock().unwrap() = replicas;
+        world
+    }
+
+    /// Runs one fault to its end (blocking: call off the traffic's threads).
+    fn inflict(&self, fault: &Fault, rt: &tokio::runtime::Handle, burst: &(String, Arc<Seen>)) {
+        match fault {
+            Fault::Stall(d) => {
+                let redis = self.redis.lock().unwrap();
+                redis.signal("STOP");
+                std::thread::sleep(*d);
+                redis.signal("CONT");
+            }
+            Fault::RedisEmpty(d) => {
+                let mut redis = self.redis.lock().unwrap();
+                redis.kill();
+                std::thread::sleep(*d);
+                redis.restart_empty();
+            }
+            Fault::RedisRestart(d) => {
+                let mut redis = self.redis.lock().unwrap();
+                redis.shutdown_save();
+                std::thread::sleep(*d);
+                redis.restart();
+            }
+            Fault::KillReplica(i, d) => {
+                let url = self.redis.lock().unwrap().url();
+                let mut replicas = self.replicas.lock().unwrap();
+                signal(replicas[*i].pid(), "KILL");
+                std::thread::sleep(*d);
+                let args = self.args(&url);
+                let next = Floodgate::start_on(&self.grpc[*i], &strs(&args));
+                let dead = std::mem::replace(&mut replicas[*i], next);
+                self.dead_logs.lock().unwrap().push_str(&dead.logs());
+            }
+            Fault::Reload => {
+                let n = self.reloads.fetch_add(1, Ordering::Relaxed) + 1;
+                self.dir.replace("rules.yaml", &rules(n));
+            }
+            Fault::Override(i, set) => {
+                let channel = channel(&self.grpc[*i]);
+                let mut ids = self.override_ids.lock().unwrap();
+                rt.block_on(async {
+                    let mut admin = pb::admin_client::AdminClient::new(channel);
+                    let call = async {
+                        if *set || ids.is_empty() {
+                            let id = format!("chaos-{}", ids.len());
+                            let o = pb::Override {
+                                id: id.clone(),
+                                rule: "ov".into(),
+                                when: [("tenant".to_string(), "t1".to_string())].into(),
+                                action: Some(pb::r#override::Action::Factor(2.0)),
+                                ..Default::default()
+                            };
+                            if admin.set_overrides(pb::SetOverridesRequest { overrides: vec![o] }).await.is_ok() {
+                                ids.push(id);
+                            }
+                        } else {
+                            let id = ids.pop().unwrap();
+                            let _ = admin.delete_overrides(pb::DeleteOverridesRequest { ids: vec![id] }).await;
+                        }
+                    };
+                    // Redis may be away: an override not kept is an error, not a hang.
+                    let _ = tokio::time::timeout(Duration::from_secs(10), call).await;
+                });
+            }
+            Fault::Cancels(i, n) => {
+                let channel = channel(&self.grpc[*i]);
+                rt.block_on(async {
+                    let mut calls = Vec::new();
+                    for k in 0..*n {
+                        let (channel, resource, seen) = (channel.clone(), burst.0.clone(), burst.1.clone());
+                        let patience = Duration::from_millis(1 + u64::from(k % 20));
+                        calls.push(tokio::spawn(async move {
+                            let r = ask(&channel, &resource, patience).await;
+                            seen.count(r.map(|r| r.map(|r| r.verdict())));
+                        }));
+                    }
+                    for c in calls {
+                        let _ = c.await;
+                    }
+                });
+            }
+        }
+    }
+
+    fn logs(&self) -> String {
+        let mut all = self.dead_logs.lock().unwrap().clone();
+        for fg in self.replicas.lock().unwrap().iter() {
+            all.push_str(&fg.logs());
+        }
+        all
+    }
+}
+
+/// 20 calls a second through each replica on `resource` until `stop`; one
+/// in ten is given up on after 1-30 ms.
+async fn traffic(grpc: Vec<String>, resource: String, seen: Arc<Seen>, stop: Arc<AtomicBool>, seed: u64) {
+    let mut tasks = Vec::new();
+    for (i, addr) in grpc.into_iter().enumerate() {
+        let (resource, seen, stop) = (resource.clone(), seen.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let channel = channel(&addr);
+            let mut rng = Rng(seed ^ (i as u64 + 1));
+            let mut tick = tokio::time::interval(Duration::from_millis(1000 / RATE));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            while !stop.load(Ordering::Relaxed) {
+                tick.tick().await;
+                let patience =
+                    if rng.below(10) == 0 { Duration::from_millis(1 + rng.below(30)) } else { Duration::from_secs(5) };
+                let r = ask(&channel, &resource, patience).await;
+                let slot = resource.starts_with("cc-");
+                if slot && let Some(Ok(p)) = &r {
+                    // Half the permits are reported; the rest are left to expire.
+                    if p.verdict() == pb::Verdict::Allowed && rng.below(2) == 0 {
+                        let mut c = pb::floodgate_client::FloodgateClient::new(channel.clone());
+                        let report = pb::ReportOutcomeRequest {
+                            resource: resource.clone(),
+                            permit_id: p.permit_id.clone(),
+                            outcome: pb::Outcome::Success as i32,
+                            ..Default::default()
+                        };
+                        let _ = tokio::time::timeout(Duration::from_secs(2), c.report_outcome(report)).await;
+                    }
+                }
+                seen.count(r.map(|r| r.map(|r| r.verdict())));
+            }
+        }));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+}
+
+/// Asks through every replica, alternately, until each has denied 20 in a
+/// row: what was still admitted.
+async fn drain(grpc: &[String], resource: &str) -> u64 {
+    let channels: Vec<Channel> = grpc.iter().map(|g| channel(g)).collect();
+    let mut admitted = 0;
+    let mut denied_in_a_row = vec![0; channels.len()];
+    for round in 0..(LIMIT * 4) {
+        let i = (round as usize) % channels.len();
+        match ask(&channels[i], resource, Duration::from_secs(5)).await {
+            Some(Ok(r)) if r.verdict() == pb::Verdict::Allowed => {
+                admitted += 1;
+                denied_in_a_row.iter_mut().for_each(|d| *d = 0);
+            }
+            _ => denied_in_a_row[i] += 1,
+        }
+        if denied_in_a_row.iter().all(|&d| d >= 20) {
+            break;
+        }
+        // Leases move at every sync: give them time to.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    admitted
+}
+
+/// Every replica grants all its slots on `resource`, and no more.
+async fn slots_all_free(grpc: &[String], resource: &str) -> Result<(), String> {
+    for (i, addr) in grpc.iter().enumerate() {
+        let channel = channel(addr);
+        let mut granted = 0;
+        for _ in 0..SLOTS + 1 {
+            if let Some(Ok(r)) = ask(&channel, resource, Duration::from_secs(5)).await {
+                granted += usize::from(r.verdict() == pb::Verdict::Allowed);
+            }
+        }
+        if granted != SLOTS {
+            return Err(format!("replica {i} granted {granted} of {SLOTS} slots of {resource} after their TTL"));
+        }
+    }
+    Ok(())
+}
+
+/// Runs one schedule; the invariants it broke (empty: none), and its figures.
+async fn run_schedule(world: &Arc<World>, seed: u64) -> (Vec<String>, String) {
+    let plan = schedule(seed);
+    let tag = format!("{seed:x}");
+    // Fresh resources of each glob: every schedule starts from full limits.
+    let limits: Vec<(String, Arc<Seen>)> =
+        ["sd", "sl", "rp", "cc"].iter().map(|kind| (format!("{kind}-{tag}"), Arc::new(Seen::default()))).collect();
+    // Cancel bursts go to the strict, local limit, and count in its totals.
+    let burst = limits[1].clone();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut traffic_tasks = Vec::new();
+    for (name, seen) in &limits {
+        traffic_tasks.push(tokio::spawn(traffic(world.grpc.clone(), name.clone(), seen.clone(), stop.clone(), seed)));
+    }
+    // The faults, in order, on a thread of their own.
+    let started = Instant::now();
+    let (w, p, b) = (world.clone(), plan.clone(), burst.clone());
+    let rt = tokio::runtime::Handle::current();
+    let faults = tokio::task::spawn_blocking(move || {
+        for (at, fault) in &p {
+            if let Some(wait) = at.checked_sub(started.elapsed()) {
+                std::thread::sleep(wait);
+            }
+            w.inflict(fault, &rt, &b);
+        }
+    });
+    faults.await.unwrap();
+    tokio::time::sleep((FAULT_SPAN + Duration::from_secs(2)).saturating_sub(started.elapsed())).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in traffic_tasks {
+        t.await.unwrap();
+    }
+    // Redis back, debts paid, leases of the dead expired (3 syncs), permits
+    // past their TTL.
+    tokio::time::sleep(PERMIT_TTL + Duration::from_millis(1500)).await;
+
+    let outages = plan.iter().filter(|(_, f)| f.is_outage()).count() as u64;
+    let kills = plan.iter().filter(|(_, f)| matches!(f, Fault::KillReplica(..))).count() as u64;
+    // What the replicas admit in one sync interval, both together.
+    let per_sync = REPLICAS as u64 * (RATE * SYNC.as_millis() as u64 / 1000).max(1);
+    let mut broken = Vec::new();
+    let mut figures = Vec::new();
+    for (name, seen) in &limits {
+        let allowed = seen.allowed.load(Ordering::Relaxed);
+        let cancelled = seen.cancelled.load(Ordering::Relaxed);
+        let errors = seen.errors.load(Ordering::Relaxed);
+        if name.starts_with("cc-") {
+            if let Err(e) = slots_all_free(&world.grpc, name).await {
+                broken.push(e);
+            }
+            figures.push(format!("{name}: {allowed} admitted, {cancelled} cancelled, {errors} errors"));
+            continue;
+        }
+        let drained = drain(&world.grpc, name).await;
+        let total = allowed + drained;
+        let (upper, what) = match &name[..2] {
+            "sd" => (LIMIT, "strict, deny: exact"),
+            "sl" => (LIMIT + outages * per_sync, "strict, local: the limit + one sync's calls per outage"),
+            _ => (LIMIT + (outages + kills + 1) * per_sync, "replicated: the limit + R x rate x sync per fault"),
+        };
+        if total > upper {
+            broken.push(format!("{name}: {total} admitted ({allowed} + {drained} drained) of {LIMIT}; {what} allows {upper}"));
+        }
+        let lower = LIMIT.saturating_sub((outages + kills + 1) * per_sync);
+        if total + cancelled < lower {
+            broken.push(format!(
+                "{name}: only {total} admitted and {cancelled} cancelled of {LIMIT} (at least {lower}): units lost"
+            ));
+        }
+        figures.push(format!(
+            "{name}: {total} of {LIMIT} ({allowed} + {drained} drained, {cancelled} cancelled, {errors} errors)"
+        ));
+    }
+    for (i, fg) in world.replicas.lock().unwrap().iter().enumerate() {
+        let (status, _) = fg.http_get("/readyz");
+        if status != 200 {
+            broken.push(format!("replica {i} is not ready at the end: {status}"));
+        }
+    }
+    let logs = world.logs();
+    if logs.contains("panicked") {
+        let line = logs.lines().find(|l| l.contains("panicked")).unwrap_or_default();
+        broken.push(format!("a replica panicked: {line}"));
+    }
+    let faults: Vec<String> = plan.iter().map(|(at, f)| format!("{:.1}s {f:?}", at.as_secs_f64())).collect();
+    let text = format!("seed {seed}: {} faults [{}]\n  {}", plan.len(), faults.join(", "), figures.join("\n  "));
+    (broken, text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_fault_schedules_keep_every_stated_invariant() {
+    let env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
+    let seconds = env("FLOODGATE_CHAOS_SECONDS").unwrap_or(100);
+    let (first, only_one) = match env("FLOODGATE_CHAOS_SEED") {
+        Some(seed) => (seed, true),
+        None => (env("FLOODGATE_CHAOS_BASE").unwrap_or(0x5eed_0001), false),
+    };
+    let world = Arc::new(tokio::task::block_in_place(World::start));
+    let begun = Instant::now();
+    let (mut schedules, mut faults, mut checks) = (0u64, 0u64, 0u64);
+    let mut failures = Vec::new();
+    let mut seed = first;
+    loop {
+        let (broken, text) = run_schedule(&world, seed).await;
+        schedules += 1;
+        faults += schedule(seed).len() as u64;
+        // Per window limit: upper and lower bound; slots; readiness per
+        // replica; the logs.
+        checks += 3 * 2 + 1 + REPLICAS as u64 + 1;
+        println!("{text}");
+        for b in &broken {
+            println!("  BROKEN: {b}");
+            failures.push(format!(
+                "seed {seed}: {b}\n  replay: FLOODGATE_CHAOS_SEED={seed} cargo test --test e2e_faults -- --nocapture"
+            ));
+        }
+        seed = Rng(seed).next();
+        // The next schedule must fit in what is left (one takes about 25 s).
+        if only_one || begun.elapsed() + Duration::from_secs(25) > Duration::from_secs(seconds) {
+            break;
+        }
+    }
+    println!(
+        "fault checker: {schedules} schedules, {faults} faults, {checks} invariants checked in {:.0} s; {} broken",
+        begun.elapsed().as_secs_f64(),
+        failures.len()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
