@@ -87,13 +87,20 @@ pub async fn run(
     let engine = build_engine(&opts);
     let sources = install_sources(&opts, &engine)?;
     let replication = start_replication(&opts, &engine).await?;
+    let last_sync = replication.clone();
     let decider =
         Arc::new(Decider::new(engine.clone(), replication).with_rls(opts.rls).with_overrides(opts.overrides.clone()));
     if !decider.overrides_persisted() {
         tracing::info!("overrides set through Admin are kept in memory only (see --overrides-file)");
     }
     let _background = spawn_background(&opts, &engine, &decider, sources, prometheus.clone())?;
-    serve(opts, listeners, decider, access, tls, prometheus, shutdown).await
+    serve(opts, listeners, decider, access, tls, prometheus, shutdown).await?;
+    // Drained: no call decides any more. What this replica took and owes
+    // goes to Redis before the process ends.
+    if let Some(replication) = last_sync {
+        replication.last_sync(Duration::from_secs(2)).await;
+    }
+    Ok(())
 }
 
 /// Options that cannot go together, refused before anything starts.

@@ -65,6 +65,8 @@ pub struct Replication {
     /// so that two processes given the same id still count as two live
     /// replicas and hold leases of their own.
     instance: String,
+    /// One sync at a time: the loop's, or the last one at shutdown.
+    syncing: tokio::sync::Mutex<()>,
 }
 
 impl Replication {
@@ -86,6 +88,7 @@ impl Replication {
             connected,
             me: me.clone(),
             instance,
+            syncing: tokio::sync::Mutex::new(()),
         });
         r.load_shared_rules().await;
         r.poll_overrides().await;
@@ -168,7 +171,20 @@ impl Replication {
         true
     }
 
+    /// The last sync of a replica shutting down: what it took and what it
+    /// owes reach Redis rather than die with it. Bounded by `within`.
+    pub async fn last_sync(&self, within: Duration) {
+        match tokio::time::timeout(within, self.sync_once()).await {
+            Ok(true) => tracing::info!("last sync done: what this replica took and owes is in Redis"),
+            Ok(false) => tracing::warn!("last sync failed: what this replica took since its last sync is lost"),
+            Err(_) => {
+                tracing::warn!(?within, "last sync timed out: what this replica took since its last sync is lost")
+            }
+        }
+    }
+
     async fn sync_once(&self) -> bool {
+        let _one_at_a_time = self.syncing.lock().await;
         if !self.heartbeat().await {
             return false;
         }
@@ -187,8 +203,13 @@ impl Replication {
     }
 }
 
+/// How far apart sync attempts get while Redis is unreachable. Short: until
+/// a replica sees Redis back, it decides strict limits on its own, and what
+/// it admitted is only in its memory (a crash then loses it).
+const MAX_BACKOFF: Duration = Duration::from_millis(500);
+
 /// Every `--sync-interval`: heartbeat, buckets, breakers. While Redis is
-/// unreachable, the attempts back off up to two seconds apart.
+/// unreachable, the attempts back off up to [`MAX_BACKOFF`] apart.
 async fn sync_loop(weak: std::sync::Weak<Replication>) {
     let mut last_ok = Instant::now();
     let mut backoff = Duration::ZERO;
@@ -201,7 +222,7 @@ async fn sync_loop(weak: std::sync::Weak<Replication>) {
             last_ok = Instant::now();
             backoff = Duration::ZERO;
         } else {
-            backoff = (backoff * 2).clamp(interval, Duration::from_secs(2));
+            backoff = (backoff * 2).clamp(interval, MAX_BACKOFF.max(interval));
         }
         metrics::histogram!(crate::metrics::REDIS_SYNC_DURATION).record(started.elapsed().as_secs_f64());
         metrics::gauge!(crate::metrics::REDIS_SYNC_LAG).set(last_ok.elapsed().as_secs_f64());
