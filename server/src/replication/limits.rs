@@ -299,8 +299,11 @@ impl Replication {
                     Some(shared) => {
                         let now = self.engine.clock().now();
                         for (item, shared) in batch.iter().zip(shared) {
-                            // Recovering: pushed, but no new lease yet.
-                            if !self.sync().recovering(&item.resource, now) {
+                            // Recovering: pushed, but no new lease yet; what
+                            // the replicas have in common is known all the same.
+                            if self.sync().recovering(&item.resource, now) {
+                                self.engine.note_common(&item.resource, &item.key, &shared);
+                            } else {
                                 self.engine.adopt(rules, &item.resource, &item.key, &shared);
                             }
                         }

@@ -369,6 +369,14 @@ impl Engine {
         }
     }
 
+    /// Records what the replicas have in common after a sync, without taking
+    /// a lease of it (a resource recovering from a loss): the next loss is
+    /// restored from this figure, not from one older than the last loss.
+    pub fn note_common(&self, resource: &str, key: &BucketKey, shared: &Shared) {
+        let Some(sync) = &self.sync else { return };
+        sync.dirty.synced(key, resource, shared.available, self.clock.now());
+    }
+
     /// Replaces a replicated bucket with its lease of the merged state, then
     /// re-applies what was taken here since the state was read.
     pub fn adopt(&self, rules: &Installed, resource: &str, key: &BucketKey, shared: &Shared) {
