@@ -273,6 +273,13 @@ fn flags_that_cannot_work_are_refused_before_anything_starts() {
         (&["--threads", "100000"], "--threads"),
         (&["--replica-id", "two words"], "--replica-id"),
         (&["--replica-id", ""], "--replica-id"),
+        // Flags that would do nothing, silently: an identity no caller can
+        // have without client certificates, Redis credentials without Redis,
+        // a log filter that does not parse (it fell back to `info`).
+        (&["--admin-identity", "ops-admin"], "--admin-identity"),
+        (&["--redis-user", "floodgate"], "--redis-user"),
+        (&["--redis-ca", "/etc/hostname"], "--redis-ca"),
+        (&["--log-level", "floodgate=loud"], "--log-level"),
         // Port 1 on loopback: nothing listens, so a server that got as far as
         // connecting would sit retrying rather than exit.
         (&["--overrides-file", overrides, "--redis", "redis://127.0.0.1:1"], "--overrides-file"),
@@ -281,6 +288,7 @@ fn flags_that_cannot_work_are_refused_before_anything_starts() {
         let mut child = std::process::Command::new(BIN)
             .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
             .args(*args)
+            .env_remove("RUST_LOG")
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()

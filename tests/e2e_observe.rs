@@ -205,6 +205,11 @@ async fn top_keys_name_who_is_denied_most_through_admin_and_the_cli() {
 
     let only = admin.get_top_keys(pb::GetTopKeysRequest { rule: "svc.*".into(), count: 1 }).await.unwrap();
     assert_eq!(only.into_inner().limits.len(), 1);
+    // A rule that is not in force is NOT_FOUND, not an empty list that
+    // reads as "nobody is being limited".
+    let err = admin.get_top_keys(pb::GetTopKeysRequest { rule: "order".into(), count: 1 }).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound, "{err:?}");
+    assert_eq!(err.message(), "rule: no rule in force is named 'order'");
 
     let out = Command::new(BIN).args(["top", "--server", &fg.grpc, "--rule", "orders", "-n", "3"]).output().unwrap();
     let text = String::from_utf8(out.stdout).unwrap();

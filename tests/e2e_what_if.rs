@@ -55,6 +55,12 @@ async fn candidate_rules_are_observed_in_shadow_and_report_whom_they_would_deny(
     );
     let err = admin.apply_rules(start("resources: 7", seconds(60))).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    // validate_only with what_if: one says "install nothing", the other
+    // "observe": refused rather than one silently winning.
+    let both = pb::ApplyRulesRequest { validate_only: true, ..start(CANDIDATE, seconds(60)) };
+    let err = admin.apply_rules(both).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().starts_with("validate_only: cannot go with what_if"), "{}", err.message());
     assert_eq!(admin.get_what_if(pb::GetWhatIfRequest {}).await.unwrap_err().code(), tonic::Code::NotFound);
 
     let started = admin.apply_rules(start(CANDIDATE, seconds(600))).await.unwrap().into_inner();

@@ -60,6 +60,11 @@ enum Command {
 
 impl Cli {
     pub fn run(self) -> ExitCode {
+        let filter = std::env::var("RUST_LOG").ok().unwrap_or_else(|| self.log_level.clone());
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&filter) {
+            eprintln!("floodgate: --log-level (or RUST_LOG) '{}': {e}", filter.escape_debug());
+            return ExitCode::from(2);
+        }
         // The server sets up logging on its runtime, where traces are exported from.
         if !matches!(self.command, Command::Serve(_)) {
             init_logging(self.log_format, &self.log_level, None);

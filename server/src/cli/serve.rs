@@ -253,6 +253,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
 /// The server's options from its flags.
 fn options(args: ServeArgs) -> anyhow::Result<Options> {
+    if !args.admin.admin_identities.is_empty() && args.tls.tls_client_ca.is_none() {
+        anyhow::bail!(
+            "--admin-identity names client certificates, which only --tls-client-ca asks for: without it no caller has one"
+        );
+    }
     let replication = replication_config(&args)?;
     let l = &args.limits;
     let limits = Limits {
@@ -300,7 +305,18 @@ fn replication_config(args: &ServeArgs) -> anyhow::Result<Option<replication::Co
     let target = match (&args.redis, args.redis_cluster.is_empty()) {
         (Some(url), _) => Target::Standalone(url.clone()),
         (None, false) => Target::Cluster(args.redis_cluster.clone()),
-        (None, true) => return Ok(None),
+        (None, true) => {
+            let auth = &args.redis_auth;
+            let given = [
+                (auth.redis_user.is_some(), "--redis-user (FLOODGATE_REDIS_USER)"),
+                (auth.redis_password_file.is_some(), "--redis-password-file (FLOODGATE_REDIS_PASSWORD_FILE)"),
+                (auth.redis_ca.is_some(), "--redis-ca (FLOODGATE_REDIS_CA)"),
+            ];
+            if let Some((_, flag)) = given.iter().find(|(set, _)| *set) {
+                anyhow::bail!("{flag} is for a server with --redis or --redis-cluster; none is given");
+            }
+            return Ok(None);
+        }
     };
     Ok(Some(replication::Config {
         target,

@@ -45,6 +45,11 @@ impl Decider {
         }
     }
 
+    /// Whether a rule in force is named (or patterned) `name`, as written.
+    pub fn has_rule(&self, name: &str) -> bool {
+        self.engine.rules().rules.rules().iter().any(|r| r.name == name)
+    }
+
     /// Per limit, the keys denied and admitted most lately.
     pub fn top_keys(&self, rule: &str, n: usize) -> Vec<TopLimit> {
         self.engine.top_keys(&self.engine.rules(), rule, n)

@@ -69,6 +69,10 @@ pub enum RequestError {
     WhatIfLength(String),
     #[error("no what-if was started (ApplyRules with what_if starts one)")]
     NoWhatIf,
+    #[error("validate_only: cannot go with what_if (a what-if installs nothing either): send one of them")]
+    ValidateWithWhatIf,
+    #[error("rule: no rule in force is named '{}'", .0.escape_debug())]
+    NoSuchRule(String),
     #[error("{field}: {value} is not one of {expected}")]
     UnknownEnum { field: &'static str, value: i32, expected: &'static str },
     #[error("{field}: {message}")]
@@ -130,7 +134,7 @@ impl RequestError {
     pub fn kind(&self) -> ErrorKind {
         use RequestError::*;
         match self {
-            NoBreaker(_) | NoSuchLimit { .. } | NoWhatIf => ErrorKind::NotFound,
+            NoBreaker(_) | NoSuchLimit { .. } | NoWhatIf | NoSuchRule(_) => ErrorKind::NotFound,
             TooManyOverrides { .. } => ErrorKind::TooMany,
             OverridesNotKept(_) => ErrorKind::Unavailable,
             InBatch { source, .. } => source.kind(),
@@ -149,6 +153,7 @@ impl RequestError {
             | BadBreakerState(_)
             | BadLevel(_)
             | WhatIfLength(_)
+            | ValidateWithWhatIf
             | UnknownEnum { .. }
             | BadOverride { .. } => ErrorKind::BadInput,
         }

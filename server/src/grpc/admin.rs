@@ -40,6 +40,9 @@ impl Admin for ControlPlane {
         request: Request<pb::ApplyRulesRequest>,
     ) -> Result<Response<pb::ApplyRulesResponse>, Status> {
         let req = request.get_ref();
+        if req.validate_only && req.what_if.is_some() {
+            return Err(crate::engine::RequestError::ValidateWithWhatIf.into());
+        }
         if let Some(length) = &req.what_if {
             let length = super::convert::what_if_length(length)?;
             let started = self.decider.start_what_if(&req.yaml, length).await?;
@@ -164,6 +167,9 @@ impl Admin for ControlPlane {
     ) -> Result<Response<pb::GetTopKeysResponse>, Status> {
         let req = request.get_ref();
         let n = if req.count == 0 { 10 } else { req.count as usize };
+        if !req.rule.is_empty() && !self.decider.has_rule(&req.rule) {
+            return Err(crate::engine::RequestError::NoSuchRule(req.rule.clone()).into());
+        }
         let key = |(key, count, error): (String, u64, u64)| pb::TopKey { key, count, error };
         let limits = self
             .decider
