@@ -183,7 +183,7 @@ impl Engine {
             match (p.redis_at, &self.sync) {
                 (Some(at), _) => strict.items.extend(p.strict.iter().map(|k| (k.clone(), units, at, 0))),
                 // Taken here while Redis was away: the debt is what changes.
-                (None, Some(sync)) => p.strict.iter().for_each(|k| sync.owe(k, &p.resource, units)),
+                (None, Some(sync)) => p.strict.iter().for_each(|k| sync.admitted_here(k, &p.resource, units, now)),
                 (None, None) => {}
             }
         }

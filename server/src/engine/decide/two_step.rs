@@ -354,7 +354,7 @@ impl Engine {
         }
         if !denied && let Some(sync) = &self.sync {
             for (_, _, k) in strict {
-                sync.owe(k, resource, i64::try_from(cost).unwrap_or(i64::MAX));
+                sync.admitted_here(k, resource, i64::try_from(cost).unwrap_or(i64::MAX), now);
             }
         }
         decisions

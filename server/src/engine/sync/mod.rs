@@ -71,7 +71,18 @@ struct Seen {
     at: Timestamp,
     /// When a decision here last used it (a refresh is not a use).
     used: Timestamp,
+    /// What this replica admitted on its own lately, times the live
+    /// replicas (each may have admitted as much from its share): not yet in
+    /// any figure Redis gives, while the others' debts may be unpaid.
+    assumed: f64,
+    /// When it last admitted on its own (`assumed` lapses [`ASSUMED_FOR`]
+    /// after: every replica has seen Redis back and paid by then).
+    assumed_at: Timestamp,
 }
+
+/// How long what the replicas admitted on their own in an outage is taken
+/// off the figure the next outage starts from (a flapping Redis).
+const ASSUMED_FOR: Duration = Duration::from_secs(3);
 
 /// State this replica keeps only while it is in use.
 const FORGET_AFTER: Duration = Duration::from_secs(600);
@@ -144,7 +155,18 @@ impl Replica {
 
     /// What Redis answered for a strict bucket a decision here used.
     pub fn saw_strict(&self, key: &BucketKey, resource: &str, remaining: u64, now: Timestamp) {
-        let seen = Seen { resource: resource.to_string(), remaining: remaining as f64, at: now, used: now };
+        if let Some(mut s) = self.strict_seen.get_mut(key) {
+            (s.remaining, s.at, s.used) = (remaining as f64, now, now);
+            return;
+        }
+        let seen = Seen {
+            resource: resource.to_string(),
+            remaining: remaining as f64,
+            at: now,
+            used: now,
+            assumed: 0.0,
+            assumed_at: Timestamp::ZERO,
+        };
         self.strict_seen.insert(key.clone(), seen);
     }
 
@@ -167,6 +189,24 @@ impl Replica {
             .filter(|e| now.saturating_since(e.used) < active)
             .map(|e| (e.resource.clone(), e.key().clone()))
             .collect()
+    }
+
+    /// Units a strict bucket admitted (or, negative, gave back) here while
+    /// Redis was away: owed to Redis, and taken off the figure the next
+    /// outage starts from. As if every live replica had admitted as much
+    /// (each decides from its share): so however often Redis comes and
+    /// goes before this replica hears its figure again, its outages admit at
+    /// most its share of that figure in all, not a share of it each time.
+    pub fn admitted_here(&self, key: &BucketKey, resource: &str, units: i64, now: Timestamp) {
+        self.owe(key, resource, units);
+        if let Some(mut s) = self.strict_seen.get_mut(key) {
+            if now.saturating_since(s.assumed_at) >= crate::time::duration_nanos(ASSUMED_FOR) {
+                s.assumed = 0.0;
+            }
+            let change = if units > 0 { units as f64 / self.share() } else { units as f64 };
+            s.assumed = (s.assumed + change).max(0.0);
+            s.assumed_at = now;
+        }
     }
 
     /// Notes units a strict bucket owes Redis (or, negative, gets back).
@@ -201,9 +241,14 @@ impl Replica {
         Some(std::mem::take(&mut *debts).into_iter().collect())
     }
 
-    /// What Redis last said `key` had left, if it said anything.
-    fn strict_remaining(&self, key: &BucketKey) -> Option<f64> {
-        self.strict_seen.get(key).map(|s| s.remaining)
+    /// What an outage starting `now` decides `key` from: what Redis last
+    /// said it had left, less what the replicas may have admitted on their
+    /// own since that Redis does not count yet; `None` if Redis said nothing.
+    fn strict_remaining(&self, key: &BucketKey, now: Timestamp) -> Option<f64> {
+        self.strict_seen.get(key).map(|s| {
+            let fresh = now.saturating_since(s.assumed_at) < crate::time::duration_nanos(ASSUMED_FOR);
+            if fresh { (s.remaining - s.assumed).max(0.0) } else { s.remaining }
+        })
     }
 
     /// Everything this replica knows of `resource`'s buckets, to restore them.
@@ -413,7 +458,7 @@ impl Engine {
         }
         sync.decided_in_outage(key);
         let mut bucket = alg.new_bucket(now);
-        if let Some(remaining) = sync.strict_remaining(key) {
+        if let Some(remaining) = sync.strict_remaining(key, now) {
             let share = (remaining * sync.share()).floor() as u64;
             bucket.force(alg, now, alg.capacity().saturating_sub(share));
         }
