@@ -307,6 +307,16 @@ async fn actions_must_be_json_from_the_consoles_own_site_and_requests_must_name_
         assert_eq!(get("/api/v1/console", &host).0, 421, "{host}");
         assert_eq!(get("/", &host).0, 421, "{host}");
     }
+    // Two Hosts (or two Origins): which one a check reads would depend on
+    // the reader; refused.
+    let two_hosts = raw(a, &format!("GET /api/v1/console HTTP/1.1\r\nHost: {a}\r\nHost: evil.test"), "");
+    assert_eq!(two_hosts.0, 400, "{}", two_hosts.1);
+    let two_origins = raw(
+        a,
+        &post(&format!("{own}\r\nContent-Type: application/json\r\nOrigin: http://{a}\r\nOrigin: http://evil.test")),
+        level,
+    );
+    assert_eq!(two_origins.0, 400, "{}", two_origins.1);
     // Probes and scrapers are answered whatever they name (a Service or
     // container name): health says nothing, metrics are labelled by rule.
     assert_eq!(get("/metrics", "floodgate-metrics.monitoring.svc:8080").0, 200);

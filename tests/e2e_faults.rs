@@ -414,6 +414,12 @@ async fn slots_all_free(grpc: &[String], resource: &str) -> Result<(), String> {
 
 /// Runs one schedule; the invariants it broke (empty: none), and its figures.
 async fn run_schedule(world: &Arc<World>, seed: u64) -> (Vec<String>, String) {
+    // The window limits are hourly: a schedule (and its drain) must not
+    // cross the hour, where every window starts afresh.
+    let into_hour = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() % 3600;
+    if into_hour > 3600 - 60 {
+        tokio::time::sleep(Duration::from_secs(3600 - into_hour + 1)).await;
+    }
     let plan = schedule(seed);
     let tag = format!("{seed:x}");
     // Fresh resources of each glob: every schedule starts from full limits.

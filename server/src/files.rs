@@ -126,11 +126,20 @@ pub fn read_file(path: &Path, max: usize) -> std::io::Result<Vec<u8>> {
     };
     #[cfg(not(unix))]
     let file = std::fs::File::open(path)?;
-    let kind = file.metadata()?.file_type();
+    let meta = file.metadata()?;
+    let kind = meta.file_type();
     if !kind.is_file() {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
             format!("is not a regular file but {}", describe(kind)),
+        ));
+    }
+    // A regular file's size is known: one too large (a sparse 10 GiB) is
+    // refused without reading it.
+    if meta.len() > max as u64 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("is {} bytes, larger than {max}, the limit", meta.len()),
         ));
     }
     let mut bytes = Vec::new();
@@ -200,7 +209,7 @@ mod tests {
         std::fs::write(&file, "0123456789").unwrap();
         assert_eq!(read_text(&file, 10).unwrap(), "0123456789");
         let e = read_text(&file, 9).unwrap_err().to_string();
-        assert!(e.contains("larger than 9 bytes"), "{e}");
+        assert!(e.contains("is 10 bytes, larger than 9"), "{e}");
 
         // A FIFO with no writer: refused at once, not waited on.
         let fifo = dir.path().join("fifo.yaml");

@@ -40,7 +40,11 @@ impl Hosts {
         if host.starts_with('[') || host.parse::<std::net::Ipv4Addr>().is_ok() {
             return true;
         }
-        let host = host.trim_end_matches('.').to_ascii_lowercase();
+        let host = host.strip_suffix('.').unwrap_or(host).to_ascii_lowercase();
+        // A name, or nothing: `a..localhost`, `evil.test?.example.com`.
+        if parse_name(&host).is_err() || host.starts_with("*.") {
+            return false;
+        }
         host == "localhost"
             || host.ends_with(".localhost")
             || self.names.iter().any(|n| match n.strip_prefix('*') {
@@ -91,7 +95,7 @@ fn split_authority(authority: &str) -> Option<(&str, Option<&str>)> {
             None => (authority, None),
         }
     };
-    if host.is_empty() || port.is_some_and(|p| p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit())) {
+    if host.is_empty() || port.is_some_and(|p| p.parse::<u16>().is_err() || p.starts_with('+')) {
         return None;
     }
     Some((host, port))
@@ -109,6 +113,14 @@ pub async fn check_host(State(s): State<HttpState>, req: Request, next: Next) ->
     // Service name, a container name): these answer every Host.
     if path == "/healthz" || path == "/readyz" || path == "/metrics" {
         return next.run(req).await;
+    }
+    // Two of a header a check reads: which one counts depends on who reads
+    // it (RFC 9112 says a request with two Hosts is a 400).
+    for name in [header::HOST, header::ORIGIN, header::CONTENT_TYPE, header::HeaderName::from_static("sec-fetch-site")]
+    {
+        if req.headers().get_all(&name).iter().nth(1).is_some() {
+            return super::reply::error(StatusCode::BAD_REQUEST, format!("{name}: sent more than once"));
+        }
     }
     match authority(&req) {
         Some(a) if s.hosts.allows(a) => next.run(req).await,
@@ -202,6 +214,13 @@ mod tests {
             "a b",
             "user@127.0.0.1",
             "notfloodgate.example.com",
+            "localhost:99999",
+            "localhost..",
+            ".localhost",
+            "a..localhost",
+            "evil.test?.fg.svc.cluster.local",
+            "evil.test#.fg.svc.cluster.local",
+            "evil.test\\.fg.svc.cluster.local",
         ] {
             assert!(!hosts.allows(refused), "{refused}");
         }
