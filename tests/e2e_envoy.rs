@@ -323,6 +323,28 @@ async fn an_rlqs_bucket_named_twice_in_one_report_gets_one_assignment_for_its_su
         limit: String::new(),
     };
     let limit = &admin.peek(peek).await.unwrap().into_inner().limits[0];
+    // A count past 32 bits (Envoy's are 64) is answered, not dropped: it
+    // counts as the whole lease.
+    tx.send(report(vec![bucket("beta", 1 << 32)])).await.unwrap();
+    let third = tokio::time::timeout(std::time::Duration::from_secs(10), answers.message())
+        .await
+        .expect("no answer to a report of 2^32 allowed")
+        .unwrap()
+        .unwrap();
+    assert_eq!(third.bucket_action.len(), 1, "{third:?}");
+    // A report over the size limit ends its stream with RESOURCE_EXHAUSTED,
+    // not with OK (which reads as "nothing to say").
+    let (big_tx, big_rx) = tokio::sync::mpsc::channel(1);
+    let mut big = client
+        .stream_rate_limit_quotas(tokio_stream::wrappers::ReceiverStream::new(big_rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let many = (0..40_000).map(|i| bucket(&format!("tenant-{i}"), 0)).collect();
+    big_tx.send(report(many)).await.unwrap();
+    let err =
+        tokio::time::timeout(std::time::Duration::from_secs(10), big.message()).await.expect("no end").unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
     // 30 used and 10 leased anew: the whole 40 is out, the new lease is 10.
     assert_eq!(limit.remaining, 0, "{limit:?}");
     let next = tokens(&second.bucket_action[0]);

@@ -83,7 +83,10 @@ impl RateLimitQuotaService for Rlqs {
                 let report = match report {
                     Ok(r) => r,
                     Err(e) => {
+                        // Too large, undecodable, or the client reset the
+                        // stream: it ends with the error, not with OK.
                         tracing::debug!(holder, error = %e, "RLQS stream ended");
+                        let _ = tx.send(Err(super::status::stream_error(e))).await;
                         break;
                     }
                 };
@@ -174,7 +177,12 @@ async fn renew(
     let descriptors: Vec<(&str, &str)> =
         pairs.iter().filter(|(k, _)| k != "name").map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let previous = buckets.book.lease_of(pairs)?.to_string();
-    let want = want_from_demand(previous.is_empty(), allowed, denied);
+    // Envoy counts in 64 bits; a lease is at most u32::MAX units, and a
+    // report counts at most what its lease granted: clamped, not refused
+    // (a refusal here would leave the bucket without an answer).
+    let cap = u64::from(u32::MAX);
+    let want = want_from_demand(previous.is_empty(), allowed, denied).min(cap);
+    let allowed = allowed.min(cap);
     let ask = LeaseAsk {
         resource,
         descriptors: descriptors.as_slice(),

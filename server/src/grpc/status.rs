@@ -58,3 +58,10 @@ impl From<Refusal> for Status {
         Status::new(code, r.to_string())
     }
 }
+
+/// An error reading a client's stream, as the client is told it: a message
+/// over the method's limit is RESOURCE_EXHAUSTED, as for unary calls (tonic
+/// says OUT_OF_RANGE); others as they are.
+pub fn stream_error(e: Status) -> Status {
+    if e.code() == tonic::Code::OutOfRange { Status::resource_exhausted(e.message().to_string()) } else { e }
+}
