@@ -246,8 +246,14 @@ impl Replica {
     /// own since that Redis does not count yet; `None` if Redis said nothing.
     fn strict_remaining(&self, key: &BucketKey, now: Timestamp) -> Option<f64> {
         self.strict_seen.get(key).map(|s| {
-            let fresh = now.saturating_since(s.assumed_at) < crate::time::duration_nanos(ASSUMED_FOR);
-            if fresh { (s.remaining - s.assumed).max(0.0) } else { s.remaining }
+            if now.saturating_since(s.assumed_at) >= crate::time::duration_nanos(ASSUMED_FOR) {
+                return s.remaining;
+            }
+            // A figure Redis gave after this replica's own admits were paid
+            // (debts are paid before Redis is asked again) counts them: only
+            // the others' may be missing.
+            let missing = if s.at > s.assumed_at { s.assumed * (1.0 - self.share()) } else { s.assumed };
+            (s.remaining - missing).max(0.0)
         })
     }
 

@@ -80,13 +80,24 @@ fn while_redis_is_down_every_strict_decision_follows_its_policy() {
     assert_eq!(admitted(&e, "local", 20), 9);
     assert_eq!(admitted(&e, "deny", 20), 0, "every request of the outage, not only the first");
     assert_eq!(admitted(&e, "allow", 20), 20);
-    // Redis is back; a later outage starts again from what Redis then says.
+    // Redis is back and says 13 are left (our 9 paid, the other replica's
+    // perhaps not yet): an outage right after takes off the 9 the other may
+    // have admitted too, unpaid: a share of 13 - 9.
     assert!(sync.set_up(true), "it came back");
     e.end_outage();
     assert!(!sync.set_up(true), "already up");
+    clock.advance(Duration::from_millis(100));
+    sync.saw_strict(&key, "local", 13, clock.now());
     sync.set_up(false);
+    assert_eq!(admitted(&e, "local", 20), 2, "half of 13 - 9");
+    // Once every replica has paid (3 s), an outage starts again from what
+    // Redis then says.
+    assert!(sync.set_up(true));
+    e.end_outage();
+    clock.advance(Duration::from_secs(4));
     sync.saw_strict(&key, "local", 4, clock.now());
-    assert_eq!(admitted(&e, "local", 20), 2);
+    sync.set_up(false);
+    assert_eq!(admitted(&e, "local", 20), 2, "half of 4");
 }
 
 const GUARDED: &str = r#"
