@@ -203,10 +203,13 @@ impl Replication {
     }
 }
 
-/// How far apart sync attempts get while Redis is unreachable. Short: until
-/// a replica sees Redis back, it decides strict limits on its own, and what
-/// it admitted is only in its memory (a crash then loses it).
-const MAX_BACKOFF: Duration = Duration::from_millis(500);
+/// How far apart sync attempts get while Redis is unreachable. Until a
+/// replica sees Redis back, it decides strict limits on its own, and what it
+/// admitted is only in its memory (a crash then loses it). Shorter (0.5 s,
+/// 1 s) was tried: a replicated limit then denied 1.5-2.5% of calls on a
+/// bucket of a million for about 100 ms right after Redis came back
+/// (tests/e2e_redis.rs), not understood yet.
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 /// Every `--sync-interval`: heartbeat, buckets, breakers. While Redis is
 /// unreachable, the attempts back off up to [`MAX_BACKOFF`] apart.
