@@ -187,6 +187,10 @@ impl Decider {
 /// `f` on a blocking thread: copying a table of 100,000 overrides is not
 /// work for the threads that decide.
 async fn off_workers<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    // Outside a Tokio runtime (the fuzz targets' executor): here and now.
+    if tokio::runtime::Handle::try_current().is_err() {
+        return f();
+    }
     match tokio::task::spawn_blocking(f).await {
         Ok(t) => t,
         Err(e) => std::panic::resume_unwind(e.into_panic()),

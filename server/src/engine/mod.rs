@@ -117,6 +117,9 @@ impl Engine {
         table: Arc<crate::overrides::Table>,
         change: crate::overrides::Change,
     ) -> u64 {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return self.install_overrides(table, change);
+        }
         let engine = self.clone();
         match tokio::task::spawn_blocking(move || engine.install_overrides(table, change)).await {
             Ok(version) => version,
