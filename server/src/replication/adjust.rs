@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::Replication;
 use super::scripts::{ScriptName, bucket_key, limit_args, marker_key};
-use super::wire::{self, Answered};
+use super::wire;
 use crate::engine::Installed;
 use crate::engine::sync::Debt;
 use crate::store::BucketKey;
@@ -38,46 +38,32 @@ impl Replication {
     /// resource Redis lost is restored first.
     pub async fn adjust(&self, rules: &Installed, resource: &str, items: &[Adjust]) -> Option<Vec<Option<i64>>> {
         let clock = self.engine.clock();
-        let started = clock.now();
-        let mut restored = false;
-        loop {
-            let now = clock.now();
-            let deadline = self.sync().redis_time(now.saturating_add(self.config.timeout));
-            let mut invocation = self.scripts.get(ScriptName::Adjust).prepare_invoke();
-            invocation.key(marker_key(resource));
-            let mut args: Vec<f64> = Vec::with_capacity(items.len() * 7);
-            let mut sent = 0;
-            for item in items {
-                // A limit gone from the rules has nothing left to adjust.
-                let Some((_, limit)) = rules.limit(item.key.limit) else { continue };
-                invocation.key(bucket_key(resource, limit, &item.key));
-                args.extend([item.units as f64, item.at_us as f64]);
-                args.extend(limit_args(&limit.algorithm, now));
-                sent += 1;
-            }
-            if sent == 0 {
-                return Some(vec![None; items.len()]);
-            }
-            invocation.arg(deadline).arg(self.sync().marker(resource)).arg(&args[..]);
-            match self.run(ScriptName::Adjust, invocation, |v| wire::parse_adjusted(v, sent)).await? {
-                Answered::Done(left) => {
-                    self.sync().mark(resource, clock.now());
-                    let mut left = left.into_iter();
-                    let aligned = items.iter().map(|i| rules.limit(i.key.limit).and_then(|_| left.next())).collect();
-                    return Some(aligned);
-                }
-                Answered::TooLate if clock.now().saturating_since(started) < self.slow_limit() => {
-                    metrics::counter!(crate::metrics::REDIS_LATE).increment(1);
-                }
-                Answered::Lost if !restored => {
-                    restored = true;
-                    if !self.restore(rules, resource).await {
-                        return None;
-                    }
-                }
-                Answered::TooLate | Answered::Lost => return None,
-            }
+        if items.iter().all(|i| rules.limit(i.key.limit).is_none()) {
+            return Some(vec![None; items.len()]);
         }
+        let left = self
+            .until_done(rules, resource, true, || async {
+                let now = clock.now();
+                let deadline = self.sync().redis_time(now.saturating_add(self.config.timeout));
+                let mut invocation = self.scripts.get(ScriptName::Adjust).prepare_invoke();
+                invocation.key(marker_key(resource));
+                let mut args: Vec<f64> = Vec::with_capacity(items.len() * 7);
+                let mut sent = 0;
+                for item in items {
+                    // A limit gone from the rules has nothing left to adjust.
+                    let Some((_, limit)) = rules.limit(item.key.limit) else { continue };
+                    invocation.key(bucket_key(resource, limit, &item.key));
+                    args.extend([item.units as f64, item.at_us as f64]);
+                    args.extend(limit_args(&limit.algorithm, now));
+                    sent += 1;
+                }
+                invocation.arg(deadline).arg(self.sync().marker(resource)).arg(&args[..]);
+                self.run(ScriptName::Adjust, invocation, |v| wire::parse_adjusted(v, sent)).await
+            })
+            .await?;
+        self.sync().mark(resource, clock.now());
+        let mut left = left.into_iter();
+        Some(items.iter().map(|i| rules.limit(i.key.limit).and_then(|_| left.next())).collect())
     }
 
     /// Pays what is owed to strict buckets, one script per resource and

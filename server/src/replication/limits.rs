@@ -136,36 +136,25 @@ impl Replication {
     async fn take(&self, rules: &Installed, job: &TakeJob) -> Option<Vec<Remote>> {
         let resource = job.resource.as_str();
         let clock = self.engine.clock();
-        let started = clock.now();
-        let mut restored = false;
         let counts: Vec<usize> = job.decisions.iter().map(|(_, limits)| limits.len()).collect();
-        loop {
-            let deadline = self.sync().redis_time(clock.now().saturating_add(self.config.timeout));
-            let mut invocation = self.scripts.get(ScriptName::Take).prepare_invoke();
-            invocation.key(marker_key(resource));
-            let mut args: Vec<f64> = Vec::new();
-            for (cost, limits) in &job.decisions {
-                args.extend([*cost as f64, limits.len() as f64]);
-                for l in limits {
-                    invocation.key(&l.redis_key);
-                    args.extend(l.args);
-                }
-            }
-            invocation.arg(deadline).arg(self.sync().marker(resource)).arg(job.decisions.len()).arg(&args[..]);
-            match self.run(ScriptName::Take, invocation, |v| TakeReply::parse_many(v, &counts)).await? {
-                Answered::Done(replies) => return Some(self.taken(job, replies)),
-                Answered::TooLate if clock.now().saturating_since(started) < self.slow_limit() => {
-                    metrics::counter!(crate::metrics::REDIS_LATE).increment(1);
-                }
-                Answered::Lost if !restored => {
-                    restored = true;
-                    if !self.restore(rules, resource).await {
-                        return None;
+        let replies = self
+            .until_done(rules, resource, true, || async {
+                let deadline = self.sync().redis_time(clock.now().saturating_add(self.config.timeout));
+                let mut invocation = self.scripts.get(ScriptName::Take).prepare_invoke();
+                invocation.key(marker_key(resource));
+                let mut args: Vec<f64> = Vec::new();
+                for (cost, limits) in &job.decisions {
+                    args.extend([*cost as f64, limits.len() as f64]);
+                    for l in limits {
+                        invocation.key(&l.redis_key);
+                        args.extend(l.args);
                     }
                 }
-                Answered::TooLate | Answered::Lost => return None,
-            }
-        }
+                invocation.arg(deadline).arg(self.sync().marker(resource)).arg(job.decisions.len()).arg(&args[..]);
+                self.run(ScriptName::Take, invocation, |v| TakeReply::parse_many(v, &counts)).await
+            })
+            .await?;
+        Some(self.taken(job, replies))
     }
 
     /// Redis's decisions, noted (what each strict bucket has left) and
@@ -249,6 +238,42 @@ impl Replication {
         true
     }
 
+    /// Runs the script `attempt` builds until Redis has done it: a resource
+    /// Redis lost is restored once, then asked again; one that ran too late
+    /// (changing nothing) is asked again while a call may still wait on a
+    /// slow Redis, when `retry_late`. `None` when Redis did not answer or
+    /// did nothing.
+    pub(super) async fn until_done<T, F, Fut>(
+        &self,
+        rules: &Installed,
+        resource: &str,
+        retry_late: bool,
+        mut attempt: F,
+    ) -> Option<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Option<Answered<T>>>,
+    {
+        let clock = self.engine.clock();
+        let started = clock.now();
+        let mut restored = false;
+        loop {
+            match attempt().await? {
+                Answered::Done(t) => return Some(t),
+                Answered::TooLate if retry_late && clock.now().saturating_since(started) < self.slow_limit() => {
+                    metrics::counter!(crate::metrics::REDIS_LATE).increment(1);
+                }
+                Answered::Lost if !restored => {
+                    restored = true;
+                    if !self.restore(rules, resource).await {
+                        return None;
+                    }
+                }
+                Answered::TooLate | Answered::Lost => return None,
+            }
+        }
+    }
+
     /// How long a call may wait on a Redis that is slow but alive.
     pub(super) fn slow_limit(&self) -> u64 {
         crate::time::duration_nanos(self.config.timeout * 20)
@@ -323,24 +348,10 @@ impl Replication {
 
     async fn sync_batch(&self, rules: &Installed, batch: &[&SyncItem], want: u64) -> Option<Vec<Shared>> {
         let resource = batch.first()?.resource.as_str();
-        let mut restored = false;
-        loop {
-            match self.sync_once_batch(rules, batch, want).await? {
-                Answered::Done(shared) => {
-                    self.sync().mark(resource, self.engine.clock().now());
-                    return Some(shared);
-                }
-                // Nothing was pushed: the consumption is pushed again next time.
-                Answered::TooLate => return None,
-                Answered::Lost if !restored => {
-                    restored = true;
-                    if !self.restore(rules, resource).await {
-                        return None;
-                    }
-                }
-                Answered::Lost => return None,
-            }
-        }
+        // Too late: nothing was pushed, and the consumption is pushed again next time.
+        let shared = self.until_done(rules, resource, false, || self.sync_once_batch(rules, batch, want)).await?;
+        self.sync().mark(resource, self.engine.clock().now());
+        Some(shared)
     }
 
     /// One run of the sync script over one resource's batch.
