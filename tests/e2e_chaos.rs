@@ -32,9 +32,15 @@ fn replica(dir: &TempDir, url: &str) -> Floodgate {
     if !rules.exists() {
         dir.write("rules.yaml", RULES);
     }
+    replica_of(&rules, url)
+}
+
+/// A replica of the rules file `rules` on the Redis at `url`, syncing every
+/// 100 ms and waiting at most 50 ms on Redis.
+fn replica_of(rules: &std::path::Path, url: &str) -> Floodgate {
     Floodgate::start(&[
         "--config",
-        path_str(&rules),
+        path_str(rules),
         "--redis",
         url,
         "--sync-interval",
@@ -42,6 +48,14 @@ fn replica(dir: &TempDir, url: &str) -> Floodgate {
         "--redis-timeout",
         "50ms",
     ])
+}
+
+/// Two replicas of `rules`, each seeing the other live.
+fn quota_replicas(rules: &std::path::Path, url: &str) -> (Floodgate, Floodgate) {
+    let (a, b) = (replica_of(rules, url), replica_of(rules, url));
+    wait_live(&a, 2);
+    wait_live(&b, 2);
+    (a, b)
 }
 
 /// `n` calls on `resource` through each replica at once: admitted in all.
@@ -168,13 +182,8 @@ resources:
 /// Load on `resource` through both replicas, 40 calls a second each, for
 /// `seconds`, while `fault` runs on this thread: what both admitted.
 fn admitted_during(a: &Floodgate, b: &Floodgate, resource: &str, seconds: u32, fault: impl FnOnce()) -> u64 {
-    admitted_at(a, b, resource, seconds, 40, fault)
-}
-
-/// The same at `rps` calls a second through each replica.
-fn admitted_at(a: &Floodgate, b: &Floodgate, resource: &str, seconds: u32, rps: u32, fault: impl FnOnce()) -> u64 {
-    let (z, rps) = (format!("{seconds}s"), rps.to_string());
-    let args = ["--resource", resource, "-z", &z, "--rps", &rps, "-c", "4", "--timeout", "5s"];
+    let z = format!("{seconds}s");
+    let args = ["--resource", resource, "-z", &z, "--rps", "40", "-c", "4", "--timeout", "5s"];
     let reports = std::thread::scope(|s| {
         let ha = s.spawn(|| bench(&a.grpc, &args));
         let hb = s.spawn(|| bench(&b.grpc, &args));
@@ -198,22 +207,7 @@ fn strict_admits_at_most_what_was_left_through_a_stall_and_an_empty_restart() {
     let mut redis = RedisServer::start();
     let dir = TempDir::new();
     let rules = dir.write("rules.yaml", QUOTAS);
-    let start = || {
-        let args = [
-            "--config",
-            path_str(&rules),
-            "--redis",
-            &redis.url(),
-            "--sync-interval",
-            "100ms",
-            "--redis-timeout",
-            "50ms",
-        ];
-        Floodgate::start(&args)
-    };
-    let (a, b) = (start(), start());
-    wait_live(&a, 2);
-    wait_live(&b, 2);
+    let (a, b) = quota_replicas(&rules, &redis.url());
 
     // 40 calls a second through each replica for 12 s: Redis stalls for 3 s
     // after 4 s (about 320 of 500 admitted by then).
@@ -290,22 +284,7 @@ fn a_second_loss_during_recovery_restores_the_figure_after_the_first() {
     let mut redis = RedisServer::start();
     let dir = TempDir::new();
     let rules = dir.write("rules.yaml", QUOTAS);
-    let start = || {
-        let args = [
-            "--config",
-            path_str(&rules),
-            "--redis",
-            &redis.url(),
-            "--sync-interval",
-            "100ms",
-            "--redis-timeout",
-            "50ms",
-        ];
-        Floodgate::start(&args)
-    };
-    let (a, b) = (start(), start());
-    wait_live(&a, 2);
-    wait_live(&b, 2);
+    let (a, b) = quota_replicas(&rules, &redis.url());
     let admitted = admitted_during(&a, &b, "window", 14, || {
         std::thread::sleep(Duration::from_secs(3));
         redis.kill();
