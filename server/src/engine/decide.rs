@@ -469,7 +469,18 @@ pub(super) fn take_all_or_nothing(
     let mut denied = false;
     for (limit, _, key) in matched {
         let alg = &limit.algorithm;
-        let d = if denied { buckets.check(key, alg, now, cost) } else { buckets.acquire(key.clone(), alg, now, cost) };
+        let d = if denied {
+            buckets.check(key, alg, now, cost)
+        } else {
+            // Noted before it is taken, and undone if it was not: a replica
+            // adopting a merged state meanwhile counts it either way.
+            taken(limit, key, cost as i64);
+            let d = buckets.acquire(key.clone(), alg, now, cost);
+            if !d.admitted {
+                taken(limit, key, -(cost as i64));
+            }
+            d
+        };
         if !d.admitted && !denied && !limit.shadow {
             denied = true;
             let admitted = matched.iter().zip(decisions.iter()).filter(|(_, d): &(_, &Decision)| d.admitted);
@@ -477,9 +488,6 @@ pub(super) fn take_all_or_nothing(
                 buckets.refund(k, &l.algorithm, now, cost);
                 taken(l, k, -(cost as i64));
             }
-        }
-        if d.admitted && !denied {
-            taken(limit, key, cost as i64);
         }
         decisions.push(d);
     }

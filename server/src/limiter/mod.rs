@@ -136,6 +136,9 @@ pub struct Shared {
     pub window_start: Timestamp,
     pub prev: u64,
     pub cur: u64,
+    /// Where this state stands among those Redis gave this replica for the
+    /// bucket (increasing): a reply overtaken by a newer one is not adopted.
+    pub seq: u64,
 }
 
 /// One key's state, whatever its algorithm. Kept small: it is stored per key.
@@ -411,7 +414,7 @@ mod tests {
         let window_start = Timestamp::from_secs(1_700_000_000 - 1_700_000_000 % 3600);
         let now = window_start.add_nanos(hour - 10_000_000_000); // 10 s before the end
         // 20 of 50 left in common; this replica (one of two) leases 10.
-        let shared = Shared { available: 20.0, lease: 10.0, window_start, prev: 0, cur: 30 };
+        let shared = Shared { available: 20.0, lease: 10.0, window_start, prev: 0, cur: 30, seq: 1 };
         let mut b = Bucket::adopt(&fw, now, &shared, 0.5);
         let s = b.status(&fw, now);
         assert_eq!((s.remaining, s.reset_after), (10, Duration::from_secs(10)), "the real end, not an hour past it");

@@ -31,6 +31,31 @@ const ACTIVE: Duration = Duration::from_secs(10);
 /// knew by then.
 const RECOVERY: Duration = Duration::from_millis(2500);
 
+/// Lands a round of syncs as it ends, done, failed or cut short: their
+/// buckets may be synced again, and whoever waits for one is woken.
+struct Landing<'a> {
+    replication: &'a Replication,
+    items: &'a [SyncItem],
+}
+
+impl Drop for Landing<'_> {
+    fn drop(&mut self) {
+        for item in self.items {
+            self.replication.sync().landed(item);
+        }
+        self.replication.landed.notify_waiters();
+    }
+}
+
+/// How long Redis keeps a replica's lease after its last sync: three sync
+/// intervals, and at least a second, so that a replica whose syncs are late
+/// (a busy machine) does not lose the reservation it is deciding from. A
+/// replica that stopped syncing (it died, or lost Redis) holds its lease
+/// that long.
+fn lease_ttl(sync_interval: Duration) -> Duration {
+    (sync_interval * 3).max(Duration::from_secs(1))
+}
+
 /// One take script's work, owned (it runs on a task of its own): per
 /// decision its cost and its strict limits.
 struct TakeJob {
@@ -190,15 +215,16 @@ impl Replication {
     }
 
     /// Redis lost `resource` (its marker is gone or another's), or this
-    /// replica has not learned its marker yet: puts back what it knew of the
+    /// replica has not learned its marker yet (`seen`, the token the script
+    /// that found it so was given, is empty): puts back what it knew of the
     /// resource's buckets, so the replicas go on from there, and learns the
     /// marker. After a loss, its replicated buckets take no new lease for a
     /// while (the other replicas put back and push theirs meanwhile: a lease
     /// cut from an earlier figure would overlap what they still hold).
-    pub(super) async fn restore(&self, rules: &Installed, resource: &str) -> bool {
+    pub(super) async fn restore(&self, rules: &Installed, resource: &str, seen: &str) -> bool {
         // Without a token, this replica meets the resource's marker for the
         // first time: nothing was lost that it could know of.
-        let lost = !self.sync().marker(resource).is_empty();
+        let lost = !seen.is_empty();
         let known = if lost { self.sync().known_of(resource) } else { Vec::new() };
         let chunks: Vec<&[crate::engine::sync::Known]> =
             if known.is_empty() { vec![&[]] } else { known.chunks(KEYS_PER_SCRIPT).collect() };
@@ -257,15 +283,21 @@ impl Replication {
         let clock = self.engine.clock();
         let started = clock.now();
         let mut restored = false;
+        let mut relearned = false;
         loop {
+            let seen = self.sync().marker(resource);
             match attempt().await? {
                 Answered::Done(t) => return Some(t),
                 Answered::TooLate if retry_late && clock.now().saturating_since(started) < self.slow_limit() => {
                     metrics::counter!(crate::metrics::REDIS_LATE).increment(1);
                 }
+                // Another exchange of this replica learned the marker while
+                // this one was out (the first touches of several buckets,
+                // or one loss met by several calls): it restored already.
+                Answered::Lost if !relearned && self.sync().marker(resource) != seen => relearned = true,
                 Answered::Lost if !restored => {
                     restored = true;
-                    if !self.restore(rules, resource).await {
+                    if !self.restore(rules, resource, &seen).await {
                         return None;
                     }
                 }
@@ -284,33 +316,54 @@ impl Replication {
     /// the merged state of buckets this process does not hold yet. On a
     /// task of its own: a caller that goes away cannot lose the consumption
     /// taken out to be pushed, or push it twice.
+    ///
+    /// A bucket has one sync out at a time (the merged state of one that
+    /// Redis ran before another's push arrived would not count that push):
+    /// for a bucket whose sync is out, this waits for it to land, as long
+    /// as a call may wait on a slow Redis, and then pulls nothing more (the
+    /// merged state just came) or asks its own lease.
     pub(super) async fn lease_now(&self, keys: Vec<(&str, BucketKey)>, want: u64) {
         let Some(me) = self.me.upgrade() else { return };
-        let items: Vec<SyncItem> = keys
-            .into_iter()
-            .map(|(resource, key)| {
-                let delta = self.sync().take_dirty(&key);
-                SyncItem { limit: key.limit, key, resource: resource.to_string(), delta }
-            })
-            .collect();
-        let task = tokio::spawn(async move {
-            let rules = me.engine.rules_full();
-            me.push_and_adopt(&rules, items, want).await;
-        });
-        let _ = task.await;
+        let rules = self.engine.rules_full();
+        let deadline = tokio::time::Instant::now() + Duration::from_nanos(self.slow_limit());
+        let mut waiting = keys;
+        let mut tasks = Vec::new();
+        while !waiting.is_empty() {
+            let landed = self.landed.notified();
+            let mut items = Vec::new();
+            let mut flying = Vec::new();
+            for (resource, key) in waiting {
+                match self.engine.sync_item(&rules, resource, &key) {
+                    Some(item) => items.push(item),
+                    None => flying.push((resource, key)),
+                }
+            }
+            if !items.is_empty() {
+                let (me, rules) = (me.clone(), rules.clone());
+                tasks.push(tokio::spawn(async move { me.push_and_adopt(&rules, items, want).await }));
+            }
+            if flying.is_empty() || tokio::time::timeout_at(deadline, landed).await.is_err() {
+                break;
+            }
+            // A pull is done once the bucket is here.
+            flying.retain(|(_, key)| want > 0 || !self.engine.buckets().contains_key(key));
+            waiting = flying;
+        }
+        join_all(tasks).await;
     }
 
     /// One round of the replicated sync: push every active bucket's
     /// consumption and adopt the merged state. What could not be pushed is
     /// kept for the next round.
     pub(super) async fn sync_buckets(&self, rules: &Installed) -> bool {
-        let items = self.sync().drain_dirty(self.engine.clock().now(), ACTIVE);
+        let items = self.engine.sync_items(rules, self.engine.clock().now(), ACTIVE);
         self.push_and_adopt(rules, items, 0).await
     }
 
     /// Pushes and adopts in one script per resource (its keys share a slot)
     /// and chunk, the chunks running concurrently.
     async fn push_and_adopt(&self, rules: &Installed, items: Vec<SyncItem>, want: u64) -> bool {
+        let _landing = Landing { replication: self, items: &items };
         let mut by_resource: HashMap<&str, Vec<&SyncItem>> = HashMap::new();
         for item in &items {
             by_resource.entry(item.resource.as_str()).or_default().push(item);
@@ -325,11 +378,15 @@ impl Replication {
                         let now = self.engine.clock().now();
                         for (item, shared) in batch.iter().zip(shared) {
                             // Recovering: pushed, but no new lease yet; what
-                            // the replicas have in common is known all the same.
-                            if self.sync().recovering(&item.resource, now) {
+                            // the replicas have in common is known all the
+                            // same. A bucket not held here has nothing to put
+                            // back: it takes its lease (rather than deciding
+                            // from a full bucket).
+                            let held = self.engine.buckets().contains_key(&item.key);
+                            if held && self.sync().recovering(&item.resource, now) {
                                 self.engine.note_common(&item.resource, &item.key, &shared);
                             } else {
-                                self.engine.adopt(rules, &item.resource, &item.key, &shared);
+                                self.engine.adopt(rules, item, &shared);
                             }
                         }
                     }
@@ -362,7 +419,7 @@ impl Replication {
         want: u64,
     ) -> Option<Answered<Vec<Shared>>> {
         let resource = batch.first()?.resource.as_str();
-        let lease_ttl = (self.config.sync_interval * 3).as_micros() as u64;
+        let lease_ttl = lease_ttl(self.config.sync_interval).as_micros() as u64;
         let now = self.engine.clock().now();
         let deadline = self.sync().redis_time(now.saturating_add(self.config.timeout));
         let mut invocation = self.scripts.get(ScriptName::Sync).prepare_invoke();
@@ -380,7 +437,7 @@ impl Replication {
                 Some((_, limit)) => (bucket_key(&item.resource, limit, &item.key), limit_args(&limit.algorithm, now)),
                 None => (format!("fg:b:{{{}}}:gone", super::conn::tag(&item.resource)), [4.0, 1.0, 1e6, 0.0, 0.0]),
             };
-            invocation.key(key).arg(item.delta).arg(&args[..]);
+            invocation.key(key).arg(item.delta).arg(item.hold).arg(&args[..]);
         }
         let n = batch.len();
         self.run(ScriptName::Sync, invocation, |v| wire::parse_sync(v, n)).await

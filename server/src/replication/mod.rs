@@ -67,6 +67,9 @@ pub struct Replication {
     instance: String,
     /// One sync at a time: the loop's, or the last one at shutdown.
     syncing: tokio::sync::Mutex<()>,
+    /// Woken whenever syncs of replicated buckets land (a bucket has one
+    /// sync out at a time; see `lease_now`).
+    landed: tokio::sync::Notify,
 }
 
 impl Replication {
@@ -89,6 +92,7 @@ impl Replication {
             me: me.clone(),
             instance,
             syncing: tokio::sync::Mutex::new(()),
+            landed: tokio::sync::Notify::new(),
         });
         r.load_shared_rules().await;
         r.poll_overrides().await;

@@ -195,14 +195,14 @@ pub fn parse_sync(v: Value, buckets: usize) -> Result<Answered<Vec<Shared>>, Rep
 fn shared(v: Value, buckets: usize) -> Result<Vec<Shared>, ReplyError> {
     let script = ScriptName::Sync;
     let Value::Array(items) = v else { return Err(error(script, format!("not an array: {v:?}"))) };
-    if items.len() != 5 * buckets {
+    if items.len() != 6 * buckets {
         return Err(error(script, format!("{} values for {buckets} buckets", items.len())));
     }
     items
-        .chunks(5)
+        .chunks(6)
         .enumerate()
         .map(|(b, c)| {
-            let n = |j: usize| number(script, b * 5 + j, &c[j]);
+            let n = |j: usize| number(script, b * 6 + j, &c[j]);
             let whole = |j: usize| n(j).map(|x| x.max(0.0) as u64);
             Ok(Shared {
                 lease: n(0)?,
@@ -210,6 +210,7 @@ fn shared(v: Value, buckets: usize) -> Result<Vec<Shared>, ReplyError> {
                 prev: whole(2)?,
                 cur: whole(3)?,
                 available: n(4)?,
+                seq: whole(5)?,
             })
         })
         .collect()
@@ -335,12 +336,20 @@ mod tests {
             Value::Int(3),
             Value::Int(4),
             Value::BulkString(b"7".to_vec()),
+            Value::Int(1_700_000_000_000_001),
         ]);
         let s = parse_sync(v.clone(), 1).unwrap();
-        let want = Shared { lease: 2.5, window_start: Timestamp::from_secs(1), prev: 3, cur: 4, available: 7.0 };
+        let want = Shared {
+            lease: 2.5,
+            window_start: Timestamp::from_secs(1),
+            prev: 3,
+            cur: 4,
+            available: 7.0,
+            seq: 1_700_000_000_000_001,
+        };
         assert_eq!(s, Answered::Done(vec![want]));
         assert!(parse_sync(v, 2).is_err());
-        let bad = Value::Array(vec![Value::Nil; 5]);
+        let bad = Value::Array(vec![Value::Nil; 6]);
         assert!(parse_sync(bad, 1).is_err());
         assert_eq!(parse_sync(ints(&[-2]), 1), Ok(Answered::Lost));
         assert_eq!(parse_live(ints(&[3, 1_700_000_000_000_000])), Ok((3, 1_700_000_000_000_000)));

@@ -17,10 +17,50 @@ struct Dirty {
     /// Units taken since the last sync; negative when more was given back
     /// (a settled estimate) than taken.
     delta: i64,
+    /// Units taken here in all, net (never reset): a sync notes it when it
+    /// goes out, and on its reply re-applies what was taken since.
+    taken: i64,
+    /// The newest merged state adopted (its sequence in Redis): an older
+    /// reply that arrives later is not adopted over it.
+    seq: u64,
+    /// A sync of this bucket is out: no other goes until it lands, since a
+    /// merged state Redis computed before the other's push arrived would
+    /// not count it.
+    flying: bool,
     touched: Timestamp,
     /// What the replicas had left in common at the last sync, and when.
     available: f64,
     synced_at: Timestamp,
+}
+
+impl Dirty {
+    fn new(resource: &str, limit: LimitId, touched: Timestamp, synced_at: Timestamp) -> Dirty {
+        Dirty {
+            resource: resource.to_string(),
+            limit,
+            delta: 0,
+            taken: 0,
+            seq: 0,
+            flying: false,
+            touched,
+            available: 0.0,
+            synced_at,
+        }
+    }
+
+    /// The sync item for this bucket, its consumption now reset; the bucket
+    /// is flying until it lands.
+    fn item(&mut self, key: &BucketKey, hold: u64) -> SyncItem {
+        self.flying = true;
+        SyncItem {
+            key: key.clone(),
+            resource: self.resource.clone(),
+            limit: self.limit,
+            delta: std::mem::take(&mut self.delta),
+            hold,
+            mark: self.taken,
+        }
+    }
 }
 
 /// What a replica last knew of a bucket: how much was available, and when.
@@ -40,6 +80,12 @@ pub struct SyncItem {
     pub limit: LimitId,
     /// Units to push; negative gives back.
     pub delta: i64,
+    /// What this replica could still admit from the bucket it decides from
+    /// as the sync went out: Redis keeps at least that much reserved for it
+    /// until its next sync, since it may admit that much before the reply.
+    pub hold: u64,
+    /// [`Dirty::taken`] as the sync went out.
+    pub mark: i64,
 }
 
 #[derive(Debug, Default)]
@@ -50,59 +96,90 @@ pub(super) struct DirtyBuckets {
 impl DirtyBuckets {
     /// Notes units taken (or, negative, given back) from a replicated bucket.
     pub(super) fn note(&self, key: &BucketKey, resource: &str, limit: LimitId, units: i64, now: Timestamp) {
-        if let Some(mut e) = self.map.get_mut(key) {
-            e.delta = e.delta.saturating_add(units);
+        self.add(key, resource, limit, units, units, now);
+    }
+
+    /// Puts back consumption a sync could not push (it was taken already).
+    pub(super) fn put_back(&self, key: &BucketKey, resource: &str, limit: LimitId, units: i64, now: Timestamp) {
+        self.add(key, resource, limit, units, 0, now);
+    }
+
+    fn add(&self, key: &BucketKey, resource: &str, limit: LimitId, delta: i64, taken: i64, now: Timestamp) {
+        let apply = |e: &mut Dirty| {
+            e.delta = e.delta.saturating_add(delta);
+            e.taken = e.taken.wrapping_add(taken);
             e.touched = now;
+        };
+        if let Some(mut e) = self.map.get_mut(key) {
+            apply(&mut e);
             return;
         }
-        let mut e = self.map.entry(key.clone()).or_insert_with(|| Dirty {
-            resource: resource.to_string(),
-            limit,
-            delta: 0,
-            touched: now,
-            available: 0.0,
-            synced_at: Timestamp::ZERO,
-        });
-        e.delta = e.delta.saturating_add(units);
-        e.touched = now;
+        let mut e = self.map.entry(key.clone()).or_insert_with(|| Dirty::new(resource, limit, now, Timestamp::ZERO));
+        apply(&mut e);
     }
 
     /// Every bucket active within `active` of `now`, with its consumption
-    /// (now reset); the others are forgotten.
-    pub(super) fn drain(&self, now: Timestamp, active: Duration) -> Vec<SyncItem> {
+    /// (now reset) and what `hold` says it could still admit (asked before
+    /// the consumption is taken); the others are forgotten, their keys put
+    /// in `forgotten`.
+    pub(super) fn drain(
+        &self,
+        now: Timestamp,
+        active: Duration,
+        hold: impl Fn(&BucketKey) -> u64,
+        forgotten: &mut Vec<BucketKey>,
+    ) -> Vec<SyncItem> {
         let mut items = Vec::new();
         self.map.retain(|key, d| {
+            if d.flying {
+                return true;
+            }
             let keep = d.delta != 0 || now.saturating_since(d.touched) < duration_nanos(active);
             if keep {
-                items.push(SyncItem { key: key.clone(), resource: d.resource.clone(), limit: d.limit, delta: d.delta });
-                d.delta = 0;
+                items.push(d.item(key, hold(key)));
+            } else {
+                forgotten.push(key.clone());
             }
             keep
         });
         items
     }
 
-    /// One bucket's consumption, now reset.
-    pub(super) fn take(&self, key: &BucketKey) -> i64 {
-        self.map.get_mut(key).map_or(0, |mut d| std::mem::take(&mut d.delta))
+    /// One bucket's sync item (its consumption now reset), `hold` as for
+    /// [`DirtyBuckets::drain`]; `None` while a sync of it is out.
+    pub(super) fn take(&self, key: &BucketKey, resource: &str, hold: u64, now: Timestamp) -> Option<SyncItem> {
+        let mut d =
+            self.map.entry(key.clone()).or_insert_with(|| Dirty::new(resource, key.limit, now, Timestamp::ZERO));
+        (!d.flying).then(|| d.item(key, hold))
     }
 
-    /// Consumption not yet pushed for `key`.
-    pub(super) fn pending(&self, key: &BucketKey) -> i64 {
-        self.map.get(key).map_or(0, |d| d.delta)
+    /// The sync of `key` is over (done or failed): the next may go.
+    pub(super) fn landed(&self, key: &BucketKey) {
+        if let Some(mut d) = self.map.get_mut(key) {
+            d.flying = false;
+        }
+    }
+
+    /// Whether a merged state of sequence `seq` is newer than the last one
+    /// adopted for `key` (it then is the last one).
+    pub(super) fn newer(&self, key: &BucketKey, resource: &str, seq: u64, now: Timestamp) -> bool {
+        let mut d = self.map.entry(key.clone()).or_insert_with(|| Dirty::new(resource, key.limit, now, now));
+        if seq <= d.seq {
+            return false;
+        }
+        d.seq = seq;
+        true
+    }
+
+    /// Units taken here since [`SyncItem::mark`] `mark`.
+    pub(super) fn since(&self, key: &BucketKey, mark: i64) -> i64 {
+        self.map.get(key).map_or(0, |d| d.taken.wrapping_sub(mark))
     }
 
     /// Records what the replicas have in common after a sync; the bucket is
     /// tracked from now on (a sync is not a use, so `touched` stays).
     pub(super) fn synced(&self, key: &BucketKey, resource: &str, available: f64, now: Timestamp) {
-        let mut d = self.map.entry(key.clone()).or_insert_with(|| Dirty {
-            resource: resource.to_string(),
-            limit: key.limit,
-            delta: 0,
-            touched: now,
-            available: 0.0,
-            synced_at: now,
-        });
+        let mut d = self.map.entry(key.clone()).or_insert_with(|| Dirty::new(resource, key.limit, now, now));
         d.available = available;
         d.synced_at = now;
     }

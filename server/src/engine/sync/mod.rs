@@ -295,21 +295,14 @@ impl Replica {
         }
     }
 
-    /// Every replicated bucket active within `active`, with its consumption
-    /// since the last sync (now reset), so that it is pushed and the merged
-    /// state pulled.
-    pub fn drain_dirty(&self, now: Timestamp, active: Duration) -> Vec<SyncItem> {
-        self.dirty.drain(now, active)
-    }
-
-    /// One bucket's consumption since its last sync, now reset (to push it now).
-    pub fn take_dirty(&self, key: &BucketKey) -> i64 {
-        self.dirty.take(key)
+    /// The sync of this item is over, done or not: the next may go out.
+    pub fn landed(&self, item: &SyncItem) {
+        self.dirty.landed(&item.key);
     }
 
     /// Puts back consumption a failed sync could not push.
     pub fn restore_dirty(&self, item: &SyncItem, now: Timestamp) {
-        self.dirty.note(&item.key, &item.resource, item.limit, item.delta, now);
+        self.dirty.put_back(&item.key, &item.resource, item.limit, item.delta, now);
     }
 
     /// Probe outcomes and returned probes waiting to be sent to Redis.
@@ -428,21 +421,69 @@ impl Engine {
         sync.dirty.synced(key, resource, shared.available, self.clock.now());
     }
 
-    /// Replaces a replicated bucket with its lease of the merged state, then
-    /// re-applies what was taken here since the state was read.
-    pub fn adopt(&self, rules: &Installed, resource: &str, key: &BucketKey, shared: &Shared) {
-        let Some(sync) = &self.sync else { return };
-        let Some(alg) = rules.algorithm(key.limit) else { return };
+    /// Every replicated bucket active within `active`, with its consumption
+    /// since the last sync (now reset) and what it could still admit here,
+    /// so that it is pushed and the merged state pulled. The buckets of
+    /// those no longer active go: the lease they hold is no longer kept for
+    /// this replica in Redis, so their next use pulls the merged state.
+    pub fn sync_items(&self, rules: &Installed, now: Timestamp, active: Duration) -> Vec<SyncItem> {
+        let Some(sync) = &self.sync else { return Vec::new() };
+        let mut forgotten = Vec::new();
+        let items = sync.dirty.drain(now, active, |key| self.holding(rules, key, now), &mut forgotten);
+        for key in forgotten {
+            self.buckets.remove(&key);
+        }
+        items
+    }
+
+    /// One replicated bucket's sync item, its consumption now reset (to push
+    /// it now); `None` while another sync of it is out (see
+    /// [`Replica::landed`]).
+    pub fn sync_item(&self, rules: &Installed, resource: &str, key: &BucketKey) -> Option<SyncItem> {
         let now = self.clock.now();
+        let hold = self.holding(rules, key, now);
+        self.sync.as_ref()?.dirty.take(key, resource, hold, now)
+    }
+
+    /// What this replica could still admit from the bucket at `key`.
+    fn holding(&self, rules: &Installed, key: &BucketKey, now: Timestamp) -> u64 {
+        match rules.algorithm(key.limit) {
+            Some(alg) if self.buckets.contains_key(key) => self.buckets.check(key, alg, now, 0).status.remaining,
+            _ => 0,
+        }
+    }
+
+    /// Replaces a replicated bucket with its lease of the merged state, then
+    /// re-applies what was taken here since the sync of `item` went out. A
+    /// state older than one adopted already is left alone (replies to
+    /// concurrent syncs may arrive in any order).
+    pub fn adopt(&self, rules: &Installed, item: &SyncItem, shared: &Shared) {
+        let Some(sync) = &self.sync else { return };
+        let Some(alg) = rules.algorithm(item.key.limit) else { return };
+        let now = self.clock.now();
+        let key = &item.key;
+        if !sync.dirty.newer(key, &item.resource, shared.seq, now) {
+            return;
+        }
         let mut bucket = Bucket::adopt(alg, now, shared, sync.share());
-        let pending = sync.dirty.pending(key);
-        if pending > 0 {
-            bucket.force(alg, now, pending.unsigned_abs());
-        } else if pending < 0 {
-            bucket.refund(alg, now, pending.unsigned_abs());
+        let since = sync.dirty.since(key, item.mark);
+        if since > 0 {
+            bucket.force(alg, now, since.unsigned_abs());
+        } else if since < 0 {
+            bucket.refund(alg, now, since.unsigned_abs());
         }
         self.buckets.put(key.clone(), bucket, now);
-        sync.dirty.synced(key, resource, shared.available, now);
+        // Decisions note what they take before taking it: one that took from
+        // the old bucket while it was replaced is counted now (one that took
+        // from the new bucket is counted twice until the next sync, which
+        // errs on the side of the limit).
+        let later = sync.dirty.since(key, item.mark).wrapping_sub(since);
+        if later > 0 {
+            self.buckets.force(key.clone(), alg, now, later.unsigned_abs());
+        } else if later < 0 {
+            self.buckets.refund(key, alg, now, later.unsigned_abs());
+        }
+        sync.dirty.synced(key, &item.resource, shared.available, now);
     }
 
     /// Redis is back: the buckets strict limits used during the outage go, so

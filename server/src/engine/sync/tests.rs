@@ -14,24 +14,74 @@ fn replicated_buckets_are_synced_while_used_and_dropped_when_idle() {
     let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_700_006_400)));
     let e = Engine::new(EngineConfig { max_keys: 1000, replicated: true }, clock.clone());
     e.install(RuleSet::from_yaml(RULES, "t").unwrap(), RULES.into(), "t".into());
-    let sync = e.sync().expect("replicated");
     let d: HashMap<String, String> = [("user".to_string(), "u1".to_string())].into();
     let rules = e.rules_full();
     for _ in 0..3 {
         e.acquire(&rules, &Request { resource: "r", descriptors: &d, cost: 1, dry_run: false, settle: false }).unwrap();
     }
     let active = Duration::from_secs(10);
-    let items = sync.drain_dirty(clock.now(), active);
-    assert_eq!(items.iter().map(|i| (i.resource.as_str(), i.delta)).collect::<Vec<_>>(), [("r", 3)]);
+    let items = e.sync_items(&rules, clock.now(), active);
+    // Pushed: 3 taken; held: the 7 left in the bucket.
+    assert_eq!(items.iter().map(|i| (i.resource.as_str(), i.delta, i.hold)).collect::<Vec<_>>(), [("r", 3, 7)]);
     // The merged state leases 2 of 7 available; a sync is not a use.
-    let shared = Shared { available: 7.0, lease: 2.0, ..Shared::default() };
-    e.adopt(&rules, "r", &items[0].key, &shared);
+    let shared = Shared { available: 7.0, lease: 2.0, seq: 1, ..Shared::default() };
+    e.adopt(&rules, &items[0], &shared);
+    e.sync().unwrap().landed(&items[0]);
     let alg = rules.algorithm(items[0].key.limit).unwrap();
     assert_eq!(e.buckets().check(&items[0].key, alg, clock.now(), 0).status.remaining, 2);
-    assert_eq!(sync.drain_dirty(clock.now(), active).len(), 1, "still active");
+    let again = e.sync_items(&rules, clock.now(), active);
+    assert_eq!(again.len(), 1, "still active");
     clock.advance(Duration::from_secs(11));
-    e.adopt(&rules, "r", &items[0].key, &shared);
-    assert!(sync.drain_dirty(clock.now(), active).is_empty(), "idle for 11 s: no longer synced");
+    e.adopt(&rules, &again[0], &Shared { seq: 2, ..shared });
+    e.sync().unwrap().landed(&again[0]);
+    assert!(e.sync_items(&rules, clock.now(), active).is_empty(), "idle for 11 s: no longer synced");
+    assert!(!e.buckets().contains_key(&items[0].key), "and its lease is gone: the next use pulls the merged state");
+}
+
+#[test]
+fn a_bucket_has_one_sync_out_and_its_merged_state_counts_what_was_taken_since_it_went_out() {
+    let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_700_006_400)));
+    let e = Engine::new(EngineConfig { max_keys: 1000, replicated: true }, clock.clone());
+    e.install(RuleSet::from_yaml(RULES, "t").unwrap(), RULES.into(), "t".into());
+    let sync = e.sync().expect("replicated");
+    let d: HashMap<String, String> = [("user".to_string(), "u1".to_string())].into();
+    let rules = e.rules_full();
+    let take = |n: usize| {
+        (0..n)
+            .filter(|_| {
+                e.acquire(&rules, &Request { resource: "r", descriptors: &d, cost: 1, dry_run: false, settle: false })
+                    .unwrap()
+                    .verdict
+                    == crate::engine::Verdict::Allowed
+            })
+            .count()
+    };
+    let remaining = |key: &crate::store::BucketKey| {
+        e.buckets().check(key, rules.algorithm(key.limit).unwrap(), clock.now(), 0).status.remaining
+    };
+    assert_eq!(take(2), 2);
+    let active = Duration::from_secs(10);
+    let first = e.sync_items(&rules, clock.now(), active).remove(0);
+    assert_eq!((first.delta, first.hold), (2, 8));
+    // While it is out, neither the next round nor an escalation sends another.
+    assert_eq!(take(1), 1);
+    assert!(e.sync_items(&rules, clock.now(), active).is_empty());
+    assert!(e.sync_item(&rules, "r", &first.key).is_none());
+    // Its reply: a lease of 5, less the 1 taken since it went out.
+    e.adopt(&rules, &first, &Shared { available: 8.0, lease: 5.0, seq: 10, ..Shared::default() });
+    sync.landed(&first);
+    assert_eq!(remaining(&first.key), 4);
+    // Landed: the next goes, with what was taken since the first.
+    let second = e.sync_item(&rules, "r", &first.key).expect("the first landed");
+    assert_eq!((second.delta, second.hold), (1, 4));
+    assert_eq!(take(1), 1);
+    e.adopt(&rules, &second, &Shared { available: 7.0, lease: 4.0, seq: 11, ..Shared::default() });
+    sync.landed(&second);
+    assert_eq!(remaining(&first.key), 3);
+    // A reply older than one adopted (a retried script) changes nothing.
+    e.adopt(&rules, &first, &Shared { available: 8.0, lease: 5.0, seq: 10, ..Shared::default() });
+    assert_eq!(remaining(&first.key), 3);
+    assert_eq!(take(5), 3, "the lease admits what it has left, no more");
 }
 
 #[test]

@@ -4,9 +4,11 @@
 --
 -- Leases are reservations, not consumption: each replica's lease is replaced
 -- at its every sync and expires if the replica stops syncing, and no lease is
--- granted from what other replicas hold. So the replicas together never hold
--- more than is available; what they admit beyond it comes only from their
--- local refill between syncs.
+-- granted from what other replicas hold. What Redis keeps reserved for a
+-- replica is the larger of its new lease and what it still held when the sync
+-- went out (it may admit that much before the reply reaches it). So the
+-- replicas together never hold more than is available; what they admit beyond
+-- it comes only from their local refill between syncs.
 --
 -- KEYS[1]: the resource's marker (see take.lua); then the buckets (one
 -- resource's, so one slot). ARGV[1]: this replica; ARGV[2]: its share
@@ -15,10 +17,13 @@
 -- from what is free; ARGV[5]: a deadline in Redis time, us (0: none), after
 -- which nothing is pushed ({-1}: the replica pushes it again next time);
 -- ARGV[6]: the marker's token as this replica knows it ({-2} unless it is
--- the one in Redis: restore first). Then per bucket six numbers: units to push, and the
--- limit's five numbers.
+-- the one in Redis: restore first). Then per bucket seven numbers: units to
+-- push, what the replica still held as it sent this, and the limit's five
+-- numbers.
 -- Returns per bucket {lease (text), window start us, prev, cur, available
--- (text; negative while a debt is being paid)}.
+-- (text; negative while a debt is being paid), sequence}: the sequence
+-- increases with every reply to this replica for this bucket, so that it
+-- adopts none over a newer one.
 local now = now_us()
 local replica, share, ttl, want = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local deadline = tonumber(ARGV[5])
@@ -27,10 +32,10 @@ if not marked(KEYS[1], ARGV[6]) then return { -2 } end
 redis.call('EXPIRE', KEYS[1], MARKER_TTL)
 local out = {}
 for i = 2, #KEYS do
-  local key, b = KEYS[i], 6 + (i - 2) * 6
-  local delta = tonumber(ARGV[b + 1])
-  local alg = tonumber(ARGV[b + 2])
-  local p = { tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6]) }
+  local key, b = KEYS[i], 6 + (i - 2) * 7
+  local delta, hold = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
+  local alg = tonumber(ARGV[b + 3])
+  local p = { tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6]), tonumber(ARGV[b + 7]) }
   local leases = key .. ':l'
   local s = A[alg].status(key, p, now, 0)
   if delta > 0 then
@@ -44,19 +49,25 @@ for i = 2, #KEYS do
     s = A[alg].status(key, p, now, 0)
   end
   local window = int(s.start or 0)
-  local held = 0
+  -- held: what the other replicas hold; mine: what was reserved for this
+  -- one (what it holds now cannot be more, but for local refill).
+  local held, mine, seq = 0, 0, now
   local all = redis.call('HGETALL', leases)
   for j = 1, #all, 2 do
-    local amount, expiry, w = string.match(all[j + 1], '(%S+) (%S+) (%S+)')
+    local amount, expiry, w, last = string.match(all[j + 1], '(%S+) (%S+) (%S+) ?(%S*)')
+    if all[j] == replica and last ~= '' then seq = math.max(seq, tonumber(last) + 1) end
     if tonumber(expiry) <= now or w ~= window then
       redis.call('HDEL', leases, all[j])
     elseif all[j] ~= replica then
       held = held + tonumber(amount)
+    else
+      mine = tonumber(amount)
     end
   end
   local avail = math.max(s.avail, 0)
   local lease = math.min(math.max(avail - held, 0), math.max(math.ceil(avail * share), want))
-  redis.call('HSET', leases, replica, tostring(lease) .. ' ' .. int(now + ttl) .. ' ' .. window)
+  local reserved = math.max(lease, math.min(hold, mine))
+  redis.call('HSET', leases, replica, tostring(reserved) .. ' ' .. int(now + ttl) .. ' ' .. window .. ' ' .. int(seq))
   expire(leases, ttl)
   table.insert(out, tostring(lease))
   table.insert(out, s.start or 0)
@@ -65,5 +76,6 @@ for i = 2, #KEYS do
   -- What is available in common, negative for a debt (units taken beyond
   -- the limit): every replica waits it out.
   table.insert(out, tostring(s.avail))
+  table.insert(out, seq)
 end
 return out
