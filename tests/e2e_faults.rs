@@ -1,6 +1,7 @@
-//! The fault checker: two real replicas and a real `redis-server` under
-//! seeded random schedules of faults while clients send traffic, and after
-//! each schedule the invariants the README states.
+//! The fault checker: two real replicas and a real `redis-server` (and, for
+//! one schedule, a real three-master Redis Cluster) under seeded random
+//! schedules of faults while clients send traffic, and after each schedule
+//! the invariants the README states.
 //!
 //! A schedule is a list of faults, one after another with gaps between them,
 //! drawn from its seed: Redis stalled (SIGSTOP) or killed and back empty or
@@ -27,10 +28,18 @@
 //!   limit but for charges.
 //! - every replica is ready at the end, and no log has a panic.
 //!
+//! On the cluster, Redis faults are stalls of one master at a time (the
+//! resources on the others go on), with the same replica faults.
+//!
 //! `FLOODGATE_CHAOS_SECONDS` (default 100) bounds the run;
 //! `FLOODGATE_CHAOS_SEED=N` replays one schedule (`FLOODGATE_CHAOS_FAULTS=0,2`
 //! keeps only those of its faults, to narrow a failure down); `FLOODGATE_CHAOS_BASE`
-//! picks the first seed (CI's is fixed, `scripts/chaos` draws one).
+//! picks the first seed (CI's is fixed, `scripts/chaos` draws one);
+//! `FLOODGATE_CHAOS_CLUSTER_SEED=N` replays a cluster schedule.
+
+// Each test runs on its own thread and runtime; the lock held across awaits
+// only makes them take turns.
+#![allow(clippy::await_holding_lock)]
 
 mod support;
 
@@ -39,7 +48,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use floodgate_proto::v1 as pb;
-use support::redis::RedisServer;
+use support::redis::{RedisCluster, RedisServer};
 use support::*;
 use tonic::transport::{Channel, Endpoint};
 
@@ -101,7 +110,8 @@ impl Rng {
 
 #[derive(Clone, Debug)]
 enum Fault {
-    /// SIGSTOP for this long, then SIGCONT.
+    /// SIGSTOP (of Redis, or of one master of a cluster) for this long, then
+    /// SIGCONT.
     Stall(Duration),
     /// SIGKILL; down this long; back with nothing.
     RedisEmpty(Duration),
@@ -127,14 +137,16 @@ impl Fault {
     }
 }
 
-/// A schedule: (start offset, fault), in order.
-fn schedule(seed: u64) -> Vec<(Duration, Fault)> {
+/// A schedule: (start offset, fault), in order. On a cluster, Redis is only
+/// stalled (a master at a time), not restarted.
+fn schedule(seed: u64, cluster: bool) -> Vec<(Duration, Fault)> {
     let mut rng = Rng(seed);
     let mut at = rng.millis(300, 2000);
     let mut out = Vec::new();
     while at < FAULT_SPAN {
         let fault = match rng.below(9) {
             0 | 1 => Fault::Stall(rng.millis(200, 3000)),
+            2 | 3 if cluster => Fault::Stall(rng.millis(100, 2000)),
             2 => Fault::RedisEmpty(rng.millis(100, 2000)),
             3 => Fault::RedisRestart(rng.millis(100, 1500)),
             4 => Fault::KillReplica(rng.below(REPLICAS as u64) as usize, rng.millis(100, 1000)),
@@ -257,9 +269,53 @@ async fn settle_once(channel: &Channel, resource: &str, rng: &mut Rng, patience:
     seen.count(r.map(|r| r.map(|r| r.verdict())));
 }
 
+/// Where the replicas keep their shared state.
+enum Backend {
+    One(RedisServer),
+    Cluster(RedisCluster),
+}
+
+impl Backend {
+    /// The replicas' arguments to reach it.
+    fn args(&self) -> [String; 2] {
+        match self {
+            Backend::One(r) => ["--redis".into(), r.url()],
+            Backend::Cluster(c) => ["--redis-cluster".into(), c.seeds()],
+        }
+    }
+
+    fn nodes(&self) -> &[RedisServer] {
+        match self {
+            Backend::One(r) => std::slice::from_ref(r),
+            Backend::Cluster(c) => &c.nodes,
+        }
+    }
+
+    /// The server to restart (a single one: a cluster's are only stalled).
+    fn single(&mut self) -> &mut RedisServer {
+        match self {
+            Backend::One(r) => r,
+            Backend::Cluster(_) => unreachable!("a cluster's nodes are stalled, not restarted"),
+        }
+    }
+
+    /// The value of the first key matching `pattern` on whichever node has it.
+    fn first_value(&self, pattern: &str, skip: impl Fn(&str) -> bool) -> Option<String> {
+        self.nodes().iter().find_map(|node| {
+            let found = node.cli(&["--scan", "--pattern", pattern]).unwrap_or_default();
+            let key = found.lines().find(|k| !skip(k))?.to_string();
+            node.cli(&["GET", &key])
+        })
+    }
+}
+
 /// The replicas, their Redis and their rules file, kept across schedules.
 struct World {
-    redis: Mutex<RedisServer>,
+    redis: Mutex<Backend>,
+    /// Schedules for a cluster: Redis is stalled a master at a time.
+    cluster: bool,
+    /// Which master the next stall stops.
+    stalls: AtomicU64,
     replicas: Mutex<Vec<Floodgate>>,
     grpc: Vec<String>,
     dir: TempDir,
@@ -270,20 +326,25 @@ struct World {
 }
 
 impl World {
-    fn args(&self, redis: &str) -> Vec<String> {
+    fn args(&self) -> Vec<String> {
         let rules = self.dir.path("rules.yaml");
-        ["--config", path_str(&rules), "--redis", redis, "--sync-interval", "100ms", "--redis-timeout", "50ms"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect()
+        let mut args: Vec<String> =
+            ["--config", path_str(&rules), "--sync-interval", "100ms", "--redis-timeout", "50ms"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+        args.extend(self.redis.lock().unwrap().args());
+        args
     }
 
-    fn start() -> World {
-        let redis = RedisServer::start();
+    fn start(cluster: bool) -> World {
+        let redis = if cluster { Backend::Cluster(RedisCluster::start()) } else { Backend::One(RedisServer::start()) };
         let dir = TempDir::new();
         dir.write("rules.yaml", &rules(0));
         let mut world = World {
             redis: Mutex::new(redis),
+            cluster,
+            stalls: AtomicU64::new(0),
             replicas: Mutex::new(Vec::new()),
             grpc: Vec::new(),
             dir,
@@ -291,8 +352,7 @@ impl World {
             reloads: AtomicU64::new(0),
             override_ids: Mutex::default(),
         };
-        let url = world.redis.lock().unwrap().url();
-        let args = world.args(&url);
+        let args = world.args();
         let replicas: Vec<Floodgate> = (0..REPLICAS).map(|_| Floodgate::start(&strs(&args))).collect();
         for fg in &replicas {
             wait_live(fg, REPLICAS as u32);
@@ -306,25 +366,29 @@ impl World {
     fn inflict(&self, fault: &Fault, rt: &tokio::runtime::Handle, burst: &(String, Arc<Seen>)) {
         match fault {
             Fault::Stall(d) => {
-                let redis = self.redis.lock().unwrap();
+                let backend = self.redis.lock().unwrap();
+                let nodes = backend.nodes();
+                let redis = &nodes[self.stalls.fetch_add(1, Ordering::Relaxed) as usize % nodes.len()];
                 redis.signal("STOP");
                 std::thread::sleep(*d);
                 redis.signal("CONT");
             }
             Fault::RedisEmpty(d) => {
-                let mut redis = self.redis.lock().unwrap();
+                let mut backend = self.redis.lock().unwrap();
+                let redis = backend.single();
                 redis.kill();
                 std::thread::sleep(*d);
                 redis.restart_empty();
             }
             Fault::RedisRestart(d) => {
-                let mut redis = self.redis.lock().unwrap();
+                let mut backend = self.redis.lock().unwrap();
+                let redis = backend.single();
                 redis.shutdown_save();
                 std::thread::sleep(*d);
                 redis.restart();
             }
             Fault::KillReplica(i, d) | Fault::StopReplica(i, d) => {
-                let url = self.redis.lock().unwrap().url();
+                let args = self.args();
                 let mut replicas = self.replicas.lock().unwrap();
                 if matches!(fault, Fault::KillReplica(..)) {
                     signal(replicas[*i].pid(), "KILL");
@@ -332,7 +396,6 @@ impl World {
                     replicas[*i].terminate();
                 }
                 std::thread::sleep(*d);
-                let args = self.args(&url);
                 let next = Floodgate::start_on(&self.grpc[*i], &strs(&args));
                 let dead = std::mem::replace(&mut replicas[*i], next);
                 self.dead_logs.lock().unwrap().push_str(&dead.logs());
@@ -498,11 +561,9 @@ fn settle_arithmetic(
     killed_owing: bool,
 ) -> (u64, Vec<String>) {
     let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    let redis = world.redis.lock().unwrap();
-    let found = redis.cli(&["--scan", "--pattern", &format!("fg:b:{{{name}}}:hourly:fixed_window:*")]);
-    let window =
-        found.unwrap_or_default().lines().find(|k| !k.ends_with(":l") && !k.ends_with(":r")).map(str::to_string);
-    let counted: u64 = window.and_then(|k| redis.cli(&["GET", &k])).and_then(|v| v.parse().ok()).unwrap_or(0);
+    let pattern = format!("fg:b:{{{name}}}:hourly:fixed_window:*");
+    let value = world.redis.lock().unwrap().first_value(&pattern, |k| k.ends_with(":l") || k.ends_with(":r"));
+    let counted: u64 = value.and_then(|v| v.parse().ok()).unwrap_or(0);
     let charges = n(&seen.charged) + n(&seen.charged_unsure);
     let known = n(&seen.settled_units) + n(&seen.charged) + drained;
     let low = known + n(&seen.unsure_low);
@@ -531,7 +592,7 @@ async fn run_schedule(world: &Arc<World>, seed: u64) -> (Vec<String>, String) {
     if into_hour > 3600 - 60 {
         tokio::time::sleep(Duration::from_secs(3600 - into_hour + 1)).await;
     }
-    let plan = schedule(seed);
+    let plan = schedule(seed, world.cluster);
     let tag = format!("{seed:x}");
     // Fresh resources of each glob: every schedule starts from full limits.
     let limits: Vec<(String, Arc<Seen>)> = ["sd", "sl", "rp", "cc", "st"]
@@ -659,23 +720,20 @@ async fn run_schedule(world: &Arc<World>, seed: u64) -> (Vec<String>, String) {
     (broken, text)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn random_fault_schedules_keep_every_stated_invariant() {
-    let env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
-    let seconds = env("FLOODGATE_CHAOS_SECONDS").unwrap_or(100);
-    let (first, only_one) = match env("FLOODGATE_CHAOS_SEED") {
-        Some(seed) => (seed, true),
-        None => (env("FLOODGATE_CHAOS_BASE").unwrap_or(0x5eed_0001), false),
-    };
-    let world = Arc::new(tokio::task::block_in_place(World::start));
+/// Runs schedules from `first` (only that one when `only_one`) for about
+/// `seconds`, on one Redis or a cluster, and fails on any broken invariant.
+async fn run_schedules(cluster: bool, first: u64, only_one: bool, seconds: u64) {
+    let world = Arc::new(tokio::task::block_in_place(|| World::start(cluster)));
     let begun = Instant::now();
     let (mut schedules, mut faults, mut checks) = (0u64, 0u64, 0u64);
     let mut failures = Vec::new();
     let mut seed = first;
+    let (what, replay) =
+        if cluster { ("on a cluster", "FLOODGATE_CHAOS_CLUSTER_SEED") } else { ("", "FLOODGATE_CHAOS_SEED") };
     loop {
         let (broken, text) = run_schedule(&world, seed).await;
         schedules += 1;
-        faults += schedule(seed).len() as u64;
+        faults += schedule(seed, cluster).len() as u64;
         // Per window limit: upper and lower bound; slots; settling (three);
         // readiness per replica; the logs.
         checks += 3 * 2 + 1 + 3 + REPLICAS as u64 + 1;
@@ -683,7 +741,7 @@ async fn random_fault_schedules_keep_every_stated_invariant() {
         for b in &broken {
             println!("  BROKEN: {b}");
             failures.push(format!(
-                "seed {seed}: {b}\n  replay: FLOODGATE_CHAOS_SEED={seed} cargo test --test e2e_faults -- --nocapture"
+                "seed {seed} {what}: {b}\n  replay: {replay}={seed} cargo test --test e2e_faults -- --nocapture"
             ));
         }
         seed = Rng(seed).next();
@@ -693,9 +751,44 @@ async fn random_fault_schedules_keep_every_stated_invariant() {
         }
     }
     println!(
-        "fault checker: {schedules} schedules, {faults} faults, {checks} invariants checked in {:.0} s; {} broken",
+        "fault checker{}: {schedules} schedules, {faults} faults, {checks} invariants checked in {:.0} s; {} broken",
+        if cluster { " (cluster)" } else { "" },
         begun.elapsed().as_secs_f64(),
         failures.len()
     );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+fn env(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_fault_schedules_keep_every_stated_invariant() {
+    let _serial = one_at_a_time();
+    let seconds = env("FLOODGATE_CHAOS_SECONDS").unwrap_or(100);
+    let (first, only_one) = match env("FLOODGATE_CHAOS_SEED") {
+        Some(seed) => (seed, true),
+        None => (env("FLOODGATE_CHAOS_BASE").unwrap_or(0x5eed_0001), false),
+    };
+    if env("FLOODGATE_CHAOS_CLUSTER_SEED").is_some() {
+        println!("not run: FLOODGATE_CHAOS_CLUSTER_SEED replays a cluster schedule");
+        return;
+    }
+    run_schedules(false, first, only_one, seconds).await;
+}
+
+/// The same on a three-master Redis Cluster, one schedule (a master stalled
+/// at a time; replicas killed and stopped; reloads, overrides, cancels):
+/// `FLOODGATE_CHAOS_CLUSTER_SEED` replays another, and `scripts/chaos` runs
+/// one after its single-Redis schedules.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fault_schedule_on_a_redis_cluster_keeps_every_stated_invariant() {
+    let _serial = one_at_a_time();
+    if env("FLOODGATE_CHAOS_SEED").is_some() {
+        println!("not run: FLOODGATE_CHAOS_SEED replays a single-Redis schedule");
+        return;
+    }
+    let seed = env("FLOODGATE_CHAOS_CLUSTER_SEED").or(env("FLOODGATE_CHAOS_BASE")).unwrap_or(0x5eed_c105);
+    run_schedules(true, seed, true, 0).await;
 }
