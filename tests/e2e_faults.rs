@@ -633,20 +633,20 @@ async fn run_schedule(world: &Arc<World>, seed: u64) -> (Vec<String>, String) {
         plan.iter().filter(|(_, f)| matches!(f, Fault::KillReplica(..) | Fault::StopReplica(..))).count() as u64;
     // The README's exception: a replica killed (SIGKILL) before it saw Redis
     // back and paid loses what it admitted on its own: up to the outage's
-    // length of its calls (it notices Redis back within 2 s + one sync).
+    // length of its calls (it notices Redis back within 0.5 s + one sync).
     let unpaid: u64 = plan
         .iter()
         .enumerate()
         .filter(|(_, (_, f))| matches!(f, Fault::KillReplica(..)))
         .filter_map(|(k, (kill_at, _))| {
-            // The last outage before the kill, if the kill came within 2.3 s
+            // The last outage before the kill, if the kill came within 0.8 s
             // of its end.
             let (at, length) = plan[..k].iter().rev().find_map(|(at, f)| match f {
                 Fault::Stall(d) | Fault::RedisEmpty(d) | Fault::RedisRestart(d) => Some((*at, *d)),
                 _ => None,
             })?;
-            let exposed = length + Duration::from_millis(2300);
-            (*kill_at < at + length + Duration::from_millis(2300)).then(|| RATE * exposed.as_millis() as u64 / 1000 + 1)
+            let exposed = length + Duration::from_millis(800);
+            (*kill_at < at + length + Duration::from_millis(800)).then(|| RATE * exposed.as_millis() as u64 / 1000 + 1)
         })
         .sum();
     // What the replicas admit in one sync interval, both together.

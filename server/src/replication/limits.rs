@@ -27,7 +27,7 @@ const KEYS_PER_SCRIPT: usize = 200;
 const ACTIVE: Duration = Duration::from_secs(10);
 /// After restoring a resource Redis lost, how long at least its replicated
 /// buckets take no new lease: longer than a replica's longest wait between
-/// two attempts to reach Redis (2 s), so every replica has put back what it
+/// two attempts to reach Redis (0.5 s) by far, so every replica has put back what it
 /// knew by then.
 const RECOVERY: Duration = Duration::from_millis(2500);
 

@@ -20,6 +20,7 @@ use redis::{ScriptInvocation, Value};
 
 use crate::engine::Engine;
 use crate::engine::sync::Replica;
+use crate::time::Timestamp;
 
 mod adjust;
 mod breakers;
@@ -67,6 +68,11 @@ pub struct Replication {
     instance: String,
     /// One sync at a time: the loop's, or the last one at shutdown.
     syncing: tokio::sync::Mutex<()>,
+    /// When Redis last answered after being away (engine clock, ns): until
+    /// every replica has had time to say it is alive again, the live count
+    /// does not drop (the others' entries expired during the outage; a
+    /// replica that counted itself alone would lease all of every bucket).
+    back_at: std::sync::atomic::AtomicU64,
     /// Woken whenever syncs of replicated buckets land (a bucket has one
     /// sync out at a time; see `lease_now`).
     landed: tokio::sync::Notify,
@@ -93,6 +99,7 @@ impl Replication {
             instance,
             syncing: tokio::sync::Mutex::new(()),
             landed: tokio::sync::Notify::new(),
+            back_at: std::sync::atomic::AtomicU64::new(0),
         });
         r.load_shared_rules().await;
         r.poll_overrides().await;
@@ -168,6 +175,14 @@ impl Replication {
             return false;
         };
         let now = self.engine.clock().now();
+        let sync = self.sync();
+        let ttl = Duration::from_millis(ttl_ms);
+        if !sync.up() && self.connected.load(std::sync::atomic::Ordering::Acquire) {
+            self.back_at.store(now.as_nanos(), std::sync::atomic::Ordering::Release);
+        }
+        let back_at = Timestamp::from_nanos(self.back_at.load(std::sync::atomic::Ordering::Acquire));
+        let returning = back_at != Timestamp::ZERO && now.saturating_since(back_at) < crate::time::duration_nanos(ttl);
+        let live = if returning { live.max(sync.live()) } else { live };
         self.sync().set_live(live);
         self.sync().set_redis_clock(redis_now, now);
         self.sync().forget_idle(now);
@@ -207,13 +222,12 @@ impl Replication {
     }
 }
 
-/// How far apart sync attempts get while Redis is unreachable. Until a
-/// replica sees Redis back, it decides strict limits on its own, and what it
-/// admitted is only in its memory (a crash then loses it). Shorter (0.5 s,
-/// 1 s) was tried: a replicated limit then denied 1.5-2.5% of calls on a
-/// bucket of a million for about 100 ms right after Redis came back
-/// (tests/e2e_redis.rs), not understood yet.
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// How far apart sync attempts get while Redis is unreachable. Short: until
+/// a replica sees Redis back, it decides strict limits on its own, what it
+/// admitted is only in its memory (a crash then loses it), and a Redis that
+/// flaps (back for less than this) is missed, so the replicas' outages no
+/// longer line up.
+const MAX_BACKOFF: Duration = Duration::from_millis(500);
 
 /// Every `--sync-interval`: heartbeat, buckets, breakers. While Redis is
 /// unreachable, the attempts back off up to [`MAX_BACKOFF`] apart.
