@@ -711,6 +711,10 @@ async fn run_schedule(world: &Arc<World>, seed: u64) -> (Vec<String>, String) {
         }
     }
     let logs = world.logs();
+    // To look into a failure: FLOODGATE_CHAOS_LOGS=DIR keeps each schedule's logs.
+    if let Ok(dir) = std::env::var("FLOODGATE_CHAOS_LOGS") {
+        let _ = std::fs::write(std::path::Path::new(&dir).join(format!("{seed}.log")), &logs);
+    }
     if logs.contains("panicked") {
         let line = logs.lines().find(|l| l.contains("panicked")).unwrap_or_default();
         broken.push(format!("a replica panicked: {line}"));

@@ -5,16 +5,16 @@
 --
 -- KEYS[1]: the resource's marker (see take.lua); then the buckets (one
 -- resource's). ARGV[1]: a deadline in Redis time, us (0: none), after which
--- nothing changes ({-1}); ARGV[2]: the marker's token as this replica knows
--- it ({-2} unless it is the one in Redis: restore first). Then per bucket seven numbers: units
+-- nothing changes ({'late'}); ARGV[2]: the marker's token as this replica knows
+-- it ({'lost'} unless it is the one in Redis: restore first). Then per bucket seven numbers: units
 -- (negative: given back), the Redis time of the take they were part of (us;
 -- 0 when unknown: for a give-back, the current window, and nothing from a
 -- sliding log), and the limit's five numbers.
 -- Returns per bucket floor(what is available after), negative for a debt.
 local now = now_us()
 local deadline = tonumber(ARGV[1])
-if deadline > 0 and now > deadline then return { -1 } end
-if not marked(KEYS[1], ARGV[2]) then return { -2 } end
+if deadline > 0 and now > deadline then return { 'late' } end
+if not marked(KEYS[1], ARGV[2]) then return { 'lost' } end
 local out = {}
 for i = 2, #KEYS do
   local key, b = KEYS[i], 2 + (i - 2) * 7

@@ -5,7 +5,7 @@
 -- window kind (1 count, 2 time), window size (calls or seconds), wait in open:
 -- initial us, multiplier, max us, half-open calls, max wait in half-open us.
 -- ARGV[11]: a deadline in Redis time, us (0: none): a script that runs after
--- it changes nothing and returns {-1}, so a probe asked for, or an outcome
+-- it changes nothing and returns {'late'}, so a probe asked for, or an outcome
 -- sent, that the replica gave up on is never applied later (an outcome is
 -- sent again; a probe a replica did not wait for is never counted as out).
 -- States use the proto's numbers: 1 CLOSED, 2 OPEN, 3 HALF_OPEN, 4 FORCED_OPEN,
@@ -15,7 +15,7 @@
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local DEADLINE = tonumber(ARGV[11])
-if DEADLINE > 0 and now > DEADLINE then return { -1 } end
+if DEADLINE > 0 and now > DEADLINE then return { 'late' } end
 local cfg = {}
 for i = 1, 10 do cfg[i] = tonumber(ARGV[i]) end
 local FAIL_T, SLOW_T, MIN, KIND, SIZE, W0, MULT, WMAX, PROBES, HALF_MAX = unpack(cfg)

@@ -15,8 +15,8 @@
 -- (1 / live replicas); ARGV[3]: a lease's time to live, us; ARGV[4]: the
 -- least lease wanted (a request larger than the usual share), granted only
 -- from what is free; ARGV[5]: a deadline in Redis time, us (0: none), after
--- which nothing is pushed ({-1}: the replica pushes it again next time);
--- ARGV[6]: the marker's token as this replica knows it ({-2} unless it is
+-- which nothing is pushed ({'late'}: the replica pushes it again next time);
+-- ARGV[6]: the marker's token as this replica knows it ({'lost'} unless it is
 -- the one in Redis: restore first). Then per bucket seven numbers: units to
 -- push, what the replica still held as it sent this, and the limit's five
 -- numbers.
@@ -27,8 +27,8 @@
 local now = now_us()
 local replica, share, ttl, want = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local deadline = tonumber(ARGV[5])
-if deadline > 0 and now > deadline then return { -1 } end
-if not marked(KEYS[1], ARGV[6]) then return { -2 } end
+if deadline > 0 and now > deadline then return { 'late' } end
+if not marked(KEYS[1], ARGV[6]) then return { 'lost' } end
 redis.call('EXPIRE', KEYS[1], MARKER_TTL)
 local out = {}
 for i = 2, #KEYS do

@@ -4,10 +4,10 @@
 --
 -- KEYS[1]: the resource's marker; then every decision's limits, in order.
 -- ARGV[1]: a deadline in Redis time, us (0: none): a script that runs after
--- it changes nothing and returns {-1}, so a decision the replica gave up on
+-- it changes nothing and returns {'late'}, so a decision the replica gave up on
 -- is never applied later. ARGV[2]: the marker's token as this replica knows
 -- it (see limits.lua): unless it is the one in Redis, nothing is decided and
--- {-2} asks the replica to restore what it holds first. ARGV[3]: the number of
+-- {'lost'} asks the replica to restore what it holds first. ARGV[3]: the number of
 -- decisions; then per decision: its cost, its number of limits n, and five
 -- numbers per limit.
 -- Returns Redis's time (us: the instant every decision here took its units,
@@ -15,8 +15,8 @@
 -- ok, floor(avail after), reset us, retry us, wait us}.
 local now = now_us()
 local deadline = tonumber(ARGV[1])
-if deadline > 0 and now > deadline then return { -1 } end
-if not marked(KEYS[1], ARGV[2]) then return { -2 } end
+if deadline > 0 and now > deadline then return { 'late' } end
+if not marked(KEYS[1], ARGV[2]) then return { 'lost' } end
 local out = { now }
 local a, k = 4, 1
 for _ = 1, tonumber(ARGV[3]) do
