@@ -316,6 +316,30 @@ async fn charge_and_settle_reach_strict_limits_in_redis() {
     assert_eq!(admitted, 5, "the estimate's 5 came back, not the others'");
 }
 
+/// A strict Charge that leaves a bucket owing 1 or 2 is done once. Redis's
+/// answer is what the bucket has left, and -1 and -2 used to be the words for
+/// "too late" (so the charge was asked again) and "Redis lost the resource"
+/// (so a stale figure was restored, and the charge asked again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strict_charge_into_a_debt_of_one_or_two_is_taken_once() {
+    let (redis, _dir, args) = replicated(STRICT);
+    let fg = Floodgate::start(&strs(&args));
+    let mut c = fg.client().await;
+    for (user, cost, left) in [("one", 1001, -1.0), ("two", 1002, -2.0), ("three", 1003, -3.0)] {
+        let charge = pb::ChargeRequest {
+            resource: "strict".into(),
+            descriptors: HashMap::from([("user".into(), user.into())]),
+            cost,
+        };
+        let charged = c.charge(charge).await.unwrap().into_inner();
+        assert!(charged.limits[0].exceeded, "{charged:?}");
+        let key = format!("fg:b:{{strict}}:tokens:token_bucket:{user}");
+        let tokens: f64 = redis.cli(&["HGET", &key, "t"]).and_then(|t| t.parse().ok()).unwrap();
+        assert!((tokens - left).abs() < 0.1, "{user}: Charge {cost} on 1000 left {tokens} in Redis, not {left}");
+    }
+    assert!(!fg.logs().contains("Redis had lost"), "nothing was lost: {}", fg.logs());
+}
+
 /// A debt on a replicated bucket is the replicas' debt: Charge 40 on a bucket
 /// of 10 refilling 1/s through A, and B waits it out too (before: both said
 /// 1 s and admitted as the local bucket refilled).
