@@ -22,6 +22,8 @@
 //!   less the same slack (a lease lost for good would show here).
 //! - concurrency slots: once `permit_ttl` has passed, every replica grants
 //!   all of its slots again (none lost to a cancelled call or a dead client).
+//! - a breaker whose calls all fail admits at most what it needs to open
+//!   and then its probes, counted across the replicas.
 //! - settle and Charge (a `strict`, `deny` window taking estimates of 4
 //!   settled at 0-4, and charges of 1): what Redis counts is what the
 //!   clients know was taken, within what they cannot know, and at most the
@@ -61,6 +63,10 @@ const PERMIT_TTL: Duration = Duration::from_secs(2);
 const RATE: u64 = 20;
 const SYNC: Duration = Duration::from_millis(100);
 const REPLICAS: usize = 2;
+/// The `br-` breaker: calls it needs to open, and probes per half-open
+/// period (it waits 1 s open). Every call it admits fails.
+const BREAKER_MINIMUM: u64 = 4;
+const HALF_OPEN_CALLS: u64 = 2;
 /// Faults happen within this much of a schedule's start.
 const FAULT_SPAN: Duration = Duration::from_secs(12);
 
@@ -78,6 +84,14 @@ resources:
     limits: [ {{ name: hourly, algorithm: fixed_window, limit: {LIMIT}, window: 1h, sync: strict, on_redis_error: deny }} ]
   - name: "cc-*"
     concurrency: {{ max_in_flight: {SLOTS}, permit_ttl: 2s }}
+  - name: "br-*"
+    breaker:
+      window: {{ kind: count, size: 10 }}
+      minimum_calls: {BREAKER_MINIMUM}
+      failure_rate_threshold: 0.5
+      wait_in_open: 1s
+      half_open_calls: {HALF_OPEN_CALLS}
+      max_wait_in_half_open: 2s
   - name: ov
     limits: [ {{ name: per-tenant, key: [tenant], algorithm: token_bucket, capacity: 1000, refill_per_second: 100 }} ]
   # reload {noise}
@@ -480,15 +494,19 @@ async fn traffic(grpc: Vec<String>, resource: String, seen: Arc<Seen>, stop: Arc
                     continue;
                 }
                 let r = ask(&channel, &resource, patience).await;
-                let slot = resource.starts_with("cc-");
-                if slot && let Some(Ok(p)) = &r {
-                    // Half the permits are reported; the rest are left to expire.
-                    if p.verdict() == pb::Verdict::Allowed && rng.below(2) == 0 {
+                let (slot, breaker) = (resource.starts_with("cc-"), resource.starts_with("br-"));
+                if (slot || breaker)
+                    && let Some(Ok(p)) = &r
+                {
+                    // Half the slots' permits are reported; the rest are left
+                    // to expire. Every call the breaker admits fails.
+                    if p.verdict() == pb::Verdict::Allowed && (breaker || rng.below(2) == 0) {
                         let mut c = pb::floodgate_client::FloodgateClient::new(channel.clone());
+                        let outcome = if breaker { pb::Outcome::Failure } else { pb::Outcome::Success };
                         let report = pb::ReportOutcomeRequest {
                             resource: resource.clone(),
                             permit_id: p.permit_id.clone(),
-                            outcome: pb::Outcome::Success as i32,
+                            outcome: outcome as i32,
                             ..Default::default()
                         };
                         let _ = tokio::time::timeout(Duration::from_secs(2), c.report_outcome(report)).await;
@@ -562,7 +580,11 @@ fn settle_arithmetic(
 ) -> (u64, Vec<String>) {
     let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let pattern = format!("fg:b:{{{name}}}:hourly:fixed_window:*");
-    let value = world.redis.lock().unwrap().first_value(&pattern, |k| k.ends_with(":l") || k.ends_with(":r"));
+    let value = world
+        .redis
+        .lock()
+        .unwrap()
+        .first_value(&pattern, |k| k.ends_with(":l") || k.ends_with(":r") || k.ends_with(":p"));
     let counted: u64 = value.and_then(|v| v.parse().ok()).unwrap_or(0);
     let charges = n(&seen.charged) + n(&seen.charged_unsure);
     let known = n(&seen.settled_units) + n(&seen.charged) + drained;
@@ -595,7 +617,7 @@ async fn run_schedule(world: &Arc<World>, seed: u64) -> (Vec<String>, String) {
     let plan = schedule(seed, world.cluster);
     let tag = format!("{seed:x}");
     // Fresh resources of each glob: every schedule starts from full limits.
-    let limits: Vec<(String, Arc<Seen>)> = ["sd", "sl", "rp", "cc", "st"]
+    let limits: Vec<(String, Arc<Seen>)> = ["sd", "sl", "rp", "cc", "st", "br"]
         .iter()
         .map(|kind| (format!("{kind}-{tag}"), Arc::new(Seen::default())))
         .collect();
@@ -624,6 +646,7 @@ async fn run_schedule(world: &Arc<World>, seed: u64) -> (Vec<String>, String) {
     for t in traffic_tasks {
         t.await.unwrap();
     }
+    let traffic_time = started.elapsed();
     // Redis back, debts paid, leases of the dead expired (3 syncs), permits
     // past their TTL.
     tokio::time::sleep(PERMIT_TTL + Duration::from_millis(1500)).await;
@@ -657,6 +680,24 @@ async fn run_schedule(world: &Arc<World>, seed: u64) -> (Vec<String>, String) {
         let allowed = seen.allowed.load(Ordering::Relaxed);
         let cancelled = seen.cancelled.load(Ordering::Relaxed);
         let errors = seen.errors.load(Ordering::Relaxed);
+        if name.starts_with("br-") {
+            // Calls failing all along: the breaker admits, per replica, the
+            // calls it needs to open (again after a replica starts afresh or
+            // Redis loses the shared state) and a sync interval's more, then
+            // per second open at most its probes, counted across replicas
+            // (per replica while Redis is away).
+            let restarts = kills + plan.iter().filter(|(_, f)| matches!(f, Fault::RedisEmpty(_))).count() as u64;
+            let opening = REPLICAS as u64 * (BREAKER_MINIMUM + RATE / 2);
+            let seconds = traffic_time.as_secs() + 1;
+            let upper = (1 + restarts) * opening + seconds * HALF_OPEN_CALLS * REPLICAS as u64;
+            if allowed > upper {
+                broken.push(format!(
+                    "{name}: a breaker fed only failures admitted {allowed} calls in {seconds} s; at most {upper}"
+                ));
+            }
+            figures.push(format!("{name}: {allowed} admitted of calls that all fail (at most {upper})"));
+            continue;
+        }
         if name.starts_with("cc-") {
             if let Err(e) = slots_all_free(&world.grpc, name).await {
                 broken.push(e);
@@ -739,8 +780,8 @@ async fn run_schedules(cluster: bool, first: u64, only_one: bool, seconds: u64) 
         schedules += 1;
         faults += schedule(seed, cluster).len() as u64;
         // Per window limit: upper and lower bound; slots; settling (three);
-        // readiness per replica; the logs.
-        checks += 3 * 2 + 1 + 3 + REPLICAS as u64 + 1;
+        // the breaker; readiness per replica; the logs.
+        checks += 3 * 2 + 1 + 3 + 1 + REPLICAS as u64 + 1;
         println!("{text}");
         for b in &broken {
             println!("  BROKEN: {b}");
@@ -793,6 +834,8 @@ async fn a_fault_schedule_on_a_redis_cluster_keeps_every_stated_invariant() {
         println!("not run: FLOODGATE_CHAOS_SEED replays a single-Redis schedule");
         return;
     }
-    let seed = env("FLOODGATE_CHAOS_CLUSTER_SEED").or(env("FLOODGATE_CHAOS_BASE")).unwrap_or(0x5eed_c105);
+    // A seed of its own, not the single-Redis run's first.
+    let base = env("FLOODGATE_CHAOS_BASE").map(|b| Rng(b ^ 0xc105_7e25).next());
+    let seed = env("FLOODGATE_CHAOS_CLUSTER_SEED").or(base).unwrap_or(0x5eed_c105);
     run_schedules(true, seed, true, 0).await;
 }

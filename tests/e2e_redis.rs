@@ -182,7 +182,10 @@ fn replicated_windows_never_admit_past_their_limit_while_both_replicas_sync_at_o
         let pattern = format!("fg:b:{{{resource}}}:*");
         let window = || {
             let found = redis.cli(&["--scan", "--pattern", &pattern]).unwrap_or_default();
-            let key = found.lines().find(|k| !k.ends_with(":l") && !k.ends_with(":r")).map(str::to_string);
+            let key = found
+                .lines()
+                .find(|k| !k.ends_with(":l") && !k.ends_with(":r") && !k.ends_with(":p"))
+                .map(str::to_string);
             key.and_then(|k| redis.cli(&["GET", &k])).and_then(|n| n.trim().parse::<u64>().ok()).unwrap_or(0)
         };
         let deadline = Instant::now() + Duration::from_secs(5);

@@ -437,7 +437,7 @@ impl Replication {
                 Some((_, limit)) => (bucket_key(&item.resource, limit, &item.key), limit_args(&limit.algorithm, now)),
                 None => (format!("fg:b:{{{}}}:gone", super::conn::tag(&item.resource)), [4.0, 1.0, 1e6, 0.0, 0.0]),
             };
-            invocation.key(key).arg(item.delta).arg(item.hold).arg(&args[..]);
+            invocation.key(key).arg(item.delta).arg(item.hold).arg(item.epoch).arg(item.mark).arg(&args[..]);
         }
         let n = batch.len();
         self.run(ScriptName::Sync, invocation, |v| wire::parse_sync(v, n)).await

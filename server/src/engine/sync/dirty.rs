@@ -18,8 +18,12 @@ struct Dirty {
     /// (a settled estimate) than taken.
     delta: i64,
     /// Units taken here in all, net (never reset): a sync notes it when it
-    /// goes out, and on its reply re-applies what was taken since.
+    /// goes out, and on its reply re-applies what was taken since. Redis
+    /// keeps the last total it applied, so a push is never counted twice.
     taken: i64,
+    /// When this count of `taken` started (us): a bucket forgotten and used
+    /// again counts from 0 in a new epoch.
+    epoch: u64,
     /// The newest merged state adopted (its sequence in Redis): an older
     /// reply that arrives later is not adopted over it.
     seq: u64,
@@ -42,6 +46,7 @@ impl Dirty {
             taken: 0,
             seq: 0,
             flying: false,
+            epoch: touched.as_nanos() / 1000,
             touched,
             available: 0.0,
             synced_at,
@@ -59,6 +64,7 @@ impl Dirty {
             delta: std::mem::take(&mut self.delta),
             hold,
             mark: self.taken,
+            epoch: self.epoch,
         }
     }
 }
@@ -84,8 +90,9 @@ pub struct SyncItem {
     /// as the sync went out: Redis keeps at least that much reserved for it
     /// until its next sync, since it may admit that much before the reply.
     pub hold: u64,
-    /// [`Dirty::taken`] as the sync went out.
+    /// [`Dirty::taken`] as the sync went out, and its epoch.
     pub mark: i64,
+    pub epoch: u64,
 }
 
 #[derive(Debug, Default)]

@@ -274,6 +274,9 @@ A[CODE.sliding_window] = {
 -- token then. So every replica that knew something of a lost resource puts
 -- it back, not only the first to notice.
 local MARKER_TTL = 604800
+-- How long Redis remembers what a replica last pushed to a bucket (s): longer
+-- than any outage a replica's unanswered push waits out.
+local PUSHED_TTL = 86400
 local function marked(key, known)
   return known ~= '' and redis.call('GET', key) == known
 end

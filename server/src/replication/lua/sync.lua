@@ -17,9 +17,17 @@
 -- from what is free; ARGV[5]: a deadline in Redis time, us (0: none), after
 -- which nothing is pushed ({'late'}: the replica pushes it again next time);
 -- ARGV[6]: the marker's token as this replica knows it ({'lost'} unless it is
--- the one in Redis: restore first). Then per bucket seven numbers: units to
--- push, what the replica still held as it sent this, and the limit's five
+-- the one in Redis: restore first). Then per bucket nine numbers: units to
+-- push, what the replica still held as it sent this, its count of what it
+-- took (an epoch, and the net total taken in it), and the limit's five
 -- numbers.
+--
+-- Pushes are idempotent: Redis keeps per replica the total it last applied
+-- (`key:p`), and of the same epoch applies only what the total adds to it. A
+-- sync that ran but whose answer never reached the replica (a timeout on a
+-- busy machine) is pushed again with the next, and its units count once.
+-- Without a record (the first push of an epoch, or Redis lost it) the units
+-- to push are what the replica says it has not pushed.
 -- Returns per bucket {lease (text), window start us, prev, cur, available
 -- (text; negative while a debt is being paid), sequence}: the sequence
 -- increases with every reply to this replica for this bucket, so that it
@@ -32,10 +40,19 @@ if not marked(KEYS[1], ARGV[6]) then return { 'lost' } end
 redis.call('EXPIRE', KEYS[1], MARKER_TTL)
 local out = {}
 for i = 2, #KEYS do
-  local key, b = KEYS[i], 6 + (i - 2) * 7
+  local key, b = KEYS[i], 6 + (i - 2) * 9
   local delta, hold = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
-  local alg = tonumber(ARGV[b + 3])
-  local p = { tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6]), tonumber(ARGV[b + 7]) }
+  local epoch, total = ARGV[b + 3], tonumber(ARGV[b + 4])
+  local alg = tonumber(ARGV[b + 5])
+  local p = { tonumber(ARGV[b + 6]), tonumber(ARGV[b + 7]), tonumber(ARGV[b + 8]), tonumber(ARGV[b + 9]) }
+  local pushed = key .. ':p'
+  local last = redis.call('HGET', pushed, replica)
+  if last then
+    local e, t = string.match(last, '(%S+) (%S+)')
+    if e == epoch then delta = total - tonumber(t) end
+  end
+  redis.call('HSET', pushed, replica, epoch .. ' ' .. int(total))
+  redis.call('EXPIRE', pushed, PUSHED_TTL)
   local leases = key .. ':l'
   local s = A[alg].status(key, p, now, 0)
   if delta > 0 then
