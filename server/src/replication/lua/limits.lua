@@ -275,8 +275,9 @@ A[CODE.sliding_window] = {
 -- it back, not only the first to notice.
 local MARKER_TTL = 604800
 -- How long Redis remembers what a replica last pushed to a bucket (s): longer
--- than any outage a replica's unanswered push waits out.
-local PUSHED_TTL = 86400
+-- than most outages a replica's unanswered push waits out, short enough that
+-- buckets of many keys do not pile up (one small hash per active bucket).
+local PUSHED_TTL = 3600
 local function marked(key, known)
   return known ~= '' and redis.call('GET', key) == known
 end
