@@ -49,8 +49,19 @@ const step = (word) => console.log(word);
     await nextLine();
 
     await use(adminToken);
-    await page.click('#breakers tr[data-resource="payments"] button[data-action="CLOSED"]');
-    await page.locator("#message", { hasText: "Breaker payments is CLOSED" }).waitFor({ timeout: 10000 });
+    // The page redraws the table once the new token is read: a click that
+    // lands on the row being replaced is lost, so click until it takes (on a
+    // busy machine the redraw can come after the first click).
+    const done = page.locator("#message", { hasText: "Breaker payments is CLOSED" });
+    for (let attempt = 0; ; attempt++) {
+      await page.click('#breakers tr[data-resource="payments"] button[data-action="CLOSED"]');
+      try {
+        await done.waitFor({ timeout: 10000 });
+        break;
+      } catch (e) {
+        if (attempt >= 2) throw e;
+      }
+    }
     await state.filter({ hasText: /^CLOSED$/ }).waitFor({ timeout: 10000 });
     step("RESET");
 
