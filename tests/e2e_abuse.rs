@@ -66,6 +66,10 @@ fn traffic_p99(grpc: &str, seconds: u32) -> (f64, serde_json::Value) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rules_upload_cannot_freeze_the_server() {
     let (_dir, fg) = start(&["--threads", "2"]);
+    // The same traffic alone first: on a machine busy with other work the
+    // bound is relative to what it does there without the attack.
+    let grpc = fg.grpc.clone();
+    let (quiet, _) = tokio::task::spawn_blocking(move || traffic_p99(&grpc, 2)).await.unwrap();
     let attack = {
         let url = fg.url();
         tokio::spawn(async move {
@@ -93,9 +97,15 @@ async fn a_rules_upload_cannot_freeze_the_server() {
     let grpc = fg.grpc.clone();
     let (p99, errors) = tokio::task::spawn_blocking(move || traffic_p99(&grpc, 3)).await.unwrap();
     let refused = attack.await.unwrap();
-    println!("ApplyRules of 200,000 '[' refused {refused} times in 3 s; Acquire p99 meanwhile {p99:.2} ms");
+    println!(
+        "ApplyRules of 200,000 '[' refused {refused} times in 3 s; Acquire p99 meanwhile {p99:.2} ms ({quiet:.2} ms without)"
+    );
     assert_eq!(errors, serde_json::json!({}), "no Acquire failed during the attack");
-    assert!(p99 < 1000.0, "Acquire p99 {p99:.1} ms while rules uploads were refused: the server froze");
+    let bound = (10.0 * quiet).max(1000.0);
+    assert!(
+        p99 < bound,
+        "Acquire p99 {p99:.1} ms while rules uploads were refused ({quiet:.1} ms without): the server froze"
+    );
     assert!(refused > 10, "only {refused} uploads answered in 3 s");
 
     let mut admin = fg.admin().await;
