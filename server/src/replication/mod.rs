@@ -168,24 +168,23 @@ impl Replication {
 
     /// Registers this replica and counts the live ones.
     async fn heartbeat(&self) -> bool {
-        let ttl_ms = (self.config.sync_interval * 5).max(Duration::from_secs(1)).as_millis() as u64;
+        let ttl = (self.config.sync_interval * 5).max(Duration::from_secs(1));
         let mut invocation = self.scripts.get(ScriptName::Heartbeat).prepare_invoke();
-        invocation.key(scripts::REPLICAS).arg(&self.instance).arg(ttl_ms);
+        invocation.key(scripts::REPLICAS).arg(&self.instance).arg(ttl.as_millis() as u64);
         let Some((live, redis_now)) = self.run(ScriptName::Heartbeat, invocation, wire::parse_live).await else {
             return false;
         };
         let now = self.engine.clock().now();
         let sync = self.sync();
-        let ttl = Duration::from_millis(ttl_ms);
         if !sync.up() && self.connected.load(std::sync::atomic::Ordering::Acquire) {
             self.back_at.store(now.as_nanos(), std::sync::atomic::Ordering::Release);
         }
         let back_at = Timestamp::from_nanos(self.back_at.load(std::sync::atomic::Ordering::Acquire));
         let returning = back_at != Timestamp::ZERO && now.saturating_since(back_at) < crate::time::duration_nanos(ttl);
         let live = if returning { live.max(sync.live()) } else { live };
-        self.sync().set_live(live);
-        self.sync().set_redis_clock(redis_now, now);
-        self.sync().forget_idle(now);
+        sync.set_live(live);
+        sync.set_redis_clock(redis_now, now);
+        sync.forget_idle(now);
         metrics::gauge!(crate::metrics::LIVE_REPLICAS).set(f64::from(live));
         true
     }
