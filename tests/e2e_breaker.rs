@@ -31,16 +31,6 @@ fn start() -> (Floodgate, TempDir) {
     (Floodgate::start(&["--config", path_str(&file)]), dir)
 }
 
-fn report(resource: &str, permit: &str, outcome: pb::Outcome) -> pb::ReportOutcomeRequest {
-    pb::ReportOutcomeRequest {
-        resource: resource.into(),
-        permit_id: permit.into(),
-        outcome: outcome as i32,
-        latency: Some(prost_types::Duration { seconds: 0, nanos: 5_000_000 }),
-        actual_cost: None,
-    }
-}
-
 fn transitions(events: &[pb::WatchEvent]) -> Vec<(pb::BreakerState, pb::BreakerState)> {
     events
         .iter()

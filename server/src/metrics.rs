@@ -41,6 +41,7 @@ pub const REDIS_SYNC_DURATION: &str = "floodgate_redis_sync_duration_seconds";
 pub const REDIS_SYNC_LAG: &str = "floodgate_redis_sync_lag_seconds";
 pub const LIVE_REPLICAS: &str = "floodgate_live_replicas";
 pub const REDIS_ESCALATIONS: &str = "floodgate_redis_escalations_total";
+pub const REPORTS_FORWARDED: &str = "floodgate_reports_forwarded_total";
 pub const REDIS_LATE: &str = "floodgate_redis_late_total";
 pub const REDIS_RESTORES: &str = "floodgate_redis_restores_total";
 pub const REDIS_DEBTS_PAID: &str = "floodgate_redis_debts_paid_total";
@@ -116,6 +117,10 @@ fn describe() {
     describe_gauge!(REDIS_SYNC_LAG, metrics::Unit::Seconds, "Time since the last complete sync with Redis");
     describe_gauge!(LIVE_REPLICAS, "Replicas registered in Redis with a live heartbeat");
     describe_counter!(REDIS_ESCALATIONS, "Replicated decisions sent to Redis because this replica's lease was short");
+    describe_counter!(
+        REPORTS_FORWARDED,
+        "Reports of permits another replica issued, passed on to it (result: answered, unanswered, undelivered, refused, dropped)"
+    );
     describe_counter!(REDIS_LATE, "Strict decisions Redis ran after their deadline (changing nothing) and asked again");
     describe_counter!(REDIS_RESTORES, "Resources whose state Redis had lost, restored from what this replica knew");
     describe_counter!(

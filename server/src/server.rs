@@ -210,6 +210,7 @@ fn spawn_background(
         // already; this removes them within a second.
         crate::runtime::every(Duration::from_secs(1), decider, |d| async move { d.expire_overrides().await }),
     ]);
+    tasks.extend(decider.spawn_forwarded_reports());
     if let Some(handle) = prometheus {
         tasks.push(crate::runtime::every(Duration::from_secs(5), decider, move |_| {
             let handle = handle.clone();

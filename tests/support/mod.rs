@@ -312,6 +312,17 @@ pub fn path_str(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
+/// A ReportOutcome of `permit` with a 5 ms latency.
+pub fn report(resource: &str, permit: &str, outcome: pb::Outcome) -> pb::ReportOutcomeRequest {
+    pb::ReportOutcomeRequest {
+        resource: resource.into(),
+        permit_id: permit.into(),
+        outcome: outcome as i32,
+        latency: Some(prost_types::Duration { seconds: 0, nanos: 5_000_000 }),
+        actual_cost: None,
+    }
+}
+
 pub fn acquire(resource: &str, descriptors: &[(&str, &str)], cost: u32) -> pb::AcquireRequest {
     pb::AcquireRequest {
         resource: resource.to_string(),

@@ -1,6 +1,8 @@
 //! Decisions and what comes back after them: Acquire (one or a batch),
 //! ReportOutcome (one or a batch), Charge and Peek.
 
+use std::sync::Arc;
+
 use super::Decider;
 use crate::engine::request::check_batch;
 use crate::engine::settle::{Charged, Strict};
@@ -81,8 +83,43 @@ impl Decider {
         if let Some(replication) = &self.replication {
             self.adjust_strict(replication, strict).await;
             replication.after_report().await;
+            if !reported.counted {
+                return self.forward(replication, r).await.unwrap_or(Ok(reported));
+            }
         }
         Ok(reported)
+    }
+
+    /// A report of a permit another live replica issued, passed on to it.
+    async fn forward(&self, replication: &Replication, r: &Report<'_>) -> Option<Result<Reported, RequestError>> {
+        Some(match replication.forward(r).await? {
+            Err(RequestError::PermitResourceMismatch { .. }) => {
+                Err(RequestError::PermitResourceMismatch { resource: r.resource.to_string() })
+            }
+            answer => answer,
+        })
+    }
+
+    /// Handles the reports other replicas pass on for permits this one
+    /// issued, until the server stops; `None` without Redis.
+    pub fn spawn_forwarded_reports(self: &Arc<Self>) -> Option<tokio::task::JoinHandle<()>> {
+        let mut inbox = self.replication.as_ref()?.forwarded_reports()?;
+        let weak = Arc::downgrade(self);
+        // A few at a time: each may wait on Redis (a strict settle).
+        let room = Arc::new(tokio::sync::Semaphore::new(64));
+        Some(tokio::spawn(async move {
+            while let Some(f) = inbox.recv().await {
+                let Some(decider) = weak.upgrade() else { return };
+                let Ok(seat) = room.clone().acquire_owned().await else { return };
+                tokio::spawn(async move {
+                    let answer = decider.report(&f.report()).await;
+                    if let Some(replication) = &decider.replication {
+                        replication.answer_forwarded(&f, &answer).await;
+                    }
+                    drop(seat);
+                });
+            }
+        }))
     }
 
     /// Many outcomes, in order; the first that cannot be taken stops the batch.
@@ -112,6 +149,16 @@ impl Decider {
                 self.adjust_strict(replication, adjust).await;
             }
             replication.after_report().await;
+            for (one, r) in reported.iter_mut().zip(reports).filter(|(one, _)| !one.counted) {
+                match self.forward(replication, r).await {
+                    Some(Ok(answer)) => *one = answer,
+                    Some(Err(e)) => {
+                        let i = reports.iter().position(|x| std::ptr::eq(x, r)).unwrap_or_default();
+                        return Err(e.in_batch(field, i));
+                    }
+                    None => {}
+                }
+            }
         }
         refused.map_or(Ok(reported), Err)
     }

@@ -11,7 +11,7 @@ use super::counters::RuleMetrics;
 use super::guards::{Denial, PermitId};
 use super::installed::RuleHandles;
 use super::request::{self, Descriptors, Request, RequestError};
-use super::sync::{RemoteBreaker, decided_by_redis};
+use super::sync::{RemoteBreaker, RemoteSlot, decided_by_redis};
 use super::{Engine, Installed};
 use crate::breaker;
 use crate::limiter::{Decision, Status};
@@ -89,6 +89,8 @@ pub struct Prepared<'r> {
     pub(super) gate: bool,
     /// Redis's answer when the resource's breaker needed a probe.
     pub(super) remote_breaker: Option<RemoteBreaker>,
+    /// Redis's answer for a strict concurrency slot.
+    pub(super) remote_slot: Option<RemoteSlot>,
     /// An override blocks the request: its `retry_after` and the values.
     pub(super) blocked: Option<(Duration, String)>,
 }
@@ -97,6 +99,20 @@ impl Prepared<'_> {
     /// Decides the breaker as the shared breaker answered.
     pub fn set_remote_breaker(&mut self, answer: RemoteBreaker) {
         self.remote_breaker = Some(answer);
+    }
+
+    /// Decides a strict concurrency limit as Redis answered.
+    pub fn set_remote_slot(&mut self, answer: RemoteSlot) {
+        self.remote_slot = Some(answer);
+    }
+
+    /// The matched rule's concurrency limit, when the call is decided (not
+    /// a dry run, not a gate) and so would take a slot.
+    pub fn concurrency(&self) -> Option<&crate::rules::Concurrency> {
+        if self.dry_run || self.gate || !self.guarded {
+            return None;
+        }
+        self.rule.and_then(|(r, _)| r.concurrency.as_ref())
     }
 
     /// The replicated limits' buckets this process does not hold yet.
@@ -260,6 +276,7 @@ impl Engine {
             dry_run: req.dry_run,
             gate: false,
             remote_breaker: None,
+            remote_slot: None,
             blocked,
         })
     }

@@ -3,9 +3,10 @@
 
 use std::time::Duration;
 
-use super::guards::Permit;
+use super::guards::{Permit, PermitId};
 use super::request::{self, RequestError};
 use super::sync::RemoteOutcome;
+use super::sync::SlotOp;
 use super::{Engine, Installed};
 use crate::breaker::{Info, Outcome, State};
 use crate::degradation::{Level, LevelChange};
@@ -56,7 +57,7 @@ impl Engine {
         outcome: Outcome,
         latency: Option<Duration>,
     ) -> Result<Reported, RequestError> {
-        let Some(permit) = self.permits.take(permit_id, resource)? else {
+        let Some((id, permit)) = self.permits.take(permit_id, resource)? else {
             outcome_counter(rules, resource, outcome, "unknown");
             return Ok(Reported { counted: false, breaker_state: self.current_state(rules, resource), settled: false });
         };
@@ -64,7 +65,7 @@ impl Engine {
         if permit.expires_at <= now {
             outcome_counter(rules, &permit.resource, outcome, "expired");
             let state = self.current_state(rules, &permit.resource);
-            self.release(permit, now);
+            self.release(permit, id, now);
             return Ok(Reported { counted: false, breaker_state: state, settled: false });
         }
         permit.guarded.touch(now);
@@ -84,7 +85,7 @@ impl Engine {
             _ => None,
         };
         outcome_counter(rules, &permit.resource, outcome, "counted");
-        self.release(permit, now);
+        self.release(permit, id, now);
         Ok(Reported { counted: true, breaker_state: state, settled: false })
     }
 
@@ -116,9 +117,12 @@ impl Engine {
         Some(state)
     }
 
-    fn release(&self, permit: Permit, now: Timestamp) {
+    fn release(&self, permit: Permit, id: PermitId, now: Timestamp) {
         if permit.holds_slot {
             permit.guarded.release_slot_after(Duration::from_nanos(now.saturating_since(permit.issued_at)));
+        }
+        if let (true, Some(sync)) = (permit.strict_slot, &self.sync) {
+            sync.push_slot_op(SlotOp::Give { resource: permit.resource, id });
         }
     }
 
@@ -131,9 +135,9 @@ impl Engine {
     /// reopen breakers whose probes did not report, re-evaluate the level.
     pub fn tick(&self) {
         let now = self.clock.now();
-        for permit in self.permits.expire(now) {
+        for (id, permit) in self.permits.expire(now) {
             metrics::counter!(crate::metrics::PERMITS_EXPIRED).increment(1);
-            self.release(permit, now);
+            self.release(permit, id, now);
         }
         let rules = self.rules();
         for (resource, guarded) in self.guards.all() {

@@ -135,6 +135,7 @@ impl Engine {
             dry_run: d.hits == 0,
             gate: true,
             remote_breaker: None,
+            remote_slot: None,
             blocked,
         })
     }

@@ -70,6 +70,9 @@ impl Replication {
         if self.sync().up() && !self.sync().outbox_is_empty() {
             self.flush_outbox(&self.engine.rules_full()).await;
         }
+        if self.sync().up() && self.sync().slot_ops_pending() {
+            self.flush_slot_ops().await;
+        }
     }
 
     /// Sends probe outcomes (and probes given back) to the shared breakers.

@@ -25,6 +25,8 @@ impl Replication {
         if self.sync().up() {
             self.pull_missing(&prepared).await;
             self.ask_probes(&mut prepared).await;
+            self.ask_slots(&mut prepared).await;
+            self.ensure_leases(&prepared).await;
         }
         let mut answers = self.decide_steps(prepared).await;
         if self.sync().up() {

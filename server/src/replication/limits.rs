@@ -52,7 +52,7 @@ impl Drop for Landing<'_> {
 /// (a busy machine) does not lose the reservation it is deciding from. A
 /// replica that stopped syncing (it died, or lost Redis) holds its lease
 /// that long.
-fn lease_ttl(sync_interval: Duration) -> Duration {
+pub(super) fn lease_ttl(sync_interval: Duration) -> Duration {
     (sync_interval * 3).max(Duration::from_secs(1))
 }
 

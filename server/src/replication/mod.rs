@@ -26,15 +26,18 @@ mod adjust;
 mod breakers;
 mod conn;
 mod decide;
+mod forward;
 mod limits;
 mod overrides;
 mod rules;
 mod scripts;
+mod slots;
 mod wire;
 
 pub use adjust::Adjust;
 use conn::{CallError, Conn};
 pub use conn::{Credentials, Target};
+pub use forward::Forwarded;
 use scripts::{ScriptName, Scripts};
 use wire::ReplyError;
 
@@ -76,6 +79,12 @@ pub struct Replication {
     /// Woken whenever syncs of replicated buckets land (a bucket has one
     /// sync out at a time; see `lease_now`).
     landed: tokio::sync::Notify,
+    /// Reports passed on to the replicas that issued their permits.
+    forwards: forward::Forwards,
+    /// One flush of strict slots at a time, so that they reach Redis in order.
+    slot_flush: tokio::sync::Mutex<()>,
+    /// Sync rounds done, for work done every few of them.
+    rounds: std::sync::atomic::AtomicU64,
 }
 
 impl Replication {
@@ -87,7 +96,9 @@ impl Replication {
         let conn = Conn::open(&config.target, &config.credentials, config.timeout)?;
         let overrides_seen = tokio::sync::Mutex::new(u64::MAX);
         let connected = std::sync::atomic::AtomicBool::new(false);
-        let instance = format!("{}#{:016x}", config.replica_id, rand::random::<u64>());
+        // The tag of this process's permit ids, then a random part.
+        let tag = crate::engine::guards::PermitId::tag();
+        let instance = format!("{}#{tag:08x}{:08x}", config.replica_id, rand::random::<u32>());
         let r = Arc::new_cyclic(|me| Replication {
             engine,
             conn,
@@ -100,6 +111,9 @@ impl Replication {
             syncing: tokio::sync::Mutex::new(()),
             landed: tokio::sync::Notify::new(),
             back_at: std::sync::atomic::AtomicU64::new(0),
+            forwards: forward::Forwards::default(),
+            slot_flush: tokio::sync::Mutex::new(()),
+            rounds: std::sync::atomic::AtomicU64::new(0),
         });
         r.load_shared_rules().await;
         r.poll_overrides().await;
@@ -171,9 +185,10 @@ impl Replication {
         let ttl = (self.config.sync_interval * 5).max(Duration::from_secs(1));
         let mut invocation = self.scripts.get(ScriptName::Heartbeat).prepare_invoke();
         invocation.key(scripts::REPLICAS).arg(&self.instance).arg(ttl.as_millis() as u64);
-        let Some((live, redis_now)) = self.run(ScriptName::Heartbeat, invocation, wire::parse_live).await else {
+        let Some((live, redis_now, names)) = self.run(ScriptName::Heartbeat, invocation, wire::parse_live).await else {
             return false;
         };
+        self.learn_live(&names);
         let now = self.engine.clock().now();
         let sync = self.sync();
         if !sync.up() && self.connected.load(std::sync::atomic::Ordering::Acquire) {
@@ -217,6 +232,14 @@ impl Replication {
         let buckets = self.sync_buckets(&rules).await;
         let breakers = self.sync_breakers(&rules).await;
         self.flush_outbox(&rules).await;
+        let round = self.rounds.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let every_second = (Duration::from_secs(1).as_nanos() / self.config.sync_interval.as_nanos().max(1)).max(1);
+        if u128::from(round) % every_second == 0 {
+            self.reassert_slots().await;
+        } else {
+            self.flush_slot_ops().await;
+        }
+        self.sync_leases(&rules).await;
         buckets && breakers
     }
 }

@@ -65,7 +65,11 @@ pub(super) async fn listen(weak: Weak<Replication>) {
                 while let Some(msg) = messages.next().await {
                     let Some(r) = weak.upgrade() else { return };
                     let text: String = msg.get_payload().unwrap_or_default();
-                    handle(&r, &text).await;
+                    if msg.get_channel_name() == EVENTS {
+                        handle(&r, &text).await;
+                    } else {
+                        r.on_replica_message(&text);
+                    }
                 }
             }
             Err(e) => tracing::debug!(error = %e, "subscribing to Redis events; retrying"),
@@ -78,6 +82,8 @@ pub(super) async fn listen(weak: Weak<Replication>) {
 async fn subscribe(url: &str, credentials: &super::Credentials) -> anyhow::Result<redis::aio::PubSub> {
     let mut pubsub = super::conn::client(url, credentials)?.get_async_pubsub().await?;
     pubsub.subscribe(EVENTS).await?;
+    // Reports of this process's permits that other replicas pass on.
+    pubsub.subscribe(super::scripts::replica_channel(crate::engine::guards::PermitId::tag())).await?;
     Ok(pubsub)
 }
 

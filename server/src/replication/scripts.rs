@@ -95,6 +95,10 @@ pub enum ScriptName {
     BreakerProbe,
     BreakerReport,
     BreakerForce,
+    /// Takes, gives back or adds a strict concurrency slot.
+    Slot,
+    /// Renews this replica's lease of a replicated concurrency limit.
+    SlotLease,
 }
 
 pub struct Scripts {
@@ -107,6 +111,8 @@ pub struct Scripts {
     breaker_probe: Script,
     breaker_report: Script,
     breaker_force: Script,
+    slot: Script,
+    slot_lease: Script,
 }
 
 /// What a breaker script is asked to do, with its own arguments.
@@ -135,6 +141,8 @@ impl ScriptName {
             ScriptName::BreakerProbe => "breaker_probe",
             ScriptName::BreakerReport => "breaker_report",
             ScriptName::BreakerForce => "breaker_force",
+            ScriptName::Slot => "slot",
+            ScriptName::SlotLease => "slot_lease",
         }
     }
 }
@@ -151,6 +159,8 @@ impl Scripts {
             ScriptName::BreakerProbe => &self.breaker_probe,
             ScriptName::BreakerReport => &self.breaker_report,
             ScriptName::BreakerForce => &self.breaker_force,
+            ScriptName::Slot => &self.slot,
+            ScriptName::SlotLease => &self.slot_lease,
         }
     }
 }
@@ -201,8 +211,21 @@ impl Default for Scripts {
             breaker_probe: breaker(include_str!("lua/breaker_probe.lua")),
             breaker_report: breaker(include_str!("lua/breaker_report.lua")),
             breaker_force: breaker(include_str!("lua/breaker_force.lua")),
+            slot: Script::new(include_str!("lua/slot.lua")),
+            slot_lease: Script::new(include_str!("lua/slot_lease.lua")),
         }
     }
+}
+
+/// A concurrency limit's keys: the strict in-flight set, the replicated leases.
+pub fn slot_keys(resource: &str) -> [String; 2] {
+    let k = format!("fg:c:{{{}}}", tag(resource));
+    [k.clone(), format!("{k}:l")]
+}
+
+/// A replica's channel: reports of the permits it issued, passed on by others.
+pub fn replica_channel(tag: u32) -> String {
+    format!("{{fg}}:to:{tag:08x}")
 }
 
 /// A bucket's key in Redis: tagged with the request's resource, so one

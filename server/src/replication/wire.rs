@@ -221,12 +221,52 @@ fn shared(v: Value, buckets: usize) -> Result<Vec<Shared>, ReplyError> {
         .collect()
 }
 
-/// heartbeat.lua: how many replicas are alive, and Redis's clock in us.
-pub fn parse_live(v: Value) -> Result<(u32, i64), ReplyError> {
-    let r = integers(ScriptName::Heartbeat, v)?;
+/// heartbeat.lua: how many replicas are alive, Redis's clock in us, and
+/// the live replicas' names.
+pub fn parse_live(v: Value) -> Result<(u32, i64, Vec<String>), ReplyError> {
+    let script = ScriptName::Heartbeat;
+    let Value::Array(mut items) = v else { return Err(error(script, "not an array")) };
+    let names = items.split_off(items.len().min(2));
+    let r = integers(script, Value::Array(items))?;
+    let names = names
+        .into_iter()
+        .map(|n| match n {
+            Value::BulkString(b) => String::from_utf8(b).map_err(|_| error(script, "a name is not UTF-8")),
+            other => Err(error(script, format!("a name is not text: {other:?}"))),
+        })
+        .collect::<Result<Vec<String>, ReplyError>>()?;
     match r[..] {
-        [live, now] if live >= 0 && now > 0 => Ok((u32::try_from(live).unwrap_or(u32::MAX), now)),
-        _ => Err(error(ScriptName::Heartbeat, format!("not {{live, now}}: {r:?}"))),
+        [live, now] if live >= 0 && now > 0 => Ok((u32::try_from(live).unwrap_or(u32::MAX), now, names)),
+        _ => Err(error(script, format!("not {{live, now, names...}}: {r:?}"))),
+    }
+}
+
+/// slot.lua: whether the permit holds a slot, else ms until one may be free.
+pub fn parse_slot(v: Value) -> Result<Answered<Result<(), Duration>>, ReplyError> {
+    if let Some(nothing) = did_nothing(&v) {
+        return Ok(nothing);
+    }
+    let r = integers(ScriptName::Slot, v)?;
+    match r[..] {
+        [1, _] => Ok(Answered::Done(Ok(()))),
+        [0, ms] => Ok(Answered::Done(Err(Duration::from_millis(ms.max(1) as u64)))),
+        _ => Err(error(ScriptName::Slot, format!("not {{held, ms}}: {r:?}"))),
+    }
+}
+
+/// slot_lease.lua: this replica's lease, and the slots the others hold.
+pub fn parse_slot_lease(v: Value) -> Result<Answered<(u32, u32)>, ReplyError> {
+    if let Some(nothing) = did_nothing(&v) {
+        return Ok(nothing);
+    }
+    let r = integers(ScriptName::SlotLease, v)?;
+    let slots = |n: i64| u32::try_from(n).ok();
+    match r[..] {
+        [lease, others] => match (slots(lease), slots(others)) {
+            (Some(lease), Some(others)) => Ok(Answered::Done((lease, others))),
+            _ => Err(error(ScriptName::SlotLease, format!("out of range: {r:?}"))),
+        },
+        _ => Err(error(ScriptName::SlotLease, format!("not {{lease, others}}: {r:?}"))),
     }
 }
 
@@ -372,7 +412,7 @@ mod tests {
         let bad = Value::Array(vec![Value::Nil; 6]);
         assert!(parse_sync(bad, 1).is_err());
         assert_eq!(parse_sync(word("lost"), 1), Ok(Answered::Lost));
-        assert_eq!(parse_live(ints(&[3, 1_700_000_000_000_000])), Ok((3, 1_700_000_000_000_000)));
+        assert_eq!(parse_live(ints(&[3, 1_700_000_000_000_000])), Ok((3, 1_700_000_000_000_000, Vec::new())));
         assert!(parse_live(Value::Int(3)).is_err());
     }
 }

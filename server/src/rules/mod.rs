@@ -91,6 +91,11 @@ pub struct Limit {
 pub struct Concurrency {
     pub max_in_flight: u32,
     pub permit_ttl: Duration,
+    /// With Redis: `strict` one in-flight set for the fleet, `replicated`
+    /// slots leased to replicas, `local` per replica.
+    pub sync: SyncMode,
+    /// A `strict` or `replicated` concurrency limit while Redis cannot answer.
+    pub on_redis_error: OnRedisError,
 }
 
 /// How a limit uses Redis, when the server has one.

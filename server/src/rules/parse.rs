@@ -296,14 +296,7 @@ fn limit(f: &Fields<'_>) -> Option<Limit> {
     }
     let key = f.strings("key").unwrap_or_default();
     check_key(f, &key);
-    let sync = f.choice(
-        "sync",
-        &[("replicated", SyncMode::Replicated), ("strict", SyncMode::Strict), ("local", SyncMode::Local)],
-    );
-    let on_error = f.choice(
-        "on_redis_error",
-        &[("local", OnRedisError::Local), ("allow", OnRedisError::Allow), ("deny", OnRedisError::Deny)],
-    );
+    let (sync, on_error) = sync_and_outage(f);
     let algorithm = match f.required("algorithm", |f, k| f.choice(k, Kind::NAMED))? {
         Kind::TokenBucket => token_bucket(f),
         Kind::Gcra => gcra(f),
@@ -464,10 +457,29 @@ fn within_span(f: &Fields<'_>, key: &str, nanos: u64) -> Option<()> {
     Some(())
 }
 
+/// `sync` and `on_redis_error`, as limits and concurrency limits write them.
+fn sync_and_outage(f: &Fields<'_>) -> (Option<SyncMode>, Option<OnRedisError>) {
+    let sync = f.choice(
+        "sync",
+        &[("replicated", SyncMode::Replicated), ("strict", SyncMode::Strict), ("local", SyncMode::Local)],
+    );
+    let on_error = f.choice(
+        "on_redis_error",
+        &[("local", OnRedisError::Local), ("allow", OnRedisError::Allow), ("deny", OnRedisError::Deny)],
+    );
+    (sync, on_error)
+}
+
 fn concurrency(f: &Fields<'_>) -> Option<Concurrency> {
-    f.deny_unknown(&["max_in_flight", "permit_ttl"]);
+    f.deny_unknown(&["max_in_flight", "permit_ttl", "sync", "on_redis_error"]);
     let max = f.required("max_in_flight", |f, k| f.u64_in(k, 1, 10_000_000));
     let ttl = f.duration("permit_ttl", Duration::from_millis(1));
     let ttl = if f.has("permit_ttl") { ttl? } else { Duration::from_secs(60) };
-    Some(Concurrency { max_in_flight: max? as u32, permit_ttl: ttl })
+    let (sync, on_redis_error) = sync_and_outage(f);
+    Some(Concurrency {
+        max_in_flight: max? as u32,
+        permit_ttl: ttl,
+        sync: sync.unwrap_or_default(),
+        on_redis_error: on_redis_error.unwrap_or_default(),
+    })
 }

@@ -49,7 +49,15 @@ fn parses_the_spec_example() {
     assert_eq!(rule.limits.len(), 2);
     assert_eq!(rule.limits[0].algorithm.capacity(), 200);
     assert_eq!(rule.limits[1].key, ["user"]);
-    assert_eq!(rule.concurrency, Some(Concurrency { max_in_flight: 50, permit_ttl: Duration::from_secs(30) }));
+    assert_eq!(
+        rule.concurrency,
+        Some(Concurrency {
+            max_in_flight: 50,
+            permit_ttl: Duration::from_secs(30),
+            sync: SyncMode::Replicated,
+            on_redis_error: OnRedisError::Local
+        })
+    );
     let b = rule.breaker.as_ref().unwrap();
     assert_eq!(b.slow_call_duration, Duration::from_millis(800));
     assert_eq!(b.window, WindowKind::Count(100));

@@ -8,11 +8,11 @@ use smallvec::SmallVec;
 
 use super::{Answer, Matched, Prepared, Verdict, fill_limits};
 use crate::engine::Engine;
-use crate::engine::guards::{Admitted, Ask, Denial};
+use crate::engine::guards::{Admitted, Ask, Denial, Slots};
 use crate::engine::installed::RuleHandles;
-use crate::engine::sync::{RemoteBreaker, decided_by_redis};
+use crate::engine::sync::{RemoteBreaker, RemoteSlot, SlotOp, decided_by_redis};
 use crate::limiter::{Decision, Status};
-use crate::rules::{Limit, OnRedisError, Rule};
+use crate::rules::{Limit, OnRedisError, Rule, SyncMode};
 use crate::store::BucketKey;
 use crate::time::Timestamp;
 
@@ -164,7 +164,7 @@ impl Engine {
             given_back: false,
             redis_at: None,
         };
-        if let Some(denied) = self.guard(&mut pending, level, p.remote_breaker) {
+        if let Some(denied) = self.guard(&mut pending, level, p.remote_breaker, p.remote_slot) {
             return Step::Done(self.done(pending, denied));
         }
         if !redis_limits {
@@ -269,7 +269,11 @@ impl Engine {
             } else {
                 let resource = p.resource.clone().unwrap_or_default();
                 p.answer.holds_slot = a.holds_slot();
-                p.answer.permit_id = Some(self.permits.issue_for(p.rule, resource, a, p.now));
+                let (id, owed) = self.permits.issue_for(p.rule, resource.clone(), a, p.now);
+                if let (Some(expires_at), Some(sync)) = (owed, &self.sync) {
+                    sync.push_slot_op(SlotOp::Add { resource, id, expires_at });
+                }
+                p.answer.permit_id = Some(id);
             }
         }
         if let Some(resource) = p.resource.take().filter(|_| p.settle && p.answer.verdict == Verdict::Allowed) {
@@ -292,11 +296,18 @@ impl Engine {
     }
 
     /// Shedding, the breaker and the concurrency limit; the denial if any.
-    fn guard(&self, p: &mut Pending<'_>, level: u32, remote: Option<RemoteBreaker>) -> Option<Denial> {
+    fn guard(
+        &self,
+        p: &mut Pending<'_>,
+        level: u32,
+        remote: Option<RemoteBreaker>,
+        slot: Option<RemoteSlot>,
+    ) -> Option<Denial> {
         match p.resource.as_ref().filter(|_| p.guarded) {
             Some(resource) => {
                 let dry_run = p.dry_run || p.gate;
-                let ask = Ask { rule: p.rule, resource, level, now: p.now, dry_run, gate: p.gate, remote };
+                let slots = self.slots(p.rule, slot);
+                let ask = Ask { rule: p.rule, resource, level, now: p.now, dry_run, gate: p.gate, remote, slots };
                 match self.guards.admit(ask, &self.events) {
                     Ok(a) => {
                         p.admitted = Some(a);
@@ -306,6 +317,28 @@ impl Engine {
                 }
             }
             None => p.rule.shed_at_level.filter(|&at| level >= at).map(|at| Denial::Shed { at, level }),
+        }
+    }
+
+    /// What a rule's concurrency limit lets through here: its `sync` with
+    /// Redis's answer, or its `on_redis_error` while Redis cannot answer.
+    fn slots(&self, rule: &Rule, slot: Option<RemoteSlot>) -> Slots {
+        let Some(c) = &rule.concurrency else { return Slots::Here(None) };
+        let Some(sync) = self.sync.as_ref().filter(|_| c.sync != SyncMode::Local) else {
+            return Slots::Here(Some(c.max_in_flight));
+        };
+        let outage = match c.on_redis_error {
+            // This replica's share of the fleet's slots, at least one.
+            OnRedisError::Local => Some(c.max_in_flight.div_ceil(sync.live())),
+            OnRedisError::Allow => None,
+            OnRedisError::Deny => Some(0),
+        };
+        match (c.sync, slot) {
+            (SyncMode::Strict, Some(RemoteSlot::Taken(grant))) => Slots::Taken(grant),
+            (SyncMode::Strict, Some(RemoteSlot::Full { retry_after })) => Slots::Full(retry_after),
+            (SyncMode::Strict, None) => Slots::Owed(outage),
+            _ if sync.up() => Slots::Leased(outage),
+            _ => Slots::Here(outage),
         }
     }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use super::permits::{Permit, PermitId, Permits};
 use super::{Guarded, Guards};
 use crate::breaker::{Admission, State};
-use crate::engine::sync::{ProbeGrant, RemoteBreaker};
+use crate::engine::sync::{ProbeGrant, RemoteBreaker, SlotGrant};
 use crate::events::{Event, Events};
 use crate::rules::{Rule, duration};
 use crate::time::Timestamp;
@@ -36,6 +36,35 @@ struct Held {
     /// A probe the shared breaker granted.
     remote_probe: Option<Box<ProbeGrant>>,
     holds_slot: bool,
+    /// The slot in the fleet's in-flight set (a strict concurrency limit).
+    strict: Option<Strict>,
+}
+
+#[derive(Debug)]
+enum Strict {
+    /// Redis took it under this permit id.
+    Granted(SlotGrant),
+    /// Taken here while Redis could not be asked: added once it answers.
+    Owed,
+}
+
+/// How many calls a resource's concurrency limit lets this replica hold,
+/// as the decision path worked it out from the rule's `sync`.
+#[derive(Debug)]
+pub enum Slots {
+    /// At most this many here (`None`: no cap): a `local` limit, a server
+    /// without Redis, or `on_redis_error` while Redis cannot answer.
+    Here(Option<u32>),
+    /// A `replicated` limit: this replica's lease while it is fresh, else
+    /// the outage policy's cap.
+    Leased(Option<u32>),
+    /// A `strict` limit Redis could not be asked about: the outage policy's
+    /// cap; a permit given holds a slot Redis is told of once it answers.
+    Owed(Option<u32>),
+    /// A `strict` limit: Redis took a slot for this call.
+    Taken(SlotGrant),
+    /// A `strict` limit: every slot of the fleet is held.
+    Full(Duration),
 }
 
 /// A denial before the limits were looked at.
@@ -145,12 +174,14 @@ pub struct Ask<'a> {
     pub gate: bool,
     /// The shared breaker's answer, when Redis was asked for a probe.
     pub remote: Option<RemoteBreaker>,
+    /// What the concurrency limit lets through, if the rule has one.
+    pub slots: Slots,
 }
 
 impl Guards {
     /// Runs the guards of the rule for the resource; on a dry run, only asks.
     pub fn admit(&self, ask: Ask<'_>, events: &Events) -> Result<Admitted, Denial> {
-        let Ask { rule, resource, level, now, dry_run, gate, remote } = ask;
+        let Ask { rule, resource, level, now, dry_run, gate, remote, slots } = ask;
         if let Some(at) = rule.shed_at_level.filter(|&at| level >= at) {
             return Err(Denial::Shed { at, level });
         }
@@ -192,20 +223,30 @@ impl Guards {
             }
             (None, _) => (None, None),
         };
-        let mut held = Held { guarded, breaker, remote_probe, holds_slot: false };
+        let mut held = Held { guarded, breaker, remote_probe, holds_slot: false, strict: None };
         if let Some(c) = &rule.concurrency {
-            let full = if dry_run {
-                held.guarded.in_flight.load(std::sync::atomic::Ordering::Acquire) >= c.max_in_flight
-            } else {
-                !held.guarded.try_take_slot(c.max_in_flight)
+            let (cap, strict) = match slots {
+                Slots::Here(cap) => (Ok(cap), None),
+                Slots::Leased(fallback) => (Ok(held.guarded.lease_at(now).or(fallback)), None),
+                Slots::Owed(cap) => (Ok(cap), Some(Strict::Owed)),
+                Slots::Taken(grant) => (Ok(None), Some(Strict::Granted(grant))),
+                Slots::Full(retry_after) => (Err(retry_after), None),
+            };
+            let full = match cap {
+                Err(_) => true,
+                Ok(cap) if dry_run => cap.is_some_and(|cap| held.guarded.in_flight() >= cap),
+                Ok(cap) => !held.guarded.try_take_slot_within(cap),
             };
             if full {
-                let retry_after = held.guarded.slot_free_in(c.max_in_flight);
+                let retry_after = cap.err().unwrap_or_else(|| held.guarded.slot_free_in(c.max_in_flight));
+                // The slot Redis took, if any, goes back as it drops.
+                drop(strict);
                 // Dropped: the breaker's admission (a probe) goes back.
                 drop(Admitted { held: Some(held), breaker_state });
                 return Err(Denial::Concurrency { resource: resource.into(), max: c.max_in_flight, retry_after });
             }
             held.holds_slot = !dry_run;
+            held.strict = strict.filter(|_| !dry_run);
         }
         Ok(Admitted { held: Some(held), breaker_state })
     }
@@ -220,20 +261,35 @@ impl Guards {
 impl Permits {
     /// A permit for an admitted call, expiring after the rule's `permit_ttl`
     /// (a probe's, after `max_wait_in_half_open` at the latest).
-    pub fn issue_for(&self, rule: &Rule, resource: String, a: Admitted, now: Timestamp) -> PermitId {
+    /// A permit that holds a strict slot taken without Redis also answers
+    /// when it expires: Redis is told of it once it answers.
+    pub fn issue_for(
+        &self,
+        rule: &Rule,
+        resource: String,
+        a: Admitted,
+        now: Timestamp,
+    ) -> (PermitId, Option<Timestamp>) {
         let held = a.hand_over();
         let mut ttl = rule.concurrency.map_or(DEFAULT_PERMIT_TTL, |c| c.permit_ttl);
         if let (Some((_, true)), Some(cfg)) = (held.breaker, &rule.breaker) {
             ttl = ttl.min(cfg.max_wait_in_half_open);
         }
-        self.issue(Permit {
+        let expires_at = now.saturating_add(ttl);
+        let permit = Permit {
             resource,
             guarded: held.guarded,
             issued_at: now,
-            expires_at: now.saturating_add(ttl),
+            expires_at,
             breaker: held.breaker,
             remote_probe: held.remote_probe.map(|g| g.keep()),
             holds_slot: held.holds_slot,
-        })
+            strict_slot: held.strict.is_some(),
+        };
+        match held.strict {
+            Some(Strict::Granted(grant)) => (self.issue_as(grant.keep(), permit), None),
+            Some(Strict::Owed) => (self.issue(permit), Some(expires_at)),
+            None => (self.issue(permit), None),
+        }
     }
 }

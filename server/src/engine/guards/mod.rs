@@ -14,7 +14,7 @@ use crate::time::Timestamp;
 mod admit;
 mod permits;
 
-pub use admit::{Admitted, Ask, DEFAULT_PERMIT_TTL, Denial};
+pub use admit::{Admitted, Ask, DEFAULT_PERMIT_TTL, Denial, Slots};
 pub use permits::{Permit, PermitId, Permits};
 
 /// A closed breaker untouched this long is forgotten (its history with it).
@@ -31,6 +31,18 @@ pub struct Guarded {
     /// How long permits hold a concurrency slot, on average (microseconds,
     /// a moving average; 0 until the first is returned).
     hold_us: AtomicU64,
+    /// A replicated concurrency limit: the slots this replica may hold at
+    /// once, leased from Redis, and until when it may take them (engine
+    /// clock, ns).
+    lease: AtomicU32,
+    lease_until: AtomicU64,
+    /// What Redis keeps reserved for this replica after the last renewal
+    /// (at least the lease): a renewal is due until it is 0.
+    reserved: AtomicU32,
+    /// A call asked for a slot since the last lease sync.
+    wanted: std::sync::atomic::AtomicBool,
+    /// A renewal of the lease is out (one at a time).
+    lease_syncing: std::sync::atomic::AtomicBool,
 }
 
 /// What a denied caller is told to wait for a slot before any permit came back.
@@ -65,6 +77,64 @@ impl Guarded {
 
     pub fn touch(&self, now: Timestamp) {
         self.touched.store(now.as_nanos(), Ordering::Relaxed);
+    }
+
+    /// This replica's lease of a replicated concurrency limit, while it may
+    /// still take slots under it.
+    pub fn lease_at(&self, now: Timestamp) -> Option<u32> {
+        (now.as_nanos() < self.lease_until.load(Ordering::Acquire)).then(|| self.lease.load(Ordering::Acquire))
+    }
+
+    /// The lease Redis granted, usable until `until`, and what it keeps
+    /// reserved for this replica.
+    pub fn set_lease(&self, slots: u32, until: Timestamp, reserved: u32) {
+        self.lease.store(slots, Ordering::Release);
+        self.lease_until.store(until.as_nanos(), Ordering::Release);
+        self.reserved.store(reserved, Ordering::Release);
+    }
+
+    /// What Redis keeps reserved for this replica.
+    pub fn reserved(&self) -> u32 {
+        self.reserved.load(Ordering::Acquire)
+    }
+
+    /// Starts a renewal of the lease, unless one is out.
+    pub fn begin_lease_sync(&self) -> bool {
+        !self.lease_syncing.swap(true, Ordering::AcqRel)
+    }
+
+    pub fn end_lease_sync(&self) {
+        self.lease_syncing.store(false, Ordering::Release);
+    }
+
+    pub fn lease_syncing(&self) -> bool {
+        self.lease_syncing.load(Ordering::Acquire)
+    }
+
+    /// Whether a call asked for a slot since the last renewal.
+    pub fn wanted(&self) -> bool {
+        self.wanted.load(Ordering::Relaxed)
+    }
+
+    /// Whether a call asked for a slot since the last time this was asked.
+    pub fn take_wanted(&self) -> bool {
+        self.wanted.swap(false, Ordering::AcqRel)
+    }
+
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight.load(Ordering::Acquire)
+    }
+
+    /// Takes a concurrency slot if fewer than `max` are held (`None`: no cap).
+    pub fn try_take_slot_within(&self, max: Option<u32>) -> bool {
+        self.wanted.store(true, Ordering::Relaxed);
+        match max {
+            Some(max) => self.try_take_slot(max),
+            None => {
+                self.in_flight.fetch_add(1, Ordering::AcqRel);
+                true
+            }
+        }
     }
 
     /// Takes a concurrency slot if fewer than `max` are held.

@@ -2,12 +2,14 @@
 //! or a concurrency limit, returned by ReportOutcome, or expired after their
 //! TTL so that a crashed client never holds a slot forever.
 //!
-//! An id is 128 random bits from a cryptographic generator, written as 32 hex
-//! digits ([`check_permit_id`](crate::engine::request::check_permit_id)): a
-//! caller cannot guess another caller's permit to report on it. Anything else
-//! is malformed (bad input); a well-formed id this process did not issue, or
-//! no longer holds, is unknown (answered `counted: false`). No answer says
-//! whose a permit is.
+//! An id is 128 bits written as 32 hex digits
+//! ([`check_permit_id`](crate::engine::request::check_permit_id)): the first
+//! 32 name the process that issued it (random, chosen at start), the other
+//! 96 come from a cryptographic generator, so a caller cannot guess another
+//! caller's permit to report on it. A replica given a permit another one
+//! issued passes the report on to it (`replication::forward`). Anything else
+//! is malformed (bad input); a well-formed id no replica holds is unknown
+//! (answered `counted: false`). No answer says whose a permit is.
 
 use std::sync::Arc;
 
@@ -30,6 +32,8 @@ pub struct Permit {
     pub remote_probe: Option<u64>,
     /// Holds one of the resource's concurrency slots.
     pub holds_slot: bool,
+    /// The slot is also in the fleet's in-flight set in Redis (strict).
+    pub strict_slot: bool,
 }
 
 #[derive(Default)]
@@ -37,19 +41,42 @@ pub struct Permits {
     map: DashMap<u128, Permit, ahash::RandomState>,
 }
 
-/// A permit's id: 128 random bits, never 0, written as 32 hex digits.
+/// A permit's id: this process's tag and 96 random bits, never 0, written
+/// as 32 hex digits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PermitId(std::num::NonZeroU128);
+
+/// This process among the replicas: the first 32 bits of its permits' ids.
+static TAG: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
 
 impl PermitId {
     /// A fresh id. ThreadRng: ChaCha12, seeded and reseeded from the
     /// operating system.
     pub fn random() -> PermitId {
-        loop {
-            if let Some(id) = std::num::NonZeroU128::new(rand::random()) {
-                return PermitId(id);
+        let random: u128 = rand::random::<u128>() >> 32;
+        let id = (u128::from(PermitId::tag()) << 96) | random;
+        PermitId(std::num::NonZeroU128::new(id).expect("the tag is never 0"))
+    }
+
+    /// The tag of this process's ids (random, never 0, fixed for its life).
+    pub fn tag() -> u32 {
+        *TAG.get_or_init(|| {
+            loop {
+                let t: u32 = rand::random();
+                if t != 0 {
+                    break t;
+                }
             }
-        }
+        })
+    }
+
+    /// The tag of the process that issued the id `raw`.
+    pub fn issuer(raw: u128) -> u32 {
+        (raw >> 96) as u32
+    }
+
+    pub fn from_raw(raw: u128) -> Option<PermitId> {
+        std::num::NonZeroU128::new(raw).map(PermitId)
     }
 
     pub fn get(self) -> u128 {
@@ -64,6 +91,18 @@ impl std::fmt::Display for PermitId {
 }
 
 impl Permits {
+    /// Issues `permit` under `id` (a strict slot taken in Redis under it);
+    /// under a fresh id should `id` be in use (96 random bits: never).
+    pub fn issue_as(&self, id: PermitId, permit: Permit) -> PermitId {
+        match self.map.entry(id.get()) {
+            Entry::Vacant(slot) => {
+                slot.insert(permit);
+                id
+            }
+            Entry::Occupied(_) => self.issue(permit),
+        }
+    }
+
     pub fn issue(&self, permit: Permit) -> PermitId {
         let mut permit = Some(permit);
         loop {
@@ -77,10 +116,10 @@ impl Permits {
 
     /// Takes a permit back: `Ok(None)` when unknown or already returned. A
     /// non-empty `resource` must be the one the permit was issued for.
-    pub fn take(&self, id: &str, resource: &str) -> Result<Option<Permit>, RequestError> {
+    pub fn take(&self, id: &str, resource: &str) -> Result<Option<(PermitId, Permit)>, RequestError> {
         let key = crate::engine::request::check_permit_id(id)?;
-        if let Some((_, p)) = self.map.remove_if(&key, |_, p| resource.is_empty() || p.resource == resource) {
-            return Ok(Some(p));
+        if let Some((k, p)) = self.map.remove_if(&key, |_, p| resource.is_empty() || p.resource == resource) {
+            return Ok(PermitId::from_raw(k).map(|id| (id, p)));
         }
         if self.map.contains_key(&key) {
             return Err(RequestError::PermitResourceMismatch { resource: resource.into() });
@@ -89,9 +128,23 @@ impl Permits {
     }
 
     /// Removes and returns every permit expired at `now`.
-    pub fn expire(&self, now: Timestamp) -> Vec<Permit> {
+    pub fn expire(&self, now: Timestamp) -> Vec<(PermitId, Permit)> {
         let expired: Vec<u128> = self.map.iter().filter(|e| e.expires_at <= now).map(|e| *e.key()).collect();
-        expired.into_iter().filter_map(|k| self.map.remove(&k).map(|(_, p)| p)).collect()
+        expired
+            .into_iter()
+            .filter_map(|k| self.map.remove(&k).and_then(|(k, p)| Some((PermitId::from_raw(k)?, p))))
+            .collect()
+    }
+
+    /// The permits holding a strict slot, by resource: (id, expiry) each.
+    pub fn strict_slots(&self) -> std::collections::HashMap<String, Vec<(PermitId, Timestamp)>> {
+        let mut by_resource: std::collections::HashMap<String, Vec<(PermitId, Timestamp)>> = Default::default();
+        for e in self.map.iter().filter(|e| e.strict_slot) {
+            if let Some(id) = PermitId::from_raw(*e.key()) {
+                by_resource.entry(e.resource.clone()).or_default().push((id, e.expires_at));
+            }
+        }
+        by_resource
     }
 
     pub fn len(&self) -> usize {
@@ -116,6 +169,7 @@ mod tests {
             breaker: None,
             remote_probe: None,
             holds_slot: false,
+            strict_slot: false,
         }
     }
 
@@ -128,9 +182,18 @@ mod tests {
         unique.sort();
         unique.dedup();
         assert_eq!(unique.len(), 1000);
-        // Consecutive ids share no long prefix: nothing to count up from.
-        let shared = ids.windows(2).map(|w| w[0].bytes().zip(w[1].bytes()).take_while(|(a, b)| a == b).count()).max();
+        // The first 8 digits name this process; after them, consecutive ids
+        // share no long prefix: nothing to count up from.
+        let tag = format!("{:08x}", PermitId::tag());
+        assert!(ids.iter().all(|id| id.starts_with(&tag)));
+        let random = |id: &String| id[8..].to_string();
+        let shared = ids
+            .windows(2)
+            .map(|w| random(&w[0]).bytes().zip(random(&w[1]).bytes()).take_while(|(a, b)| a == b).count())
+            .max();
         assert!(shared.unwrap() < 8, "consecutive ids share a prefix of {shared:?} digits");
+        let issuer = crate::engine::request::check_permit_id(&ids[0]).map(PermitId::issuer);
+        assert_eq!(issuer, Ok(PermitId::tag()));
     }
 
     #[test]
@@ -139,7 +202,7 @@ mod tests {
         let id = p.issue(permit("secret-payments-db")).to_string();
         let err = p.take(&id, "other").unwrap_err().to_string();
         assert!(!err.contains("secret"), "{err}");
-        assert!(p.take(&id, "secret-payments-db").unwrap().is_some());
+        assert!(p.take(&id, "secret-payments-db").unwrap().is_some_and(|(taken, _)| taken.to_string() == id));
         assert!(p.take(&id, "secret-payments-db").unwrap().is_none(), "once");
     }
 }

@@ -20,10 +20,12 @@ use crate::time::Timestamp;
 
 mod dirty;
 mod shared;
+mod slots;
 
 pub use dirty::{Known, SyncItem};
 pub use shared::{BreakerNews, ProbeGrant, RemoteBreaker, RemoteOutcome, SharedBreaker};
 use shared::{Outbox, Unsynced};
+pub use slots::{RemoteSlot, SlotGrant, SlotOp};
 
 /// The replication state of one replica.
 #[derive(Debug, Default)]
@@ -36,6 +38,8 @@ pub struct Replica {
     offset_us: AtomicI64,
     dirty: dirty::DirtyBuckets,
     outbox: Arc<Outbox>,
+    /// Strict concurrency slots to give back to (or add to) the fleet's set.
+    slot_ops: Arc<Outbox<SlotOp>>,
     breakers: DashMap<String, Unsynced, ahash::RandomState>,
     /// What Redis last said a strict bucket had left: where an outage's
     /// local share starts, and what is restored if Redis loses its data.
@@ -323,6 +327,32 @@ impl Replica {
         self.outbox.push(outcome);
     }
 
+    /// A strict concurrency slot Redis took for a call under `id`.
+    pub fn slot_granted(&self, resource: &str, id: crate::engine::guards::PermitId) -> SlotGrant {
+        SlotGrant::new(resource.to_string(), id, self.slot_ops.clone())
+    }
+
+    /// Strict concurrency slots to give back or add, oldest first.
+    pub fn take_slot_ops(&self) -> Vec<SlotOp> {
+        self.slot_ops.take()
+    }
+
+    pub fn slot_ops_pending(&self) -> bool {
+        !self.slot_ops.is_empty()
+    }
+
+    /// Ops that could not be sent, first again at the next flush.
+    pub fn put_back_slot_ops(&self, ops: Vec<SlotOp>) {
+        let later = self.slot_ops.take();
+        for op in ops.into_iter().chain(later) {
+            self.slot_ops.push(op);
+        }
+    }
+
+    pub(crate) fn push_slot_op(&self, op: SlotOp) {
+        self.slot_ops.push(op);
+    }
+
     /// A probe of `resource`'s shared breaker that Redis granted.
     pub fn probe_granted(&self, resource: &str, generation: u64) -> ProbeGrant {
         ProbeGrant::new(resource.to_string(), generation, self.outbox.clone())
@@ -385,6 +415,27 @@ impl Replica {
 impl Engine {
     /// Whether the next call on this resource needs Redis to grant a probe
     /// (the rule `p` matched has a breaker, in OPEN past its wait or HALF_OPEN).
+    /// The guarded state of a prepared item's resource (made for its rule).
+    pub fn guarded(&self, p: &Prepared<'_>) -> Option<Arc<crate::engine::guards::Guarded>> {
+        let (rule, _) = p.rule?;
+        Some(self.guards.get_or_create(p.resource(), rule))
+    }
+
+    /// The permits issued here that hold a strict slot, by resource.
+    pub fn strict_slots(&self) -> std::collections::HashMap<String, Vec<(crate::engine::guards::PermitId, Timestamp)>> {
+        self.permits.strict_slots()
+    }
+
+    /// Every guarded resource, sorted by name.
+    pub fn guards_all(&self) -> Vec<(String, Arc<crate::engine::guards::Guarded>)> {
+        self.guards.all()
+    }
+
+    /// When a concurrency slot of `resource` is likely to come back.
+    pub fn slot_free_in(&self, resource: &str, max: u32) -> Duration {
+        self.guards.get(resource).map_or(Duration::from_millis(50), |g| g.slot_free_in(max))
+    }
+
     pub fn needs_remote_probe(&self, p: &Prepared<'_>, resource: &str) -> bool {
         if !self.sync.as_ref().is_some_and(Replica::up) || !p.has_breaker() || p.gate() {
             return false;

@@ -105,21 +105,27 @@ impl Unsynced {
     }
 }
 
-/// Probe outcomes waiting to be sent to Redis.
-#[derive(Debug, Default)]
-pub(super) struct Outbox {
-    items: Mutex<Vec<RemoteOutcome>>,
+/// What waits to be sent to Redis: probe outcomes, strict slots to return.
+#[derive(Debug)]
+pub(super) struct Outbox<T = RemoteOutcome> {
+    items: Mutex<Vec<T>>,
     /// Something waits: checked on every decision, so no lock when empty.
     waiting: AtomicBool,
 }
 
-impl Outbox {
-    pub(super) fn push(&self, o: RemoteOutcome) {
+impl<T> Default for Outbox<T> {
+    fn default() -> Self {
+        Outbox { items: Mutex::new(Vec::new()), waiting: AtomicBool::new(false) }
+    }
+}
+
+impl<T> Outbox<T> {
+    pub(super) fn push(&self, o: T) {
         self.items.lock().unwrap_or_else(|e| e.into_inner()).push(o);
         self.waiting.store(true, Ordering::Release);
     }
 
-    pub(super) fn take(&self) -> Vec<RemoteOutcome> {
+    pub(super) fn take(&self) -> Vec<T> {
         if !self.waiting.swap(false, Ordering::AcqRel) {
             return Vec::new();
         }

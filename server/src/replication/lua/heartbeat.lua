@@ -1,10 +1,13 @@
 -- A replica says it is alive. KEYS[1]: the replicas (sorted set, score =
 -- expiry ms). ARGV[1]: this replica, ARGV[2]: time to live ms. Returns how
--- many replicas are alive, and Redis's clock in us (replicas translate their
--- deadlines into it).
+-- many replicas are alive, Redis's clock in us (replicas translate their
+-- deadlines into it), then the first 1000 live replicas' names (a permit
+-- reported to one replica is passed on to the live replica that issued it).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]) * 10)
-return { redis.call('ZCARD', KEYS[1]), tonumber(t[1]) * 1000000 + tonumber(t[2]) }
+local reply = { redis.call('ZCARD', KEYS[1]), tonumber(t[1]) * 1000000 + tonumber(t[2]) }
+for _, name in ipairs(redis.call('ZRANGE', KEYS[1], 0, 999)) do table.insert(reply, name) end
+return reply

@@ -1,0 +1,389 @@
+//! One fleet, one limit: concurrency limits and permits across replicas,
+//! through the real binary, three replicas on one real `redis-server` (and a
+//! real 3-node Redis Cluster).
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use floodgate_proto::v1 as pb;
+use support::redis::{RedisCluster, RedisServer};
+use support::*;
+use tonic::transport::Channel;
+
+const RULES: &str = r#"
+resources:
+  - name: db-strict
+    concurrency: { max_in_flight: 10, sync: strict, permit_ttl: 3s }
+  - name: db-replicated
+    concurrency: { max_in_flight: 10, sync: replicated, permit_ttl: 3s }
+  - name: db-local
+    concurrency: { max_in_flight: 2, sync: local, permit_ttl: 3s }
+  - name: db-long
+    concurrency: { max_in_flight: 10, sync: strict, permit_ttl: 60s }
+  - name: db-deny
+    concurrency: { max_in_flight: 10, sync: strict, on_redis_error: deny, permit_ttl: 3s }
+  - name: pay
+    breaker:
+      window: { kind: count, size: 100 }
+      minimum_calls: 10
+      failure_rate_threshold: 0.5
+      wait_in_open: 30s
+"#;
+
+type Client = pb::floodgate_client::FloodgateClient<Channel>;
+
+/// One fleet at a time: each measures admissions on the two cores.
+static ONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// `n` replicas of `rules` on Redis (`redis` holds the `--redis...` arguments).
+fn fleet(n: usize, dir: &TempDir, redis: &[&str]) -> Vec<Floodgate> {
+    let file = dir.write("rules.yaml", RULES);
+    let mut args = vec!["--config", path_str(&file), "--sync-interval", "100ms", "--redis-timeout", "500ms"];
+    args.extend_from_slice(redis);
+    let replicas: Vec<Floodgate> = (0..n).map(|_| Floodgate::start(&args)).collect();
+    for r in &replicas {
+        wait_live(r, n as u32);
+    }
+    replicas
+}
+
+/// `n` replicas on one new `redis-server`, and a client of each.
+async fn on_one_redis(n: usize) -> (RedisServer, TempDir, Vec<Floodgate>, Vec<Client>) {
+    let redis = RedisServer::start();
+    let dir = TempDir::new();
+    let url = redis.url();
+    let replicas = fleet(n, &dir, &["--redis", &url]);
+    let clients = clients(&replicas).await;
+    (redis, dir, replicas, clients)
+}
+
+async fn clients(replicas: &[Floodgate]) -> Vec<Client> {
+    let mut out = Vec::new();
+    for r in replicas {
+        out.push(r.client().await);
+    }
+    out
+}
+
+/// What `holders` callers saw over `run`, each asking a random replica,
+/// holding what it got for 10-40 ms and reporting to another random replica.
+#[derive(Debug)]
+struct Seen {
+    admitted: u64,
+    /// The most calls in flight at once, as the callers count them (a call
+    /// counts from the answer of its Acquire to the sending of its report,
+    /// within the time the server holds its slot).
+    peak: i64,
+    /// Reports answered `counted: false`.
+    uncounted: u64,
+    /// Slots in use on average, as the callers count them.
+    used: f64,
+}
+
+async fn hold_and_report(clients: &[Client], resource: &'static str, holders: usize, run: Duration) -> Seen {
+    let in_flight = Arc::new(AtomicI64::new(0));
+    let peak = Arc::new(AtomicI64::new(0));
+    let admitted = Arc::new(AtomicU64::new(0));
+    let uncounted = Arc::new(AtomicU64::new(0));
+    let busy_us = Arc::new(AtomicU64::new(0));
+    let end = Instant::now() + run;
+    let mut tasks = Vec::new();
+    for h in 0..holders {
+        let clients = clients.to_vec();
+        let (in_flight, peak, admitted, uncounted) =
+            (in_flight.clone(), peak.clone(), admitted.clone(), uncounted.clone());
+        let busy_us = busy_us.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut i = h;
+            while Instant::now() < end {
+                i = i.wrapping_mul(31).wrapping_add(7);
+                let mut at = clients[i % clients.len()].clone();
+                let r = at.acquire(acquire(resource, &[], 1)).await.unwrap().into_inner();
+                if r.verdict() != pb::Verdict::Allowed {
+                    // As a client does: back off as told, within reason.
+                    let told =
+                        r.retry_after.map_or(Duration::ZERO, |d| Duration::new(d.seconds as u64, d.nanos as u32));
+                    tokio::time::sleep(told.clamp(Duration::from_millis(20), Duration::from_millis(100))).await;
+                    continue;
+                }
+                let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(now, Ordering::SeqCst);
+                admitted.fetch_add(1, Ordering::SeqCst);
+                let held = Instant::now();
+                tokio::time::sleep(Duration::from_millis(10 + (i % 31) as u64)).await;
+                in_flight.fetch_sub(1, Ordering::SeqCst);
+                busy_us.fetch_add(held.elapsed().as_micros() as u64, Ordering::SeqCst);
+                let mut to = clients[(i / 7) % clients.len()].clone();
+                let rep = to.report_outcome(report(resource, &r.permit_id, pb::Outcome::Success)).await.unwrap();
+                if !rep.get_ref().counted {
+                    uncounted.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    Seen {
+        admitted: admitted.load(Ordering::SeqCst),
+        peak: peak.load(Ordering::SeqCst),
+        uncounted: uncounted.load(Ordering::SeqCst),
+        used: busy_us.load(Ordering::SeqCst) as f64 / 1e6 / run.as_secs_f64(),
+    }
+}
+
+/// 200 holders over three replicas on `max_in_flight: 10`, strict then
+/// replicated: never more than 10 in flight, and every report counts
+/// wherever it goes. Replicated leases keep as many slots in use as the one
+/// strict set does (a lease idle on one replica while another's callers
+/// wait would show as fewer): the two cores are saturated by 200 holders
+/// of debug builds, so the figure is compared, not absolute.
+async fn ten_in_flight_fleet_wide(clients: &[Client]) {
+    let strict = hold_and_report(clients, "db-strict", 200, Duration::from_secs(4)).await;
+    let replicated = hold_and_report(clients, "db-replicated", 200, Duration::from_secs(4)).await;
+    eprintln!("strict: {strict:?}\nreplicated: {replicated:?}");
+    for (name, seen) in [("strict", &strict), ("replicated", &replicated)] {
+        assert!(seen.peak <= 10, "{name}: {} in flight at once, of 10", seen.peak);
+        assert_eq!(seen.uncounted, 0, "{name}: every report counts, whichever replica gets it");
+        assert!(seen.admitted >= 50, "{name}: only {} admitted in 4 s", seen.admitted);
+    }
+    assert!(
+        replicated.used >= 0.7 * strict.used,
+        "replicated keeps {:.1} slots in use, strict {:.1}",
+        replicated.used,
+        strict.used
+    );
+}
+
+/// Callers move from one replica to another: the slots the first leased
+/// and no longer uses reach the second within a few syncs.
+async fn idle_leases_move_to_the_replica_that_needs_them(clients: &[Client]) {
+    let take_all = |c: &Client| {
+        let c = c.clone();
+        async move {
+            let mut held = Vec::new();
+            let deadline = Instant::now() + Duration::from_secs(3);
+            while held.len() < 10 && Instant::now() < deadline {
+                let r = c.clone().acquire(acquire("db-replicated", &[], 1)).await.unwrap().into_inner();
+                if r.verdict() == pb::Verdict::Allowed {
+                    held.push(r.permit_id);
+                } else {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+            held
+        }
+    };
+    let held = take_all(&clients[0]).await;
+    assert_eq!(held.len(), 10, "all 10 through the first replica");
+    for p in &held {
+        let rep = clients[0].clone().report_outcome(report("db-replicated", p, pb::Outcome::Success)).await.unwrap();
+        assert!(rep.get_ref().counted);
+    }
+    let moved = Instant::now();
+    let held = take_all(&clients[1]).await;
+    assert_eq!(held.len(), 10, "all 10 through the second replica, {:?} after the first let go", moved.elapsed());
+    for p in &held {
+        clients[2].clone().report_outcome(report("db-replicated", p, pb::Outcome::Success)).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strict_and_replicated_concurrency_hold_across_three_replicas() {
+    let _one = ONE.lock().await;
+    let (_redis, _dir, _replicas, clients) = on_one_redis(3).await;
+    ten_in_flight_fleet_wide(&clients).await;
+    idle_leases_move_to_the_replica_that_needs_them(&clients).await;
+    // `local` is per replica, as it says: 2 on each.
+    let mut held = Vec::new();
+    for c in &clients {
+        for _ in 0..2 {
+            let r = c.clone().acquire(acquire("db-local", &[], 1)).await.unwrap().into_inner();
+            assert_eq!(r.verdict(), pb::Verdict::Allowed);
+            held.push(r.permit_id);
+        }
+        let full = c.clone().acquire(acquire("db-local", &[], 1)).await.unwrap().into_inner();
+        assert_eq!(full.verdict(), pb::Verdict::ConcurrencyLimited);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strict_and_replicated_concurrency_hold_on_a_redis_cluster() {
+    let _one = ONE.lock().await;
+    let cluster = RedisCluster::start();
+    let dir = TempDir::new();
+    let seeds = cluster.seeds();
+    let replicas = fleet(3, &dir, &["--redis-cluster", &seeds]);
+    let clients = clients(&replicas).await;
+    ten_in_flight_fleet_wide(&clients).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_reported_to_any_replica_open_the_breaker_after_exactly_minimum_calls() {
+    let _one = ONE.lock().await;
+    let (_redis, _dir, replicas, clients) = on_one_redis(3).await;
+    let fail_once = |i: usize| {
+        let (mut from, mut to) = (clients[i % 3].clone(), clients[(i + 1) % 3].clone());
+        async move {
+            let r = from.acquire(acquire("pay", &[], 1)).await.unwrap().into_inner();
+            assert_eq!(r.verdict(), pb::Verdict::Allowed, "call {i}");
+            let rep = to.report_outcome(report("pay", &r.permit_id, pb::Outcome::Failure)).await.unwrap();
+            assert!(rep.get_ref().counted, "failure {i}, reported to another replica, counts");
+            // Reported again, to the third replica: not counted twice.
+            let mut third = from.clone();
+            let again = third.report_outcome(report("pay", &r.permit_id, pb::Outcome::Failure)).await.unwrap();
+            assert!(!again.get_ref().counted, "failure {i} reported twice counts once");
+        }
+    };
+    for i in 0..9 {
+        fail_once(i).await;
+    }
+    for r in &replicas {
+        wait_syncs(r, 3);
+    }
+    for (n, c) in clients.iter().enumerate() {
+        let mut dry = acquire("pay", &[], 1);
+        dry.dry_run = true;
+        let r = c.clone().acquire(dry).await.unwrap().into_inner();
+        assert_eq!(r.verdict(), pb::Verdict::Allowed, "9 failures of minimum_calls 10: closed on replica {n}");
+    }
+    fail_once(9).await;
+    for (n, c) in clients.iter().enumerate() {
+        eventually(&format!("the breaker open on replica {n}"), Duration::from_secs(5), || {
+            let mut c = c.clone();
+            async move {
+                let r = c.acquire(acquire("pay", &[], 1)).await.unwrap().into_inner();
+                (r.verdict() == pb::Verdict::CircuitOpen).then_some(())
+            }
+        })
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_forged_to_name_another_replica_frees_nothing() {
+    let _one = ONE.lock().await;
+    let (_redis, _dir, replicas, clients) = on_one_redis(2).await;
+    let (mut a, mut b) = (clients[0].clone(), clients[1].clone());
+    let mut held = Vec::new();
+    for _ in 0..10 {
+        let r = a.acquire(acquire("db-strict", &[], 1)).await.unwrap().into_inner();
+        assert_eq!(r.verdict(), pb::Verdict::Allowed);
+        held.push(r.permit_id);
+    }
+    let full = b.acquire(acquire("db-strict", &[], 1)).await.unwrap().into_inner();
+    assert_eq!(full.verdict(), pb::Verdict::ConcurrencyLimited, "10 held through A: none left through B");
+    // Ids that name A (its first 8 digits) with other random digits.
+    for n in 0..50u32 {
+        let forged = format!("{}{:024x}", &held[0][..8], u128::from(n) * 0x9e37_79b9_7f4a_7c15);
+        let rep = b.report_outcome(report("db-strict", &forged, pb::Outcome::Success)).await.unwrap();
+        assert!(!rep.get_ref().counted, "forged {forged}");
+    }
+    // A real permit with the wrong resource: refused, naming the field.
+    let err = b.report_outcome(report("db-replicated", &held[0], pb::Outcome::Success)).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains("resource"), "{}", err.message());
+    let still = b.acquire(acquire("db-strict", &[], 1)).await.unwrap().into_inner();
+    assert_eq!(still.verdict(), pb::Verdict::ConcurrencyLimited, "nothing was freed");
+    // The real one, reported through B, frees one slot for the fleet.
+    let rep = b.report_outcome(report("db-strict", &held[0], pb::Outcome::Success)).await.unwrap();
+    assert!(rep.get_ref().counted);
+    let freed = b.acquire(acquire("db-strict", &[], 1)).await.unwrap().into_inner();
+    assert_eq!(freed.verdict(), pb::Verdict::Allowed);
+    let mut replicas = replicas;
+    assert!(replicas[0].is_running() && replicas[1].is_running());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_replica_s_slots_come_back_within_permit_ttl() {
+    let _one = ONE.lock().await;
+    let (_redis, _dir, mut replicas, clients) = on_one_redis(3).await;
+    for resource in ["db-strict", "db-replicated"] {
+        let mut got = 0;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while got < 10 && Instant::now() < deadline {
+            let r = clients[2].clone().acquire(acquire(resource, &[], 1)).await.unwrap().into_inner();
+            if r.verdict() == pb::Verdict::Allowed {
+                got += 1;
+            }
+        }
+        assert_eq!(got, 10, "{resource}: all 10 held through the third replica");
+    }
+    signal(replicas[2].pid(), "KILL");
+    let killed = Instant::now();
+    let _ = replicas.pop();
+    for resource in ["db-strict", "db-replicated"] {
+        let r = clients[0].clone().acquire(acquire(resource, &[], 1)).await.unwrap().into_inner();
+        assert_eq!(r.verdict(), pb::Verdict::ConcurrencyLimited, "{resource}: the dead replica's calls may still run");
+    }
+    for resource in ["db-strict", "db-replicated"] {
+        let back = eventually(&format!("{resource}'s slots back"), Duration::from_secs(10), || {
+            let mut c = clients[(killed.elapsed().as_millis() % 2) as usize].clone();
+            async move {
+                let r = c.acquire(acquire(resource, &[], 1)).await.unwrap().into_inner();
+                (r.verdict() == pb::Verdict::Allowed).then(|| killed.elapsed())
+            }
+        })
+        .await;
+        // permit_ttl 3 s; a replicated lease stands 1 s more.
+        assert!(back <= Duration::from_millis(4_500), "{resource}: back after {back:?}");
+    }
+}
+
+/// While Redis is stopped (SIGSTOP), each policy admits what the README says:
+/// `local`, at most its share (10 / 3 replicas, rounded up: 4) per replica;
+/// `deny`, nothing new.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_redis_admits_what_each_policy_says() {
+    let _one = ONE.lock().await;
+    let (redis, _dir, replicas, clients) = on_one_redis(3).await;
+    redis.signal("STOP");
+    // The replicas notice within one Redis timeout (500 ms) of asking.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for resource in ["db-strict", "db-replicated", "db-deny"] {
+        let mut admitted = Vec::new();
+        for c in &clients {
+            let mut n = 0;
+            for _ in 0..20 {
+                let r = c.clone().acquire(acquire(resource, &[], 1)).await.unwrap().into_inner();
+                n += u32::from(r.verdict() == pb::Verdict::Allowed);
+            }
+            admitted.push(n);
+        }
+        let want = if resource == "db-deny" { vec![0, 0, 0] } else { vec![4, 4, 4] };
+        assert_eq!(admitted, want, "{resource} while Redis is stopped: admitted per replica");
+    }
+    redis.signal("CONT");
+    // Back: the strict set counts what the outage admitted (12 of 10 held):
+    // nothing more until enough come back.
+    for r in &replicas {
+        wait_syncs(r, 2);
+    }
+    let r = clients[0].clone().acquire(acquire("db-strict", &[], 1)).await.unwrap().into_inner();
+    assert_eq!(r.verdict(), pb::Verdict::ConcurrencyLimited, "the outage's 12 permits count once Redis is back");
+}
+
+/// Redis restarts empty while permits are in flight: the replicas that hold
+/// them put them back, so the fleet still counts them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slots_in_flight_survive_a_redis_that_comes_back_empty() {
+    let _one = ONE.lock().await;
+    let (mut redis, _dir, _replicas, clients) = on_one_redis(2).await;
+    let (mut a, mut b) = (clients[0].clone(), clients[1].clone());
+    for i in 0..10 {
+        let r = a.acquire(acquire("db-long", &[], 1)).await.unwrap().into_inner();
+        assert_eq!(r.verdict(), pb::Verdict::Allowed, "call {i}");
+    }
+    redis.restart_empty();
+    // Within a few seconds (Redis back, one reassertion a second) the 10
+    // are counted again; from then on, nothing is admitted.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    for i in 0..20 {
+        let r = b.acquire(acquire("db-long", &[], 1)).await.unwrap().into_inner();
+        assert_eq!(r.verdict(), pb::Verdict::ConcurrencyLimited, "call {i} through B after the empty restart");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
