@@ -20,8 +20,10 @@
 //! - `replicated`: at most the limit plus R x rate x sync interval per fault.
 //! - nothing lost: what was admitted, drained or cancelled covers the limit,
 //!   less the same slack (a lease lost for good would show here).
-//! - concurrency slots: once `permit_ttl` has passed, every replica grants
-//!   all of its slots again (none lost to a cancelled call or a dead client).
+//! - concurrency slots (`replicated` and `strict`, fleet-wide): once
+//!   `permit_ttl` has passed, the replicas together grant exactly all the
+//!   slots again (none lost to a cancelled call, a dead client, a dead
+//!   replica or an empty Redis; none granted twice).
 //! - a breaker whose calls all fail admits at most what it needs to open
 //!   and then its probes, counted across the replicas.
 //! - settle and Charge (a `strict`, `deny` window taking estimates of 4
@@ -56,7 +58,7 @@ use tonic::transport::{Channel, Endpoint};
 
 /// Per window limit, per schedule.
 const LIMIT: u64 = 400;
-/// Concurrency slots per replica, and their permits' TTL.
+/// Concurrency slots of the fleet, and their permits' TTL.
 const SLOTS: usize = 4;
 const PERMIT_TTL: Duration = Duration::from_secs(2);
 /// Calls a second per replica and limit.
@@ -84,6 +86,8 @@ resources:
     limits: [ {{ name: hourly, algorithm: fixed_window, limit: {LIMIT}, window: 1h, sync: strict, on_redis_error: deny }} ]
   - name: "cc-*"
     concurrency: {{ max_in_flight: {SLOTS}, permit_ttl: 2s }}
+  - name: "cs-*"
+    concurrency: {{ max_in_flight: {SLOTS}, permit_ttl: 2s, sync: strict }}
   - name: "br-*"
     breaker:
       window: {{ kind: count, size: 10 }}
@@ -494,7 +498,8 @@ async fn traffic(grpc: Vec<String>, resource: String, seen: Arc<Seen>, stop: Arc
                     continue;
                 }
                 let r = ask(&channel, &resource, patience).await;
-                let (slot, breaker) = (resource.starts_with("cc-"), resource.starts_with("br-"));
+                let slot = resource.starts_with("cc-") || resource.starts_with("cs-");
+                let breaker = resource.starts_with("br-");
                 if (slot || breaker)
                     && let Some(Ok(p)) = &r
                 {
@@ -545,19 +550,19 @@ async fn drain(grpc: &[String], resource: &str) -> u64 {
     admitted
 }
 
-/// Every replica grants all its slots on `resource`, and no more.
+/// The replicas, asked in turn, grant all the fleet's slots on `resource`,
+/// and no more.
 async fn slots_all_free(grpc: &[String], resource: &str) -> Result<(), String> {
-    for (i, addr) in grpc.iter().enumerate() {
-        let channel = channel(addr);
-        let mut granted = 0;
-        for _ in 0..SLOTS + 1 {
-            if let Some(Ok(r)) = ask(&channel, resource, Duration::from_secs(5)).await {
-                granted += usize::from(r.verdict() == pb::Verdict::Allowed);
-            }
+    let channels: Vec<Channel> = grpc.iter().map(|g| channel(g)).collect();
+    let mut granted = vec![0; channels.len()];
+    for round in 0..(SLOTS + 2) * channels.len() {
+        let i = round % channels.len();
+        if let Some(Ok(r)) = ask(&channels[i], resource, Duration::from_secs(5)).await {
+            granted[i] += usize::from(r.verdict() == pb::Verdict::Allowed);
         }
-        if granted != SLOTS {
-            return Err(format!("replica {i} granted {granted} of {SLOTS} slots of {resource} after their TTL"));
-        }
+    }
+    if granted.iter().sum::<usize>() != SLOTS {
+        return Err(format!("the replicas granted {granted:?} of {SLOTS} slots of {resource} after their TTL"));
     }
     Ok(())
 }
@@ -617,7 +622,7 @@ async fn run_schedule(world: &Arc<World>, seed: u64) -> (Vec<String>, String) {
     let plan = schedule(seed, world.cluster);
     let tag = format!("{seed:x}");
     // Fresh resources of each glob: every schedule starts from full limits.
-    let limits: Vec<(String, Arc<Seen>)> = ["sd", "sl", "rp", "cc", "st", "br"]
+    let limits: Vec<(String, Arc<Seen>)> = ["sd", "sl", "rp", "cc", "cs", "st", "br"]
         .iter()
         .map(|kind| (format!("{kind}-{tag}"), Arc::new(Seen::default())))
         .collect();
@@ -698,7 +703,7 @@ async fn run_schedule(world: &Arc<World>, seed: u64) -> (Vec<String>, String) {
             figures.push(format!("{name}: {allowed} admitted of calls that all fail (at most {upper})"));
             continue;
         }
-        if name.starts_with("cc-") {
+        if name.starts_with("cc-") || name.starts_with("cs-") {
             if let Err(e) = slots_all_free(&world.grpc, name).await {
                 broken.push(e);
             }

@@ -83,7 +83,32 @@ struct Seen {
     used: f64,
 }
 
+/// How the holders of [`hold_and_report`] hold, and from when the peak counts.
+#[derive(Clone, Copy)]
+struct Load {
+    holders: usize,
+    run: Duration,
+    /// Each call is held 10 ms plus up to this many more.
+    hold_ms: u64,
+    /// The peak counts from this far into the run.
+    peak_from: Duration,
+    /// A denied holder waits what the answer says, within these bounds (ms).
+    retry_ms: (u64, u64),
+}
+
+impl Load {
+    fn new(holders: usize, run: Duration) -> Load {
+        Load { holders, run, hold_ms: 30, peak_from: Duration::ZERO, retry_ms: (20, 100) }
+    }
+}
+
 async fn hold_and_report(clients: &[Client], resource: &'static str, holders: usize, run: Duration) -> Seen {
+    hold_and_report_as(clients, resource, Load::new(holders, run)).await
+}
+
+async fn hold_and_report_as(clients: &[Client], resource: &'static str, load: Load) -> Seen {
+    let Load { holders, run, hold_ms, peak_from, retry_ms } = load;
+    let peak_from = Instant::now() + peak_from;
     let in_flight = Arc::new(AtomicI64::new(0));
     let peak = Arc::new(AtomicI64::new(0));
     let admitted = Arc::new(AtomicU64::new(0));
@@ -106,14 +131,17 @@ async fn hold_and_report(clients: &[Client], resource: &'static str, holders: us
                     // As a client does: back off as told, within reason.
                     let told =
                         r.retry_after.map_or(Duration::ZERO, |d| Duration::new(d.seconds as u64, d.nanos as u32));
-                    tokio::time::sleep(told.clamp(Duration::from_millis(20), Duration::from_millis(100))).await;
+                    let (least, most) = (Duration::from_millis(retry_ms.0), Duration::from_millis(retry_ms.1));
+                    tokio::time::sleep(told.clamp(least, most)).await;
                     continue;
                 }
                 let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-                peak.fetch_max(now, Ordering::SeqCst);
+                if Instant::now() >= peak_from {
+                    peak.fetch_max(now, Ordering::SeqCst);
+                }
                 admitted.fetch_add(1, Ordering::SeqCst);
                 let held = Instant::now();
-                tokio::time::sleep(Duration::from_millis(10 + (i % 31) as u64)).await;
+                tokio::time::sleep(Duration::from_millis(10 + (i as u64 % (hold_ms + 1)))).await;
                 in_flight.fetch_sub(1, Ordering::SeqCst);
                 busy_us.fetch_add(held.elapsed().as_micros() as u64, Ordering::SeqCst);
                 let mut to = clients[(i / 7) % clients.len()].clone();
@@ -288,6 +316,21 @@ async fn a_permit_forged_to_name_another_replica_frees_nothing() {
     assert!(err.message().contains("resource"), "{}", err.message());
     let still = b.acquire(acquire("db-strict", &[], 1)).await.unwrap().into_inner();
     assert_eq!(still.verdict(), pb::Verdict::ConcurrencyLimited, "nothing was freed");
+    // In a batch, the same item is answered `counted: false` (the batch's
+    // other items are applied; one another replica refuses cannot be
+    // checked before), and a real one beside it counts.
+    let batch = pb::ReportOutcomeBatchRequest {
+        reports: vec![
+            report("db-replicated", &held[1], pb::Outcome::Success),
+            report("db-strict", &held[2], pb::Outcome::Success),
+        ],
+    };
+    let answers = b.report_outcome_batch(batch).await.unwrap().into_inner().responses;
+    assert_eq!(answers.iter().map(|r| r.counted).collect::<Vec<_>>(), [false, true]);
+    let refilled = b.acquire(acquire("db-strict", &[], 1)).await.unwrap().into_inner();
+    assert_eq!(refilled.verdict(), pb::Verdict::Allowed, "the slot the batch freed");
+    let still = b.acquire(acquire("db-strict", &[], 1)).await.unwrap().into_inner();
+    assert_eq!(still.verdict(), pb::Verdict::ConcurrencyLimited, "and only that one");
     // The real one, reported through B, frees one slot for the fleet.
     let rep = b.report_outcome(report("db-strict", &held[0], pb::Outcome::Success)).await.unwrap();
     assert!(rep.get_ref().counted);
@@ -333,14 +376,19 @@ async fn a_killed_replica_s_slots_come_back_within_permit_ttl() {
     }
 }
 
-/// While Redis is stopped (SIGSTOP), each policy admits what the README says:
-/// `local`, at most its share (10 / 3 replicas, rounded up: 4) per replica;
-/// `deny`, nothing new.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stalled_redis_admits_what_each_policy_says() {
+/// While Redis is stopped (SIGSTOP) or killed, each policy admits what the
+/// README says: `local`, at most its share (10 / 3 replicas, rounded up: 4)
+/// per replica; `deny`, nothing new. Once Redis answers again (after a
+/// stall, or started again empty after a kill), the strict set counts what
+/// the outage admitted.
+async fn outage_policies(kill: bool) {
     let _one = ONE.lock().await;
-    let (redis, _dir, replicas, clients) = on_one_redis(3).await;
-    redis.signal("STOP");
+    let (mut redis, _dir, replicas, clients) = on_one_redis(3).await;
+    if kill {
+        redis.kill();
+    } else {
+        redis.signal("STOP");
+    }
     // The replicas notice within one Redis timeout (500 ms) of asking.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     for resource in ["db-strict", "db-replicated", "db-deny"] {
@@ -354,16 +402,32 @@ async fn a_stalled_redis_admits_what_each_policy_says() {
             admitted.push(n);
         }
         let want = if resource == "db-deny" { vec![0, 0, 0] } else { vec![4, 4, 4] };
-        assert_eq!(admitted, want, "{resource} while Redis is stopped: admitted per replica");
+        assert_eq!(admitted, want, "{resource} while Redis is away (killed: {kill}): admitted per replica");
     }
-    redis.signal("CONT");
-    // Back: the strict set counts what the outage admitted (12 of 10 held):
-    // nothing more until enough come back.
+    if kill {
+        redis.restart_empty();
+    } else {
+        redis.signal("CONT");
+    }
+    // Back: the strict set counts what the outage admitted (12 of 10 held,
+    // for 3 s): nothing more until enough come back.
     for r in &replicas {
         wait_syncs(r, 2);
     }
-    let r = clients[0].clone().acquire(acquire("db-strict", &[], 1)).await.unwrap().into_inner();
-    assert_eq!(r.verdict(), pb::Verdict::ConcurrencyLimited, "the outage's 12 permits count once Redis is back");
+    for c in &clients {
+        let r = c.clone().acquire(acquire("db-strict", &[], 1)).await.unwrap().into_inner();
+        assert_eq!(r.verdict(), pb::Verdict::ConcurrencyLimited, "the outage's 12 permits count once Redis is back");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_redis_admits_what_each_policy_says() {
+    outage_policies(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_redis_admits_what_each_policy_says() {
+    outage_policies(true).await;
 }
 
 /// Redis restarts empty while permits are in flight: the replicas that hold
@@ -386,4 +450,98 @@ async fn slots_in_flight_survive_a_redis_that_comes_back_empty() {
         assert_eq!(r.verdict(), pb::Verdict::ConcurrencyLimited, "call {i} through B after the empty restart");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Long holds (up to a second) by 150 holders who retry soon after a
+/// denial: the strict set stays exact, with reports going anywhere. (A
+/// strict call that Redis did not answer in time was decided by the outage
+/// policy while Redis was up, and a give-back waiting to be sent made calls
+/// skip Redis: 11-12 of 10 in flight.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strict_stays_exact_under_long_holds() {
+    let _one = ONE.lock().await;
+    let (_redis, _dir, _replicas, clients) = on_one_redis(3).await;
+    let load = Load {
+        holders: 150,
+        run: Duration::from_secs(10),
+        hold_ms: 1000,
+        peak_from: Duration::ZERO,
+        retry_ms: (10, 30),
+    };
+    let seen = hold_and_report_as(&clients, "db-long", load).await;
+    eprintln!("strict, long holds: {seen:?}");
+    assert!(seen.peak <= 10, "{} in flight at once, of 10", seen.peak);
+    assert_eq!(seen.uncounted, 0);
+}
+
+/// After a 2 s stall under load, the replicas each held their outage share
+/// (4 + 4 + 4 of 10) and their leases kept them there: a lease never went
+/// below what a replica held. Now the fleet is back under the limit once
+/// the calls of the outage end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicated_is_exact_again_after_a_stall() {
+    let _one = ONE.lock().await;
+    let (redis, _dir, _replicas, clients) = on_one_redis(3).await;
+    let load = Load {
+        holders: 150,
+        run: Duration::from_secs(12),
+        hold_ms: 2500,
+        peak_from: Duration::from_secs(6),
+        retry_ms: (10, 30),
+    };
+    let stall = async {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        redis.signal("STOP");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        redis.signal("CONT");
+    };
+    let (seen, ()) = tokio::join!(hold_and_report_as(&clients, "db-replicated", load), stall);
+    eprintln!("replicated after a stall: {seen:?}");
+    // From 3 s after Redis is back (the outage's calls held at most 2.5 s).
+    assert!(seen.peak <= 10, "{} in flight at once, of 10, 3 s after the stall", seen.peak);
+}
+
+/// A rule changed from `strict` 10 to `replicated` 3 while 10 permits are
+/// held: the old permits count against the new limit (before, the replica
+/// holding them was leased all it held, and filled its lease again as they
+/// were reported: 10 in flight under a limit of 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_lowered_while_permits_are_held_counts_them() {
+    let _one = ONE.lock().await;
+    let (_redis, dir, replicas, clients) = on_one_redis(3).await;
+    let mut held = Vec::new();
+    for _ in 0..10 {
+        let r = clients[0].clone().acquire(acquire("db-long", &[], 1)).await.unwrap().into_inner();
+        assert_eq!(r.verdict(), pb::Verdict::Allowed);
+        held.push(r.permit_id);
+    }
+    let lowered = RULES.replace(
+        "concurrency: { max_in_flight: 10, sync: strict, permit_ttl: 60s }",
+        "concurrency: { max_in_flight: 3, sync: replicated, permit_ttl: 60s }",
+    );
+    assert_ne!(lowered, RULES);
+    let version = |r: &Floodgate| {
+        let metrics = r.http_get("/metrics").1;
+        metrics.lines().find(|l| l.starts_with("floodgate_rules_version ")).map(str::to_string)
+    };
+    let before: Vec<_> = replicas.iter().map(version).collect();
+    dir.replace("rules.yaml", &lowered);
+    for (r, before) in replicas.iter().zip(before) {
+        eventually("the new rules", Duration::from_secs(10), || async { (version(r) != before).then_some(()) }).await;
+        wait_syncs(r, 3);
+    }
+    // Eight reported, and at once 30 calls through the replica that held
+    // them (before its next sync) and the others.
+    let reports = held.drain(2..).map(|p| {
+        let mut c = clients[0].clone();
+        async move { c.report_outcome(report("db-long", &p, pb::Outcome::Success)).await.unwrap().into_inner() }
+    });
+    assert!(futures_util::future::join_all(reports).await.iter().all(|r| r.counted));
+    let calls = (0..30).map(|i| {
+        let mut c = clients[if i < 20 { 0 } else { i % 3 }].clone();
+        async move { c.acquire(acquire("db-long", &[], 1)).await.unwrap().into_inner().verdict() }
+    });
+    let verdicts = futures_util::future::join_all(calls).await;
+    let admitted = verdicts.iter().filter(|v| **v == pb::Verdict::Allowed).count();
+    assert_eq!(admitted, 1, "2 old permits held on a limit of 3: one more");
 }

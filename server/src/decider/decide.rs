@@ -149,14 +149,12 @@ impl Decider {
                 self.adjust_strict(replication, adjust).await;
             }
             replication.after_report().await;
+            // Reports of other replicas' permits, passed on. One the issuer
+            // refuses (another resource) is answered `counted: false` here:
+            // the rest of the batch was applied already.
             for (one, r) in reported.iter_mut().zip(reports).filter(|(one, _)| !one.counted) {
-                match self.forward(replication, r).await {
-                    Some(Ok(answer)) => *one = answer,
-                    Some(Err(e)) => {
-                        let i = reports.iter().position(|x| std::ptr::eq(x, r)).unwrap_or_default();
-                        return Err(e.in_batch(field, i));
-                    }
-                    None => {}
+                if let Some(Ok(answer)) = replication.forward(r).await {
+                    *one = answer;
                 }
             }
         }

@@ -70,7 +70,7 @@ impl Replication {
         if self.sync().up() && !self.sync().outbox_is_empty() {
             self.flush_outbox(&self.engine.rules_full()).await;
         }
-        if self.sync().up() && self.sync().slot_ops_pending() {
+        if self.sync().up() && self.sync().slot_ops_waiting() {
             self.flush_slot_ops().await;
         }
     }

@@ -5,8 +5,8 @@
 //! a second report of it is unknown there too), records the outcome in its
 //! breaker, returns the slot and settles the estimate, as if the report had
 //! come to it. A report whose issuer is gone, or does not answer within
-//! [`FORWARD_WAIT`], is answered `counted: false`; its slot comes back when
-//! the permit expires.
+//! four Redis timeouts ([`FORWARD_WAIT`] bounds it), is answered
+//! `counted: false`; its slot comes back when the permit expires.
 //!
 //! Messages, space-separated, the resource last (it may hold spaces):
 //! `q <from tag> <request> <permit id> <outcome 1|2|3> <latency us|-> <actual cost|-> <resource>`
@@ -24,8 +24,9 @@ use crate::engine::guards::PermitId;
 use crate::engine::report::{Report, Reported};
 use crate::engine::request::{RequestError, check_permit_id};
 
-/// How long a replica waits for the issuer's answer.
-pub const FORWARD_WAIT: Duration = Duration::from_secs(2);
+/// How long a replica waits for the issuer's answer: four Redis timeouts,
+/// within these bounds (two exchanges over Redis, and the issuer's report).
+const FORWARD_WAIT: (Duration, Duration) = (Duration::from_millis(200), Duration::from_secs(2));
 
 /// Reports waiting for their issuer's answer, at most: beyond, a report of
 /// another replica's permit is answered `counted: false` at once (a flood of
@@ -154,7 +155,8 @@ impl Replication {
             metrics::counter!(crate::metrics::REPORTS_FORWARDED, "result" => "undelivered").increment(1);
             return None;
         }
-        match tokio::time::timeout(FORWARD_WAIT, rx).await {
+        let wait = (self.config.timeout * 4).clamp(FORWARD_WAIT.0, FORWARD_WAIT.1);
+        match tokio::time::timeout(wait, rx).await {
             Ok(Ok(answer)) => {
                 metrics::counter!(crate::metrics::REPORTS_FORWARDED, "result" => "answered").increment(1);
                 Some(answer)

@@ -193,6 +193,8 @@ impl Replication {
         let sync = self.sync();
         if !sync.up() && self.connected.load(std::sync::atomic::Ordering::Acquire) {
             self.back_at.store(now.as_nanos(), std::sync::atomic::Ordering::Release);
+            // Back, perhaps empty: the strict permits held here go back first.
+            self.rounds.store(0, std::sync::atomic::Ordering::Relaxed);
         }
         let back_at = Timestamp::from_nanos(self.back_at.load(std::sync::atomic::Ordering::Acquire));
         let returning = back_at != Timestamp::ZERO && now.saturating_since(back_at) < crate::time::duration_nanos(ttl);
@@ -228,10 +230,9 @@ impl Replication {
             return false;
         }
         self.poll_overrides().await;
-        self.refresh_strict(&rules).await;
-        let buckets = self.sync_buckets(&rules).await;
-        let breakers = self.sync_breakers(&rules).await;
-        self.flush_outbox(&rules).await;
+        // Strict concurrency slots: given back and added; every second (and
+        // first when Redis is back) those held here put back, should Redis
+        // have lost them.
         let round = self.rounds.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let every_second = (Duration::from_secs(1).as_nanos() / self.config.sync_interval.as_nanos().max(1)).max(1);
         if u128::from(round) % every_second == 0 {
@@ -239,6 +240,10 @@ impl Replication {
         } else {
             self.flush_slot_ops().await;
         }
+        self.refresh_strict(&rules).await;
+        let buckets = self.sync_buckets(&rules).await;
+        let breakers = self.sync_breakers(&rules).await;
+        self.flush_outbox(&rules).await;
         self.sync_leases(&rules).await;
         buckets && breakers
     }

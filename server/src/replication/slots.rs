@@ -40,8 +40,10 @@ impl Replication {
         if wanted.is_empty() {
             return;
         }
-        self.flush_slot_ops().await;
-        if !self.sync().up() || self.sync().slot_ops_pending() {
+        if self.sync().adds_owed() {
+            self.flush_slot_ops().await;
+        }
+        if !self.sync().up() || self.sync().adds_owed() {
             return;
         }
         let answers = join_all(wanted.iter().map(|(_, r, c)| self.take_slot_detached(r.clone(), *c))).await;
@@ -59,24 +61,35 @@ impl Replication {
         tokio::spawn(async move { me.take_slot(resource, c).await }).await.ok().flatten()
     }
 
+    /// A script that ran past its deadline (a slow Redis: it took nothing)
+    /// is asked again while a call may wait on a slow Redis.
     async fn take_slot(&self, resource: String, c: Concurrency) -> Option<RemoteSlot> {
         let id = PermitId::random();
-        let now = self.engine.clock().now();
-        let deadline = self.sync().redis_time(now.saturating_add(self.config.timeout));
+        let clock = self.engine.clock();
+        let started = clock.now();
         let [set, _] = slot_keys(&resource);
-        let mut invocation = self.scripts.get(ScriptName::Slot).prepare_invoke();
-        invocation.key(set).arg(1).arg(id.to_string()).arg(millis(c.permit_ttl)).arg(c.max_in_flight).arg(deadline);
-        match self.run(ScriptName::Slot, invocation, wire::parse_slot).await {
-            Some(Answered::Done(Ok(()))) => Some(RemoteSlot::Taken(self.sync().slot_granted(&resource, id))),
-            Some(Answered::Done(Err(first_expiry))) => {
-                let guess = self.engine.slot_free_in(&resource, c.max_in_flight);
-                Some(RemoteSlot::Full { retry_after: guess.min(first_expiry) })
-            }
-            _ => {
-                // It may have run with its answer lost: given back, so that
-                // the slot is not held by nobody until it expires.
-                self.sync().push_slot_op(SlotOp::Give { resource, id });
-                None
+        loop {
+            let deadline = self.sync().redis_time(clock.now().saturating_add(self.config.timeout));
+            let mut invocation = self.scripts.get(ScriptName::Slot).prepare_invoke();
+            invocation.key(&set).arg(1).arg(id.to_string()).arg(millis(c.permit_ttl)).arg(c.max_in_flight);
+            invocation.arg(deadline);
+            match self.run(ScriptName::Slot, invocation, wire::parse_slot).await {
+                Some(Answered::Done(Ok(()))) => {
+                    return Some(RemoteSlot::Taken(Box::new(self.sync().slot_granted(&resource, id))));
+                }
+                Some(Answered::Done(Err(first_expiry))) => {
+                    let guess = self.engine.slot_free_in(&resource, c.max_in_flight);
+                    return Some(RemoteSlot::Full { retry_after: guess.min(first_expiry) });
+                }
+                Some(Answered::TooLate) if clock.now().saturating_since(started) < self.slow_limit() => {
+                    metrics::counter!(crate::metrics::REDIS_LATE).increment(1);
+                }
+                _ => {
+                    // It may have run with its answer lost: given back, so
+                    // that the slot is not held by nobody until it expires.
+                    self.sync().push_slot_op(SlotOp::Give { resource, id });
+                    return None;
+                }
             }
         }
     }
@@ -114,6 +127,9 @@ impl Replication {
                 if !me.slot_op(op).await {
                     me.sync().put_back_slot_ops(ops[i..].to_vec());
                     return;
+                }
+                if matches!(op, SlotOp::Add { .. }) {
+                    me.sync().added();
                 }
             }
         })
@@ -226,7 +242,10 @@ impl Replication {
         };
         let life = lease_ttl(self.config.sync_interval);
         let hold = millis(life + c.permit_ttl);
-        let deadline = sync.redis_time(sent.saturating_add(self.config.timeout));
+        // A renewal Redis runs after this replica gave up only reserves
+        // slots for a while (the lease is not taken): as late as a call may
+        // wait on a slow Redis.
+        let deadline = sync.redis_time(sent.saturating_add(Duration::from_nanos(self.slow_limit())));
         let floor = lease.max(used);
         let [_, leases] = slot_keys(resource);
         let mut invocation = self.scripts.get(ScriptName::SlotLease).prepare_invoke();

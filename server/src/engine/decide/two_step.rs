@@ -269,8 +269,8 @@ impl Engine {
             } else {
                 let resource = p.resource.clone().unwrap_or_default();
                 p.answer.holds_slot = a.holds_slot();
-                let (id, owed) = self.permits.issue_for(p.rule, resource.clone(), a, p.now);
-                if let (Some(expires_at), Some(sync)) = (owed, &self.sync) {
+                let (id, owed) = self.permits.issue_for(p.rule, resource, a, p.now);
+                if let (Some((resource, expires_at)), Some(sync)) = (owed, &self.sync) {
                     sync.push_slot_op(SlotOp::Add { resource, id, expires_at });
                 }
                 p.answer.permit_id = Some(id);
@@ -306,7 +306,7 @@ impl Engine {
         match p.resource.as_ref().filter(|_| p.guarded) {
             Some(resource) => {
                 let dry_run = p.dry_run || p.gate;
-                let slots = self.slots(p.rule, slot);
+                let slots = self.slots(p.rule, slot, dry_run);
                 let ask = Ask { rule: p.rule, resource, level, now: p.now, dry_run, gate: p.gate, remote, slots };
                 match self.guards.admit(ask, &self.events) {
                     Ok(a) => {
@@ -322,11 +322,16 @@ impl Engine {
 
     /// What a rule's concurrency limit lets through here: its `sync` with
     /// Redis's answer, or its `on_redis_error` while Redis cannot answer.
-    fn slots(&self, rule: &Rule, slot: Option<RemoteSlot>) -> Slots {
+    fn slots(&self, rule: &Rule, slot: Option<RemoteSlot>, dry_run: bool) -> Slots {
         let Some(c) = &rule.concurrency else { return Slots::Here(None) };
         let Some(sync) = self.sync.as_ref().filter(|_| c.sync != SyncMode::Local) else {
             return Slots::Here(Some(c.max_in_flight));
         };
+        if dry_run {
+            // Nothing is taken, and Redis is not asked: what this replica
+            // holds against the whole limit.
+            return Slots::Here(Some(c.max_in_flight));
+        }
         let outage = match c.on_redis_error {
             // This replica's share of the fleet's slots, at least one.
             OnRedisError::Local => Some(c.max_in_flight.div_ceil(sync.live())),
@@ -336,8 +341,11 @@ impl Engine {
         match (c.sync, slot) {
             (SyncMode::Strict, Some(RemoteSlot::Taken(grant))) => Slots::Taken(grant),
             (SyncMode::Strict, Some(RemoteSlot::Full { retry_after })) => Slots::Full(retry_after),
+            // Redis answers but did not take a slot in time (it is slow):
+            // denied, rather than decided as if it were away.
+            (SyncMode::Strict, None) if sync.up() => Slots::Full(Duration::from_millis(100)),
             (SyncMode::Strict, None) => Slots::Owed(outage),
-            _ if sync.up() => Slots::Leased(outage),
+            _ if sync.up() => Slots::Leased,
             _ => Slots::Here(outage),
         }
     }

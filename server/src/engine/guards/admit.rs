@@ -43,7 +43,7 @@ struct Held {
 #[derive(Debug)]
 enum Strict {
     /// Redis took it under this permit id.
-    Granted(SlotGrant),
+    Granted(Box<SlotGrant>),
     /// Taken here while Redis could not be asked: added once it answers.
     Owed,
 }
@@ -55,14 +55,14 @@ pub enum Slots {
     /// At most this many here (`None`: no cap): a `local` limit, a server
     /// without Redis, or `on_redis_error` while Redis cannot answer.
     Here(Option<u32>),
-    /// A `replicated` limit: this replica's lease while it is fresh, else
-    /// the outage policy's cap.
-    Leased(Option<u32>),
+    /// A `replicated` limit while Redis answers: this replica's lease while
+    /// it is fresh, else nothing (the lease is renewed before deciding).
+    Leased,
     /// A `strict` limit Redis could not be asked about: the outage policy's
     /// cap; a permit given holds a slot Redis is told of once it answers.
     Owed(Option<u32>),
     /// A `strict` limit: Redis took a slot for this call.
-    Taken(SlotGrant),
+    Taken(Box<SlotGrant>),
     /// A `strict` limit: every slot of the fleet is held.
     Full(Duration),
 }
@@ -227,7 +227,7 @@ impl Guards {
         if let Some(c) = &rule.concurrency {
             let (cap, strict) = match slots {
                 Slots::Here(cap) => (Ok(cap), None),
-                Slots::Leased(fallback) => (Ok(held.guarded.lease_at(now).or(fallback)), None),
+                Slots::Leased => (Ok(Some(held.guarded.lease_at(now).unwrap_or(0))), None),
                 Slots::Owed(cap) => (Ok(cap), Some(Strict::Owed)),
                 Slots::Taken(grant) => (Ok(None), Some(Strict::Granted(grant))),
                 Slots::Full(retry_after) => (Err(retry_after), None),
@@ -269,7 +269,7 @@ impl Permits {
         resource: String,
         a: Admitted,
         now: Timestamp,
-    ) -> (PermitId, Option<Timestamp>) {
+    ) -> (PermitId, Option<(String, Timestamp)>) {
         let held = a.hand_over();
         let mut ttl = rule.concurrency.map_or(DEFAULT_PERMIT_TTL, |c| c.permit_ttl);
         if let (Some((_, true)), Some(cfg)) = (held.breaker, &rule.breaker) {
@@ -288,7 +288,10 @@ impl Permits {
         };
         match held.strict {
             Some(Strict::Granted(grant)) => (self.issue_as(grant.keep(), permit), None),
-            Some(Strict::Owed) => (self.issue(permit), Some(expires_at)),
+            Some(Strict::Owed) => {
+                let resource = permit.resource.clone();
+                (self.issue(permit), Some((resource, expires_at)))
+            }
             None => (self.issue(permit), None),
         }
     }

@@ -40,6 +40,9 @@ pub struct Replica {
     outbox: Arc<Outbox>,
     /// Strict concurrency slots to give back to (or add to) the fleet's set.
     slot_ops: Arc<Outbox<SlotOp>>,
+    /// How many of them add a slot taken while Redis was away: until they
+    /// are in, the fleet's count is short, and no slot is asked of it.
+    adds_owed: std::sync::atomic::AtomicU64,
     breakers: DashMap<String, Unsynced, ahash::RandomState>,
     /// What Redis last said a strict bucket had left: where an outage's
     /// local share starts, and what is restored if Redis loses its data.
@@ -337,8 +340,19 @@ impl Replica {
         self.slot_ops.take()
     }
 
-    pub fn slot_ops_pending(&self) -> bool {
+    /// Strict slots wait to be given back or added.
+    pub fn slot_ops_waiting(&self) -> bool {
         !self.slot_ops.is_empty()
+    }
+
+    /// Slots taken while Redis was away that it does not count yet.
+    pub fn adds_owed(&self) -> bool {
+        self.adds_owed.load(Ordering::Acquire) > 0
+    }
+
+    /// One of them reached Redis.
+    pub fn added(&self) {
+        let _ = self.adds_owed.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
     }
 
     /// Ops that could not be sent, first again at the next flush.
@@ -350,6 +364,9 @@ impl Replica {
     }
 
     pub(crate) fn push_slot_op(&self, op: SlotOp) {
+        if matches!(op, SlotOp::Add { .. }) {
+            self.adds_owed.fetch_add(1, Ordering::AcqRel);
+        }
         self.slot_ops.push(op);
     }
 

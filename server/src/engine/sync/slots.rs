@@ -14,11 +14,10 @@ use crate::time::Timestamp;
 /// Redis's answer for a strict concurrency slot asked for one call.
 #[derive(Debug)]
 pub enum RemoteSlot {
-    Taken(SlotGrant),
+    /// Boxed: rare, and every prepared decision carries room for this.
+    Taken(Box<SlotGrant>),
     /// Every slot is held; one is likely back in `retry_after`.
-    Full {
-        retry_after: Duration,
-    },
+    Full { retry_after: Duration },
 }
 
 /// What waits to be told to the fleet's in-flight set.

@@ -153,7 +153,7 @@ fn while_redis_is_down_every_strict_decision_follows_its_policy() {
 const GUARDED: &str = r#"
 resources:
   - name: db
-    concurrency: { max_in_flight: 1 }
+    concurrency: { max_in_flight: 1, sync: local }
     limits:
       - { name: here, algorithm: token_bucket, capacity: 10, refill_per_second: 1 }
       - { name: there, algorithm: fixed_window, limit: 50, window: 1h, sync: strict }
@@ -193,6 +193,32 @@ fn a_decision_abandoned_while_redis_is_asked_gives_back_its_slot_and_its_units()
     // Dropped without a word (a panic, a forgotten decision): the slot still comes back.
     drop(again);
     drop(begin());
+}
+
+#[test]
+fn a_replicated_concurrency_limit_admits_within_its_fresh_lease_only() {
+    use crate::engine::Verdict;
+    const LEASED: &str = "resources:\n  - name: db\n    concurrency: { max_in_flight: 10 }\n";
+    let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_700_006_400)));
+    let e = Engine::new(EngineConfig { max_keys: 1000, replicated: true }, clock.clone());
+    e.install(RuleSet::from_yaml(LEASED, "t").unwrap(), LEASED.into(), "t".into());
+    e.sync().unwrap().set_up(true);
+    let rules = e.rules_full();
+    let none: HashMap<String, String> = HashMap::new();
+    let req = Request { resource: "db", descriptors: &none, cost: 1, dry_run: false, settle: false };
+    let verdict = || e.decide(e.prepare(&rules, &req).unwrap(), clock.now()).verdict;
+    assert_eq!(verdict(), Verdict::ConcurrencyLimited, "no lease yet: nothing, not the outage share");
+    let prepared = e.prepare(&rules, &req).unwrap();
+    e.guarded(&prepared).unwrap().set_lease(2, clock.now().saturating_add(Duration::from_secs(1)), 2);
+    assert_eq!((verdict(), verdict(), verdict()), (Verdict::Allowed, Verdict::Allowed, Verdict::ConcurrencyLimited));
+    clock.advance(Duration::from_secs(1));
+    e.guarded(&prepared).unwrap().set_lease(5, clock.now(), 5);
+    assert_eq!(verdict(), Verdict::ConcurrencyLimited, "a stale lease takes no call");
+    // Redis away: this replica's share of the limit (10 / 1 live), counting
+    // the two it holds.
+    e.sync().unwrap().set_up(false);
+    let admitted = (0..20).filter(|_| verdict() == Verdict::Allowed).count();
+    assert_eq!(admitted, 8);
 }
 
 #[test]

@@ -7,8 +7,11 @@
 -- stands without a new sync, ms (the lease's life plus the permits' time to
 -- live: a replica that dies keeps its slots until its permits expire);
 -- ARGV[7]: a deadline in Redis time, us (0: none).
--- Returns {its lease, the slots the others hold}: never less than what it
--- has in flight, never more than the others leave free.
+-- Returns {its lease, the slots the others hold}: never more than the others
+-- leave free, even below what it has in flight (after an outage, or a rule
+-- that changed, the replicas may together hold more than the limit: each
+-- then admits nothing until the fleet is back under it). Its reservation is
+-- the larger of the lease and what it may still hold.
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local DEADLINE = tonumber(ARGV[7])
@@ -26,8 +29,8 @@ for i = 1, #all, 2 do
     if untl <= now then redis.call('HDEL', KEYS[1], all[i]) else others = others + n end
   end
 end
-local lease = math.max(used, math.min(want, max - others))
-local held = math.max(lease, floor)
+local lease = math.max(0, math.min(want, max - others))
+local held = math.max(lease, floor, used)
 if held > 0 then
   redis.call('HSET', KEYS[1], me, held .. ' ' .. (now + hold))
   local ttl = redis.call('PTTL', KEYS[1])
