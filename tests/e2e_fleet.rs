@@ -25,6 +25,14 @@ resources:
     concurrency: { max_in_flight: 10, sync: strict, permit_ttl: 60s }
   - name: db-deny
     concurrency: { max_in_flight: 10, sync: strict, on_redis_error: deny, permit_ttl: 3s }
+  - name: probe
+    breaker:
+      window: { kind: count, size: 10 }
+      minimum_calls: 2
+      failure_rate_threshold: 0.5
+      wait_in_open: 1s
+      half_open_calls: 2
+      max_wait_in_half_open: 20s
   - name: pay
     breaker:
       window: { kind: count, size: 100 }
@@ -544,4 +552,46 @@ async fn a_limit_lowered_while_permits_are_held_counts_them() {
     let verdicts = futures_util::future::join_all(calls).await;
     let admitted = verdicts.iter().filter(|v| **v == pb::Verdict::Allowed).count();
     assert_eq!(admitted, 1, "2 old permits held on a limit of 3: one more");
+}
+
+/// Half-open probes across replicas: exactly `half_open_calls` are handed
+/// out by the three together, and probes reported to other replicas decide
+/// the round (here, close the breaker everywhere).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_reported_to_other_replicas_decide_the_round() {
+    let _one = ONE.lock().await;
+    let (_redis, _dir, _replicas, clients) = on_one_redis(3).await;
+    for i in 0..2 {
+        let r = clients[i].clone().acquire(acquire("probe", &[], 1)).await.unwrap().into_inner();
+        let mut to = clients[(i + 1) % 3].clone();
+        let rep = to.report_outcome(report("probe", &r.permit_id, pb::Outcome::Failure)).await.unwrap();
+        assert!(rep.get_ref().counted);
+    }
+    // Open (on every replica by the next sync), then half-open after 1 s:
+    // the three replicas together hand out exactly two probes.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut probes = Vec::new();
+    for i in 0..30 {
+        let r = clients[i % 3].clone().acquire(acquire("probe", &[], 1)).await.unwrap().into_inner();
+        if r.verdict() == pb::Verdict::Allowed {
+            probes.push((i % 3, r.permit_id));
+        }
+    }
+    assert_eq!(probes.len(), 2, "half_open_calls: 2, across the replicas: {probes:?}");
+    for (from, permit) in &probes {
+        let mut to = clients[(from + 1) % 3].clone();
+        assert!(to.report_outcome(report("probe", permit, pb::Outcome::Success)).await.unwrap().get_ref().counted);
+        let again = to.report_outcome(report("probe", permit, pb::Outcome::Success)).await.unwrap();
+        assert!(!again.get_ref().counted, "a probe reported twice counts once");
+    }
+    for (n, c) in clients.iter().enumerate() {
+        eventually(&format!("the breaker closed on replica {n}"), Duration::from_secs(5), || {
+            let mut c = c.clone();
+            async move {
+                let r = c.acquire(acquire("probe", &[], 1)).await.unwrap().into_inner();
+                (r.verdict() == pb::Verdict::Allowed && r.breaker_state() == pb::BreakerState::Closed).then_some(())
+            }
+        })
+        .await;
+    }
 }
