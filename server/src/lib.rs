@@ -12,7 +12,8 @@
 //! - [`reload`]: hot reload of the rules file; [`files`]: watching files.
 //! - [`decider`]: the one decision path every entry point calls; the only
 //!   place that knows whether the server replicates.
-//! - [`replication`]: Redis: replicated and strict limits, shared breakers and rules.
+//! - [`replication`]: Redis: replicated and strict limits and concurrency limits,
+//!   shared breakers and rules, reports passed on to the replica that issued the permit.
 //! - [`engine`]: the decision core: rules in force, all-or-nothing over limits,
 //!   breakers and permits; `engine::sync` keeps what replication needs.
 //! - [`events`]: transitions and reloads, for Watch; [`metrics`]: names and the recorder;

@@ -10,6 +10,9 @@
 //! - Breakers share their windows and transitions; probes are granted
 //!   cluster-wide; transitions are announced on pub/sub and stored for
 //!   replicas that start later. Rules applied through Admin reach every replica.
+//! - Concurrency limits count the fleet (`slots`): a strict in-flight set, or
+//!   slots leased to each replica; a report of another replica's permit is
+//!   passed on to it (`forward`).
 //! - A dead Redis never makes a call fail or wait longer than `--redis-timeout`:
 //!   after one failure, calls stop asking until the sync loop reaches Redis again.
 
@@ -85,6 +88,8 @@ pub struct Replication {
     slot_flush: tokio::sync::Mutex<()>,
     /// Sync rounds done, for work done every few of them.
     rounds: std::sync::atomic::AtomicU64,
+    /// The version of the rules the last sync ran with.
+    rules_seen: std::sync::atomic::AtomicU64,
 }
 
 impl Replication {
@@ -114,6 +119,7 @@ impl Replication {
             forwards: forward::Forwards::default(),
             slot_flush: tokio::sync::Mutex::new(()),
             rounds: std::sync::atomic::AtomicU64::new(0),
+            rules_seen: std::sync::atomic::AtomicU64::new(0),
         });
         r.load_shared_rules().await;
         r.poll_overrides().await;
@@ -233,6 +239,10 @@ impl Replication {
         // Strict concurrency slots: given back and added; every second (and
         // first when Redis is back) those held here put back, should Redis
         // have lost them.
+        // New rules may have made a limit strict: its calls in flight join the set now.
+        if self.rules_seen.swap(rules.version, std::sync::atomic::Ordering::Relaxed) != rules.version {
+            self.rounds.store(0, std::sync::atomic::Ordering::Relaxed);
+        }
         let round = self.rounds.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let every_second = (Duration::from_secs(1).as_nanos() / self.config.sync_interval.as_nanos().max(1)).max(1);
         if u128::from(round) % every_second == 0 {

@@ -40,6 +40,12 @@ impl Replication {
         if wanted.is_empty() {
             return;
         }
+        // New rules may have made a limit strict: the calls in flight here
+        // join the set before anything is asked of it.
+        let version = self.engine.rules().version;
+        if self.rules_seen.swap(version, std::sync::atomic::Ordering::AcqRel) != version {
+            self.reassert_slots().await;
+        }
         if self.sync().adds_owed() {
             self.flush_slot_ops().await;
         }
@@ -114,7 +120,8 @@ impl Replication {
         let _ = tokio::spawn(async move {
             let _one = me.slot_flush.lock().await;
             if reassert {
-                for (resource, held) in me.engine.strict_slots() {
+                let rules = me.engine.rules_full();
+                for (resource, held) in me.engine.strict_slots(&rules) {
                     for chunk in held.chunks(500) {
                         if !me.add_slots(&resource, chunk).await {
                             return;
@@ -137,12 +144,14 @@ impl Replication {
     }
 
     /// Puts permits held here back in a strict set (where they are, their
-    /// expiry stays).
+    /// expiry stays). Not those about to expire: Redis may have expired one
+    /// already (its expiry there is counted from the take, a little before
+    /// the permit's here), and its slot be taken again.
     async fn add_slots(&self, resource: &str, held: &[(PermitId, crate::time::Timestamp)]) -> bool {
-        let now = self.engine.clock().now();
+        let soon = self.engine.clock().now().saturating_add(REASSERT_MARGIN);
         let redis_ms = |t: crate::time::Timestamp| self.sync().redis_time(t) / 1000;
         let mut members = Vec::with_capacity(held.len() * 2);
-        for (id, expires_at) in held.iter().filter(|(_, e)| *e > now) {
+        for (id, expires_at) in held.iter().filter(|(_, e)| *e > soon) {
             members.push(redis_ms(*expires_at).to_string());
             members.push(id.to_string());
         }
@@ -257,7 +266,8 @@ impl Replication {
             .arg(want.min(c.max_in_flight))
             .arg(c.max_in_flight)
             .arg(hold)
-            .arg(deadline);
+            .arg(deadline)
+            .arg(millis(life));
         if let Some(Answered::Done((granted, _others))) =
             self.run(ScriptName::SlotLease, invocation, wire::parse_slot_lease).await
         {
@@ -265,6 +275,9 @@ impl Replication {
         }
     }
 }
+
+/// Strict permits this close to their expiry are not put back.
+const REASSERT_MARGIN: Duration = Duration::from_millis(250);
 
 /// Why a lease is renewed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

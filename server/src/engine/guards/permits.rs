@@ -137,9 +137,21 @@ impl Permits {
     }
 
     /// The permits holding a strict slot, by resource: (id, expiry) each.
-    pub fn strict_slots(&self) -> std::collections::HashMap<String, Vec<(PermitId, Timestamp)>> {
+    /// A permit holding a slot of a resource whose limit is strict now
+    /// (`strict(resource)`: its rule changed since) becomes one, so that the
+    /// fleet's set counts it and it gives its slot back there.
+    pub fn strict_slots(
+        &self,
+        strict: impl Fn(&str) -> bool,
+    ) -> std::collections::HashMap<String, Vec<(PermitId, Timestamp)>> {
         let mut by_resource: std::collections::HashMap<String, Vec<(PermitId, Timestamp)>> = Default::default();
-        for e in self.map.iter().filter(|e| e.strict_slot) {
+        for mut e in self.map.iter_mut() {
+            if !e.strict_slot && e.holds_slot && strict(&e.resource) {
+                e.strict_slot = true;
+            }
+            if !e.strict_slot {
+                continue;
+            }
             if let Some(id) = PermitId::from_raw(*e.key()) {
                 by_resource.entry(e.resource.clone()).or_default().push((id, e.expires_at));
             }

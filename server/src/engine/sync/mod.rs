@@ -438,9 +438,16 @@ impl Engine {
         Some(self.guards.get_or_create(p.resource(), rule))
     }
 
-    /// The permits issued here that hold a strict slot, by resource.
-    pub fn strict_slots(&self) -> std::collections::HashMap<String, Vec<(crate::engine::guards::PermitId, Timestamp)>> {
-        self.permits.strict_slots()
+    /// The permits issued here that hold a strict slot, by resource (those
+    /// of a limit made strict since they were issued included).
+    pub fn strict_slots(
+        &self,
+        rules: &Installed,
+    ) -> std::collections::HashMap<String, Vec<(crate::engine::guards::PermitId, Timestamp)>> {
+        let strict = |resource: &str| {
+            rules.rules.find(resource).and_then(|r| r.concurrency).is_some_and(|c| c.sync == SyncMode::Strict)
+        };
+        self.permits.strict_slots(strict)
     }
 
     /// Every guarded resource, sorted by name.
