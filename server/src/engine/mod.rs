@@ -29,6 +29,7 @@ mod handles;
 pub mod hottest;
 mod installed;
 pub mod lease;
+pub mod permit_id;
 pub mod report;
 pub mod request;
 pub mod rls;
@@ -165,6 +166,35 @@ impl Engine {
     /// Permits handed out and not yet returned or expired.
     pub fn permits_in_flight(&self) -> usize {
         self.permits.len()
+    }
+
+    /// The guarded state of a prepared item's resource (made for its rule).
+    pub fn guarded(&self, p: &Prepared<'_>) -> Option<Arc<guards::Guarded>> {
+        let (rule, _) = p.rule?;
+        Some(self.guards.get_or_create(p.resource(), rule))
+    }
+
+    /// The permits issued here that hold a strict slot, by resource (those
+    /// of a limit made strict since they were issued included).
+    pub fn strict_slots(&self, rules: &Installed) -> std::collections::HashMap<String, Vec<(PermitId, Timestamp)>> {
+        let strict = |resource: &str| {
+            rules
+                .rules
+                .find(resource)
+                .and_then(|r| r.concurrency)
+                .is_some_and(|c| c.sync == crate::rules::SyncMode::Strict)
+        };
+        self.permits.strict_slots(strict)
+    }
+
+    /// Every guarded resource, sorted by name.
+    pub fn guards_all(&self) -> Vec<(String, Arc<guards::Guarded>)> {
+        self.guards.all()
+    }
+
+    /// When a concurrency slot of `resource` is likely to come back.
+    pub fn slot_free_in(&self, resource: &str, max: u32) -> Duration {
+        self.guards.get(resource).map_or(Duration::from_millis(50), |g| g.slot_free_in(max))
     }
 
     /// Forgets idle buckets and buckets of limits no longer in force.

@@ -331,7 +331,7 @@ impl Replica {
     }
 
     /// A strict concurrency slot Redis took for a call under `id`.
-    pub fn slot_granted(&self, resource: &str, id: crate::engine::guards::PermitId) -> SlotGrant {
+    pub fn slot_granted(&self, resource: &str, id: crate::engine::permit_id::PermitId) -> SlotGrant {
         SlotGrant::new(resource.to_string(), id, self.slot_ops.clone())
     }
 
@@ -432,34 +432,6 @@ impl Replica {
 impl Engine {
     /// Whether the next call on this resource needs Redis to grant a probe
     /// (the rule `p` matched has a breaker, in OPEN past its wait or HALF_OPEN).
-    /// The guarded state of a prepared item's resource (made for its rule).
-    pub fn guarded(&self, p: &Prepared<'_>) -> Option<Arc<crate::engine::guards::Guarded>> {
-        let (rule, _) = p.rule?;
-        Some(self.guards.get_or_create(p.resource(), rule))
-    }
-
-    /// The permits issued here that hold a strict slot, by resource (those
-    /// of a limit made strict since they were issued included).
-    pub fn strict_slots(
-        &self,
-        rules: &Installed,
-    ) -> std::collections::HashMap<String, Vec<(crate::engine::guards::PermitId, Timestamp)>> {
-        let strict = |resource: &str| {
-            rules.rules.find(resource).and_then(|r| r.concurrency).is_some_and(|c| c.sync == SyncMode::Strict)
-        };
-        self.permits.strict_slots(strict)
-    }
-
-    /// Every guarded resource, sorted by name.
-    pub fn guards_all(&self) -> Vec<(String, Arc<crate::engine::guards::Guarded>)> {
-        self.guards.all()
-    }
-
-    /// When a concurrency slot of `resource` is likely to come back.
-    pub fn slot_free_in(&self, resource: &str, max: u32) -> Duration {
-        self.guards.get(resource).map_or(Duration::from_millis(50), |g| g.slot_free_in(max))
-    }
-
     pub fn needs_remote_probe(&self, p: &Prepared<'_>, resource: &str) -> bool {
         if !self.sync.as_ref().is_some_and(Replica::up) || !p.has_breaker() || p.gate() {
             return false;

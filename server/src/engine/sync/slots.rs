@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::shared::Outbox;
-use crate::engine::guards::PermitId;
+use crate::engine::permit_id::PermitId;
 use crate::time::Timestamp;
 
 /// Redis's answer for a strict concurrency slot asked for one call.
