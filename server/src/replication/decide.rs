@@ -75,12 +75,12 @@ impl Replication {
     /// Asks for a probe on a task of its own: a grant whose caller went away
     /// drops there, giving the probe back.
     async fn probe_detached(&self, resource: String) -> Option<RemoteBreaker> {
-        let me = self.me.upgrade()?;
-        let task = tokio::spawn(async move {
+        self.detached(|me| async move {
             let rules = me.engine.rules_full();
             me.probe(&rules, &resource).await
-        });
-        task.await.ok().flatten()
+        })
+        .await
+        .flatten()
     }
 
     /// The local part of every item, then Redis's part of those with strict

@@ -128,6 +128,20 @@ impl Replication {
         Ok(r)
     }
 
+    /// Runs `work` on a task of its own and waits for it: a caller that
+    /// goes away (its future dropped at an `.await`) never cuts an exchange
+    /// with Redis in the middle; what the work hands out and nobody takes
+    /// drops there. `None` when the replication is gone or the task panicked.
+    async fn detached<T, F, Fut>(&self, work: F) -> Option<T>
+    where
+        F: FnOnce(Arc<Replication>) -> Fut,
+        Fut: Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let me = self.me.upgrade()?;
+        tokio::spawn(work(me)).await.ok()
+    }
+
     fn sync(&self) -> &Replica {
         self.engine.sync().expect("checked when replication started")
     }
@@ -240,7 +254,7 @@ impl Replication {
         // first when Redis is back) those held here put back, should Redis
         // have lost them.
         // New rules may have made a limit strict: its calls in flight join the set now.
-        if self.rules_seen.swap(rules.version, std::sync::atomic::Ordering::Relaxed) != rules.version {
+        if self.rules_changed(rules.version) {
             self.rounds.store(0, std::sync::atomic::Ordering::Relaxed);
         }
         let round = self.rounds.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

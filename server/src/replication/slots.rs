@@ -42,8 +42,7 @@ impl Replication {
         }
         // New rules may have made a limit strict: the calls in flight here
         // join the set before anything is asked of it.
-        let version = self.engine.rules().version;
-        if self.rules_seen.swap(version, std::sync::atomic::Ordering::AcqRel) != version {
+        if self.rules_changed(self.engine.rules().version) {
             self.reassert_slots().await;
         }
         if self.sync().adds_owed() {
@@ -63,8 +62,7 @@ impl Replication {
     /// On a task of its own: a slot whose caller went away is given back as
     /// its grant drops there.
     async fn take_slot_detached(&self, resource: String, c: Concurrency) -> Option<RemoteSlot> {
-        let me = self.me.upgrade()?;
-        tokio::spawn(async move { me.take_slot(resource, c).await }).await.ok().flatten()
+        self.detached(move |me| async move { me.take_slot(resource, c).await }).await.flatten()
     }
 
     /// A script that ran past its deadline (a slow Redis: it took nothing)
@@ -108,6 +106,12 @@ impl Replication {
         self.slot_work(false).await;
     }
 
+    /// Whether the rules in force are not the ones this was last asked with
+    /// (a limit may have become strict: the calls held here join its set).
+    pub(super) fn rules_changed(&self, version: u64) -> bool {
+        self.rules_seen.swap(version, std::sync::atomic::Ordering::AcqRel) != version
+    }
+
     /// Every second: each strict permit held here is put back in its set,
     /// should Redis have lost it (restarted empty, or failed over to a
     /// replica that had not heard of it).
@@ -116,31 +120,31 @@ impl Replication {
     }
 
     async fn slot_work(&self, reassert: bool) {
-        let Some(me) = self.me.upgrade() else { return };
-        let _ = tokio::spawn(async move {
-            let _one = me.slot_flush.lock().await;
-            if reassert {
-                let rules = me.engine.rules_full();
-                for (resource, held) in me.engine.strict_slots(&rules) {
-                    for chunk in held.chunks(500) {
-                        if !me.add_slots(&resource, chunk).await {
-                            return;
-                        }
+        self.detached(move |me| async move { me.slot_work_here(reassert).await }).await;
+    }
+
+    async fn slot_work_here(&self, reassert: bool) {
+        let _one = self.slot_flush.lock().await;
+        if reassert {
+            let rules = self.engine.rules_full();
+            for (resource, held) in self.engine.strict_slots(&rules) {
+                for chunk in held.chunks(500) {
+                    if !self.add_slots(&resource, chunk).await {
+                        return;
                     }
                 }
             }
-            let ops = me.sync().take_slot_ops();
-            for (i, op) in ops.iter().enumerate() {
-                if !me.slot_op(op).await {
-                    me.sync().put_back_slot_ops(ops[i..].to_vec());
-                    return;
-                }
-                if matches!(op, SlotOp::Add { .. }) {
-                    me.sync().added();
-                }
+        }
+        let ops = self.sync().take_slot_ops();
+        for (i, op) in ops.iter().enumerate() {
+            if !self.slot_op(op).await {
+                self.sync().put_back_slot_ops(ops[i..].to_vec());
+                return;
             }
-        })
-        .await;
+            if matches!(op, SlotOp::Add { .. }) {
+                self.sync().added();
+            }
+        }
     }
 
     /// Puts permits held here back in a strict set (where they are, their
@@ -221,8 +225,7 @@ impl Replication {
     }
 
     async fn renew_detached(&self, resource: String, g: Arc<Guarded>, c: Concurrency, why: Renewal) {
-        let Some(me) = self.me.upgrade() else { return };
-        let _ = tokio::spawn(async move { me.renew_lease(&resource, &g, c, why).await }).await;
+        self.detached(move |me| async move { me.renew_lease(&resource, &g, c, why).await }).await;
     }
 
     /// One renewal of a lease; one at a time per resource. A call short of
