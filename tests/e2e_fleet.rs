@@ -74,6 +74,25 @@ async fn on_one_redis(n: usize) -> (RedisServer, TempDir, Vec<Floodgate>, Vec<Cl
     (redis, dir, replicas, clients)
 }
 
+/// Rewrites the fleet's rules file with `from` replaced by `to`, and waits
+/// until every replica has reloaded it and then synced `syncs` more times.
+async fn rewrite_rules(dir: &TempDir, replicas: &[Floodgate], from: &str, to: &str, syncs: u64) {
+    let rules = RULES.replace(from, to);
+    assert_ne!(rules, RULES, "{from:?} is in the rules");
+    let version = |r: &Floodgate| {
+        let metrics = r.http_get("/metrics").1;
+        metrics.lines().find(|l| l.starts_with("floodgate_rules_version ")).map(str::to_string)
+    };
+    let before: Vec<_> = replicas.iter().map(version).collect();
+    dir.replace("rules.yaml", &rules);
+    for (r, before) in replicas.iter().zip(before) {
+        eventually("the new rules", Duration::from_secs(10), || async { (version(r) != before).then_some(()) }).await;
+    }
+    for r in replicas {
+        wait_syncs(r, syncs);
+    }
+}
+
 async fn clients(replicas: &[Floodgate]) -> Vec<Client> {
     let mut out = Vec::new();
     for r in replicas {
@@ -535,21 +554,11 @@ async fn a_limit_lowered_while_permits_are_held_counts_them() {
         assert_eq!(r.verdict(), pb::Verdict::Allowed);
         held.push(r.permit_id);
     }
-    let lowered = RULES.replace(
+    let (from, to) = (
         "concurrency: { max_in_flight: 10, sync: strict, permit_ttl: 60s }",
         "concurrency: { max_in_flight: 3, sync: replicated, permit_ttl: 60s }",
     );
-    assert_ne!(lowered, RULES);
-    let version = |r: &Floodgate| {
-        let metrics = r.http_get("/metrics").1;
-        metrics.lines().find(|l| l.starts_with("floodgate_rules_version ")).map(str::to_string)
-    };
-    let before: Vec<_> = replicas.iter().map(version).collect();
-    dir.replace("rules.yaml", &lowered);
-    for (r, before) in replicas.iter().zip(before) {
-        eventually("the new rules", Duration::from_secs(10), || async { (version(r) != before).then_some(()) }).await;
-        wait_syncs(r, 3);
-    }
+    rewrite_rules(&dir, &replicas, from, to, 3).await;
     // Eight reported, and at once 30 calls through the replica that held
     // them (before its next sync) and the others.
     let reports = held.drain(2..).map(|p| {
@@ -658,23 +667,11 @@ async fn a_limit_made_strict_while_permits_are_held_counts_them() {
             held.push(r.permit_id);
         }
     }
-    let version = |r: &Floodgate| {
-        let metrics = r.http_get("/metrics").1;
-        metrics.lines().find(|l| l.starts_with("floodgate_rules_version ")).map(str::to_string)
-    };
-    let before: Vec<_> = replicas.iter().map(version).collect();
-    let strict = RULES.replace(
+    let (from, to) = (
         "concurrency: { max_in_flight: 10, sync: replicated, permit_ttl: 60s }",
         "concurrency: { max_in_flight: 10, sync: strict, permit_ttl: 60s }",
     );
-    assert_ne!(strict, RULES);
-    dir.replace("rules.yaml", &strict);
-    for (r, before) in replicas.iter().zip(before) {
-        eventually("the new rules", Duration::from_secs(10), || async { (version(r) != before).then_some(()) }).await;
-    }
-    for r in &replicas {
-        wait_syncs(r, 2);
-    }
+    rewrite_rules(&dir, &replicas, from, to, 2).await;
     for (n, c) in clients.iter().enumerate() {
         let r = c.clone().acquire(acquire("db-switch", &[], 1)).await.unwrap().into_inner();
         assert_eq!(r.verdict(), pb::Verdict::ConcurrencyLimited, "replica {n}: the 10 held count in the strict set");

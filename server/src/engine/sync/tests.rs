@@ -7,13 +7,19 @@ use crate::limiter::Shared;
 use crate::rules::RuleSet;
 use crate::time::{Clock, ManualClock, Timestamp};
 
+/// A replicating engine with `yaml` installed, on a manual clock.
+fn replicated_engine(yaml: &str) -> (Arc<ManualClock>, Engine) {
+    let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_700_006_400)));
+    let e = Engine::new(EngineConfig { max_keys: 1000, replicated: true }, clock.clone());
+    e.install(RuleSet::from_yaml(yaml, "t").unwrap(), yaml.into(), "t".into());
+    (clock, e)
+}
+
 const RULES: &str = "resources: [ { name: r, limits: [ { name: l, key: [user], algorithm: token_bucket, capacity: 10, refill_per_second: 1 } ] } ]";
 
 #[test]
 fn replicated_buckets_are_synced_while_used_and_dropped_when_idle() {
-    let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_700_006_400)));
-    let e = Engine::new(EngineConfig { max_keys: 1000, replicated: true }, clock.clone());
-    e.install(RuleSet::from_yaml(RULES, "t").unwrap(), RULES.into(), "t".into());
+    let (clock, e) = replicated_engine(RULES);
     let d: HashMap<String, String> = [("user".to_string(), "u1".to_string())].into();
     let rules = e.rules_full();
     for _ in 0..3 {
@@ -40,9 +46,7 @@ fn replicated_buckets_are_synced_while_used_and_dropped_when_idle() {
 
 #[test]
 fn a_bucket_has_one_sync_out_and_its_merged_state_counts_what_was_taken_since_it_went_out() {
-    let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_700_006_400)));
-    let e = Engine::new(EngineConfig { max_keys: 1000, replicated: true }, clock.clone());
-    e.install(RuleSet::from_yaml(RULES, "t").unwrap(), RULES.into(), "t".into());
+    let (clock, e) = replicated_engine(RULES);
     let sync = e.sync().expect("replicated");
     let d: HashMap<String, String> = [("user".to_string(), "u1".to_string())].into();
     let rules = e.rules_full();
@@ -117,9 +121,7 @@ fn admitted(e: &Engine, resource: &str, n: usize) -> usize {
 
 #[test]
 fn while_redis_is_down_every_strict_decision_follows_its_policy() {
-    let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_700_006_400)));
-    let e = Engine::new(EngineConfig { max_keys: 1000, replicated: true }, clock.clone());
-    e.install(RuleSet::from_yaml(STRICT, "t").unwrap(), STRICT.into(), "t".into());
+    let (clock, e) = replicated_engine(STRICT);
     let sync = e.sync().unwrap();
     sync.set_live(2);
     assert!(!sync.up(), "Redis has not answered yet");
@@ -162,9 +164,7 @@ resources:
 #[test]
 fn a_decision_abandoned_while_redis_is_asked_gives_back_its_slot_and_its_units() {
     use crate::engine::{Step, Verdict};
-    let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_700_006_400)));
-    let e = Engine::new(EngineConfig { max_keys: 1000, replicated: true }, clock.clone());
-    e.install(RuleSet::from_yaml(GUARDED, "t").unwrap(), GUARDED.into(), "t".into());
+    let (clock, e) = replicated_engine(GUARDED);
     e.sync().unwrap().set_up(true);
     let rules = e.rules_full();
     let none: HashMap<String, String> = HashMap::new();
@@ -199,9 +199,7 @@ fn a_decision_abandoned_while_redis_is_asked_gives_back_its_slot_and_its_units()
 fn a_replicated_concurrency_limit_admits_within_its_fresh_lease_only() {
     use crate::engine::Verdict;
     const LEASED: &str = "resources:\n  - name: db\n    concurrency: { max_in_flight: 10 }\n";
-    let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_700_006_400)));
-    let e = Engine::new(EngineConfig { max_keys: 1000, replicated: true }, clock.clone());
-    e.install(RuleSet::from_yaml(LEASED, "t").unwrap(), LEASED.into(), "t".into());
+    let (clock, e) = replicated_engine(LEASED);
     e.sync().unwrap().set_up(true);
     let rules = e.rules_full();
     let none: HashMap<String, String> = HashMap::new();
