@@ -69,7 +69,7 @@ async fn admin_needs_a_token_with_the_right_role_and_every_change_is_audited() {
     let err = reader.apply_rules(apply()).await.unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied);
     assert!(err.message().contains("token:grafana has the read role"), "{}", err.message());
-    let level = pb::SetDegradationLevelRequest { level: 3, automatic: false };
+    let level = pb::SetDegradationLevelRequest { level: 3, automatic: false, ..Default::default() };
     assert_eq!(code_of(reader.set_degradation_level(level).await).await, Code::PermissionDenied);
     // Overrides: reading them is for readers, changing them for admins.
     assert_eq!(code_of(reader.list_overrides(pb::ListOverridesRequest::default()).await).await, Code::Ok);
@@ -125,7 +125,7 @@ async fn read_only_calls_can_be_opened_to_anyone() {
     assert_eq!(code_of(anonymous.get_rules(pb::GetRulesRequest {}).await).await, Code::Ok);
     let peek = pb::PeekRequest { resource: "demo".into(), ..Default::default() };
     assert_eq!(code_of(anonymous.peek(peek).await).await, Code::Ok);
-    let set = pb::SetDegradationLevelRequest { level: 1, automatic: false };
+    let set = pb::SetDegradationLevelRequest { level: 1, automatic: false, ..Default::default() };
     assert_eq!(code_of(anonymous.set_degradation_level(set).await).await, Code::Unauthenticated);
 }
 

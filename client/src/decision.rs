@@ -23,6 +23,44 @@ pub struct Acquire {
     cost: u32,
     dry_run: bool,
     settle: bool,
+    priority: Priority,
+}
+
+/// How much a request matters when its system sheds load: by default level 1
+/// sheds `Sheddable`, 2 also `SheddablePlus`, 3 everything but `CriticalPlus`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Priority {
+    /// Never shed by a degradation level.
+    CriticalPlus,
+    /// The default.
+    #[default]
+    Critical,
+    SheddablePlus,
+    Sheddable,
+}
+
+impl Priority {
+    /// `critical_plus`, `critical`, `sheddable_plus` or `sheddable` (any case,
+    /// with or without a `PRIORITY_` prefix), as a header would carry it.
+    pub fn parse(text: &str) -> Option<Priority> {
+        let t = text.trim().to_ascii_lowercase();
+        match t.strip_prefix("priority_").unwrap_or(&t) {
+            "critical_plus" => Some(Priority::CriticalPlus),
+            "critical" => Some(Priority::Critical),
+            "sheddable_plus" => Some(Priority::SheddablePlus),
+            "sheddable" => Some(Priority::Sheddable),
+            _ => None,
+        }
+    }
+
+    fn to_proto(self) -> pb::Priority {
+        match self {
+            Priority::CriticalPlus => pb::Priority::CriticalPlus,
+            Priority::Critical => pb::Priority::Critical,
+            Priority::SheddablePlus => pb::Priority::SheddablePlus,
+            Priority::Sheddable => pb::Priority::Sheddable,
+        }
+    }
 }
 
 /// The verdict, as the server (or the client on its behalf) gave it.
@@ -142,6 +180,16 @@ impl Acquire {
         self
     }
 
+    /// Which requests go first when the resource's system sheds load.
+    pub fn priority(mut self, priority: Priority) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    pub fn priority_of(&self) -> Priority {
+        self.priority
+    }
+
     pub fn resource(&self) -> &str {
         &self.resource
     }
@@ -170,6 +218,7 @@ impl Acquire {
             cost: self.cost,
             dry_run: self.dry_run,
             settle: self.settle,
+            priority: self.priority.to_proto() as i32,
         }
     }
 }

@@ -42,6 +42,7 @@ pub struct FloodgateGrpcLayer {
     metadata: Arc<Vec<(http::HeaderName, String)>>,
     describe: Option<Describe>,
     classify: ClassifyFn,
+    priority: crate::http::PriorityFrom,
 }
 
 #[derive(Clone)]
@@ -52,7 +53,13 @@ pub struct FloodgateGrpc<S> {
 
 impl FloodgateGrpcLayer {
     pub fn new(client: Client) -> Self {
-        FloodgateGrpcLayer { client, metadata: Arc::new(Vec::new()), describe: None, classify: Arc::new(classify) }
+        FloodgateGrpcLayer {
+            client,
+            metadata: Arc::new(Vec::new()),
+            describe: None,
+            classify: Arc::new(classify),
+            priority: Default::default(),
+        }
     }
 
     /// Builds the question from the request (method path, metadata,
@@ -74,13 +81,28 @@ impl FloodgateGrpcLayer {
         if let Some(describe) = &self.describe {
             return describe(parts);
         }
-        let mut ask = Acquire::new(parts.uri.path());
+        let mut ask = Acquire::new(parts.uri.path()).priority(self.priority.of(parts));
         for (key, descriptor) in self.metadata.iter() {
             if let Some(v) = parts.headers.get(key).and_then(|v| v.to_str().ok()) {
                 ask = ask.descriptor(descriptor.clone(), v);
             }
         }
         Some(ask)
+    }
+
+    /// Each call's priority from this metadata key (`critical_plus`,
+    /// `critical`, `sheddable_plus`, `sheddable`; missing or unknown:
+    /// critical). Only from metadata your own side sets: a caller who may set
+    /// it may claim `critical_plus`.
+    pub fn priority_metadata(mut self, key: &str) -> Result<Self, Error> {
+        self.priority = crate::http::PriorityFrom::Header(crate::error::header_name(key)?);
+        Ok(self)
+    }
+
+    /// Each call's priority from a closure.
+    pub fn priority(mut self, f: impl Fn(&http::request::Parts) -> crate::Priority + Send + Sync + 'static) -> Self {
+        self.priority = crate::http::PriorityFrom::With(Arc::new(f));
+        self
     }
 
     /// The value of metadata key `key` becomes descriptor `descriptor`. An

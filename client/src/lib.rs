@@ -61,6 +61,7 @@ pub mod guard;
 pub mod http;
 mod last_good;
 mod lease;
+mod load;
 mod local;
 mod permit;
 mod reporter;
@@ -69,7 +70,7 @@ mod watch;
 
 pub use client::Client;
 pub use client::builder::{Builder, FailMode, Tls};
-pub use decision::{Acquire, Decision, Verdict};
+pub use decision::{Acquire, Decision, Priority, Verdict};
 pub use error::Error;
 pub use floodgate_proto as proto;
 pub use guard::{Fallback, GuardError, Served};

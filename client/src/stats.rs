@@ -14,6 +14,8 @@ pub struct Stats {
     reports_uncounted: AtomicU64,
     reports_dropped: AtomicU64,
     leased: AtomicU64,
+    loads_reported: AtomicU64,
+    loads_failed: AtomicU64,
 }
 
 /// A copy of the counters.
@@ -37,6 +39,10 @@ pub struct StatsSnapshot {
     pub reports_dropped: u64,
     /// Decisions answered from a lease, with no round trip.
     pub leased: u64,
+    /// Load reports (`Builder::report_load`) the server took, and those it
+    /// refused or that failed.
+    pub loads_reported: u64,
+    pub loads_failed: u64,
 }
 
 impl Stats {
@@ -69,6 +75,14 @@ impl Stats {
         self.leased.fetch_add(1, Ordering::Relaxed);
     }
 
+    pub(crate) fn load_reported(&self) {
+        self.loads_reported.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn load_failed(&self) {
+        self.loads_failed.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(crate) fn dropped(&self, n: u64) {
         self.reports_dropped.fetch_add(n, Ordering::Relaxed);
     }
@@ -85,6 +99,8 @@ impl Stats {
             reports_uncounted: l(&self.reports_uncounted),
             reports_dropped: l(&self.reports_dropped),
             leased: l(&self.leased),
+            loads_reported: l(&self.loads_reported),
+            loads_failed: l(&self.loads_failed),
         }
     }
 }

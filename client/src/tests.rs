@@ -87,6 +87,12 @@ impl floodgate_proto::v1::floodgate_server::Floodgate for ShortBatches {
     ) -> Result<tonic::Response<pb::LeaseResponse>, tonic::Status> {
         Err(tonic::Status::unimplemented("not here"))
     }
+    async fn report_load(
+        &self,
+        _: tonic::Request<pb::ReportLoadRequest>,
+    ) -> Result<tonic::Response<pb::ReportLoadResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not here"))
+    }
     type WatchStream = tokio_stream::Empty<Result<pb::WatchEvent, tonic::Status>>;
     async fn watch(
         &self,

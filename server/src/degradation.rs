@@ -1,206 +1,560 @@
-//! Degradation levels 0 to 3, from the error rate over every breaker's calls in
-//! the last 10 seconds, with hysteresis so the level does not flap; an
-//! operator's override wins until cleared.
+//! Degradation levels 0 to 3, one per scope: each system the rules name, and
+//! the global scope (the resources no system lists).
 //!
-//! The level rises as soon as the rate reaches 5%, 15% or 30% (with at least
-//! [`MIN_CALLS`] calls in the window), and falls only once the rate is below
-//! four fifths of the threshold that raised it (4%, 12%, 24%).
+//! A scope's automatic level is the highest any of its signals asks for:
+//! - the error and slow-call rates of its reported calls, and a percentile of
+//!   their latency, over a window of whole seconds (at least `minimum_calls`);
+//! - the load its instances report (`ReportLoad`): CPU, memory and queueing
+//!   delay, summed up over the live instances (mean, busiest, or the share
+//!   above a threshold); an instance silent for `instance_timeout` leaves.
+//!
+//! A signal asks for level `n` once it reaches the `n`th threshold, and keeps
+//! asking for a level it raised until it is below `hysteresis` times that
+//! threshold. The level rises at once; it falls only after `min_time_at_level`
+//! at the level, one level at a time (at once, straight down, without a
+//! dwell). An operator's level wins until cleared.
+//!
+//! The global scope keeps the model it always had: the error rate of every
+//! breaker's calls, 5/15/30%, left below four fifths of the threshold.
 
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use crate::breaker::{Call, Window};
-use crate::rules::WindowKind;
+use crate::breaker::Call;
+use crate::rules::SystemConfig;
+use crate::rules::systems::{Aggregate, MAX_LEVEL, PriorityShedding};
 use crate::time::Timestamp;
 
-/// Error rates that raise the level to 1, 2 and 3.
-pub const THRESHOLDS: [f64; 3] = [0.05, 0.15, 0.30];
-/// A level is left only below this share of its threshold.
-pub const HYSTERESIS: f64 = 0.8;
-/// Fewer calls than this in the window never raise the level.
-pub const MIN_CALLS: u64 = 20;
-pub const MAX_LEVEL: u32 = 3;
-const WINDOW_SECONDS: u32 = 10;
+pub use crate::rules::systems::MAX_LEVEL as LEVEL_MAX;
 
-#[derive(Clone, Debug)]
-pub struct Degradation {
-    window: Window,
-    automatic: u32,
-    manual: Option<u32>,
-}
-
-/// The effective level moved.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The effective level of a scope moved.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LevelChange {
+    /// The system; empty for the global scope.
+    pub system: Arc<str>,
     pub from: u32,
     pub to: u32,
     pub manual: bool,
+    /// Which signal moved it, in one human line (empty for an operator's change).
+    pub reason: String,
 }
 
-impl Default for Degradation {
-    fn default() -> Self {
-        Degradation { window: Window::new(WindowKind::Time(WINDOW_SECONDS)), automatic: 0, manual: None }
-    }
+/// What one instance of a system last reported.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Load {
+    /// Utilization, 0 to 1.
+    pub cpu: f64,
+    pub memory: f64,
+    pub in_flight: Option<u32>,
+    pub queue_delay: Option<Duration>,
 }
 
-impl Degradation {
-    /// The level in force.
-    pub fn level(&self) -> u32 {
-        self.manual.unwrap_or(self.automatic)
-    }
-
-    pub fn automatic(&self) -> u32 {
-        self.automatic
-    }
-
-    pub fn manual(&self) -> Option<u32> {
-        self.manual
-    }
-
-    /// One call some breaker recorded.
-    pub fn record(&mut self, now: Timestamp, call: Call) {
-        self.window.record(now, call);
-    }
-
-    /// Recomputes the automatic level at `now`.
-    pub fn evaluate(&mut self, now: Timestamp) -> Option<LevelChange> {
-        let before = self.level();
-        let counts = self.window.counts(now);
-        let rate = if counts.calls >= MIN_CALLS { counts.failure_rate() } else { 0.0 };
-        let target = THRESHOLDS.iter().filter(|&&t| rate >= t).count() as u32;
-        let held = (1..=self.automatic).rev().find(|&l| rate >= THRESHOLDS[l as usize - 1] * HYSTERESIS).unwrap_or(0);
-        self.automatic = target.max(held);
-        self.change(before, false)
-    }
-
-    /// An operator's level (`Some`), or back to automatic (`None`).
-    pub fn set_manual(&mut self, level: Option<u32>) -> Option<LevelChange> {
-        let before = self.level();
-        self.manual = level.map(|l| l.min(MAX_LEVEL));
-        self.change(before, true)
-    }
-
-    fn change(&self, from: u32, manual: bool) -> Option<LevelChange> {
-        let to = self.level();
-        (from != to).then_some(LevelChange { from, to, manual })
-    }
-}
-
-/// The level shared by every decision: the state behind a lock, and the level
-/// in force as one atomic load for the hot path.
-#[derive(Debug, Default)]
-pub struct Levels {
-    state: Mutex<Degradation>,
-    current: AtomicU32,
-}
-
-/// The level in force and how it is set.
+/// A load report was refused: the system already has this many live instances.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TooManyInstances(pub usize);
+
+/// A scope's signals as last evaluated; `None` when a signal has nothing to go on.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Signals {
+    /// Reported calls in the window.
+    pub calls: u64,
+    pub error_rate: Option<f64>,
+    pub slow_call_rate: Option<f64>,
+    pub latency: Option<Duration>,
+    /// The aggregate the rules chose (the mean for `share`).
+    pub cpu: Option<f64>,
+    pub memory: Option<f64>,
+    pub queue_delay: Option<Duration>,
+    /// Live instances.
+    pub instances: usize,
+    /// The sum of the live instances' reported in-flight calls.
+    pub in_flight: u64,
+}
+
+/// A scope's level and how it is set.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Level {
+    /// The system; empty for the global scope.
+    pub system: Arc<str>,
     pub level: u32,
     pub manual: bool,
     pub automatic: u32,
+    /// Why the automatic level is what it is.
+    pub reason: String,
+    pub signals: Signals,
 }
 
-impl Levels {
+/// One second of reported calls.
+#[derive(Clone, Debug)]
+struct Slot {
+    second: u64,
+    calls: u64,
+    failed: u64,
+    slow: u64,
+    latency: Box<[u32; BUCKETS]>,
+}
+
+/// Latency buckets: four per power of two of microseconds (at most 19% apart).
+const BUCKETS: usize = 128;
+
+fn bucket(latency: Duration) -> usize {
+    let us = latency.as_micros().min(u128::from(u64::MAX)) as u64;
+    if us == 0 {
+        return 0;
+    }
+    let log = 63 - u64::from(us.leading_zeros());
+    let quarter = if log >= 2 { (us >> (log - 2)) & 3 } else { (us << (2 - log)) & 3 };
+    (1 + 4 * log + quarter).min(BUCKETS as u64 - 1) as usize
+}
+
+/// The top of bucket `i` (a latency is never reported lower than it was).
+fn bucket_top(i: usize) -> Duration {
+    if i == 0 {
+        return Duration::from_micros(1);
+    }
+    let (log, quarter) = ((i - 1) / 4, (i - 1) % 4);
+    let us = (1u128 << log) * (4 + quarter as u128 + 1) / 4;
+    Duration::from_micros(us.min(u128::from(u64::MAX)) as u64)
+}
+
+impl Slot {
+    fn empty(second: u64) -> Self {
+        Slot { second, calls: 0, failed: 0, slow: 0, latency: Box::new([0; BUCKETS]) }
+    }
+}
+
+/// The state behind a scope's lock.
+#[derive(Debug)]
+struct Controller {
+    cfg: SystemConfig,
+    ring: Vec<Slot>,
+    instances: HashMap<String, (Load, Timestamp), ahash::RandomState>,
+    /// When expired instances were last dropped.
+    pruned_at: Timestamp,
+    automatic: u32,
+    /// When the automatic level last moved.
+    since: Timestamp,
+    manual: Option<u32>,
+    reason: String,
+    signals: Signals,
+}
+
+/// One scope: its level for the hot path as atomics, the rest behind a lock.
+#[derive(Debug)]
+pub struct Scope {
+    name: Arc<str>,
+    current: AtomicU32,
+    shedding: AtomicU32,
+    state: Mutex<Controller>,
+}
+
+impl Scope {
+    pub fn new(cfg: SystemConfig) -> Self {
+        let ring = (0..cfg.window_seconds).map(|_| Slot::empty(u64::MAX)).collect();
+        Scope {
+            name: Arc::from(cfg.name.as_str()),
+            current: AtomicU32::new(0),
+            shedding: AtomicU32::new(cfg.shed_priority.pack()),
+            state: Mutex::new(Controller {
+                cfg,
+                ring,
+                instances: HashMap::default(),
+                pruned_at: Timestamp::ZERO,
+                automatic: 0,
+                since: Timestamp::ZERO,
+                manual: None,
+                reason: String::new(),
+                signals: Signals::default(),
+            }),
+        }
+    }
+
+    /// The system's name; empty for the global scope.
+    pub fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    pub fn is_global(&self) -> bool {
+        self.name.is_empty()
+    }
+
     /// The level in force: one atomic load.
-    pub fn current(&self) -> u32 {
+    #[inline]
+    pub fn level(&self) -> u32 {
         self.current.load(Ordering::Relaxed)
     }
 
-    pub fn record(&self, now: Timestamp, call: Call) {
-        self.lock().record(now, call);
+    /// From which level each priority is shed here.
+    #[inline]
+    pub fn shedding(&self) -> PriorityShedding {
+        PriorityShedding::unpack(self.shedding.load(Ordering::Relaxed))
     }
 
+    /// New thresholds (the rules changed); the state stays, the window
+    /// starts over if its length changed.
+    pub fn configure(&self, cfg: SystemConfig) {
+        let mut c = self.lock();
+        if cfg.window_seconds != c.cfg.window_seconds {
+            c.ring = (0..cfg.window_seconds).map(|_| Slot::empty(u64::MAX)).collect();
+        }
+        self.shedding.store(cfg.shed_priority.pack(), Ordering::Relaxed);
+        c.cfg = cfg;
+    }
+
+    /// A call a breaker counted (the global scope's signal).
+    pub fn record_call(&self, now: Timestamp, call: Call) {
+        let mut c = self.lock();
+        let slot = c.slot(now);
+        slot.calls += 1;
+        slot.failed += u64::from(call.failed);
+        slot.slow += u64::from(call.slow);
+    }
+
+    /// A reported outcome of one of the system's calls.
+    pub fn record_outcome(&self, now: Timestamp, failed: bool, latency: Duration) {
+        let mut c = self.lock();
+        let slow = latency > c.cfg.slow_call_duration;
+        let slot = c.slot(now);
+        slot.calls += 1;
+        slot.failed += u64::from(failed);
+        slot.slow += u64::from(slow);
+        slot.latency[bucket(latency)] += 1;
+    }
+
+    /// One instance's load. A new instance is refused while the system has
+    /// `max_instances` live ones.
+    /// Answers how many live instances the system has.
+    pub fn report_load(&self, now: Timestamp, instance: &str, load: Load) -> Result<usize, TooManyInstances> {
+        let mut c = self.lock();
+        if let Some(entry) = c.instances.get_mut(instance) {
+            *entry = (load, now);
+            return Ok(c.instances.len());
+        }
+        let max = c.cfg.load.max_instances;
+        // A flood of new ids walks the table at most ten times a second.
+        if c.instances.len() >= max && now.saturating_since(c.pruned_at) >= 100_000_000 {
+            c.prune(now);
+        }
+        if c.instances.len() >= max {
+            return Err(TooManyInstances(max));
+        }
+        c.instances.insert(instance.to_string(), (load, now));
+        Ok(c.instances.len())
+    }
+
+    /// Recomputes the automatic level at `now`.
     pub fn evaluate(&self, now: Timestamp) -> Option<LevelChange> {
-        self.update(|d| d.evaluate(now))
+        self.update(|c| {
+            c.prune(now);
+            c.evaluate(now);
+            false
+        })
     }
 
+    /// An operator's level (`Some`, at most 3), or back to automatic (`None`).
     pub fn set_manual(&self, level: Option<u32>) -> Option<LevelChange> {
-        self.update(|d| d.set_manual(level))
+        self.update(|c| {
+            c.manual = level.map(|l| l.min(MAX_LEVEL));
+            true
+        })
     }
 
     pub fn get(&self) -> Level {
-        let d = self.lock();
-        Level { level: d.level(), manual: d.manual().is_some(), automatic: d.automatic() }
+        let c = self.lock();
+        Level {
+            system: self.name.clone(),
+            level: c.level(),
+            manual: c.manual.is_some(),
+            automatic: c.automatic,
+            reason: c.reason.clone(),
+            signals: c.signals.clone(),
+        }
     }
 
     /// A change and the atomic level move together, under the lock.
-    fn update(&self, f: impl FnOnce(&mut Degradation) -> Option<LevelChange>) -> Option<LevelChange> {
-        let mut d = self.lock();
-        let change = f(&mut d);
-        self.current.store(d.level(), Ordering::Relaxed);
-        change
+    fn update(&self, f: impl FnOnce(&mut Controller) -> bool) -> Option<LevelChange> {
+        let mut c = self.lock();
+        let from = c.level();
+        let manual = f(&mut c);
+        let to = c.level();
+        self.current.store(to, Ordering::Relaxed);
+        let reason = if manual { String::new() } else { c.reason.clone() };
+        (from != to).then(|| LevelChange { system: self.name.clone(), from, to, manual, reason })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Degradation> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Controller> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// One signal at one evaluation: its thresholds and whether the aggregate
+/// reaches a value.
+struct Signal<'a> {
+    name: &'static str,
+    thresholds: [f64; 3],
+    reaches: &'a dyn Fn(f64) -> bool,
+    show: &'a dyn Fn(f64) -> String,
+}
 
-    const OK: Call = Call { failed: false, slow: false };
-    const FAIL: Call = Call { failed: true, slow: false };
-
-    fn at(secs: u64) -> Timestamp {
-        Timestamp::from_secs(1_700_006_400 + secs)
+impl Controller {
+    fn level(&self) -> u32 {
+        self.manual.unwrap_or(self.automatic)
     }
 
-    fn calls(d: &mut Degradation, now: Timestamp, ok: usize, failed: usize) {
-        (0..ok).for_each(|_| d.record(now, OK));
-        (0..failed).for_each(|_| d.record(now, FAIL));
+    /// The slot of `now`'s second, emptied if it held an older second.
+    fn slot(&mut self, now: Timestamp) -> &mut Slot {
+        let second = now.as_nanos() / 1_000_000_000;
+        let len = self.ring.len() as u64;
+        let slot = &mut self.ring[(second % len) as usize];
+        if slot.second != second {
+            slot.second = second;
+            slot.calls = 0;
+            slot.failed = 0;
+            slot.slow = 0;
+            slot.latency.fill(0);
+        }
+        slot
     }
 
-    #[test]
-    fn levels_follow_the_error_rate_thresholds() {
-        let mut d = Degradation::default();
-        calls(&mut d, at(0), 96, 4);
-        assert_eq!(d.evaluate(at(0)), None, "4% is level 0");
-        calls(&mut d, at(0), 0, 1); // 5 of 101 = 4.95%
-        assert_eq!(d.evaluate(at(0)), None);
-        calls(&mut d, at(0), 0, 1); // 6 of 102 = 5.9%
-        assert_eq!(d.evaluate(at(0)), Some(LevelChange { from: 0, to: 1, manual: false }));
-        calls(&mut d, at(0), 0, 20); // 26 of 122 = 21%
-        assert_eq!(d.evaluate(at(0)).map(|c| c.to), Some(2));
-        calls(&mut d, at(0), 0, 30); // 56 of 152 = 37%
-        assert_eq!(d.level(), 2, "levels change only when evaluated");
-        assert_eq!(d.evaluate(at(0)).map(|c| c.to), Some(3));
+    fn prune(&mut self, now: Timestamp) {
+        let timeout = self.cfg.load.instance_timeout;
+        self.instances.retain(|_, (_, at)| now.saturating_since(*at) < timeout.as_nanos() as u64);
+        self.pruned_at = now;
     }
 
-    #[test]
-    fn hysteresis_holds_a_level_until_the_rate_falls_well_below_it() {
-        let mut d = Degradation::default();
-        calls(&mut d, at(0), 84, 16); // 16%
-        assert_eq!(d.evaluate(at(0)).map(|c| c.to), Some(2));
-        calls(&mut d, at(0), 23, 0); // 16 of 123 = 13%: below 15%, above 12%
-        assert_eq!(d.evaluate(at(0)), None);
-        assert_eq!(d.level(), 2);
-        calls(&mut d, at(0), 20, 0); // 16 of 143 = 11.2%
-        assert_eq!(d.evaluate(at(0)), Some(LevelChange { from: 2, to: 1, manual: false }));
-        // Ten seconds on, the window is empty: back to 0.
-        assert_eq!(d.evaluate(at(10)).map(|c| c.to), Some(0));
-    }
+    fn evaluate(&mut self, now: Timestamp) {
+        let second = now.as_nanos() / 1_000_000_000;
+        let live = |s: &&Slot| s.second != u64::MAX && s.second <= second && second - s.second < self.ring.len() as u64;
+        let (mut calls, mut failed, mut slow) = (0u64, 0u64, 0u64);
+        let mut hist = [0u64; BUCKETS];
+        for s in self.ring.iter().filter(live) {
+            calls += s.calls;
+            failed += s.failed;
+            slow += s.slow;
+            for (h, n) in hist.iter_mut().zip(s.latency.iter()) {
+                *h += u64::from(*n);
+            }
+        }
+        let cfg = &self.cfg;
+        let enough = calls >= u64::from(cfg.minimum_calls) && calls > 0;
+        let rate = |n: u64| enough.then(|| n as f64 / calls as f64);
+        let latency =
+            cfg.latency.filter(|_| enough && hist.iter().sum::<u64>() > 0).map(|(q, _)| percentile(&hist, q.0));
+        let loads: Vec<&Load> = self.instances.values().map(|(l, _)| l).collect();
+        let n = loads.len();
+        let in_flight = loads.iter().filter_map(|l| l.in_flight).map(u64::from).sum();
+        let cpu: Vec<f64> = loads.iter().map(|l| l.cpu).collect();
+        let memory: Vec<f64> = loads.iter().map(|l| l.memory).collect();
+        let queue: Vec<f64> = loads.iter().filter_map(|l| l.queue_delay).map(|d| d.as_secs_f64()).collect();
+        let signals = Signals {
+            calls,
+            error_rate: rate(failed),
+            slow_call_rate: rate(slow),
+            latency,
+            cpu: summary(&cpu, cfg.load.aggregate),
+            memory: summary(&memory, cfg.load.aggregate),
+            queue_delay: summary(&queue, cfg.load.aggregate).map(Duration::from_secs_f64),
+            instances: n,
+            in_flight,
+        };
 
-    #[test]
-    fn a_few_failures_are_not_an_error_rate() {
-        let mut d = Degradation::default();
-        calls(&mut d, at(0), 0, MIN_CALLS as usize - 1);
-        assert_eq!(d.evaluate(at(0)), None);
-        calls(&mut d, at(0), 0, 1);
-        assert_eq!(d.evaluate(at(0)).map(|c| c.to), Some(3));
-    }
+        let fraction = |v: f64| format!("{v:.2}");
+        let secs = |v: f64| crate::rules::duration::human(Duration::from_secs_f64(v));
+        let by_value = |v: Option<f64>| move |t: f64| v.is_some_and(|v| v >= t);
+        let by_load = |values: &[f64]| {
+            let (agg, share) = (cfg.load.aggregate, cfg.load.share);
+            let values = values.to_vec();
+            move |t: f64| reaches(&values, agg, share, t)
+        };
+        let secs3 = |d: [Duration; 3]| d.map(|d| d.as_secs_f64());
+        let (error, slow_rate) = (by_value(signals.error_rate), by_value(signals.slow_call_rate));
+        let lat = by_value(signals.latency.map(|d| d.as_secs_f64()));
+        let (cpu_r, mem_r, queue_r) = (by_load(&cpu), by_load(&memory), by_load(&queue));
+        let mut list: Vec<Signal<'_>> = Vec::new();
+        if let Some(t) = cfg.error_rate {
+            list.push(Signal { name: "error rate", thresholds: t, reaches: &error, show: &fraction });
+        }
+        if let Some(t) = cfg.slow_call_rate {
+            list.push(Signal { name: "slow-call rate", thresholds: t, reaches: &slow_rate, show: &fraction });
+        }
+        if let Some((_, t)) = cfg.latency {
+            list.push(Signal { name: "latency", thresholds: secs3(t), reaches: &lat, show: &secs });
+        }
+        if let Some(t) = cfg.cpu {
+            list.push(Signal { name: "cpu", thresholds: t, reaches: &cpu_r, show: &fraction });
+        }
+        if let Some(t) = cfg.memory {
+            list.push(Signal { name: "memory", thresholds: t, reaches: &mem_r, show: &fraction });
+        }
+        if let Some(t) = cfg.queue_delay {
+            list.push(Signal { name: "queue delay", thresholds: secs3(t), reaches: &queue_r, show: &secs });
+        }
 
-    #[test]
-    fn a_manual_level_wins_until_cleared() {
-        let mut d = Degradation::default();
-        assert_eq!(d.set_manual(Some(2)), Some(LevelChange { from: 0, to: 2, manual: true }));
-        calls(&mut d, at(0), 0, 100);
-        assert_eq!(d.evaluate(at(0)), None, "the automatic level moves underneath");
-        assert_eq!((d.level(), d.automatic()), (2, 3));
-        assert_eq!(d.set_manual(None), Some(LevelChange { from: 2, to: 3, manual: true }));
-        assert_eq!(d.set_manual(Some(9)).map(|c| c.to), None, "clamped to 3, which is the level already");
+        let (current, hysteresis) = (self.automatic, cfg.hysteresis);
+        let mut wanted = 0;
+        let mut why = String::new();
+        for s in &list {
+            let reached = (1..=MAX_LEVEL).rev().find(|&l| (s.reaches)(s.thresholds[l as usize - 1])).unwrap_or(0);
+            let held =
+                (1..=current).rev().find(|&l| (s.reaches)(s.thresholds[l as usize - 1] * hysteresis)).unwrap_or(0);
+            let level = reached.max(held);
+            if level > wanted {
+                wanted = level;
+                let t = s.thresholds[level as usize - 1];
+                why = if reached >= held {
+                    format!("{} reached {} (level {level})", s.name, (s.show)(t))
+                } else {
+                    format!("{} still above {} (level {level} is left below it)", s.name, (s.show)(t * hysteresis))
+                };
+            }
+        }
+        let describe = describe(&signals, cfg.load.aggregate);
+        let next = if wanted > current {
+            wanted
+        } else if wanted < current && now.saturating_since(self.since) >= cfg.min_time_at_level.as_nanos() as u64 {
+            if cfg.min_time_at_level.is_zero() { wanted } else { current - 1 }
+        } else {
+            current
+        };
+        if next != current {
+            self.automatic = next;
+            self.since = now;
+        }
+        self.reason = match (next, why.is_empty()) {
+            (0, _) => describe,
+            (_, false) if next == wanted => format!("{why}; {describe}"),
+            _ => format!(
+                "held {} at level {next} before it falls; {describe}",
+                crate::rules::duration::human(cfg.min_time_at_level)
+            ),
+        };
+        self.signals = signals;
     }
 }
+
+/// Whether the live instances' values reach threshold `t`.
+fn reaches(values: &[f64], aggregate: Aggregate, share: f64, t: f64) -> bool {
+    if values.is_empty() {
+        return false;
+    }
+    match aggregate {
+        Aggregate::Mean => values.iter().sum::<f64>() / values.len() as f64 >= t,
+        Aggregate::Max => values.iter().any(|&v| v >= t),
+        Aggregate::Share => values.iter().filter(|&&v| v >= t).count() as f64 >= share * values.len() as f64 - 1e-9,
+    }
+}
+
+/// The value shown for a load signal: the busiest for `max`, else the mean.
+fn summary(values: &[f64], aggregate: Aggregate) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    Some(match aggregate {
+        Aggregate::Max => values.iter().copied().fold(f64::MIN, f64::max),
+        _ => values.iter().sum::<f64>() / values.len() as f64,
+    })
+}
+
+fn describe(s: &Signals, aggregate: Aggregate) -> String {
+    let mut out = format!("{} calls", s.calls);
+    if let Some(r) = s.error_rate {
+        let _ = write!(out, ", error rate {r:.2}");
+    }
+    if let Some(r) = s.slow_call_rate {
+        let _ = write!(out, ", slow {r:.2}");
+    }
+    if let Some(l) = s.latency {
+        let _ = write!(out, ", latency {}", crate::rules::duration::human(l));
+    }
+    let how = if aggregate == Aggregate::Max { "max" } else { "mean" };
+    if s.instances > 0 {
+        let _ = write!(out, "; {} instances", s.instances);
+        if let Some(c) = s.cpu {
+            let _ = write!(out, ", cpu {how} {c:.2}");
+        }
+        if let Some(m) = s.memory {
+            let _ = write!(out, ", memory {how} {m:.2}");
+        }
+    }
+    out
+}
+
+/// The `q` quantile (0 to 1) of a histogram, as its bucket's top.
+fn percentile(hist: &[u64; BUCKETS], q: f64) -> Duration {
+    let total: u64 = hist.iter().sum();
+    let rank = ((q * total as f64).ceil() as u64).clamp(1, total.max(1));
+    let mut seen = 0;
+    for (i, n) in hist.iter().enumerate() {
+        seen += n;
+        if seen >= rank {
+            return bucket_top(i);
+        }
+    }
+    bucket_top(BUCKETS - 1)
+}
+
+/// Every scope in force: the global scope and one per system, in file order.
+/// A system that keeps its name across rule changes keeps its state.
+#[derive(Debug)]
+pub struct Systems {
+    global: Arc<Scope>,
+    named: Vec<Arc<Scope>>,
+}
+
+impl Default for Systems {
+    fn default() -> Self {
+        Systems { global: Arc::new(Scope::new(SystemConfig::global())), named: Vec::new() }
+    }
+}
+
+impl Systems {
+    /// The scopes for `configs`: those already here keep their state and
+    /// take the new thresholds.
+    pub fn reconfigure(&self, configs: &[SystemConfig]) -> Systems {
+        let named = configs
+            .iter()
+            .map(|cfg| match self.named.iter().find(|s| *s.name == *cfg.name) {
+                Some(s) => {
+                    s.configure(cfg.clone());
+                    s.clone()
+                }
+                None => Arc::new(Scope::new(cfg.clone())),
+            })
+            .collect();
+        Systems { global: self.global.clone(), named }
+    }
+
+    /// The scope of system `index` in file order; `None` is the global scope.
+    #[inline]
+    pub fn scope(&self, index: Option<usize>) -> &Arc<Scope> {
+        index.and_then(|i| self.named.get(i)).unwrap_or(&self.global)
+    }
+
+    /// A scope by name; the empty name is the global scope.
+    pub fn by_name(&self, name: &str) -> Option<&Arc<Scope>> {
+        if name.is_empty() {
+            return Some(&self.global);
+        }
+        self.named.iter().find(|s| &*s.name == name)
+    }
+
+    pub fn global(&self) -> &Arc<Scope> {
+        &self.global
+    }
+
+    /// The named systems, in file order.
+    pub fn named(&self) -> &[Arc<Scope>] {
+        &self.named
+    }
+
+    /// The global scope, then every system.
+    pub fn all(&self) -> impl Iterator<Item = &Arc<Scope>> {
+        std::iter::once(&self.global).chain(self.named.iter())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -68,8 +68,16 @@ impl Events {
                 }
             }
             Event::Degradation(c) => {
-                tracing::warn!(from = c.from, to = c.to, manual = c.manual, "degradation level changed");
-                gauge!(metrics::DEGRADATION_LEVEL).set(f64::from(c.to));
+                let system = metrics::system_label(&c.system);
+                tracing::warn!(
+                    system,
+                    from = c.from,
+                    to = c.to,
+                    manual = c.manual,
+                    reason = c.reason,
+                    "degradation level changed"
+                );
+                gauge!(metrics::DEGRADATION_LEVEL, "system" => system).set(f64::from(c.to));
             }
             Event::Rules { .. } => {}
             Event::Overrides { version, set, deleted, expired } => {

@@ -70,7 +70,7 @@ fn engine() -> &'static (Arc<Engine>, Decider) {
         e.install(RuleSet::from_yaml(RULES, "fuzz").expect("the fuzz rules are valid"), RULES.into(), "fuzz".into());
         let envoy = EnvoyConfig::parse(&[("edge.yaml".into(), ENVOY.into())]).expect("the fuzz Envoy config is valid");
         e.install_envoy(envoy, ENVOY.into(), "fuzz".into());
-        let options = RlsOptions { shadow: false, headers: Some(RlsHeaders::RateLimit) };
+        let options = RlsOptions { shadow: false, headers: Some(RlsHeaders::RateLimit), priority_key: "priority" };
         let decider = Decider::new(e.clone(), None).with_rls(options);
         (e, decider)
     })
@@ -104,8 +104,9 @@ pub fn requests(data: &[u8]) {
     let rules = e.rules();
     match kind % 7 {
         0 => {
-            if let Ok(r) = pb::AcquireRequest::decode(body) {
-                let req = Request::from(&r);
+            if let Ok(r) = pb::AcquireRequest::decode(body)
+                && let Ok(req) = Request::try_from(&r)
+            {
                 let _ = e.acquire(&rules, &req);
             }
         }
@@ -117,7 +118,9 @@ pub fn requests(data: &[u8]) {
         1 => {
             if let Ok(b) = pb::AcquireBatchRequest::decode(body) {
                 for r in b.requests.iter().take(crate::engine::request::MAX_BATCH) {
-                    let _ = e.acquire(&rules, &Request::from(r));
+                    if let Ok(req) = Request::try_from(r) {
+                        let _ = e.acquire(&rules, &req);
+                    }
                 }
             }
         }
@@ -158,7 +161,14 @@ fn overrides(e: &Engine, decider: &Decider, r: &pb::SetOverridesRequest) {
     let rules = e.rules();
     for s in &set.specs {
         let d: std::collections::HashMap<String, String> = s.when.iter().cloned().collect();
-        let req = Request { resource: &s.rule, descriptors: &d, cost: 1, dry_run: false, settle: false };
+        let req = Request {
+            resource: &s.rule,
+            descriptors: &d,
+            cost: 1,
+            dry_run: false,
+            settle: false,
+            priority: Default::default(),
+        };
         let _ = e.acquire(&rules, &req);
     }
     let ids = set.specs.iter().map(|s| s.id.clone()).collect();

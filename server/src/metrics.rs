@@ -35,6 +35,9 @@ pub const OUTCOMES: &str = "floodgate_outcomes_total";
 pub const PERMITS_IN_FLIGHT: &str = "floodgate_permits_in_flight";
 pub const PERMITS_EXPIRED: &str = "floodgate_permits_expired_total";
 pub const DEGRADATION_LEVEL: &str = "floodgate_degradation_level";
+pub const SYSTEM_SIGNAL: &str = "floodgate_system_signal";
+pub const SYSTEM_INSTANCES: &str = "floodgate_system_instances";
+pub const LOAD_REPORTS: &str = "floodgate_load_reports_total";
 pub const REDIS_RTT: &str = "floodgate_redis_rtt_seconds";
 pub const REDIS_ERRORS: &str = "floodgate_redis_errors_total";
 pub const REDIS_SYNC_DURATION: &str = "floodgate_redis_sync_duration_seconds";
@@ -110,7 +113,16 @@ fn describe() {
     describe_counter!(OUTCOMES, "Reported outcomes by resource (rule), outcome and result (counted, unknown, expired)");
     describe_gauge!(PERMITS_IN_FLIGHT, "Permits handed out and not yet returned or expired");
     describe_counter!(PERMITS_EXPIRED, "Permits never reported, freed when their TTL passed");
-    describe_gauge!(DEGRADATION_LEVEL, "Degradation level in force (0 to 3)");
+    describe_gauge!(
+        DEGRADATION_LEVEL,
+        "Degradation level in force (0 to 3), by system (global: the resources no system lists)"
+    );
+    describe_gauge!(
+        SYSTEM_SIGNAL,
+        "A system's signals as last evaluated: error_rate, slow_call_rate, latency_seconds, cpu, memory, queue_delay_seconds"
+    );
+    describe_gauge!(SYSTEM_INSTANCES, "Instances of a system that reported their load within its instance_timeout");
+    describe_counter!(LOAD_REPORTS, "ReportLoad calls, by result (counted, refused_full, invalid)");
     describe_histogram!(REDIS_RTT, metrics::Unit::Seconds, "Redis round trips by operation");
     describe_counter!(REDIS_ERRORS, "Redis calls that failed, by operation and kind (timeout, error, not_connected)");
     describe_histogram!(REDIS_SYNC_DURATION, metrics::Unit::Seconds, "One round of the replication sync");
@@ -204,4 +216,10 @@ fn code_name(code: tonic::Code) -> &'static str {
         DataLoss => "DATA_LOSS",
         Unauthenticated => "UNAUTHENTICATED",
     }
+}
+
+/// The `system` label of a degradation scope: its name, `global` for the
+/// resources no system lists (no system may be named `global`).
+pub fn system_label(system: &str) -> String {
+    if system.is_empty() { "global".to_string() } else { system.to_string() }
 }

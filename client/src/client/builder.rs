@@ -58,6 +58,7 @@ pub struct Builder {
     report_interval: Duration,
     last_good_capacity: usize,
     leases: bool,
+    load_report: Option<crate::load::LoadReport>,
 }
 
 // === impl FailMode ===
@@ -128,6 +129,7 @@ impl Default for Builder {
             report_interval: Duration::from_millis(10),
             last_good_capacity: 10_000,
             leases: false,
+            load_report: None,
         }
     }
 }
@@ -214,6 +216,19 @@ impl Builder {
         self
     }
 
+    /// Reports this process's CPU and memory use to the servers once a
+    /// second (`ReportLoad`), as instance `instance` of system `system` (the
+    /// rules' `systems:` name it), on a task of its own: the system's
+    /// degradation level follows its instances' load. Utilization is a share
+    /// of what the process may use: its container's CPU quota and memory
+    /// limit (cgroup v2 or v1), else its CPUs and the host's memory. Linux
+    /// only; elsewhere nothing is reported (logged once).
+    pub fn report_load(mut self, system: impl Into<String>, instance: impl Into<String>) -> Self {
+        let (system, instance) = (system.into(), instance.into());
+        self.load_report = Some(crate::load::LoadReport { system, instance, every: Duration::from_secs(1) });
+        self
+    }
+
     /// Builds the client; connections are made when first needed and remade
     /// when lost. Call it inside a Tokio runtime.
     pub fn build(self) -> Result<Client, Error> {
@@ -224,6 +239,11 @@ impl Builder {
             && !(share > 0.0 && share <= 1.0)
         {
             return Err(Error::Config(format!("FailMode::Local share {share} is not in (0, 1]")));
+        }
+        if let Some(r) = &self.load_report
+            && (r.system.is_empty() || r.instance.is_empty())
+        {
+            return Err(Error::Config("report_load needs a system and an instance id".into()));
         }
         let stats = Arc::new(Stats::default());
         let mut endpoints = Vec::new();
@@ -262,6 +282,10 @@ impl Builder {
         });
         if self.leases {
             tokio::spawn(super::renew_leases(Arc::downgrade(&inner)));
+        }
+        if let Some(report) = self.load_report {
+            let grpcs = inner.endpoints.iter().map(|e| e.grpc.clone()).collect();
+            tokio::spawn(crate::load::run(report, grpcs, inner.stats.clone(), on_close.clone()));
         }
         if self.watch {
             let grpcs = inner.endpoints.iter().map(|e| e.grpc.clone()).collect();

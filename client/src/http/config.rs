@@ -8,12 +8,35 @@ use http::request::Parts;
 use http::{Response, StatusCode};
 
 use super::route::Routes;
-use crate::decision::{Acquire, Decision};
+use crate::decision::{Acquire, Decision, Priority};
 use crate::permit::Outcome;
 
 pub(crate) type Describe = Arc<dyn Fn(&Parts) -> Option<Acquire> + Send + Sync>;
 pub(crate) type ClassifyFn = Arc<dyn Fn(StatusCode) -> Outcome + Send + Sync>;
 pub(crate) type OnDenied = Arc<dyn Fn(&Decision) -> Response<String> + Send + Sync>;
+pub(crate) type PriorityFn = Arc<dyn Fn(&Parts) -> Priority + Send + Sync>;
+
+/// Where a layer reads a request's priority: a header (`sheddable`...; a
+/// missing or unknown value is the default, CRITICAL), or a closure.
+#[derive(Clone, Default)]
+pub(crate) enum PriorityFrom {
+    #[default]
+    Default,
+    Header(http::HeaderName),
+    With(PriorityFn),
+}
+
+impl PriorityFrom {
+    pub(crate) fn of(&self, req: &Parts) -> Priority {
+        match self {
+            PriorityFrom::Default => Priority::default(),
+            PriorityFrom::Header(h) => {
+                req.headers.get(h).and_then(|v| v.to_str().ok()).and_then(Priority::parse).unwrap_or_default()
+            }
+            PriorityFrom::With(f) => f(req),
+        }
+    }
+}
 
 #[derive(Clone)]
 pub(crate) struct Config {
@@ -30,6 +53,7 @@ pub(crate) struct Config {
     /// Every question's cost is an estimate, settled from this response
     /// header (or an [`ActualCost`](super::ActualCost) extension).
     pub(crate) actual_cost_header: Option<http::HeaderName>,
+    pub(crate) priority: PriorityFrom,
 }
 
 impl Default for Config {
@@ -43,6 +67,7 @@ impl Default for Config {
             classify: Arc::new(|s: StatusCode| if s.is_server_error() { Outcome::Failure } else { Outcome::Success }),
             on_denied: None,
             actual_cost_header: None,
+            priority: PriorityFrom::Default,
         }
     }
 }
@@ -54,7 +79,7 @@ impl Config {
             return describe(req);
         }
         let resource = format!("{} {}", req.method, self.route(req));
-        let mut ask = Acquire::new(resource);
+        let mut ask = Acquire::new(resource).priority(self.priority.of(req));
         for (header, descriptor) in &self.headers {
             if let Some(v) = req.headers.get(header).and_then(|v| v.to_str().ok()) {
                 ask = ask.descriptor(descriptor.clone(), v);

@@ -7,11 +7,11 @@ use http::request::Parts;
 use http::{Response, StatusCode};
 use tower::Layer;
 
-use super::config::Config;
+use super::config::{Config, PriorityFrom};
 use super::route::Routes;
 use super::service::Floodgate;
 use crate::client::Client;
-use crate::decision::{Acquire, Decision};
+use crate::decision::{Acquire, Decision, Priority};
 use crate::error::Error;
 use crate::permit::Outcome;
 
@@ -110,6 +110,23 @@ impl FloodgateLayer {
 
     /// The answer to a denied request, instead of the JSON default. The rate
     /// limit fields and `Retry-After` are added to it.
+    /// Each request's priority from this header (`critical_plus`,
+    /// `critical`, `sheddable_plus`, `sheddable`; missing or unknown:
+    /// critical). Take it from a header only your own edge sets: a caller
+    /// who may set it may claim `critical_plus`. An invalid name is an
+    /// [`Error::InvalidHeader`].
+    pub fn priority_header(mut self, header: &str) -> Result<Self, Error> {
+        self.config().priority = PriorityFrom::Header(crate::error::header_name(header)?);
+        Ok(self)
+    }
+
+    /// Each request's priority from a closure (a route's importance, the
+    /// caller's tier).
+    pub fn priority(mut self, f: impl Fn(&Parts) -> Priority + Send + Sync + 'static) -> Self {
+        self.config().priority = PriorityFrom::With(Arc::new(f));
+        self
+    }
+
     pub fn on_denied(mut self, f: impl Fn(&Decision) -> Response<String> + Send + Sync + 'static) -> Self {
         self.config().on_denied = Some(Arc::new(f));
         self

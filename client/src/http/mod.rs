@@ -29,6 +29,7 @@ mod layer;
 mod route;
 mod service;
 
+pub(crate) use config::PriorityFrom;
 pub use headers::{denial_body, denial_status, rate_limit_headers};
 pub use layer::FloodgateLayer;
 pub use route::Routes;

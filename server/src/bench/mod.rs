@@ -174,6 +174,7 @@ fn gcd(a: u64, b: u64) -> u64 {
 fn acquire_item(args: &BenchArgs, key: u64) -> pb::AcquireRequest {
     pb::AcquireRequest {
         settle: false,
+        priority: 0,
         resource: args.resource.clone(),
         descriptors: [(args.key_descriptor.clone(), format!("k{key}"))].into(),
         cost: args.cost,

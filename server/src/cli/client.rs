@@ -34,6 +34,21 @@ pub struct AcquireArgs {
     /// Ask this many times, one decision after another.
     #[arg(long, short = 'n', default_value_t = 1)]
     count: u32,
+    /// The request's priority when its system sheds load: critical_plus,
+    /// critical (the default), sheddable_plus or sheddable.
+    #[arg(long, value_parser = parse_priority)]
+    priority: Option<pb::Priority>,
+}
+
+fn parse_priority(s: &str) -> Result<pb::Priority, String> {
+    use crate::rules::Priority;
+    match Priority::parse(s) {
+        Some(Priority::CriticalPlus) => Ok(pb::Priority::CriticalPlus),
+        Some(Priority::Critical) => Ok(pb::Priority::Critical),
+        Some(Priority::SheddablePlus) => Ok(pb::Priority::SheddablePlus),
+        Some(Priority::Sheddable) => Ok(pb::Priority::Sheddable),
+        None => Err(format!("'{s}' is not a priority: critical_plus, critical, sheddable_plus or sheddable")),
+    }
 }
 
 #[derive(Args, Debug)]
@@ -96,6 +111,7 @@ pub async fn acquire(args: AcquireArgs) -> anyhow::Result<ExitCode> {
         cost: args.cost,
         dry_run: args.dry_run,
         settle: args.settle,
+        priority: args.priority.map_or(0, |p| p as i32),
     };
     let mut code = ExitCode::SUCCESS;
     for _ in 0..args.count.max(1) {

@@ -57,8 +57,15 @@ enum OutcomeArg {
 pub struct LevelArgs {
     #[command(flatten)]
     server: Server,
-    /// 0 to 3 to set it, "auto" to return to the automatic level; without it, show it.
+    /// 0 to 3 to set it, "auto" to return to the automatic level; without
+    /// it, show every scope's level and why.
     level: Option<String>,
+    /// The system to set, as the rules name it; without it, the global scope.
+    #[arg(long, conflicts_with = "every_system")]
+    system: Option<String>,
+    /// Set the global scope and every system at once.
+    #[arg(long)]
+    every_system: bool,
 }
 
 #[derive(Args, Debug)]
@@ -152,19 +159,33 @@ pub async fn report(args: ReportArgs) -> anyhow::Result<ExitCode> {
 
 pub async fn level(args: LevelArgs) -> anyhow::Result<ExitCode> {
     let mut admin = pb::admin_client::AdminClient::new(args.server.connect().await?);
+    let system = args.system.clone().unwrap_or_default();
+    let every_system = args.every_system;
     let req = match args.level.as_deref() {
         None => None,
-        Some("auto") => Some(pb::SetDegradationLevelRequest { level: 0, automatic: true }),
+        Some("auto") => Some(pb::SetDegradationLevelRequest { level: 0, automatic: true, system, every_system }),
         Some(n) => Some(pb::SetDegradationLevelRequest {
             level: n.parse().map_err(|_| anyhow::anyhow!("'{n}' is not a level: use 0 to 3 or auto"))?,
             automatic: false,
+            system,
+            every_system,
         }),
     };
     match req {
         Some(req) => {
             let r = admin.set_degradation_level(req).await.map_err(status_error)?.into_inner();
-            let how = if r.manual { "manual" } else { "automatic" };
-            println!("degradation level {} ({how}; automatic level {})", r.level, r.automatic_level);
+            if r.systems.is_empty() {
+                let how = if r.manual { "manual" } else { "automatic" };
+                println!(
+                    "{}: degradation level {} ({how}; automatic level {})",
+                    scope_name(&r.system),
+                    r.level,
+                    r.automatic_level
+                );
+            }
+            for s in &r.systems {
+                println!("{}", level_line(s));
+            }
         }
         None => {
             let mut client = pb::floodgate_client::FloodgateClient::new(args.server.connect().await?);
@@ -173,11 +194,25 @@ pub async fn level(args: LevelArgs) -> anyhow::Result<ExitCode> {
                 stream.message().await?
             {
                 let how = if s.degradation_override { "manual" } else { "automatic" };
-                println!("degradation level {} ({how})", s.degradation_level);
+                println!("global: degradation level {} ({how})", s.degradation_level);
+                for system in &s.systems {
+                    println!("{}", level_line(system));
+                }
             }
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn scope_name(system: &str) -> &str {
+    if system.is_empty() { "global" } else { system }
+}
+
+/// `payments: degradation level 2 (automatic): cpu reached 0.75 (level 2); ...`
+fn level_line(s: &pb::SystemLevel) -> String {
+    let how = if s.manual { format!("manual; automatic level {}", s.automatic_level) } else { "automatic".into() };
+    let why = if s.reason.is_empty() { String::new() } else { format!(": {}", s.reason) };
+    format!("{}: degradation level {} ({how}){why}", scope_name(&s.system), s.level)
 }
 
 pub async fn watch(args: WatchArgs) -> anyhow::Result<ExitCode> {
@@ -211,10 +246,12 @@ pub async fn watch(args: WatchArgs) -> anyhow::Result<ExitCode> {
             ),
             Some(Event::Degradation(d)) => {
                 format!(
-                    "degradation level {} -> {}{}",
+                    "degradation level of {} {} -> {}{}{}",
+                    scope_name(&d.system),
                     d.from_level,
                     d.to_level,
-                    if d.manual { " (manual)" } else { "" }
+                    if d.manual { " (manual)" } else { "" },
+                    if d.reason.is_empty() { String::new() } else { format!(": {}", d.reason) }
                 )
             }
             Some(Event::Rules(r)) => format!("rules v{} from {}", r.version, r.source),

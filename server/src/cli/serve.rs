@@ -168,6 +168,11 @@ struct EnvoyArgs {
     /// Add rate limit headers to RLS answers, for Envoy to send to the client.
     #[arg(long, value_enum, env = "FLOODGATE_ENVOY_RESPONSE_HEADERS")]
     envoy_response_headers: Option<crate::decider::RlsHeaders>,
+    /// The RLS descriptor entry whose value is the request's priority
+    /// (critical_plus, critical, sheddable_plus, sheddable) when its system
+    /// sheds load; "" for none. Map it from a header only a trusted hop sets.
+    #[arg(long, default_value = "priority", env = "FLOODGATE_ENVOY_PRIORITY_KEY")]
+    envoy_priority_key: String,
 }
 
 /// TLS on both ports; with a client CA, mTLS.
@@ -278,8 +283,12 @@ fn options(args: ServeArgs) -> anyhow::Result<Options> {
         identities: args.admin.admin_identities,
         read_open: args.admin.admin_read_open,
     };
-    let rls =
-        crate::decider::RlsOptions { shadow: args.envoy.envoy_shadow_mode, headers: args.envoy.envoy_response_headers };
+    let rls = crate::decider::RlsOptions {
+        shadow: args.envoy.envoy_shadow_mode,
+        headers: args.envoy.envoy_response_headers,
+        // Read once for the life of the process.
+        priority_key: Box::leak(args.envoy.envoy_priority_key.into_boxed_str()),
+    };
     Ok(Options {
         replication,
         config: args.config,

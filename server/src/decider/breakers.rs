@@ -7,8 +7,8 @@ use tokio::sync::broadcast;
 
 use super::Decider;
 use crate::breaker::{Info, State};
-use crate::degradation::{self, Level};
-use crate::engine::{RequestError, Snapshot};
+use crate::degradation::{self, Level, Load};
+use crate::engine::{LevelTarget, RequestError, Snapshot};
 use crate::events::Event;
 
 /// One resource's breaker.
@@ -43,12 +43,18 @@ impl Decider {
         Ok(BreakerView { resource: resource.into(), info })
     }
 
-    /// An operator's degradation level (0 to 3), or `None` for automatic.
-    pub fn set_level(&self, level: Option<u32>) -> Result<Level, RequestError> {
-        if let Some(level) = level.filter(|&l| l > degradation::MAX_LEVEL) {
+    /// An operator's degradation level (0 to 3), or `None` for automatic,
+    /// for one system (empty: the global scope) or every scope; the levels after.
+    pub fn set_level(&self, target: LevelTarget<'_>, level: Option<u32>) -> Result<Vec<Level>, RequestError> {
+        if let Some(level) = level.filter(|&l| l > degradation::LEVEL_MAX) {
             return Err(RequestError::BadLevel(level));
         }
-        Ok(self.engine.set_degradation(level))
+        self.engine.set_degradation(target, level)
+    }
+
+    /// One instance's load: the system's level and live instances after it.
+    pub fn report_load(&self, system: &str, instance: &str, load: Load) -> Result<(u32, usize), RequestError> {
+        self.engine.report_load(system, instance, load)
     }
 
     /// What a Watch stream starts with.

@@ -21,8 +21,8 @@ use super::Decider;
 use crate::engine::request::check_batch;
 use crate::engine::{Answer, Installed, LimitReport, Prepared, RequestError, RlsDescriptor, Target, Verdict};
 use crate::replication::Replication;
-use crate::rules::Limit;
 use crate::rules::envoy::{Unit, per_unit};
+use crate::rules::{Limit, Priority};
 use crate::store::BucketKey;
 use crate::time::Timestamp;
 
@@ -34,12 +34,23 @@ pub struct RlsRequest<'a> {
 }
 
 /// How the RLS answers, for the whole server.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RlsOptions {
     /// Always answer OK; what would have been denied is still counted.
     pub shadow: bool,
+    /// The descriptor entry whose value is the request's priority
+    /// (`sheddable`, `critical_plus`...); empty: none. A value that names no
+    /// priority is CRITICAL, never an error (an error would let Envoy's
+    /// failure mode decide, often to allow).
+    pub priority_key: &'static str,
     /// Add rate limit headers to the answer, for Envoy to send on.
     pub headers: Option<RlsHeaders>,
+}
+
+impl Default for RlsOptions {
+    fn default() -> Self {
+        RlsOptions { shadow: false, headers: None, priority_key: "priority" }
+    }
 }
 
 /// Which names the response headers take.
@@ -118,11 +129,13 @@ impl Decider {
     async fn rls_replicated(&self, replication: &Replication, req: &RlsRequest<'_>) -> Result<RlsAnswer, RequestError> {
         let rules = self.engine.rules_full();
         let mut items = self.rls_items(&rules, req)?;
+        let priority = self.rls_priority(req);
         let (index, prepared): (SmallVec<[usize; 4]>, Vec<Prepared<'_>>) =
             items.iter_mut().enumerate().filter_map(|(i, it)| it.prepared.take().map(|p| (i, p))).unzip();
         let again = |k: usize| {
             let i = index[k];
-            let mut p = self.engine.prepare_rls(&rules, req.domain, &req.descriptors[i], items[i].target)?;
+            let mut p =
+                self.engine.prepare_rls(&rules, req.domain, &req.descriptors[i], (items[i].target, priority))?;
             p.leave_out(&items[i].shared.iter().map(|&(_, l)| l).collect::<SmallVec<[usize; 2]>>());
             Some(p)
         };
@@ -134,9 +147,21 @@ impl Decider {
         Ok(self.answer(&rules, &items, &answers, self.engine.clock().now()))
     }
 
+    /// The request's priority: the first entry named `priority_key` in any
+    /// descriptor, else CRITICAL.
+    fn rls_priority(&self, req: &RlsRequest<'_>) -> Priority {
+        let key = self.rls.priority_key;
+        if key.is_empty() {
+            return Priority::default();
+        }
+        let value = req.descriptors.iter().flat_map(|d| d.entries.iter()).find(|(k, _)| *k == key);
+        value.and_then(|(_, v)| Priority::parse(v)).unwrap_or_default()
+    }
+
     /// Matches every descriptor, drops replaced limits and prepares the rest;
     /// a bucket several descriptors share is charged by the first only.
     fn rls_items<'r>(&self, rules: &'r Installed, req: &RlsRequest<'_>) -> Result<Items<'r>, RequestError> {
+        let priority = self.rls_priority(req);
         let mut targets = req
             .descriptors
             .iter()
@@ -170,7 +195,7 @@ impl Decider {
             (targets.iter().filter(|t| matches!(t, Target::Rules(_))).count() > 1).then(HashMap::new);
         let mut items = Items::with_capacity(targets.len());
         for (i, (d, target)) in req.descriptors.iter().zip(targets).enumerate() {
-            let mut prepared = self.engine.prepare_rls(rules, req.domain, d, target);
+            let mut prepared = self.engine.prepare_rls(rules, req.domain, d, (target, priority));
             let mut shared = SmallVec::new();
             if let (Target::Rules(_), Some(p), Some(first)) = (target, prepared.as_mut(), first.as_mut()) {
                 let mut leave: SmallVec<[usize; 2]> = SmallVec::new();

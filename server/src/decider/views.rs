@@ -15,12 +15,13 @@ pub struct ReplicaHealth {
 }
 
 /// Figures read at scrape time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Figures {
     pub keys: usize,
     pub evicted: u64,
     pub permits_in_flight: usize,
-    pub level: u32,
+    /// Every scope's level (the global one first).
+    pub levels: Vec<crate::degradation::Level>,
 }
 
 impl Decider {
@@ -60,7 +61,7 @@ impl Decider {
             keys: self.engine.buckets().len(),
             evicted: self.engine.buckets().evicted(),
             permits_in_flight: self.engine.permits_in_flight(),
-            level: self.engine.degradation_level(),
+            levels: self.engine.levels(),
         }
     }
 }

@@ -14,8 +14,9 @@ use super::request::{self, Descriptors, Request, RequestError};
 use super::sync::{RemoteBreaker, RemoteSlot, decided_by_redis};
 use super::{Engine, Installed};
 use crate::breaker;
+use crate::degradation::Scope;
 use crate::limiter::{Decision, Status};
-use crate::rules::{Limit, Rule, SyncMode, duration};
+use crate::rules::{Limit, Priority, Rule, SyncMode, duration};
 use crate::store::{BucketKey, LimitId};
 use crate::time::{SharedClock, Timestamp};
 
@@ -93,6 +94,9 @@ pub struct Prepared<'r> {
     pub(super) remote_slot: Option<RemoteSlot>,
     /// An override blocks the request: its `retry_after` and the values.
     pub(super) blocked: Option<(Duration, String)>,
+    /// The resource's degradation scope: its system's, or the global one.
+    pub(super) scope: &'r Scope,
+    pub(super) priority: Priority,
 }
 
 impl Prepared<'_> {
@@ -264,6 +268,7 @@ impl Engine {
         let settle = req.settle && !req.dry_run;
         let resource = (guarded || settle).then(|| req.resource.to_string());
         let request_resource = if self.sync.is_some() { req.resource.to_string() } else { String::new() };
+        let scope = rule.and_then(|(_, h)| h.scope.as_deref()).unwrap_or_else(|| rules.scope_of(req.resource));
         Ok(Prepared {
             rule,
             unmatched: &rules.handles.unmatched,
@@ -278,6 +283,8 @@ impl Engine {
             remote_breaker: None,
             remote_slot: None,
             blocked,
+            scope,
+            priority: req.priority,
         })
     }
 
@@ -349,7 +356,7 @@ impl Engine {
         only: Option<&str>,
     ) -> Result<Answer<'r>, RequestError> {
         request::validate(resource, descriptors)?;
-        let level = self.levels.current();
+        let level = rules.scope_of(resource).level();
         let Some((rule, handles)) = rules.find(resource) else {
             return Ok(Answer::allowed(level));
         };

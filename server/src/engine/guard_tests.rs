@@ -52,7 +52,12 @@ fn ask(e: &Engine, resource: &str) -> Got {
 fn ask_with(e: &Engine, resource: &str, dry_run: bool) -> Got {
     let rules = e.rules();
     let none = HashMap::<String, String>::new();
-    let a = e.acquire(&rules, &Request { resource, descriptors: &none, cost: 1, dry_run, settle: false }).unwrap();
+    let a = e
+        .acquire(
+            &rules,
+            &Request { resource, descriptors: &none, cost: 1, dry_run, settle: false, priority: Default::default() },
+        )
+        .unwrap();
     Got {
         verdict: a.verdict,
         reason: a.reason(),
@@ -60,6 +65,12 @@ fn ask_with(e: &Engine, resource: &str, dry_run: bool) -> Got {
         retry_after: a.retry_after,
         state: a.breaker_state,
     }
+}
+
+/// The global scope's (level, manual, automatic).
+fn level(e: &Engine) -> (u32, bool, u32) {
+    let l = e.level();
+    (l.level, l.manual, l.automatic)
 }
 
 fn report(e: &Engine, resource: &str, permit: &str, outcome: Outcome) -> Reported {
@@ -158,15 +169,16 @@ fn report_answers_unknown_malformed_and_mismatched_permits() {
 fn shedding_follows_the_degradation_level() {
     let (e, _) = engine();
     assert_eq!(ask(&e, "reports").verdict, Verdict::Allowed);
-    assert_eq!(e.set_degradation(Some(2)), Level { level: 2, manual: true, automatic: 0 });
+    let set = e.set_degradation(LevelTarget::One(""), Some(2)).unwrap();
+    assert_eq!(set.iter().map(|l| (l.level, l.manual, l.automatic)).collect::<Vec<_>>(), [(2, true, 0)]);
     let shed = ask(&e, "reports");
     assert_eq!(shed.verdict, Verdict::Shed);
     assert_eq!(shed.reason, "shed: degradation level is 2, this resource is shed at 2");
     assert_eq!(ask(&e, "db").verdict, Verdict::Allowed, "not shed: no shed_at_level");
-    e.set_degradation(Some(1));
+    e.set_degradation(LevelTarget::One(""), Some(1)).unwrap();
     assert_eq!(ask(&e, "reports").verdict, Verdict::Allowed);
-    e.set_degradation(None);
-    assert_eq!(e.level(), Level { level: 0, manual: false, automatic: 0 });
+    e.set_degradation(LevelTarget::One(""), None).unwrap();
+    assert_eq!(level(&e), (0, false, 0));
 }
 
 #[test]
@@ -180,7 +192,7 @@ fn breaker_failures_raise_the_automatic_level() {
         report(&e, "payments", &p, outcome);
     }
     e.tick();
-    assert_eq!(e.level(), Level { level: 2, manual: false, automatic: 2 }, "4 of 20 is 20%");
+    assert_eq!(level(&e), (2, false, 2), "4 of 20 is 20%");
     let changes: Vec<_> = std::iter::from_fn(|| events.try_recv().ok())
         .filter_map(|ev| match &*ev {
             Event::Degradation(c) => Some((c.from, c.to)),

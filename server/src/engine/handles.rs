@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use super::counters::RuleMetrics;
+use crate::degradation::Scope;
 use crate::hitters::Hitters;
 use crate::rules::Rule;
 use crate::store::LimitId;
@@ -21,6 +22,10 @@ pub struct RuleHandles {
     /// across installs.
     pub(super) hitters: Vec<Option<Arc<Hitters>>>,
     pub(super) metrics: RuleMetrics,
+    /// The degradation scope of every resource the rule matches, when one
+    /// scope takes them all (an exact rule, or no systems); else `None`, and
+    /// each resource is looked up.
+    pub(super) scope: Option<Arc<Scope>>,
 }
 
 // === impl RuleHandles ===
@@ -44,6 +49,12 @@ impl RuleHandles {
     /// The handles of a rule that keeps no hottest keys (Envoy's sizes).
     pub(super) fn without_hitters(rule: &Rule, ids: Vec<LimitId>) -> RuleHandles {
         let slots = rule.limits.len() + rule.overrides.extra_names().len();
-        RuleHandles { ids, override_ids: Vec::new(), hitters: vec![None; slots], metrics: RuleMetrics::new(rule) }
+        RuleHandles {
+            ids,
+            override_ids: Vec::new(),
+            hitters: vec![None; slots],
+            metrics: RuleMetrics::new(rule),
+            scope: None,
+        }
     }
 }

@@ -19,11 +19,12 @@ use arc_swap::{ArcSwap, Guard};
 use super::counters::RuleMetrics;
 use super::envoy_sizes::EnvoySizes;
 pub use super::handles::RuleHandles;
+use crate::degradation::{Scope, Systems};
 use crate::hitters::Hitters;
 use crate::limiter::Algorithm;
 use crate::overrides::Table;
 use crate::rules::envoy::{self, EnvoyConfig, Unit};
-use crate::rules::{Limit, Rule, RuleSet};
+use crate::rules::{Limit, Pattern, Rule, RuleSet};
 use crate::store::LimitId;
 
 /// The rules in force, with where they came from, and what the engine keeps
@@ -47,6 +48,8 @@ pub struct Installed {
     pub loaded_at: SystemTime,
     /// The envoyproxy/ratelimit configuration (empty when none is loaded).
     pub envoy: Arc<EnvoyInstalled>,
+    /// The degradation scopes: the global one and the rules' systems.
+    pub systems: Arc<Systems>,
     pub(super) handles: Handles,
 }
 
@@ -128,6 +131,7 @@ impl Installed {
             source: String::new(),
             loaded_at: SystemTime::now(),
             envoy: Arc::default(),
+            systems: Arc::default(),
             handles: Handles {
                 rules: Arc::default(),
                 envoy: Arc::default(),
@@ -142,6 +146,12 @@ impl Installed {
     /// The rule for `resource` (see [`RuleSet::position`]) with its handles.
     pub fn find(&self, resource: &str) -> Option<(&Rule, &RuleHandles)> {
         self.rules.position(resource).map(|i| self.rule_at(i))
+    }
+
+    /// The degradation scope of `resource`: its system's, else the global one.
+    #[inline]
+    pub fn scope_of(&self, resource: &str) -> &Arc<Scope> {
+        self.systems.scope(self.rules.membership().system_of(resource))
     }
 
     /// The `i`th rule of [`Installed::rules`] with its handles.
@@ -206,7 +216,13 @@ impl RulesSlot {
     pub fn install(&self, rules: RuleSet, yaml: String, source: String) -> u64 {
         let mut ids = self.ids.lock().unwrap_or_else(|e| e.into_inner());
         let current = self.current.load_full();
-        let parts = Parts { yaml, source, envoy: current.envoy.clone(), runtime: current.runtime.clone() };
+        let parts = Parts {
+            yaml,
+            source,
+            envoy: current.envoy.clone(),
+            runtime: current.runtime.clone(),
+            systems: current.systems.clone(),
+        };
         self.merge_and_swap(&mut ids, &current, Arc::new(rules), parts)
     }
 
@@ -215,8 +231,13 @@ impl RulesSlot {
     pub fn install_runtime(&self, runtime: Arc<Table>) -> u64 {
         let mut ids = self.ids.lock().unwrap_or_else(|e| e.into_inner());
         let current = self.current.load_full();
-        let parts =
-            Parts { yaml: current.yaml.clone(), source: current.source.clone(), envoy: current.envoy.clone(), runtime };
+        let parts = Parts {
+            yaml: current.yaml.clone(),
+            source: current.source.clone(),
+            envoy: current.envoy.clone(),
+            runtime,
+            systems: current.systems.clone(),
+        };
         self.merge_and_swap(&mut ids, &current, current.file.clone(), parts)
     }
 
@@ -224,8 +245,17 @@ impl RulesSlot {
     fn merge_and_swap(&self, ids: &mut Ids, current: &Installed, file: Arc<RuleSet>, parts: Parts) -> u64 {
         let (rules, problems) = parts.runtime.merge(&file);
         ids.runtime.retain(|(id, _), _| parts.runtime.get(id).is_some());
-        let handles = Arc::new(rules.rules().iter().map(|rule| ids.rule_handles(rule)).collect());
+        let systems = Arc::new(current.systems.reconfigure(rules.systems()));
+        let scope_of = |rule: &Rule| match rule.pattern {
+            _ if rules.membership().is_empty() => Some(systems.global().clone()),
+            Pattern::Exact => Some(systems.scope(rules.membership().system_of(&rule.name)).clone()),
+            Pattern::Glob | Pattern::Default => None,
+        };
+        let handles = Arc::new(
+            rules.rules().iter().map(|rule| RuleHandles { scope: scope_of(rule), ..ids.rule_handles(rule) }).collect(),
+        );
         let envoy_handles = current.handles.envoy.clone();
+        let parts = Parts { systems, ..parts };
         self.swap(current, Arc::new(rules), file, Arc::new(problems), handles, envoy_handles, parts)
     }
 
@@ -241,6 +271,7 @@ impl RulesSlot {
             source: current.source.clone(),
             envoy,
             runtime: current.runtime.clone(),
+            systems: current.systems.clone(),
         };
         let (rules, file, problems) = (current.rules.clone(), current.file.clone(), current.problems.clone());
         let handles = current.handles.rules.clone();
@@ -259,7 +290,7 @@ impl RulesSlot {
         envoy_handles: Arc<Vec<RuleHandles>>,
         parts: Parts,
     ) -> u64 {
-        let Parts { yaml, source, envoy, runtime } = parts;
+        let Parts { yaml, source, envoy, runtime, systems } = parts;
         let mut by_id = HashMap::new();
         for (r, h) in handles.iter().enumerate() {
             for (l, id) in h.ids.iter().enumerate() {
@@ -285,6 +316,7 @@ impl RulesSlot {
             source,
             loaded_at: SystemTime::now(),
             envoy,
+            systems,
             handles: Handles {
                 rules: handles,
                 envoy: envoy_handles,
@@ -306,6 +338,8 @@ struct Parts {
     source: String,
     envoy: Arc<EnvoyInstalled>,
     runtime: Arc<Table>,
+    /// The degradation scopes (rebuilt from the merged rules on a merge).
+    systems: Arc<Systems>,
 }
 
 /// The prefix of Envoy rules' identities: apart from ours, whatever their names.
@@ -371,14 +405,14 @@ impl Ids {
         let names =
             rule.limits.iter().map(|l| l.name.as_str()).chain(rule.overrides.extra_names().iter().map(String::as_str));
         let hitters = names.map(|name| Some(self.hitters("", &rule.name, name))).collect();
-        RuleHandles { ids, override_ids, hitters, metrics: RuleMetrics::new(rule) }
+        RuleHandles { ids, override_ids, hitters, metrics: RuleMetrics::new(rule), scope: None }
     }
 
     /// An Envoy rule's handles: one limit, no overrides.
     fn envoy_handles(&mut self, rule: &Rule) -> RuleHandles {
         let ids = self.ids_of(ENVOY, &rule.name, &rule.limits);
         let hitters = rule.limits.iter().map(|l| Some(self.hitters(ENVOY, &rule.name, &l.name))).collect();
-        RuleHandles { ids, override_ids: Vec::new(), hitters, metrics: RuleMetrics::new(rule) }
+        RuleHandles { ids, override_ids: Vec::new(), hitters, metrics: RuleMetrics::new(rule), scope: None }
     }
 
     fn hitters(&mut self, prefix: &str, rule: &str, limit: &str) -> Arc<Hitters> {

@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use arc_swap::Guard;
 
-use crate::degradation::Levels;
 use crate::events::{Event, Events};
 use crate::rules::RuleSet;
 use crate::store::Buckets;
@@ -40,7 +39,7 @@ pub mod what_if;
 pub use decide::{Answer, LimitReport, Pending, Prepared, Remote, Step, Verdict};
 pub use guards::{DEFAULT_PERMIT_TTL, Denial, PermitId};
 pub use installed::{EnvoyInstalled, Installed};
-pub use report::{Report, Reported, Snapshot};
+pub use report::{LevelTarget, Report, Reported, Snapshot};
 pub use request::{Descriptors, ErrorKind, Request, RequestError};
 pub use rls::{RlsDescriptor, Target};
 
@@ -55,7 +54,6 @@ pub struct Engine {
     settlements: settle::Settlements,
     /// Recent lease holders per bucket, for fair shares.
     leases: lease::Leases,
-    levels: Levels,
     events: Events,
     clock: SharedClock,
     /// Replication state; `None` on a memory-only server.
@@ -82,7 +80,6 @@ impl Engine {
             permits: guards::Permits::default(),
             settlements: settle::Settlements::default(),
             leases: lease::Leases::default(),
-            levels: Levels::default(),
             events: Events::default(),
             clock,
             sync: config.replicated.then(sync::Replica::new),
@@ -227,3 +224,6 @@ mod tests;
 
 #[cfg(test)]
 mod guard_tests;
+
+#[cfg(test)]
+mod system_tests;

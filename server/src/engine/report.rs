@@ -9,7 +9,7 @@ use super::sync::RemoteOutcome;
 use super::sync::SlotOp;
 use super::{Engine, Installed};
 use crate::breaker::{Info, Outcome, State};
-use crate::degradation::{Level, LevelChange};
+use crate::degradation::{Level, LevelChange, Load, Scope};
 use crate::events::Event;
 use crate::rules::{BreakerConfig, Rule};
 use crate::time::Timestamp;
@@ -36,11 +36,14 @@ pub struct Reported {
     pub settled: bool,
 }
 
-/// Every breaker, the level and the rules version at one moment.
+/// Every breaker, the levels and the rules version at one moment.
 #[derive(Clone, Debug)]
 pub struct Snapshot {
     pub breakers: Vec<(String, Info)>,
+    /// The global scope's level.
     pub level: Level,
+    /// Each system's, in file order.
+    pub systems: Vec<Level>,
     pub rules_version: u64,
     /// The rule patterns in force, in file order.
     pub patterns: Vec<String>,
@@ -70,6 +73,10 @@ impl Engine {
         }
         permit.guarded.touch(now);
         let latency = latency.unwrap_or_else(|| Duration::from_nanos(now.saturating_since(permit.issued_at)));
+        let scope = rules.scope_of(&permit.resource);
+        if !scope.is_global() && outcome != Outcome::Ignored {
+            scope.record_outcome(now, outcome == Outcome::Failure, latency);
+        }
         let cfg = rules.rules.find(&permit.resource).and_then(|r| r.breaker.as_ref());
         let state = match (permit.breaker, permit.remote_probe, cfg) {
             (_, Some(generation), Some(cfg)) => {
@@ -81,7 +88,9 @@ impl Engine {
                 }
                 permit.guarded.current_breaker().as_ref().map(|b| b.state())
             }
-            (Some((generation, _)), None, Some(cfg)) => self.record(&permit, cfg, now, generation, outcome, latency),
+            (Some((generation, _)), None, Some(cfg)) => {
+                self.record(&permit, (cfg, scope), now, generation, outcome, latency)
+            }
             _ => None,
         };
         outcome_counter(rules, &permit.resource, outcome, "counted");
@@ -92,7 +101,7 @@ impl Engine {
     fn record(
         &self,
         permit: &Permit,
-        cfg: &BreakerConfig,
+        (cfg, scope): (&BreakerConfig, &Scope),
         now: Timestamp,
         generation: u64,
         outcome: Outcome,
@@ -104,7 +113,11 @@ impl Engine {
         let state = b.state();
         drop(slot);
         if let Some(call) = call {
-            self.levels.record(now, call);
+            // A system counts every reported call (above); the global scope
+            // the calls its breakers count.
+            if scope.is_global() {
+                scope.record_call(now, call);
+            }
             if let Some(sync) = &self.sync {
                 let tripped = transition.as_ref().is_some_and(|t| t.from == State::Closed && t.to == State::Open);
                 sync.record_call(&permit.resource, call, tripped);
@@ -132,7 +145,7 @@ impl Engine {
     }
 
     /// Time-driven work, run every few hundred milliseconds: expire permits,
-    /// reopen breakers whose probes did not report, re-evaluate the level.
+    /// reopen breakers whose probes did not report, re-evaluate the levels.
     pub fn tick(&self) {
         let now = self.clock.now();
         for (id, permit) in self.permits.expire(now) {
@@ -148,8 +161,10 @@ impl Engine {
                 self.events.publish(Event::Breaker { resource, rule: rule.name.clone(), transition });
             }
         }
-        let change = self.levels.evaluate(now);
-        self.level_changed(change);
+        for scope in rules.systems.all() {
+            let change = scope.evaluate(now);
+            self.level_changed(change);
+        }
         self.guards.sweep(now);
         if let Some(sync) = &self.sync {
             sync.retain_breakers(|resource| self.guards.contains(resource));
@@ -160,7 +175,9 @@ impl Engine {
     pub fn snapshot(&self) -> Snapshot {
         let rules = self.rules();
         let patterns = rules.resource_names();
-        Snapshot { breakers: self.breakers(&rules), level: self.level(), rules_version: rules.version, patterns }
+        let systems = rules.systems.named().iter().map(|s| s.get()).collect();
+        let level = rules.systems.global().get();
+        Snapshot { breakers: self.breakers(&rules), level, systems, rules_version: rules.version, patterns }
     }
 
     /// Every breaker in use, by resource.
@@ -205,20 +222,52 @@ impl Engine {
         Ok(info)
     }
 
-    /// An operator's level, or `None` for automatic.
-    pub fn set_degradation(&self, level: Option<u32>) -> Level {
-        let change = self.levels.set_manual(level);
-        self.level_changed(change);
-        self.level()
+    /// An operator's level (`None`: back to automatic) for the system named
+    /// `system` (empty: the global scope), or for every scope; the levels after.
+    pub fn set_degradation(&self, target: LevelTarget<'_>, level: Option<u32>) -> Result<Vec<Level>, RequestError> {
+        let rules = self.rules();
+        let scopes: Vec<&std::sync::Arc<Scope>> = match target {
+            LevelTarget::Every => rules.systems.all().collect(),
+            LevelTarget::One(name) => {
+                vec![rules.systems.by_name(name).ok_or_else(|| RequestError::UnknownSystem(name.to_string()))?]
+            }
+        };
+        Ok(scopes
+            .into_iter()
+            .map(|scope| {
+                self.level_changed(scope.set_manual(level));
+                scope.get()
+            })
+            .collect())
     }
 
+    /// The global scope's level.
     pub fn level(&self) -> Level {
-        self.levels.get()
+        self.rules().systems.global().get()
     }
 
-    /// The level for the hot path: one atomic load.
-    pub fn degradation_level(&self) -> u32 {
-        self.levels.current()
+    /// Every scope's level: the global one first, then each system in file order.
+    pub fn levels(&self) -> Vec<Level> {
+        self.rules().systems.all().map(|s| s.get()).collect()
+    }
+
+    /// One instance's load (`ReportLoad`): the system's level and live
+    /// instances after it.
+    pub fn report_load(&self, system: &str, instance: &str, load: Load) -> Result<(u32, usize), RequestError> {
+        request::check_name("system", system, false)?;
+        request::check_name("instance", instance, false)?;
+        for (field, value) in [("cpu", load.cpu), ("memory", load.memory)] {
+            if !(0.0..=1.0).contains(&value) {
+                return Err(RequestError::BadUtilization { field, value: value.to_string() });
+            }
+        }
+        let rules = self.rules();
+        let scope = rules.systems.by_name(system).filter(|s| !s.is_global());
+        let scope = scope.ok_or_else(|| RequestError::UnknownSystem(system.to_string()))?;
+        let live = scope.report_load(self.clock.now(), instance, load).map_err(|full| {
+            RequestError::TooManyInstances { system: system.to_string(), max: full.0, instance: instance.to_string() }
+        })?;
+        Ok((scope.level(), live))
     }
 
     fn level_changed(&self, change: Option<LevelChange>) {
@@ -226,6 +275,15 @@ impl Engine {
             self.events.publish(Event::Degradation(change));
         }
     }
+}
+
+/// Whose degradation level an operator sets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LevelTarget<'a> {
+    /// The system of this name; empty for the global scope.
+    One(&'a str),
+    /// The global scope and every system.
+    Every,
 }
 
 /// One reported outcome: `result` is counted, unknown or expired.

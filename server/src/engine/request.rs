@@ -26,6 +26,8 @@ pub struct Request<'a, D: ?Sized> {
     pub dry_run: bool,
     /// `cost` is an estimate, settled by the report (see `settle.rs`).
     pub settle: bool,
+    /// Which requests a degradation level sheds first.
+    pub priority: crate::rules::Priority,
 }
 
 /// Bad input: the message names the field and the value.
@@ -81,6 +83,14 @@ pub enum RequestError {
     TooManyOverrides { count: usize, max: usize },
     #[error("overrides could not be kept: {0}")]
     OverridesNotKept(String),
+    #[error("system: '{}' is not a system of the rules in force", .0.escape_debug())]
+    UnknownSystem(String),
+    #[error("system: '{}' cannot go with every_system (which sets every system): send one of them", .0.escape_debug())]
+    SystemWithEverySystem(String),
+    #[error("{field}: {value} is not a utilization between 0 and 1")]
+    BadUtilization { field: &'static str, value: String },
+    #[error("instance: system '{system}' already has {max} live instances (its load.max_instances); '{}' is not counted", .instance.escape_debug())]
+    TooManyInstances { system: String, max: usize, instance: String },
     #[error("{field}[{index}]{}{source}", if source.starts_with_field() { "." } else { ": " })]
     InBatch { field: &'static str, index: usize, source: Box<RequestError> },
 }
@@ -135,7 +145,7 @@ impl RequestError {
         use RequestError::*;
         match self {
             NoBreaker(_) | NoSuchLimit { .. } | NoWhatIf | NoSuchRule(_) => ErrorKind::NotFound,
-            TooManyOverrides { .. } => ErrorKind::TooMany,
+            TooManyOverrides { .. } | TooManyInstances { .. } => ErrorKind::TooMany,
             OverridesNotKept(_) => ErrorKind::Unavailable,
             InBatch { source, .. } => source.kind(),
             Empty { .. }
@@ -155,6 +165,9 @@ impl RequestError {
             | WhatIfLength(_)
             | ValidateWithWhatIf
             | UnknownEnum { .. }
+            | UnknownSystem(_)
+            | SystemWithEverySystem(_)
+            | BadUtilization { .. }
             | BadOverride { .. } => ErrorKind::BadInput,
         }
     }

@@ -84,7 +84,7 @@ impl Engine {
         rules: &'r Installed,
         domain: &str,
         d: &RlsDescriptor<'_>,
-        target: Target<'r>,
+        (target, priority): (Target<'r>, crate::rules::Priority),
     ) -> Option<Prepared<'r>> {
         let mut blocked = None;
         // The counter of an Envoy limit is per distinct list of entries, as upstream's.
@@ -137,6 +137,8 @@ impl Engine {
             remote_breaker: None,
             remote_slot: None,
             blocked,
+            scope: rules.scope_of(domain),
+            priority,
         })
     }
 }

@@ -35,7 +35,10 @@ fn ask(
     cost: u32,
 ) -> Result<(Verdict, Vec<u64>), RequestError> {
     let rules = e.rules();
-    let out = e.acquire(&rules, &Request { resource, descriptors, cost, dry_run: false, settle: false })?;
+    let out = e.acquire(
+        &rules,
+        &Request { resource, descriptors, cost, dry_run: false, settle: false, priority: Default::default() },
+    )?;
     Ok((out.verdict, out.limits.iter().map(|l| l.status.remaining).collect()))
 }
 
@@ -68,7 +71,14 @@ fn the_denial_names_the_limit_and_when_to_retry() {
     let (e, _) = engine(RULES);
     let u1 = d(&[("user", "u1")]);
     let rules = e.rules();
-    let req = Request { resource: "orders", descriptors: &u1, cost: 2, dry_run: false, settle: false };
+    let req = Request {
+        resource: "orders",
+        descriptors: &u1,
+        cost: 2,
+        dry_run: false,
+        settle: false,
+        priority: Default::default(),
+    };
     e.acquire(&rules, &req).unwrap();
     let out = e.acquire(&rules, &req).unwrap();
     assert_eq!(out.verdict, Verdict::RateLimited);
@@ -110,7 +120,14 @@ fn dry_run_answers_without_consuming() {
     let (e, _) = engine(RULES);
     let u1 = d(&[("user", "u1")]);
     let rules = e.rules();
-    let dry = Request { resource: "orders", descriptors: &u1, cost: 2, dry_run: true, settle: false };
+    let dry = Request {
+        resource: "orders",
+        descriptors: &u1,
+        cost: 2,
+        dry_run: true,
+        settle: false,
+        priority: Default::default(),
+    };
     for _ in 0..3 {
         let out = e.acquire(&rules, &dry).unwrap();
         assert_eq!(out.verdict, Verdict::Allowed);
@@ -193,7 +210,17 @@ fn overrides_give_tiers_factors_absolute_limits_and_blocks() {
     // Blocked: denied before any limit, with its retry_after and a reason.
     let rules = e.rules();
     let ip = d(&[("api_key", "x"), ("ip", "6.6.6.6")]);
-    let a = e.acquire(&rules, &Request { resource: "api", descriptors: &ip, cost: 1, dry_run: false, settle: false });
+    let a = e.acquire(
+        &rules,
+        &Request {
+            resource: "api",
+            descriptors: &ip,
+            cost: 1,
+            dry_run: false,
+            settle: false,
+            priority: Default::default(),
+        },
+    );
     let a = a.unwrap();
     assert_eq!((a.verdict, a.retry_after), (Verdict::RateLimited, Duration::from_secs(3600)));
     assert_eq!(a.reason(), "blocked by an override for ip=6.6.6.6, retry in 60m");

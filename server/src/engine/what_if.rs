@@ -233,7 +233,14 @@ resources:
 "#;
 
     fn ask<'a>(d: &'a HashMap<String, String>) -> Request<'a, HashMap<String, String>> {
-        Request { resource: "api", descriptors: d, cost: 1, dry_run: false, settle: false }
+        Request {
+            resource: "api",
+            descriptors: d,
+            cost: 1,
+            dry_run: false,
+            settle: false,
+            priority: Default::default(),
+        }
     }
 
     fn user(u: &str) -> HashMap<String, String> {

@@ -6,7 +6,7 @@ use floodgate_proto::v1 as pb;
 use pb::admin_server::Admin;
 use tonic::{Request, Response, Status};
 
-use super::convert::floodgate::{breaker_state_request, level_request};
+use super::convert::floodgate::{breaker_state_request, level_request, level_response};
 use super::convert::overrides;
 use crate::access::Caller;
 use crate::decider::Decider;
@@ -89,10 +89,14 @@ impl Admin for ControlPlane {
         request: Request<pb::SetDegradationLevelRequest>,
     ) -> Result<Response<pb::SetDegradationLevelResponse>, Status> {
         let version = self.decider.rules().version;
-        let level = self.decider.set_level(level_request(request.get_ref()))?;
-        let (who, to, manual) = (who(&request), level.level, level.manual);
-        tracing::info!(target: "floodgate::audit", who, change = "SetDegradationLevel", to, manual, version_before = version, version_after = version, "admin change");
-        Ok(Response::new(level.into()))
+        let (target, level) = level_request(request.get_ref())?;
+        let levels = self.decider.set_level(target, level)?;
+        let who = who(&request);
+        for l in &levels {
+            let (system, to, manual) = (crate::metrics::system_label(&l.system), l.level, l.manual);
+            tracing::info!(target: "floodgate::audit", who, change = "SetDegradationLevel", system, to, manual, version_before = version, version_after = version, "admin change");
+        }
+        Ok(Response::new(level_response(levels)))
     }
 
     async fn get_what_if(

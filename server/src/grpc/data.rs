@@ -27,7 +27,7 @@ impl DataPlane {
 #[tonic::async_trait]
 impl Floodgate for DataPlane {
     async fn acquire(&self, request: Request<pb::AcquireRequest>) -> Result<Response<pb::AcquireResponse>, Status> {
-        let req = engine::Request::from(request.get_ref());
+        let req = engine::Request::try_from(request.get_ref())?;
         let response: pb::AcquireResponse = self.decider.acquire(&req).await?;
         crate::traces::record_verdict(response.verdict().as_str_name());
         Ok(Response::new(response))
@@ -37,7 +37,13 @@ impl Floodgate for DataPlane {
         &self,
         request: Request<pb::AcquireBatchRequest>,
     ) -> Result<Response<pb::AcquireBatchResponse>, Status> {
-        let reqs: Vec<_> = request.get_ref().requests.iter().map(engine::Request::from).collect();
+        let items = &request.get_ref().requests;
+        engine::request::check_batch("requests", items.len())?;
+        let reqs = items
+            .iter()
+            .enumerate()
+            .map(|(i, r)| engine::Request::try_from(r).map_err(|e| e.in_batch("requests", i)))
+            .collect::<Result<Vec<_>, _>>()?;
         let responses = self.decider.acquire_many("requests", &reqs).await?;
         Ok(Response::new(pb::AcquireBatchResponse { responses }))
     }
@@ -53,6 +59,23 @@ impl Floodgate for DataPlane {
             retry_after: crate::grpc::convert::duration(l.retry_after),
             returned: l.returned,
         }))
+    }
+
+    async fn report_load(
+        &self,
+        request: Request<pb::ReportLoadRequest>,
+    ) -> Result<Response<pb::ReportLoadResponse>, Status> {
+        let req = request.get_ref();
+        let answer = crate::grpc::convert::floodgate::load(req)
+            .and_then(|load| self.decider.report_load(&req.system, &req.instance, load));
+        let result = match &answer {
+            Ok(_) => "counted",
+            Err(e) if e.kind() == engine::ErrorKind::TooMany => "refused_full",
+            Err(_) => "invalid",
+        };
+        metrics::counter!(crate::metrics::LOAD_REPORTS, "result" => result).increment(1);
+        let (degradation_level, instances) = answer?;
+        Ok(Response::new(pb::ReportLoadResponse { degradation_level, instances: instances as u32 }))
     }
 
     async fn charge(&self, request: Request<pb::ChargeRequest>) -> Result<Response<pb::ChargeResponse>, Status> {

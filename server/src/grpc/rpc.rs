@@ -83,6 +83,7 @@ rpcs! {
     ReportOutcomeBatch: "/floodgate.v1.Floodgate/ReportOutcomeBatch", "Floodgate/ReportOutcomeBatch", MIB, Anyone;
     Charge: "/floodgate.v1.Floodgate/Charge", "Floodgate/Charge", SMALL, Anyone;
     Lease: "/floodgate.v1.Floodgate/Lease", "Floodgate/Lease", SMALL, Anyone;
+    ReportLoad: "/floodgate.v1.Floodgate/ReportLoad", "Floodgate/ReportLoad", 4 * KIB, Anyone;
     Watch: "/floodgate.v1.Floodgate/Watch", "Floodgate/Watch", SMALL, Anyone;
     GetRules: "/floodgate.v1.Admin/GetRules", "Admin/GetRules", SMALL, Admin(Read);
     ApplyRules: "/floodgate.v1.Admin/ApplyRules", "Admin/ApplyRules", crate::rules::bounds::MAX_BYTES + 64 * KIB, Admin(Change);

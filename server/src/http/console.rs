@@ -36,7 +36,7 @@ use crate::breaker::State as BreakerState;
 use crate::decider::{BreakerView, Decider};
 use crate::engine::Installed;
 use crate::engine::hottest::TopLimit;
-use crate::engine::{ErrorKind, RequestError};
+use crate::engine::{ErrorKind, LevelTarget, RequestError};
 use crate::events::Event;
 use crate::listen::Peer;
 use crate::rules::Rule;
@@ -191,6 +191,7 @@ fn snapshot(decider: &Decider, timeline: Vec<Value>) -> Value {
         "breakers": breakers,
         "timeline": timeline,
         "level": { "level": snapshot.level.level, "manual": snapshot.level.manual, "automatic": snapshot.level.automatic },
+        "systems": snapshot.systems.iter().map(level_json).collect::<Vec<_>>(),
         "replication": {
             "mode": if health.replicated { "redis" } else { "memory" },
             "redis_up": health.redis_up,
@@ -370,13 +371,45 @@ async fn set_level(State(s): State<HttpState>, req: Request) -> Response {
             }
         }
     };
-    match s.decider.set_level(level) {
-        Ok(l) => {
-            tracing::info!(target: "floodgate::audit", who, change = "SetDegradationLevel (console)", level = l.level, manual = l.manual, "admin change");
-            json_response(StatusCode::OK, json!({ "level": l.level, "manual": l.manual, "automatic": l.automatic }))
+    let system = match &body["system"] {
+        Value::Null => String::new(),
+        Value::String(s) => s.clone(),
+        other => return error(StatusCode::BAD_REQUEST, format!("system: {other} is not a system name")),
+    };
+    let target = match body["every_system"].as_bool() {
+        Some(true) if system.is_empty() => LevelTarget::Every,
+        Some(true) => return refused(RequestError::SystemWithEverySystem(system)),
+        _ => LevelTarget::One(&system),
+    };
+    match s.decider.set_level(target, level) {
+        Ok(levels) => {
+            for l in &levels {
+                let system = crate::metrics::system_label(&l.system);
+                tracing::info!(target: "floodgate::audit", who, change = "SetDegradationLevel (console)", system, level = l.level, manual = l.manual, "admin change");
+            }
+            let list: Vec<Value> = levels.iter().map(level_json).collect();
+            let first = list.first().cloned().unwrap_or(Value::Null);
+            json_response(
+                StatusCode::OK,
+                json!({ "level": first["level"], "manual": first["manual"], "automatic": first["automatic"], "systems": list }),
+            )
         }
         Err(e) => refused(e),
     }
+}
+
+/// One scope's level as the page reads it (`system` empty: the global scope).
+fn level_json(l: &crate::degradation::Level) -> Value {
+    let s = &l.signals;
+    json!({
+        "system": &*l.system, "level": l.level, "manual": l.manual, "automatic": l.automatic, "reason": l.reason,
+        "signals": {
+            "calls": s.calls, "error_rate": s.error_rate, "slow_call_rate": s.slow_call_rate,
+            "latency_ms": s.latency.map(|d| d.as_secs_f64() * 1000.0), "cpu": s.cpu, "memory": s.memory,
+            "queue_delay_ms": s.queue_delay.map(|d| d.as_secs_f64() * 1000.0),
+            "instances": s.instances, "in_flight": s.in_flight,
+        },
+    })
 }
 
 fn rfc3339(t: SystemTime) -> String {
@@ -391,9 +424,10 @@ fn event_json(e: &Event) -> Value {
             "kind": "breaker", "at": at, "resource": resource,
             "from": t.from.name(), "to": t.to.name(), "reason": t.reason,
         }),
-        Event::Degradation(c) => {
-            json!({ "kind": "degradation", "at": at, "from": c.from, "to": c.to, "manual": c.manual })
-        }
+        Event::Degradation(c) => json!({
+            "kind": "degradation", "at": at, "system": &*c.system, "from": c.from, "to": c.to,
+            "manual": c.manual, "reason": c.reason,
+        }),
         Event::Rules { version, source, .. } => {
             json!({ "kind": "rules", "at": at, "version": version, "source": source })
         }

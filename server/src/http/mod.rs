@@ -109,5 +109,25 @@ fn scrape(decider: &Decider) {
         }
     }
     gauge!(PERMITS_IN_FLIGHT).set(figures.permits_in_flight as f64);
-    gauge!(DEGRADATION_LEVEL).set(f64::from(figures.level));
+    for l in &figures.levels {
+        let system = crate::metrics::system_label(&l.system);
+        gauge!(DEGRADATION_LEVEL, "system" => system.clone()).set(f64::from(l.level));
+        if l.system.is_empty() {
+            continue;
+        }
+        let s = &l.signals;
+        gauge!(crate::metrics::SYSTEM_INSTANCES, "system" => system.clone()).set(s.instances as f64);
+        let signals = [
+            ("error_rate", s.error_rate),
+            ("slow_call_rate", s.slow_call_rate),
+            ("latency_seconds", s.latency.map(|d| d.as_secs_f64())),
+            ("cpu", s.cpu),
+            ("memory", s.memory),
+            ("queue_delay_seconds", s.queue_delay.map(|d| d.as_secs_f64())),
+        ];
+        for (name, value) in signals {
+            let g = gauge!(crate::metrics::SYSTEM_SIGNAL, "system" => system.clone(), "signal" => name);
+            g.set(value.unwrap_or(f64::NAN));
+        }
+    }
 }

@@ -511,6 +511,7 @@ pub fn window_rule(name: String, requests_per_unit: u32, unit: Unit, shadow: boo
         concurrency: None,
         breaker: None,
         shed_at_level: None,
+        shed_priority: None,
         max_breakers: super::DEFAULT_MAX_BREAKERS,
         overrides: Default::default(),
     }

@@ -128,6 +128,11 @@ impl<'a> Fields<'a> {
         if self.path.is_empty() { key.to_string() } else { format!("{}.{key}", self.path) }
     }
 
+    /// How many errors the file has so far.
+    pub(super) fn errors(&self) -> usize {
+        self.out.count()
+    }
+
     pub(super) fn error(&self, key: &str, message: impl Into<String>) {
         self.out.push(self.resource, &self.path(key), message);
     }
@@ -275,7 +280,7 @@ impl<'a> Fields<'a> {
     }
 }
 
-fn kind(v: &Value) -> &'static str {
+pub(super) fn kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "nothing",
         Value::Bool(_) => "a boolean",
@@ -287,7 +292,7 @@ fn kind(v: &Value) -> &'static str {
     }
 }
 
-fn show(v: &Value) -> String {
+pub(super) fn show(v: &Value) -> String {
     match v {
         Value::String(s) => format!("'{s}'"),
         Value::Number(n) => n.to_string(),

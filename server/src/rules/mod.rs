@@ -18,10 +18,12 @@ mod fields;
 pub mod glob;
 pub mod overrides;
 mod parse;
+pub mod systems;
 
 pub use breaker::{Backoff, BreakerConfig, WindowKind};
 pub use fields::{RuleError, RuleErrors};
 use glob::Glob;
+pub use systems::{Priority, PriorityShedding, SystemConfig};
 
 /// The longest resource name, descriptor key or value accepted, in bytes.
 pub const MAX_NAME_BYTES: usize = 256;
@@ -37,6 +39,9 @@ pub struct RuleSet {
     default: Option<usize>,
     /// The file's tiers, by name: overrides set at run time may pick them.
     tiers: HashMap<String, Vec<Limit>>,
+    /// The systems the file names, in file order.
+    systems: Vec<SystemConfig>,
+    membership: systems::Membership,
 }
 
 /// Everything configured for one resource name or pattern.
@@ -50,6 +55,8 @@ pub struct Rule {
     pub breaker: Option<BreakerConfig>,
     /// Shed (verdict SHED) while the degradation level is at least this.
     pub shed_at_level: Option<u32>,
+    /// From which level each priority is shed; `None` takes the system's.
+    pub shed_priority: Option<PriorityShedding>,
     /// A template rule (glob or default) keeps at most this many breakers and
     /// concurrency counts, one per resource it matched; the least recently
     /// used go first.
@@ -128,8 +135,9 @@ impl RuleSet {
         parse::rule_set(text, file)
     }
 
-    fn new(rules: Vec<Rule>, tiers: HashMap<String, Vec<Limit>>) -> RuleSet {
-        let mut set = RuleSet { rules, tiers, ..RuleSet::default() };
+    fn new(rules: Vec<Rule>, tiers: HashMap<String, Vec<Limit>>, systems: Vec<SystemConfig>) -> RuleSet {
+        let membership = systems::Membership::new(&systems);
+        let mut set = RuleSet { rules, tiers, systems, membership, ..RuleSet::default() };
         for (i, rule) in set.rules.iter().enumerate() {
             match rule.pattern {
                 Pattern::Exact => {
@@ -158,6 +166,16 @@ impl RuleSet {
 
     pub fn rules(&self) -> &[Rule] {
         &self.rules
+    }
+
+    /// The systems the file names, in file order.
+    pub fn systems(&self) -> &[SystemConfig] {
+        &self.systems
+    }
+
+    /// Which system each resource belongs to.
+    pub fn membership(&self) -> &systems::Membership {
+        &self.membership
     }
 
     /// The tiers the file defines, by name.

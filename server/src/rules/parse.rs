@@ -43,8 +43,9 @@ pub(super) fn rule_set(text: &str, file: &str) -> Result<RuleSet, RuleErrors> {
     let Some(top) = out.fields(&doc, None, "") else {
         return Err(out.into_errors());
     };
-    top.deny_unknown(&["resources", "tiers"]);
+    top.deny_unknown(&["resources", "tiers", "systems"]);
     let tiers = tiers(&top);
+    let systems = super::systems::parse(&out, &top);
     let items = match top.get("resources") {
         Some(Value::Sequence(items)) => items.as_slice(),
         Some(_) => {
@@ -66,7 +67,7 @@ pub(super) fn rule_set(text: &str, file: &str) -> Result<RuleSet, RuleErrors> {
         }
         rules.extend(resource(&out, item, i, &tiers));
     }
-    if out.is_empty() { Ok(RuleSet::new(rules, tiers)) } else { Err(out.into_errors()) }
+    if out.is_empty() { Ok(RuleSet::new(rules, tiers, systems)) } else { Err(out.into_errors()) }
 }
 
 fn resource(out: &Collector, item: &Value, index: usize, tiers: &HashMap<String, Vec<Limit>>) -> Option<Rule> {
@@ -81,6 +82,7 @@ fn resource(out: &Collector, item: &Value, index: usize, tiers: &HashMap<String,
         "concurrency",
         "breaker",
         "shed_at_level",
+        "shed_priority",
         "max_breakers",
         "shadow",
         "overrides",
@@ -97,6 +99,7 @@ fn resource(out: &Collector, item: &Value, index: usize, tiers: &HashMap<String,
     let concurrency = f.nested("concurrency").and_then(|c| concurrency(&c));
     let breaker = f.nested("breaker").and_then(|b| BreakerConfig::parse(&b));
     let shed_at_level = f.u64_in("shed_at_level", 1, 3).map(|n| n as u32);
+    let shed_priority = super::systems::shed_priority(&f);
     let max_breakers = f.u64_in("max_breakers", 1, 10_000_000).map(|n| n as usize);
     let pattern = match name.as_deref() {
         Some("*") => Pattern::Default,
@@ -111,7 +114,7 @@ fn resource(out: &Collector, item: &Value, index: usize, tiers: &HashMap<String,
     }
     let name = name?;
     let max_breakers = max_breakers.unwrap_or(super::DEFAULT_MAX_BREAKERS);
-    Some(Rule { name, pattern, limits, concurrency, breaker, shed_at_level, max_breakers, overrides })
+    Some(Rule { name, pattern, limits, concurrency, breaker, shed_at_level, shed_priority, max_breakers, overrides })
 }
 
 fn check_name(f: &Fields<'_>, key: &str, name: &str) {

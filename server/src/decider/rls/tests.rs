@@ -192,7 +192,7 @@ fn replaces_unlimited_and_shadow_mode() {
 
 #[test]
 fn the_global_shadow_mode_answers_ok_and_keeps_each_status() {
-    let (dec, _) = decider(RlsOptions { shadow: true, headers: None });
+    let (dec, _) = decider(RlsOptions { shadow: true, headers: None, priority_key: "priority" });
     let foo = [("generic_key", "foo")];
     assert!(!call(&dec, "edge", vec![d(&foo)]).over);
     let second = call(&dec, "edge", vec![d(&foo)]);
@@ -236,9 +236,17 @@ fn a_concurrency_limit_only_gates_and_never_leaks() {
     assert_eq!(dec.figures().permits_in_flight, 0);
     let rules = dec.engine.rules();
     let none = HashMap::<String, String>::new();
-    let held = dec
-        .engine
-        .acquire(&rules, &Request { resource: "db", descriptors: &none, cost: 1, dry_run: false, settle: false });
+    let held = dec.engine.acquire(
+        &rules,
+        &Request {
+            resource: "db",
+            descriptors: &none,
+            cost: 1,
+            dry_run: false,
+            settle: false,
+            priority: Default::default(),
+        },
+    );
     let permit = held.unwrap().permit_id.expect("a permit");
     drop(rules);
     assert_eq!(overs(&dec, "db", &[("k", "v")], 2), [true, true], "the slot is held by an Acquire caller");
@@ -252,9 +260,17 @@ fn a_breaker_lets_rls_through_only_when_closed_and_never_takes_a_probe() {
     let none = HashMap::<String, String>::new();
     let acquire = || {
         let rules = dec.engine.rules();
-        let a = dec
-            .engine
-            .acquire(&rules, &Request { resource: "pay", descriptors: &none, cost: 1, dry_run: false, settle: false });
+        let a = dec.engine.acquire(
+            &rules,
+            &Request {
+                resource: "pay",
+                descriptors: &none,
+                cost: 1,
+                dry_run: false,
+                settle: false,
+                priority: Default::default(),
+            },
+        );
         a.unwrap().permit_id
     };
     let permit = acquire().unwrap();
@@ -331,14 +347,16 @@ resources:
 
 #[test]
 fn headers_come_from_the_descriptor_nearest_its_limit() {
-    let (dec, clock) = decider(RlsOptions { shadow: false, headers: Some(RlsHeaders::RateLimit) });
+    let (dec, clock) =
+        decider(RlsOptions { shadow: false, headers: Some(RlsHeaders::RateLimit), priority_key: "priority" });
     clock.advance(Duration::from_secs(20));
     let a = call(&dec, "edge", vec![d(&[("remote_address", "9.9.9.9")]), d(&[("generic_key", "foo")])]);
     assert_eq!(
         a.headers,
         [("RateLimit-Limit", "1".to_string()), ("RateLimit-Remaining", "0".into()), ("RateLimit-Reset", "1".into())]
     );
-    let (dec, _) = decider(RlsOptions { shadow: false, headers: Some(RlsHeaders::XRateLimit) });
+    let (dec, _) =
+        decider(RlsOptions { shadow: false, headers: Some(RlsHeaders::XRateLimit), priority_key: "priority" });
     let a = call(&dec, "edge", vec![d(&[("remote_address", "9.9.9.9")])]);
     assert_eq!(a.headers[0], ("X-RateLimit-Limit", "4".to_string()));
     assert_eq!(a.headers[1], ("X-RateLimit-Remaining", "3".to_string()));

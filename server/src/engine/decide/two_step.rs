@@ -75,25 +75,37 @@ impl<'r> Pending<'r> {
     }
 }
 
-/// An override blocks the request: denied before anything else.
-fn blocked<'r>(
-    (retry_after, values): (Duration, String),
-    dry_run: bool,
-    (rule, handles): (&'r Rule, &'r RuleHandles),
-    level: u32,
-) -> Answer<'r> {
-    let denial = Denial::Blocked { values, retry_after };
+/// Denied before anything is taken: an override blocks the request, or its
+/// system sheds it.
+fn denied_before<'r>(denial: Denial, p: &Prepared<'r>, rule: Option<&'r Rule>, level: u32) -> Answer<'r> {
     let answer = Answer {
-        rule: Some(&rule.name),
+        rule: rule.map(|r| &r.name),
         verdict: denial.verdict(),
-        retry_after,
+        retry_after: denial.retry_after(),
         denial: Some(Box::new(denial)),
         ..Answer::allowed(level)
     };
-    if !dry_run {
-        answer.count(&handles.metrics);
+    if !p.dry_run {
+        answer.count(p.rule.map_or(p.unmatched, |(_, h)| &h.metrics));
     }
     answer
+}
+
+/// Whether the request is shed at `level` (above 0): by its rule's
+/// `shed_at_level`, or by its priority, as its rule (else its system) sheds them.
+#[inline(never)]
+fn shed(p: &Prepared<'_>, level: u32) -> Option<Denial> {
+    let rule = p.rule.map(|(r, _)| r);
+    let system = || p.scope.name().clone();
+    if let Some(at) = rule.and_then(|r| r.shed_at_level).filter(|&at| level >= at) {
+        return Some(Denial::Shed { at, level, priority: None, system: system() });
+    }
+    let by_priority = match rule.and_then(|r| r.shed_priority) {
+        Some(own) => own,
+        None => p.scope.shedding(),
+    };
+    let at = by_priority.sheds(p.priority, level)?;
+    Some(Denial::Shed { at, level, priority: Some(p.priority), system: system() })
 }
 
 /// Reported for a strict limit Redis was not asked about: its size, no state.
@@ -105,23 +117,29 @@ impl Engine {
     /// Runs the guards and every limit decided here. When strict limits remain
     /// (replication on, Redis up), the caller asks Redis and calls `finish`.
     #[inline]
-    pub fn begin<'r>(&self, p: Prepared<'r>, now: Timestamp) -> Step<'r> {
-        let level = self.levels.current();
+    pub fn begin<'r>(&self, mut p: Prepared<'r>, now: Timestamp) -> Step<'r> {
+        let level = p.scope.level();
+        let shed = if level > 0 { shed(&p, level) } else { None };
         let Some((rule, handles)) = p.rule else {
+            if let Some(denial) = shed {
+                return Step::Done(denied_before(denial, &p, None, level));
+            }
             let answer = Answer::allowed(level);
             if !p.dry_run {
                 answer.count(p.unmatched);
             }
             return Step::Done(answer);
         };
-        if let Some(block) = p.blocked {
-            return Step::Done(blocked(block, p.dry_run, (rule, handles), level));
+        if let Some((retry_after, values)) = p.blocked.take() {
+            return Step::Done(denied_before(Denial::Blocked { values, retry_after }, &p, Some(rule), level));
+        }
+        if let Some(denial) = shed {
+            return Step::Done(denied_before(denial, &p, Some(rule), level));
         }
         // Limits Redis decides: with Redis up it is asked; while it is down,
         // each follows its `on_redis_error`, on every request of the outage.
         let redis_limits = self.sync.is_some() && !p.dry_run && p.matched.iter().any(|(l, ..)| decided_by_redis(l));
-        let unguarded = !p.guarded && rule.shed_at_level.is_none_or(|at| level < at);
-        if unguarded && !redis_limits {
+        if !p.guarded && !redis_limits {
             // The common case, without the machinery for guards and Redis.
             let mut answer = Answer { rule: Some(&rule.name), ..Answer::allowed(level) };
             self.decide_limits(&mut answer, handles, &p.matched, &p.request_resource, now, p.cost, p.dry_run);
@@ -164,7 +182,7 @@ impl Engine {
             given_back: false,
             redis_at: None,
         };
-        if let Some(denied) = self.guard(&mut pending, level, p.remote_breaker, p.remote_slot) {
+        if let Some(denied) = self.guard(&mut pending, p.remote_breaker, p.remote_slot) {
             return Step::Done(self.done(pending, denied));
         }
         if !redis_limits {
@@ -295,28 +313,18 @@ impl Engine {
         self.conclude(p)
     }
 
-    /// Shedding, the breaker and the concurrency limit; the denial if any.
-    fn guard(
-        &self,
-        p: &mut Pending<'_>,
-        level: u32,
-        remote: Option<RemoteBreaker>,
-        slot: Option<RemoteSlot>,
-    ) -> Option<Denial> {
-        match p.resource.as_ref().filter(|_| p.guarded) {
-            Some(resource) => {
-                let dry_run = p.dry_run || p.gate;
-                let slots = self.slots(p.rule, slot, dry_run);
-                let ask = Ask { rule: p.rule, resource, level, now: p.now, dry_run, gate: p.gate, remote, slots };
-                match self.guards.admit(ask, &self.events) {
-                    Ok(a) => {
-                        p.admitted = Some(a);
-                        None
-                    }
-                    Err(denial) => Some(denial),
-                }
+    /// The breaker and the concurrency limit; the denial if any.
+    fn guard(&self, p: &mut Pending<'_>, remote: Option<RemoteBreaker>, slot: Option<RemoteSlot>) -> Option<Denial> {
+        let resource = p.resource.as_ref().filter(|_| p.guarded)?;
+        let dry_run = p.dry_run || p.gate;
+        let slots = self.slots(p.rule, slot, dry_run);
+        let ask = Ask { rule: p.rule, resource, now: p.now, dry_run, gate: p.gate, remote, slots };
+        match self.guards.admit(ask, &self.events) {
+            Ok(a) => {
+                p.admitted = Some(a);
+                None
             }
-            None => p.rule.shed_at_level.filter(|&at| level >= at).map(|at| Denial::Shed { at, level }),
+            Err(denial) => Some(denial),
         }
     }
 

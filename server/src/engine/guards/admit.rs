@@ -13,7 +13,7 @@ use super::{Guarded, Guards};
 use crate::breaker::{Admission, State};
 use crate::engine::sync::{ProbeGrant, RemoteBreaker, SlotGrant};
 use crate::events::{Event, Events};
-use crate::rules::{Rule, duration};
+use crate::rules::{Priority, Rule, duration};
 use crate::time::Timestamp;
 
 /// A permit's time to live when the rule sets none (no concurrency limit).
@@ -75,9 +75,14 @@ pub enum Denial {
         values: String,
         retry_after: Duration,
     },
+    /// The resource's system (empty: the global scope) is at `level`, and
+    /// the resource (`priority: None`) or the request's priority is shed
+    /// from level `at`.
     Shed {
         at: u32,
         level: u32,
+        priority: Option<Priority>,
+        system: Arc<str>,
     },
     CircuitOpen {
         resource: String,
@@ -141,8 +146,15 @@ impl fmt::Display for Denial {
             Denial::Blocked { values, retry_after } => {
                 write!(f, "blocked by an override for {values}, retry in {}", duration::human(*retry_after))
             }
-            Denial::Shed { at, level } => {
-                write!(f, "shed: degradation level is {level}, this resource is shed at {at}")
+            Denial::Shed { at, level, priority, system } => {
+                write!(f, "shed: degradation level is {level}")?;
+                if !system.is_empty() {
+                    write!(f, " in system '{system}'")?;
+                }
+                match priority {
+                    None => write!(f, ", this resource is shed at {at}"),
+                    Some(p) => write!(f, ", {} is shed from level {at}", p.name()),
+                }
             }
             Denial::CircuitOpen { resource, state: State::HalfOpen, retry_after } => write!(
                 f,
@@ -166,7 +178,6 @@ impl fmt::Display for Denial {
 pub struct Ask<'a> {
     pub rule: &'a Rule,
     pub resource: &'a str,
-    pub level: u32,
     pub now: Timestamp,
     pub dry_run: bool,
     /// Only a breaker that lets every call through (CLOSED, DISABLED,
@@ -181,10 +192,7 @@ pub struct Ask<'a> {
 impl Guards {
     /// Runs the guards of the rule for the resource; on a dry run, only asks.
     pub fn admit(&self, ask: Ask<'_>, events: &Events) -> Result<Admitted, Denial> {
-        let Ask { rule, resource, level, now, dry_run, gate, remote, slots } = ask;
-        if let Some(at) = rule.shed_at_level.filter(|&at| level >= at) {
-            return Err(Denial::Shed { at, level });
-        }
+        let Ask { rule, resource, now, dry_run, gate, remote, slots } = ask;
         let guarded = self.get_or_create(resource, rule);
         guarded.touch(now);
         let closed = |state, retry_after| Denial::CircuitOpen { resource: resource.into(), state, retry_after };

@@ -23,7 +23,18 @@ fn replicated_buckets_are_synced_while_used_and_dropped_when_idle() {
     let d: HashMap<String, String> = [("user".to_string(), "u1".to_string())].into();
     let rules = e.rules_full();
     for _ in 0..3 {
-        e.acquire(&rules, &Request { resource: "r", descriptors: &d, cost: 1, dry_run: false, settle: false }).unwrap();
+        e.acquire(
+            &rules,
+            &Request {
+                resource: "r",
+                descriptors: &d,
+                cost: 1,
+                dry_run: false,
+                settle: false,
+                priority: Default::default(),
+            },
+        )
+        .unwrap();
     }
     let active = Duration::from_secs(10);
     let items = e.sync_items(&rules, clock.now(), active);
@@ -53,9 +64,19 @@ fn a_bucket_has_one_sync_out_and_its_merged_state_counts_what_was_taken_since_it
     let take = |n: usize| {
         (0..n)
             .filter(|_| {
-                e.acquire(&rules, &Request { resource: "r", descriptors: &d, cost: 1, dry_run: false, settle: false })
-                    .unwrap()
-                    .verdict
+                e.acquire(
+                    &rules,
+                    &Request {
+                        resource: "r",
+                        descriptors: &d,
+                        cost: 1,
+                        dry_run: false,
+                        settle: false,
+                        priority: Default::default(),
+                    },
+                )
+                .unwrap()
+                .verdict
                     == crate::engine::Verdict::Allowed
             })
             .count()
@@ -112,7 +133,17 @@ fn admitted(e: &Engine, resource: &str, n: usize) -> usize {
     (0..n)
         .filter(|_| {
             let a = e
-                .acquire(&rules, &Request { resource, descriptors: &none, cost: 1, dry_run: false, settle: false })
+                .acquire(
+                    &rules,
+                    &Request {
+                        resource,
+                        descriptors: &none,
+                        cost: 1,
+                        dry_run: false,
+                        settle: false,
+                        priority: Default::default(),
+                    },
+                )
                 .unwrap();
             a.verdict == crate::engine::Verdict::Allowed
         })
@@ -168,7 +199,14 @@ fn a_decision_abandoned_while_redis_is_asked_gives_back_its_slot_and_its_units()
     e.sync().unwrap().set_up(true);
     let rules = e.rules_full();
     let none: HashMap<String, String> = HashMap::new();
-    let req = Request { resource: "db", descriptors: &none, cost: 3, dry_run: false, settle: false };
+    let req = Request {
+        resource: "db",
+        descriptors: &none,
+        cost: 3,
+        dry_run: false,
+        settle: false,
+        priority: Default::default(),
+    };
     let begin = || match e.begin(e.prepare(&rules, &req).unwrap(), clock.now()) {
         Step::Remote(pending) => pending,
         Step::Done(a) => panic!("decided without Redis: {a:?}"),
@@ -203,7 +241,14 @@ fn a_replicated_concurrency_limit_admits_within_its_fresh_lease_only() {
     e.sync().unwrap().set_up(true);
     let rules = e.rules_full();
     let none: HashMap<String, String> = HashMap::new();
-    let req = Request { resource: "db", descriptors: &none, cost: 1, dry_run: false, settle: false };
+    let req = Request {
+        resource: "db",
+        descriptors: &none,
+        cost: 1,
+        dry_run: false,
+        settle: false,
+        priority: Default::default(),
+    };
     let verdict = || e.decide(e.prepare(&rules, &req).unwrap(), clock.now()).verdict;
     assert_eq!(verdict(), Verdict::ConcurrencyLimited, "no lease yet: nothing, not the outage share");
     let prepared = e.prepare(&rules, &req).unwrap();

@@ -8,20 +8,42 @@ use pb::watch_event::Event as Kind;
 use super::{duration, from_duration, instant, timestamp};
 use crate::breaker::{Outcome, State};
 use crate::decider::{Applied, BreakerView, RulesInForce};
-use crate::engine::{Answer, Level, LimitReport, Report, Reported, Request, RequestError, Snapshot, Verdict};
+use crate::degradation::Load;
+use crate::engine::{
+    Answer, Level, LevelTarget, LimitReport, Report, Reported, Request, RequestError, Snapshot, Verdict,
+};
 use crate::events::Event;
+use crate::rules::Priority;
 
 // === requests ===
 
-impl<'a> From<&'a pb::AcquireRequest> for Request<'a, HashMap<String, String>> {
-    fn from(r: &'a pb::AcquireRequest) -> Self {
-        Request {
+impl<'a> TryFrom<&'a pb::AcquireRequest> for Request<'a, HashMap<String, String>> {
+    type Error = RequestError;
+
+    fn try_from(r: &'a pb::AcquireRequest) -> Result<Self, RequestError> {
+        Ok(Request {
             resource: &r.resource,
             descriptors: &r.descriptors,
             cost: r.cost,
             dry_run: r.dry_run,
             settle: r.settle,
-        }
+            priority: priority(r.priority)?,
+        })
+    }
+}
+
+/// A wire priority; UNSPECIFIED is CRITICAL, unknown numbers are bad input.
+pub fn priority(n: i32) -> Result<Priority, RequestError> {
+    match pb::Priority::try_from(n) {
+        Ok(pb::Priority::Unspecified | pb::Priority::Critical) => Ok(Priority::Critical),
+        Ok(pb::Priority::CriticalPlus) => Ok(Priority::CriticalPlus),
+        Ok(pb::Priority::SheddablePlus) => Ok(Priority::SheddablePlus),
+        Ok(pb::Priority::Sheddable) => Ok(Priority::Sheddable),
+        Err(_) => Err(RequestError::UnknownEnum {
+            field: "priority",
+            value: n,
+            expected: "PRIORITY_CRITICAL_PLUS, PRIORITY_CRITICAL, PRIORITY_SHEDDABLE_PLUS or PRIORITY_SHEDDABLE",
+        }),
     }
 }
 
@@ -71,8 +93,26 @@ pub fn breaker_state_request(n: i32) -> Result<State, RequestError> {
 }
 
 /// `SetDegradationLevel`: a level, or automatic.
-pub fn level_request(r: &pb::SetDegradationLevelRequest) -> Option<u32> {
-    (!r.automatic).then_some(r.level)
+pub fn level_request(r: &pb::SetDegradationLevelRequest) -> Result<(LevelTarget<'_>, Option<u32>), RequestError> {
+    let target = match (r.every_system, r.system.as_str()) {
+        (true, "") => LevelTarget::Every,
+        (true, system) => return Err(RequestError::SystemWithEverySystem(system.to_string())),
+        (false, system) => LevelTarget::One(system),
+    };
+    Ok((target, (!r.automatic).then_some(r.level)))
+}
+
+/// `ReportLoad`: one instance's load, checked by the engine.
+pub fn load(r: &pb::ReportLoadRequest) -> Result<Load, RequestError> {
+    let queue_delay = match &r.queue_delay {
+        Some(d) => Some(from_duration(d).ok_or(RequestError::BadDuration {
+            field: "queue_delay",
+            seconds: d.seconds,
+            nanos: d.nanos,
+        })?),
+        None => None,
+    };
+    Ok(Load { cpu: r.cpu, memory: r.memory, in_flight: r.in_flight, queue_delay })
 }
 
 // === answers ===
@@ -246,9 +286,37 @@ impl From<BreakerView> for pb::BreakerInfo {
     }
 }
 
-impl From<Level> for pb::SetDegradationLevelResponse {
-    fn from(l: Level) -> Self {
-        pb::SetDegradationLevelResponse { level: l.level, manual: l.manual, automatic_level: l.automatic }
+/// `SetDegradationLevel`'s answer: one level set, its fields; several (every
+/// system), the list too.
+pub fn level_response(mut levels: Vec<Level>) -> pb::SetDegradationLevelResponse {
+    let systems = if levels.len() == 1 { Vec::new() } else { levels.iter().map(pb::SystemLevel::from).collect() };
+    let first = if levels.is_empty() { None } else { Some(levels.remove(0)) };
+    let (level, manual, automatic_level, system) =
+        first.map(|l| (l.level, l.manual, l.automatic, l.system.to_string())).unwrap_or_default();
+    pb::SetDegradationLevelResponse { level, manual, automatic_level, system, systems }
+}
+
+impl From<&Level> for pb::SystemLevel {
+    fn from(l: &Level) -> Self {
+        let s = &l.signals;
+        pb::SystemLevel {
+            system: l.system.to_string(),
+            level: l.level,
+            manual: l.manual,
+            automatic_level: l.automatic,
+            reason: l.reason.clone(),
+            signals: Some(pb::SystemSignals {
+                calls: s.calls,
+                error_rate: s.error_rate,
+                slow_call_rate: s.slow_call_rate,
+                latency: s.latency.and_then(duration),
+                cpu: s.cpu,
+                memory: s.memory,
+                queue_delay: s.queue_delay.and_then(duration),
+                instances: s.instances as u32,
+                in_flight: s.in_flight,
+            }),
+        }
     }
 }
 
@@ -272,6 +340,7 @@ impl From<Snapshot> for pb::Snapshot {
             rules_version: s.rules_version,
             resync: false,
             rule_patterns: s.patterns,
+            systems: s.systems.iter().map(pb::SystemLevel::from).collect(),
         }
     }
 }
@@ -286,9 +355,13 @@ impl From<&Event> for Kind {
                 reason: t.reason.clone(),
                 next_probe_at: t.next_probe_at.map(instant),
             }),
-            Event::Degradation(c) => {
-                Kind::Degradation(pb::DegradationChange { from_level: c.from, to_level: c.to, manual: c.manual })
-            }
+            Event::Degradation(c) => Kind::Degradation(pb::DegradationChange {
+                from_level: c.from,
+                to_level: c.to,
+                manual: c.manual,
+                system: c.system.to_string(),
+                reason: c.reason.clone(),
+            }),
             Event::Rules { version, source, patterns } => Kind::Rules(pb::RulesReloaded {
                 version: *version,
                 source: source.clone(),
