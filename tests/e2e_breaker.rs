@@ -214,8 +214,10 @@ async fn bad_reports_and_admin_calls_are_refused_with_the_field_named() {
     );
     let err = admin.get_breaker(pb::GetBreakerRequest { resource: "db".into() }).await.unwrap_err();
     assert_eq!((err.code(), err.message()), (tonic::Code::NotFound, "resource: no rule gives 'db' a circuit breaker"));
-    let err =
-        admin.set_degradation_level(pb::SetDegradationLevelRequest { level: 5, automatic: false, ..Default::default() }).await.unwrap_err();
+    let err = admin
+        .set_degradation_level(pb::SetDegradationLevelRequest { level: 5, automatic: false, ..Default::default() })
+        .await
+        .unwrap_err();
     assert_eq!(err.message(), "level: 5 is not a degradation level (0 to 3)");
 
     // Forced open, then reset.
@@ -235,13 +237,19 @@ async fn shedding_follows_the_level_and_every_answer_carries_it() {
     let mut admin = fg.admin().await;
     let mut watch = c.watch(pb::WatchRequest { resources: vec!["payments".into()] }).await.unwrap().into_inner();
     watch.message().await.unwrap();
-    let r = admin.set_degradation_level(pb::SetDegradationLevelRequest { level: 2, automatic: false, ..Default::default() }).await.unwrap();
+    let r = admin
+        .set_degradation_level(pb::SetDegradationLevelRequest { level: 2, automatic: false, ..Default::default() })
+        .await
+        .unwrap();
     assert_eq!((r.get_ref().level, r.get_ref().manual), (2, true));
     let shed = c.acquire(acquire("reports", &[], 1)).await.unwrap().into_inner();
     assert_eq!((shed.verdict(), shed.degradation_level), (pb::Verdict::Shed, 2));
     let other = c.acquire(acquire("db", &[], 1)).await.unwrap().into_inner();
     assert_eq!((other.verdict(), other.degradation_level), (pb::Verdict::Allowed, 2));
-    admin.set_degradation_level(pb::SetDegradationLevelRequest { level: 0, automatic: true, ..Default::default() }).await.unwrap();
+    admin
+        .set_degradation_level(pb::SetDegradationLevelRequest { level: 0, automatic: true, ..Default::default() })
+        .await
+        .unwrap();
     assert_eq!(c.acquire(acquire("reports", &[], 1)).await.unwrap().into_inner().verdict(), pb::Verdict::Allowed);
     let mut changes = Vec::new();
     while changes.len() < 2 {
