@@ -403,3 +403,69 @@ async fn the_client_crate_reports_its_process_load_as_a_share_of_its_cores() {
     assert!((mean - want).abs() <= 0.10, "30% of one core of {cores} is {want:.3}; reported {seen:?}");
     assert!(seen.iter().all(|&c| c > 0.0 && c < 0.30 / cores + 0.2), "{seen:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_share_load_reports_and_operators_levels_and_keep_them_when_redis_comes_back_empty() {
+    let (mut redis, _dir, args) = replicated(RULES);
+    let (a, b) = (Floodgate::start(&strs(&args)), Floodgate::start(&strs(&args)));
+    wait_live(&a, 2);
+    // Every instance reports to replica A only.
+    let mut to_a = a.client().await;
+    let report = |c: &mut pb::floodgate_client::FloodgateClient<tonic::transport::Channel>| {
+        let mut c = c.clone();
+        async move {
+            for i in 0..3 {
+                c.report_load(load("payments", &format!("pod-{i}"), 0.80)).await.unwrap();
+            }
+        }
+    };
+    report(&mut to_a).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (level_b, instances_b) = loop {
+        report(&mut to_a).await;
+        let s = systems(&b).await.remove("payments").unwrap();
+        if s.level == 2 {
+            break (s.level, s.signals.as_ref().unwrap().instances);
+        }
+        assert!(Instant::now() < deadline, "replica B never heard A's load reports: {s:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!((level_b, instances_b), (2, 3), "B answers like A");
+    let mut to_b = b.client().await;
+    assert_eq!(verdict(&mut to_b, "payments.charge", pb::Priority::SheddablePlus).await, (pb::Verdict::Shed, 2));
+
+    // An operator's level set on B holds on A, and on a replica started later.
+    let set = pb::SetDegradationLevelRequest { system: "search".into(), level: 3, ..Default::default() };
+    b.admin().await.set_degradation_level(set).await.unwrap();
+    eventually("A to take B's level", Duration::from_secs(5), || async {
+        (level(&a, "search").await == 3).then_some(())
+    })
+    .await;
+    let c = Floodgate::start(&strs(&args));
+    eventually("a new replica to take it", Duration::from_secs(5), || async {
+        (level(&c, "search").await == 3).then_some(())
+    })
+    .await;
+
+    // Redis restarts empty: the replicas write their levels back.
+    redis.restart_empty();
+    wait_live(&a, 3);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for fg in [&a, &b, &c] {
+        assert_eq!(level(fg, "search").await, 3, "the override outlived an empty Redis");
+    }
+    let d = Floodgate::start(&strs(&args));
+    eventually("a replica started after it to take it", Duration::from_secs(5), || async {
+        (level(&d, "search").await == 3).then_some(())
+    })
+    .await;
+    // Cleared on one: automatic everywhere.
+    let clear = pb::SetDegradationLevelRequest { system: "search".into(), automatic: true, ..Default::default() };
+    a.admin().await.set_degradation_level(clear).await.unwrap();
+    for fg in [&a, &b, &c, &d] {
+        eventually("the override to clear", Duration::from_secs(5), || async {
+            (level(fg, "search").await == 0).then_some(())
+        })
+        .await;
+    }
+}

@@ -262,6 +262,11 @@ impl Scope {
         })
     }
 
+    /// The operator's level, if one is set.
+    pub fn manual(&self) -> Option<u32> {
+        self.lock().manual
+    }
+
     pub fn get(&self) -> Level {
         let c = self.lock();
         Level {

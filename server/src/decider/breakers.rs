@@ -45,16 +45,26 @@ impl Decider {
 
     /// An operator's degradation level (0 to 3), or `None` for automatic,
     /// for one system (empty: the global scope) or every scope; the levels after.
-    pub fn set_level(&self, target: LevelTarget<'_>, level: Option<u32>) -> Result<Vec<Level>, RequestError> {
+    /// With Redis, stored for every replica (and replicas started later).
+    pub async fn set_level(&self, target: LevelTarget<'_>, level: Option<u32>) -> Result<Vec<Level>, RequestError> {
         if let Some(level) = level.filter(|&l| l > degradation::LEVEL_MAX) {
             return Err(RequestError::BadLevel(level));
         }
-        self.engine.set_degradation(target, level)
+        let levels = self.engine.set_degradation(target, level)?;
+        if let Some(replication) = &self.replication {
+            replication.set_level(target, level).await;
+        }
+        Ok(levels)
     }
 
     /// One instance's load: the system's level and live instances after it.
+    /// With Redis, passed on to every replica.
     pub fn report_load(&self, system: &str, instance: &str, load: Load) -> Result<(u32, usize), RequestError> {
-        self.engine.report_load(system, instance, load)
+        let answer = self.engine.report_load(system, instance, load)?;
+        if let Some(replication) = &self.replication {
+            replication.share_load(system, instance, load);
+        }
+        Ok(answer)
     }
 
     /// What a Watch stream starts with.

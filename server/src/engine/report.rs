@@ -241,6 +241,17 @@ impl Engine {
             .collect())
     }
 
+    /// Operators' levels stored for the fleet: each scope named takes its
+    /// level, every other scope goes back to automatic.
+    pub fn apply_manual_levels(&self, levels: &std::collections::HashMap<String, u32>) {
+        for scope in self.rules().systems.all() {
+            let want = levels.get(&**scope.name()).copied();
+            if scope.manual() != want {
+                self.level_changed(scope.set_manual(want));
+            }
+        }
+    }
+
     /// The global scope's level.
     pub fn level(&self) -> Level {
         self.rules().systems.global().get()

@@ -90,7 +90,7 @@ impl Admin for ControlPlane {
     ) -> Result<Response<pb::SetDegradationLevelResponse>, Status> {
         let version = self.decider.rules().version;
         let (target, level) = level_request(request.get_ref())?;
-        let levels = self.decider.set_level(target, level)?;
+        let levels = self.decider.set_level(target, level).await?;
         let who = who(&request);
         for l in &levels {
             let (system, to, manual) = (crate::metrics::system_label(&l.system), l.level, l.manual);

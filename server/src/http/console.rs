@@ -381,7 +381,7 @@ async fn set_level(State(s): State<HttpState>, req: Request) -> Response {
         Some(true) => return refused(RequestError::SystemWithEverySystem(system)),
         _ => LevelTarget::One(&system),
     };
-    match s.decider.set_level(target, level) {
+    match s.decider.set_level(target, level).await {
         Ok(levels) => {
             for l in &levels {
                 let system = crate::metrics::system_label(&l.system);

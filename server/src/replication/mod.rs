@@ -30,6 +30,7 @@ mod breakers;
 mod conn;
 mod decide;
 mod forward;
+mod levels;
 mod limits;
 mod overrides;
 mod rules;
@@ -90,6 +91,8 @@ pub struct Replication {
     rounds: std::sync::atomic::AtomicU64,
     /// The version of the rules the last sync ran with.
     rules_seen: std::sync::atomic::AtomicU64,
+    /// Load reports taken here for the other replicas, and the operators' levels.
+    levels: levels::Levels,
 }
 
 impl Replication {
@@ -120,10 +123,13 @@ impl Replication {
             slot_flush: tokio::sync::Mutex::new(()),
             rounds: std::sync::atomic::AtomicU64::new(0),
             rules_seen: std::sync::atomic::AtomicU64::new(0),
+            levels: levels::Levels::default(),
         });
         r.load_shared_rules().await;
         r.poll_overrides().await;
+        r.load_levels().await;
         tokio::spawn(sync_loop(Arc::downgrade(&r)));
+        tokio::spawn(levels::send_loop(Arc::downgrade(&r)));
         tokio::spawn(rules::listen(Arc::downgrade(&r)));
         Ok(r)
     }
@@ -258,6 +264,10 @@ impl Replication {
             self.rounds.store(0, std::sync::atomic::Ordering::Relaxed);
         }
         let round = self.rounds.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // Operators' levels, should an announcement have been missed: every 10 rounds.
+        if round % 10 == 0 {
+            self.load_levels().await;
+        }
         let every_second = (Duration::from_secs(1).as_nanos() / self.config.sync_interval.as_nanos().max(1)).max(1);
         if u128::from(round) % every_second == 0 {
             self.reassert_slots().await;

@@ -88,6 +88,9 @@ async fn subscribe(url: &str, credentials: &super::Credentials) -> anyhow::Resul
 }
 
 async fn handle(r: &Replication, text: &str) {
+    if text.starts_with("l ") {
+        return r.on_loads(text);
+    }
     match text.split_once(' ') {
         Some(("b", resource)) => {
             let rules = r.engine.rules_full();
@@ -95,6 +98,7 @@ async fn handle(r: &Replication, text: &str) {
         }
         _ if text == "r" => r.load_shared_rules().await,
         _ if text == "o" => r.poll_overrides().await,
+        _ if text == "v" => r.load_levels().await,
         _ => {}
     }
 }

@@ -1,0 +1,193 @@
+//! Degradation across replicas, so that every replica answers with the same
+//! level whichever one an instance reports to:
+//! - a load report one replica takes reaches every other replica: the
+//!   reports taken are kept (the latest per instance, bounded) and sent on
+//!   the events channel every 250 ms in one message;
+//! - an operator's level per system is kept in Redis (`{fg}:levels`, system
+//!   -> level; the global scope is the empty name; `#v` counts changes) and
+//!   applied by every replica when announced, every 10 syncs, and when one
+//!   starts. A level set while Redis was away, or lost with a Redis that came
+//!   back empty, is written back by the replicas that hold it.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, Weak};
+use std::time::Duration;
+
+use super::Replication;
+use crate::degradation::Load;
+use crate::engine::LevelTarget;
+use crate::engine::guards::PermitId;
+
+/// An operator's level per system: system -> level.
+pub const LEVELS: &str = "{fg}:levels";
+/// The most load reports held between two sends; more wait for the next.
+const MAX_PENDING: usize = 20_000;
+const SEND_EVERY: Duration = Duration::from_millis(250);
+
+/// The field of `{fg}:levels` counting changes.
+const VERSION: &str = "#v";
+
+/// Load reports taken here, not yet sent to the other replicas; and what
+/// this replica knows of the operators' levels in Redis.
+#[derive(Debug, Default)]
+pub(super) struct Levels {
+    pending: Mutex<HashMap<(String, String), Load>>,
+    /// The version of `{fg}:levels` applied here (0: none yet).
+    seen: AtomicU64,
+    /// A level was set here that Redis does not have yet.
+    unsaved: AtomicBool,
+}
+
+impl Replication {
+    /// A load report this replica took, to pass on to the others.
+    pub fn share_load(&self, system: &str, instance: &str, load: Load) {
+        let mut pending = self.levels.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (system.to_string(), instance.to_string());
+        if pending.len() < MAX_PENDING || pending.contains_key(&key) {
+            pending.insert(key, load);
+        }
+    }
+
+    /// Sends what was taken since the last send, in one message:
+    /// `l <tag>` then a line per report: system, instance, cpu, memory,
+    /// in flight and queueing delay (us), tab-separated (names hold no
+    /// control characters).
+    async fn send_loads(&self) {
+        let taken = std::mem::take(&mut *self.levels.pending.lock().unwrap_or_else(|e| e.into_inner()));
+        if taken.is_empty() {
+            return;
+        }
+        let mut message = format!("l {:08x}", PermitId::tag());
+        for ((system, instance), l) in &taken {
+            let in_flight = l.in_flight.map_or("-".to_string(), |n| n.to_string());
+            let queue = l.queue_delay.map_or("-".to_string(), |d| d.as_micros().to_string());
+            let _ = write!(message, "\n{system}\t{instance}\t{}\t{}\t{in_flight}\t{queue}", l.cpu, l.memory);
+        }
+        self.publish(message).await;
+    }
+
+    /// Another replica's load reports: taken as if reported here (those this
+    /// replica sent itself are skipped; refusals are not answered to anyone).
+    pub(super) fn on_loads(&self, text: &str) {
+        let mut lines = text.lines();
+        let Some(from) = lines.next().and_then(|l| l.strip_prefix("l ")) else { return };
+        if u32::from_str_radix(from, 16).ok() == Some(PermitId::tag()) {
+            return;
+        }
+        for line in lines {
+            let Some((system, instance, load)) = parse_load(line) else { continue };
+            let _ = self.engine.report_load(system, instance, load);
+        }
+    }
+
+    /// Stores an operator's level for `target` (`None`: back to automatic)
+    /// and tells the other replicas. While Redis is away the level holds
+    /// here and is written once it answers.
+    pub async fn set_level(&self, target: LevelTarget<'_>, level: Option<u32>) {
+        let names: Vec<String> = match target {
+            LevelTarget::One(name) => vec![name.to_string()],
+            LevelTarget::Every => self.engine.levels().into_iter().map(|l| l.system.to_string()).collect(),
+        };
+        let writes = names.into_iter().map(|n| (n, level)).collect();
+        self.write_levels(writes, false).await;
+    }
+
+    /// Writes `writes` (a level, or `None` to remove it) and counts the
+    /// change; with `all`, the hash holds exactly them.
+    async fn write_levels(&self, writes: Vec<(String, Option<u32>)>, all: bool) {
+        self.levels.unsaved.store(true, Ordering::Relaxed);
+        let version: Option<u64> = self
+            .call("levels", |mut h| async move {
+                let mut pipe = redis::pipe();
+                pipe.atomic();
+                if all {
+                    pipe.del(LEVELS).ignore();
+                }
+                for (name, level) in &writes {
+                    match level {
+                        Some(l) => pipe.hset(LEVELS, name, l).ignore(),
+                        None => pipe.hdel(LEVELS, name).ignore(),
+                    };
+                }
+                pipe.hincr(LEVELS, VERSION, 1);
+                let (v,): (u64,) = pipe.query_async(&mut h).await?;
+                Ok(v)
+            })
+            .await;
+        let Some(version) = version else { return };
+        self.levels.seen.store(version, Ordering::Relaxed);
+        self.levels.unsaved.store(false, Ordering::Relaxed);
+        self.publish("v".into()).await;
+    }
+
+    /// Applies the levels operators stored: every scope named in Redis takes
+    /// its level, every other goes back to automatic. When this replica set
+    /// one Redis does not have, or Redis lost them all (it came back
+    /// empty), this replica's levels are written back instead.
+    pub(super) async fn load_levels(&self) {
+        let stored: Option<HashMap<String, String>> = self
+            .call("levels", |mut h| async move { redis::cmd("HGETALL").arg(LEVELS).query_async(&mut h).await })
+            .await;
+        let Some(mut stored) = stored else { return };
+        let version: u64 = stored.remove(VERSION).and_then(|v| v.parse().ok()).unwrap_or(0);
+        let seen = self.levels.seen.load(Ordering::Relaxed);
+        if self.levels.unsaved.load(Ordering::Relaxed) || (version == 0 && seen > 0) {
+            let own =
+                self.engine.levels().into_iter().filter(|l| l.manual).map(|l| (l.system.to_string(), Some(l.level)));
+            return self.write_levels(own.collect(), true).await;
+        }
+        if version == seen && seen > 0 {
+            return;
+        }
+        let levels: HashMap<String, u32> =
+            stored.into_iter().filter_map(|(k, v)| Some((k, v.parse().ok().filter(|&l| l <= 3)?))).collect();
+        self.engine.apply_manual_levels(&levels);
+        self.levels.seen.store(version, Ordering::Relaxed);
+    }
+}
+
+fn parse_load(line: &str) -> Option<(&str, &str, Load)> {
+    let mut f = line.split('\t');
+    let (system, instance) = (f.next()?, f.next()?);
+    let cpu = f.next()?.parse().ok()?;
+    let memory = f.next()?.parse().ok()?;
+    let in_flight = match f.next()? {
+        "-" => None,
+        n => Some(n.parse().ok()?),
+    };
+    let queue_delay = match f.next()? {
+        "-" => None,
+        n => Some(Duration::from_micros(n.parse().ok()?)),
+    };
+    Some((system, instance, Load { cpu, memory, in_flight, queue_delay }))
+}
+
+/// Sends the load reports taken every 250 ms until the replication is dropped.
+pub(super) async fn send_loop(weak: Weak<Replication>) {
+    loop {
+        tokio::time::sleep(SEND_EVERY).await;
+        let Some(r) = weak.upgrade() else { return };
+        r.send_loads().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_load_line_reads_back_as_written() {
+        let (s, i, l) = parse_load("payments\tpod 7 (east)\t0.5\t0.25\t12\t1500").unwrap();
+        assert_eq!((s, i), ("payments", "pod 7 (east)"));
+        assert_eq!(
+            l,
+            Load { cpu: 0.5, memory: 0.25, in_flight: Some(12), queue_delay: Some(Duration::from_micros(1500)) }
+        );
+        let (_, _, l) = parse_load("p\ti\t1\t0\t-\t-").unwrap();
+        assert_eq!((l.in_flight, l.queue_delay), (None, None));
+        assert!(parse_load("p\ti\tx\t0\t-\t-").is_none());
+        assert!(parse_load("p\ti\t1").is_none());
+    }
+}
