@@ -265,7 +265,7 @@ impl Replication {
         }
         let round = self.rounds.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // Operators' levels, should an announcement have been missed: every 10 rounds.
-        if round % 10 == 0 {
+        if round.is_multiple_of(10) {
             self.load_levels().await;
         }
         let every_second = (Duration::from_secs(1).as_nanos() / self.config.sync_interval.as_nanos().max(1)).max(1);
