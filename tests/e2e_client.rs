@@ -26,6 +26,8 @@ resources:
     breaker: { window: { kind: count, size: 10000 }, minimum_calls: 10000, failure_rate_threshold: 1.0 }
   - name: "/grpc.health.v1.Health/Check"
     limits: [ { name: per-tenant, key: [tenant], algorithm: fixed_window, limit: 2, window: 1h } ]
+systems:
+  - { name: shop, resources: ["GET /shop/*"] }
 "#;
 
 fn start() -> (Floodgate, TempDir) {
@@ -271,4 +273,45 @@ async fn the_grpc_layer_answers_resource_exhausted() {
     assert_eq!(err.code(), tonic::Code::ResourceExhausted);
     assert!(err.message().contains("limit 'per-tenant'"), "{}", err.message());
     assert!(err.metadata().get("grpc-retry-pushback-ms").is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_layer_reads_each_request_priority_and_a_shedding_system_drops_the_least_important() {
+    use axum::{Router, routing::get as route};
+    let (fg, _dir) = start();
+    let set = pb::SetDegradationLevelRequest { system: "shop".into(), level: 2, ..Default::default() };
+    fg.admin().await.set_degradation_level(set).await.unwrap();
+    let by_header = FloodgateLayer::new(client(&fg)).priority_header("x-priority").unwrap();
+    let by_route = FloodgateLayer::new(client(&fg)).priority(|req| {
+        if req.uri.path().ends_with("/prefetch") {
+            floodgate_client::Priority::Sheddable
+        } else {
+            floodgate_client::Priority::Critical
+        }
+    });
+    let serve = |layer: FloodgateLayer| async move {
+        let app = Router::new().route("/shop/{page}", route(|| async { "a page" })).layer(layer);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        addr
+    };
+    let (header_app, route_app) = (serve(by_header).await, serve(by_route).await);
+    let status = |addr, path: &'static str, headers: &'static [(&'static str, &'static str)]| {
+        tokio::task::spawn_blocking(move || get(addr, path, headers).0)
+    };
+    assert_eq!(
+        status(header_app, "/shop/cart", &[("x-priority", "sheddable_plus")]).await.unwrap(),
+        503,
+        "level 2 sheds it"
+    );
+    assert_eq!(status(header_app, "/shop/cart", &[("x-priority", "critical")]).await.unwrap(), 200);
+    assert_eq!(status(header_app, "/shop/cart", &[]).await.unwrap(), 200, "no header: CRITICAL");
+    assert_eq!(
+        status(header_app, "/shop/cart", &[("x-priority", "whatever")]).await.unwrap(),
+        200,
+        "unknown: CRITICAL"
+    );
+    assert_eq!(status(route_app, "/shop/prefetch", &[]).await.unwrap(), 503);
+    assert_eq!(status(route_app, "/shop/checkout", &[]).await.unwrap(), 200);
 }

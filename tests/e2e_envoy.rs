@@ -350,3 +350,42 @@ async fn an_rlqs_bucket_named_twice_in_one_report_gets_one_assignment_for_its_su
     let next = tokens(&second.bucket_action[0]);
     assert!(next.contains("max_tokens: 10,"), "40 - (15 + 15) = 10 left to lease: {next}");
 }
+
+#[tokio::test]
+async fn a_descriptor_entry_carries_the_priority_a_shedding_system_reads() {
+    let rules = "resources:\n  - name: edge\n    limits: [ { name: all, algorithm: fixed_window, limit: 1000, window: 1m } ]\nsystems:\n  - { name: web, resources: [edge] }\n";
+    let dir = TempDir::new();
+    let fg = Floodgate::start(&["--config", path_str(&dir.write("rules.yaml", rules))]);
+    let set = floodgate_proto::v1::SetDegradationLevelRequest { system: "web".into(), level: 1, ..Default::default() };
+    fg.admin().await.set_degradation_level(set).await.unwrap();
+    let ask = |priority: &str| {
+        let entries = [("remote_address", "10.0.0.1"), ("priority", priority)];
+        request("edge", &[descriptor(&entries, None)], 0)
+    };
+    let code = |r: Vec<(u32, Value)>| varint_of(&r, 1);
+    assert_eq!(code(should_rate_limit(&fg, ask("sheddable")).await.unwrap()), OVER_LIMIT, "shed at level 1");
+    assert_eq!(code(should_rate_limit(&fg, ask("SHEDDABLE_PLUS")).await.unwrap()), OK);
+    // A value that names no priority is CRITICAL, not an error (which Envoy's
+    // failure mode might turn into an allow).
+    assert_eq!(code(should_rate_limit(&fg, ask("urgent!")).await.unwrap()), OK);
+    let no_priority = request("edge", &[descriptor(&[("remote_address", "10.0.0.1")], None)], 0);
+    assert_eq!(code(should_rate_limit(&fg, no_priority).await.unwrap()), OK);
+    // Another key, named by --envoy-priority-key.
+    let fg = Floodgate::start(&["--config", path_str(&dir.path("rules.yaml")), "--envoy-priority-key", "x-class"]);
+    fg.admin()
+        .await
+        .set_degradation_level(floodgate_proto::v1::SetDegradationLevelRequest {
+            system: "web".into(),
+            level: 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let by_class = request("edge", &[descriptor(&[("x-class", "sheddable")], None)], 0);
+    assert_eq!(code(should_rate_limit(&fg, by_class).await.unwrap()), OVER_LIMIT);
+    assert_eq!(
+        code(should_rate_limit(&fg, ask("sheddable")).await.unwrap()),
+        OK,
+        "'priority' is just a descriptor now"
+    );
+}

@@ -99,7 +99,7 @@ impl Engine {
     /// Swaps in a new rule set atomically and returns its version. Limits that
     /// keep their resource, name and algorithm keep their buckets.
     pub fn install(&self, rules: RuleSet, yaml: String, source: String) -> u64 {
-        let patterns = rules.rules().iter().map(|r| r.name.clone()).collect();
+        let patterns = rules.patterns().into();
         let version = self.rules.install(rules, yaml, source.clone());
         self.events.publish(Event::Rules { version, source, patterns });
         version
@@ -138,7 +138,7 @@ impl Engine {
     /// beside the rules in force.
     pub fn install_envoy(&self, config: crate::rules::envoy::EnvoyConfig, text: String, source: String) -> u64 {
         let version = self.rules.install_envoy(config, text, source.clone());
-        let patterns = self.rules.load().rules.rules().iter().map(|r| r.name.clone()).collect();
+        let patterns = self.rules.load().rules.patterns().into();
         self.events.publish(Event::Rules { version, source: format!("envoy:{source}"), patterns });
         version
     }

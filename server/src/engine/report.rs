@@ -174,7 +174,7 @@ impl Engine {
     /// What a Watch stream starts with.
     pub fn snapshot(&self) -> Snapshot {
         let rules = self.rules();
-        let patterns = rules.resource_names();
+        let patterns = rules.rules.patterns();
         let systems = rules.systems.named().iter().map(|s| s.get()).collect();
         let level = rules.systems.global().get();
         Snapshot { breakers: self.breakers(&rules), level, systems, rules_version: rules.version, patterns }

@@ -168,6 +168,22 @@ impl RuleSet {
         &self.rules
     }
 
+    /// Every pattern of resources the server may answer other than "allowed,
+    /// no limits": the rules' names in file order, then the systems'
+    /// resources (a system sheds resources no rule names). A client may
+    /// answer a resource none of them matches without asking.
+    pub fn patterns(&self) -> Vec<String> {
+        let mut out: Vec<String> = self.rules.iter().map(|r| r.name.clone()).collect();
+        for s in &self.systems {
+            for r in &s.resources {
+                if !out.contains(r) {
+                    out.push(r.clone());
+                }
+            }
+        }
+        out
+    }
+
     /// The systems the file names, in file order.
     pub fn systems(&self) -> &[SystemConfig] {
         &self.systems
