@@ -28,6 +28,8 @@ resources:
     limits:
       - { name: global, algorithm: fixed_window, limit: 100, window: 1h }
       - { name: per-user, key: [user], algorithm: fixed_window, limit: 1, window: 1h }
+systems:
+  - { name: shop, resources: [orders] }
 "#;
 const ADMIN: &str = "console-admin-token-0123456789";
 const READER: &str = "console-reader-token-0123456789";
@@ -179,10 +181,26 @@ async fn the_console_api_asks_for_the_admin_roles_and_the_page_keeps_to_itself()
     let (status, _, body) = http(&fg.http, "POST", "/api/v1/breakers/nope/state", Some(ADMIN), reset);
     assert_eq!(status, 404, "{body}");
     let (status, _, body) = http(&fg.http, "POST", "/api/v1/level", Some(ADMIN), r#"{"level":2}"#);
-    assert_eq!((status, body.as_str()), (200, r#"{"automatic":0,"level":2,"manual":true}"#));
+    assert_eq!((status, body.as_str()), (200, r#"{"automatic":0,"level":2,"manual":true,"system":""}"#));
     let big = format!(r#"{{"level":1,"pad":"{}"}}"#, "x".repeat(10_000));
     assert_eq!(http(&fg.http, "POST", "/api/v1/level", Some(ADMIN), &big).0, 413);
     assert_eq!(http(&fg.http, "POST", "/api/v1/level", Some(ADMIN), "not json").0, 400);
+    // One system's level; the console shows each system and why.
+    let (status, _, body) = http(&fg.http, "POST", "/api/v1/level", Some(ADMIN), r#"{"level":3,"system":"shop"}"#);
+    assert_eq!((status, body.as_str()), (200, r#"{"automatic":0,"level":3,"manual":true,"system":"shop"}"#));
+    let (status, _, body) = http(&fg.http, "POST", "/api/v1/level", Some(ADMIN), r#"{"level":3,"system":"nope"}"#);
+    assert_eq!((status, body.as_str()), (400, r#"{"error":"system: 'nope' is not a system of the rules in force"}"#));
+    let (status, _, body) = http(&fg.http, "POST", "/api/v1/level", Some(ADMIN), r#"{"level":1,"system":7}"#);
+    assert_eq!(status, 400, "{body}");
+    let (status, _, body) = http(&fg.http, "GET", "/api/v1/console", Some(READER), "");
+    assert_eq!(status, 200, "{body}");
+    let console: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let shop = &console["systems"][0];
+    assert_eq!(
+        (shop["system"].as_str(), shop["level"].as_u64(), shop["manual"].as_bool()),
+        (Some("shop"), Some(3), Some(true))
+    );
+    assert_eq!(console["level"]["level"], 2, "the global scope kept its own level");
 }
 
 /// The level and the payments breaker's state, as Admin reads them.

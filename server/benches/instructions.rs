@@ -11,6 +11,12 @@
 //! - `guarded`: the three limits, a breaker and a concurrency limit; each
 //!   decision is an Acquire and the ReportOutcome that returns its permit.
 //!
+//! With `--in-system`, the rules also name a system holding `api` (and a
+//! dozen others, exact and globs): the same decisions, on a resource whose
+//! answer carries its system's level. A binary built before systems ignores
+//! the flag, so `scripts/callgrind --baseline OLD --in-system` compares a
+//! decision in a system with one before systems existed.
+//!
 //! Without arguments (as `cargo test --benches` runs it) each scenario runs a
 //! thousand times, so the suite checks it still works.
 
@@ -82,8 +88,14 @@ fn measured(decider: &Decider, descriptors: &HashMap<String, String>, decisions:
     }
 }
 
-fn run(scenario: &str, decisions: u64) {
-    let yaml = rules(scenario);
+/// A system holding `api`, among others.
+const SYSTEMS: &str = "systems:\n  - { name: search, resources: [\"search.*\", suggest] }\n  - name: checkout\n    resources: [\"pay.*\", \"cart.*\", basket, orders, refunds, api, \"inventory-*\", ledger]\n    latency: { p90: [200ms, 500ms, 1s] }\n";
+
+fn run(scenario: &str, decisions: u64, in_system: bool) {
+    let mut yaml = rules(scenario);
+    if in_system {
+        yaml.push_str(SYSTEMS);
+    }
     let engine =
         Arc::new(Engine::new(EngineConfig { max_keys: 10_000_000, replicated: false }, Arc::new(SystemClock::new())));
     engine.install(RuleSet::from_yaml(&yaml, "bench").unwrap(), yaml.clone(), "bench".into());
@@ -108,11 +120,12 @@ fn main() {
     match value("--scenario") {
         Some(scenario) => {
             let decisions = value("--decisions").map_or(100_000, |n| n.parse().expect("--decisions N"));
-            run(&scenario, decisions);
+            run(&scenario, decisions, args.iter().any(|a| a == "--in-system"));
         }
         None => {
             for scenario in ["hot_key", "three_limits", "guarded"] {
-                run(scenario, 1000);
+                run(scenario, 1000, false);
+                run(scenario, 1000, true);
             }
         }
     }

@@ -389,10 +389,13 @@ async fn set_level(State(s): State<HttpState>, req: Request) -> Response {
             }
             let list: Vec<Value> = levels.iter().map(level_json).collect();
             let first = list.first().cloned().unwrap_or(Value::Null);
-            json_response(
-                StatusCode::OK,
-                json!({ "level": first["level"], "manual": first["manual"], "automatic": first["automatic"], "systems": list }),
-            )
+            let mut answer = json!({
+                "level": first["level"], "manual": first["manual"], "automatic": first["automatic"], "system": first["system"],
+            });
+            if list.len() > 1 {
+                answer["systems"] = Value::Array(list);
+            }
+            json_response(StatusCode::OK, answer)
         }
         Err(e) => refused(e),
     }

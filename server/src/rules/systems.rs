@@ -502,7 +502,7 @@ fn load_config(l: &Fields<'_>) -> LoadConfig {
         }
         c.instance_timeout = d;
     }
-    if let Some(n) = l.u64_in("max_instances", 1, 100_000) {
+    if let Some(n) = l.u64_in("max_instances", 1, 10_000) {
         c.max_instances = n as usize;
     }
     c

@@ -66,6 +66,33 @@ function render(s) {
     : "memory only (one replica)";
   $("overrides").textContent = s.overrides;
 
+  const systems = document.querySelector("#systems tbody");
+  systems.replaceChildren();
+  const choice = $("level-system");
+  const chosen = choice.value;
+  choice.replaceChildren(el("option", "global"));
+  choice.firstChild.value = "";
+  for (const sys of s.systems) {
+    const tr = el("tr");
+    tr.dataset.system = sys.system;
+    tr.append(el("td", sys.system), el("td", sys.level),
+      el("td", sys.manual ? "operator (automatic " + sys.automatic + ")" : "automatic"), el("td", sys.reason),
+      el("td", sys.signals.instances));
+    systems.append(tr);
+    const option = el("option", sys.system);
+    option.value = sys.system;
+    choice.append(option);
+  }
+  choice.value = chosen;
+  if (choice.value !== chosen) choice.value = "";
+  if (s.systems.length === 0) {
+    const tr = el("tr");
+    const td = el("td", "the rules name no system", "muted");
+    td.colSpan = 5;
+    tr.append(td);
+    systems.append(tr);
+  }
+
   const tbody = document.querySelector("#breakers tbody");
   tbody.replaceChildren();
   for (const b of s.breakers) {
@@ -138,7 +165,7 @@ function line(e) {
   const t = new Date(e.at).toLocaleTimeString();
   switch (e.kind) {
     case "breaker": return t + "  breaker " + e.resource + ": " + e.from + " -> " + e.to + " (" + e.reason + ")";
-    case "degradation": return t + "  level " + e.from + " -> " + e.to + (e.manual ? " (manual)" : "");
+    case "degradation": return t + "  level of " + (e.system || "global") + " " + e.from + " -> " + e.to + (e.manual ? " (manual)" : "") + (e.reason ? ": " + e.reason : "");
     case "rules": return t + "  rules v" + e.version + " from " + e.source;
     case "overrides": return t + "  overrides: " + e.set + " set, " + e.deleted + " deleted, " + e.expired + " expired";
     default: return t + "  " + e.kind;
@@ -160,8 +187,11 @@ async function setBreaker(resource, to) {
 
 async function setLevel() {
   const v = $("level-choice").value;
-  const { ok, status, answer } = await post("/api/v1/level", v === "auto" ? { automatic: true } : { level: Number(v) });
-  if (ok) say("Degradation level " + answer.level + (answer.manual ? " (manual)" : " (automatic)"), "ok");
+  const system = $("level-system").value;
+  const body = v === "auto" ? { automatic: true, system } : { level: Number(v), system };
+  const { ok, status, answer } = await post("/api/v1/level", body);
+  const of = system ? "of " + system + " " : "";
+  if (ok) say("Degradation level " + of + answer.level + (answer.manual ? " (manual)" : " (automatic)"), "ok");
   else say("Refused (" + status + "): " + (answer.error || ""), "error");
   scheduleLoad();
 }
