@@ -468,4 +468,26 @@ async fn two_replicas_share_load_reports_and_operators_levels_and_keep_them_when
         })
         .await;
     }
+    // Set on A while Redis is away: it holds on A at once, and reaches the
+    // others once Redis is back (while one set on B before stays).
+    let on_b = pb::SetDegradationLevelRequest { system: "payments".into(), level: 1, ..Default::default() };
+    b.admin().await.set_degradation_level(on_b).await.unwrap();
+    eventually("A to take B's level", Duration::from_secs(5), || async {
+        (level(&a, "payments").await == 1).then_some(())
+    })
+    .await;
+    redis.kill();
+    let set = pb::SetDegradationLevelRequest { system: "search".into(), level: 2, ..Default::default() };
+    a.admin().await.set_degradation_level(set).await.unwrap();
+    assert_eq!(level(&a, "search").await, 2);
+    redis.restart();
+    for fg in [&b, &c, &d] {
+        eventually("the level set during the outage to arrive", Duration::from_secs(10), || async {
+            (level(fg, "search").await == 2).then_some(())
+        })
+        .await;
+    }
+    for fg in [&a, &b, &c, &d] {
+        assert_eq!(level(fg, "payments").await, 1, "the level set on B before the outage stays");
+    }
 }

@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, Weak};
 use std::time::Duration;
 
@@ -36,8 +36,8 @@ pub(super) struct Levels {
     pending: Mutex<HashMap<(String, String), Load>>,
     /// The version of `{fg}:levels` applied here (0: none yet).
     seen: AtomicU64,
-    /// A level was set here that Redis does not have yet.
-    unsaved: AtomicBool,
+    /// Levels set here that Redis does not have yet (it was away), in order.
+    unsaved: Mutex<Vec<(String, Option<u32>)>>,
 }
 
 impl Replication {
@@ -90,14 +90,22 @@ impl Replication {
             LevelTarget::One(name) => vec![name.to_string()],
             LevelTarget::Every => self.engine.levels().into_iter().map(|l| l.system.to_string()).collect(),
         };
-        let writes = names.into_iter().map(|n| (n, level)).collect();
-        self.write_levels(writes, false).await;
+        let writes: Vec<_> = names.into_iter().map(|n| (n, level)).collect();
+        // Kept first: should this call be cut short, the next load writes them.
+        self.unsaved().extend(writes.iter().cloned());
+        if self.write_levels(writes.clone(), false).await {
+            self.unsaved().retain(|w| !writes.contains(w));
+        }
+    }
+
+    fn unsaved(&self) -> std::sync::MutexGuard<'_, Vec<(String, Option<u32>)>> {
+        self.levels.unsaved.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Writes `writes` (a level, or `None` to remove it) and counts the
-    /// change; with `all`, the hash holds exactly them.
-    async fn write_levels(&self, writes: Vec<(String, Option<u32>)>, all: bool) {
-        self.levels.unsaved.store(true, Ordering::Relaxed);
+    /// change; with `all`, the hash holds exactly them. False when Redis did
+    /// not take them.
+    async fn write_levels(&self, writes: Vec<(String, Option<u32>)>, all: bool) -> bool {
         let version: Option<u64> = self
             .call("levels", |mut h| async move {
                 let mut pipe = redis::pipe();
@@ -116,27 +124,35 @@ impl Replication {
                 Ok(v)
             })
             .await;
-        let Some(version) = version else { return };
+        let Some(version) = version else { return false };
         self.levels.seen.store(version, Ordering::Relaxed);
-        self.levels.unsaved.store(false, Ordering::Relaxed);
         self.publish("v".into()).await;
+        true
     }
 
     /// Applies the levels operators stored: every scope named in Redis takes
-    /// its level, every other goes back to automatic. When this replica set
-    /// one Redis does not have, or Redis lost them all (it came back
-    /// empty), this replica's levels are written back instead.
+    /// its level, every other goes back to automatic. Levels set here that
+    /// Redis does not have are written first; when Redis lost them all (it
+    /// came back empty), this replica's levels are written back instead.
     pub(super) async fn load_levels(&self) {
+        let unsaved = std::mem::take(&mut *self.unsaved());
+        if !unsaved.is_empty() && !self.write_levels(unsaved.clone(), false).await {
+            let mut now = self.unsaved();
+            let later = std::mem::take(&mut *now);
+            *now = unsaved.into_iter().chain(later).collect();
+            return;
+        }
         let stored: Option<HashMap<String, String>> = self
             .call("levels", |mut h| async move { redis::cmd("HGETALL").arg(LEVELS).query_async(&mut h).await })
             .await;
         let Some(mut stored) = stored else { return };
         let version: u64 = stored.remove(VERSION).and_then(|v| v.parse().ok()).unwrap_or(0);
         let seen = self.levels.seen.load(Ordering::Relaxed);
-        if self.levels.unsaved.load(Ordering::Relaxed) || (version == 0 && seen > 0) {
+        if version == 0 && seen > 0 {
             let own =
                 self.engine.levels().into_iter().filter(|l| l.manual).map(|l| (l.system.to_string(), Some(l.level)));
-            return self.write_levels(own.collect(), true).await;
+            self.write_levels(own.collect(), true).await;
+            return;
         }
         if version == seen && seen > 0 {
             return;
