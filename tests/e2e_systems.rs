@@ -37,7 +37,7 @@ systems:
     load: { aggregate: share, share: 0.3 }
   - name: small
     resources: [small]
-    load: { max_instances: 50 }
+    load: { max_instances: 50, instance_timeout: 1h }
 "#;
 
 fn start() -> (Floodgate, TempDir) {
@@ -489,5 +489,17 @@ async fn two_replicas_share_load_reports_and_operators_levels_and_keep_them_when
     }
     for fg in [&a, &b, &c, &d] {
         assert_eq!(level(fg, "payments").await, 1, "the level set on B before the outage stays");
+    }
+
+    // One instance's reports cross on their way: 10% to A, then 99% to B
+    // 50 ms later. Both replicas keep the newer one.
+    let mut to_b = b.client().await;
+    to_a.report_load(load("mean", "x", 0.10)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    to_b.report_load(load("mean", "x", 0.99)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    for fg in [&a, &b] {
+        let cpu = systems(fg).await["mean"].signals.as_ref().unwrap().cpu;
+        assert_eq!(cpu, Some(0.99), "the newer report stands on both replicas");
     }
 }

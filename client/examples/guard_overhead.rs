@@ -4,6 +4,7 @@
 //!
 //!   floodgate serve --config bench/rules.yaml &
 //!   cargo run --release -p floodgate-client --example guard_overhead -- http://127.0.0.1:50051 bench
+//!   FG_REPORT_LOAD=payments cargo run ...   # with the load reporter on
 
 use std::time::{Duration, Instant};
 
@@ -27,7 +28,14 @@ async fn main() {
     let url = args.next().unwrap_or_else(|| "http://127.0.0.1:50051".into());
     let resource = args.next().unwrap_or_else(|| "bench".into());
     let n: usize = args.next().and_then(|n| n.parse().ok()).unwrap_or(5000);
-    let client = Client::connect(url).expect("a client");
+    // FG_REPORT_LOAD=system: the same with the load reporter running
+    // (Builder::report_load), to see what it costs the calls (nothing: it
+    // runs on a task of its own).
+    let mut builder = Client::builder().endpoint(url);
+    if let Ok(system) = std::env::var("FG_REPORT_LOAD") {
+        builder = builder.report_load(system, "guard_overhead");
+    }
+    let client = builder.build().expect("a client");
     // Warm up, and give Watch time to bring the rules.
     measure(&client, &resource, 500).await;
     tokio::time::sleep(Duration::from_millis(300)).await;

@@ -52,9 +52,13 @@ pub struct Load {
     pub queue_delay: Option<Duration>,
 }
 
-/// A load report was refused: the system already has this many live instances.
+/// A load report of a new instance was refused: the system has `live`
+/// instances, and may have `max`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TooManyInstances(pub usize);
+pub struct TooManyInstances {
+    pub live: usize,
+    pub max: usize,
+}
 
 /// A scope's signals as last evaluated; `None` when a signal has nothing to go on.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -131,7 +135,8 @@ impl Slot {
 struct Controller {
     cfg: SystemConfig,
     ring: Vec<Slot>,
-    instances: HashMap<String, (Load, Timestamp), ahash::RandomState>,
+    /// By instance: its load, when this replica heard it, when it was taken.
+    instances: HashMap<String, (Load, Timestamp, Timestamp), ahash::RandomState>,
     /// When expired instances were last dropped.
     pruned_at: Timestamp,
     automatic: u32,
@@ -224,13 +229,23 @@ impl Scope {
         slot.latency[bucket(latency)] += 1;
     }
 
-    /// One instance's load. A new instance is refused while the system has
-    /// `max_instances` live ones.
-    /// Answers how many live instances the system has.
-    pub fn report_load(&self, now: Timestamp, instance: &str, load: Load) -> Result<usize, TooManyInstances> {
+    /// One instance's load, reported at `taken_at` (where it was taken:
+    /// here, or on the replica that passed it on). A report older than the
+    /// one held changes nothing (two replicas' reports cross on their way).
+    /// A new instance is refused while the system has `max_instances` live
+    /// ones. Answers how many live instances the system has.
+    pub fn report_load(
+        &self,
+        now: Timestamp,
+        instance: &str,
+        load: Load,
+        taken_at: Timestamp,
+    ) -> Result<usize, TooManyInstances> {
         let mut c = self.lock();
         if let Some(entry) = c.instances.get_mut(instance) {
-            *entry = (load, now);
+            if taken_at >= entry.2 {
+                *entry = (load, now, taken_at);
+            }
             return Ok(c.instances.len());
         }
         let max = c.cfg.load.max_instances;
@@ -239,9 +254,9 @@ impl Scope {
             c.prune(now);
         }
         if c.instances.len() >= max {
-            return Err(TooManyInstances(max));
+            return Err(TooManyInstances { live: c.instances.len(), max });
         }
-        c.instances.insert(instance.to_string(), (load, now));
+        c.instances.insert(instance.to_string(), (load, now, taken_at));
         Ok(c.instances.len())
     }
 
@@ -250,7 +265,7 @@ impl Scope {
         self.update(|c| {
             c.prune(now);
             c.evaluate(now);
-            false
+            None
         })
     }
 
@@ -258,7 +273,10 @@ impl Scope {
     pub fn set_manual(&self, level: Option<u32>) -> Option<LevelChange> {
         self.update(|c| {
             c.manual = level.map(|l| l.min(MAX_LEVEL));
-            true
+            Some(match c.manual {
+                Some(l) => format!("set to {l} by an operator"),
+                None => format!("back to the automatic level: {}", c.reason),
+            })
         })
     }
 
@@ -280,13 +298,15 @@ impl Scope {
     }
 
     /// A change and the atomic level move together, under the lock.
-    fn update(&self, f: impl FnOnce(&mut Controller) -> bool) -> Option<LevelChange> {
+    /// `f` answers the reason of an operator's change, `None` for an automatic one.
+    fn update(&self, f: impl FnOnce(&mut Controller) -> Option<String>) -> Option<LevelChange> {
         let mut c = self.lock();
         let from = c.level();
-        let manual = f(&mut c);
+        let by_operator = f(&mut c);
         let to = c.level();
         self.current.store(to, Ordering::Relaxed);
-        let reason = if manual { String::new() } else { c.reason.clone() };
+        let manual = by_operator.is_some();
+        let reason = by_operator.unwrap_or_else(|| c.reason.clone());
         (from != to).then(|| LevelChange { system: self.name.clone(), from, to, manual, reason })
     }
 
@@ -302,6 +322,8 @@ struct Signal<'a> {
     thresholds: [f64; 3],
     reaches: &'a dyn Fn(f64) -> bool,
     show: &'a dyn Fn(f64) -> String,
+    /// A load signal (summed up over the instances).
+    share: bool,
 }
 
 impl Controller {
@@ -326,7 +348,7 @@ impl Controller {
 
     fn prune(&mut self, now: Timestamp) {
         let timeout = self.cfg.load.instance_timeout;
-        self.instances.retain(|_, (_, at)| now.saturating_since(*at) < timeout.as_nanos() as u64);
+        self.instances.retain(|_, (_, heard, _)| now.saturating_since(*heard) < timeout.as_nanos() as u64);
         self.pruned_at = now;
     }
 
@@ -348,7 +370,7 @@ impl Controller {
         let rate = |n: u64| enough.then(|| n as f64 / calls as f64);
         let latency =
             cfg.latency.filter(|_| enough && hist.iter().sum::<u64>() > 0).map(|(q, _)| percentile(&hist, q.0));
-        let loads: Vec<&Load> = self.instances.values().map(|(l, _)| l).collect();
+        let loads: Vec<&Load> = self.instances.values().map(|(l, ..)| l).collect();
         let n = loads.len();
         let in_flight = loads.iter().filter_map(|l| l.in_flight).map(u64::from).sum();
         let cpu: Vec<f64> = loads.iter().map(|l| l.cpu).collect();
@@ -380,22 +402,34 @@ impl Controller {
         let (cpu_r, mem_r, queue_r) = (by_load(&cpu), by_load(&memory), by_load(&queue));
         let mut list: Vec<Signal<'_>> = Vec::new();
         if let Some(t) = cfg.error_rate {
-            list.push(Signal { name: "error rate", thresholds: t, reaches: &error, show: &fraction });
+            list.push(Signal { name: "error rate", thresholds: t, reaches: &error, show: &fraction, share: false });
         }
         if let Some(t) = cfg.slow_call_rate {
-            list.push(Signal { name: "slow-call rate", thresholds: t, reaches: &slow_rate, show: &fraction });
+            list.push(Signal {
+                name: "slow-call rate",
+                thresholds: t,
+                reaches: &slow_rate,
+                show: &fraction,
+                share: false,
+            });
         }
         if let Some((_, t)) = cfg.latency {
-            list.push(Signal { name: "latency", thresholds: secs3(t), reaches: &lat, show: &secs });
+            list.push(Signal { name: "latency", thresholds: secs3(t), reaches: &lat, show: &secs, share: false });
         }
         if let Some(t) = cfg.cpu {
-            list.push(Signal { name: "cpu", thresholds: t, reaches: &cpu_r, show: &fraction });
+            list.push(Signal { name: "cpu", thresholds: t, reaches: &cpu_r, show: &fraction, share: true });
         }
         if let Some(t) = cfg.memory {
-            list.push(Signal { name: "memory", thresholds: t, reaches: &mem_r, show: &fraction });
+            list.push(Signal { name: "memory", thresholds: t, reaches: &mem_r, show: &fraction, share: true });
         }
         if let Some(t) = cfg.queue_delay {
-            list.push(Signal { name: "queue delay", thresholds: secs3(t), reaches: &queue_r, show: &secs });
+            list.push(Signal {
+                name: "queue delay",
+                thresholds: secs3(t),
+                reaches: &queue_r,
+                show: &secs,
+                share: true,
+            });
         }
 
         let (current, hysteresis) = (self.automatic, cfg.hysteresis);
@@ -409,8 +443,11 @@ impl Controller {
             if level > wanted {
                 wanted = level;
                 let t = s.thresholds[level as usize - 1];
+                let share = (s.share && cfg.load.aggregate == Aggregate::Share)
+                    .then(|| format!(" on at least {:.0}% of the instances", cfg.load.share * 100.0))
+                    .unwrap_or_default();
                 why = if reached >= held {
-                    format!("{} reached {} (level {level})", s.name, (s.show)(t))
+                    format!("{} reached {}{share} (level {level})", s.name, (s.show)(t))
                 } else {
                     format!("{} still above {} (level {level} is left below it)", s.name, (s.show)(t * hysteresis))
                 };
@@ -432,7 +469,7 @@ impl Controller {
             (0, _) => describe,
             (_, false) if next == wanted => format!("{why}; {describe}"),
             _ => format!(
-                "held {} at level {next} before it falls; {describe}",
+                "the signals ask for level {wanted}; a level falls one at a time, after {} at it; {describe}",
                 crate::rules::duration::human(cfg.min_time_at_level)
             ),
         };

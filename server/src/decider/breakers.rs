@@ -60,9 +60,10 @@ impl Decider {
     /// One instance's load: the system's level and live instances after it.
     /// With Redis, passed on to every replica.
     pub fn report_load(&self, system: &str, instance: &str, load: Load) -> Result<(u32, usize), RequestError> {
-        let answer = self.engine.report_load(system, instance, load)?;
+        let taken_at = self.engine.clock().now();
+        let answer = self.engine.report_load(system, instance, load, Some(taken_at))?;
         if let Some(replication) = &self.replication {
-            replication.share_load(system, instance, load);
+            replication.share_load(system, instance, load, taken_at);
         }
         Ok(answer)
     }

@@ -34,7 +34,7 @@ fn system(f: impl FnOnce(&mut SystemConfig)) -> Scope {
 /// Three instances reporting `cpu` at `now`.
 fn three(s: &Scope, now: Timestamp, cpu: [f64; 3]) {
     for (i, c) in cpu.iter().enumerate() {
-        s.report_load(now, &format!("i{i}"), load(*c)).unwrap();
+        s.report_load(now, &format!("i{i}"), load(*c), now).unwrap();
     }
 }
 
@@ -84,11 +84,14 @@ fn a_manual_level_wins_until_cleared() {
     let s = Scope::new(SystemConfig::global());
     let change = s.set_manual(Some(2)).unwrap();
     assert_eq!((change.from, change.to, change.manual), (0, 2, true));
+    assert_eq!(change.reason, "set to 2 by an operator");
     calls(&s, at(0), 0, 100);
     assert_eq!(s.evaluate(at(0)), None, "the automatic level moves underneath");
     let l = s.get();
     assert_eq!((l.level, l.automatic, l.manual), (2, 3, true));
-    assert_eq!(to(s.set_manual(None)), Some(3));
+    let back = s.set_manual(None).unwrap();
+    assert_eq!(back.to, 3);
+    assert!(back.reason.starts_with("back to the automatic level: error rate reached 0.30"), "{}", back.reason);
     assert_eq!(to(s.set_manual(Some(9))), None, "clamped to 3, which is the level already");
 }
 
@@ -111,7 +114,8 @@ fn cpu_raises_a_system_level_by_level_and_it_falls_past_the_hysteresis_after_the
     three(&s, at(21), [0.10; 3]);
     assert_eq!(to(s.evaluate(at(21))), Some(2));
     assert_eq!(s.evaluate(at(23)), None, "2 s at level 2 is not the 5 s dwell");
-    assert!(s.get().reason.starts_with("held 5s at level 2"), "{}", s.get().reason);
+    let reason = s.get().reason;
+    assert!(reason.starts_with("the signals ask for level 0; a level falls one at a time, after 5s at it"), "{reason}");
     three(&s, at(25), [0.10; 3]);
     assert_eq!(to(s.evaluate(at(26))), Some(1));
     three(&s, at(30), [0.10; 3]);
@@ -146,13 +150,13 @@ fn load_is_summed_up_as_the_rules_say() {
 #[test]
 fn a_silent_instance_leaves_after_the_timeout() {
     let s = system(|c| c.min_time_at_level = Duration::ZERO);
-    s.report_load(at(0), "hot", load(0.95)).unwrap();
-    s.report_load(at(0), "cool", load(0.05)).unwrap();
+    s.report_load(at(0), "hot", load(0.95), at(0)).unwrap();
+    s.report_load(at(0), "cool", load(0.05), at(0)).unwrap();
     assert_eq!(s.evaluate(at(0)), None, "mean 50%");
     // "cool" goes silent; "hot" keeps reporting.
-    s.report_load(at(3), "hot", load(0.95)).unwrap();
+    s.report_load(at(3), "hot", load(0.95), at(3)).unwrap();
     assert_eq!(s.evaluate(at(4)), None, "4 s: still within the 5 s timeout");
-    s.report_load(at(5), "hot", load(0.95)).unwrap();
+    s.report_load(at(5), "hot", load(0.95), at(5)).unwrap();
     assert_eq!(to(s.evaluate(at(5))), Some(3), "'cool' left at 5 s");
     assert_eq!(s.get().signals.instances, 1);
 }
@@ -161,11 +165,11 @@ fn a_silent_instance_leaves_after_the_timeout() {
 fn the_instance_table_is_bounded_and_frees_room_as_instances_expire() {
     let s = system(|c| c.load.max_instances = 100);
     for i in 0..100 {
-        s.report_load(at(0), &format!("fake-{i}"), load(0.5)).unwrap();
+        s.report_load(at(0), &format!("fake-{i}"), load(0.5), at(0)).unwrap();
     }
-    assert_eq!(s.report_load(at(1), "one-more", load(0.5)), Err(TooManyInstances(100)));
-    s.report_load(at(1), "fake-7", load(0.6)).expect("a known instance still reports");
-    assert_eq!(s.report_load(at_ms(5500), "one-more", load(0.5)), Ok(2), "the others expired at 5 s");
+    assert_eq!(s.report_load(at(1), "one-more", load(0.5), at(1)), Err(TooManyInstances { live: 100, max: 100 }));
+    s.report_load(at(1), "fake-7", load(0.6), at(1)).expect("a known instance still reports");
+    assert_eq!(s.report_load(at_ms(5500), "one-more", load(0.5), at_ms(5500)), Ok(2), "the others expired at 5 s");
     s.evaluate(at_ms(5500));
     assert_eq!(s.get().signals.instances, 2, "fake-7 reported at 1 s and is still live; the rest left");
 }
@@ -225,4 +229,16 @@ fn systems_keep_their_state_across_rule_changes() {
     assert_eq!(b.scope(Some(0)).name().as_ref(), "search");
     assert!(b.by_name("other").is_none());
     assert!(b.scope(None).is_global());
+}
+
+#[test]
+fn a_report_older_than_the_one_held_changes_nothing() {
+    let s = system(|c| c.min_time_at_level = Duration::ZERO);
+    // Taken at 2 s on one replica, heard here at 2 s; one taken at 1 s on
+    // another replica arrives after it.
+    s.report_load(at(2), "pod", load(0.95), at(2)).unwrap();
+    s.report_load(at_ms(2100), "pod", load(0.10), at(1)).unwrap();
+    assert_eq!(to(s.evaluate(at_ms(2100))), Some(3), "the newer report stands");
+    s.report_load(at(3), "pod", load(0.10), at(3)).unwrap();
+    assert_eq!(to(s.evaluate(at(3))), Some(0));
 }

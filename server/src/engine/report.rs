@@ -262,9 +262,15 @@ impl Engine {
         self.rules().systems.all().map(|s| s.get()).collect()
     }
 
-    /// One instance's load (`ReportLoad`): the system's level and live
-    /// instances after it.
-    pub fn report_load(&self, system: &str, instance: &str, load: Load) -> Result<(u32, usize), RequestError> {
+    /// One instance's load (`ReportLoad`), taken at `taken_at` (here, now:
+    /// `None`): the system's level and live instances after it.
+    pub fn report_load(
+        &self,
+        system: &str,
+        instance: &str,
+        load: Load,
+        taken_at: Option<Timestamp>,
+    ) -> Result<(u32, usize), RequestError> {
         request::check_name("system", system, false)?;
         request::check_name("instance", instance, false)?;
         for (field, value) in [("cpu", load.cpu), ("memory", load.memory)] {
@@ -275,8 +281,14 @@ impl Engine {
         let rules = self.rules();
         let scope = rules.systems.by_name(system).filter(|s| !s.is_global());
         let scope = scope.ok_or_else(|| RequestError::UnknownSystem(system.to_string()))?;
-        let live = scope.report_load(self.clock.now(), instance, load).map_err(|full| {
-            RequestError::TooManyInstances { system: system.to_string(), max: full.0, instance: instance.to_string() }
+        let now = self.clock.now();
+        let live = scope.report_load(now, instance, load, taken_at.unwrap_or(now)).map_err(|full| {
+            RequestError::TooManyInstances {
+                system: system.to_string(),
+                live: full.live,
+                max: full.max,
+                instance: instance.to_string(),
+            }
         })?;
         Ok((scope.level(), live))
     }

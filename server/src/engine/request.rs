@@ -89,8 +89,8 @@ pub enum RequestError {
     SystemWithEverySystem(String),
     #[error("{field}: {value} is not a utilization between 0 and 1")]
     BadUtilization { field: &'static str, value: String },
-    #[error("instance: system '{system}' already has {max} live instances (its load.max_instances); '{}' is not counted", .instance.escape_debug())]
-    TooManyInstances { system: String, max: usize, instance: String },
+    #[error("instance: system '{system}' already has {live} live instances (its load.max_instances is {max}); '{}' is not counted", .instance.escape_debug())]
+    TooManyInstances { system: String, live: usize, max: usize, instance: String },
     #[error("{field}[{index}]{}{source}", if source.starts_with_field() { "." } else { ": " })]
     InBatch { field: &'static str, index: usize, source: Box<RequestError> },
 }

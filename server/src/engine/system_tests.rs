@@ -136,7 +136,7 @@ fn load_reports_move_a_system_and_bad_ones_change_nothing() {
     let (e, clock) = engine();
     let load = |cpu| Load { cpu, memory: 0.2, in_flight: Some(3), queue_delay: None };
     for i in 0..3 {
-        assert_eq!(e.report_load("payments", &format!("pod-{i}"), load(0.8)).unwrap(), (0, i + 1));
+        assert_eq!(e.report_load("payments", &format!("pod-{i}"), load(0.8), None).unwrap(), (0, i + 1));
     }
     e.tick();
     assert_eq!(e.levels()[1].level, 2, "80% CPU");
@@ -150,9 +150,9 @@ fn load_reports_move_a_system_and_bad_ones_change_nothing() {
         ("payments", "", 0.5, "instance: must not be empty"),
     ];
     for (system, instance, cpu, want) in bad {
-        assert_eq!(e.report_load(system, instance, load(cpu)).unwrap_err().to_string(), want);
+        assert_eq!(e.report_load(system, instance, load(cpu), None).unwrap_err().to_string(), want);
     }
-    assert!(e.report_load("payments", &"x".repeat(300), load(0.1)).is_err(), "a long instance id");
+    assert!(e.report_load("payments", &"x".repeat(300), load(0.1), None).is_err(), "a long instance id");
     e.tick();
     assert_eq!(e.levels()[1].signals.instances, 3, "nothing bad was counted");
     // Silent for the 5 s timeout: they leave, and the level falls.

@@ -4,7 +4,8 @@
 //!   reports taken are kept (the latest per instance, bounded) and sent on
 //!   the events channel every 250 ms in one message;
 //! - an operator's level per system is kept in Redis (`{fg}:levels`, system
-//!   -> level; the global scope is the empty name; `#v` counts changes) and
+//!   -> level; the global scope is the empty name; `#v` a random version per
+//!   change) and
 //!   applied by every replica when announced, every 10 syncs, and when one
 //!   starts. A level set while Redis was away, or lost with a Redis that came
 //!   back empty, is written back by the replicas that hold it.
@@ -19,6 +20,7 @@ use super::Replication;
 use crate::degradation::Load;
 use crate::engine::LevelTarget;
 use crate::engine::guards::PermitId;
+use crate::time::Timestamp;
 
 /// An operator's level per system: system -> level.
 pub const LEVELS: &str = "{fg}:levels";
@@ -33,7 +35,7 @@ const VERSION: &str = "#v";
 /// this replica knows of the operators' levels in Redis.
 #[derive(Debug, Default)]
 pub(super) struct Levels {
-    pending: Mutex<HashMap<(String, String), Load>>,
+    pending: Mutex<HashMap<(String, String), (Load, Timestamp)>>,
     /// The version of `{fg}:levels` applied here (0: none yet).
     seen: AtomicU64,
     /// Levels set here that Redis does not have yet (it was away), in order.
@@ -42,28 +44,29 @@ pub(super) struct Levels {
 
 impl Replication {
     /// A load report this replica took, to pass on to the others.
-    pub fn share_load(&self, system: &str, instance: &str, load: Load) {
+    pub fn share_load(&self, system: &str, instance: &str, load: Load, taken_at: Timestamp) {
         let mut pending = self.levels.pending.lock().unwrap_or_else(|e| e.into_inner());
         let key = (system.to_string(), instance.to_string());
         if pending.len() < MAX_PENDING || pending.contains_key(&key) {
-            pending.insert(key, load);
+            pending.insert(key, (load, taken_at));
         }
     }
 
     /// Sends what was taken since the last send, in one message:
     /// `l <tag>` then a line per report: system, instance, cpu, memory,
-    /// in flight and queueing delay (us), tab-separated (names hold no
-    /// control characters).
+    /// in flight, queueing delay (us) and when it was taken (ns), tab-separated
+    /// (names hold no control characters).
     async fn send_loads(&self) {
         let taken = std::mem::take(&mut *self.levels.pending.lock().unwrap_or_else(|e| e.into_inner()));
         if taken.is_empty() {
             return;
         }
         let mut message = format!("l {:08x}", PermitId::tag());
-        for ((system, instance), l) in &taken {
+        for ((system, instance), (l, at)) in &taken {
             let in_flight = l.in_flight.map_or("-".to_string(), |n| n.to_string());
             let queue = l.queue_delay.map_or("-".to_string(), |d| d.as_micros().to_string());
-            let _ = write!(message, "\n{system}\t{instance}\t{}\t{}\t{in_flight}\t{queue}", l.cpu, l.memory);
+            let at = at.as_nanos();
+            let _ = write!(message, "\n{system}\t{instance}\t{}\t{}\t{in_flight}\t{queue}\t{at}", l.cpu, l.memory);
         }
         self.publish(message).await;
     }
@@ -77,8 +80,8 @@ impl Replication {
             return;
         }
         for line in lines {
-            let Some((system, instance, load)) = parse_load(line) else { continue };
-            let _ = self.engine.report_load(system, instance, load);
+            let Some((system, instance, load, at)) = parse_load(line) else { continue };
+            let _ = self.engine.report_load(system, instance, load, Some(at));
         }
     }
 
@@ -93,7 +96,7 @@ impl Replication {
         let writes: Vec<_> = names.into_iter().map(|n| (n, level)).collect();
         // Kept first: should this call be cut short, the next load writes them.
         self.unsaved().extend(writes.iter().cloned());
-        if self.write_levels(writes.clone(), false).await {
+        if self.write_levels(writes.clone()).await {
             self.unsaved().retain(|w| !writes.contains(w));
         }
     }
@@ -102,59 +105,68 @@ impl Replication {
         self.levels.unsaved.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Writes `writes` (a level, or `None` to remove it) and counts the
-    /// change; with `all`, the hash holds exactly them. False when Redis did
-    /// not take them.
-    async fn write_levels(&self, writes: Vec<(String, Option<u32>)>, all: bool) -> bool {
-        let version: Option<u64> = self
+    /// Writes `writes` (a level, or `None` to remove it) under a new
+    /// version (a random number: one Redis that came back empty cannot
+    /// hand out a version a replica has seen already). Written beside what
+    /// the hash holds: replicas writing back at once after Redis came back
+    /// empty add up rather than erase each other. False when Redis did not
+    /// take them.
+    async fn write_levels(&self, writes: Vec<(String, Option<u32>)>) -> bool {
+        let version = rand::random::<u64>().max(1);
+        let written: Option<()> = self
             .call("levels", |mut h| async move {
                 let mut pipe = redis::pipe();
                 pipe.atomic();
-                if all {
-                    pipe.del(LEVELS).ignore();
-                }
                 for (name, level) in &writes {
                     match level {
                         Some(l) => pipe.hset(LEVELS, name, l).ignore(),
                         None => pipe.hdel(LEVELS, name).ignore(),
                     };
                 }
-                pipe.hincr(LEVELS, VERSION, 1);
-                let (v,): (u64,) = pipe.query_async(&mut h).await?;
-                Ok(v)
+                pipe.hset(LEVELS, VERSION, version).ignore();
+                pipe.query_async(&mut h).await
             })
             .await;
-        let Some(version) = version else { return false };
-        self.levels.seen.store(version, Ordering::Relaxed);
+        if written.is_none() {
+            return false;
+        }
         self.publish("v".into()).await;
         true
     }
 
     /// Applies the levels operators stored: every scope named in Redis takes
-    /// its level, every other goes back to automatic. Levels set here that
-    /// Redis does not have are written first; when Redis lost them all (it
-    /// came back empty), this replica's levels are written back instead.
+    /// its level, every other goes back to automatic. When Redis lost them
+    /// all (it came back empty: no version), this replica writes back every
+    /// level an operator set here, those set while Redis was away included;
+    /// otherwise the levels set here while it was away are added to what
+    /// the others stored. Either write is announced, and read back then.
     pub(super) async fn load_levels(&self) {
-        let unsaved = std::mem::take(&mut *self.unsaved());
-        if !unsaved.is_empty() && !self.write_levels(unsaved.clone(), false).await {
-            let mut now = self.unsaved();
-            let later = std::mem::take(&mut *now);
-            *now = unsaved.into_iter().chain(later).collect();
-            return;
-        }
         let stored: Option<HashMap<String, String>> = self
             .call("levels", |mut h| async move { redis::cmd("HGETALL").arg(LEVELS).query_async(&mut h).await })
             .await;
         let Some(mut stored) = stored else { return };
         let version: u64 = stored.remove(VERSION).and_then(|v| v.parse().ok()).unwrap_or(0);
         let seen = self.levels.seen.load(Ordering::Relaxed);
-        if version == 0 && seen > 0 {
-            let own =
-                self.engine.levels().into_iter().filter(|l| l.manual).map(|l| (l.system.to_string(), Some(l.level)));
-            self.write_levels(own.collect(), true).await;
-            return;
+        let unsaved = std::mem::take(&mut *self.unsaved());
+        let written = if version == 0 && seen > 0 {
+            let own = self.engine.levels().into_iter().filter(|l| l.manual);
+            Some(self.write_levels(own.map(|l| (l.system.to_string(), Some(l.level))).collect()).await)
+        } else if !unsaved.is_empty() {
+            Some(self.write_levels(unsaved.clone()).await)
+        } else {
+            None
+        };
+        match written {
+            Some(true) => return,
+            Some(false) => {
+                let mut now = self.unsaved();
+                let later = std::mem::take(&mut *now);
+                *now = unsaved.into_iter().chain(later).collect();
+                return;
+            }
+            None => {}
         }
-        if version == seen && seen > 0 {
+        if version == seen {
             return;
         }
         let levels: HashMap<String, u32> =
@@ -164,7 +176,7 @@ impl Replication {
     }
 }
 
-fn parse_load(line: &str) -> Option<(&str, &str, Load)> {
+fn parse_load(line: &str) -> Option<(&str, &str, Load, Timestamp)> {
     let mut f = line.split('\t');
     let (system, instance) = (f.next()?, f.next()?);
     let cpu = f.next()?.parse().ok()?;
@@ -177,7 +189,8 @@ fn parse_load(line: &str) -> Option<(&str, &str, Load)> {
         "-" => None,
         n => Some(Duration::from_micros(n.parse().ok()?)),
     };
-    Some((system, instance, Load { cpu, memory, in_flight, queue_delay }))
+    let at = Timestamp::from_nanos(f.next()?.parse().ok()?);
+    Some((system, instance, Load { cpu, memory, in_flight, queue_delay }, at))
 }
 
 /// Sends the load reports taken every 250 ms until the replication is dropped.
@@ -195,15 +208,16 @@ mod tests {
 
     #[test]
     fn a_load_line_reads_back_as_written() {
-        let (s, i, l) = parse_load("payments\tpod 7 (east)\t0.5\t0.25\t12\t1500").unwrap();
-        assert_eq!((s, i), ("payments", "pod 7 (east)"));
+        let (s, i, l, at) = parse_load("payments\tpod 7 (east)\t0.5\t0.25\t12\t1500\t1700000000123456789").unwrap();
+        assert_eq!((s, i, at), ("payments", "pod 7 (east)", Timestamp::from_nanos(1_700_000_000_123_456_789)));
         assert_eq!(
             l,
             Load { cpu: 0.5, memory: 0.25, in_flight: Some(12), queue_delay: Some(Duration::from_micros(1500)) }
         );
-        let (_, _, l) = parse_load("p\ti\t1\t0\t-\t-").unwrap();
+        let (_, _, l, _) = parse_load("p\ti\t1\t0\t-\t-\t5").unwrap();
         assert_eq!((l.in_flight, l.queue_delay), (None, None));
-        assert!(parse_load("p\ti\tx\t0\t-\t-").is_none());
+        assert!(parse_load("p\ti\tx\t0\t-\t-\t5").is_none());
+        assert!(parse_load("p\ti\t1\t0\t-\t-").is_none(), "no time");
         assert!(parse_load("p\ti\t1").is_none());
     }
 }

@@ -531,6 +531,21 @@ pub(super) fn shed_priority(f: &Fields<'_>) -> Option<PriorityShedding> {
             other => m.error(p.key(), format!("must be a level 1 to 3 or never, got {}", show(other))),
         }
     }
+    // Less important first: SHEDDABLE never outlives SHEDDABLE_PLUS, and so on.
+    if let Some(w) = out.0.windows(2).position(|w| w[0] < w[1]) {
+        let (more, less) = (Priority::ALL[w], Priority::ALL[w + 1]);
+        let show = |p: Priority| out.at(p).map_or("never".to_string(), |l| l.to_string());
+        f.error(
+            KEY,
+            format!(
+                "{} ({}) would be shed before {} ({}): a more important priority must be shed at the same level or later",
+                more.key(),
+                show(more),
+                less.key(),
+                show(less)
+            ),
+        );
+    }
     (f.errors() == before).then_some(out)
 }
 
@@ -574,7 +589,7 @@ mod tests {
     #[test]
     fn bad_systems_are_refused_with_every_error_named() {
         let e = systems(
-            "resources: []\nsystems:\n  - { name: p, resources: [a], cpu: [0.9, 0.8, 0.95], memory: [1.5, 2, 3], latency: { p90: [1s] } }\n  - { name: p, resources: [b] }\n  - { name: q, resources: [a], shed_priority: { sheddable: 4 } }\n  - { name: global, resources: [] }\n  - { name: r, resources: [z] }\n  - { name: s, resources: [z] }\n",
+            "resources: []\nsystems:\n  - { name: p, resources: [a], cpu: [0.9, 0.8, 0.95], memory: [1.5, 2, 3], latency: { p90: [1s] } }\n  - { name: p, resources: [b] }\n  - { name: q, resources: [a], shed_priority: { sheddable: 4 } }\n  - { name: global, resources: [] }\n  - { name: r, resources: [z] }\n  - { name: t, resources: [y], shed_priority: { sheddable: 2, sheddable_plus: 1 } }\n  - { name: s, resources: [z] }\n",
         )
         .unwrap_err();
         for want in [
@@ -583,6 +598,7 @@ mod tests {
             "latency.p90: must list 3 thresholds",
             "system 'p' is defined twice",
             "shed_priority.sheddable: must be a level 1 to 3 or never, got 4",
+            "shed_priority: sheddable_plus (1) would be shed before sheddable (2)",
             "'global' names the resources",
             "resources: must name at least one",
             "resource 'z' is listed by systems 'r' and 's'",
