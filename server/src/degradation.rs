@@ -443,9 +443,11 @@ impl Controller {
             if level > wanted {
                 wanted = level;
                 let t = s.thresholds[level as usize - 1];
-                let share = (s.share && cfg.load.aggregate == Aggregate::Share)
-                    .then(|| format!(" on at least {:.0}% of the instances", cfg.load.share * 100.0))
-                    .unwrap_or_default();
+                let share = if s.share && cfg.load.aggregate == Aggregate::Share {
+                    format!(" on at least {:.0}% of the instances", cfg.load.share * 100.0)
+                } else {
+                    String::new()
+                };
                 why = if reached >= held {
                     format!("{} reached {}{share} (level {level})", s.name, (s.show)(t))
                 } else {
