@@ -101,6 +101,8 @@ resources:
   # reload {noise}
   - name: noise-{noise}
     limits: [ {{ name: n, algorithm: fixed_window, limit: 5, window: 1m }} ]
+systems:
+  - {{ name: chaos, resources: ["lv-*"] }}
 "#
     )
 }
@@ -146,6 +148,9 @@ enum Fault {
     Override(usize, bool),
     /// This many calls through replica i, each given up on after 1-20 ms.
     Cancels(usize, u32),
+    /// An operator's level for system `chaos` (`None`: back to automatic)
+    /// set through replica i.
+    Level(usize, Option<u32>),
 }
 
 impl Fault {
@@ -162,7 +167,8 @@ fn schedule(seed: u64, cluster: bool) -> Vec<(Duration, Fault)> {
     let mut at = rng.millis(300, 2000);
     let mut out = Vec::new();
     while at < FAULT_SPAN {
-        let fault = match rng.below(9) {
+        let fault = match rng.below(10) {
+            9 => Fault::Level(rng.below(REPLICAS as u64) as usize, Some(rng.below(5) as u32).filter(|&l| l <= 3)),
             0 | 1 => Fault::Stall(rng.millis(200, 3000)),
             2 | 3 if cluster => Fault::Stall(rng.millis(100, 2000)),
             2 => Fault::RedisEmpty(rng.millis(100, 2000)),
@@ -341,6 +347,10 @@ struct World {
     dead_logs: Mutex<String>,
     reloads: AtomicU64,
     override_ids: Mutex<Vec<String>>,
+    /// The last operator's level set for system `chaos`, the replica it was
+    /// set through, and whether that replica was killed or stopped since
+    /// (a level it could not store yet may be lost with it).
+    level: Mutex<(Option<u32>, usize, bool)>,
 }
 
 impl World {
@@ -369,6 +379,7 @@ impl World {
             dead_logs: Mutex::default(),
             reloads: AtomicU64::new(0),
             override_ids: Mutex::default(),
+            level: Mutex::new((None, 0, false)),
         };
         let args = world.args();
         let replicas: Vec<Floodgate> = (0..REPLICAS).map(|_| Floodgate::start(&strs(&args))).collect();
@@ -408,6 +419,10 @@ impl World {
             Fault::KillReplica(i, d) | Fault::StopReplica(i, d) => {
                 let args = self.args();
                 let mut replicas = self.replicas.lock().unwrap();
+                {
+                    let mut level = self.level.lock().unwrap();
+                    level.2 |= level.1 == *i;
+                }
                 if matches!(fault, Fault::KillReplica(..)) {
                     signal(replicas[*i].pid(), "KILL");
                 } else {
@@ -448,6 +463,22 @@ impl World {
                     // Redis may be away: an override not kept is an error, not a hang.
                     let _ = tokio::time::timeout(Duration::from_secs(10), call).await;
                 });
+            }
+            Fault::Level(i, to) => {
+                let channel = channel(&self.grpc[*i]);
+                let req = pb::SetDegradationLevelRequest {
+                    system: "chaos".into(),
+                    level: to.unwrap_or(0),
+                    automatic: to.is_none(),
+                    ..Default::default()
+                };
+                let set = rt.block_on(async {
+                    let mut admin = pb::admin_client::AdminClient::new(channel);
+                    tokio::time::timeout(Duration::from_secs(10), admin.set_degradation_level(req)).await
+                });
+                if matches!(set, Ok(Ok(_))) {
+                    *self.level.lock().unwrap() = (*to, *i, false);
+                }
             }
             Fault::Cancels(i, n) => {
                 let channel = channel(&self.grpc[*i]);
@@ -528,6 +559,44 @@ async fn traffic(grpc: Vec<String>, resource: String, seen: Arc<Seen>, stop: Arc
 
 /// Asks through every replica, alternately, until each has denied 20 in a
 /// row: what was still admitted.
+/// Every replica's operator's level for system `chaos` (`None`: automatic),
+/// from a fresh Watch snapshot.
+async fn levels(grpc: &[String]) -> Vec<Option<Option<u32>>> {
+    let mut out = Vec::new();
+    for g in grpc {
+        let mut c = pb::floodgate_client::FloodgateClient::new(channel(g));
+        let snapshot = async {
+            let mut watch = c.watch(pb::WatchRequest::default()).await.ok()?.into_inner();
+            match watch.message().await.ok()??.event? {
+                pb::watch_event::Event::Snapshot(s) => {
+                    let l = s.systems.into_iter().find(|l| l.system == "chaos")?;
+                    Some(l.manual.then_some(l.level))
+                }
+                _ => None,
+            }
+        };
+        out.push(tokio::time::timeout(Duration::from_secs(5), snapshot).await.ok().flatten());
+    }
+    out
+}
+
+/// Waits up to 5 s for every replica to hold `want` (or, when it may have
+/// been lost, the same level as each other).
+async fn eventually_levels(grpc: &[String], want: Option<u32>, may_be_lost: bool) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let seen = levels(grpc).await;
+        let agree = seen.iter().all(|l| l.is_some() && *l == seen[0]);
+        if agree && (may_be_lost || seen[0] == Some(want)) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("operators' level of 'chaos': the last set was {want:?}; the replicas hold {seen:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 async fn drain(grpc: &[String], resource: &str) -> u64 {
     let channels: Vec<Channel> = grpc.iter().map(|g| channel(g)).collect();
     let mut admitted = 0;
@@ -750,6 +819,14 @@ async fn run_schedule(world: &Arc<World>, seed: u64) -> (Vec<String>, String) {
             "{name}: {total} of {LIMIT} ({allowed} + {drained} drained, {cancelled} cancelled, {errors} errors)"
         ));
     }
+    // Operators' levels: every replica holds the last one set (unless the
+    // replica it was set through died since: then they only agree).
+    let (want, _, may_be_lost) = *world.level.lock().unwrap();
+    let held = eventually_levels(&world.grpc, want, may_be_lost).await;
+    if let Err(e) = held {
+        broken.push(e);
+    }
+    figures.push(format!("chaos system: operator's level {want:?} (may be lost: {may_be_lost})"));
     for (i, fg) in world.replicas.lock().unwrap().iter().enumerate() {
         let (status, _) = fg.http_get("/readyz");
         if status != 200 {
