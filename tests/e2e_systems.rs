@@ -503,3 +503,24 @@ async fn two_replicas_share_load_reports_and_operators_levels_and_keep_them_when
         assert_eq!(cpu, Some(0.99), "the newer report stands on both replicas");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_system_a_replica_learns_later_takes_the_level_stored_for_it() {
+    let (_redis, dir, args) = replicated(RULES);
+    // B starts on rules without `search`, as in a rolling change of the rules.
+    let old = RULES.replace("  - name: search\n    resources: [\"search.*\"]\n", "");
+    let b_rules = dir.write("b.yaml", &old);
+    let mut b_args = args.clone();
+    b_args[1] = path_str(&b_rules).to_string();
+    let (a, b) = (Floodgate::start(&strs(&args)), Floodgate::start(&strs(&b_args)));
+    wait_live(&a, 2);
+    let set = pb::SetDegradationLevelRequest { system: "search".into(), level: 3, ..Default::default() };
+    a.admin().await.set_degradation_level(set).await.unwrap();
+    assert!(!systems(&b).await.contains_key("search"));
+    // B's rules gain the system: it takes the stored level.
+    dir.replace("b.yaml", RULES);
+    eventually("B to take the stored level once its rules name the system", Duration::from_secs(10), || async {
+        systems(&b).await.get("search").is_some_and(|s| s.level == 3 && s.manual).then_some(())
+    })
+    .await;
+}

@@ -38,6 +38,9 @@ pub(super) struct Levels {
     pending: Mutex<HashMap<(String, String), (Load, Timestamp)>>,
     /// The version of `{fg}:levels` applied here (0: none yet).
     seen: AtomicU64,
+    /// The version of the rules it was applied with: a system the rules add
+    /// later takes its stored level then.
+    rules_seen: AtomicU64,
     /// Levels set here that Redis does not have yet (it was away), in order.
     unsaved: Mutex<Vec<(String, Option<u32>)>>,
 }
@@ -166,13 +169,15 @@ impl Replication {
             }
             None => {}
         }
-        if version == seen {
+        let rules = self.engine.rules().version;
+        if version == seen && rules == self.levels.rules_seen.load(Ordering::Relaxed) {
             return;
         }
         let levels: HashMap<String, u32> =
             stored.into_iter().filter_map(|(k, v)| Some((k, v.parse().ok().filter(|&l| l <= 3)?))).collect();
         self.engine.apply_manual_levels(&levels);
         self.levels.seen.store(version, Ordering::Relaxed);
+        self.levels.rules_seen.store(rules, Ordering::Relaxed);
     }
 }
 
