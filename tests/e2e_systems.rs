@@ -524,3 +524,81 @@ async fn a_system_a_replica_learns_later_takes_the_level_stored_for_it() {
     })
     .await;
 }
+
+/// A TCP proxy on a free loopback port to `to`, cut (every connection
+/// closed, new ones refused) while `open` is false.
+struct Proxy {
+    port: u16,
+    open: Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    async fn start(to: u16) -> Proxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let open = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let gate = open.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else { return };
+                if !gate.load(std::sync::atomic::Ordering::Relaxed) {
+                    continue;
+                }
+                let gate = gate.clone();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(("127.0.0.1", to)).await else { return };
+                    let copy = tokio::io::copy_bidirectional(&mut inbound, &mut outbound);
+                    let cut = async {
+                        while gate.load(std::sync::atomic::Ordering::Relaxed) {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    };
+                    tokio::select! { _ = copy => {}, _ = cut => {} }
+                });
+            }
+        });
+        Proxy { port, open, task }
+    }
+
+    fn set_open(&self, open: bool) {
+        self.open.store(open, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_level_set_on_a_replica_cut_off_from_redis_loses_to_a_newer_one_set_elsewhere() {
+    let (redis, _dir, args) = replicated(RULES);
+    let port: u16 = redis.url().rsplit(':').next().unwrap().trim_end_matches('/').parse().unwrap();
+    let proxy = Proxy::start(port).await;
+    let mut cut_args = args.clone();
+    let at = cut_args.iter().position(|a| a == "--redis").unwrap() + 1;
+    cut_args[at] = format!("redis://127.0.0.1:{}", proxy.port);
+    let (a, b) = (Floodgate::start(&strs(&args)), Floodgate::start(&strs(&cut_args)));
+    wait_live(&a, 2);
+    let set = |system: &str, level: u32| pb::SetDegradationLevelRequest {
+        system: system.into(),
+        level,
+        ..Default::default()
+    };
+    // B is cut off and sets search to 3; a second later A sets it to 1.
+    proxy.set_open(false);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    b.admin().await.set_degradation_level(set("search", 3)).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    a.admin().await.set_degradation_level(set("search", 1)).await.unwrap();
+    proxy.set_open(true);
+    // The newer level wins on both, once B reaches Redis again.
+    eventually("both replicas to hold the newer level", Duration::from_secs(10), || async {
+        (level(&a, "search").await == 1 && level(&b, "search").await == 1).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!((level(&a, "search").await, level(&b, "search").await), (1, 1), "and stays");
+}

@@ -135,8 +135,8 @@ impl Slot {
 struct Controller {
     cfg: SystemConfig,
     ring: Vec<Slot>,
-    /// By instance: its load, when this replica heard it, when it was taken.
-    instances: HashMap<String, (Load, Timestamp, Timestamp), ahash::RandomState>,
+    /// By instance: its load and when it was taken.
+    instances: HashMap<String, (Load, Timestamp), ahash::RandomState>,
     /// When expired instances were last dropped.
     pruned_at: Timestamp,
     automatic: u32,
@@ -231,7 +231,9 @@ impl Scope {
 
     /// One instance's load, reported at `taken_at` (where it was taken:
     /// here, or on the replica that passed it on). A report older than the
-    /// one held changes nothing (two replicas' reports cross on their way).
+    /// one held changes nothing (two replicas' reports cross on their way),
+    /// nor does one older than `instance_timeout` (delivered late). An
+    /// instance's silence is counted from when its last report was taken.
     /// A new instance is refused while the system has `max_instances` live
     /// ones. Answers how many live instances the system has.
     pub fn report_load(
@@ -242,9 +244,12 @@ impl Scope {
         taken_at: Timestamp,
     ) -> Result<usize, TooManyInstances> {
         let mut c = self.lock();
+        if now.saturating_since(taken_at) >= c.cfg.load.instance_timeout.as_nanos() as u64 {
+            return Ok(c.instances.len());
+        }
         if let Some(entry) = c.instances.get_mut(instance) {
-            if taken_at >= entry.2 {
-                *entry = (load, now, taken_at);
+            if taken_at >= entry.1 {
+                *entry = (load, taken_at);
             }
             return Ok(c.instances.len());
         }
@@ -256,7 +261,7 @@ impl Scope {
         if c.instances.len() >= max {
             return Err(TooManyInstances { live: c.instances.len(), max });
         }
-        c.instances.insert(instance.to_string(), (load, now, taken_at));
+        c.instances.insert(instance.to_string(), (load, taken_at));
         Ok(c.instances.len())
     }
 
@@ -348,7 +353,7 @@ impl Controller {
 
     fn prune(&mut self, now: Timestamp) {
         let timeout = self.cfg.load.instance_timeout;
-        self.instances.retain(|_, (_, heard, _)| now.saturating_since(*heard) < timeout.as_nanos() as u64);
+        self.instances.retain(|_, (_, taken)| now.saturating_since(*taken) < timeout.as_nanos() as u64);
         self.pruned_at = now;
     }
 

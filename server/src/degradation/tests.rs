@@ -242,3 +242,16 @@ fn a_report_older_than_the_one_held_changes_nothing() {
     s.report_load(at(3), "pod", load(0.10), at(3)).unwrap();
     assert_eq!(to(s.evaluate(at(3))), Some(0));
 }
+
+#[test]
+fn a_report_delivered_later_than_the_timeout_counts_for_nothing() {
+    let s = system(|c| c.min_time_at_level = Duration::ZERO);
+    // Taken at 0 s, delivered at 6 s (a stalled Redis held it): too old.
+    s.report_load(at(6), "late", load(0.95), at(0)).unwrap();
+    assert_eq!(s.evaluate(at(6)), None);
+    assert_eq!(s.get().signals.instances, 0);
+    // Taken at 3 s, delivered at 6 s: counted, and leaves 5 s after it was taken.
+    s.report_load(at(6), "late", load(0.95), at(3)).unwrap();
+    assert_eq!(to(s.evaluate(at(6))), Some(3));
+    assert_eq!(to(s.evaluate(at(8))), Some(0), "silent since 3 s: gone at 8 s");
+}

@@ -4,11 +4,13 @@
 //!   reports taken are kept (the latest per instance, bounded) and sent on
 //!   the events channel every 250 ms in one message;
 //! - an operator's level per system is kept in Redis (`{fg}:levels`, system
-//!   -> level; the global scope is the empty name; `#v` a random version per
-//!   change) and
-//!   applied by every replica when announced, every 10 syncs, and when one
-//!   starts. A level set while Redis was away, or lost with a Redis that came
-//!   back empty, is written back by the replicas that hold it.
+//!   -> "<level or - for automatic> <when it was set>"; the global scope is
+//!   the empty name; `#v` a random version per change), newest wins
+//!   (`levels.lua`), and applied by every replica when announced, every 10
+//!   syncs, when one starts and when its rules change. A level set on a
+//!   replica cut off from Redis is written once it answers, unless a newer
+//!   one was set meanwhile; a Redis that came back empty gets back every
+//!   level the replicas know.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -41,9 +43,16 @@ pub(super) struct Levels {
     /// The version of the rules it was applied with: a system the rules add
     /// later takes its stored level then.
     rules_seen: AtomicU64,
-    /// Levels set here that Redis does not have yet (it was away), in order.
-    unsaved: Mutex<Vec<(String, Option<u32>)>>,
+    /// Levels set here that Redis does not have yet (it was away), with
+    /// when they were set.
+    unsaved: Mutex<Vec<Entry>>,
+    /// Every level this replica knows of, by system, with when it was set:
+    /// what it writes back to a Redis that came back empty.
+    known: Mutex<HashMap<String, (Option<u32>, u64)>>,
 }
+
+/// A system's operator's level (`None`: automatic) and when it was set (ns).
+type Entry = (String, Option<u32>, u64);
 
 impl Replication {
     /// A load report this replica took, to pass on to the others.
@@ -88,97 +97,119 @@ impl Replication {
         }
     }
 
-    /// Stores an operator's level for `target` (`None`: back to automatic)
-    /// and tells the other replicas. While Redis is away the level holds
-    /// here and is written once it answers.
+    /// Stores an operator's level for `target` (`None`: back to automatic),
+    /// set now, and tells the other replicas. While Redis is away the level
+    /// holds here and is written once it answers.
     pub async fn set_level(&self, target: LevelTarget<'_>, level: Option<u32>) {
         let names: Vec<String> = match target {
             LevelTarget::One(name) => vec![name.to_string()],
             LevelTarget::Every => self.engine.levels().into_iter().map(|l| l.system.to_string()).collect(),
         };
-        let writes: Vec<_> = names.into_iter().map(|n| (n, level)).collect();
+        let at = self.engine.clock().now().as_nanos();
+        let writes: Vec<Entry> = names.into_iter().map(|n| (n, level, at)).collect();
         // Kept first: should this call be cut short, the next load writes them.
         self.unsaved().extend(writes.iter().cloned());
-        if self.write_levels(writes.clone()).await {
+        self.know(&writes);
+        if self.write_levels(&writes).await.is_some() {
             self.unsaved().retain(|w| !writes.contains(w));
         }
     }
 
-    fn unsaved(&self) -> std::sync::MutexGuard<'_, Vec<(String, Option<u32>)>> {
+    fn unsaved(&self) -> std::sync::MutexGuard<'_, Vec<Entry>> {
         self.levels.unsaved.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Writes `writes` (a level, or `None` to remove it) under a new
-    /// version (a random number: one Redis that came back empty cannot
-    /// hand out a version a replica has seen already). Written beside what
-    /// the hash holds: replicas writing back at once after Redis came back
-    /// empty add up rather than erase each other. False when Redis did not
-    /// take them.
-    async fn write_levels(&self, writes: Vec<(String, Option<u32>)>) -> bool {
-        let version = rand::random::<u64>().max(1);
-        let written: Option<()> = self
-            .call("levels", |mut h| async move {
-                let mut pipe = redis::pipe();
-                pipe.atomic();
-                for (name, level) in &writes {
-                    match level {
-                        Some(l) => pipe.hset(LEVELS, name, l).ignore(),
-                        None => pipe.hdel(LEVELS, name).ignore(),
-                    };
-                }
-                pipe.hset(LEVELS, VERSION, version).ignore();
-                pipe.query_async(&mut h).await
-            })
-            .await;
-        if written.is_none() {
-            return false;
+    /// Remembers levels, keeping the newer of two for a system.
+    fn know(&self, entries: &[Entry]) {
+        let mut known = self.levels.known.lock().unwrap_or_else(|e| e.into_inner());
+        for (name, level, at) in entries {
+            let newer = known.get(name).is_none_or(|&(_, held)| *at >= held);
+            if newer {
+                known.insert(name.clone(), (*level, *at));
+            }
         }
-        self.publish("v".into()).await;
-        true
+    }
+
+    /// Writes `writes`, each only where the hash holds nothing newer for
+    /// its system, under a new version (a random number: a Redis that came
+    /// back empty cannot hand out a version a replica has seen already)
+    /// when one was written, and announces it. `None` when Redis did not answer.
+    async fn write_levels(&self, writes: &[Entry]) -> Option<u64> {
+        let version = rand::random::<u64>().max(1);
+        let mut invocation = self.scripts.get(super::scripts::ScriptName::Levels).key(LEVELS);
+        invocation.arg(version);
+        for (name, level, at) in writes {
+            invocation.arg(name).arg(level.map_or("-".to_string(), |l| l.to_string())).arg(*at);
+        }
+        let written: u64 = self.run(super::scripts::ScriptName::Levels, invocation, wire_count).await?;
+        if written > 0 {
+            self.publish("v".into()).await;
+        }
+        Some(written)
     }
 
     /// Applies the levels operators stored: every scope named in Redis takes
-    /// its level, every other goes back to automatic. When Redis lost them
+    /// its level, every other goes back to automatic. Levels set here while
+    /// Redis was away are written first (newest wins); when Redis lost them
     /// all (it came back empty: no version), this replica writes back every
-    /// level an operator set here, those set while Redis was away included;
-    /// otherwise the levels set here while it was away are added to what
-    /// the others stored. Either write is announced, and read back then.
+    /// level it knows, with when each was set.
     pub(super) async fn load_levels(&self) {
+        let unsaved = std::mem::take(&mut *self.unsaved());
+        if !unsaved.is_empty() && self.write_levels(&unsaved).await.is_none() {
+            let mut now = self.unsaved();
+            let later = std::mem::take(&mut *now);
+            *now = unsaved.into_iter().chain(later).collect();
+            return;
+        }
         let stored: Option<HashMap<String, String>> = self
             .call("levels", |mut h| async move { redis::cmd("HGETALL").arg(LEVELS).query_async(&mut h).await })
             .await;
         let Some(mut stored) = stored else { return };
         let version: u64 = stored.remove(VERSION).and_then(|v| v.parse().ok()).unwrap_or(0);
         let seen = self.levels.seen.load(Ordering::Relaxed);
-        let unsaved = std::mem::take(&mut *self.unsaved());
-        let written = if version == 0 && seen > 0 {
-            let own = self.engine.levels().into_iter().filter(|l| l.manual);
-            Some(self.write_levels(own.map(|l| (l.system.to_string(), Some(l.level))).collect()).await)
-        } else if !unsaved.is_empty() {
-            Some(self.write_levels(unsaved.clone()).await)
-        } else {
-            None
-        };
-        match written {
-            Some(true) => return,
-            Some(false) => {
-                let mut now = self.unsaved();
-                let later = std::mem::take(&mut *now);
-                *now = unsaved.into_iter().chain(later).collect();
-                return;
-            }
-            None => {}
+        if version == 0 && seen > 0 {
+            let known: Vec<Entry> = {
+                let known = self.levels.known.lock().unwrap_or_else(|e| e.into_inner());
+                known.iter().map(|(n, &(l, at))| (n.clone(), l, at)).collect()
+            };
+            self.write_levels(&known).await;
+            return;
         }
         let rules = self.engine.rules().version;
         if version == seen && rules == self.levels.rules_seen.load(Ordering::Relaxed) {
             return;
         }
+        let entries: Vec<Entry> = stored.iter().filter_map(|(k, v)| parse_level(k, v)).collect();
+        self.know(&entries);
         let levels: HashMap<String, u32> =
-            stored.into_iter().filter_map(|(k, v)| Some((k, v.parse().ok().filter(|&l| l <= 3)?))).collect();
+            entries.into_iter().filter_map(|(name, level, _)| Some((name, level?))).collect();
         self.engine.apply_manual_levels(&levels);
         self.levels.seen.store(version, Ordering::Relaxed);
         self.levels.rules_seen.store(rules, Ordering::Relaxed);
     }
+}
+
+/// `levels.lua`'s reply: how many it wrote.
+fn wire_count(v: redis::Value) -> Result<u64, super::wire::ReplyError> {
+    match v {
+        redis::Value::Int(n) => Ok(n.max(0) as u64),
+        other => Err(super::wire::ReplyError {
+            script: super::scripts::ScriptName::Levels,
+            what: format!("expected a count, got {other:?}"),
+        }),
+    }
+}
+
+/// One field of `{fg}:levels`: "<level|-> <ns>" (or a bare level, as
+/// written before levels carried their time: the oldest).
+fn parse_level(name: &str, value: &str) -> Option<Entry> {
+    let (level, at) = value.split_once(' ').unwrap_or((value, "0"));
+    let at = at.parse().ok()?;
+    let level = match level {
+        "-" => None,
+        l => Some(l.parse::<u32>().ok().filter(|&l| l <= 3)?),
+    };
+    Some((name.to_string(), level, at))
 }
 
 fn parse_load(line: &str) -> Option<(&str, &str, Load, Timestamp)> {
@@ -210,6 +241,15 @@ pub(super) async fn send_loop(weak: Weak<Replication>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stored_level_reads_back_as_written() {
+        assert_eq!(parse_level("p", "2 1700000000000000000"), Some(("p".into(), Some(2), 1_700_000_000_000_000_000)));
+        assert_eq!(parse_level("p", "- 5"), Some(("p".into(), None, 5)));
+        assert_eq!(parse_level("p", "3"), Some(("p".into(), Some(3), 0)), "a bare level is the oldest");
+        assert_eq!(parse_level("p", "7 5"), None);
+        assert_eq!(parse_level("p", "x"), None);
+    }
 
     #[test]
     fn a_load_line_reads_back_as_written() {

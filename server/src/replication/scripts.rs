@@ -99,6 +99,8 @@ pub enum ScriptName {
     Slot,
     /// Renews this replica's lease of a replicated concurrency limit.
     SlotLease,
+    /// Operators' degradation levels, newest wins.
+    Levels,
 }
 
 pub struct Scripts {
@@ -113,6 +115,7 @@ pub struct Scripts {
     breaker_force: Script,
     slot: Script,
     slot_lease: Script,
+    levels: Script,
 }
 
 /// What a breaker script is asked to do, with its own arguments.
@@ -143,6 +146,7 @@ impl ScriptName {
             ScriptName::BreakerForce => "breaker_force",
             ScriptName::Slot => "slot",
             ScriptName::SlotLease => "slot_lease",
+            ScriptName::Levels => "levels",
         }
     }
 }
@@ -161,6 +165,7 @@ impl Scripts {
             ScriptName::BreakerForce => &self.breaker_force,
             ScriptName::Slot => &self.slot,
             ScriptName::SlotLease => &self.slot_lease,
+            ScriptName::Levels => &self.levels,
         }
     }
 }
@@ -213,6 +218,7 @@ impl Default for Scripts {
             breaker_force: breaker(include_str!("lua/breaker_force.lua")),
             slot: Script::new(include_str!("lua/slot.lua")),
             slot_lease: Script::new(include_str!("lua/slot_lease.lua")),
+            levels: Script::new(include_str!("lua/levels.lua")),
         }
     }
 }
