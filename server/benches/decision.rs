@@ -46,14 +46,7 @@ fn engine(yaml: &str) -> Engine {
 /// One admitted decision on resource `api`.
 fn decide(e: &Engine, d: &HashMap<String, String>) -> Verdict {
     let rules = e.rules();
-    let req = Request {
-        resource: "api",
-        descriptors: d,
-        cost: 1,
-        dry_run: false,
-        settle: false,
-        priority: Default::default(),
-    };
+    let req = Request::new("api", d);
     e.acquire(&rules, &req).unwrap().verdict
 }
 

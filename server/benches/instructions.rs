@@ -70,8 +70,7 @@ fn now<F: Future>(f: F) -> F::Output {
 }
 
 fn decide(decider: &Decider, descriptors: &HashMap<String, String>) {
-    let req =
-        Request { resource: "api", descriptors, cost: 1, dry_run: false, settle: false, priority: Default::default() };
+    let req = Request::new("api", descriptors);
     let kept: Kept = now(decider.acquire(&req)).expect("a valid request");
     assert_eq!(kept.verdict, Verdict::Allowed);
     if let Some(permit) = &kept.permit {

@@ -28,8 +28,6 @@ use crate::rules::SystemConfig;
 use crate::rules::systems::{Aggregate, MAX_LEVEL, PriorityShedding};
 use crate::time::Timestamp;
 
-pub use crate::rules::systems::MAX_LEVEL as LEVEL_MAX;
-
 /// The effective level of a scope moved.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LevelChange {
@@ -396,15 +394,13 @@ impl Controller {
         let fraction = |v: f64| format!("{v:.2}");
         let secs = |v: f64| crate::rules::duration::human(Duration::from_secs_f64(v));
         let by_value = |v: Option<f64>| move |t: f64| v.is_some_and(|v| v >= t);
-        let by_load = |values: &[f64]| {
-            let (agg, share) = (cfg.load.aggregate, cfg.load.share);
-            let values = values.to_vec();
-            move |t: f64| reaches(&values, agg, share, t)
-        };
+        let (agg, share) = (cfg.load.aggregate, cfg.load.share);
         let secs3 = |d: [Duration; 3]| d.map(|d| d.as_secs_f64());
         let (error, slow_rate) = (by_value(signals.error_rate), by_value(signals.slow_call_rate));
         let lat = by_value(signals.latency.map(|d| d.as_secs_f64()));
-        let (cpu_r, mem_r, queue_r) = (by_load(&cpu), by_load(&memory), by_load(&queue));
+        let cpu_r = |t: f64| reaches(&cpu, agg, share, t);
+        let mem_r = |t: f64| reaches(&memory, agg, share, t);
+        let queue_r = |t: f64| reaches(&queue, agg, share, t);
         let mut list: Vec<Signal<'_>> = Vec::new();
         if let Some(t) = cfg.error_rate {
             list.push(Signal { name: "error rate", thresholds: t, reaches: &error, show: &fraction, share: false });

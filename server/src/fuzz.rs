@@ -161,14 +161,7 @@ fn overrides(e: &Engine, decider: &Decider, r: &pb::SetOverridesRequest) {
     let rules = e.rules();
     for s in &set.specs {
         let d: std::collections::HashMap<String, String> = s.when.iter().cloned().collect();
-        let req = Request {
-            resource: &s.rule,
-            descriptors: &d,
-            cost: 1,
-            dry_run: false,
-            settle: false,
-            priority: Default::default(),
-        };
+        let req = Request::new(&s.rule, &d);
         let _ = e.acquire(&rules, &req);
     }
     let ids = set.specs.iter().map(|s| s.id.clone()).collect();

@@ -7,7 +7,7 @@ use tokio::sync::broadcast;
 
 use super::Decider;
 use crate::breaker::{Info, State};
-use crate::degradation::{self, Level, Load};
+use crate::degradation::{Level, Load};
 use crate::engine::{LevelTarget, RequestError, Snapshot};
 use crate::events::Event;
 
@@ -47,7 +47,7 @@ impl Decider {
     /// for one system (empty: the global scope) or every scope; the levels after.
     /// With Redis, stored for every replica (and replicas started later).
     pub async fn set_level(&self, target: LevelTarget<'_>, level: Option<u32>) -> Result<Vec<Level>, RequestError> {
-        if let Some(level) = level.filter(|&l| l > degradation::LEVEL_MAX) {
+        if let Some(level) = level.filter(|&l| l > crate::rules::systems::MAX_LEVEL) {
             return Err(RequestError::BadLevel(level));
         }
         let levels = self.engine.set_degradation(target, level)?;

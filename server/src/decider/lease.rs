@@ -108,14 +108,7 @@ impl Decider {
         let mut cost = u32::try_from(plan.grant).unwrap_or(u32::MAX);
         let mut attempt = 0;
         loop {
-            let req = Request {
-                resource: ask.resource,
-                descriptors: ask.descriptors,
-                cost,
-                dry_run: false,
-                settle: true,
-                priority: Default::default(),
-            };
+            let req = Request { cost, settle: true, ..Request::new(ask.resource, ask.descriptors) };
             let granted: Granted = self.acquire(&req).await?;
             match (granted.verdict, granted.permit_id) {
                 (Verdict::Allowed, Some(id)) => {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::*;
 use crate::breaker::{Outcome, State};
 use crate::events::Event;
-use crate::time::{ManualClock, Timestamp};
+use crate::time::ManualClock;
 
 const RULES: &str = r#"
 resources:
@@ -31,10 +31,7 @@ resources:
 "#;
 
 fn engine() -> (Engine, Arc<ManualClock>) {
-    let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_700_006_400)));
-    let engine = Engine::new(EngineConfig { max_keys: usize::MAX, replicated: false }, clock.clone());
-    engine.install(RuleSet::from_yaml(RULES, "t").unwrap(), RULES.into(), "t".into());
-    (engine, clock)
+    super::tests::engine(RULES)
 }
 
 struct Got {
@@ -52,12 +49,7 @@ fn ask(e: &Engine, resource: &str) -> Got {
 fn ask_with(e: &Engine, resource: &str, dry_run: bool) -> Got {
     let rules = e.rules();
     let none = HashMap::<String, String>::new();
-    let a = e
-        .acquire(
-            &rules,
-            &Request { resource, descriptors: &none, cost: 1, dry_run, settle: false, priority: Default::default() },
-        )
-        .unwrap();
+    let a = e.acquire(&rules, &Request { dry_run, ..Request::new(resource, &none) }).unwrap();
     Got {
         verdict: a.verdict,
         reason: a.reason(),

@@ -30,6 +30,13 @@ pub struct Request<'a, D: ?Sized> {
     pub priority: crate::rules::Priority,
 }
 
+impl<'a, D: ?Sized> Request<'a, D> {
+    /// A decision of cost 1 at the default priority, consuming what it admits.
+    pub fn new(resource: &'a str, descriptors: &'a D) -> Self {
+        Request { resource, descriptors, cost: 1, dry_run: false, settle: false, priority: Default::default() }
+    }
+}
+
 /// Bad input: the message names the field and the value.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RequestError {

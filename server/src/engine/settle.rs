@@ -306,8 +306,7 @@ resources:
     fn estimate(e: &Engine, resource: &str, cost: u32) -> (bool, Option<String>, Vec<u64>) {
         let rules = e.rules();
         let d = user();
-        let req =
-            Request { resource, descriptors: &d, cost, dry_run: false, settle: true, priority: Default::default() };
+        let req = Request { cost, settle: true, ..Request::new(resource, &d) };
         let a = e.acquire(&rules, &req).unwrap();
         (
             a.verdict == Verdict::Allowed,

@@ -9,7 +9,7 @@ use super::*;
 use crate::breaker::Outcome;
 use crate::degradation::Load;
 use crate::rules::Priority;
-use crate::time::{ManualClock, Timestamp};
+use crate::time::ManualClock;
 
 const RULES: &str = r#"
 resources:
@@ -30,16 +30,13 @@ systems:
 "#;
 
 fn engine() -> (Engine, Arc<ManualClock>) {
-    let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_700_006_400)));
-    let engine = Engine::new(EngineConfig { max_keys: usize::MAX, replicated: false }, clock.clone());
-    engine.install(RuleSet::from_yaml(RULES, "t").unwrap(), RULES.into(), "t".into());
-    (engine, clock)
+    super::tests::engine(RULES)
 }
 
 fn ask(e: &Engine, resource: &str, priority: Priority) -> (Verdict, u32, String) {
     let rules = e.rules();
     let none = HashMap::<String, String>::new();
-    let req = Request { resource, descriptors: &none, cost: 1, dry_run: false, settle: false, priority };
+    let req = Request { priority, ..Request::new(resource, &none) };
     let a = e.acquire(&rules, &req).unwrap();
     (a.verdict, a.degradation_level, a.reason())
 }
@@ -112,14 +109,7 @@ fn reported_outcomes_raise_their_system_only() {
     let rules = e.rules();
     let none = HashMap::<String, String>::new();
     for i in 0..40 {
-        let req = Request {
-            resource: "payments.charge",
-            descriptors: &none,
-            cost: 1,
-            dry_run: false,
-            settle: false,
-            priority: Priority::Critical,
-        };
+        let req = Request::new("payments.charge", &none);
         let p = e.acquire(&rules, &req).unwrap().permit_id.unwrap().to_string();
         let outcome = if i % 2 == 0 { Outcome::Failure } else { Outcome::Success };
         e.report(&rules, "", &p, outcome, Some(Duration::from_millis(3))).unwrap();

@@ -17,7 +17,8 @@ resources:
   - name: open
 "#;
 
-fn engine(yaml: &str) -> (Engine, Arc<ManualClock>) {
+/// An engine on a fake clock with `yaml` installed.
+pub(super) fn engine(yaml: &str) -> (Engine, Arc<ManualClock>) {
     let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_700_006_400)));
     let engine = Engine::new(EngineConfig { max_keys: usize::MAX, replicated: false }, clock.clone());
     engine.install(RuleSet::from_yaml(yaml, "test.yaml").unwrap(), yaml.into(), "test".into());
@@ -35,10 +36,7 @@ fn ask(
     cost: u32,
 ) -> Result<(Verdict, Vec<u64>), RequestError> {
     let rules = e.rules();
-    let out = e.acquire(
-        &rules,
-        &Request { resource, descriptors, cost, dry_run: false, settle: false, priority: Default::default() },
-    )?;
+    let out = e.acquire(&rules, &Request { cost, ..Request::new(resource, descriptors) })?;
     Ok((out.verdict, out.limits.iter().map(|l| l.status.remaining).collect()))
 }
 
@@ -71,14 +69,7 @@ fn the_denial_names_the_limit_and_when_to_retry() {
     let (e, _) = engine(RULES);
     let u1 = d(&[("user", "u1")]);
     let rules = e.rules();
-    let req = Request {
-        resource: "orders",
-        descriptors: &u1,
-        cost: 2,
-        dry_run: false,
-        settle: false,
-        priority: Default::default(),
-    };
+    let req = Request { cost: 2, ..Request::new("orders", &u1) };
     e.acquire(&rules, &req).unwrap();
     let out = e.acquire(&rules, &req).unwrap();
     assert_eq!(out.verdict, Verdict::RateLimited);
@@ -120,14 +111,7 @@ fn dry_run_answers_without_consuming() {
     let (e, _) = engine(RULES);
     let u1 = d(&[("user", "u1")]);
     let rules = e.rules();
-    let dry = Request {
-        resource: "orders",
-        descriptors: &u1,
-        cost: 2,
-        dry_run: true,
-        settle: false,
-        priority: Default::default(),
-    };
+    let dry = Request { cost: 2, dry_run: true, ..Request::new("orders", &u1) };
     for _ in 0..3 {
         let out = e.acquire(&rules, &dry).unwrap();
         assert_eq!(out.verdict, Verdict::Allowed);
@@ -210,17 +194,7 @@ fn overrides_give_tiers_factors_absolute_limits_and_blocks() {
     // Blocked: denied before any limit, with its retry_after and a reason.
     let rules = e.rules();
     let ip = d(&[("api_key", "x"), ("ip", "6.6.6.6")]);
-    let a = e.acquire(
-        &rules,
-        &Request {
-            resource: "api",
-            descriptors: &ip,
-            cost: 1,
-            dry_run: false,
-            settle: false,
-            priority: Default::default(),
-        },
-    );
+    let a = e.acquire(&rules, &Request::new("api", &ip));
     let a = a.unwrap();
     assert_eq!((a.verdict, a.retry_after), (Verdict::RateLimited, Duration::from_secs(3600)));
     assert_eq!(a.reason(), "blocked by an override for ip=6.6.6.6, retry in 60m");

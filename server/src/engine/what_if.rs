@@ -233,14 +233,7 @@ resources:
 "#;
 
     fn ask<'a>(d: &'a HashMap<String, String>) -> Request<'a, HashMap<String, String>> {
-        Request {
-            resource: "api",
-            descriptors: d,
-            cost: 1,
-            dry_run: false,
-            settle: false,
-            priority: Default::default(),
-        }
+        Request::new("api", d)
     }
 
     fn user(u: &str) -> HashMap<String, String> {

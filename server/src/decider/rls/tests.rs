@@ -236,17 +236,7 @@ fn a_concurrency_limit_only_gates_and_never_leaks() {
     assert_eq!(dec.figures().permits_in_flight, 0);
     let rules = dec.engine.rules();
     let none = HashMap::<String, String>::new();
-    let held = dec.engine.acquire(
-        &rules,
-        &Request {
-            resource: "db",
-            descriptors: &none,
-            cost: 1,
-            dry_run: false,
-            settle: false,
-            priority: Default::default(),
-        },
-    );
+    let held = dec.engine.acquire(&rules, &Request::new("db", &none));
     let permit = held.unwrap().permit_id.expect("a permit");
     drop(rules);
     assert_eq!(overs(&dec, "db", &[("k", "v")], 2), [true, true], "the slot is held by an Acquire caller");
@@ -260,17 +250,7 @@ fn a_breaker_lets_rls_through_only_when_closed_and_never_takes_a_probe() {
     let none = HashMap::<String, String>::new();
     let acquire = || {
         let rules = dec.engine.rules();
-        let a = dec.engine.acquire(
-            &rules,
-            &Request {
-                resource: "pay",
-                descriptors: &none,
-                cost: 1,
-                dry_run: false,
-                settle: false,
-                priority: Default::default(),
-            },
-        );
+        let a = dec.engine.acquire(&rules, &Request::new("pay", &none));
         a.unwrap().permit_id
     };
     let permit = acquire().unwrap();

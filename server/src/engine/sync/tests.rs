@@ -23,18 +23,7 @@ fn replicated_buckets_are_synced_while_used_and_dropped_when_idle() {
     let d: HashMap<String, String> = [("user".to_string(), "u1".to_string())].into();
     let rules = e.rules_full();
     for _ in 0..3 {
-        e.acquire(
-            &rules,
-            &Request {
-                resource: "r",
-                descriptors: &d,
-                cost: 1,
-                dry_run: false,
-                settle: false,
-                priority: Default::default(),
-            },
-        )
-        .unwrap();
+        e.acquire(&rules, &Request::new("r", &d)).unwrap();
     }
     let active = Duration::from_secs(10);
     let items = e.sync_items(&rules, clock.now(), active);
@@ -63,22 +52,7 @@ fn a_bucket_has_one_sync_out_and_its_merged_state_counts_what_was_taken_since_it
     let rules = e.rules_full();
     let take = |n: usize| {
         (0..n)
-            .filter(|_| {
-                e.acquire(
-                    &rules,
-                    &Request {
-                        resource: "r",
-                        descriptors: &d,
-                        cost: 1,
-                        dry_run: false,
-                        settle: false,
-                        priority: Default::default(),
-                    },
-                )
-                .unwrap()
-                .verdict
-                    == crate::engine::Verdict::Allowed
-            })
+            .filter(|_| e.acquire(&rules, &Request::new("r", &d)).unwrap().verdict == crate::engine::Verdict::Allowed)
             .count()
     };
     let remaining = |key: &crate::store::BucketKey| {
@@ -132,19 +106,7 @@ fn admitted(e: &Engine, resource: &str, n: usize) -> usize {
     let rules = e.rules_full();
     (0..n)
         .filter(|_| {
-            let a = e
-                .acquire(
-                    &rules,
-                    &Request {
-                        resource,
-                        descriptors: &none,
-                        cost: 1,
-                        dry_run: false,
-                        settle: false,
-                        priority: Default::default(),
-                    },
-                )
-                .unwrap();
+            let a = e.acquire(&rules, &Request::new(resource, &none)).unwrap();
             a.verdict == crate::engine::Verdict::Allowed
         })
         .count()
@@ -199,14 +161,7 @@ fn a_decision_abandoned_while_redis_is_asked_gives_back_its_slot_and_its_units()
     e.sync().unwrap().set_up(true);
     let rules = e.rules_full();
     let none: HashMap<String, String> = HashMap::new();
-    let req = Request {
-        resource: "db",
-        descriptors: &none,
-        cost: 3,
-        dry_run: false,
-        settle: false,
-        priority: Default::default(),
-    };
+    let req = Request { cost: 3, ..Request::new("db", &none) };
     let begin = || match e.begin(e.prepare(&rules, &req).unwrap(), clock.now()) {
         Step::Remote(pending) => pending,
         Step::Done(a) => panic!("decided without Redis: {a:?}"),
@@ -241,14 +196,7 @@ fn a_replicated_concurrency_limit_admits_within_its_fresh_lease_only() {
     e.sync().unwrap().set_up(true);
     let rules = e.rules_full();
     let none: HashMap<String, String> = HashMap::new();
-    let req = Request {
-        resource: "db",
-        descriptors: &none,
-        cost: 1,
-        dry_run: false,
-        settle: false,
-        priority: Default::default(),
-    };
+    let req = Request::new("db", &none);
     let verdict = || e.decide(e.prepare(&rules, &req).unwrap(), clock.now()).verdict;
     assert_eq!(verdict(), Verdict::ConcurrencyLimited, "no lease yet: nothing, not the outage share");
     let prepared = e.prepare(&rules, &req).unwrap();
