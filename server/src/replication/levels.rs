@@ -154,26 +154,36 @@ impl Replication {
     /// all (it came back empty: no version), this replica writes back every
     /// level it knows, with when each was set.
     pub(super) async fn load_levels(&self) {
-        let unsaved = std::mem::take(&mut *self.unsaved());
-        if !unsaved.is_empty() && self.write_levels(&unsaved).await.is_none() {
-            let mut now = self.unsaved();
-            let later = std::mem::take(&mut *now);
-            *now = unsaved.into_iter().chain(later).collect();
-            return;
-        }
         let stored: Option<HashMap<String, String>> = self
             .call("levels", |mut h| async move { redis::cmd("HGETALL").arg(LEVELS).query_async(&mut h).await })
             .await;
         let Some(mut stored) = stored else { return };
         let version: u64 = stored.remove(VERSION).and_then(|v| v.parse().ok()).unwrap_or(0);
         let seen = self.levels.seen.load(Ordering::Relaxed);
-        if version == 0 && seen > 0 {
-            let known: Vec<Entry> = {
-                let known = self.levels.known.lock().unwrap_or_else(|e| e.into_inner());
-                known.iter().map(|(n, &(l, at))| (n.clone(), l, at)).collect()
-            };
-            self.write_levels(&known).await;
-            return;
+        // Looked at before this replica writes anything: its own write would
+        // hide that Redis lost what the others stored.
+        let lost = version == 0 && seen > 0;
+        let unsaved = std::mem::take(&mut *self.unsaved());
+        let writes: Vec<Entry> = if lost {
+            // Every level known here, those set while Redis was away included.
+            let known = self.levels.known.lock().unwrap_or_else(|e| e.into_inner());
+            known.iter().map(|(n, &(l, at))| (n.clone(), l, at)).collect()
+        } else {
+            unsaved.clone()
+        };
+        if !writes.is_empty() {
+            match self.write_levels(&writes).await {
+                None => {
+                    let mut now = self.unsaved();
+                    let later = std::mem::take(&mut *now);
+                    *now = unsaved.into_iter().chain(later).collect();
+                    return;
+                }
+                // Announced: every replica, this one too, reads it again.
+                Some(written) if written > 0 => return,
+                // Older than what Redis holds: what it holds applies.
+                Some(_) => {}
+            }
         }
         let rules = self.engine.rules().version;
         if version == seen && rules == self.levels.rules_seen.load(Ordering::Relaxed) {
