@@ -6,7 +6,9 @@
 use std::time::Duration;
 
 use super::Decider;
-use crate::engine::lease::{NotLeasable, Plan};
+use smallvec::SmallVec;
+
+use crate::engine::lease::{Empty, Left, NotLeasable, Plan};
 use crate::engine::{Answer, Descriptors, Request, RequestError, Verdict};
 
 /// Extra time the server keeps a lease's estimate past its end, for a
@@ -36,10 +38,18 @@ pub struct Leased {
     pub lease_id: String,
     pub granted: u64,
     pub ttl: Duration,
-    /// With nothing granted: when to ask again.
+    /// With nothing granted: when to ask again (and `empty` says why); with
+    /// a grant that used up this holder's share: when the next can be had.
     pub retry_after: Duration,
+    pub empty: Option<Empty>,
     /// The previous lease was settled at `used`.
     pub returned: bool,
+    /// This holder's share for a lease time, and the holders sharing.
+    pub share: u64,
+    pub holders: usize,
+    /// The limits the lease was cut from, and what they hold after it: what
+    /// a client deciding alone (the server gone) keeps to.
+    pub limits: Vec<Left>,
 }
 
 /// What a grant's Acquire came to.
@@ -47,15 +57,21 @@ struct Granted {
     verdict: Verdict,
     permit_id: Option<String>,
     retry_after: Duration,
-    /// What the limits hold after it (the least of them).
-    available: u64,
+    /// What each limit holds after it.
+    remaining: SmallVec<[u64; 2]>,
 }
 
 impl From<Answer<'_>> for Granted {
     fn from(a: Answer<'_>) -> Self {
-        let available = a.limits.iter().map(|l| l.status.remaining).min().unwrap_or(0);
+        let remaining = a.limits.iter().map(|l| l.status.remaining).collect();
         let permit_id = a.permit_id.map(|p| p.to_string());
-        Granted { verdict: a.verdict, permit_id, retry_after: a.retry_after, available }
+        Granted { verdict: a.verdict, permit_id, retry_after: a.retry_after, remaining }
+    }
+}
+
+impl Granted {
+    fn available(&self) -> u64 {
+        self.remaining.iter().copied().min().unwrap_or(0)
     }
 }
 
@@ -76,10 +92,12 @@ impl Decider {
             out.returned = self.return_lease(ask.resource, ask.previous, ask.used).await?;
         }
         if ask.release {
+            self.engine.lease_released(&self.engine.rules(), ask.resource, ask.descriptors, ask.holder);
             return Ok(out);
         }
         let rules = self.engine.rules_full();
-        let plan = match self.engine.lease_plan(&rules, ask.resource, ask.descriptors, ask.want, ask.holder)? {
+        let settled = out.returned.then_some(ask.used);
+        let plan = match self.engine.lease_plan(&rules, ask.resource, ask.descriptors, ask.want, ask.holder, settled)? {
             Ok(plan) => plan,
             Err(why) => {
                 ::metrics::counter!(crate::metrics::LEASES, "result" => "not_leasable").increment(1);
@@ -88,9 +106,13 @@ impl Decider {
             }
         };
         out.ttl = plan.ttl;
+        out.share = plan.share;
+        out.holders = plan.holders;
+        out.limits = plan.limits.to_vec();
         if plan.grant == 0 {
             ::metrics::counter!(crate::metrics::LEASES, "result" => "empty").increment(1);
-            out.retry_after = plan.ask_again_in(plan.retry_after);
+            out.retry_after = plan.retry_after;
+            out.empty = plan.empty;
             return Ok(out);
         }
         self.grant(ask, &plan, out).await
@@ -110,17 +132,23 @@ impl Decider {
         loop {
             let req = Request { cost, settle: true, ..Request::new(ask.resource, ask.descriptors) };
             let granted: Granted = self.acquire(&req).await?;
+            let available = granted.available();
             match (granted.verdict, granted.permit_id) {
                 (Verdict::Allowed, Some(id)) => {
                     let until = self.engine.clock().now().saturating_add(plan.ttl + GRACE);
                     self.engine.hold_estimate_until(&id, until);
+                    self.engine.lease_taken(plan, u64::from(cost));
+                    for (left, remaining) in out.limits.iter_mut().zip(&granted.remaining) {
+                        left.remaining = *remaining;
+                    }
                     ::metrics::counter!(crate::metrics::LEASES, "result" => "granted").increment(1);
                     ::metrics::counter!(crate::metrics::LEASED_UNITS).increment(u64::from(cost));
                     out.lease_id = id;
                     out.granted = u64::from(cost);
+                    out.retry_after = plan.retry_after;
                     return Ok(out);
                 }
-                _ => match plan.after_shortfall(attempt, granted.available) {
+                _ => match plan.after_shortfall(attempt, available) {
                     Some(units) => {
                         cost = u32::try_from(units).unwrap_or(u32::MAX);
                         attempt += 1;
@@ -128,6 +156,7 @@ impl Decider {
                     None => {
                         ::metrics::counter!(crate::metrics::LEASES, "result" => "empty").increment(1);
                         out.retry_after = plan.ask_again_in(granted.retry_after);
+                        out.empty = Some(Empty::NothingLeft);
                         return Ok(out);
                     }
                 },
@@ -222,19 +251,37 @@ resources:
     }
 
     #[tokio::test]
-    async fn shares_are_fair_among_holders_and_never_exceed_what_is_available() {
-        let (d, _) = decider(RULES);
+    async fn a_first_lease_leaves_a_reserve_for_the_next_holder_and_shares_follow_what_holders_want() {
+        let (d, clock) = decider(RULES);
+        // Alone and not saying what it wants: half, the other half kept for
+        // a newcomer (first come is not all served).
         let x = lease(&d, "x", 0, "", 0).await;
-        assert_eq!(x.granted, 100, "alone: all of it");
+        assert_eq!((x.granted, x.share, x.holders), (50, 50, 1));
+        assert_eq!(x.limits.len(), 1, "the lease carries its limits");
+        assert_eq!((x.limits[0].name.as_str(), x.limits[0].limit, x.limits[0].remaining), ("per-user", 100, 50));
+        // The newcomer is served at once: a third of the 100 (x, itself, and
+        // the reserve for one more).
         let b = lease(&d, "b", 0, "", 0).await;
-        assert_eq!(b.granted, 0);
-        assert!(b.retry_after > Duration::ZERO, "nothing left: told when to ask again");
-        assert!(release(&d, "x", &x.lease_id, 10).await);
-        assert_eq!(remaining(&d).await, 90);
-        // Three holders seen (x, b, y): a third each of what is left.
-        assert_eq!(lease(&d, "y", 0, "", 0).await.granted, 30);
-        assert_eq!(lease(&d, "x", 500, "", 0).await.granted, 20, "never more than a fair share, whatever is asked");
-        assert_eq!(remaining(&d).await, 40);
+        assert_eq!((b.granted, b.holders), (34, 2));
+        // x renews having used 5 and saying it wants 10: it gets 10; b's
+        // share is what x leaves.
+        let x2 = lease(&d, "x", 10, &x.lease_id, 5).await;
+        assert!(x2.returned);
+        assert_eq!(x2.granted, 10);
+        assert_eq!(remaining(&d).await, 100 - 5 - 34 - 10);
+        // b used its 34 at once: its share is a rate; a lease time later it has it back.
+        let early = lease(&d, "b", 500, &b.lease_id, 34).await;
+        assert_eq!((early.granted, early.empty), (0, Some(Empty::ShareUsed)));
+        clock.advance(Duration::from_secs(2));
+        let b2 = lease(&d, "b", 500, "", 0).await;
+        let left = 100 - 5 - 34 - 10;
+        assert_eq!(b2.share, left, "max-min fair: all that x does not want of what is left");
+        assert_eq!(b2.granted, left);
+        assert_eq!(remaining(&d).await, 0);
+        // Returned for good, a holder no longer counts.
+        assert!(release(&d, "x", &x2.lease_id, 10).await);
+        let b3 = lease(&d, "b", 500, &b2.lease_id, 0).await;
+        assert_eq!(b3.holders, 1);
     }
 
     #[tokio::test]
@@ -242,15 +289,183 @@ resources:
         let (d, clock) = decider(RULES);
         let gone = lease(&d, "gone", 40, "", 0).await;
         assert_eq!(gone.granted, 40);
-        assert_eq!(lease(&d, "b", 0, "", 0).await.granted, 30, "two holders: half of 60");
+        let b = lease(&d, "b", 0, "", 0).await;
+        assert_eq!((b.granted, b.holders), (34, 2), "a third of 100: gone, b and the reserve");
         // Past the lease and its grace: a late return is refused, the units
         // stay taken (its holder may have used them).
         clock.advance(Duration::from_secs(2) + GRACE + Duration::from_millis(1));
         d.engine.sweep();
         assert!(!release(&d, "gone", &gone.lease_id, 0).await);
-        assert_eq!(remaining(&d).await, 30);
-        // Neither gone nor b were seen within two lease times: b is alone.
-        assert_eq!(lease(&d, "b", 0, "", 0).await.granted, 30);
+        assert_eq!(remaining(&d).await, 26);
+        // gone was not seen within two lease times: b shares with no one.
+        let again = lease(&d, "b", 100, &b.lease_id, 34).await;
+        assert_eq!((again.holders, again.granted), (1, 26));
+    }
+
+    #[tokio::test]
+    async fn a_holder_that_used_its_share_is_told_when_it_comes_back_not_given_more() {
+        let rules = "resources:\n  - name: tb\n    limits:\n      - { name: l, algorithm: token_bucket, capacity: 200, refill_per_second: 200, lease: 1s }\n";
+        let (d, clock) = decider(rules);
+        let none: HashMap<String, String> = HashMap::new();
+        let ask = |holder: &'static str, want: u64, previous: &str, used: u64| {
+            let previous = previous.to_string();
+            let (d, none) = (&d, &none);
+            async move {
+                let ask = LeaseAsk {
+                    resource: "tb",
+                    descriptors: none,
+                    want,
+                    previous: &previous,
+                    used,
+                    holder,
+                    release: false,
+                };
+                d.lease(&ask).await.unwrap()
+            }
+        };
+        // Alone, a takes what it finds: nobody else wants any.
+        let a = ask("a", 300, "", 0).await;
+        assert_eq!((a.granted, a.holders), (200, 1));
+        // b comes: both want 300 of 200 a second. Nothing is left now; b is
+        // told when to come back, and is served within one lease time.
+        let mut b = ask("b", 300, "", 0).await;
+        assert_eq!((b.granted, b.holders, b.empty), (0, 2, Some(Empty::NothingLeft)), "{b:?}");
+        let mut waited = Duration::ZERO;
+        while b.granted == 0 {
+            assert!(b.retry_after > Duration::ZERO);
+            clock.advance(b.retry_after);
+            waited += b.retry_after;
+            b = ask("b", 300, "", 0).await;
+        }
+        assert!(waited <= Duration::from_secs(1), "b waited {waited:?}");
+        assert!(b.granted >= b.share / 2, "{b:?}");
+        // a used all it took and asks again at once: its share is a rate;
+        // it is told when to come back rather than given b's.
+        let early = ask("a", 300, &a.lease_id, 200).await;
+        assert_eq!(early.granted, 0, "{early:?}");
+        assert!(early.retry_after > Duration::ZERO);
+        let later = ask("a", 300, "", 0).await;
+        assert_eq!(later.granted, 0, "asking again is no different: {later:?}");
+    }
+
+    /// Holders leasing as the client crate does (asking again when the lease
+    /// is used up or when told, renewing at 0.6 of a lease time, wanting
+    /// their rate and a quarter), on a token bucket they drain.
+    async fn simulate(d: &Decider, clock: &ManualClock, demands: &[u64], seconds: u64) -> Vec<(f64, f64)> {
+        struct Sim {
+            demand: u64,
+            lease: String,
+            left: u64,
+            used: u64,
+            renew_at: u64,
+            wait_until: u64,
+            admitted: u64,
+            rpcs: u64,
+            /// Demand in thousandths of a unit not yet asked for.
+            owed: u64,
+        }
+        impl Sim {
+            /// Renews (or asks for) the lease at `t` ms; what was granted.
+            async fn renew(&mut self, d: &Decider, holder: &str, t: u64, measuring: bool) -> u64 {
+                let none: HashMap<String, String> = HashMap::new();
+                let want = self.demand * 5 / 4;
+                let (previous, used) = (&self.lease, self.used);
+                let ask = LeaseAsk { resource: "tb", descriptors: &none, want, previous, used, holder, release: false };
+                let got = d.lease(&ask).await.unwrap();
+                self.rpcs += u64::from(measuring);
+                (self.lease, self.left, self.used) = (got.lease_id, got.granted, 0);
+                self.renew_at = t + got.ttl.as_millis() as u64 * 6 / 10;
+                self.wait_until = t + got.retry_after.as_millis().max(1) as u64;
+                got.granted
+            }
+        }
+        let mut sims: Vec<Sim> = demands
+            .iter()
+            .map(|&demand| Sim {
+                demand,
+                lease: String::new(),
+                left: 0,
+                used: 0,
+                renew_at: 0,
+                wait_until: 0,
+                admitted: 0,
+                rpcs: 0,
+                owed: 0,
+            })
+            .collect();
+        let step = 10u64;
+        let (measure_from, end) = ((seconds - 10) * 1000, seconds * 1000);
+        let mut t = 0;
+        while t < end {
+            for (i, s) in sims.iter_mut().enumerate() {
+                let holder = format!("h{i}");
+                s.owed += s.demand * step;
+                let mut need = s.owed / 1000;
+                s.owed %= 1000;
+                while need > 0 {
+                    if s.left > 0 && t < s.renew_at + 300 {
+                        let n = need.min(s.left);
+                        (s.left, s.used, need) = (s.left - n, s.used + n, need - n);
+                        if t >= measure_from {
+                            s.admitted += n;
+                        }
+                        continue;
+                    }
+                    if t < s.wait_until {
+                        break;
+                    }
+                    if s.renew(d, &holder, t, t >= measure_from).await == 0 {
+                        break;
+                    }
+                }
+                if s.left > 0 && t >= s.renew_at {
+                    s.renew(d, &holder, t, t >= measure_from).await;
+                }
+            }
+            clock.advance(Duration::from_millis(step));
+            t += step;
+        }
+        sims.iter().map(|s| (s.admitted as f64 / 10.0, s.rpcs as f64 / 10.0)).collect()
+    }
+
+    const TB: &str = "resources:\n  - name: tb\n    limits:\n      - { name: l, algorithm: token_bucket, capacity: 1000, refill_per_second: 200, lease: 1s }\n";
+
+    #[tokio::test]
+    async fn contended_holders_get_their_max_min_fair_share_at_a_few_calls_a_second() {
+        for (demands, fair) in [
+            (&[300, 100][..], &[100.0, 100.0][..]),
+            (&[300, 50], &[150.0, 50.0]),
+            (&[100, 100], &[100.0, 100.0]),
+            (&[400, 300, 100, 20], &[60.0, 60.0, 60.0, 20.0]),
+            (&[50, 50], &[50.0, 50.0]),
+        ] {
+            let (d, clock) = decider(TB);
+            let got = simulate(&d, &clock, demands, 40).await;
+            let total: f64 = got.iter().map(|g| g.0).sum();
+            eprintln!("demands {demands:?}: (admitted/s, Lease calls/s) {got:?}, max-min fair {fair:?}");
+            for ((rate, rpcs), want) in got.iter().zip(fair) {
+                assert!(*rate >= want * 0.95, "demands {demands:?}: got {got:?}, max-min fair {fair:?}");
+                assert!(*rpcs <= 6.0, "demands {demands:?}: {rpcs} Lease calls a second: {got:?}");
+            }
+            assert!(total <= 200.0 * 1.02, "demands {demands:?}: {total}/s admitted on 200/s");
+        }
+    }
+
+    #[test]
+    fn max_min_fair_and_proportional_shares() {
+        use crate::engine::lease::share_of;
+        use crate::rules::LeaseShare::{Fair, Proportional};
+        let fair = |c, w: &[u64]| (0..w.len()).map(|i| share_of(Fair, c, w, i)).collect::<Vec<_>>();
+        let prop = |c, w: &[u64]| (0..w.len()).map(|i| share_of(Proportional, c, w, i)).collect::<Vec<_>>();
+        assert_eq!(fair(200, &[375, 125]), [100, 100], "oversubscribed: equal");
+        assert_eq!(fair(200, &[50, 375]), [50, 150], "what the small one leaves goes to the large");
+        assert_eq!(fair(200, &[50, 60]), [50, 60], "under the capacity: what each wants");
+        assert_eq!(fair(200, &[30, 70, 80, 300]), [30, 57, 57, 57], "water-filling, rounded up");
+        assert_eq!(share_of(Fair, 200, &[0], 0), 100, "not said: a share beside one more holder");
+        assert_eq!(share_of(Fair, 200, &[0, 375], 0), 67);
+        assert_eq!(share_of(Fair, 3, &[9, 9, 9, 9], 0), 1, "never zero while there is capacity");
+        assert_eq!(prop(200, &[300, 100]), [150, 50]);
+        assert_eq!(prop(200, &[50, 60]), [50, 60]);
     }
 
     #[tokio::test]
@@ -322,5 +537,40 @@ resources:
         assert!(err.contains("lease: a shaping leaky bucket makes callers wait"), "{err}");
         let long = "resources:\n  - name: s\n    limits:\n      - { name: l, algorithm: fixed_window, limit: 5, window: 1s, lease: 2m }\n";
         assert!(RuleSet::from_yaml(long, "t").unwrap_err().to_string().contains("lease: must be at most 1m"));
+        let share = |s: &str| {
+            let yaml = format!(
+                "resources:\n  - name: s\n    limits:\n      - {{ name: l, algorithm: fixed_window, limit: 5, window: 1s, {s} }}\n"
+            );
+            RuleSet::from_yaml(&yaml, "t").map(|r| r.rules()[0].limits[0].lease).map_err(|e| e.to_string())
+        };
+        use crate::rules::{Lease, LeaseShare};
+        let ttl = Duration::from_secs(1);
+        assert_eq!(share("lease: 1s"), Ok(Some(Lease { ttl, share: LeaseShare::Fair })));
+        assert_eq!(
+            share("lease: 1s, lease_share: proportional"),
+            Ok(Some(Lease { ttl, share: LeaseShare::Proportional }))
+        );
+        assert!(
+            share("lease: 1s, lease_share: even")
+                .unwrap_err()
+                .contains("lease_share: must be one of fair, proportional, got 'even'")
+        );
+        assert!(share("lease_share: fair").unwrap_err().contains("lease_share: only a limit with `lease:` is leased"));
+    }
+
+    #[tokio::test]
+    async fn proportional_shares_follow_what_holders_want() {
+        let rules = RULES.replace("lease: 2s }", "lease: 2s, lease_share: proportional }");
+        let (d, _) = decider(&rules);
+        let a = lease(&d, "a", 300, "", 0).await;
+        assert_eq!(a.granted, 100, "alone: all it wants of what there is");
+        let a = lease(&d, "a", 300, &a.lease_id, 0).await;
+        let b = lease(&d, "b", 100, "", 0).await;
+        // 100 divided 3:1; b finds a holding its 100 and gets nothing until a renews.
+        assert_eq!((b.share, b.granted, b.empty), (25, 0, Some(Empty::NothingLeft)));
+        let a = lease(&d, "a", 300, &a.lease_id, 0).await;
+        assert_eq!(a.share, 75);
+        let b = lease(&d, "b", 100, "", 0).await;
+        assert_eq!(b.granted, 25);
     }
 }

@@ -66,6 +66,11 @@ impl Decider {
         }
     }
 
+    /// The engine's clock.
+    pub fn now(&self) -> crate::time::Timestamp {
+        self.engine.clock().now()
+    }
+
     /// Where overrides set at run time are kept (a server with Redis keeps
     /// them there whatever `file` says), and how many.
     pub fn with_overrides(mut self, options: OverrideOptions) -> Self {

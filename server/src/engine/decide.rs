@@ -58,6 +58,8 @@ pub struct Answer<'r> {
     pub permit_id: Option<PermitId>,
     /// The permit holds a concurrency slot.
     pub holds_slot: bool,
+    /// The rule's concurrency limit (0: none), for clients deciding alone.
+    pub max_in_flight: u32,
     pub breaker_state: Option<breaker::State>,
     pub degradation_level: u32,
     /// Why it was denied before the limits were looked at.
@@ -178,10 +180,17 @@ impl Answer<'_> {
             wait: Duration::ZERO,
             permit_id: None,
             holds_slot: false,
+            max_in_flight: 0,
             breaker_state: None,
             degradation_level: level,
             denial: None,
         }
+    }
+
+    /// Allowed by `rule`, so far.
+    pub(super) fn of_rule<'r>(rule: &'r Rule, level: u32) -> Answer<'r> {
+        let max_in_flight = rule.concurrency.map_or(0, |c| c.max_in_flight);
+        Answer { rule: Some(&rule.name), max_in_flight, ..Answer::allowed(level) }
     }
 
     /// Counts this decision in its rule's counters.
@@ -365,7 +374,7 @@ impl Engine {
         let now = self.clock.now();
         let decisions: SmallVec<[Decision; 4]> =
             matched.iter().map(|(l, _, k)| self.buckets.check(k, &l.algorithm, now, 0)).collect();
-        let mut answer = Answer { rule: Some(&rule.name), ..Answer::allowed(level) };
+        let mut answer = Answer::of_rule(rule, level);
         fill_limits(&mut answer, &matched, &decisions);
         answer.breaker_state = self.guards.state_for(rule, resource);
         Ok(answer)

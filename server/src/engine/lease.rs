@@ -11,9 +11,22 @@
 //! of them lasts); a request matching any other limit, a breaker, a
 //! concurrency limit or a shedding level is decided per call.
 //!
-//! How much: each holder's fair share of what is available now, among the
-//! holders seen on the same bucket within two lease times; never more than it
-//! asked for, never more than is available.
+//! How much: by demand. Each holder says what it wants for the next lease
+//! time; the server divides the bucket's capacity for a lease time (what it
+//! holds now plus what the other holders' leases took, and at least what it
+//! refills in a lease time) among the holders seen on it within two lease
+//! times: max-min fair by default (`lease_share: fair`: each gets what it
+//! wants up to an equal share, and what smaller holders leave goes to the
+//! larger), or in proportion to what each wants (`lease_share:
+//! proportional`). A holder that has not said what it wants (its first lease)
+//! is given a share as if one more holder were there: the reserve that lets
+//! the next newcomer be served at once. A holder's share is a rate: it may take
+//! up to one share at once and gets it back at one share per lease time, so
+//! renewing more often does not take more; a lease smaller than half a share
+//! is not worth its round trip, and the holder is told when to come back
+//! instead (unless waiting would not bring more: then what is left). So
+//! leasing never admits more than the limits hold, and under contention each
+//! holder costs about one or two Lease calls per lease time.
 
 use std::time::Duration;
 
@@ -23,64 +36,221 @@ use smallvec::SmallVec;
 use super::decide::{limits_for, matched_in};
 use super::request::{self, Descriptors, RequestError};
 use super::{Engine, Installed};
+use crate::rules::LeaseShare;
 use crate::store::BucketKey;
 use crate::time::Timestamp;
 
 /// Holders remembered per bucket; beyond, the one seen longest ago goes.
 pub const MAX_HOLDERS: usize = 64;
-/// Buckets with holders remembered; beyond, new holders are not counted
-/// until the sweep frees some (shares then come out larger, never past
-/// what is available).
+/// Buckets with holders remembered; beyond, a holder on a new bucket is
+/// planned as if alone (its share comes out larger, never past what is
+/// available) until the sweep frees some.
 pub const MAX_KEYS: usize = 100_000;
 
 /// What may be leased now.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Plan {
     /// How long the lease lasts: the shortest `lease` of the matched limits.
     pub ttl: Duration,
-    /// Units to grant (0 when none are available).
+    /// Units to grant (0 when none are).
     pub grant: u64,
-    /// With nothing to grant: when units come back.
+    /// With nothing to grant: when to ask again.
     pub retry_after: Duration,
-    /// Holders sharing the bucket now, this one included.
+    /// With nothing to grant: why.
+    pub empty: Option<Empty>,
+    /// Holders sharing the bucket now, this one included (the most of the limits).
     pub holders: usize,
+    /// This holder's share for a lease time (the least of the limits).
+    pub share: u64,
+    /// What each matched limit holds now, before the grant.
+    pub limits: SmallVec<[Left; 2]>,
+    keys: SmallVec<[BucketKey; 2]>,
+    holder: u64,
+}
+
+/// Why a plan grants nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Empty {
+    /// The limits hold less than half of this holder's share.
+    NothingLeft,
+    /// This holder took its share lately; more comes back at one share per lease time.
+    ShareUsed,
+}
+
+/// One matched limit and what it holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Left {
+    pub name: String,
+    pub limit: u64,
+    pub remaining: u64,
+    pub window: Duration,
+}
+
+/// A holder on one bucket.
+#[derive(Clone, Copy, Debug)]
+struct Holder {
+    id: u64,
+    seen: Timestamp,
+    /// Units it wants for a lease time; 0: not said.
+    want: u64,
+    /// Units its lease in hand took (0 once returned).
+    outstanding: u64,
+    /// Units it may take now (at most one share), as of `credit_at`.
+    credit: u64,
+    credit_at: Timestamp,
+}
+
+/// What one bucket's holders allow one of them.
+struct Allotment {
+    share: u64,
+    credit: u64,
+    holders: usize,
 }
 
 /// Recent holders per bucket.
 #[derive(Debug, Default)]
 pub struct Leases {
-    holders: DashMap<BucketKey, SmallVec<[(u64, Timestamp); 4]>, ahash::RandomState>,
+    holders: DashMap<BucketKey, SmallVec<[Holder; 4]>, ahash::RandomState>,
+}
+
+/// How one bucket looks to the holder asking.
+struct Ask {
+    who: u64,
+    want: u64,
+    /// Its previous lease was just settled at this many used.
+    settled: Option<u64>,
+    now: Timestamp,
+    ttl: Duration,
+    policy: LeaseShare,
+    available: u64,
+    /// What the bucket refills in a lease time.
+    refill: u64,
 }
 
 impl Leases {
-    /// Notes `holder` on `key` at `now`; how many holders were seen on it
-    /// since `since`.
-    fn touch(&self, key: &BucketKey, holder: u64, now: Timestamp, since: Timestamp) -> usize {
+    /// Notes the holder's ask on `key`; its share and credit there.
+    fn allot(&self, key: &BucketKey, a: &Ask) -> Allotment {
+        let ttl = a.ttl.as_nanos() as u64;
         if !self.holders.contains_key(key) && self.holders.len() >= MAX_KEYS {
-            return 1;
+            let share = share_of(a.policy, a.available.max(a.refill), &[a.want], 0);
+            return Allotment { share, credit: share, holders: 1 };
         }
         let mut list = self.holders.entry(key.clone()).or_default();
-        list.retain(|(_, seen)| *seen >= since);
-        match list.iter_mut().find(|(h, _)| *h == holder) {
-            Some(entry) => entry.1 = now,
+        let since = Timestamp::from_nanos(a.now.as_nanos().saturating_sub(2 * ttl));
+        list.retain(|h| h.seen >= since);
+        let me = match list.iter().position(|h| h.id == a.who) {
+            Some(i) => i,
             None => {
                 if list.len() >= MAX_HOLDERS
-                    && let Some(oldest) = list.iter().enumerate().min_by_key(|(_, (_, seen))| *seen).map(|(i, _)| i)
+                    && let Some(oldest) = list.iter().enumerate().min_by_key(|(_, h)| h.seen).map(|(i, _)| i)
                 {
                     list.remove(oldest);
                 }
-                list.push((holder, now));
+                let fresh =
+                    Holder { id: a.who, seen: a.now, want: 0, outstanding: 0, credit: u64::MAX, credit_at: a.now };
+                list.push(fresh);
+                list.len() - 1
             }
+        };
+        if a.settled.is_some() {
+            let h = &mut list[me];
+            let unused = h.outstanding.saturating_sub(a.settled.unwrap_or(0));
+            h.credit = h.credit.saturating_add(unused);
+            h.outstanding = 0;
         }
-        list.len()
+        list[me].want = a.want;
+        list[me].seen = a.now;
+        // The other holders' leases come back at their renewals: they are
+        // part of what is divided.
+        let recent = Timestamp::from_nanos(a.now.as_nanos().saturating_sub(ttl));
+        let others: u64 = list
+            .iter()
+            .filter(|h| h.id != a.who && h.seen >= recent)
+            .map(|h| h.outstanding)
+            .fold(0, u64::saturating_add);
+        let capacity = a.available.saturating_add(others).max(a.refill);
+        let wants: SmallVec<[u64; 8]> = list.iter().map(|h| h.want).collect();
+        let share = share_of(a.policy, capacity, &wants, me);
+        // Shares are kept to only while holders want more than there is:
+        // else each may take what it finds.
+        let wanted = wants.iter().map(|&w| if w == 0 { u64::MAX } else { w }).fold(0, u64::saturating_add);
+        let contended = list.len() > 1 && wanted > capacity;
+        let h = &mut list[me];
+        let elapsed = a.now.as_nanos().saturating_sub(h.credit_at.as_nanos());
+        let accrued =
+            (u128::from(elapsed) * u128::from(share) / u128::from(ttl.max(1))).min(u128::from(u64::MAX)) as u64;
+        h.credit = if contended { h.credit.saturating_add(accrued).min(share) } else { share };
+        h.credit_at = a.now;
+        Allotment { share, credit: if contended { h.credit } else { u64::MAX }, holders: list.len() }
+    }
+
+    /// `units` were granted to `who` on `key`.
+    fn taken(&self, key: &BucketKey, who: u64, units: u64) {
+        if let Some(mut list) = self.holders.get_mut(key)
+            && let Some(h) = list.iter_mut().find(|h| h.id == who)
+        {
+            h.credit = h.credit.saturating_sub(units);
+            h.outstanding = units;
+        }
+    }
+
+    /// `who` holds no lease on `key` any more.
+    fn leave(&self, key: &BucketKey, who: u64) {
+        if let Some(mut list) = self.holders.get_mut(key) {
+            list.retain(|h| h.id != who);
+        }
     }
 
     /// Forgets holders not seen since `since`.
     pub(super) fn forget(&self, since: Timestamp) {
         self.holders.retain(|_, list| {
-            list.retain(|(_, seen)| *seen >= since);
+            list.retain(|h| h.seen >= since);
             !list.is_empty()
         });
+    }
+}
+
+/// Holder `me`'s share of `capacity` among holders wanting `wants` (0: not
+/// said; such a holder counts as wanting without bound, and when `me` is one,
+/// one more such holder is counted: the reserve for the next newcomer).
+pub fn share_of(policy: LeaseShare, capacity: u64, wants: &[u64], me: usize) -> u64 {
+    let unsaid = wants[me] == 0;
+    let n = wants.len() + usize::from(unsaid);
+    match policy {
+        LeaseShare::Fair => {
+            // Max-min fair: the water level that `capacity` fills.
+            let mut demands: SmallVec<[u64; 8]> = wants.iter().map(|&w| if w == 0 { u64::MAX } else { w }).collect();
+            if unsaid {
+                demands.push(u64::MAX);
+            }
+            demands.sort_unstable();
+            let (mut left, mut k) = (capacity, n as u64);
+            let mut level = u64::MAX;
+            for d in demands {
+                if d <= left / k {
+                    left -= d;
+                    k -= 1;
+                } else {
+                    level = left.div_ceil(k);
+                    break;
+                }
+            }
+            let mine = if unsaid { u64::MAX } else { wants[me] };
+            mine.min(level)
+        }
+        LeaseShare::Proportional => {
+            // A holder that has not said counts as wanting an equal share.
+            let equal = capacity.div_ceil(n as u64);
+            let value = |w: u64| if w == 0 { equal } else { w };
+            let total: u128 =
+                wants.iter().map(|&w| u128::from(value(w))).sum::<u128>() + if unsaid { u128::from(equal) } else { 0 };
+            let mine = value(wants[me]);
+            if total <= u128::from(capacity) {
+                mine
+            } else {
+                (u128::from(capacity) * u128::from(mine)).div_ceil(total) as u64
+            }
+        }
     }
 }
 
@@ -105,17 +275,16 @@ pub enum NotLeasable {
     NotMarked(String),
 }
 
-/// The shortest time a holder told "nothing left" waits before asking again.
+/// The shortest time a holder told to come back waits.
 const MIN_ASK_AGAIN: Duration = Duration::from_millis(1);
 
 impl Plan {
     /// What to take after taking `self.grant` (at attempt `attempt`, from 0)
     /// found only `available`: another caller came first, or a replicated
-    /// bucket was first pulled from Redis at this replica's share. Once, a
-    /// fair share of what is there; then nothing (`None`) until the holder
-    /// asks again.
+    /// bucket was first pulled from Redis at this replica's share. Once, what
+    /// is there; then nothing (`None`) until the holder asks again.
     pub fn after_shortfall(&self, attempt: u32, available: u64) -> Option<u64> {
-        (attempt == 0 && available > 0).then(|| available.div_ceil(self.holders as u64).min(self.grant))
+        (attempt == 0 && available > 0).then(|| available.min(self.grant))
     }
 
     /// When a holder granted nothing asks again: within one lease time at
@@ -127,10 +296,12 @@ impl Plan {
 }
 
 /// What a holder that reports its demand (Envoy's RLQS: what it allowed and
-/// denied since its last report) asks for next: a fair share the first time,
-/// then about twice its last demand.
-pub fn want_from_demand(first: bool, allowed: u64, denied: u64) -> u64 {
-    if first { 0 } else { allowed.saturating_add(denied).saturating_mul(2).max(1) }
+/// denied since its last report, `elapsed` ago) wants for a lease time of
+/// `ttl`: its rate, with a quarter more for growth.
+pub fn want_from_demand(allowed: u64, denied: u64, elapsed: Duration, ttl: Duration) -> u64 {
+    let demand = u128::from(allowed.saturating_add(denied));
+    let per_ttl = demand * ttl.as_nanos() * 5 / (elapsed.as_nanos().max(1_000_000) * 4);
+    (per_ttl.min(u128::from(u64::MAX)) as u64).max(1)
 }
 
 /// One holder's leases by what it calls each bucket (an RLQS stream's bucket
@@ -138,29 +309,39 @@ pub fn want_from_demand(first: bool, allowed: u64, denied: u64) -> u64 {
 /// [`Book::MAX`] of them.
 #[derive(Debug)]
 pub struct Book<K> {
-    leases: std::collections::HashMap<K, String>,
+    leases: std::collections::HashMap<K, Booked>,
+}
+
+/// A bucket's last answer.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Booked {
+    /// The lease in hand; empty when the last answer granted nothing.
+    pub id: String,
+    /// When it was answered, and the lease time.
+    pub at: Timestamp,
+    pub ttl: Duration,
 }
 
 impl<K: std::hash::Hash + Eq> Book<K> {
     /// The most buckets one holder has leases for.
     pub const MAX: usize = 10_000;
 
-    /// The lease held for `bucket` (empty when none); `None` when the book is
-    /// full and `bucket` is not in it.
-    pub fn lease_of<Q>(&self, bucket: &Q) -> Option<&str>
+    /// The last answer for `bucket` (`Some(None)` when none); `None` when
+    /// the book is full and `bucket` is not in it.
+    pub fn lease_of<Q>(&self, bucket: &Q) -> Option<Option<&Booked>>
     where
         K: std::borrow::Borrow<Q>,
         Q: std::hash::Hash + Eq + ?Sized,
     {
         match self.leases.get(bucket) {
-            Some(id) => Some(id),
+            Some(b) => Some(Some(b)),
             None if self.leases.len() >= Self::MAX => None,
-            None => Some(""),
+            None => Some(None),
         }
     }
 
-    pub fn hold(&mut self, bucket: K, lease: String) {
-        self.leases.insert(bucket, lease);
+    pub fn hold(&mut self, bucket: K, booked: Booked) {
+        self.leases.insert(bucket, booked);
     }
 
     pub fn forget<Q>(&mut self, bucket: &Q)
@@ -179,8 +360,10 @@ impl<K> Default for Book<K> {
 }
 
 impl Engine {
-    /// How much `holder` may lease of `resource`'s limits for `d` now, at
-    /// most `want` (0: its fair share); `Err` when they may not be leased.
+    /// How much `holder` may lease of `resource`'s limits for `d` now, given
+    /// that it wants `want` for a lease time (0: not said) and that its
+    /// previous lease was just settled at `settled` used (if it was); `Err`
+    /// when they may not be leased.
     pub fn lease_plan<D: Descriptors + ?Sized>(
         &self,
         rules: &Installed,
@@ -188,6 +371,7 @@ impl Engine {
         d: &D,
         want: u64,
         holder: &str,
+        settled: Option<u64>,
     ) -> Result<Result<Plan, NotLeasable>, RequestError> {
         request::validate(resource, d)?;
         let Some((rule, handles)) = rules.find(resource) else {
@@ -213,27 +397,92 @@ impl Engine {
         for (l, ..) in &matched {
             match l.lease {
                 _ if l.shadow => return Ok(Err(NotLeasable::Shadow(l.name.clone()))),
-                Some(t) => ttl = ttl.min(t),
+                Some(lease) => ttl = ttl.min(lease.ttl),
                 None => return Ok(Err(NotLeasable::NotMarked(l.name.clone()))),
             }
         }
         let now = self.clock.now();
-        let since = Timestamp::from_nanos(now.as_nanos().saturating_sub(2 * ttl.as_nanos() as u64));
         let who = holder_hash(holder);
-        let holders = matched.iter().map(|(_, _, k)| self.leases.touch(k, who, now, since)).max().unwrap_or(1);
-        let available = matched
-            .iter()
-            .map(|(l, _, k)| self.buckets.check(k, &l.algorithm, now, 0).status.remaining)
-            .min()
-            .unwrap_or(0);
-        if available == 0 {
-            let retry_after =
-                matched.iter().map(|(l, _, k)| self.buckets.check(k, &l.algorithm, now, 1).status.retry_after).max();
-            return Ok(Ok(Plan { ttl, grant: 0, retry_after: retry_after.unwrap_or_default(), holders }));
+        let mut plan = Plan {
+            ttl,
+            grant: u64::MAX,
+            retry_after: Duration::ZERO,
+            empty: None,
+            holders: 1,
+            share: u64::MAX,
+            limits: SmallVec::new(),
+            keys: SmallVec::new(),
+            holder: who,
+        };
+        let (mut credit, mut available) = (u64::MAX, u64::MAX);
+        for (l, _, k) in &matched {
+            let status = self.buckets.check(k, &l.algorithm, now, 0).status;
+            let refill = (u128::from(l.algorithm.capacity()) * ttl.as_nanos() / l.algorithm.window().as_nanos().max(1))
+                .min(u128::from(u64::MAX)) as u64;
+            let policy = l.lease.map(|lease| lease.share).unwrap_or_default();
+            let ask = Ask { who, want, settled, now, ttl, policy, available: status.remaining, refill };
+            let a = self.leases.allot(k, &ask);
+            plan.share = plan.share.min(a.share);
+            plan.holders = plan.holders.max(a.holders);
+            credit = credit.min(a.credit);
+            available = available.min(status.remaining);
+            let window = l.algorithm.window();
+            plan.limits.push(Left { name: l.name.clone(), limit: status.limit, remaining: status.remaining, window });
+            plan.keys.push(k.clone());
         }
-        let share = available.div_ceil(holders as u64);
-        let grant = if want == 0 { share } else { want.min(share) }.min(u64::from(u32::MAX));
-        Ok(Ok(Plan { ttl, grant, retry_after: Duration::ZERO, holders }))
+        // Half a share at least, or the round trip costs more than it buys.
+        let worth = (plan.share / 2).max(1);
+        // How long this holder's share takes to give back `units`.
+        let accrue = |units: u64| {
+            Duration::from_nanos((u128::from(units) * ttl.as_nanos() / u128::from(plan.share.max(1))) as u64)
+        };
+        plan.grant = credit.min(available).min(plan.share).min(u64::from(u32::MAX));
+        // When the limits would hold `worth` (never, within a lease time: then
+        // what they hold is all there is).
+        let filled = || {
+            matched
+                .iter()
+                .map(|(l, _, k)| self.buckets.check(k, &l.algorithm, now, worth).status.retry_after)
+                .max()
+                .unwrap_or_default()
+        };
+        if plan.grant >= worth || (plan.grant > 0 && filled() >= ttl) {
+            // A grant that uses up the holder's share says when the next
+            // can be had: a holder that uses it up before then need not ask.
+            if plan.grant >= credit {
+                plan.retry_after = accrue(worth).clamp(MIN_ASK_AGAIN, ttl);
+            }
+            return Ok(Ok(plan));
+        }
+        let (retry_after, why) = if credit < worth {
+            let filled = if available < worth { filled() } else { Duration::ZERO };
+            (accrue(worth - credit).max(filled), Empty::ShareUsed)
+        } else {
+            (filled(), Empty::NothingLeft)
+        };
+        plan.grant = 0;
+        plan.empty = Some(why);
+        plan.retry_after = retry_after.clamp(MIN_ASK_AGAIN, ttl);
+        Ok(Ok(plan))
+    }
+
+    /// `holder` returned its lease on `resource` for `d` for good: it no
+    /// longer shares the limits' buckets.
+    pub fn lease_released<D: Descriptors + ?Sized>(&self, rules: &Installed, resource: &str, d: &D, holder: &str) {
+        let Some((rule, handles)) = rules.find(resource) else { return };
+        let Ok(limits) = limits_for(rule, handles, d, &self.clock) else { return };
+        let who = holder_hash(holder);
+        for (_, _, k) in matched_in(limits, rule.per_resource(), resource, d) {
+            self.leases.leave(&k, who);
+        }
+    }
+
+    /// `units` of `plan` were granted: the holder's credit goes down by them,
+    /// and they are its lease in hand until it renews.
+    pub fn lease_taken(&self, plan: &Plan, units: u64) {
+        for k in &plan.keys {
+            self.leases.taken(k, plan.holder, units);
+        }
     }
 }
 

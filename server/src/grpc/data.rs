@@ -58,6 +58,14 @@ impl Floodgate for DataPlane {
             ttl: crate::grpc::convert::duration(l.ttl),
             retry_after: crate::grpc::convert::duration(l.retry_after),
             returned: l.returned,
+            share: l.share,
+            holders: u32::try_from(l.holders).unwrap_or(u32::MAX),
+            limits: l.limits.iter().map(crate::grpc::convert::floodgate::left).collect(),
+            empty_reason: match l.empty {
+                Some(crate::engine::lease::Empty::NothingLeft) => "nothing left".into(),
+                Some(crate::engine::lease::Empty::ShareUsed) => "share used".into(),
+                None => String::new(),
+            },
         }))
     }
 

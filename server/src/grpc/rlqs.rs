@@ -29,7 +29,7 @@ use tonic::{Request, Response, Status};
 use super::convert::envoy::duration;
 use super::status::Refusal;
 use crate::decider::{Decider, LeaseAsk};
-use crate::engine::lease::{Book, NotLeasable, want_from_demand};
+use crate::engine::lease::{Book, Booked, NotLeasable, want_from_demand};
 
 /// Streams open at once.
 pub const MAX_STREAMS: usize = 1024;
@@ -176,12 +176,20 @@ async fn renew(
     let resource = pairs.iter().find(|(k, _)| k == "name").map_or(domain, |(_, v)| v.as_str());
     let descriptors: Vec<(&str, &str)> =
         pairs.iter().filter(|(k, _)| k != "name").map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let previous = buckets.book.lease_of(pairs)?.to_string();
+    let last = buckets.book.lease_of(pairs)?.cloned();
+    let now = decider.now();
+    let previous = last.as_ref().map(|b| b.id.clone()).unwrap_or_default();
     // Envoy counts in 64 bits; a lease is at most u32::MAX units, and a
     // report counts at most what its lease granted: clamped, not refused
     // (a refusal here would leave the bucket without an answer).
     let cap = u64::from(u32::MAX);
-    let want = want_from_demand(previous.is_empty(), allowed, denied).min(cap);
+    let want = match &last {
+        None => 0,
+        Some(b) => {
+            let elapsed = Duration::from_nanos(now.as_nanos().saturating_sub(b.at.as_nanos()));
+            want_from_demand(allowed, denied, elapsed, b.ttl).min(cap)
+        }
+    };
     let allowed = allowed.min(cap);
     let ask = LeaseAsk {
         resource,
@@ -201,12 +209,13 @@ async fn renew(
         buckets.book.forget(pairs);
         return Some(blanket(rate_limit_strategy::BlanketRule::AllowAll, Duration::from_secs(60)));
     }
+    // Kept with nothing granted too: the next report's demand is then
+    // counted from this answer.
+    buckets.book.hold(pairs.to_vec(), Booked { id: leased.lease_id.clone(), at: now, ttl: leased.ttl });
     if leased.granted == 0 {
-        buckets.book.forget(pairs);
         let ttl = leased.retry_after.clamp(Duration::from_millis(100), leased.ttl);
         return Some(blanket(rate_limit_strategy::BlanketRule::DenyAll, ttl));
     }
-    buckets.book.hold(pairs.to_vec(), leased.lease_id);
     let tokens = u32::try_from(leased.granted).unwrap_or(u32::MAX);
     // Refilled only once the lease is over: the next report replaces it
     // first. Each assignment differs from the last (by up to a millisecond

@@ -90,8 +90,28 @@ pub struct Limit {
     /// Evaluated and counted, never enforced: a denial by this limit leaves
     /// the verdict alone (the answer says it would have denied).
     pub shadow: bool,
-    /// Clients may lease a share of it for up to this long (`lease: 2s`).
-    pub lease: Option<Duration>,
+    /// Clients may lease a share of it (`lease: 2s`).
+    pub lease: Option<Lease>,
+}
+
+/// `lease: 2s` (and `lease_share:`): how clients may lease a limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lease {
+    /// The longest a lease lasts.
+    pub ttl: Duration,
+    pub share: LeaseShare,
+}
+
+/// How a leased limit's capacity is divided among the holders that want more
+/// than it holds (see `engine::lease`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LeaseShare {
+    /// Max-min fair: every holder gets what it wants up to an equal share;
+    /// what the smaller ones leave goes to the larger.
+    #[default]
+    Fair,
+    /// In proportion to what each wants.
+    Proportional,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

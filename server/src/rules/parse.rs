@@ -9,7 +9,8 @@ use super::fields::{Collector, Fields, RuleErrors};
 use super::glob::Glob;
 use super::overrides::{Action, Override, Overrides};
 use super::{
-    BreakerConfig, Concurrency, Limit, MAX_DESCRIPTORS, MAX_NAME_BYTES, OnRedisError, Pattern, Rule, RuleSet, SyncMode,
+    BreakerConfig, Concurrency, Lease, LeaseShare, Limit, MAX_DESCRIPTORS, MAX_NAME_BYTES, OnRedisError, Pattern, Rule,
+    RuleSet, SyncMode,
 };
 use crate::limiter::leaky_bucket::Mode;
 use crate::limiter::rate::Rate;
@@ -21,7 +22,7 @@ use super::overrides::MAX_AMOUNT;
 /// The longest window or refill period (about 31 years).
 const MAX_SPAN_NANOS: u64 = 1_000_000_000_000_000_000;
 const MIN_WINDOW: Duration = Duration::from_millis(1);
-const COMMON: &[&str] = &["name", "key", "algorithm", "sync", "on_redis_error", "shadow", "lease"];
+const COMMON: &[&str] = &["name", "key", "algorithm", "sync", "on_redis_error", "shadow", "lease", "lease_share"];
 
 pub(super) fn rule_set(text: &str, file: &str) -> Result<RuleSet, RuleErrors> {
     let out = Collector::new(file);
@@ -328,9 +329,15 @@ fn limit(f: &Fields<'_>) -> Option<Limit> {
 const MAX_LEASE: Duration = Duration::from_secs(60);
 
 /// `lease: 2s`: clients may take a share of this limit for up to that long
-/// and decide on their own (see `engine::lease`).
-fn lease(f: &Fields<'_>, algorithm: Option<&Algorithm>) -> Option<Duration> {
+/// and decide on their own (see `engine::lease`); `lease_share: fair` (the
+/// default) or `proportional` divides it among holders that want more than
+/// there is.
+fn lease(f: &Fields<'_>, algorithm: Option<&Algorithm>) -> Option<Lease> {
+    let share = f.choice("lease_share", &[("fair", LeaseShare::Fair), ("proportional", LeaseShare::Proportional)]);
     if !f.has("lease") {
+        if f.has("lease_share") {
+            f.error("lease_share", "only a limit with `lease:` is leased");
+        }
         return None;
     }
     let ttl = f.duration("lease", Duration::from_millis(100))?;
@@ -344,7 +351,7 @@ fn lease(f: &Fields<'_>, algorithm: Option<&Algorithm>) -> Option<Duration> {
         f.error("lease", "a shaping leaky bucket makes callers wait; it cannot be leased");
         return None;
     }
-    Some(ttl)
+    Some(Lease { ttl, share: share.unwrap_or_default() })
 }
 
 fn check_key(f: &Fields<'_>, key: &[String]) {

@@ -141,7 +141,7 @@ impl Engine {
         let redis_limits = self.sync.is_some() && !p.dry_run && p.matched.iter().any(|(l, ..)| decided_by_redis(l));
         if !p.guarded && !redis_limits {
             // The common case, without the machinery for guards and Redis.
-            let mut answer = Answer { rule: Some(&rule.name), ..Answer::allowed(level) };
+            let mut answer = Answer::of_rule(rule, level);
             self.decide_limits(&mut answer, handles, &p.matched, &p.request_resource, now, p.cost, p.dry_run);
             if let Some(resource) = p.resource.filter(|_| p.settle && answer.verdict == Verdict::Allowed) {
                 let taken = p.matched.iter().map(|(l, _, k)| (*l, k));
@@ -166,7 +166,7 @@ impl Engine {
         redis_limits: bool,
     ) -> Step<'r> {
         let mut pending = Pending {
-            answer: Answer { rule: Some(&rule.name), ..Answer::allowed(level) },
+            answer: Answer::of_rule(rule, level),
             rule,
             handles,
             admitted: None,

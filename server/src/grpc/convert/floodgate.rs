@@ -182,7 +182,19 @@ impl From<Answer<'_>> for pb::AcquireResponse {
             reason: if out.verdict == Verdict::Allowed { String::new() } else { out.reason() },
             permit_id: out.permit_id.map(|p| p.to_string()).unwrap_or_default(),
             holds_slot: out.holds_slot,
+            max_in_flight: out.max_in_flight,
         }
+    }
+}
+
+/// A leased limit and what it holds.
+pub fn left(l: &crate::engine::lease::Left) -> pb::LimitStatus {
+    pb::LimitStatus {
+        name: l.name.clone(),
+        limit: l.limit,
+        remaining: l.remaining,
+        window: duration(l.window),
+        ..pb::LimitStatus::default()
     }
 }
 
