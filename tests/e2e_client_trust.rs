@@ -223,7 +223,9 @@ async fn the_local_fail_mode_holds_its_share_while_the_server_is_down() {
         admitted += u32::from(d.is_allowed());
     }
     signal(fg.pid(), "CONT");
-    assert!((10..=11).contains(&admitted), "{admitted} admitted locally: half of 20 per minute is 10");
+    // The server said 19 were left (20 a minute, 1 used): half of those,
+    // not a full bucket (and perhaps one more refilled meanwhile).
+    assert!((9..=10).contains(&admitted), "{admitted} admitted locally: half of the 19 left is 9");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

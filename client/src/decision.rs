@@ -142,6 +142,8 @@ pub struct Decision {
     pub wait: Duration,
     pub breaker_state: Option<BreakerState>,
     pub degradation_level: u32,
+    /// The resource's concurrency limit, when it has one (0 otherwise).
+    pub max_in_flight: u32,
     /// One human line for denials.
     pub reason: String,
     pub source: Source,
@@ -307,24 +309,26 @@ impl Decision {
         self.limits.iter().find(|l| l.exceeded).or_else(|| self.limits.iter().min_by_key(|l| l.remaining))
     }
 
-    /// What the client answers on the server's behalf when it cannot be reached
-    /// and fails open: allowed, with no limits.
     /// Allowed from a lease.
     pub(crate) fn leased() -> Self {
         Decision { source: Source::Lease, ..Decision::fail_open() }
     }
 
-    /// Denied: the last lease asked for found nothing left.
-    pub(crate) fn lease_empty(retry_after: Duration) -> Self {
+    /// Denied from a lease: the last one asked for found nothing left, or
+    /// this process used its share (`why`).
+    pub(crate) fn lease_empty(retry_after: Duration, why: &str) -> Self {
         Decision {
             verdict: Verdict::RateLimited,
             retry_after,
-            reason: format!("nothing left to lease, retry in {}ms", retry_after.as_millis()),
+            reason: format!("rate limited ({why}), retry in {}ms", retry_after.as_millis()),
             source: Source::Lease,
             ..Decision::fail_open()
         }
     }
 
+    /// What the client answers on the server's behalf when it cannot be
+    /// reached and fails open ([`Source::FailOpen`]): allowed, with no limits
+    /// and no permit. Also the base the other constructors fill in.
     pub fn fail_open() -> Self {
         Decision {
             verdict: Verdict::Allowed,
@@ -334,6 +338,7 @@ impl Decision {
             wait: Duration::ZERO,
             breaker_state: None,
             degradation_level: 0,
+            max_in_flight: 0,
             reason: String::new(),
             source: Source::FailOpen,
         }
@@ -360,6 +365,7 @@ impl Decision {
             wait: self.wait,
             breaker_state: self.breaker_state,
             degradation_level: self.degradation_level,
+            max_in_flight: self.max_in_flight,
             reason: self.reason.clone(),
             source: self.source,
         }
@@ -384,25 +390,28 @@ impl Decision {
         Decision {
             verdict,
             permit: (!r.permit_id.is_empty()).then(|| permit(r.permit_id.clone(), urgent, breaker)),
-            limits: r
-                .limits
-                .iter()
-                .map(|l| Limit {
-                    name: l.name.clone(),
-                    limit: l.limit,
-                    remaining: l.remaining,
-                    reset_after: duration(&l.reset_after),
-                    retry_after: duration(&l.retry_after),
-                    window: duration(&l.window),
-                    exceeded: l.exceeded,
-                })
-                .collect(),
+            limits: r.limits.iter().map(Limit::from_proto).collect(),
             retry_after: duration(&r.retry_after),
             wait: duration(&r.wait),
             breaker_state: breaker,
             degradation_level: r.degradation_level,
+            max_in_flight: r.max_in_flight,
             reason: r.reason,
             source: Source::Server,
+        }
+    }
+}
+
+impl Limit {
+    pub(crate) fn from_proto(l: &pb::LimitStatus) -> Limit {
+        Limit {
+            name: l.name.clone(),
+            limit: l.limit,
+            remaining: l.remaining,
+            reset_after: duration(&l.reset_after),
+            retry_after: duration(&l.retry_after),
+            window: duration(&l.window),
+            exceeded: l.exceeded,
         }
     }
 }

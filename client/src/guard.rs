@@ -167,9 +167,10 @@ impl<'c, C> Guard<'c, C> {
         self
     }
 
-    /// What the last good value is kept under. By default the resource with
-    /// its descriptors: set it to what the answer depends on (an item's id)
-    /// so that one caller's value is never served to another.
+    /// What else the last good value depends on, beyond the question (the
+    /// resource and its descriptors, which the value is always kept under):
+    /// an item's id, say. It adds to the question's identity, never replaces
+    /// it, so one caller's value is never served for another's question.
     pub fn last_good_key(mut self, key: impl Into<String>) -> Self {
         self.key = Some(key.into());
         self
@@ -241,7 +242,11 @@ impl<'c, C> Guard<'c, C> {
         Fut: Future<Output = Result<T, E>>,
     {
         let client = self.client;
-        let key = self.key.clone().unwrap_or_else(|| crate::local::key(&self.req));
+        let mut key = crate::local::key(&self.req);
+        if let Some(extra) = &self.key {
+            key.push('+');
+            crate::local::push_part(&mut key, extra);
+        }
         let cause = match self.run(f).await {
             Ok(v) => {
                 if matches!(fallback, Fallback::LastGood) {

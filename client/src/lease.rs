@@ -36,10 +36,16 @@ pub(crate) struct Leases {
 pub(crate) struct State {
     pub(crate) held: Option<Held>,
     not_leasable_until: Option<Instant>,
-    /// Nothing was left: denied locally until then.
-    empty_until: Option<Instant>,
-    /// Units the previous lease used: the next asks for about twice that.
-    last_used: u64,
+    /// Nothing was left, or this process's share is used: denied locally
+    /// until then, and why.
+    empty_until: Option<(Instant, &'static str)>,
+    /// The lease time the server last said.
+    ttl: Duration,
+    /// Demand: units asked for since `since` (admitted or not), and the rate
+    /// of the last complete measure.
+    demand: u64,
+    since: Option<Instant>,
+    rate: Option<f64>,
     /// The request, to renew in the background.
     pub(crate) template: Option<Acquire>,
 }
@@ -55,16 +61,43 @@ pub(crate) struct Held {
 /// What a lease request came to.
 pub(crate) enum Granted {
     NotLeasable,
-    Empty(Duration),
+    /// Nothing granted: ask again after this long, and why.
+    Empty(Duration, &'static str),
     Lease {
         id: String,
         granted: u64,
         ttl: Duration,
+        /// This grant used up this process's share: once it is spent, the
+        /// next comes after this long (zero: whenever).
+        next_in: Duration,
     },
     /// No server answered.
     Unreachable,
     /// The server refused the request as bad input: ask per call (and get the error).
     Refused,
+}
+
+/// Why a lease denies a call, for its reason.
+const NOTHING_LEFT: &str = "nothing left to lease";
+const SHARE_USED: &str = "this process used its share of the lease";
+
+impl Granted {
+    pub(crate) fn from_proto(r: &pb::LeaseResponse) -> Granted {
+        use crate::decision::duration;
+        match r {
+            r if !r.leasable => Granted::NotLeasable,
+            r if r.granted == 0 => Granted::Empty(
+                duration(&r.retry_after),
+                if r.empty_reason == "share used" { SHARE_USED } else { NOTHING_LEFT },
+            ),
+            r => Granted::Lease {
+                id: r.lease_id.clone(),
+                granted: r.granted,
+                ttl: duration(&r.ttl),
+                next_in: duration(&r.retry_after),
+            },
+        }
+    }
 }
 
 impl Leases {
@@ -90,11 +123,16 @@ impl Leases {
     }
 }
 
+/// Demand is measured over at least this share of a lease time.
+const MEASURE_FOR: f64 = 0.5;
+
 impl State {
     /// Decides from the lease when it can: `Some` allowed (units taken) or
-    /// denied (nothing was left); `None` when the server must be asked
-    /// (for a lease, or per call).
+    /// denied (nothing was left, or this process's share is used); `None`
+    /// when the server must be asked (for a lease, or per call).
     pub(crate) fn local(&mut self, cost: u64, now: Instant) -> Option<Decision> {
+        self.demand = self.demand.saturating_add(cost);
+        self.since.get_or_insert(now);
         if let Some(h) = &mut self.held
             && now < h.use_until
             && h.remaining >= cost
@@ -103,8 +141,8 @@ impl State {
             h.used += cost;
             return Some(Decision::leased());
         }
-        if let Some(until) = self.empty_until.filter(|u| *u > now) {
-            return Some(Decision::lease_empty(until - now));
+        if let Some((until, why)) = self.empty_until.filter(|(u, _)| *u > now) {
+            return Some(Decision::lease_empty(until - now, why));
         }
         None
     }
@@ -113,13 +151,32 @@ impl State {
         self.not_leasable_until.is_some_and(|u| u > now)
     }
 
-    /// What to ask: (previous lease, units it used, units wanted: about
-    /// twice what the last lease used; the first time, a fair share).
-    pub(crate) fn renewal(&self, cost: u64) -> (String, u64, u64) {
+    /// What this process wants for a lease time: its recent rate (admitted
+    /// and denied) and a quarter more; 0 (not known) before any measure.
+    fn want(&mut self, cost: u64, now: Instant) -> u64 {
+        let Some(since) = self.since else { return 0 };
+        let elapsed = now.saturating_duration_since(since).as_secs_f64();
+        if self.ttl.is_zero() {
+            return 0;
+        }
+        if elapsed >= self.ttl.as_secs_f64() * MEASURE_FOR {
+            self.rate = Some(self.demand as f64 / elapsed);
+            (self.demand, self.since) = (0, Some(now));
+        }
+        let rate = match self.rate {
+            Some(r) => r,
+            None if elapsed > 0.0 => self.demand as f64 / elapsed.max(0.01),
+            None => return 0,
+        };
+        ((rate * self.ttl.as_secs_f64() * 1.25).ceil() as u64).max(cost).max(1)
+    }
+
+    /// What to ask: (previous lease, units it used, units wanted).
+    pub(crate) fn renewal(&mut self, cost: u64, now: Instant) -> (String, u64, u64) {
+        let want = self.want(cost, now);
         match &self.held {
-            Some(h) => (h.id.clone(), h.used, (h.used * 2).max(cost)),
-            None if self.last_used > 0 => (String::new(), 0, (self.last_used * 2).max(cost)),
-            None => (String::new(), 0, 0),
+            Some(h) => (h.id.clone(), h.used, want),
+            None => (String::new(), 0, want),
         }
     }
 
@@ -136,20 +193,22 @@ impl State {
             // The lease in hand, if any, stays usable until its end.
             return None;
         }
-        if let Some(h) = self.held.take() {
-            self.last_used = h.used;
-        }
+        self.held = None;
         match g {
             Granted::NotLeasable => {
                 self.not_leasable_until = Some(now + NOT_LEASABLE_FOR);
                 None
             }
-            Granted::Empty(retry_after) => {
-                self.empty_until = Some(now + retry_after.max(Duration::from_millis(1)));
-                if cost == 0 { None } else { Some(Decision::lease_empty(retry_after)) }
+            Granted::Empty(retry_after, why) => {
+                let retry_after = retry_after.max(Duration::from_millis(1));
+                self.empty_until = Some((now + retry_after, why));
+                if cost == 0 { None } else { Some(Decision::lease_empty(retry_after, why)) }
             }
-            Granted::Lease { id, granted, ttl } => {
-                self.empty_until = None;
+            Granted::Lease { id, granted, ttl, next_in } => {
+                self.ttl = ttl;
+                // Once this lease is spent, the next is not worth asking for
+                // before `next_in`.
+                self.empty_until = (!next_in.is_zero()).then(|| (now + next_in, SHARE_USED));
                 self.held = Some(Held {
                     id,
                     remaining: granted,
@@ -157,7 +216,12 @@ impl State {
                     renew_at: now + ttl.mul_f64(RENEW_AT),
                     use_until: now + ttl.mul_f64(USE_UNTIL),
                 });
-                if cost == 0 { None } else { self.local(cost, now) }
+                if cost == 0 {
+                    return None;
+                }
+                // The call that asked was counted when it came.
+                self.demand = self.demand.saturating_sub(cost);
+                self.local(cost, now)
             }
             Granted::Unreachable | Granted::Refused => None,
         }

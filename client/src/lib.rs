@@ -56,6 +56,7 @@ mod client;
 mod connection;
 pub mod decision;
 mod error;
+mod finish;
 pub mod grpc;
 pub mod guard;
 pub mod http;

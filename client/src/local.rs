@@ -1,13 +1,19 @@
 //! `FailMode::Local`: while no server can be reached, the client decides in
-//! this process, with a token bucket per limit at its share of what the server
-//! last reported for the same question (so many per window). A question the
-//! server never answered has no known limit and is allowed.
+//! this process, at its share of what the server last said: a token bucket
+//! per limit (so many per window, starting from what the server last said
+//! was left, times the share: not full), and the resource's concurrency
+//! limit (its share of `max_in_flight` calls at once). What the server says
+//! is learned from every answer that looked at the limits (Acquire answers
+//! and leases); a denial before the limits (an open breaker, a concurrency
+//! limit, shedding) leaves what was learned alone. A question the server
+//! never answered has no known limit and is allowed.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::decision::{Acquire, Decision, Limit, Source, Verdict};
+use crate::permit::{Outcome, Permit, Sink};
 
 /// Questions remembered at most; the least recently asked are forgotten.
 const MAX_KEYS: usize = 10_000;
@@ -15,6 +21,7 @@ const MAX_KEYS: usize = 10_000;
 pub(crate) struct LocalLimits {
     share: f64,
     entries: Mutex<HashMap<String, Entry>>,
+    slots: Arc<Slots>,
 }
 
 struct Entry {
@@ -34,18 +41,37 @@ struct Bucket {
     at: Instant,
 }
 
-/// One question's identity: its resource and descriptors.
+/// Calls in flight by resource, against the share of its concurrency limit.
+#[derive(Default)]
+struct Slots {
+    by_resource: Mutex<HashMap<String, InFlight>>,
+}
+
+#[derive(Clone, Copy, Default)]
+struct InFlight {
+    /// This process's share of the resource's `max_in_flight` (0: none known).
+    cap: u32,
+    now: u32,
+}
+
+/// One question's identity: its resource and its descriptors, sorted, each
+/// part length-prefixed (so no value can pass for another's parts).
 pub(crate) fn key(req: &Acquire) -> String {
     let mut pairs: Vec<(&String, &String)> = req.descriptors().iter().collect();
     pairs.sort();
-    let mut key = req.resource().to_string();
+    let mut key = String::with_capacity(req.resource().len() + 8);
+    push_part(&mut key, req.resource());
     for (k, v) in pairs {
-        key.push('\u{1f}');
-        key.push_str(k);
-        key.push('=');
-        key.push_str(v);
+        push_part(&mut key, k);
+        push_part(&mut key, v);
     }
     key
+}
+
+/// `s` as `length:s`.
+pub(crate) fn push_part(key: &mut String, s: &str) {
+    use std::fmt::Write;
+    let _ = write!(key, "{}:{s}", s.len());
 }
 
 impl Bucket {
@@ -58,9 +84,15 @@ impl Bucket {
             window: l.window,
             capacity,
             per_second: capacity / seconds,
-            tokens: capacity,
+            tokens: 0.0,
             at: now,
         }
+    }
+
+    /// What the server said is left, at this process's share.
+    fn told(&mut self, remaining: u64, share: f64, now: Instant) {
+        self.tokens = (remaining as f64 * share).min(self.capacity);
+        self.at = now;
     }
 
     fn refill(&mut self, now: Instant) {
@@ -76,36 +108,64 @@ impl Bucket {
 
 impl LocalLimits {
     pub(crate) fn new(share: f64) -> Self {
-        LocalLimits { share: share.clamp(0.0, 1.0), entries: Mutex::new(HashMap::new()) }
+        LocalLimits { share: share.clamp(0.0, 1.0), entries: Mutex::new(HashMap::new()), slots: Arc::default() }
     }
 
-    /// What the server said of a question's limits.
-    pub(crate) fn learn(&self, key: String, limits: &[Limit]) {
+    /// What the server said of a question: its verdict, the limits it
+    /// looked at and what they hold, and the resource's concurrency limit.
+    pub(crate) fn learn(&self, key: String, resource: &str, verdict: Verdict, limits: &[Limit], max_in_flight: u32) {
+        // A denial before the limits says nothing of them (nor, for an open
+        // breaker or shedding, of the concurrency limit).
+        if matches!(verdict, Verdict::Allowed | Verdict::RateLimited | Verdict::ConcurrencyLimited) {
+            self.slots.learn(resource, max_in_flight, self.share);
+        }
+        if !matches!(verdict, Verdict::Allowed | Verdict::RateLimited) {
+            return;
+        }
         let now = Instant::now();
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         let entry = entries.entry(key).or_insert_with(|| Entry { buckets: Vec::new(), used: now });
         entry.used = now;
-        let same = entry.buckets.len() == limits.len()
-            && entry
-                .buckets
-                .iter()
-                .zip(limits)
-                .all(|(b, l)| b.name == l.name && b.limit == l.limit && b.window == l.window);
-        if !same {
-            entry.buckets = limits.iter().map(|l| Bucket::new(l, self.share, now)).collect();
+        let mut buckets = Vec::with_capacity(limits.len());
+        for l in limits {
+            let same = |b: &Bucket| b.name == l.name && b.limit == l.limit && b.window == l.window;
+            let mut b = match entry.buckets.iter().position(same) {
+                Some(i) => entry.buckets.swap_remove(i),
+                None => Bucket::new(l, self.share, now),
+            };
+            b.told(l.remaining, self.share, now);
+            buckets.push(b);
         }
+        entry.buckets = buckets;
         if entries.len() > MAX_KEYS {
             forget_oldest(&mut entries);
         }
     }
 
-    /// A decision in this process: every known limit, all or nothing.
-    pub(crate) fn decide(&self, key: &str, cost: u32) -> Decision {
+    /// A decision in this process: the resource's share of concurrency, and
+    /// every known limit, all or nothing.
+    pub(crate) fn decide(&self, key: &str, resource: &str, cost: u32) -> Decision {
+        let slot = match self.slots.take(resource) {
+            Ok(slot) => slot,
+            Err(cap) => {
+                return Decision {
+                    verdict: Verdict::ConcurrencyLimited,
+                    retry_after: Duration::from_millis(10),
+                    reason: format!(
+                        "concurrency limited at {cap} in flight (decided locally: the rate limit service is unreachable)"
+                    ),
+                    source: Source::Local,
+                    ..Decision::fail_open()
+                };
+            }
+        };
+        let permit =
+            slot.then(|| Permit::new(self.slots.clone(), String::new(), resource, usize::MAX, false, Outcome::Ignored));
         let now = Instant::now();
         let cost = f64::from(cost.max(1));
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         let Some(entry) = entries.get_mut(key) else {
-            return Decision { source: Source::Local, ..Decision::fail_open() };
+            return Decision { source: Source::Local, permit, ..Decision::fail_open() };
         };
         entry.used = now;
         entry.buckets.iter_mut().for_each(|b| b.refill(now));
@@ -126,6 +186,8 @@ impl LocalLimits {
             .collect();
         Decision {
             verdict: if denied { Verdict::RateLimited } else { Verdict::Allowed },
+            // Denied: the slot taken goes back as the permit drops.
+            permit: if denied { None } else { permit },
             limits,
             retry_after,
             reason: if denied {
@@ -135,6 +197,49 @@ impl LocalLimits {
             },
             source: Source::Local,
             ..Decision::fail_open()
+        }
+    }
+}
+
+impl Slots {
+    fn learn(&self, resource: &str, max_in_flight: u32, share: f64) {
+        let mut map = self.by_resource.lock().unwrap_or_else(|e| e.into_inner());
+        if max_in_flight == 0 {
+            if map.get(resource).is_some_and(|f| f.now == 0) {
+                map.remove(resource);
+            } else if let Some(f) = map.get_mut(resource) {
+                f.cap = 0;
+            }
+            return;
+        }
+        if !map.contains_key(resource) && map.len() >= MAX_KEYS {
+            return;
+        }
+        let cap = ((f64::from(max_in_flight) * share).floor() as u32).max(1);
+        map.entry(resource.to_string()).or_default().cap = cap;
+    }
+
+    /// A slot of `resource` (`Ok(true)`), no limit known (`Ok(false)`), or
+    /// all of this process's share in use (`Err(cap)`).
+    fn take(&self, resource: &str) -> Result<bool, u32> {
+        let mut map = self.by_resource.lock().unwrap_or_else(|e| e.into_inner());
+        match map.get_mut(resource) {
+            Some(f) if f.cap > 0 && f.now >= f.cap => Err(f.cap),
+            Some(f) if f.cap > 0 => {
+                f.now += 1;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+}
+
+impl Sink for Slots {
+    /// A local permit's call ended: its slot is free.
+    fn send_report(&self, permit: &Permit, _: Outcome, _: Duration, _: Option<u64>) {
+        let mut map = self.by_resource.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = map.get_mut(permit.resource()) {
+            f.now = f.now.saturating_sub(1);
         }
     }
 }
@@ -151,25 +256,73 @@ fn forget_oldest(entries: &mut HashMap<String, Entry>) {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_share_of_the_last_known_limit_is_enforced_locally() {
-        let local = LocalLimits::new(0.5);
-        let req = Acquire::new("work").descriptor("tenant", "acme");
-        assert_eq!(local.decide(&key(&req), 1).verdict, Verdict::Allowed, "nothing known: allowed");
-        local.learn(key(&req), &[Limit::new("per-tenant", 20, Duration::from_secs(60))]);
-        let admitted = (0..30).filter(|_| local.decide(&key(&req), 1).verdict == Verdict::Allowed).count();
-        assert_eq!(admitted, 10, "half of 20 per minute");
-        let denied = local.decide(&key(&req), 1);
-        assert_eq!(denied.verdict, Verdict::RateLimited);
-        assert!(denied.retry_after > Duration::ZERO && denied.retry_after <= Duration::from_secs(6));
-        assert_eq!(denied.source, Source::Local);
+    fn learn(local: &LocalLimits, req: &Acquire, verdict: Verdict, limits: &[Limit]) {
+        local.learn(key(req), req.resource(), verdict, limits, 0);
     }
 
     #[test]
-    fn the_key_is_the_resource_and_its_sorted_descriptors() {
+    fn a_share_of_the_last_known_limit_is_enforced_locally_from_what_was_left() {
+        let local = LocalLimits::new(0.5);
+        let req = Acquire::new("work").descriptor("tenant", "acme");
+        assert_eq!(local.decide(&key(&req), "work", 1).verdict, Verdict::Allowed, "nothing known: allowed");
+        let minute = Duration::from_secs(60);
+        learn(&local, &req, Verdict::Allowed, &[Limit::new("per-tenant", 20, minute).with_remaining(20)]);
+        let admitted = (0..30).filter(|_| local.decide(&key(&req), "work", 1).verdict == Verdict::Allowed).count();
+        assert_eq!(admitted, 10, "half of 20 per minute");
+        let denied = local.decide(&key(&req), "work", 1);
+        assert_eq!(denied.verdict, Verdict::RateLimited);
+        assert!(denied.retry_after > Duration::ZERO && denied.retry_after <= Duration::from_secs(6));
+        assert_eq!(denied.source, Source::Local);
+        // The server said 4 are left: 2 at this share, not a full bucket.
+        learn(&local, &req, Verdict::Allowed, &[Limit::new("per-tenant", 20, minute).with_remaining(4)]);
+        let admitted = (0..30).filter(|_| local.decide(&key(&req), "work", 1).verdict == Verdict::Allowed).count();
+        assert_eq!(admitted, 2);
+    }
+
+    #[test]
+    fn a_denial_before_the_limits_does_not_erase_them() {
+        let local = LocalLimits::new(1.0);
+        let req = Acquire::new("work").descriptor("user", "u");
+        let limit = Limit::new("per-user", 10, Duration::from_secs(10)).with_remaining(9);
+        local.learn(key(&req), "work", Verdict::Allowed, std::slice::from_ref(&limit), 5);
+        // As the server answers them: a concurrency denial names the limit
+        // it hit, an open breaker or shedding nothing.
+        local.learn(key(&req), "work", Verdict::ConcurrencyLimited, &[], 5);
+        for verdict in [Verdict::CircuitOpen, Verdict::Shed] {
+            local.learn(key(&req), "work", verdict, &[], 0);
+        }
+        let held: Vec<Decision> = (0..15).map(|_| local.decide(&key(&req), "work", 1)).collect();
+        assert_eq!(held.iter().filter(|d| d.is_allowed()).count(), 5, "the concurrency limit still applies");
+        drop(held);
+        let admitted = (0..15).filter(|_| local.decide(&key(&req), "work", 1).verdict == Verdict::Allowed).count();
+        assert_eq!(admitted, 9 - 5, "and the 9 left: 5 were taken, 4 remain");
+    }
+
+    #[test]
+    fn the_concurrency_limit_applies_at_the_share_and_a_dropped_permit_frees_its_slot() {
+        let local = LocalLimits::new(0.5);
+        let req = Acquire::new("db");
+        local.learn(key(&req), "db", Verdict::Allowed, &[], 5);
+        let held: Vec<Decision> = (0..20).map(|_| local.decide(&key(&req), "db", 1)).collect();
+        let allowed = held.iter().filter(|d| d.is_allowed()).count();
+        assert_eq!(allowed, 2, "half of 5, rounded down");
+        let denied = held.iter().find(|d| !d.is_allowed()).unwrap();
+        assert_eq!(denied.verdict, Verdict::ConcurrencyLimited);
+        drop(held);
+        assert!(local.decide(&key(&req), "db", 1).is_allowed(), "the slots came back");
+    }
+
+    #[test]
+    fn the_key_is_the_resource_and_its_sorted_descriptors_unambiguously() {
         let a = Acquire::new("r").descriptor("b", "2").descriptor("a", "1");
         let b = Acquire::new("r").descriptor("a", "1").descriptor("b", "2");
         assert_eq!(key(&a), key(&b));
         assert_ne!(key(&a), key(&Acquire::new("r").descriptor("a", "1")));
+        let x = Acquire::new("r").descriptor("user", "x").descriptor("org", "1\u{1f}user=x");
+        let y = Acquire::new("r").descriptor("org", "1").descriptor("user", "x\u{1f}user=x");
+        assert_ne!(key(&x), key(&y));
+        let z = Acquire::new("r").descriptor("a", "1:b");
+        let w = Acquire::new("r").descriptor("a", "1").descriptor("b", "");
+        assert_ne!(key(&z), key(&w));
     }
 }

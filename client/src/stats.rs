@@ -10,6 +10,7 @@ pub struct Stats {
     no_rule: AtomicU64,
     server_errors: AtomicU64,
     without_server: AtomicU64,
+    decided_locally: AtomicU64,
     reports_counted: AtomicU64,
     reports_uncounted: AtomicU64,
     reports_dropped: AtomicU64,
@@ -30,8 +31,11 @@ pub struct StatsSnapshot {
     pub no_rule: u64,
     /// Server answers that were errors rather than decisions (the fail mode answered).
     pub server_errors: u64,
-    /// Decisions made without the server (fail open or closed).
+    /// Decisions made without the server: by the fail mode (open, closed or
+    /// local), all of them.
     pub without_server: u64,
+    /// Of those, the ones `FailMode::Local` decided from the limits it learned.
+    pub decided_locally: u64,
     /// Reports the server counted, and those it did not (expired or unknown permits).
     pub reports_counted: u64,
     pub reports_uncounted: u64,
@@ -66,6 +70,10 @@ impl Stats {
         self.without_server.fetch_add(1, Ordering::Relaxed);
     }
 
+    pub(crate) fn decided_locally(&self) {
+        self.decided_locally.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(crate) fn reported(&self, counted: u64, uncounted: u64) {
         self.reports_counted.fetch_add(counted, Ordering::Relaxed);
         self.reports_uncounted.fetch_add(uncounted, Ordering::Relaxed);
@@ -95,6 +103,7 @@ impl Stats {
             no_rule: l(&self.no_rule),
             server_errors: l(&self.server_errors),
             without_server: l(&self.without_server),
+            decided_locally: l(&self.decided_locally),
             reports_counted: l(&self.reports_counted),
             reports_uncounted: l(&self.reports_uncounted),
             reports_dropped: l(&self.reports_dropped),

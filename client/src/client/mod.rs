@@ -11,8 +11,9 @@ pub(crate) mod builder;
 
 use self::builder::{Builder, FailMode};
 use crate::connection::ServerBreaker;
-use crate::decision::{Acquire, BreakerState, Decision, Source, Verdict};
+use crate::decision::{Acquire, BreakerState, Decision, Limit, Source, Verdict};
 use crate::error::{Error, unreachable};
+use crate::finish::{self, Finish};
 use crate::last_good::LastGood;
 use crate::lease::{self, Granted, Leases};
 use crate::local::{self, LocalLimits};
@@ -70,6 +71,9 @@ pub(crate) struct Endpoint {
     pub(crate) reporter: Reporter,
 }
 
+/// What to do with an answer (from endpoint `usize`) nobody waited for.
+type Orphan<T> = Arc<dyn Fn(usize, T) + Send + Sync>;
+
 /// What asking the servers came to.
 enum Asked<T> {
     Answer(usize, T),
@@ -103,10 +107,13 @@ impl Client {
             return Ok(d);
         }
         let proto = req.to_proto();
-        let asked = self.ask(|mut grpc| {
-            let proto = proto.clone();
-            async move { grpc.acquire(proto).await }
-        });
+        let asked = self.ask(
+            |mut grpc| {
+                let proto = proto.clone();
+                async move { grpc.acquire(proto).await }
+            },
+            Some(self.give_back(req.resource())),
+        );
         match asked.await {
             Asked::Answer(endpoint, r) => Ok(self.decision(r, req, endpoint)),
             Asked::BadInput(status) => Err(status.into()),
@@ -122,10 +129,13 @@ impl Client {
         let asked: Vec<usize> = (0..reqs.len()).filter(|&i| out[i].is_none()).collect();
         for chunk in asked.chunks(1000) {
             let batch = pb::AcquireBatchRequest { requests: chunk.iter().map(|&i| reqs[i].to_proto()).collect() };
-            let answer = self.ask(|mut grpc| {
-                let batch = batch.clone();
-                async move { grpc.acquire_batch(batch).await }
-            });
+            let answer = self.ask(
+                |mut grpc| {
+                    let batch = batch.clone();
+                    async move { grpc.acquire_batch(batch).await }
+                },
+                Some(self.give_back_batch(chunk.iter().map(|&i| reqs[i].resource().to_string()).collect())),
+            );
             match answer.await {
                 Asked::Answer(_, r) if r.responses.len() != chunk.len() => {
                     let (asked, answered) = (chunk.len(), r.responses.len());
@@ -217,7 +227,7 @@ impl Client {
         if state.template.is_none() {
             state.template = Some(req.clone());
         }
-        let (previous, used, want) = state.renewal(cost);
+        let (previous, used, want) = state.renewal(cost, now);
         let granted = self.lease(req, previous, used, want, false).await;
         if matches!(granted, Granted::Unreachable) {
             return Some(self.without_server(req));
@@ -231,15 +241,25 @@ impl Client {
     async fn lease(&self, req: &Acquire, previous: String, used: u64, want: u64, release: bool) -> Granted {
         let Some(leases) = &self.inner.leases else { return Granted::Refused };
         let proto = lease::request(req, &leases.holder, previous, used, want, release);
-        let asked = self.ask(|mut grpc| {
-            let proto = proto.clone();
-            async move { grpc.lease(proto).await }
-        });
-        use crate::decision::duration;
+        let asked = self.ask(
+            |mut grpc| {
+                let proto = proto.clone();
+                async move { grpc.lease(proto).await }
+            },
+            (!release).then(|| self.return_lease(req)),
+        );
         match asked.await {
-            Asked::Answer(_, r) if !r.leasable => Granted::NotLeasable,
-            Asked::Answer(_, r) if r.granted == 0 => Granted::Empty(duration(&r.retry_after)),
-            Asked::Answer(_, r) => Granted::Lease { id: r.lease_id, granted: r.granted, ttl: duration(&r.ttl) },
+            Asked::Answer(_, r) => {
+                // What the limits hold after the lease: what the local fail
+                // mode keeps to once the lease is over and the server gone.
+                if let Some(local) = &self.inner.local
+                    && r.leasable
+                {
+                    let limits: Vec<Limit> = r.limits.iter().map(Limit::from_proto).collect();
+                    local.learn(local::key(req), req.resource(), Verdict::Allowed, &limits, 0);
+                }
+                Granted::from_proto(&r)
+            }
             Asked::BadInput(_) => Granted::Refused,
             Asked::Unreachable => Granted::Unreachable,
         }
@@ -252,13 +272,10 @@ impl Client {
         for cell in leases.cells() {
             let Ok(mut state) = cell.try_lock() else { continue };
             let now = Instant::now();
-            let (Some(used), Some(template)) = (state.due(now), state.template.clone()) else { continue };
-            let (previous, used, want) = if used == 0 {
-                let (previous, _, _) = state.renewal(1);
-                (previous, 0, 0)
-            } else {
-                state.renewal(1)
-            };
+            let (Some(_), Some(template)) = (state.due(now), state.template.clone()) else { continue };
+            let (previous, used, want) = state.renewal(1, now);
+            // Not used since it was granted: returned, not renewed.
+            let want = if used == 0 { 0 } else { want };
             let granted = self.lease(&template, previous, used, want, want == 0).await;
             if want == 0 && !matches!(granted, Granted::Unreachable) {
                 state.held = None;
@@ -268,11 +285,61 @@ impl Client {
         }
     }
 
-    /// Tries each server in turn within `request_timeout`.
-    async fn ask<T, F, Fut>(&self, call: F) -> Asked<T>
+    /// What an Acquire nobody waited for gives back: its permit, reported
+    /// IGNORED (see `finish`).
+    fn give_back(&self, resource: &str) -> Orphan<pb::AcquireResponse> {
+        let (inner, resource) = (self.inner.clone(), resource.to_string());
+        Arc::new(move |endpoint, r: pb::AcquireResponse| {
+            if !r.permit_id.is_empty() {
+                Permit::new(inner.clone(), r.permit_id, &resource, endpoint, r.holds_slot, Outcome::Ignored)
+                    .report(Outcome::Ignored);
+            }
+        })
+    }
+
+    /// The same for a batch: each permit in it.
+    fn give_back_batch(&self, resources: Vec<String>) -> Orphan<pb::AcquireBatchResponse> {
+        let inner = self.inner.clone();
+        Arc::new(move |endpoint, r: pb::AcquireBatchResponse| {
+            for (response, resource) in r.responses.into_iter().zip(&resources) {
+                if !response.permit_id.is_empty() {
+                    let permit = Permit::new(
+                        inner.clone(),
+                        response.permit_id,
+                        resource,
+                        endpoint,
+                        response.holds_slot,
+                        Outcome::Ignored,
+                    );
+                    permit.report(Outcome::Ignored);
+                }
+            }
+        })
+    }
+
+    /// A lease granted to nobody: returned unused.
+    fn return_lease(&self, req: &Acquire) -> Orphan<pb::LeaseResponse> {
+        let (inner, req) = (Arc::downgrade(&self.inner), req.clone());
+        Arc::new(move |_, r: pb::LeaseResponse| {
+            let Some(inner) = inner.upgrade() else { return };
+            if r.lease_id.is_empty() {
+                return;
+            }
+            let req = req.clone();
+            tokio::spawn(async move {
+                Client::from_inner(inner).lease(&req, r.lease_id, 0, 0, true).await;
+            });
+        })
+    }
+
+    /// Tries each server in turn within `request_timeout`. An answer that
+    /// comes after the caller stopped waiting (the timeout, or its future
+    /// dropped) goes to `orphan`.
+    async fn ask<T, F, Fut>(&self, call: F, orphan: Option<Orphan<T>>) -> Asked<T>
     where
         F: Fn(FloodgateClient<Channel>) -> Fut,
-        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send + 'static,
+        T: Send + 'static,
     {
         let inner = &self.inner;
         let deadline = Instant::now() + inner.request_timeout;
@@ -280,7 +347,14 @@ impl Client {
             let Some(attempt) = ep.breaker.attempt() else { continue };
             let left = deadline.saturating_duration_since(Instant::now());
             inner.stats.rpc();
-            match tokio::time::timeout(left, call(ep.grpc.clone())).await {
+            let then = orphan.clone().map(|orphan| {
+                Box::new(move |answer: Result<tonic::Response<T>, tonic::Status>| {
+                    if let Ok(answer) = answer {
+                        orphan(i, answer.into_inner());
+                    }
+                }) as finish::Then<_>
+            });
+            match tokio::time::timeout(left, Finish::new(call(ep.grpc.clone()), then)).await {
                 Ok(Ok(response)) => {
                     attempt.success();
                     return Asked::Answer(i, response.into_inner());
@@ -307,7 +381,7 @@ impl Client {
             Permit::new(self.inner.clone(), id, req.resource(), endpoint, urgent, self.cancelled_outcome(breaker))
         });
         if let Some(local) = &self.inner.local {
-            local.learn(local::key(req), &d.limits);
+            local.learn(local::key(req), req.resource(), d.verdict, &d.limits, d.max_in_flight);
         }
         d
     }
@@ -326,7 +400,10 @@ impl Client {
             FailMode::Open => Decision::fail_open(),
             FailMode::Closed => Decision::fail_closed(inner.fail_closed_retry_after),
             FailMode::Local { .. } => match &inner.local {
-                Some(local) => local.decide(&local::key(req), req.cost_units()),
+                Some(local) => {
+                    inner.stats.decided_locally();
+                    local.decide(&local::key(req), req.resource(), req.cost_units())
+                }
                 None => Decision::fail_open(),
             },
         }

@@ -15,6 +15,7 @@ pub(crate) type Describe = Arc<dyn Fn(&Parts) -> Option<Acquire> + Send + Sync>;
 pub(crate) type ClassifyFn = Arc<dyn Fn(StatusCode) -> Outcome + Send + Sync>;
 pub(crate) type OnDenied = Arc<dyn Fn(&Decision) -> Response<String> + Send + Sync>;
 pub(crate) type PriorityFn = Arc<dyn Fn(&Parts) -> Priority + Send + Sync>;
+pub(crate) type EstimateFn = Arc<dyn Fn(&Parts) -> u32 + Send + Sync>;
 
 /// Where a layer reads a request's priority: a header (`sheddable`...; a
 /// missing or unknown value is the default, CRITICAL), or a closure.
@@ -53,6 +54,8 @@ pub(crate) struct Config {
     /// Every question's cost is an estimate, settled from this response
     /// header (or an [`ActualCost`](super::ActualCost) extension).
     pub(crate) actual_cost_header: Option<http::HeaderName>,
+    /// Each request's estimated cost, beside the settings above.
+    pub(crate) estimate: Option<EstimateFn>,
     pub(crate) priority: PriorityFrom,
 }
 
@@ -67,6 +70,7 @@ impl Default for Config {
             classify: Arc::new(|s: StatusCode| if s.is_server_error() { Outcome::Failure } else { Outcome::Success }),
             on_denied: None,
             actual_cost_header: None,
+            estimate: None,
             priority: PriorityFrom::Default,
         }
     }
@@ -80,6 +84,9 @@ impl Config {
         }
         let resource = format!("{} {}", req.method, self.route(req));
         let mut ask = Acquire::new(resource).priority(self.priority.of(req));
+        if let Some(estimate) = &self.estimate {
+            ask = ask.cost(estimate(req));
+        }
         for (header, descriptor) in &self.headers {
             if let Some(v) = req.headers.get(header).and_then(|v| v.to_str().ok()) {
                 ask = ask.descriptor(descriptor.clone(), v);

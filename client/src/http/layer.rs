@@ -108,8 +108,17 @@ impl FloodgateLayer {
         Ok(self)
     }
 
-    /// The answer to a denied request, instead of the JSON default. The rate
-    /// limit fields and `Retry-After` are added to it.
+    /// What each request is estimated to cost (by default 1), beside
+    /// [`routes`](Self::routes), [`descriptor_header`](Self::descriptor_header)
+    /// and [`client_ip`](Self::client_ip): an LLM route's `max_tokens`, an
+    /// upload's `content-length`. With [`actual_cost_header`](Self::actual_cost_header)
+    /// the response then settles it. Not used with [`describe`](Self::describe),
+    /// whose question carries its own cost.
+    pub fn estimate(mut self, f: impl Fn(&Parts) -> u32 + Send + Sync + 'static) -> Self {
+        self.config().estimate = Some(Arc::new(f));
+        self
+    }
+
     /// Each request's priority from this header (`critical_plus`,
     /// `critical`, `sheddable_plus`, `sheddable`; missing or unknown:
     /// critical). Take it from a header only your own edge sets: a caller
@@ -127,6 +136,8 @@ impl FloodgateLayer {
         self
     }
 
+    /// The answer to a denied request, instead of the JSON default. The rate
+    /// limit fields and `Retry-After` are added to it.
     pub fn on_denied(mut self, f: impl Fn(&Decision) -> Response<String> + Send + Sync + 'static) -> Self {
         self.config().on_denied = Some(Arc::new(f));
         self
