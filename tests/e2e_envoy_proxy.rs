@@ -287,3 +287,47 @@ fn two_envoys_rate_limit_quota_filters_share_one_limit_through_rlqs() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Two Envoys sharing one refilling limit through RLQS, `lease_share:
+/// proportional`: 6 a second divided by what each reports it wants.
+const QUOTA_SHARE_RULES: &str = r#"
+resources:
+  - name: api
+    limits:
+      - { name: per-tenant, key: [tenant], algorithm: token_bucket, capacity: 12, refill_per_second: 6, lease: 10s, lease_share: proportional }
+"#;
+
+#[test]
+fn two_envoys_shares_of_one_limit_follow_their_traffic() {
+    let dir = TempDir::new();
+    let fg = Floodgate::start(&["--config", path_str(&dir.write("rules.yaml", QUOTA_SHARE_RULES))]);
+    let (a, b) = (Envoy::start_rlqs(&fg.grpc, "edge", "api", "1s"), Envoy::start_rlqs(&fg.grpc, "edge", "api", "1s"));
+    let tenant = fresh("share");
+    let headers = [("x-tenant", tenant.as_str())];
+    // Envoy A offers 9 a second, B 3: three times the traffic, 12 a second
+    // on 6. Paced by the 1/12 s; the second half counted, once both have
+    // reported their demand a few times.
+    let (run, measure_from) = (Duration::from_secs(40), Duration::from_secs(20));
+    let started = std::time::Instant::now();
+    let (mut sent, mut admitted, mut total) = (0u64, [0u64; 2], 0u64);
+    while started.elapsed() < run {
+        let envoy = if sent % 4 == 3 { 1 } else { 0 };
+        let ok = [&a, &b][envoy].get("/", &headers).status == 200;
+        total += u64::from(ok);
+        if ok && started.elapsed() >= measure_from {
+            admitted[envoy] += 1;
+        }
+        sent += 1;
+        let next = started + Duration::from_secs_f64(sent as f64 / 12.0);
+        std::thread::sleep(next.saturating_duration_since(std::time::Instant::now()));
+    }
+    let seconds = (run - measure_from).as_secs_f64();
+    let (ra, rb) = (admitted[0] as f64 / seconds, admitted[1] as f64 / seconds);
+    eprintln!("RLQS, A offers 9/s and B 3/s on 6/s (proportional): A {ra:.2}/s, B {rb:.2}/s; {total} admitted in all");
+    // Units are taken when granted: never more than the bucket held.
+    let bound = 12.0 + 6.0 * started.elapsed().as_secs_f64();
+    assert!(total as f64 <= bound, "{total} admitted; the limit held at most {bound:.0}");
+    assert!(ra + rb >= 6.0 * 0.7, "the Envoys used the limit: {ra:.2} + {rb:.2} of 6/s");
+    let ratio = ra / rb.max(0.01);
+    assert!((2.0..=4.5).contains(&ratio), "shares follow traffic, 3:1: A {ra:.2}/s, B {rb:.2}/s");
+}

@@ -17,6 +17,9 @@ resources:
   - name: llm
     limits:
       - { name: tokens, key: [user], algorithm: token_bucket, capacity: 1000, refill_per_second: 0.001 }
+  - name: POST /v1/complete
+    limits:
+      - { name: tokens, key: [user], algorithm: token_bucket, capacity: 1000, refill_per_second: 0.001 }
 "#;
 
 fn ask(user: &str, cost: u32) -> pb::AcquireRequest {
@@ -378,4 +381,50 @@ async fn a_replicated_debt_is_waited_out_on_every_replica() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(admitted, 0, "admitted during the debt");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_layer_estimates_a_metered_route_beside_its_convenience_settings() {
+    use axum::Router;
+    use axum::routing::post;
+    use floodgate_client::Client;
+    use floodgate_client::http::FloodgateLayer;
+    use tower::ServiceExt;
+
+    let dir = TempDir::new();
+    let fg = Floodgate::start(&["--config", path_str(&dir.write("rules.yaml", RULES))]);
+    let client = Client::builder().endpoint(fg.url()).watch(false).build().unwrap();
+    let app = Router::new().route("/v1/complete", post(|| async { ([("x-tokens-used", "250")], "ok") })).layer(
+        FloodgateLayer::new(client.clone())
+            .routes(["/v1/complete"])
+            .descriptor_header("x-user", "user")
+            .unwrap()
+            .estimate(|req| req.headers.get("x-max-tokens").and_then(|v| v.to_str().ok()?.parse().ok()).unwrap_or(1))
+            .actual_cost_header("x-tokens-used")
+            .unwrap(),
+    );
+    let call = |max_tokens: &str| {
+        let req = http::Request::post("/v1/complete")
+            .header("x-user", "ann")
+            .header("x-max-tokens", max_tokens)
+            .body(axum::body::Body::empty())
+            .unwrap();
+        app.clone().oneshot(req)
+    };
+    let left = || async {
+        let peek = pb::PeekRequest {
+            resource: "POST /v1/complete".into(),
+            descriptors: HashMap::from([("user".into(), "ann".into())]),
+            ..Default::default()
+        };
+        fg.admin().await.peek(peek).await.unwrap().into_inner().limits[0].remaining
+    };
+    // Estimated at 300 and settled at the 250 it used.
+    assert_eq!(call("300").await.unwrap().status(), 200);
+    client.flush().await;
+    assert_eq!(left().await, 750);
+    // An estimate of 900 does not fit in the 750 left: refused before the
+    // call, not admitted on an estimate of 1.
+    assert_eq!(call("900").await.unwrap().status(), 429);
+    assert_eq!(left().await, 750);
 }

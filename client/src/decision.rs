@@ -315,11 +315,13 @@ impl Decision {
     }
 
     /// Denied from a lease: the last one asked for found nothing left, or
-    /// this process used its share (`why`).
-    pub(crate) fn lease_empty(retry_after: Duration, why: &str) -> Self {
+    /// this process used its share (`why`); with the limits as the last
+    /// lease answer said.
+    pub(crate) fn lease_empty(retry_after: Duration, why: &str, limits: Vec<Limit>) -> Self {
         Decision {
             verdict: Verdict::RateLimited,
             retry_after,
+            limits,
             reason: format!("rate limited ({why}), retry in {}ms", retry_after.as_millis()),
             source: Source::Lease,
             ..Decision::fail_open()

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use floodgate_proto::v1 as pb;
 
-use crate::decision::{Acquire, Decision};
+use crate::decision::{Acquire, Decision, Limit};
 
 /// Keys with a lease (or a refusal) remembered; beyond, calls are asked.
 pub(crate) const MAX_KEYS: usize = 10_000;
@@ -24,6 +24,9 @@ const NOT_LEASABLE_FOR: Duration = Duration::from_secs(30);
 const RENEW_AT: f64 = 0.6;
 /// ... and not used past this share (the server's clock may run ahead).
 const USE_UNTIL: f64 = 0.9;
+
+/// One key's state, locked while it is decided or renewed.
+pub(crate) type Cell = Arc<tokio::sync::Mutex<State>>;
 
 pub(crate) struct Leases {
     /// This client process, as the server's fair shares count it.
@@ -39,8 +42,10 @@ pub(crate) struct State {
     /// Nothing was left, or this process's share is used: denied locally
     /// until then, and why.
     empty_until: Option<(Instant, &'static str)>,
-    /// The lease time the server last said.
+    /// The lease time the server last said, and the limits with what they
+    /// held (shown in local denials).
     ttl: Duration,
+    limits: Vec<Limit>,
     /// Demand: units asked for since `since` (admitted or not), and the rate
     /// of the last complete measure.
     demand: u64,
@@ -62,7 +67,7 @@ pub(crate) struct Held {
 pub(crate) enum Granted {
     NotLeasable,
     /// Nothing granted: ask again after this long, and why.
-    Empty(Duration, &'static str),
+    Empty(Duration, &'static str, Vec<Limit>),
     Lease {
         id: String,
         granted: u64,
@@ -70,6 +75,8 @@ pub(crate) enum Granted {
         /// This grant used up this process's share: once it is spent, the
         /// next comes after this long (zero: whenever).
         next_in: Duration,
+        /// The limits it was cut from, and what they hold after it.
+        limits: Vec<Limit>,
     },
     /// No server answered.
     Unreachable,
@@ -84,17 +91,19 @@ const SHARE_USED: &str = "this process used its share of the lease";
 impl Granted {
     pub(crate) fn from_proto(r: &pb::LeaseResponse) -> Granted {
         use crate::decision::duration;
+        let limits = || r.limits.iter().map(Limit::from_proto).collect();
         match r {
             r if !r.leasable => Granted::NotLeasable,
-            r if r.granted == 0 => Granted::Empty(
-                duration(&r.retry_after),
-                if r.empty_reason == "share used" { SHARE_USED } else { NOTHING_LEFT },
-            ),
+            r if r.granted == 0 => {
+                let why = if r.empty_reason == "share used" { SHARE_USED } else { NOTHING_LEFT };
+                Granted::Empty(duration(&r.retry_after), why, limits())
+            }
             r => Granted::Lease {
                 id: r.lease_id.clone(),
                 granted: r.granted,
                 ttl: duration(&r.ttl),
                 next_in: duration(&r.retry_after),
+                limits: limits(),
             },
         }
     }
@@ -107,7 +116,7 @@ impl Leases {
     }
 
     /// The state of `key`, `None` when the table is full.
-    pub(crate) fn cell(&self, key: String) -> Option<Arc<tokio::sync::Mutex<State>>> {
+    pub(crate) fn cell(&self, key: String) -> Option<Cell> {
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = map.get(&key) {
             return Some(c.clone());
@@ -118,7 +127,7 @@ impl Leases {
         Some(map.entry(key).or_default().clone())
     }
 
-    pub(crate) fn cells(&self) -> Vec<Arc<tokio::sync::Mutex<State>>> {
+    pub(crate) fn cells(&self) -> Vec<Cell> {
         self.map.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
     }
 }
@@ -142,7 +151,7 @@ impl State {
             return Some(Decision::leased());
         }
         if let Some((until, why)) = self.empty_until.filter(|(u, _)| *u > now) {
-            return Some(Decision::lease_empty(until - now, why));
+            return Some(Decision::lease_empty(until - now, why, self.limits.clone()));
         }
         None
     }
@@ -199,13 +208,14 @@ impl State {
                 self.not_leasable_until = Some(now + NOT_LEASABLE_FOR);
                 None
             }
-            Granted::Empty(retry_after, why) => {
+            Granted::Empty(retry_after, why, limits) => {
                 let retry_after = retry_after.max(Duration::from_millis(1));
                 self.empty_until = Some((now + retry_after, why));
-                if cost == 0 { None } else { Some(Decision::lease_empty(retry_after, why)) }
+                self.limits = limits;
+                if cost == 0 { None } else { Some(Decision::lease_empty(retry_after, why, self.limits.clone())) }
             }
-            Granted::Lease { id, granted, ttl, next_in } => {
-                self.ttl = ttl;
+            Granted::Lease { id, granted, ttl, next_in, limits } => {
+                (self.ttl, self.limits) = (ttl, limits);
                 // Once this lease is spent, the next is not worth asking for
                 // before `next_in`.
                 self.empty_until = (!next_in.is_zero()).then(|| (now + next_in, SHARE_USED));

@@ -59,7 +59,8 @@ struct InFlight {
 pub(crate) fn key(req: &Acquire) -> String {
     let mut pairs: Vec<(&String, &String)> = req.descriptors().iter().collect();
     pairs.sort();
-    let mut key = String::with_capacity(req.resource().len() + 8);
+    let size = req.descriptors().iter().map(|(k, v)| k.len() + v.len() + 8).sum::<usize>();
+    let mut key = String::with_capacity(req.resource().len() + 4 + size);
     push_part(&mut key, req.resource());
     for (k, v) in pairs {
         push_part(&mut key, k);
@@ -68,10 +69,22 @@ pub(crate) fn key(req: &Acquire) -> String {
     key
 }
 
-/// `s` as `length:s`.
+/// `s` as `length:s` (by hand: this is on every leased decision's path).
 pub(crate) fn push_part(key: &mut String, s: &str) {
-    use std::fmt::Write;
-    let _ = write!(key, "{}:{s}", s.len());
+    let (mut digits, mut n, mut i) = ([0u8; 20], s.len(), 20);
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &d in &digits[i..] {
+        key.push(char::from(d));
+    }
+    key.push(':');
+    key.push_str(s);
 }
 
 impl Bucket {
@@ -321,6 +334,9 @@ mod tests {
         let x = Acquire::new("r").descriptor("user", "x").descriptor("org", "1\u{1f}user=x");
         let y = Acquire::new("r").descriptor("org", "1").descriptor("user", "x\u{1f}user=x");
         assert_ne!(key(&x), key(&y));
+        assert_eq!(key(&Acquire::new("orders").descriptor("user", "ann")), "6:orders4:user3:ann");
+        let long = "x".repeat(1234);
+        assert!(key(&Acquire::new(long.clone())).starts_with("1234:x"));
         let z = Acquire::new("r").descriptor("a", "1:b");
         let w = Acquire::new("r").descriptor("a", "1").descriptor("b", "");
         assert_ne!(key(&z), key(&w));

@@ -11,7 +11,7 @@ pub(crate) mod builder;
 
 use self::builder::{Builder, FailMode};
 use crate::connection::ServerBreaker;
-use crate::decision::{Acquire, BreakerState, Decision, Limit, Source, Verdict};
+use crate::decision::{Acquire, BreakerState, Decision, Source, Verdict};
 use crate::error::{Error, unreachable};
 use crate::finish::{self, Finish};
 use crate::last_good::LastGood;
@@ -228,7 +228,7 @@ impl Client {
             state.template = Some(req.clone());
         }
         let (previous, used, want) = state.renewal(cost, now);
-        let granted = self.lease(req, previous, used, want, false).await;
+        let granted = self.lease(req, previous, used, want, false, Some(&cell)).await;
         if matches!(granted, Granted::Unreachable) {
             return Some(self.without_server(req));
         }
@@ -238,27 +238,37 @@ impl Client {
     }
 
     /// One Lease call.
-    async fn lease(&self, req: &Acquire, previous: String, used: u64, want: u64, release: bool) -> Granted {
+    /// `cell`: the key's state, holding lease `previous` (see `return_lease`).
+    async fn lease(
+        &self,
+        req: &Acquire,
+        previous: String,
+        used: u64,
+        want: u64,
+        release: bool,
+        cell: Option<&lease::Cell>,
+    ) -> Granted {
         let Some(leases) = &self.inner.leases else { return Granted::Refused };
+        let previous_id = previous.clone();
         let proto = lease::request(req, &leases.holder, previous, used, want, release);
         let asked = self.ask(
             |mut grpc| {
                 let proto = proto.clone();
                 async move { grpc.lease(proto).await }
             },
-            (!release).then(|| self.return_lease(req)),
+            (!release).then(|| self.return_lease(req, &previous_id, cell)),
         );
         match asked.await {
             Asked::Answer(_, r) => {
                 // What the limits hold after the lease: what the local fail
                 // mode keeps to once the lease is over and the server gone.
-                if let Some(local) = &self.inner.local
-                    && r.leasable
+                let granted = Granted::from_proto(&r);
+                if let (Some(local), Granted::Lease { limits, .. } | Granted::Empty(_, _, limits)) =
+                    (&self.inner.local, &granted)
                 {
-                    let limits: Vec<Limit> = r.limits.iter().map(Limit::from_proto).collect();
-                    local.learn(local::key(req), req.resource(), Verdict::Allowed, &limits, 0);
+                    local.learn(local::key(req), req.resource(), Verdict::Allowed, limits, 0);
                 }
-                Granted::from_proto(&r)
+                granted
             }
             Asked::BadInput(_) => Granted::Refused,
             Asked::Unreachable => Granted::Unreachable,
@@ -276,7 +286,7 @@ impl Client {
             let (previous, used, want) = state.renewal(1, now);
             // Not used since it was granted: returned, not renewed.
             let want = if used == 0 { 0 } else { want };
-            let granted = self.lease(&template, previous, used, want, want == 0).await;
+            let granted = self.lease(&template, previous, used, want, want == 0, Some(&cell)).await;
             if want == 0 && !matches!(granted, Granted::Unreachable) {
                 state.held = None;
                 continue;
@@ -317,17 +327,25 @@ impl Client {
         })
     }
 
-    /// A lease granted to nobody: returned unused.
-    fn return_lease(&self, req: &Acquire) -> Orphan<pb::LeaseResponse> {
+    /// A lease granted to nobody: returned unused. And when the answer says
+    /// the lease it renewed (`previous`, in `cell`) was settled, that lease
+    /// is dropped from the state: its unused units went back to the limits.
+    fn return_lease(&self, req: &Acquire, previous: &str, cell: Option<&lease::Cell>) -> Orphan<pb::LeaseResponse> {
         let (inner, req) = (Arc::downgrade(&self.inner), req.clone());
+        let settles = cell.cloned().map(|c| (c, previous.to_string()));
         Arc::new(move |_, r: pb::LeaseResponse| {
             let Some(inner) = inner.upgrade() else { return };
-            if r.lease_id.is_empty() {
-                return;
-            }
-            let req = req.clone();
+            let (req, settles) = (req.clone(), settles.clone());
             tokio::spawn(async move {
-                Client::from_inner(inner).lease(&req, r.lease_id, 0, 0, true).await;
+                if let Some((cell, previous)) = settles.filter(|_| r.returned) {
+                    let mut state = cell.lock().await;
+                    if state.held.as_ref().is_some_and(|h| h.id == previous) {
+                        state.held = None;
+                    }
+                }
+                if !r.lease_id.is_empty() {
+                    Client::from_inner(inner).lease(&req, r.lease_id, 0, 0, true, None).await;
+                }
             });
         })
     }

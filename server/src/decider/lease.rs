@@ -559,6 +559,17 @@ resources:
     }
 
     #[tokio::test]
+    async fn a_huge_limit_is_leased_at_most_the_largest_cost_at_once() {
+        let rules =
+            RULES.replace("limit: 100, window: 1h, lease: 2s }", "limit: 1000000000000, window: 1h, lease: 2s }");
+        let (d, _) = decider(&rules);
+        for want in [0, 10_000_000_000] {
+            let l = lease(&d, "a", want, "", 0).await;
+            assert_eq!((l.granted, l.share, l.empty), (u64::from(u32::MAX), u64::from(u32::MAX), None), "{l:?}");
+        }
+    }
+
+    #[tokio::test]
     async fn proportional_shares_follow_what_holders_want() {
         let rules = RULES.replace("lease: 2s }", "lease: 2s, lease_share: proportional }");
         let (d, _) = decider(&rules);

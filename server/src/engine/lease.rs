@@ -430,13 +430,15 @@ impl Engine {
             plan.limits.push(Left { name: l.name.clone(), limit: status.limit, remaining: status.remaining, window });
             plan.keys.push(k.clone());
         }
+        // A lease is at most u32::MAX units (a cost), so is a share.
+        plan.share = plan.share.min(u64::from(u32::MAX));
         // Half a share at least, or the round trip costs more than it buys.
         let worth = (plan.share / 2).max(1);
         // How long this holder's share takes to give back `units`.
         let accrue = |units: u64| {
             Duration::from_nanos((u128::from(units) * ttl.as_nanos() / u128::from(plan.share.max(1))) as u64)
         };
-        plan.grant = credit.min(available).min(plan.share).min(u64::from(u32::MAX));
+        plan.grant = credit.min(available).min(plan.share);
         // When the limits would hold `worth` (never, within a lease time: then
         // what they hold is all there is).
         let filled = || {
