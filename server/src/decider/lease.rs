@@ -77,8 +77,14 @@ impl Granted {
 
 impl Decider {
     /// Settles lease `previous` at `used`; whether it held an estimate.
-    async fn return_lease(&self, resource: &str, previous: &str, used: u64) -> Result<bool, RequestError> {
-        let settled = self.engine.settle_lease(&self.engine.rules(), previous, resource, used)?;
+    async fn return_lease(
+        &self,
+        resource: &str,
+        previous: &str,
+        used: u64,
+        holder: &str,
+    ) -> Result<bool, RequestError> {
+        let settled = self.engine.settle_lease(&self.engine.rules(), previous, resource, used, holder)?;
         if let Some(replication) = &self.replication {
             self.adjust_strict(replication, settled.strict).await;
         }
@@ -87,9 +93,13 @@ impl Decider {
 
     /// Grants, renews or returns a lease.
     pub async fn lease<D: Descriptors + Sync + ?Sized>(&self, ask: &LeaseAsk<'_, D>) -> Result<Leased, RequestError> {
+        crate::engine::lease::check_holder(ask.holder)?;
+        if ask.used > u64::from(u32::MAX) {
+            return Err(RequestError::CostTooLarge { field: "used", value: ask.used });
+        }
         let mut out = Leased::default();
         if !ask.previous.is_empty() {
-            out.returned = self.return_lease(ask.resource, ask.previous, ask.used).await?;
+            out.returned = self.return_lease(ask.resource, ask.previous, ask.used, ask.holder).await?;
         }
         if ask.release {
             self.engine.lease_released(&self.engine.rules(), ask.resource, ask.descriptors, ask.holder);
@@ -136,7 +146,7 @@ impl Decider {
             match (granted.verdict, granted.permit_id) {
                 (Verdict::Allowed, Some(id)) => {
                     let until = self.engine.clock().now().saturating_add(plan.ttl + GRACE);
-                    self.engine.hold_estimate_until(&id, until);
+                    self.engine.hold_lease(&id, until, ask.holder);
                     self.engine.lease_taken(plan, u64::from(cost));
                     for (left, remaining) in out.limits.iter_mut().zip(&granted.remaining) {
                         left.remaining = *remaining;
@@ -526,8 +536,19 @@ resources:
         let used = 5_000_000_000;
         let too_many = LeaseAsk { previous: &b.lease_id, used, ..bad("", 0, "api") };
         assert_eq!(err(d.lease(&too_many).await), "used: 5000000000 is larger than the largest cost, 4294967295");
-        let elsewhere = LeaseAsk { previous: &b.lease_id, ..bad("", 1, "mixed") };
+        let elsewhere = LeaseAsk { previous: &b.lease_id, holder: "b", ..bad("", 1, "mixed") };
         assert_eq!(err(d.lease(&elsewhere).await), "resource: the lease was not granted for 'mixed'");
+        // Only its holder settles a lease: another name cannot give b's
+        // units back (nor keep b from being charged them).
+        let before = remaining(&d).await;
+        let mallory = LeaseAsk { previous: &b.lease_id, used: 0, holder: "mallory", ..bad("", 0, "api") };
+        assert_eq!(err(d.lease(&mallory).await), "previous_lease_id: the lease was granted to another holder");
+        assert_eq!(remaining(&d).await, before, "nothing given back");
+        assert!(release(&d, "b", &b.lease_id, 5).await, "b settles its own");
+        let nameless = LeaseAsk { holder: "", ..bad("", 0, "api") };
+        assert_eq!(err(d.lease(&nameless).await), "holder: is required (a name stable for the client process)");
+        let unsettled = LeaseAsk { used: u64::MAX, ..bad("", 0, "api") };
+        assert!(err(d.lease(&unsettled).await).starts_with("used: 18446744073709551615 is larger"));
     }
 
     #[test]
@@ -567,6 +588,23 @@ resources:
             let l = lease(&d, "a", want, "", 0).await;
             assert_eq!((l.granted, l.share, l.empty), (u64::from(u32::MAX), u64::from(u32::MAX), None), "{l:?}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_share_larger_than_the_bucket_is_taken_as_the_bucket_fills() {
+        // 6 a second for 10 s is 60, but the bucket holds 12 at most: the
+        // share is leased as the bucket fills, never refused for ever.
+        let rules = "resources:\n  - name: tb\n    limits:\n      - { name: l, algorithm: token_bucket, capacity: 12, refill_per_second: 6, lease: 10s }\n";
+        let (d, clock) = decider(rules);
+        let none: HashMap<String, String> = HashMap::new();
+        let mut granted = 0;
+        for holder in ["a", "b", "a", "b", "a", "b"] {
+            let ask =
+                LeaseAsk { resource: "tb", descriptors: &none, want: 0, previous: "", used: 0, holder, release: false };
+            granted += d.lease(&ask).await.unwrap().granted;
+            clock.advance(Duration::from_secs(2));
+        }
+        assert!(granted >= 40, "{granted} granted in 12 s of a 6/s bucket of 12");
     }
 
     #[tokio::test]

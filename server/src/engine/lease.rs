@@ -98,6 +98,8 @@ struct Holder {
     /// Units it may take now (at most one share), as of `credit_at`.
     credit: u64,
     credit_at: Timestamp,
+    /// Its lease time (ns): it is forgotten two of them after it was seen.
+    ttl: u64,
 }
 
 /// What one bucket's holders allow one of them.
@@ -105,12 +107,16 @@ struct Allotment {
     share: u64,
     credit: u64,
     holders: usize,
+    /// Units kept for the other holders' shares.
+    owed: u64,
 }
 
 /// Recent holders per bucket.
 #[derive(Debug, Default)]
 pub struct Leases {
     holders: DashMap<BucketKey, SmallVec<[Holder; 4]>, ahash::RandomState>,
+    /// When a full table was last swept (ns).
+    swept_at: std::sync::atomic::AtomicU64,
 }
 
 /// How one bucket looks to the holder asking.
@@ -123,8 +129,9 @@ struct Ask {
     ttl: Duration,
     policy: LeaseShare,
     available: u64,
-    /// What the bucket refills in a lease time.
+    /// What the bucket refills in a lease time, and holds at most.
     refill: u64,
+    at_once: u64,
 }
 
 impl Leases {
@@ -132,8 +139,18 @@ impl Leases {
     fn allot(&self, key: &BucketKey, a: &Ask) -> Allotment {
         let ttl = a.ttl.as_nanos() as u64;
         if !self.holders.contains_key(key) && self.holders.len() >= MAX_KEYS {
-            let share = share_of(a.policy, a.available.max(a.refill), &[a.want], 0);
-            return Allotment { share, credit: share, holders: 1 };
+            // Full: forget the holders gone from their buckets (at most once
+            // a second: it walks the table), else plan this one untracked,
+            // beside a holder not yet heard from (the reserve).
+            let swept = self.swept_at.load(std::sync::atomic::Ordering::Relaxed);
+            if a.now.as_nanos().saturating_sub(swept) >= 1_000_000_000 {
+                self.swept_at.store(a.now.as_nanos(), std::sync::atomic::Ordering::Relaxed);
+                self.forget(a.now);
+            }
+            if self.holders.len() >= MAX_KEYS {
+                let share = share_of(a.policy, a.available.max(a.refill), &[a.want, 0], 0);
+                return Allotment { share, credit: share, holders: 2, owed: 0 };
+            }
         }
         let mut list = self.holders.entry(key.clone()).or_default();
         let since = Timestamp::from_nanos(a.now.as_nanos().saturating_sub(2 * ttl));
@@ -147,7 +164,7 @@ impl Leases {
                     list.remove(oldest);
                 }
                 let fresh =
-                    Holder { id: a.who, seen: a.now, want: 0, outstanding: 0, credit: u64::MAX, credit_at: a.now };
+                    Holder { id: a.who, seen: a.now, want: 0, outstanding: 0, credit: u64::MAX, credit_at: a.now, ttl };
                 list.push(fresh);
                 list.len() - 1
             }
@@ -160,6 +177,7 @@ impl Leases {
         }
         list[me].want = a.want;
         list[me].seen = a.now;
+        list[me].ttl = ttl;
         // The other holders' leases come back at their renewals: they are
         // part of what is divided.
         let recent = Timestamp::from_nanos(a.now.as_nanos().saturating_sub(ttl));
@@ -177,11 +195,30 @@ impl Leases {
         let contended = list.len() > 1 && wanted > capacity;
         let h = &mut list[me];
         let elapsed = a.now.as_nanos().saturating_sub(h.credit_at.as_nanos());
-        let accrued =
-            (u128::from(elapsed) * u128::from(share) / u128::from(ttl.max(1))).min(u128::from(u64::MAX)) as u64;
-        h.credit = if contended { h.credit.saturating_add(accrued).min(share) } else { share };
+        h.credit = if contended { h.credit.saturating_add(accrue(elapsed, share, ttl)).min(share) } else { share };
         h.credit_at = a.now;
-        Allotment { share, credit: if contended { h.credit } else { u64::MAX }, holders: list.len() }
+        let credit = if contended { h.credit } else { u64::MAX };
+        // Contended, what the others are owed and do not hold is kept for
+        // them: else a holder renewing takes back at once what it returned,
+        // and one that asks later finds nothing. Each is owed its share, at
+        // most its slice of what the bucket holds at once (in proportion to
+        // the shares), less what it holds, and no more than it may take now.
+        let owed = if contended {
+            let shares: SmallVec<[u64; 8]> = (0..list.len()).map(|j| share_of(a.policy, capacity, &wants, j)).collect();
+            let total = shares.iter().map(|&s| u128::from(s)).sum::<u128>().max(1);
+            (0..list.len())
+                .filter(|&j| j != me && list[j].seen >= recent)
+                .map(|j| {
+                    let slice = (u128::from(a.at_once) * u128::from(shares[j])).div_ceil(total) as u64;
+                    let since = a.now.as_nanos().saturating_sub(list[j].credit_at.as_nanos());
+                    let may = list[j].credit.saturating_add(accrue(since, shares[j], ttl)).min(shares[j]);
+                    slice.min(shares[j]).saturating_sub(list[j].outstanding).min(may)
+                })
+                .fold(0, u64::saturating_add)
+        } else {
+            0
+        };
+        Allotment { share, credit, holders: list.len(), owed }
     }
 
     /// `units` were granted to `who` on `key`.
@@ -201,13 +238,18 @@ impl Leases {
         }
     }
 
-    /// Forgets holders not seen since `since`.
-    pub(super) fn forget(&self, since: Timestamp) {
+    /// Forgets holders not seen within two of their lease times by `now`.
+    pub(super) fn forget(&self, now: Timestamp) {
         self.holders.retain(|_, list| {
-            list.retain(|h| h.seen >= since);
+            list.retain(|h| h.seen.as_nanos().saturating_add(2 * h.ttl) >= now.as_nanos());
             !list.is_empty()
         });
     }
+}
+
+/// Credit regained in `nanos` at `share` per `ttl` nanoseconds.
+fn accrue(nanos: u64, share: u64, ttl: u64) -> u64 {
+    (u128::from(nanos) * u128::from(share) / u128::from(ttl.max(1))).min(u128::from(u64::MAX)) as u64
 }
 
 /// Holder `me`'s share of `capacity` among holders wanting `wants` (0: not
@@ -414,26 +456,42 @@ impl Engine {
             keys: SmallVec::new(),
             holder: who,
         };
-        let (mut credit, mut available) = (u64::MAX, u64::MAX);
+        // The most the limits hold at once.
+        let (mut credit, mut available, mut at_once, mut owed) = (u64::MAX, u64::MAX, u64::MAX, 0);
         for (l, _, k) in &matched {
             let status = self.buckets.check(k, &l.algorithm, now, 0).status;
             let refill = (u128::from(l.algorithm.capacity()) * ttl.as_nanos() / l.algorithm.window().as_nanos().max(1))
                 .min(u128::from(u64::MAX)) as u64;
             let policy = l.lease.map(|lease| lease.share).unwrap_or_default();
-            let ask = Ask { who, want, settled, now, ttl, policy, available: status.remaining, refill };
+            let at_once_here = l.algorithm.capacity();
+            let ask = Ask {
+                who,
+                want,
+                settled,
+                now,
+                ttl,
+                policy,
+                available: status.remaining,
+                refill,
+                at_once: at_once_here,
+            };
             let a = self.leases.allot(k, &ask);
             plan.share = plan.share.min(a.share);
             plan.holders = plan.holders.max(a.holders);
             credit = credit.min(a.credit);
-            available = available.min(status.remaining);
+            available = available.min(status.remaining.saturating_sub(a.owed));
+            owed = owed.max(a.owed);
+            at_once = at_once.min(at_once_here);
             let window = l.algorithm.window();
             plan.limits.push(Left { name: l.name.clone(), limit: status.limit, remaining: status.remaining, window });
             plan.keys.push(k.clone());
         }
         // A lease is at most u32::MAX units (a cost), so is a share.
         plan.share = plan.share.min(u64::from(u32::MAX));
-        // Half a share at least, or the round trip costs more than it buys.
-        let worth = (plan.share / 2).max(1);
+        // Half a share at least (of what the limits can hold at once: a share
+        // for a lease time may be more), or the round trip costs more than it
+        // buys.
+        let worth = (plan.share.min(at_once) / 2).max(1);
         // How long this holder's share takes to give back `units`.
         let accrue = |units: u64| {
             Duration::from_nanos((u128::from(units) * ttl.as_nanos() / u128::from(plan.share.max(1))) as u64)
@@ -441,14 +499,18 @@ impl Engine {
         plan.grant = credit.min(available).min(plan.share);
         // When the limits would hold `worth` (never, within a lease time: then
         // what they hold is all there is).
-        let filled = || {
+        let filled_for = |units: u64| {
             matched
                 .iter()
-                .map(|(l, _, k)| self.buckets.check(k, &l.algorithm, now, worth).status.retry_after)
+                .map(|(l, _, k)| self.buckets.check(k, &l.algorithm, now, units).status.retry_after)
                 .max()
                 .unwrap_or_default()
         };
-        if plan.grant >= worth || (plan.grant > 0 && filled() >= ttl) {
+        let filled = || filled_for(worth.saturating_add(owed));
+        // Waiting would not help when the limits cannot come to hold `worth`
+        // beside what is owed to the others.
+        let hopeless = worth.saturating_add(owed) > at_once || filled_for(worth.saturating_add(owed)) >= ttl;
+        if plan.grant >= worth || (plan.grant > 0 && hopeless) {
             // A grant that uses up the holder's share says when the next
             // can be had: a holder that uses it up before then need not ask.
             if plan.grant >= credit {
@@ -488,7 +550,74 @@ impl Engine {
     }
 }
 
-fn holder_hash(holder: &str) -> u64 {
+/// A holder name: 1 to 256 bytes, no control characters.
+pub fn check_holder(holder: &str) -> Result<(), RequestError> {
+    let why = if holder.is_empty() {
+        "is required (a name stable for the client process)".to_string()
+    } else if holder.len() > 256 {
+        format!("is {} bytes; at most 256", holder.len())
+    } else if let Some(c) = holder.chars().find(|c| c.is_control()) {
+        format!("control character U+{:04X} is not allowed", u32::from(c))
+    } else {
+        return Ok(());
+    };
+    Err(RequestError::BadHolder(why))
+}
+
+pub(super) fn holder_hash(holder: &str) -> u64 {
     // Fixed keys: the same holder is the same entry on every call.
     ahash::RandomState::with_seeds(1, 2, 3, 4).hash_one(holder)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::LimitId;
+
+    fn ask(who: u64, now: Timestamp) -> Ask {
+        let ttl = Duration::from_secs(1);
+        Ask {
+            who,
+            want: 0,
+            settled: None,
+            now,
+            ttl,
+            policy: LeaseShare::Fair,
+            available: 1000,
+            refill: 200,
+            at_once: 1000,
+        }
+    }
+
+    fn key(i: u64) -> BucketKey {
+        BucketKey::new(LimitId(0), [i.to_string().as_str()])
+    }
+
+    #[test]
+    fn a_full_table_forgets_the_holders_gone_and_never_plans_a_holder_alone() {
+        let leases = Leases::default();
+        let t0 = Timestamp::from_secs(1_700_000_000);
+        for i in 0..MAX_KEYS as u64 {
+            leases.allot(&key(i), &ask(1, t0));
+        }
+        // Full, and everyone still there: a new bucket is planned beside a
+        // holder not yet heard from (half of it), not as if alone.
+        let full = leases.allot(&key(u64::MAX), &ask(2, t0));
+        assert_eq!((full.holders, full.share), (2, 334), "a third: itself, the other, the reserve");
+        // Two lease times later the holders are gone: the new bucket is tracked.
+        let later = t0.saturating_add(Duration::from_millis(2001));
+        let first = leases.allot(&key(u64::MAX), &ask(2, later));
+        let second = leases.allot(&key(u64::MAX), &ask(3, later));
+        assert_eq!((first.holders, second.holders), (1, 2));
+        assert!(leases.holders.len() < 10);
+    }
+
+    #[test]
+    fn a_holder_name_is_checked() {
+        assert!(check_holder("pid-42-abc").is_ok());
+        let err = |h: &str| check_holder(h).unwrap_err().to_string();
+        assert_eq!(err(""), "holder: is required (a name stable for the client process)");
+        assert_eq!(err(&"h".repeat(300)), "holder: is 300 bytes; at most 256");
+        assert_eq!(err("a\u{1}b"), "holder: control character U+0001 is not allowed");
+    }
 }

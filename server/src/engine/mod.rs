@@ -199,8 +199,7 @@ impl Engine {
         let rules = self.rules.load_full();
         let now = self.clock.now();
         self.expire_estimates(now);
-        // Two of the longest leases.
-        self.leases.forget(Timestamp::from_nanos(now.as_nanos().saturating_sub(120_000_000_000)));
+        self.leases.forget(now);
         self.buckets.sweep(now, |id| rules.algorithm(id))
     }
 }

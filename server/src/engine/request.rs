@@ -62,6 +62,10 @@ pub enum RequestError {
     MalformedLease(String),
     #[error("resource: the lease was not granted for '{resource}'")]
     LeaseResourceMismatch { resource: String },
+    #[error("previous_lease_id: the lease was granted to another holder")]
+    LeaseHolderMismatch,
+    #[error("holder: {0}")]
+    BadHolder(String),
     #[error("{field}: {seconds}s {nanos}ns is not a duration (negative, or nanos not below 1e9)")]
     BadDuration { field: &'static str, seconds: i64, nanos: i32 },
     #[error("resource: no rule gives '{0}' a circuit breaker")]
@@ -166,6 +170,8 @@ impl RequestError {
             | PermitResourceMismatch { .. }
             | MalformedLease(_)
             | LeaseResourceMismatch { .. }
+            | LeaseHolderMismatch
+            | BadHolder(_)
             | BadDuration { .. }
             | BadBreakerState(_)
             | BadLevel(_)

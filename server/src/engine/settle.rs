@@ -73,6 +73,8 @@ struct Pending {
     /// away (what they took is owed).
     strict: SmallVec<[BucketKey; 1]>,
     redis_at: Option<i64>,
+    /// A lease's holder (its hash); 0 for an Acquire's estimate.
+    holder: u64,
 }
 
 #[derive(Debug, Default)]
@@ -122,7 +124,7 @@ impl Engine {
         }
         let ttl = rule.concurrency.map_or(super::DEFAULT_PERMIT_TTL, |c| c.permit_ttl);
         let expires = now.saturating_add(ttl);
-        let pending = Pending { resource, cost, at: now, expires, buckets, strict, redis_at };
+        let pending = Pending { resource, cost, at: now, expires, buckets, strict, redis_at, holder: 0 };
         if let Some(id) = answer.permit_id {
             self.settlements.map.insert(id.get(), pending);
             return;
@@ -200,10 +202,21 @@ impl Engine {
         id: &str,
         resource: &str,
         used: u64,
+        holder: &str,
     ) -> Result<Settled, RequestError> {
         let key = request::check_permit_id(id).map_err(|_| RequestError::MalformedLease(request::preview(id)))?;
         if used > u64::from(u32::MAX) {
             return Err(RequestError::CostTooLarge { field: "used", value: used });
+        }
+        // Only its holder settles a lease: nobody else may give back (or
+        // charge) what it took.
+        if self
+            .settlements
+            .map
+            .get(&key)
+            .is_some_and(|p| p.holder != 0 && p.holder != super::lease::holder_hash(holder))
+        {
+            return Err(RequestError::LeaseHolderMismatch);
         }
         let used = self.settlements.map.get(&key).map_or(used, |p| used.min(p.cost));
         self.settle_estimate(rules, id, resource, Some(used)).map_err(|e| match e {
@@ -250,11 +263,13 @@ impl Engine {
     }
 
     /// Keeps the estimate of permit `id` until `expires` (a lease's time).
-    pub fn hold_estimate_until(&self, id: &str, expires: Timestamp) {
+    /// Estimate `id` is a lease of `holder`'s, kept until `expires`.
+    pub fn hold_lease(&self, id: &str, expires: Timestamp, holder: &str) {
         if let Ok(key) = request::check_permit_id(id)
             && let Some(mut p) = self.settlements.map.get_mut(&key)
         {
             p.expires = expires;
+            p.holder = super::lease::holder_hash(holder);
         }
     }
 

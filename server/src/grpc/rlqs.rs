@@ -7,11 +7,10 @@
 //! resource (`name`, else the filter's `domain`) and the descriptors (the
 //! other entries); each report settles the bucket's previous lease at what
 //! Envoy says it allowed and grants the next, sized from its demand (allowed
-//! plus denied) and the Envoys' fair shares. The units are taken when granted,
-//! so a fleet of Envoys admits no more than the limits hold. Envoy gets them
-//! as a token bucket of the granted units that does not refill before the
-//! lease's end (the next report replaces it), or DENY_ALL while nothing is
-//! left. A bucket no rule limits is ALLOW_ALL; one whose limits are not marked
+//! plus denied, per lease time) and the Envoys' shares. The units are taken
+//! when granted, so a fleet of Envoys admits no more than the limits hold.
+//! Envoy gets them as a token bucket that refills the grant over the lease
+//! time (see `envoy_bucket`), or DENY_ALL while nothing is left. A bucket no rule limits is ALLOW_ALL; one whose limits are not marked
 //! `lease:` is ALLOW_ALL too, and said in the log (RLQS cannot ask per call).
 
 use std::collections::HashMap;
@@ -183,12 +182,11 @@ async fn renew(
     // report counts at most what its lease granted: clamped, not refused
     // (a refusal here would leave the bucket without an answer).
     let cap = u64::from(u32::MAX);
-    let want = match &last {
-        None => 0,
-        Some(b) => {
-            let elapsed = Duration::from_nanos(now.as_nanos().saturating_sub(b.at.as_nanos()));
-            want_from_demand(allowed, denied, elapsed, b.ttl).min(cap)
-        }
+    // The time since this bucket's last report: Envoy's reporting period.
+    let period = last.as_ref().map(|b| Duration::from_nanos(now.as_nanos().saturating_sub(b.at.as_nanos())));
+    let want = match (&last, period) {
+        (Some(b), Some(period)) => want_from_demand(allowed, denied, period, b.ttl).min(cap),
+        _ => 0,
     };
     let allowed = allowed.min(cap);
     let ask = LeaseAsk {
@@ -217,21 +215,30 @@ async fn renew(
         return Some(blanket(rate_limit_strategy::BlanketRule::DenyAll, ttl));
     }
     let tokens = u32::try_from(leased.granted).unwrap_or(u32::MAX);
-    // Refilled only once the lease is over: the next report replaces it
-    // first. Each assignment differs from the last (by up to a millisecond
-    // of the fill interval) so that Envoy starts a fresh bucket rather than
-    // keeping the last one's tokens, which went back to the limits.
+    let bucket = envoy_bucket(tokens, leased.ttl, period.unwrap_or(leased.ttl / 2), buckets.serial);
     buckets.serial = buckets.serial.wrapping_add(1);
-    let fill = leased.ttl * 2 + Duration::from_micros(u64::from(buckets.serial % 1000));
-    let bucket = TokenBucket {
-        max_tokens: tokens,
-        tokens_per_fill: Some(envoy_types::pb::google::protobuf::UInt32Value { value: tokens }),
-        fill_interval: Some(duration(fill)),
-    };
     Some(assignment(
         RateLimitStrategy { strategy: Some(rate_limit_strategy::Strategy::TokenBucket(bucket)) },
         leased.ttl,
     ))
+}
+
+/// The token bucket Envoy enforces for `tokens` granted for `ttl`, renewed
+/// every `period`. Envoy 1.40 keeps a bucket's tokens when a new assignment
+/// replaces it and refills at `tokens_per_fill` per `fill_interval`: so it
+/// refills the grant over the lease time, and holds at most what the rest of
+/// the lease time after one period refills. Between two reports it then admits
+/// at most the grant (what it holds, plus a period's refill), at the share's
+/// rate. Each assignment differs from the last (by up to a second of the fill
+/// interval), for an Envoy that starts a fresh bucket on a new one.
+fn envoy_bucket(tokens: u32, ttl: Duration, period: Duration, serial: u32) -> TokenBucket {
+    let rest = ttl.saturating_sub(period.min(ttl));
+    let held = (u128::from(tokens) * rest.as_nanos() / ttl.as_nanos().max(1)) as u32;
+    TokenBucket {
+        max_tokens: held.max(1),
+        tokens_per_fill: Some(envoy_types::pb::google::protobuf::UInt32Value { value: tokens.max(1) }),
+        fill_interval: Some(duration(ttl + Duration::from_millis(u64::from(serial % 1000)))),
+    }
 }
 
 fn blanket(rule: rate_limit_strategy::BlanketRule, ttl: Duration) -> bucket_action::BucketAction {
