@@ -272,19 +272,19 @@ resources:
         // The newcomer is served at once: a third of the 100 (x, itself, and
         // the reserve for one more).
         let b = lease(&d, "b", 0, "", 0).await;
-        assert_eq!((b.granted, b.holders), (34, 2));
+        assert_eq!((b.granted, b.holders), (33, 2));
         // x renews having used 5 and saying it wants 10: it gets 10; b's
         // share is what x leaves.
         let x2 = lease(&d, "x", 10, &x.lease_id, 5).await;
         assert!(x2.returned);
         assert_eq!(x2.granted, 10);
-        assert_eq!(remaining(&d).await, 100 - 5 - 34 - 10);
-        // b used its 34 at once: its share is a rate; a lease time later it has it back.
-        let early = lease(&d, "b", 500, &b.lease_id, 34).await;
+        assert_eq!(remaining(&d).await, 100 - 5 - 33 - 10);
+        // b used its 33 at once: its share is a rate; a lease time later it has it back.
+        let early = lease(&d, "b", 500, &b.lease_id, 33).await;
         assert_eq!((early.granted, early.empty), (0, Some(Empty::ShareUsed)));
         clock.advance(Duration::from_secs(2));
         let b2 = lease(&d, "b", 500, "", 0).await;
-        let left = 100 - 5 - 34 - 10;
+        let left = 100 - 5 - 33 - 10;
         assert_eq!(b2.share, left, "max-min fair: all that x does not want of what is left");
         assert_eq!(b2.granted, left);
         assert_eq!(remaining(&d).await, 0);
@@ -300,16 +300,16 @@ resources:
         let gone = lease(&d, "gone", 40, "", 0).await;
         assert_eq!(gone.granted, 40);
         let b = lease(&d, "b", 0, "", 0).await;
-        assert_eq!((b.granted, b.holders), (34, 2), "a third of 100: gone, b and the reserve");
+        assert_eq!((b.granted, b.holders), (33, 2), "a third of 100: gone, b and the reserve");
         // Past the lease and its grace: a late return is refused, the units
         // stay taken (its holder may have used them).
         clock.advance(Duration::from_secs(2) + GRACE + Duration::from_millis(1));
         d.engine.sweep();
         assert!(!release(&d, "gone", &gone.lease_id, 0).await);
-        assert_eq!(remaining(&d).await, 26);
+        assert_eq!(remaining(&d).await, 27);
         // gone was not seen within two lease times: b shares with no one.
-        let again = lease(&d, "b", 100, &b.lease_id, 34).await;
-        assert_eq!((again.holders, again.granted), (1, 26));
+        let again = lease(&d, "b", 100, &b.lease_id, 33).await;
+        assert_eq!((again.holders, again.granted), (1, 27));
     }
 
     #[tokio::test]
@@ -605,6 +605,46 @@ resources:
             clock.advance(Duration::from_secs(2));
         }
         assert!(granted >= 40, "{granted} granted in 12 s of a 6/s bucket of 12");
+    }
+
+    #[tokio::test]
+    async fn on_a_tiny_limit_shares_are_fractions_and_nobody_starves() {
+        // One a second among four holders that each want five: a quarter of
+        // a unit each per lease time, asked in the same order every time.
+        let rules = "resources:\n  - name: tb\n    limits:\n      - { name: l, algorithm: token_bucket, capacity: 1, refill_per_second: 1, lease: 1s }\n";
+        let (d, clock) = decider(rules);
+        let none: HashMap<String, String> = HashMap::new();
+        let holders = ["h0", "h1", "h2", "h3"];
+        let (mut got, mut lease_of, mut wait) =
+            ([0u64; 4], [String::new(), String::new(), String::new(), String::new()], [0u64; 4]);
+        for t in (0..40_000u64).step_by(10) {
+            for (i, holder) in holders.iter().enumerate() {
+                if t < wait[i] {
+                    continue;
+                }
+                let previous = std::mem::take(&mut lease_of[i]);
+                let used = if previous.is_empty() { 0 } else { 1 };
+                let ask = LeaseAsk {
+                    resource: "tb",
+                    descriptors: &none,
+                    want: 5,
+                    previous: &previous,
+                    used,
+                    holder,
+                    release: false,
+                };
+                let l = d.lease(&ask).await.unwrap();
+                got[i] += l.granted;
+                if l.granted > 0 {
+                    lease_of[i] = l.lease_id;
+                }
+                wait[i] = t + l.retry_after.as_millis().max(10) as u64;
+            }
+            clock.advance(Duration::from_millis(10));
+        }
+        let total: u64 = got.iter().sum();
+        assert!(total <= 41, "{got:?}: the bucket held 1 + 40");
+        assert!(got.iter().all(|&g| g >= 7), "a fair share is 10 each: {got:?}");
     }
 
     #[tokio::test]

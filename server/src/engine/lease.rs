@@ -95,19 +95,22 @@ struct Holder {
     want: u64,
     /// Units its lease in hand took (0 once returned).
     outstanding: u64,
-    /// Units it may take now (at most one share), as of `credit_at`.
+    /// Thousandths of a unit it may take now (at most one share), as of `credit_at`.
     credit: u64,
     credit_at: Timestamp,
     /// Its lease time (ns): it is forgotten two of them after it was seen.
     ttl: u64,
 }
 
-/// What one bucket's holders allow one of them.
+/// What one bucket's holders allow one of them, in thousandths of a unit
+/// (a share may be a fraction of a unit per lease time: four holders on a
+/// bucket refilling one a lease time).
 struct Allotment {
     share: u64,
+    /// `u64::MAX` while uncontended.
     credit: u64,
     holders: usize,
-    /// Units kept for the other holders' shares.
+    /// Units kept for the other holders' shares (whole units).
     owed: u64,
 }
 
@@ -148,7 +151,7 @@ impl Leases {
                 self.forget(a.now);
             }
             if self.holders.len() >= MAX_KEYS {
-                let share = share_of(a.policy, a.available.max(a.refill), &[a.want, 0], 0);
+                let share = share_of(a.policy, milli(a.available.max(a.refill)), &[milli(a.want), 0], 0);
                 return Allotment { share, credit: share, holders: 2, owed: 0 };
             }
         }
@@ -172,7 +175,7 @@ impl Leases {
         if a.settled.is_some() {
             let h = &mut list[me];
             let unused = h.outstanding.saturating_sub(a.settled.unwrap_or(0));
-            h.credit = h.credit.saturating_add(unused);
+            h.credit = h.credit.saturating_add(milli(unused));
             h.outstanding = 0;
         }
         list[me].want = a.want;
@@ -186,8 +189,8 @@ impl Leases {
             .filter(|h| h.id != a.who && h.seen >= recent)
             .map(|h| h.outstanding)
             .fold(0, u64::saturating_add);
-        let capacity = a.available.saturating_add(others).max(a.refill);
-        let wants: SmallVec<[u64; 8]> = list.iter().map(|h| h.want).collect();
+        let capacity = milli(a.available.saturating_add(others).max(a.refill));
+        let wants: SmallVec<[u64; 8]> = list.iter().map(|h| milli(h.want)).collect();
         let share = share_of(a.policy, capacity, &wants, me);
         // Shares are kept to only while holders want more than there is:
         // else each may take what it finds.
@@ -195,7 +198,9 @@ impl Leases {
         let contended = list.len() > 1 && wanted > capacity;
         let h = &mut list[me];
         let elapsed = a.now.as_nanos().saturating_sub(h.credit_at.as_nanos());
-        h.credit = if contended { h.credit.saturating_add(accrue(elapsed, share, ttl)).min(share) } else { share };
+        // Credit builds up to a share, or to one unit for a share under one.
+        let most = share.max(milli(1));
+        h.credit = if contended { h.credit.saturating_add(accrue(elapsed, share, ttl)).min(most) } else { share };
         h.credit_at = a.now;
         let credit = if contended { h.credit } else { u64::MAX };
         // Contended, what the others are owed and do not hold is kept for
@@ -209,12 +214,13 @@ impl Leases {
             (0..list.len())
                 .filter(|&j| j != me && list[j].seen >= recent)
                 .map(|j| {
-                    let slice = (u128::from(a.at_once) * u128::from(shares[j])).div_ceil(total) as u64;
+                    let slice = (u128::from(milli(a.at_once)) * u128::from(shares[j])).div_ceil(total) as u64;
                     let since = a.now.as_nanos().saturating_sub(list[j].credit_at.as_nanos());
-                    let may = list[j].credit.saturating_add(accrue(since, shares[j], ttl)).min(shares[j]);
-                    slice.min(shares[j]).saturating_sub(list[j].outstanding).min(may)
+                    let may = list[j].credit.saturating_add(accrue(since, shares[j], ttl)).min(shares[j].max(milli(1)));
+                    slice.min(shares[j]).saturating_sub(milli(list[j].outstanding)).min(may)
                 })
                 .fold(0, u64::saturating_add)
+                / 1000
         } else {
             0
         };
@@ -226,7 +232,7 @@ impl Leases {
         if let Some(mut list) = self.holders.get_mut(key)
             && let Some(h) = list.iter_mut().find(|h| h.id == who)
         {
-            h.credit = h.credit.saturating_sub(units);
+            h.credit = h.credit.saturating_sub(milli(units));
             h.outstanding = units;
         }
     }
@@ -245,6 +251,11 @@ impl Leases {
             !list.is_empty()
         });
     }
+}
+
+/// `units` in thousandths.
+fn milli(units: u64) -> u64 {
+    units.saturating_mul(1000)
 }
 
 /// Credit regained in `nanos` at `share` per `ttl` nanoseconds.
@@ -458,6 +469,8 @@ impl Engine {
         };
         // The most the limits hold at once.
         let (mut credit, mut available, mut at_once, mut owed) = (u64::MAX, u64::MAX, u64::MAX, 0);
+        // This holder's share, in thousandths.
+        let mut share_m = u64::MAX;
         for (l, _, k) in &matched {
             let status = self.buckets.check(k, &l.algorithm, now, 0).status;
             let refill = (u128::from(l.algorithm.capacity()) * ttl.as_nanos() / l.algorithm.window().as_nanos().max(1))
@@ -476,9 +489,9 @@ impl Engine {
                 at_once: at_once_here,
             };
             let a = self.leases.allot(k, &ask);
-            plan.share = plan.share.min(a.share);
+            share_m = share_m.min(a.share);
             plan.holders = plan.holders.max(a.holders);
-            credit = credit.min(a.credit);
+            credit = credit.min(if a.credit == u64::MAX { u64::MAX } else { a.credit / 1000 });
             available = available.min(status.remaining.saturating_sub(a.owed));
             owed = owed.max(a.owed);
             at_once = at_once.min(at_once_here);
@@ -486,17 +499,20 @@ impl Engine {
             plan.limits.push(Left { name: l.name.clone(), limit: status.limit, remaining: status.remaining, window });
             plan.keys.push(k.clone());
         }
-        // A lease is at most u32::MAX units (a cost), so is a share.
-        plan.share = plan.share.min(u64::from(u32::MAX));
+        // A lease is at most u32::MAX units (a cost), so is a share; a share
+        // under one unit is said as one, and granted as one once it accrued.
+        share_m = share_m.min(milli(u64::from(u32::MAX)));
+        plan.share = share_m.div_ceil(1000);
+        let whole = (share_m / 1000).max(1);
         // Half a share at least (of what the limits can hold at once: a share
         // for a lease time may be more), or the round trip costs more than it
         // buys.
-        let worth = (plan.share.min(at_once) / 2).max(1);
+        let worth = (whole.min(at_once) / 2).max(1);
         // How long this holder's share takes to give back `units`.
         let accrue = |units: u64| {
-            Duration::from_nanos((u128::from(units) * ttl.as_nanos() / u128::from(plan.share.max(1))) as u64)
+            Duration::from_nanos((u128::from(milli(units)) * ttl.as_nanos() / u128::from(share_m.max(1))) as u64)
         };
-        plan.grant = credit.min(available).min(plan.share);
+        plan.grant = credit.min(available).min(whole);
         // When the limits would hold `worth` (never, within a lease time: then
         // what they hold is all there is).
         let filled_for = |units: u64| {
@@ -603,7 +619,11 @@ mod tests {
         // Full, and everyone still there: a new bucket is planned beside a
         // holder not yet heard from (half of it), not as if alone.
         let full = leases.allot(&key(u64::MAX), &ask(2, t0));
-        assert_eq!((full.holders, full.share), (2, 334), "a third: itself, the other, the reserve");
+        assert_eq!(
+            (full.holders, full.share),
+            (2, 333_334),
+            "a third (in thousandths): itself, the other, the reserve"
+        );
         // Two lease times later the holders are gone: the new bucket is tracked.
         let later = t0.saturating_add(Duration::from_millis(2001));
         let first = leases.allot(&key(u64::MAX), &ask(2, later));
