@@ -73,7 +73,8 @@ pub struct Plan {
 pub enum Empty {
     /// The limits hold less than half of this holder's share.
     NothingLeft,
-    /// This holder took its share lately; more comes back at one share per lease time.
+    /// This holder took its share lately (more comes back at one share per
+    /// lease time), or what the limits hold is kept for the others' shares.
     ShareUsed,
 }
 
@@ -469,6 +470,8 @@ impl Engine {
         };
         // The most the limits hold at once.
         let (mut credit, mut available, mut at_once, mut owed) = (u64::MAX, u64::MAX, u64::MAX, 0);
+        // What the limits hold, before what is owed to the others.
+        let mut held = u64::MAX;
         // This holder's share, in thousandths.
         let mut share_m = u64::MAX;
         for (l, _, k) in &matched {
@@ -493,6 +496,7 @@ impl Engine {
             plan.holders = plan.holders.max(a.holders);
             credit = credit.min(if a.credit == u64::MAX { u64::MAX } else { a.credit / 1000 });
             available = available.min(status.remaining.saturating_sub(a.owed));
+            held = held.min(status.remaining);
             owed = owed.max(a.owed);
             at_once = at_once.min(at_once_here);
             let window = l.algorithm.window();
@@ -534,9 +538,13 @@ impl Engine {
             }
             return Ok(Ok(plan));
         }
+        // "Nothing left" only when the limits hold too little; units kept
+        // for the others' shares are this holder's share used.
         let (retry_after, why) = if credit < worth {
             let filled = if available < worth { filled() } else { Duration::ZERO };
             (accrue(worth - credit).max(filled), Empty::ShareUsed)
+        } else if held >= worth {
+            (filled(), Empty::ShareUsed)
         } else {
             (filled(), Empty::NothingLeft)
         };
