@@ -311,8 +311,10 @@ async fn an_rlqs_bucket_named_twice_in_one_report_gets_one_assignment_for_its_su
     let tenants: Vec<String> =
         first.bucket_action.iter().map(|a| a.bucket_id.as_ref().unwrap().bucket["tenant"].clone()).collect();
     assert_eq!(tenants, ["acme", "beta"], "{first:?}");
-    // What acme's two entries used adds up: 15 + 15 of its lease come off the
-    // limit of 40 (its next lease is out of what is left, 10 at most).
+    // acme's first lease was half of its 40 (the other half kept for a next
+    // holder). What its two entries used adds up: 15 + 15, counted as the
+    // whole lease of 20 (a report counts at most what its lease granted);
+    // its next lease is the 20 left.
     tx.send(report(vec![bucket("acme", 15), bucket("acme", 15)])).await.unwrap();
     let second = answers.message().await.unwrap().unwrap();
     assert_eq!(second.bucket_action.len(), 1, "{second:?}");
@@ -345,10 +347,12 @@ async fn an_rlqs_bucket_named_twice_in_one_report_gets_one_assignment_for_its_su
     let err =
         tokio::time::timeout(std::time::Duration::from_secs(10), big.message()).await.expect("no end").unwrap_err();
     assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
-    // 30 used and 10 leased anew: the whole 40 is out, the new lease is 10.
+    // 20 used and 20 leased anew: the whole 40 is out, the new lease is 20,
+    // refilled over its 10 s (Envoy holds at most what the rest of it refills).
     assert_eq!(limit.remaining, 0, "{limit:?}");
     let next = tokens(&second.bucket_action[0]);
-    assert!(next.contains("max_tokens: 10,"), "40 - (15 + 15) = 10 left to lease: {next}");
+    assert!(next.contains("tokens_per_fill: Some(UInt32Value { value: 20 })"), "40 - 20 = 20 left to lease: {next}");
+    assert!(next.contains("fill_interval: Some(Duration { seconds: 10,"), "{next}");
 }
 
 #[tokio::test]
