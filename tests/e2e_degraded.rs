@@ -28,6 +28,8 @@ resources:
     limits: [ { name: per-user, key: [user], algorithm: fixed_window, limit: 1, window: 1h } ]
   - name: other-items
     limits: [ { name: per-user, key: [user], algorithm: fixed_window, limit: 1, window: 1h } ]
+  - name: metered
+    limits: [ { name: tokens, key: [user], algorithm: token_bucket, capacity: 100000, refill_per_second: 0.001 } ]
 "#;
 
 fn start() -> (Floodgate, TempDir) {
@@ -196,4 +198,38 @@ async fn held_at_once(c: &Client, ask: &Acquire, n: usize) -> Vec<floodgate_clie
         held.push(c.acquire(ask).await.unwrap());
     }
     held
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_estimate_cut_short_before_its_answer_goes_back_whole() {
+    let (fg, _dir) = start();
+    let c = Client::builder().endpoint(fg.url()).request_timeout(Duration::from_secs(2)).watch(false).build().unwrap();
+    let ask = Acquire::new("metered").descriptor("user", "est").cost(100).settle();
+    let (mut seed, mut kept) = (0x2545_f491_u64, 0u64);
+    for _ in 0..200 {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let timeout = Duration::from_micros((seed >> 33) % 2000);
+        // An answer the caller read: its permit settles at the whole estimate.
+        if let Ok(d) = tokio::time::timeout(timeout, c.acquire(&ask)).await {
+            let d = d.unwrap();
+            assert!(d.is_allowed());
+            d.permit.expect("a settle permit").report_cost(floodgate_client::Outcome::Success, 100);
+            kept += 1;
+        }
+    }
+    assert!(kept < 200, "some were cut short");
+    c.flush().await;
+    let left = eventually("every cut-short estimate given back", Duration::from_secs(5), || async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        c.flush().await;
+        let peek = floodgate_proto::v1::PeekRequest {
+            resource: "metered".into(),
+            descriptors: [("user".to_string(), "est".to_string())].into(),
+            ..Default::default()
+        };
+        let left = fg.admin().await.peek(peek).await.unwrap().into_inner().limits[0].remaining;
+        (left == 100_000 - 100 * kept).then_some(left)
+    })
+    .await;
+    eprintln!("200 estimates of 100, {kept} read and settled: {left} left");
 }

@@ -112,7 +112,7 @@ impl Client {
                 let proto = proto.clone();
                 async move { grpc.acquire(proto).await }
             },
-            Some(self.give_back(req.resource())),
+            Some(self.give_back(req)),
         );
         match asked.await {
             Asked::Answer(endpoint, r) => Ok(self.decision(r, req, endpoint)),
@@ -134,7 +134,9 @@ impl Client {
                     let batch = batch.clone();
                     async move { grpc.acquire_batch(batch).await }
                 },
-                Some(self.give_back_batch(chunk.iter().map(|&i| reqs[i].resource().to_string()).collect())),
+                Some(self.give_back_batch(
+                    chunk.iter().map(|&i| (reqs[i].resource().to_string(), reqs[i].is_settle())).collect(),
+                )),
             );
             match answer.await {
                 Asked::Answer(_, r) if r.responses.len() != chunk.len() => {
@@ -295,34 +297,19 @@ impl Client {
         }
     }
 
-    /// What an Acquire nobody waited for gives back: its permit, reported
-    /// IGNORED (see `finish`).
-    fn give_back(&self, resource: &str) -> Orphan<pb::AcquireResponse> {
-        let (inner, resource) = (self.inner.clone(), resource.to_string());
-        Arc::new(move |endpoint, r: pb::AcquireResponse| {
-            if !r.permit_id.is_empty() {
-                Permit::new(inner.clone(), r.permit_id, &resource, endpoint, r.holds_slot, Outcome::Ignored)
-                    .report(Outcome::Ignored);
-            }
-        })
+    /// What an Acquire nobody waited for gives back: its permit (see
+    /// `finish`).
+    fn give_back(&self, req: &Acquire) -> Orphan<pb::AcquireResponse> {
+        let (inner, resource, settle) = (self.inner.clone(), req.resource().to_string(), req.is_settle());
+        Arc::new(move |endpoint, r: pb::AcquireResponse| give_back(&inner, endpoint, r, &resource, settle))
     }
 
     /// The same for a batch: each permit in it.
-    fn give_back_batch(&self, resources: Vec<String>) -> Orphan<pb::AcquireBatchResponse> {
+    fn give_back_batch(&self, reqs: Vec<(String, bool)>) -> Orphan<pb::AcquireBatchResponse> {
         let inner = self.inner.clone();
         Arc::new(move |endpoint, r: pb::AcquireBatchResponse| {
-            for (response, resource) in r.responses.into_iter().zip(&resources) {
-                if !response.permit_id.is_empty() {
-                    let permit = Permit::new(
-                        inner.clone(),
-                        response.permit_id,
-                        resource,
-                        endpoint,
-                        response.holds_slot,
-                        Outcome::Ignored,
-                    );
-                    permit.report(Outcome::Ignored);
-                }
+            for (response, (resource, settle)) in r.responses.into_iter().zip(&reqs) {
+                give_back(&inner, endpoint, response, resource, *settle);
             }
         })
     }
@@ -445,6 +432,16 @@ impl Sink for Inner {
             self.stats.dropped(1);
         }
     }
+}
+
+/// An answer nobody read: its permit reported IGNORED; with `settle`, at a
+/// cost of 0 (the call never ran: its estimate goes back).
+fn give_back(inner: &Arc<Inner>, endpoint: usize, r: pb::AcquireResponse, resource: &str, settle: bool) {
+    if r.permit_id.is_empty() {
+        return;
+    }
+    let permit = Permit::new(inner.clone(), r.permit_id, resource, endpoint, r.holds_slot, Outcome::Ignored);
+    if settle { permit.report_cost(Outcome::Ignored, 0) } else { permit.report(Outcome::Ignored) }
 }
 
 /// Renews the leases due, in the background, until the client is dropped.

@@ -607,44 +607,58 @@ resources:
         assert!(granted >= 40, "{granted} granted in 12 s of a 6/s bucket of 12");
     }
 
-    #[tokio::test]
-    async fn on_a_tiny_limit_shares_are_fractions_and_nobody_starves() {
-        // One a second among four holders that each want five: a quarter of
-        // a unit each per lease time, asked in the same order every time.
-        let rules = "resources:\n  - name: tb\n    limits:\n      - { name: l, algorithm: token_bucket, capacity: 1, refill_per_second: 1, lease: 1s }\n";
+    /// Holders on `tb` (rules `rules`) asking in the same order every
+    /// `poll` ms for `seconds`, each wanting `want` and reporting all of its
+    /// last grant used; when `obey`, not before their `retry_after`. What
+    /// each was granted.
+    async fn take_turns(rules: &str, holders: usize, want: u64, poll: u64, obey: bool, seconds: u64) -> Vec<u64> {
         let (d, clock) = decider(rules);
         let none: HashMap<String, String> = HashMap::new();
-        let holders = ["h0", "h1", "h2", "h3"];
-        let (mut got, mut lease_of, mut wait) =
-            ([0u64; 4], [String::new(), String::new(), String::new(), String::new()], [0u64; 4]);
-        for t in (0..40_000u64).step_by(10) {
-            for (i, holder) in holders.iter().enumerate() {
-                if t < wait[i] {
+        let (mut got, mut held, mut wait) =
+            (vec![0u64; holders], vec![(String::new(), 0u64); holders], vec![0u64; holders]);
+        for t in (0..seconds * 1000).step_by(10) {
+            for i in 0..holders {
+                if (obey && t < wait[i]) || t % poll != 0 {
                     continue;
                 }
-                let previous = std::mem::take(&mut lease_of[i]);
-                let used = if previous.is_empty() { 0 } else { 1 };
+                let (previous, used) = std::mem::take(&mut held[i]);
+                let holder = format!("h{i}");
                 let ask = LeaseAsk {
                     resource: "tb",
                     descriptors: &none,
-                    want: 5,
+                    want,
                     previous: &previous,
                     used,
-                    holder,
+                    holder: &holder,
                     release: false,
                 };
                 let l = d.lease(&ask).await.unwrap();
                 got[i] += l.granted;
                 if l.granted > 0 {
-                    lease_of[i] = l.lease_id;
+                    held[i] = (l.lease_id, l.granted);
                 }
                 wait[i] = t + l.retry_after.as_millis().max(10) as u64;
             }
             clock.advance(Duration::from_millis(10));
         }
-        let total: u64 = got.iter().sum();
-        assert!(total <= 41, "{got:?}: the bucket held 1 + 40");
+        got
+    }
+
+    #[tokio::test]
+    async fn on_a_tiny_limit_shares_are_fractions_and_nobody_starves() {
+        // One a second among four holders that each want five: a quarter of
+        // a unit each per lease time, asked in the same order every time.
+        let one = "resources:\n  - name: tb\n    limits:\n      - { name: l, algorithm: token_bucket, capacity: 1, refill_per_second: 1, lease: 1s }\n";
+        let got = take_turns(one, 4, 5, 10, true, 40).await;
+        assert!(got.iter().sum::<u64>() <= 41, "{got:?}: the bucket held 1 + 40");
         assert!(got.iter().all(|&g| g >= 7), "a fair share is 10 each: {got:?}");
+        // Six holders that ignore retry_after and ask every 0.6 s (as an
+        // Envoy reports on its own schedule), on 3 a second: everyone is owed
+        // more than there is, and each still gets its turn.
+        let three = one.replace("capacity: 1, refill_per_second: 1", "capacity: 3, refill_per_second: 3");
+        let got = take_turns(&three, 6, 10, 600, false, 15).await;
+        assert!(got.iter().sum::<u64>() <= 48, "{got:?}: the bucket held 3 + 45");
+        assert!(got.iter().all(|&g| g >= 3), "a fair share is 7.5 each: {got:?}");
     }
 
     #[tokio::test]

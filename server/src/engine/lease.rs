@@ -111,7 +111,11 @@ struct Allotment {
     /// `u64::MAX` while uncontended.
     credit: u64,
     holders: usize,
-    /// Units kept for the other holders' shares (whole units).
+    /// Units kept for the other holders' shares (whole units), but never so
+    /// many that this holder cannot take its slice of what the bucket holds
+    /// now (in proportion to the shares, rounded up) when that slice is worth
+    /// a round trip: when everyone is owed more than there is, each still
+    /// gets its turn.
     owed: u64,
 }
 
@@ -212,7 +216,8 @@ impl Leases {
         let owed = if contended {
             let shares: SmallVec<[u64; 8]> = (0..list.len()).map(|j| share_of(a.policy, capacity, &wants, j)).collect();
             let total = shares.iter().map(|&s| u128::from(s)).sum::<u128>().max(1);
-            (0..list.len())
+            let mine = (u128::from(a.available) * u128::from(share)).div_ceil(total) as u64;
+            let owed = (0..list.len())
                 .filter(|&j| j != me && list[j].seen >= recent)
                 .map(|j| {
                     let slice = (u128::from(milli(a.at_once)) * u128::from(shares[j])).div_ceil(total) as u64;
@@ -221,7 +226,10 @@ impl Leases {
                     slice.min(shares[j]).saturating_sub(milli(list[j].outstanding)).min(may)
                 })
                 .fold(0, u64::saturating_add)
-                / 1000
+                / 1000;
+            // (Worth a round trip: half a share, as in `lease_plan`.)
+            let worth = ((share / 1000).max(1).min(a.at_once) / 2).max(1);
+            if mine >= worth { owed.min(a.available.saturating_sub(mine)) } else { owed }
         } else {
             0
         };
