@@ -24,9 +24,13 @@
 //! up to one share at once and gets it back at one share per lease time, so
 //! renewing more often does not take more; a lease smaller than half a share
 //! is not worth its round trip, and the holder is told when to come back
-//! instead (unless waiting would not bring more: then what is left). So
-//! leasing never admits more than the limits hold, and under contention each
-//! holder costs about one or two Lease calls per lease time.
+//! instead (unless waiting would not bring more: then what is left). What
+//! the other contended holders are owed and do not hold is kept for them
+//! (never so much that a holder cannot take its own slice of what is there).
+//! Shares and credit are counted in thousandths of a unit, so holders of a
+//! share under one unit take turns. So leasing never admits more than the
+//! limits hold, and under contention each holder costs about one or two Lease
+//! calls per lease time.
 
 use std::time::Duration;
 
@@ -521,7 +525,7 @@ impl Engine {
         // buys.
         let worth = (whole.min(at_once) / 2).max(1);
         // How long this holder's share takes to give back `units`.
-        let accrue = |units: u64| {
+        let time_to_accrue = |units: u64| {
             Duration::from_nanos((u128::from(milli(units)) * ttl.as_nanos() / u128::from(share_m.max(1))) as u64)
         };
         plan.grant = credit.min(available).min(whole);
@@ -542,7 +546,7 @@ impl Engine {
             // A grant that uses up the holder's share says when the next
             // can be had: a holder that uses it up before then need not ask.
             if plan.grant >= credit {
-                plan.retry_after = accrue(worth).clamp(MIN_ASK_AGAIN, ttl);
+                plan.retry_after = time_to_accrue(worth).clamp(MIN_ASK_AGAIN, ttl);
             }
             return Ok(Ok(plan));
         }
@@ -550,7 +554,7 @@ impl Engine {
         // for the others' shares are this holder's share used.
         let (retry_after, why) = if credit < worth {
             let filled = if available < worth { filled() } else { Duration::ZERO };
-            (accrue(worth - credit).max(filled), Empty::ShareUsed)
+            (time_to_accrue(worth - credit).max(filled), Empty::ShareUsed)
         } else if held >= worth {
             (filled(), Empty::ShareUsed)
         } else {
