@@ -250,11 +250,18 @@ resources:
       - { name: per-tenant, key: [tenant], algorithm: fixed_window, limit: 40, window: 1h, lease: 10s }
 "#;
 
+/// Floodgate with `rules`, and two Envoys asking its RLQS for domain `edge`,
+/// buckets named `api`, reporting every second.
+fn two_rlqs_envoys(rules: &str) -> (TempDir, Floodgate, Envoy, Envoy) {
+    let dir = TempDir::new();
+    let fg = Floodgate::start(&["--config", path_str(&dir.write("rules.yaml", rules))]);
+    let (a, b) = (Envoy::start_rlqs(&fg.grpc, "edge", "api", "1s"), Envoy::start_rlqs(&fg.grpc, "edge", "api", "1s"));
+    (dir, fg, a, b)
+}
+
 #[test]
 fn two_envoys_rate_limit_quota_filters_share_one_limit_through_rlqs() {
-    let dir = TempDir::new();
-    let fg = Floodgate::start(&["--config", path_str(&dir.write("rules.yaml", QUOTA_RULES))]);
-    let (a, b) = (Envoy::start_rlqs(&fg.grpc, "edge", "api", "1s"), Envoy::start_rlqs(&fg.grpc, "edge", "api", "1s"));
+    let (_dir, fg, a, b) = two_rlqs_envoys(QUOTA_RULES);
     let tenant = fresh("t");
     let headers = [("x-tenant", tenant.as_str())];
     // Until the first assignment arrives, the bucket denies (DENY_ALL): wait
@@ -304,9 +311,7 @@ resources:
 
 #[test]
 fn two_envoys_shares_of_one_limit_follow_their_traffic() {
-    let dir = TempDir::new();
-    let fg = Floodgate::start(&["--config", path_str(&dir.write("rules.yaml", QUOTA_SHARE_RULES))]);
-    let (a, b) = (Envoy::start_rlqs(&fg.grpc, "edge", "api", "1s"), Envoy::start_rlqs(&fg.grpc, "edge", "api", "1s"));
+    let (_dir, fg, a, b) = two_rlqs_envoys(QUOTA_SHARE_RULES);
     let tenant = fresh("share");
     let headers = [("x-tenant", tenant.as_str())];
     // Envoy A offers 9 a second, B 3: three times the traffic, 12 a second

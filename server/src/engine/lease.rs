@@ -231,9 +231,7 @@ impl Leases {
                 })
                 .fold(0, u64::saturating_add)
                 / 1000;
-            // (Worth a round trip: half a share, as in `lease_plan`.)
-            let worth = ((share / 1000).max(1).min(a.at_once) / 2).max(1);
-            if mine >= worth { owed.min(a.available.saturating_sub(mine)) } else { owed }
+            if mine >= worth(share, a.at_once) { owed.min(a.available.saturating_sub(mine)) } else { owed }
         } else {
             0
         };
@@ -264,6 +262,13 @@ impl Leases {
             !list.is_empty()
         });
     }
+}
+
+/// The least lease worth its round trip for a share of `share_m`
+/// thousandths: half a share (of what the limits hold at once, `at_once`: a
+/// share for a lease time may be more), at least one unit.
+fn worth(share_m: u64, at_once: u64) -> u64 {
+    ((share_m / 1000).max(1).min(at_once) / 2).max(1)
 }
 
 /// `units` in thousandths.
@@ -520,10 +525,7 @@ impl Engine {
         share_m = share_m.min(milli(u64::from(u32::MAX)));
         plan.share = share_m.div_ceil(1000);
         let whole = (share_m / 1000).max(1);
-        // Half a share at least (of what the limits can hold at once: a share
-        // for a lease time may be more), or the round trip costs more than it
-        // buys.
-        let worth = (whole.min(at_once) / 2).max(1);
+        let worth = worth(share_m, at_once);
         // How long this holder's share takes to give back `units`.
         let time_to_accrue = |units: u64| {
             Duration::from_nanos((u128::from(milli(units)) * ttl.as_nanos() / u128::from(share_m.max(1))) as u64)
