@@ -35,6 +35,7 @@
 //!   import nothing of the crate.
 
 pub mod access;
+pub mod adaptive;
 pub mod bench;
 pub mod breaker;
 pub mod cli;

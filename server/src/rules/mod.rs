@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use crate::limiter::Algorithm;
 
+pub mod adaptive;
 pub mod bounds;
 mod breaker;
 pub mod duration;
@@ -20,6 +21,7 @@ pub mod overrides;
 mod parse;
 pub mod systems;
 
+pub use adaptive::{AdaptiveConfig, AlgorithmConfig, Partitions};
 pub use breaker::{Backoff, BreakerConfig, WindowKind};
 pub use fields::{RuleError, RuleErrors};
 use glob::Glob;
@@ -114,9 +116,15 @@ pub enum LeaseShare {
     Proportional,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Concurrency {
+    /// The limit on calls in flight; for an adaptive limit, its ceiling
+    /// (`adaptive.max`): what it is now is the resource's (`Guarded::limit`).
     pub max_in_flight: u32,
+    /// Recomputed from the latencies the callers report.
+    pub adaptive: Option<AdaptiveConfig>,
+    /// Guaranteed shares of the limit by priority (empty: none).
+    pub partitions: Partitions,
     pub permit_ttl: Duration,
     /// With Redis: `strict` one in-flight set for the fleet, `replicated`
     /// slots leased to replicas, `local` per replica.

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde_yaml_ng::Value;
 
+use super::adaptive::{AdaptiveConfig, Partitions};
 use super::fields::{Collector, Fields, RuleErrors};
 use super::glob::Glob;
 use super::overrides::{Action, Override, Overrides};
@@ -481,13 +482,30 @@ fn sync_and_outage(f: &Fields<'_>) -> (Option<SyncMode>, Option<OnRedisError>) {
 }
 
 fn concurrency(f: &Fields<'_>) -> Option<Concurrency> {
-    f.deny_unknown(&["max_in_flight", "permit_ttl", "sync", "on_redis_error"]);
-    let max = f.required("max_in_flight", |f, k| f.u64_in(k, 1, 10_000_000));
+    f.deny_unknown(&["max_in_flight", "adaptive", "partitions", "permit_ttl", "sync", "on_redis_error"]);
+    let adaptive = if f.has("adaptive") {
+        if f.has("max_in_flight") {
+            f.error("max_in_flight", "cannot be set beside 'adaptive' (the adaptive limit's ceiling is adaptive.max)");
+        }
+        Some(f.nested("adaptive").and_then(|a| AdaptiveConfig::parse(&a)))
+    } else {
+        None
+    };
+    let max = match adaptive {
+        Some(a) => a.map(|a| u64::from(a.max)),
+        None => f.required("max_in_flight", |f, k| f.u64_in(k, 1, 10_000_000)),
+    };
+    let partitions = match f.has("partitions") {
+        true => f.nested("partitions").and_then(|p| Partitions::parse(&p)),
+        false => Some(Partitions::default()),
+    };
     let ttl = f.duration("permit_ttl", Duration::from_millis(1));
     let ttl = if f.has("permit_ttl") { ttl? } else { Duration::from_secs(60) };
     let (sync, on_redis_error) = sync_and_outage(f);
     Some(Concurrency {
         max_in_flight: max? as u32,
+        adaptive: adaptive.flatten(),
+        partitions: partitions?,
         permit_ttl: ttl,
         sync: sync.unwrap_or_default(),
         on_redis_error: on_redis_error.unwrap_or_default(),

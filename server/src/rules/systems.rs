@@ -45,6 +45,11 @@ impl Priority {
     pub const ALL: [Priority; 4] =
         [Priority::CriticalPlus, Priority::Critical, Priority::SheddablePlus, Priority::Sheddable];
 
+    /// Its place in [`Priority::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     /// As written in rules files (`sheddable_plus`).
     pub fn key(self) -> &'static str {
         match self {

@@ -53,6 +53,8 @@ fn parses_the_spec_example() {
         rule.concurrency,
         Some(Concurrency {
             max_in_flight: 50,
+            adaptive: None,
+            partitions: Default::default(),
             permit_ttl: Duration::from_secs(30),
             sync: SyncMode::Replicated,
             on_redis_error: OnRedisError::Local
