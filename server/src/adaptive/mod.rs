@@ -140,6 +140,8 @@ pub struct Controller {
     window: Window,
     closes_at: Timestamp,
     history: VecDeque<Point>,
+    /// The version of the fleet's state last adopted (with Redis).
+    fleet_version: Option<u64>,
 }
 
 impl Estimator {
@@ -238,7 +240,25 @@ impl Controller {
             window: Window::default(),
             closes_at: now.saturating_add(cfg.window),
             history: VecDeque::new(),
+            fleet_version: None,
         }
+    }
+
+    /// The version of the fleet's state this one follows, if any.
+    pub fn fleet_version(&self) -> Option<u64> {
+        self.fleet_version
+    }
+
+    pub fn set_fleet_version(&mut self, v: u64) {
+        self.fleet_version = Some(v);
+    }
+
+    /// A window taken for the fleet that never reached it: its samples go
+    /// back into the one being gathered.
+    pub fn put_back(&mut self, w: &Window) {
+        let peak = self.window.max_in_flight.max(w.max_in_flight);
+        self.window.merge(w);
+        self.window.max_in_flight = peak;
     }
 
     pub fn config(&self) -> &AdaptiveConfig {

@@ -194,6 +194,16 @@ impl Engine {
         self.guards.get(resource).map_or(Duration::from_millis(50), |g| g.slot_free_in(max))
     }
 
+    /// Every resource's guards (breaker, concurrency), sorted by name.
+    pub fn all_guarded(&self) -> Vec<(String, Arc<guards::Guarded>)> {
+        self.guards.all()
+    }
+
+    /// A resource's concurrency limit now (an adaptive one moves).
+    pub fn concurrency_limit(&self, resource: &str, c: &crate::rules::Concurrency) -> u32 {
+        self.guards.get(resource).map_or_else(|| c.adaptive.map_or(c.max_in_flight, |a| a.initial), |g| g.limit(c))
+    }
+
     /// Forgets idle buckets and buckets of limits no longer in force.
     pub fn sweep(&self) -> usize {
         let rules = self.rules.load_full();
@@ -221,6 +231,8 @@ pub fn spawn_sweeper(engine: &Arc<Engine>, every: Duration) -> tokio::task::Join
 #[cfg(test)]
 mod tests;
 
+#[cfg(test)]
+mod adaptive_tests;
 #[cfg(test)]
 mod guard_tests;
 

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::guards::{Permit, PermitId};
+use super::guards::{Guarded, Permit, PermitId};
 use super::request::{self, RequestError};
 use super::sync::RemoteOutcome;
 use super::sync::SlotOp;
@@ -11,7 +11,7 @@ use super::{Engine, Installed};
 use crate::breaker::{Info, Outcome, State};
 use crate::degradation::{Level, LevelChange, Load, Scope};
 use crate::events::Event;
-use crate::rules::{BreakerConfig, Rule};
+use crate::rules::{BreakerConfig, Concurrency, Rule, SyncMode};
 use crate::time::Timestamp;
 
 /// One ReportOutcome, checked: `resource` may be empty (else it must be the
@@ -77,7 +77,17 @@ impl Engine {
         if !scope.is_global() && outcome != Outcome::Ignored {
             scope.record_outcome(now, outcome == Outcome::Failure, latency);
         }
-        let cfg = rules.rules.find(&permit.resource).and_then(|r| r.breaker.as_ref());
+        let rule = rules.rules.find(&permit.resource);
+        if permit.holds_slot
+            && let Some(c) = rule.and_then(|r| r.concurrency.as_ref())
+        {
+            match outcome {
+                Outcome::Success => self.adaptive_sample(&permit.guarded, c, now, Some(latency)),
+                Outcome::Failure => self.adaptive_sample(&permit.guarded, c, now, None),
+                Outcome::Ignored => {}
+            }
+        }
+        let cfg = rule.and_then(|r| r.breaker.as_ref());
         let state = match (permit.breaker, permit.remote_probe, cfg) {
             (_, Some(generation), Some(cfg)) => {
                 // A probe of the shared breaker: Redis counts it and decides.
@@ -133,10 +143,35 @@ impl Engine {
     fn release(&self, permit: Permit, id: PermitId, now: Timestamp) {
         if permit.holds_slot {
             permit.guarded.release_slot_after(Duration::from_nanos(now.saturating_since(permit.issued_at)));
+            permit.guarded.release_class(permit.class);
         }
         if let (true, Some(sync)) = (permit.strict_slot, &self.sync) {
             sync.push_slot_op(SlotOp::Give { resource: permit.resource, id });
         }
+    }
+
+    /// A call's latency (`None`: a drop) for the resource's adaptive limit,
+    /// if it has one; the window closes here once it is over, unless the
+    /// fleet closes it (the sync).
+    fn adaptive_sample(&self, guarded: &Guarded, c: &Concurrency, now: Timestamp, latency: Option<Duration>) {
+        let Some(a) = &c.adaptive else { return };
+        guarded.sample(a, now, latency);
+        self.close_adaptive_window(guarded, c, now);
+    }
+
+    fn close_adaptive_window(&self, guarded: &Guarded, c: &Concurrency, now: Timestamp) {
+        if let Some(a) = &c.adaptive
+            && self.adapts_alone(c)
+        {
+            guarded.close_window(a, now);
+        }
+    }
+
+    /// Whether this replica computes a resource's adaptive limit from its
+    /// own samples: without Redis, for a `local` limit, and while Redis
+    /// cannot be reached. Otherwise the sync merges every replica's windows.
+    pub fn adapts_alone(&self, c: &Concurrency) -> bool {
+        c.sync == SyncMode::Local || self.sync.as_ref().is_none_or(|s| !s.up())
     }
 
     fn current_state(&self, rules: &Installed, resource: &str) -> Option<State> {
@@ -148,13 +183,21 @@ impl Engine {
     /// reopen breakers whose probes did not report, re-evaluate the levels.
     pub fn tick(&self) {
         let now = self.clock.now();
+        let rules = self.rules();
         for (id, permit) in self.permits.expire(now) {
             metrics::counter!(crate::metrics::PERMITS_EXPIRED).increment(1);
+            // A call that never reported: a drop, to an adaptive limit.
+            if let (true, Some(c)) = (permit.holds_slot, rules.rules.find(&permit.resource).and_then(|r| r.concurrency))
+            {
+                self.adaptive_sample(&permit.guarded, &c, now, None);
+            }
             self.release(permit, id, now);
         }
-        let rules = self.rules();
         for (resource, guarded) in self.guards.all() {
             let Some(rule) = rules.rules.find(&resource) else { continue };
+            if let Some(c) = &rule.concurrency {
+                self.close_adaptive_window(&guarded, c, now);
+            }
             let Some(cfg) = rule.breaker.as_ref() else { continue };
             let transition = guarded.current_breaker().as_mut().and_then(|b| b.tick(cfg, now));
             if let Some(transition) = transition {

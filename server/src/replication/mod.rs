@@ -25,6 +25,7 @@ use crate::engine::Engine;
 use crate::engine::sync::Replica;
 use crate::time::Timestamp;
 
+mod adaptive;
 mod adjust;
 mod breakers;
 mod conn;
@@ -279,7 +280,8 @@ impl Replication {
         let breakers = self.sync_breakers(&rules).await;
         self.flush_outbox(&rules).await;
         self.sync_leases(&rules).await;
-        buckets && breakers
+        let adaptive = self.sync_adaptive(&rules).await;
+        buckets && breakers && adaptive
     }
 }
 

@@ -101,6 +101,8 @@ pub enum ScriptName {
     SlotLease,
     /// Operators' degradation levels, newest wins.
     Levels,
+    /// An adaptive concurrency limit's windows and state, for the fleet.
+    Adaptive,
 }
 
 pub struct Scripts {
@@ -116,6 +118,7 @@ pub struct Scripts {
     slot: Script,
     slot_lease: Script,
     levels: Script,
+    adaptive: Script,
 }
 
 /// What a breaker script is asked to do, with its own arguments.
@@ -147,6 +150,7 @@ impl ScriptName {
             ScriptName::Slot => "slot",
             ScriptName::SlotLease => "slot_lease",
             ScriptName::Levels => "levels",
+            ScriptName::Adaptive => "adaptive",
         }
     }
 }
@@ -166,6 +170,7 @@ impl Scripts {
             ScriptName::Slot => &self.slot,
             ScriptName::SlotLease => &self.slot_lease,
             ScriptName::Levels => &self.levels,
+            ScriptName::Adaptive => &self.adaptive,
         }
     }
 }
@@ -219,8 +224,14 @@ impl Default for Scripts {
             slot: Script::new(include_str!("lua/slot.lua")),
             slot_lease: Script::new(include_str!("lua/slot_lease.lua")),
             levels: Script::new(include_str!("lua/levels.lua")),
+            adaptive: Script::new(include_str!("lua/adaptive.lua")),
         }
     }
+}
+
+/// An adaptive concurrency limit's key: the fleet's window and state.
+pub fn adaptive_key(resource: &str) -> String {
+    format!("fg:a:{{{}}}", tag(resource))
 }
 
 /// A concurrency limit's keys: the strict in-flight set, the replicated leases.

@@ -72,17 +72,18 @@ impl Replication {
         let clock = self.engine.clock();
         let started = clock.now();
         let [set, _] = slot_keys(&resource);
+        let max = self.engine.concurrency_limit(&resource, &c);
         loop {
             let deadline = self.sync().redis_time(clock.now().saturating_add(self.config.timeout));
             let mut invocation = self.scripts.get(ScriptName::Slot).prepare_invoke();
-            invocation.key(&set).arg(1).arg(id.to_string()).arg(millis(c.permit_ttl)).arg(c.max_in_flight);
+            invocation.key(&set).arg(1).arg(id.to_string()).arg(millis(c.permit_ttl)).arg(max);
             invocation.arg(deadline);
             match self.run(ScriptName::Slot, invocation, wire::parse_slot).await {
                 Some(Answered::Done(Ok(()))) => {
                     return Some(RemoteSlot::Taken(Box::new(self.sync().slot_granted(&resource, id))));
                 }
                 Some(Answered::Done(Err(first_expiry))) => {
-                    let guess = self.engine.slot_free_in(&resource, c.max_in_flight);
+                    let guess = self.engine.slot_free_in(&resource, max);
                     return Some(RemoteSlot::Full { retry_after: guess.min(first_expiry) });
                 }
                 Some(Answered::TooLate) if clock.now().saturating_since(started) < self.slow_limit() => {
@@ -245,7 +246,8 @@ impl Replication {
         let sent = self.engine.clock().now();
         let used = g.in_flight();
         let lease = g.lease_at(sent).unwrap_or(0);
-        let room = (c.max_in_flight / (4 * sync.live())).max(1);
+        let max = g.limit(&c);
+        let room = (max / (4 * sync.live())).max(1);
         let want = match why {
             // Short of slots: twice as many (fewer round trips to ramp up).
             Renewal::Short => lease.max(used).saturating_add(room.max(lease.max(used))),
@@ -266,8 +268,8 @@ impl Replication {
             .arg(&self.instance)
             .arg(used)
             .arg(floor)
-            .arg(want.min(c.max_in_flight))
-            .arg(c.max_in_flight)
+            .arg(want.min(max))
+            .arg(max)
             .arg(hold)
             .arg(deadline)
             .arg(millis(life));

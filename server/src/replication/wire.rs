@@ -416,3 +416,70 @@ mod tests {
         assert!(parse_live(Value::Int(3)).is_err());
     }
 }
+
+/// adaptive.lua's answer to a push.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AdaptiveReply {
+    /// The fleet's window is over and this replica closes it: the state it
+    /// starts from (empty: none), at `version`.
+    Close { version: u64, state: String, window: crate::adaptive::Window },
+    /// The window goes on: the state in force, and the window it came from.
+    Open { version: u64, state: String, last: Option<crate::adaptive::Window> },
+}
+
+/// A window as adaptive.lua keeps the last one: five numbers.
+pub fn window_text(w: &crate::adaptive::Window) -> String {
+    format!("{} {} {} {} {}", w.samples, w.rtt_sum_us, w.min_rtt_us, w.max_in_flight, w.drops)
+}
+
+fn window_of(parts: &[u64]) -> Option<crate::adaptive::Window> {
+    let &[samples, rtt_sum_us, min_rtt_us, peak, drops] = parts else { return None };
+    let max_in_flight = u32::try_from(peak).ok()?;
+    Some(crate::adaptive::Window { samples, rtt_sum_us, min_rtt_us, max_in_flight, drops })
+}
+
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::Int(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+pub fn parse_adaptive_push(v: Value) -> Result<AdaptiveReply, ReplyError> {
+    let script = ScriptName::Adaptive;
+    let Value::Array(items) = v else { return Err(error(script, format!("not an array: {v:?}"))) };
+    let texts: Option<Vec<String>> = items.iter().map(text).collect();
+    let bad = || error(script, format!("unexpected: {items:?}"));
+    let texts = texts.ok_or_else(bad)?;
+    let version = texts.get(1).and_then(|v| v.parse::<u64>().ok()).ok_or_else(bad)?;
+    let state = texts.get(2).cloned().ok_or_else(bad)?;
+    let numbers = |s: &[String]| s.iter().map(|n| n.parse::<u64>().ok()).collect::<Option<Vec<u64>>>();
+    match texts.first().map(String::as_str) {
+        Some("1") if texts.len() == 8 => {
+            let window = numbers(&texts[3..]).as_deref().and_then(window_of).ok_or_else(bad)?;
+            Ok(AdaptiveReply::Close { version, state, window })
+        }
+        Some("0") if texts.len() == 4 => {
+            let parts: Vec<String> = texts[3].split(' ').map(str::to_string).collect();
+            let last = numbers(&parts).as_deref().and_then(window_of);
+            Ok(AdaptiveReply::Open { version, state, last })
+        }
+        _ => Err(bad()),
+    }
+}
+
+/// adaptive.lua's answer to a publish: the new version, if it was stored.
+pub fn parse_adaptive_publish(v: Value) -> Result<Option<u64>, ReplyError> {
+    let script = ScriptName::Adaptive;
+    let Value::Array(items) = v else { return Err(error(script, format!("not an array: {v:?}"))) };
+    let texts: Option<Vec<String>> = items.iter().map(text).collect();
+    match texts.as_deref() {
+        Some([stored, version]) => {
+            let version = version.parse::<u64>().map_err(|_| error(script, format!("bad version: {items:?}")))?;
+            Ok((stored == "1").then_some(version))
+        }
+        _ => Err(error(script, format!("unexpected: {items:?}"))),
+    }
+}

@@ -8,7 +8,7 @@ use smallvec::SmallVec;
 
 use super::{Answer, Matched, Prepared, Verdict, fill_limits};
 use crate::engine::Engine;
-use crate::engine::guards::{Admitted, Ask, Denial, Slots};
+use crate::engine::guards::{Admitted, Ask, Denial, Guarded, Slots};
 use crate::engine::installed::RuleHandles;
 use crate::engine::sync::{RemoteBreaker, RemoteSlot, SlotOp, decided_by_redis};
 use crate::limiter::{Decision, Status};
@@ -53,6 +53,8 @@ pub struct Pending<'r> {
     cost: u64,
     dry_run: bool,
     gate: bool,
+    /// The call's priority (the concurrency limit's partitions).
+    priority: crate::rules::Priority,
     now: Timestamp,
     /// The local limits already gave back what they took (one of them denied).
     given_back: bool,
@@ -174,6 +176,7 @@ impl Engine {
             cost: p.cost,
             dry_run: p.dry_run,
             gate: p.gate,
+            priority: p.priority,
             now,
             resource: p.resource,
             guarded: p.guarded,
@@ -317,8 +320,14 @@ impl Engine {
     fn guard(&self, p: &mut Pending<'_>, remote: Option<RemoteBreaker>, slot: Option<RemoteSlot>) -> Option<Denial> {
         let resource = p.resource.as_ref().filter(|_| p.guarded)?;
         let dry_run = p.dry_run || p.gate;
-        let slots = self.slots(p.rule, slot, dry_run);
-        let ask = Ask { rule: p.rule, resource, now: p.now, dry_run, gate: p.gate, remote, slots };
+        let guarded = self.guards.get_or_create(resource, p.rule);
+        if let Some(c) = &p.rule.concurrency {
+            // What the limit is now (an adaptive one moves).
+            p.answer.max_in_flight = guarded.limit(c);
+        }
+        let slots = self.slots(p.rule, &guarded, slot, dry_run);
+        let priority = p.priority;
+        let ask = Ask { rule: p.rule, resource, now: p.now, dry_run, gate: p.gate, remote, slots, guarded, priority };
         match self.guards.admit(ask, &self.events) {
             Ok(a) => {
                 p.admitted = Some(a);
@@ -330,19 +339,20 @@ impl Engine {
 
     /// What a rule's concurrency limit lets through here: its `sync` with
     /// Redis's answer, or its `on_redis_error` while Redis cannot answer.
-    fn slots(&self, rule: &Rule, slot: Option<RemoteSlot>, dry_run: bool) -> Slots {
+    fn slots(&self, rule: &Rule, guarded: &Guarded, slot: Option<RemoteSlot>, dry_run: bool) -> Slots {
         let Some(c) = &rule.concurrency else { return Slots::Here(None) };
+        let limit = guarded.limit(c);
         let Some(sync) = self.sync.as_ref().filter(|_| c.sync != SyncMode::Local) else {
-            return Slots::Here(Some(c.max_in_flight));
+            return Slots::Here(Some(limit));
         };
         if dry_run {
             // Nothing is taken, and Redis is not asked: what this replica
             // holds against the whole limit.
-            return Slots::Here(Some(c.max_in_flight));
+            return Slots::Here(Some(limit));
         }
         let outage = match c.on_redis_error {
             // This replica's share of the fleet's slots, at least one.
-            OnRedisError::Local => Some(c.max_in_flight.div_ceil(sync.live())),
+            OnRedisError::Local => Some(limit.div_ceil(sync.live())),
             OnRedisError::Allow => None,
             OnRedisError::Deny => Some(0),
         };

@@ -36,6 +36,8 @@ struct Held {
     /// A probe the shared breaker granted.
     remote_probe: Option<Box<ProbeGrant>>,
     holds_slot: bool,
+    /// The class whose slot it holds.
+    class: Priority,
     /// The slot in the fleet's in-flight set (a strict concurrency limit).
     strict: Option<Strict>,
 }
@@ -112,6 +114,7 @@ impl Drop for Admitted {
         let Some(held) = self.held.take() else { return };
         if held.holds_slot {
             held.guarded.release_slot();
+            held.guarded.release_class(held.class);
         }
         // A shared probe goes back as its grant drops; a local one here.
         if held.remote_probe.is_none()
@@ -187,13 +190,16 @@ pub struct Ask<'a> {
     pub remote: Option<RemoteBreaker>,
     /// What the concurrency limit lets through, if the rule has one.
     pub slots: Slots,
+    /// The resource's state (`Guards::get_or_create`).
+    pub guarded: Arc<Guarded>,
+    /// The call's priority, for the concurrency limit's partitions.
+    pub priority: Priority,
 }
 
 impl Guards {
     /// Runs the guards of the rule for the resource; on a dry run, only asks.
     pub fn admit(&self, ask: Ask<'_>, events: &Events) -> Result<Admitted, Denial> {
-        let Ask { rule, resource, now, dry_run, gate, remote, slots } = ask;
-        let guarded = self.get_or_create(resource, rule);
+        let Ask { rule, resource, now, dry_run, gate, remote, slots, guarded, priority } = ask;
         guarded.touch(now);
         let closed = |state, retry_after| Denial::CircuitOpen { resource: resource.into(), state, retry_after };
         let mut remote_probe = None;
@@ -231,7 +237,7 @@ impl Guards {
             }
             (None, _) => (None, None),
         };
-        let mut held = Held { guarded, breaker, remote_probe, holds_slot: false, strict: None };
+        let mut held = Held { guarded, breaker, remote_probe, holds_slot: false, class: priority, strict: None };
         if let Some(c) = &rule.concurrency {
             let (cap, strict) = match slots {
                 Slots::Here(cap) => (Ok(cap), None),
@@ -243,15 +249,18 @@ impl Guards {
             let full = match cap {
                 Err(_) => true,
                 Ok(cap) if dry_run => cap.is_some_and(|cap| held.guarded.in_flight() >= cap),
-                Ok(cap) => !held.guarded.try_take_slot_within(cap),
+                Ok(cap) => !held.guarded.try_take_for(cap, priority, &c.partitions),
             };
             if full {
-                let retry_after = cap.err().unwrap_or_else(|| held.guarded.slot_free_in(c.max_in_flight));
+                let max = held.guarded.limit(c);
+                // When a slot is likely free: the calls' recent hold time
+                // (their latency) spread over the limit.
+                let retry_after = cap.err().unwrap_or_else(|| held.guarded.slot_free_in(max));
                 // The slot Redis took, if any, goes back as it drops.
                 drop(strict);
                 // Dropped: the breaker's admission (a probe) goes back.
                 drop(Admitted { held: Some(held), breaker_state });
-                return Err(Denial::Concurrency { resource: resource.into(), max: c.max_in_flight, retry_after });
+                return Err(Denial::Concurrency { resource: resource.into(), max, retry_after });
             }
             held.holds_slot = !dry_run;
             held.strict = strict.filter(|_| !dry_run);
@@ -292,6 +301,7 @@ impl Permits {
             breaker: held.breaker,
             remote_probe: held.remote_probe.map(|g| g.keep()),
             holds_slot: held.holds_slot,
+            class: held.class,
             strict_slot: held.strict.is_some(),
         };
         match held.strict {

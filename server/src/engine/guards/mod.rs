@@ -12,6 +12,7 @@ use crate::rules::{BreakerConfig, Rule};
 use crate::time::Timestamp;
 
 mod admit;
+mod concurrency;
 mod permits;
 
 pub use admit::{Admitted, Ask, DEFAULT_PERMIT_TTL, Denial, Slots};
@@ -43,6 +44,14 @@ pub struct Guarded {
     wanted: std::sync::atomic::AtomicBool,
     /// A renewal of the lease is out (one at a time).
     lease_syncing: std::sync::atomic::AtomicBool,
+    /// An adaptive limit's state (see `concurrency.rs`), and the limit it
+    /// gives, read without the lock (0: none yet, the rule's `initial`).
+    adaptive: Mutex<Option<crate::adaptive::Controller>>,
+    limit: AtomicU32,
+    /// The most calls in flight since the window was last taken.
+    peak: AtomicU32,
+    /// Calls in flight by priority (for partitions and metrics).
+    by_class: [AtomicU32; 4],
 }
 
 /// What a denied caller is told to wait for a slot before any permit came back.
@@ -162,6 +171,12 @@ impl Guarded {
             0 => FIRST_HOLD_GUESS,
             avg => Duration::from_micros(avg / u64::from(max.max(1))).max(Duration::from_millis(1)),
         }
+    }
+
+    /// Whether a call acquired or reported within `d` of `now`.
+    pub fn active_within(&self, now: Timestamp, d: Duration) -> bool {
+        now.saturating_since(Timestamp::from_nanos(self.touched.load(Ordering::Relaxed)))
+            < crate::time::duration_nanos(d)
     }
 
     fn idle(&self, now: Timestamp) -> bool {

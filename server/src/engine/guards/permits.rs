@@ -33,6 +33,8 @@ pub struct Permit {
     pub remote_probe: Option<u64>,
     /// Holds one of the resource's concurrency slots.
     pub holds_slot: bool,
+    /// The priority whose slot it holds (its partition).
+    pub class: crate::rules::Priority,
     /// The slot is also in the fleet's in-flight set in Redis (strict).
     pub strict_slot: bool,
 }
@@ -133,6 +135,7 @@ mod tests {
             breaker: None,
             remote_probe: None,
             holds_slot: false,
+            class: Default::default(),
             strict_slot: false,
         }
     }
