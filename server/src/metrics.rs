@@ -56,6 +56,11 @@ pub const RLS_OVERRIDES_REFUSED: &str = "floodgate_rls_overrides_refused_total";
 pub const OVERRIDES: &str = "floodgate_overrides";
 pub const LEASES: &str = "floodgate_leases_total";
 pub const LEASED_UNITS: &str = "floodgate_leased_units_total";
+pub const CONCURRENCY_LIMIT: &str = "floodgate_concurrency_limit";
+pub const CONCURRENCY_IN_FLIGHT: &str = "floodgate_concurrency_in_flight";
+pub const ADAPTIVE_LATENCY: &str = "floodgate_adaptive_latency_seconds";
+pub const ADAPTIVE_GRADIENT: &str = "floodgate_adaptive_gradient";
+pub const ADAPTIVE_QUEUE: &str = "floodgate_adaptive_queue";
 
 /// The resource label of requests that no rule matched.
 pub const UNMATCHED: &str = "_unmatched";
@@ -112,6 +117,18 @@ fn describe() {
     describe_counter!(BREAKER_NOT_PERMITTED, "Acquires rejected by the breaker");
     describe_counter!(OUTCOMES, "Reported outcomes by resource (rule), outcome and result (counted, unknown, expired)");
     describe_gauge!(PERMITS_IN_FLIGHT, "Permits handed out and not yet returned or expired");
+    describe_gauge!(CONCURRENCY_LIMIT, "A concurrency limit now (an adaptive limit's latest), by resource");
+    describe_gauge!(
+        CONCURRENCY_IN_FLIGHT,
+        "Calls in flight on this replica under a concurrency limit, by resource and priority"
+    );
+    describe_gauge!(
+        ADAPTIVE_LATENCY,
+        metrics::Unit::Seconds,
+        "An adaptive limit's latencies at its last update: short (the window's mean), long (Gradient2), no_load (Vegas)"
+    );
+    describe_gauge!(ADAPTIVE_GRADIENT, "Gradient2's gradient at its last update (long over short latency, 0.5 to 1)");
+    describe_gauge!(ADAPTIVE_QUEUE, "Vegas's estimated queue at its last update");
     describe_counter!(PERMITS_EXPIRED, "Permits never reported, freed when their TTL passed");
     describe_gauge!(
         DEGRADATION_LEVEL,

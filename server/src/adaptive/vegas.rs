@@ -113,7 +113,7 @@ impl Vegas {
 
     pub(super) fn from_numbers(n: &[f64]) -> Option<Vegas> {
         let &[limit, no_load, probe_count, jitter, hi, lo, short, queue] = n else { return None };
-        let word = |x: f64| (x >= 0.0 && x < 4_294_967_296.0).then_some(x as u64);
+        let word = |x: f64| (0.0..4_294_967_296.0).contains(&x).then_some(x as u64);
         let rng = (word(hi)? << 32) | word(lo)?;
         (probe_count >= 0.0 && (0.5..=1.0).contains(&jitter)).then_some(Vegas {
             limit,

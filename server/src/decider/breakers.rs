@@ -31,6 +31,16 @@ impl Decider {
         Ok(BreakerView { resource: resource.into(), info })
     }
 
+    /// One resource's concurrency limit; an error when its rule has none.
+    pub fn concurrency(&self, resource: &str) -> Result<crate::engine::concurrency::ConcurrencyView, RequestError> {
+        self.engine.concurrency(&self.engine.rules(), resource)
+    }
+
+    /// Every concurrency limit in memory.
+    pub fn concurrency_all(&self) -> Vec<crate::engine::concurrency::ConcurrencyView> {
+        self.engine.concurrency_all(&self.engine.rules())
+    }
+
     /// CLOSED (reset), FORCED_OPEN, DISABLED or METRICS_ONLY, on every replica.
     pub async fn set_breaker(&self, resource: &str, to: State) -> Result<BreakerView, RequestError> {
         let rules = self.engine.rules_full();

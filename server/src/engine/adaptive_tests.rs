@@ -69,7 +69,7 @@ fn run(yaml: &str, seconds: u64, critical_every: u64, halve: (u64, u64)) -> Run 
             n += 1;
             let priority = match critical_every {
                 0 => Priority::Critical,
-                k if n % k == 0 => Priority::Critical,
+                k if n.is_multiple_of(k) => Priority::Critical,
                 _ => Priority::Sheddable,
             };
             let rules = e.rules();

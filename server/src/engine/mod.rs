@@ -20,6 +20,7 @@ use crate::rules::RuleSet;
 use crate::store::Buckets;
 use crate::time::{SharedClock, Timestamp};
 
+pub mod concurrency;
 mod counters;
 pub mod decide;
 mod envoy_sizes;

@@ -70,6 +70,8 @@ pub enum RequestError {
     BadDuration { field: &'static str, seconds: i64, nanos: i32 },
     #[error("resource: no rule gives '{0}' a circuit breaker")]
     NoBreaker(String),
+    #[error("resource: no rule gives '{0}' a concurrency limit")]
+    NoConcurrency(String),
     #[error("limit: resource '{resource}' has no matched limit '{limit}'")]
     NoSuchLimit { resource: String, limit: String },
     #[error(
@@ -155,7 +157,7 @@ impl RequestError {
     pub fn kind(&self) -> ErrorKind {
         use RequestError::*;
         match self {
-            NoBreaker(_) | NoSuchLimit { .. } | NoWhatIf | NoSuchRule(_) => ErrorKind::NotFound,
+            NoBreaker(_) | NoConcurrency(_) | NoSuchLimit { .. } | NoWhatIf | NoSuchRule(_) => ErrorKind::NotFound,
             TooManyOverrides { .. } | TooManyInstances { .. } => ErrorKind::TooMany,
             OverridesNotKept(_) => ErrorKind::Unavailable,
             InBatch { source, .. } => source.kind(),

@@ -71,6 +71,13 @@ impl Admin for ControlPlane {
         Ok(Response::new(self.decider.breaker(&request.get_ref().resource)?.into()))
     }
 
+    async fn get_concurrency(
+        &self,
+        request: Request<pb::GetConcurrencyRequest>,
+    ) -> Result<Response<pb::ConcurrencyInfo>, Status> {
+        Ok(Response::new(super::convert::concurrency::info(&self.decider.concurrency(&request.get_ref().resource)?)))
+    }
+
     async fn set_breaker_state(
         &self,
         request: Request<pb::SetBreakerStateRequest>,

@@ -89,6 +89,7 @@ rpcs! {
     ApplyRules: "/floodgate.v1.Admin/ApplyRules", "Admin/ApplyRules", crate::rules::bounds::MAX_BYTES + 64 * KIB, Admin(Change);
     ListBreakers: "/floodgate.v1.Admin/ListBreakers", "Admin/ListBreakers", SMALL, Admin(Read);
     GetBreaker: "/floodgate.v1.Admin/GetBreaker", "Admin/GetBreaker", SMALL, Admin(Read);
+    GetConcurrency: "/floodgate.v1.Admin/GetConcurrency", "Admin/GetConcurrency", SMALL, Admin(Read);
     SetBreakerState: "/floodgate.v1.Admin/SetBreakerState", "Admin/SetBreakerState", SMALL, Admin(Change);
     SetDegradationLevel: "/floodgate.v1.Admin/SetDegradationLevel", "Admin/SetDegradationLevel", SMALL, Admin(Change);
     Peek: "/floodgate.v1.Admin/Peek", "Admin/Peek", SMALL, Admin(Read);

@@ -78,6 +78,30 @@ async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
     (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], prometheus.render())
 }
 
+/// Concurrency limits of exact rules (one resource each, named by the
+/// rules file): their limit, calls in flight by priority, and an adaptive
+/// limit's inputs.
+fn concurrency_gauges(decider: &Decider, installed: &crate::engine::Installed) {
+    use crate::metrics::*;
+    use ::metrics::gauge;
+    for v in decider.concurrency_all() {
+        if installed.rules.find(&v.resource).is_none_or(|r| r.name != v.resource) {
+            continue;
+        }
+        let resource = v.resource.clone();
+        gauge!(CONCURRENCY_LIMIT, "resource" => resource.clone()).set(f64::from(v.limit));
+        for (p, (_, n)) in crate::rules::Priority::ALL.iter().zip(v.partitions) {
+            gauge!(CONCURRENCY_IN_FLIGHT, "resource" => resource.clone(), "priority" => p.key()).set(f64::from(n));
+        }
+        let Some(i) = v.inputs else { continue };
+        for (measure, us) in [("short", i.short_rtt_us), ("long", i.long_rtt_us), ("no_load", i.no_load_rtt_us)] {
+            gauge!(ADAPTIVE_LATENCY, "resource" => resource.clone(), "measure" => measure).set(us / 1e6);
+        }
+        gauge!(ADAPTIVE_GRADIENT, "resource" => resource.clone()).set(i.gradient);
+        gauge!(ADAPTIVE_QUEUE, "resource" => resource).set(i.queue);
+    }
+}
+
 /// Gauges read at scrape time rather than kept up to date on the hot path.
 /// Breakers are counted per rule and state; only an exact rule's breaker (one
 /// resource, named by the rules file) has series of its own.
@@ -109,6 +133,7 @@ fn scrape(decider: &Decider) {
         }
     }
     gauge!(PERMITS_IN_FLIGHT).set(figures.permits_in_flight as f64);
+    concurrency_gauges(decider, &installed);
     for l in &figures.levels {
         let system = crate::metrics::system_label(&l.system);
         gauge!(DEGRADATION_LEVEL, "system" => system.clone()).set(f64::from(l.level));

@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::time::Timestamp;
 
+pub mod concurrency;
 pub mod envoy;
 pub mod floodgate;
 pub mod overrides;

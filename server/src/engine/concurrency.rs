@@ -1,0 +1,68 @@
+//! What an operator reads of a resource's concurrency limit
+//! (`Admin.GetConcurrency`, the console, the metrics): the limit now, the
+//! calls in flight by priority, and for an adaptive limit its inputs and
+//! the windows it closed lately.
+
+use super::request::{self, RequestError};
+use super::{Engine, Installed};
+use crate::adaptive::{Inputs, Point};
+use crate::rules::{Concurrency, Priority};
+
+/// One resource's concurrency limit, as it is now.
+#[derive(Clone, Debug)]
+pub struct ConcurrencyView {
+    pub resource: String,
+    pub rule: Concurrency,
+    /// The limit in force (an adaptive one's latest).
+    pub limit: u32,
+    /// Calls in flight on this replica (the fleet's, for the adaptive
+    /// windows, are in `history`).
+    pub in_flight: u32,
+    /// By priority, in [`Priority::ALL`] order: (guaranteed, in flight).
+    pub partitions: [(u32, u32); 4],
+    /// An adaptive limit's inputs at its last update.
+    pub inputs: Option<Inputs>,
+    /// An adaptive limit's windows, oldest first.
+    pub history: Vec<Point>,
+}
+
+impl Engine {
+    /// One resource's concurrency limit; NOT_FOUND when no rule gives it one.
+    pub fn concurrency(&self, rules: &Installed, resource: &str) -> Result<ConcurrencyView, RequestError> {
+        request::check_name("resource", resource, false)?;
+        let none = || RequestError::NoConcurrency(resource.into());
+        let rule = rules.rules.find(resource).ok_or_else(none)?;
+        let c = rule.concurrency.ok_or_else(none)?;
+        let g = self.guards.get(resource);
+        let limit = g.as_ref().map_or_else(|| c.adaptive.map_or(c.max_in_flight, |a| a.initial), |g| g.limit(&c));
+        let partitions =
+            Priority::ALL.map(|p| (c.partitions.guaranteed(limit, p), g.as_ref().map_or(0, |g| g.in_flight_of(p))));
+        let (inputs, history) = match g.as_ref().map(|g| g.current_controller()) {
+            Some(slot) => match slot.as_ref() {
+                Some(ctl) => (Some(ctl.estimator().inputs()), ctl.history().copied().collect()),
+                None => (None, Vec::new()),
+            },
+            None => (None, Vec::new()),
+        };
+        let inputs = inputs.or(c.adaptive.map(|_| Inputs::default()));
+        Ok(ConcurrencyView {
+            resource: resource.into(),
+            rule: c,
+            limit,
+            in_flight: g.as_ref().map_or(0, |g| g.in_flight()),
+            partitions,
+            inputs,
+            history,
+        })
+    }
+
+    /// Every resource with a concurrency limit in memory, by name.
+    pub fn concurrency_all(&self, rules: &Installed) -> Vec<ConcurrencyView> {
+        self.guards
+            .all()
+            .into_iter()
+            .filter(|(r, _)| rules.rules.find(r).is_some_and(|rule| rule.concurrency.is_some()))
+            .filter_map(|(r, _)| self.concurrency(rules, &r).ok())
+            .collect()
+    }
+}
