@@ -16,6 +16,9 @@ use floodgate_proto::v1 as pb;
 use support::redis::RedisServer;
 use support::*;
 
+/// One test at a time: each measures latency on the two cores.
+static ONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The dependency: C at once, SERVICE each.
 const C: usize = 20;
 const SERVICE: Duration = Duration::from_millis(100);
@@ -111,7 +114,7 @@ fn client(fg: &Floodgate) -> Client {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_replica_finds_the_capacity_and_says_so() {
-    let _one = one_at_a_time();
+    let _one = ONE.lock().await;
     let dir = TempDir::new();
     let file = dir.write("rules.yaml", RULES);
     let fg = Floodgate::start(&["--config", path_str(&file)]);
@@ -144,7 +147,7 @@ async fn one_replica_finds_the_capacity_and_says_so() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_concurrency_refuses_what_is_not_there() {
-    let _one = one_at_a_time();
+    let _one = ONE.lock().await;
     let dir = TempDir::new();
     let file = dir.write("rules.yaml", RULES);
     let fg = Floodgate::start(&["--config", path_str(&file)]);
@@ -167,7 +170,7 @@ async fn get_concurrency_refuses_what_is_not_there() {
 /// calls let in across both stay near C.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_compute_one_limit_for_the_fleet_through_a_redis_that_dies() {
-    let _one = one_at_a_time();
+    let _one = ONE.lock().await;
     let mut redis = RedisServer::start();
     let dir = TempDir::new();
     let file = dir.write("rules.yaml", RULES);

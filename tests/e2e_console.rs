@@ -28,6 +28,9 @@ resources:
     limits:
       - { name: global, algorithm: fixed_window, limit: 100, window: 1h }
       - { name: per-user, key: [user], algorithm: fixed_window, limit: 1, window: 1h }
+  - name: db
+    concurrency:
+      adaptive: { algorithm: aimd, min: 1, max: 100, initial: 10, window: 100ms, min_samples: 1 }
 systems:
   - { name: shop, resources: [orders] }
 "#;
@@ -77,6 +80,25 @@ async fn the_console_shows_a_breaker_open_live_and_resets_it_only_with_an_admin_
     for u in ["u1", "u1", "u2"] {
         c.acquire(acquire("orders", &[("user", u)], 1)).await.unwrap();
     }
+    // An adaptive limit with a few windows for the chart: calls reported
+    // across five windows of 100 ms.
+    for _ in 0..5 {
+        let permits: Vec<String> = futures_util::future::join_all((0..6).map(|_| {
+            let mut c = c.clone();
+            async move { c.acquire(acquire("db", &[], 1)).await.unwrap().into_inner().permit_id }
+        }))
+        .await;
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        for p in permits {
+            let r = pb::ReportOutcomeRequest {
+                resource: "db".into(),
+                permit_id: p,
+                outcome: pb::Outcome::Success as i32,
+                ..Default::default()
+            };
+            c.report_outcome(r).await.unwrap();
+        }
+    }
 
     let shot = std::env::var("FLOODGATE_CONSOLE_SCREENSHOT")
         .map(std::path::PathBuf::from)
@@ -106,6 +128,7 @@ async fn the_console_shows_a_breaker_open_live_and_resets_it_only_with_an_admin_
 
     expect("NEEDS_TOKEN");
     expect("READY");
+    expect("SAW_CONCURRENCY");
     // Failures until the breaker refuses calls (it opens on the second).
     let mut failures = 0;
     while report(&mut c, pb::Outcome::Failure).await {

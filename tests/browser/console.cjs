@@ -37,6 +37,14 @@ const step = (word) => console.log(word);
     await page.locator("#live", { hasText: "live" }).waitFor({ timeout: 20000 });
     step("READY");
 
+    // The adaptive limit's row and its chart of windows.
+    await page.locator('#concurrency tr[data-resource="db"]', { hasText: "aimd" }).waitFor({ timeout: 20000 });
+    const limitLine = page.locator('#concurrency-charts figure[data-resource="db"] polyline[data-series="limit"]');
+    await limitLine.waitFor({ timeout: 20000 });
+    const points = (await limitLine.getAttribute("points")).trim().split(" ").length;
+    if (points < 2) throw new Error("the chart has " + points + " points");
+    step("SAW_CONCURRENCY");
+
     // The Rust side reports failures now: the page must see OPEN by itself.
     await state.filter({ hasText: /^OPEN$/ }).waitFor({ timeout: 30000 });
     await page.locator("#timeline li", { hasText: "breaker payments: CLOSED -> OPEN" }).waitFor({ timeout: 10000 });

@@ -30,8 +30,9 @@ pub use aimd::Aimd;
 pub use gradient2::Gradient2;
 pub use vegas::Vegas;
 
-/// How many closed windows a limit remembers, for the console's chart.
-pub const HISTORY: usize = 300;
+/// How many closed windows a limit remembers, for the console's chart
+/// (two minutes of one-second windows).
+pub const HISTORY: usize = 120;
 
 /// What one window gathered. Latencies in microseconds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -142,6 +143,8 @@ pub struct Controller {
     history: VecDeque<Point>,
     /// The version of the fleet's state last adopted (with Redis).
     fleet_version: Option<u64>,
+    /// When this replica last pushed its window to the fleet's.
+    pushed_at: Option<Timestamp>,
 }
 
 impl Estimator {
@@ -241,7 +244,22 @@ impl Controller {
             closes_at: now.saturating_add(cfg.window),
             history: VecDeque::new(),
             fleet_version: None,
+            pushed_at: None,
         }
+    }
+
+    /// Whether this replica's window is due to go to the fleet's at `now`:
+    /// four times a window, so that the fleet's closes at most a quarter
+    /// window late, and a thousand resources cost Redis a few thousand
+    /// scripts a second at most.
+    pub fn push_due(&mut self, now: Timestamp) -> bool {
+        let due = self
+            .pushed_at
+            .is_none_or(|at| now.saturating_since(at) >= crate::time::duration_nanos(self.cfg.window / 4));
+        if due {
+            self.pushed_at = Some(now);
+        }
+        due
     }
 
     /// The version of the fleet's state this one follows, if any.

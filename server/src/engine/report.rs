@@ -81,8 +81,11 @@ impl Engine {
         if permit.holds_slot
             && let Some(c) = rule.and_then(|r| r.concurrency.as_ref())
         {
+            // A call is no longer than its permit was held: a caller that
+            // reports more cannot drag the fleet's limit down.
+            let held = Duration::from_nanos(now.saturating_since(permit.issued_at));
             match outcome {
-                Outcome::Success => self.adaptive_sample(&permit.guarded, c, now, Some(latency)),
+                Outcome::Success => self.adaptive_sample(&permit.guarded, c, now, Some(latency.min(held))),
                 Outcome::Failure => self.adaptive_sample(&permit.guarded, c, now, None),
                 Outcome::Ignored => {}
             }

@@ -35,6 +35,7 @@ use crate::access::{Denied, Role};
 use crate::breaker::State as BreakerState;
 use crate::decider::{BreakerView, Decider};
 use crate::engine::Installed;
+use crate::engine::concurrency::ConcurrencyView;
 use crate::engine::hottest::TopLimit;
 use crate::engine::{ErrorKind, LevelTarget, RequestError};
 use crate::events::Event;
@@ -198,6 +199,7 @@ fn snapshot(decider: &Decider, timeline: Vec<Value>) -> Value {
             "live_replicas": health.live_replicas,
         },
         "overrides": installed.runtime.len(),
+        "concurrency": decider.concurrency_all().iter().take(CONCURRENCY_SHOWN).map(concurrency_json).collect::<Vec<_>>(),
         "now": rfc3339(SystemTime::now()),
     })
 }
@@ -229,6 +231,51 @@ fn resource_json(decider: &Decider, installed: &Installed, rule: &Rule, top: &[T
         "concurrency": rule.concurrency.map(|c| c.max_in_flight),
         "shed_at_level": rule.shed_at_level,
         "top": hot,
+    })
+}
+
+/// The most concurrency limits the console shows (by resource name).
+const CONCURRENCY_SHOWN: usize = 50;
+
+/// One concurrency limit: the limit now, by priority, and an adaptive
+/// limit's inputs and windows (the chart).
+fn concurrency_json(v: &ConcurrencyView) -> Value {
+    let ms = |us: f64| (us / 1000.0 * 100.0).round() / 100.0;
+    let partitions: Vec<Value> = crate::rules::Priority::ALL
+        .iter()
+        .zip(v.partitions)
+        .filter(|(p, _)| v.rule.partitions.percent(**p) > 0)
+        .map(|(p, (guaranteed, in_flight))| {
+            json!({ "priority": p.key(), "percent": v.rule.partitions.percent(*p), "guaranteed": guaranteed, "in_flight": in_flight })
+        })
+        .collect();
+    let windows: Vec<Value> = v
+        .history
+        .iter()
+        .map(|p| {
+            json!({
+                "at": rfc3339(p.at.to_system_time()),
+                "limit": p.limit,
+                "max_in_flight": p.window.max_in_flight,
+                "mean_rtt_ms": p.window.mean_rtt_us().map(ms),
+                "samples": p.window.samples,
+                "drops": p.window.drops,
+            })
+        })
+        .collect();
+    let i = v.inputs.unwrap_or_default();
+    json!({
+        "resource": v.resource,
+        "algorithm": v.rule.adaptive.map(|a| a.algorithm_name()),
+        "limit": v.limit,
+        "in_flight": v.in_flight,
+        "short_rtt_ms": ms(i.short_rtt_us),
+        "long_rtt_ms": ms(i.long_rtt_us),
+        "no_load_rtt_ms": ms(i.no_load_rtt_us),
+        "gradient": i.gradient,
+        "queue": i.queue,
+        "partitions": partitions,
+        "windows": windows,
     })
 }
 

@@ -31,7 +31,8 @@ impl Replication {
         for (resource, g) in self.engine.all_guarded() {
             let Some(c) = rules.rules.find(&resource).and_then(|r| r.concurrency) else { continue };
             let Some(a) = c.adaptive.filter(|_| c.sync != SyncMode::Local) else { continue };
-            if g.current_controller().is_none() || !g.active_within(now, QUIET) {
+            let due = g.current_controller().as_mut().is_some_and(|c| c.push_due(now));
+            if !due || !g.active_within(now, QUIET) {
                 continue;
             }
             ok &= self.push_window(&resource, &g, &a).await;

@@ -181,36 +181,48 @@ impl AdaptiveConfig {
             ok
         });
         let min_samples = number("min_samples", 1, 1_000_000, 10);
+        // Every field is read (and its error reported) before any is needed.
         let algorithm = match algorithm? {
-            "gradient2" => AlgorithmConfig::Gradient2(Gradient2Config {
-                smoothing: fraction("smoothing", 0.0, 1.0, 0.2)?,
-                queue_size: number("queue_size", 0, MAX_LIMIT, 4)? as u32,
-                long_window: number("long_window", 1, 1_000_000, 600)? as u32,
-                tolerance: fraction("tolerance", 0.0, 100.0, 1.0).filter(|t| {
+            "gradient2" => {
+                let smoothing = fraction("smoothing", 0.0, 1.0, 0.2);
+                let queue_size = number("queue_size", 0, MAX_LIMIT, 4);
+                let long_window = number("long_window", 1, 1_000_000, 600);
+                let tolerance = fraction("tolerance", 0.0, 100.0, 1.0).filter(|t| {
                     let ok = *t >= 1.0;
                     if !ok {
                         f.error("tolerance", format!("must be at least 1, got {t}"));
                     }
                     ok
-                })?,
-            }),
-            "vegas" => AlgorithmConfig::Vegas(VegasConfig {
-                smoothing: fraction("smoothing", 0.0, 1.0, 1.0)?,
-                probe_multiplier: number("probe_multiplier", 1, 1_000_000, 30)? as u32,
-            }),
-            _ => AlgorithmConfig::Aimd(AimdConfig {
-                backoff_ratio: fraction("backoff_ratio", 0.0, 1.0, 0.9).filter(|r| {
+                });
+                AlgorithmConfig::Gradient2(Gradient2Config {
+                    smoothing: smoothing?,
+                    queue_size: queue_size? as u32,
+                    long_window: long_window? as u32,
+                    tolerance: tolerance?,
+                })
+            }
+            "vegas" => {
+                let smoothing = fraction("smoothing", 0.0, 1.0, 1.0);
+                let probe_multiplier = number("probe_multiplier", 1, 1_000_000, 30);
+                AlgorithmConfig::Vegas(VegasConfig {
+                    smoothing: smoothing?,
+                    probe_multiplier: probe_multiplier? as u32,
+                })
+            }
+            _ => {
+                let backoff_ratio = fraction("backoff_ratio", 0.0, 1.0, 0.9).filter(|r| {
                     let ok = (0.5..1.0).contains(r);
                     if !ok {
                         f.error("backoff_ratio", format!("must be at least 0.5 and below 1, got {r}"));
                     }
                     ok
-                })?,
-                timeout: match f.has("timeout") {
-                    true => f.duration("timeout", Duration::from_millis(1))?,
-                    false => Duration::from_secs(5),
-                },
-            }),
+                });
+                let timeout = match f.has("timeout") {
+                    true => f.duration("timeout", Duration::from_millis(1)),
+                    false => Some(Duration::from_secs(5)),
+                };
+                AlgorithmConfig::Aimd(AimdConfig { backoff_ratio: backoff_ratio?, timeout: timeout? })
+            }
         };
         let (min, max, initial) = (min? as u32, max? as u32, initial? as u32);
         if min > max {

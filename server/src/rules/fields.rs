@@ -125,7 +125,11 @@ impl<'a> Fields<'a> {
     }
 
     pub(super) fn path(&self, key: &str) -> String {
-        if self.path.is_empty() { key.to_string() } else { format!("{}.{key}", self.path) }
+        match (self.path.is_empty(), key.is_empty()) {
+            (true, _) => key.to_string(),
+            (false, true) => self.path.clone(),
+            (false, false) => format!("{}.{key}", self.path),
+        }
     }
 
     /// How many errors the file has so far.

@@ -280,3 +280,83 @@ fn validated_rules_are_plain_data_compared_as_such() {
     let changed = SPEC_EXAMPLE.replace("capacity: 200", "capacity: 201");
     assert_ne!(a, RuleSet::from_yaml(&changed, "a.yaml").unwrap());
 }
+
+#[test]
+fn adaptive_concurrency_and_partitions_parse_with_netflix_defaults() {
+    let yaml = r#"
+resources:
+  - name: db
+    concurrency:
+      adaptive: { algorithm: gradient2, min: 5, max: 200, initial: 10, window: 500ms }
+      partitions: { critical: 70%, sheddable: 30 }
+  - name: cache
+    concurrency: { adaptive: { algorithm: vegas }, sync: local }
+  - name: api
+    concurrency: { adaptive: { algorithm: aimd, timeout: 25ms, backoff_ratio: 0.5 } }
+"#;
+    let set = RuleSet::from_yaml(yaml, "rules.yaml").unwrap();
+    let c = set.find("db").unwrap().concurrency.unwrap();
+    let a = c.adaptive.unwrap();
+    assert_eq!((a.min, a.max, a.initial, a.window, a.min_samples), (5, 200, 10, Duration::from_millis(500), 10));
+    assert_eq!(c.max_in_flight, 200, "the ceiling");
+    let AlgorithmConfig::Gradient2(g) = a.algorithm else { panic!("{a:?}") };
+    assert_eq!((g.smoothing, g.queue_size, g.long_window, g.tolerance), (0.2, 4, 600, 1.0));
+    assert_eq!(c.partitions.percent(Priority::Critical), 70);
+    assert_eq!(c.partitions.percent(Priority::Sheddable), 30);
+    assert_eq!(c.partitions.guaranteed(10, Priority::Critical), 7);
+    assert_eq!(c.partitions.guaranteed(1, Priority::Sheddable), 1, "rounded up, at least one");
+    assert_eq!(c.partitions.guaranteed(10, Priority::SheddablePlus), 0, "no share, borrow only");
+    let v = set.find("cache").unwrap().concurrency.unwrap().adaptive.unwrap();
+    assert_eq!((v.min, v.max, v.initial, v.window), (1, 1000, 20, Duration::from_secs(1)));
+    let AlgorithmConfig::Vegas(vc) = v.algorithm else { panic!("{v:?}") };
+    assert_eq!((vc.smoothing, vc.probe_multiplier), (1.0, 30));
+    let m = set.find("api").unwrap().concurrency.unwrap().adaptive.unwrap();
+    let AlgorithmConfig::Aimd(ac) = m.algorithm else { panic!("{m:?}") };
+    assert_eq!((ac.backoff_ratio, ac.timeout), (0.5, Duration::from_millis(25)));
+}
+
+#[test]
+fn bad_adaptive_settings_are_refused_naming_the_field() {
+    let e = errors_of(
+        r#"
+resources:
+  - name: a
+    concurrency: { max_in_flight: 5, adaptive: { algorithm: aimd } }
+  - name: b
+    concurrency: { adaptive: { algorithm: bbr } }
+  - name: c
+    concurrency: { adaptive: { algorithm: vegas, min: 10, max: 5 } }
+  - name: d
+    concurrency: { adaptive: { algorithm: gradient2, initial: 0, smoothing: 2, tolerance: 0.5, window: 10ms } }
+  - name: e
+    concurrency: { adaptive: { algorithm: aimd, queue_size: 3, backoff_ratio: 0.2 } }
+  - name: f
+    concurrency: { max_in_flight: 5, partitions: { critical: 80%, sheddable: 30% } }
+  - name: g
+    concurrency: { max_in_flight: 5, partitions: { critical: 7.5%, urgent: 10% } }
+  - name: h
+    concurrency: { max_in_flight: 5, partitions: { critical: 0% } }
+  - name: i
+    concurrency: { adaptive: { algorithm: gradient2, initial: 50, max: 10 } }
+"#,
+    );
+    let expect = [
+        "resource 'a': concurrency.max_in_flight: cannot be set beside 'adaptive'",
+        "resource 'b': concurrency.adaptive.algorithm: must be one of gradient2, vegas, aimd, got 'bbr'",
+        "resource 'c': concurrency.adaptive.min: must be at most max (5), got 10",
+        "resource 'd': concurrency.adaptive.initial: must be between 1 and 10000000, got 0",
+        "resource 'd': concurrency.adaptive.smoothing: must be above 0 and at most 1, got 2",
+        "resource 'd': concurrency.adaptive.tolerance: must be at least 1, got 0.5",
+        "resource 'd': concurrency.adaptive.window: must be at least 100ms, got 10ms",
+        "resource 'e': concurrency.adaptive.queue_size: unknown field",
+        "resource 'e': concurrency.adaptive.backoff_ratio: must be at least 0.5 and below 1, got 0.2",
+        "resource 'f': concurrency.partitions: the shares add up to 110%, more than 100%",
+        "resource 'g': concurrency.partitions.critical: must be a whole percentage from 0% to 100%, got '7.5%'",
+        "resource 'g': concurrency.partitions.urgent: unknown field",
+        "resource 'h': concurrency.partitions: must give at least one priority a share above 0%",
+        "resource 'i': concurrency.adaptive.initial: must be between min (1) and max (10), got 50",
+    ];
+    for want in expect {
+        assert!(e.iter().any(|got| got.contains(want)), "missing {want:?} in {e:#?}");
+    }
+}

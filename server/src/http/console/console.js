@@ -156,9 +156,69 @@ function render(s) {
     resources.append(box);
   }
 
+  renderConcurrency(s.concurrency || []);
+
   const tl = $("timeline");
   tl.replaceChildren();
   for (const e of s.timeline.slice().reverse()) tl.append(el("li", line(e)));
+}
+
+function renderConcurrency(list) {
+  const tbody = document.querySelector("#concurrency tbody");
+  tbody.replaceChildren();
+  const charts = $("concurrency-charts");
+  charts.replaceChildren();
+  for (const c of list) {
+    const tr = el("tr");
+    tr.dataset.resource = c.resource;
+    const latency = c.algorithm
+      ? c.short_rtt_ms + " / " + c.long_rtt_ms + " / " + c.no_load_rtt_ms + " ms"
+      : "";
+    const parts = c.partitions.map((p) => p.priority + " " + p.in_flight + "/" + p.guaranteed + " (" + p.percent + "%)").join(", ");
+    tr.append(el("td", c.resource), el("td", c.algorithm || "static"), el("td", c.limit, "limit"),
+      el("td", c.in_flight), el("td", latency), el("td", parts));
+    tbody.append(tr);
+    if (c.windows.length > 1) charts.append(chart(c));
+  }
+  if (list.length === 0) {
+    const tr = el("tr");
+    const td = el("td", "no concurrency limit has been used yet", "muted");
+    td.colSpan = 6;
+    tr.append(td);
+    tbody.append(tr);
+  }
+}
+
+// The limit, the most in flight and the mean latency of each window.
+function chart(c) {
+  const NS = "http://www.w3.org/2000/svg";
+  const w = 480, h = 120;
+  const box = el("figure");
+  box.dataset.resource = c.resource;
+  const svg = document.createElementNS(NS, "svg");
+  svg.setAttribute("width", w);
+  svg.setAttribute("height", h);
+  svg.setAttribute("role", "img");
+  svg.setAttribute("aria-label", "limit, in flight and latency of " + c.resource);
+  const top = Math.max(1, ...c.windows.map((p) => Math.max(p.limit, p.max_in_flight)));
+  const slowest = Math.max(1, ...c.windows.map((p) => p.mean_rtt_ms || 0));
+  const x = (i) => (i / (c.windows.length - 1)) * (w - 2) + 1;
+  const series = [
+    ["limit", "#c00", (p) => p.limit / top],
+    ["in flight", "#06c", (p) => p.max_in_flight / top],
+    ["latency", "#080", (p) => (p.mean_rtt_ms || 0) / slowest],
+  ];
+  for (const [name, color, f] of series) {
+    const line = document.createElementNS(NS, "polyline");
+    line.setAttribute("fill", "none");
+    line.setAttribute("stroke", color);
+    line.setAttribute("data-series", name);
+    line.setAttribute("points", c.windows.map((p, i) => x(i).toFixed(1) + "," + (h - 1 - f(p) * (h - 2)).toFixed(1)).join(" "));
+    svg.append(line);
+  }
+  box.append(svg, el("figcaption", c.resource + ": limit (red) and in flight (blue), 0 to " + top +
+    "; mean latency (green), 0 to " + slowest + " ms; the last " + c.windows.length + " windows"));
+  return box;
 }
 
 function line(e) {
