@@ -229,6 +229,7 @@ fn resource_json(decider: &Decider, installed: &Installed, rule: &Rule, top: &[T
         "overrides": rule.overrides.len(),
         "breaker": rule.breaker.is_some(),
         "concurrency": rule.concurrency.map(|c| c.max_in_flight),
+        "adaptive": rule.concurrency.and_then(|c| c.adaptive).map(|a| a.algorithm_name()),
         "shed_at_level": rule.shed_at_level,
         "top": hot,
     })

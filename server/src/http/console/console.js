@@ -127,7 +127,8 @@ function render(s) {
     box.dataset.rule = r.rule;
     const extras = [];
     if (r.breaker) extras.push("breaker");
-    if (r.concurrency) extras.push("at most " + r.concurrency + " in flight");
+    if (r.adaptive) extras.push("adaptive concurrency limit (" + r.adaptive + "), at most " + r.concurrency + " in flight");
+    else if (r.concurrency) extras.push("at most " + r.concurrency + " in flight");
     if (r.shed_at_level) extras.push("shed at level " + r.shed_at_level);
     if (r.overrides) extras.push(r.overrides + " overrides");
     box.append(el("h3", r.rule + (extras.length ? "  (" + extras.join(", ") + ")" : "")));
@@ -171,9 +172,8 @@ function renderConcurrency(list) {
   for (const c of list) {
     const tr = el("tr");
     tr.dataset.resource = c.resource;
-    const latency = c.algorithm
-      ? c.short_rtt_ms + " / " + c.long_rtt_ms + " / " + c.no_load_rtt_ms + " ms"
-      : "";
+    const ms = (x) => (x ? x + " ms" : "-");
+    const latency = c.algorithm ? [c.short_rtt_ms, c.long_rtt_ms, c.no_load_rtt_ms].map(ms).join(" / ") : "";
     const parts = c.partitions.map((p) => p.priority + " " + p.in_flight + "/" + p.guaranteed + " (" + p.percent + "%)").join(", ");
     tr.append(el("td", c.resource), el("td", c.algorithm || "static"), el("td", c.limit, "limit"),
       el("td", c.in_flight), el("td", latency), el("td", parts));
