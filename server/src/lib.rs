@@ -23,13 +23,16 @@
 //! - [`hitters`]: each limit's hottest keys (Space-Saving sketches).
 //! - [`store`]: every bucket, sharded in memory, with idle and LRU eviction.
 //! - [`limiter`]: the six algorithms, pure state types that take `now`.
-//! - [`breaker`], [`degradation`]: the breaker state machine and the levels.
+//! - [`breaker`], [`degradation`]: the breaker state machine and the levels;
+//!   [`adaptive`]: adaptive concurrency limits (Gradient2, Vegas, AIMD), pure
+//!   state over windows of samples.
 //! - [`time`]: the injected clock; [`runtime`]: the Tokio runtime.
 //!
 //! Dependencies point down only (`scripts/module-cycles` checks there is no
 //! cycle):
 //! - `cli` -> `server` -> `grpc`, `http` -> `decider` -> `replication` -> `engine`;
-//! - `engine` -> `store`, `events`, `overrides`, `hitters`;
+//! - `engine` -> `store`, `events`, `overrides`, `hitters`, `adaptive`;
+//! - `adaptive` -> `rules`, `time`;
 //! - `events` -> `degradation` -> `breaker` -> `rules` -> `limiter` -> `time`;
 //! - `store` -> `limiter`; `overrides` -> `rules`; `metrics` and `hitters`
 //!   import nothing of the crate.

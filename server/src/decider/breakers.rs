@@ -36,9 +36,14 @@ impl Decider {
         self.engine.concurrency(&self.engine.rules(), resource)
     }
 
-    /// Every concurrency limit in memory.
-    pub fn concurrency_all(&self) -> Vec<crate::engine::concurrency::ConcurrencyView> {
-        self.engine.concurrency_all(&self.engine.rules())
+    /// At most `max` concurrency limits in memory, by resource name, those
+    /// `keep` (the resource, its rule's name) chooses.
+    pub fn concurrency_views(
+        &self,
+        keep: impl Fn(&str, &str) -> bool,
+        max: usize,
+    ) -> Vec<crate::engine::concurrency::ConcurrencyView> {
+        self.engine.concurrency_views(&self.engine.rules(), keep, max)
     }
 
     /// CLOSED (reset), FORCED_OPEN, DISABLED or METRICS_ONLY, on every replica.

@@ -56,12 +56,19 @@ impl Engine {
         })
     }
 
-    /// Every resource with a concurrency limit in memory, by name.
-    pub fn concurrency_all(&self, rules: &Installed) -> Vec<ConcurrencyView> {
+    /// At most `max` resources with a concurrency limit in memory, by name,
+    /// those `keep` (given the resource and its rule's name) chooses.
+    pub fn concurrency_views(
+        &self,
+        rules: &Installed,
+        keep: impl Fn(&str, &str) -> bool,
+        max: usize,
+    ) -> Vec<ConcurrencyView> {
         self.guards
             .all()
             .into_iter()
-            .filter(|(r, _)| rules.rules.find(r).is_some_and(|rule| rule.concurrency.is_some()))
+            .filter(|(r, _)| rules.rules.find(r).is_some_and(|rule| rule.concurrency.is_some() && keep(r, &rule.name)))
+            .take(max)
             .filter_map(|(r, _)| self.concurrency(rules, &r).ok())
             .collect()
     }

@@ -199,7 +199,7 @@ fn snapshot(decider: &Decider, timeline: Vec<Value>) -> Value {
             "live_replicas": health.live_replicas,
         },
         "overrides": installed.runtime.len(),
-        "concurrency": decider.concurrency_all().iter().take(CONCURRENCY_SHOWN).map(concurrency_json).collect::<Vec<_>>(),
+        "concurrency": decider.concurrency_views(|_, _| true, CONCURRENCY_SHOWN).iter().map(concurrency_json).collect::<Vec<_>>(),
         "now": rfc3339(SystemTime::now()),
     })
 }

@@ -81,13 +81,11 @@ async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
 /// Concurrency limits of exact rules (one resource each, named by the
 /// rules file): their limit, calls in flight by priority, and an adaptive
 /// limit's inputs.
-fn concurrency_gauges(decider: &Decider, installed: &crate::engine::Installed) {
+fn concurrency_gauges(decider: &Decider) {
     use crate::metrics::*;
     use ::metrics::gauge;
-    for v in decider.concurrency_all() {
-        if installed.rules.find(&v.resource).is_none_or(|r| r.name != v.resource) {
-            continue;
-        }
+    // An exact rule's resource is its rule's name.
+    for v in decider.concurrency_views(|resource, rule| resource == rule, usize::MAX) {
         let resource = v.resource.clone();
         gauge!(CONCURRENCY_LIMIT, "resource" => resource.clone()).set(f64::from(v.limit));
         for (p, (_, n)) in crate::rules::Priority::ALL.iter().zip(v.partitions) {
@@ -133,7 +131,7 @@ fn scrape(decider: &Decider) {
         }
     }
     gauge!(PERMITS_IN_FLIGHT).set(figures.permits_in_flight as f64);
-    concurrency_gauges(decider, &installed);
+    concurrency_gauges(decider);
     for l in &figures.levels {
         let system = crate::metrics::system_label(&l.system);
         gauge!(DEGRADATION_LEVEL, "system" => system.clone()).set(f64::from(l.level));
