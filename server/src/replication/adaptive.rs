@@ -78,6 +78,7 @@ impl Replication {
             AdaptiveReply::Close { version, state, window } => {
                 // From the fleet's state; from this replica's own when Redis
                 // has none (new, or it came back empty).
+                // A state that does not decode (corrupted) is ignored.
                 if let Some(e) = Estimator::decode(&state, a) {
                     g.adopt(a, now, e, None);
                 }

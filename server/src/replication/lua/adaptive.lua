@@ -17,7 +17,25 @@
 local key = KEYS[1]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local version = tonumber(redis.call('HGET', key, 'version') or '0') or 0
+-- Anything here that is not what this script wrote (a corrupted key) is
+-- dropped: the window starts over, and a bad state goes with its version,
+-- so that the next replica to close a window starts from its own.
+local function whole(f)
+  local v = redis.call('HGET', key, f)
+  if v == false then return 0 end
+  local n = tonumber(v)
+  if n == nil or n < 0 or n ~= math.floor(n) or n > 9007199254740991 then
+    redis.call('HDEL', key, f)
+    return nil
+  end
+  return n
+end
+local version = whole('version')
+if version == nil then
+  redis.call('HDEL', key, 'state', 'last')
+  version = 0
+end
+for _, f in ipairs({ 'w_samples', 'w_sum', 'w_drops', 'w_min', 'closes_at' }) do whole(f) end
 if ARGV[1] == 'publish' then
   if tonumber(ARGV[2]) ~= version then return { 0, tostring(version) } end
   version = version + 1
@@ -32,7 +50,7 @@ redis.call('HINCRBY', key, 'w_sum', sum)
 redis.call('HINCRBY', key, 'w_drops', drops)
 local m = tonumber(redis.call('HGET', key, 'w_min') or '0') or 0
 if least > 0 and (m == 0 or least < m) then redis.call('HSET', key, 'w_min', least) end
-local p = tonumber(redis.call('HGET', key, 'p:' .. me) or '0') or 0
+local p = whole('p:' .. me) or 0
 if peak > p then redis.call('HSET', key, 'p:' .. me, peak) end
 redis.call('PEXPIRE', key, math.max(window * 20, 60000))
 local state = redis.call('HGET', key, 'state') or ''
