@@ -5,7 +5,7 @@
 //! more; bounded by `min` and `max`.
 
 use super::{Inputs, Update};
-use crate::rules::adaptive::AimdConfig;
+use crate::rules::AimdConfig;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Aimd {

@@ -15,7 +15,7 @@
 //! (the callers, not the resource, held it back). Drops are not a signal.
 
 use super::{Inputs, Update};
-use crate::rules::adaptive::Gradient2Config;
+use crate::rules::Gradient2Config;
 
 /// The first windows of the long-term latency are a plain mean.
 const WARMUP: u32 = 10;

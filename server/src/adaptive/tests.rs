@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::vegas::log10_root;
 use super::*;
-use crate::rules::adaptive::{AimdConfig, Gradient2Config, VegasConfig};
+use crate::rules::{AimdConfig, Gradient2Config, VegasConfig};
 
 fn config(algorithm: AlgorithmConfig, initial: u32) -> AdaptiveConfig {
     AdaptiveConfig { algorithm, min: 1, max: 1000, initial, window: Duration::from_secs(1), min_samples: 10 }

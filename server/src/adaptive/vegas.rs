@@ -15,7 +15,7 @@
 //! held to its old best forever.
 
 use super::{Inputs, Update};
-use crate::rules::adaptive::VegasConfig;
+use crate::rules::VegasConfig;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Vegas {

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use crate::limiter::Algorithm;
 
-pub mod adaptive;
 pub mod bounds;
 mod breaker;
+pub mod concurrency;
 pub mod duration;
 pub mod envoy;
 mod fields;
@@ -21,8 +21,8 @@ pub mod overrides;
 mod parse;
 pub mod systems;
 
-pub use adaptive::{AdaptiveConfig, AlgorithmConfig, Partitions};
 pub use breaker::{Backoff, BreakerConfig, WindowKind};
+pub use concurrency::{AdaptiveConfig, AimdConfig, AlgorithmConfig, Gradient2Config, Partitions, VegasConfig};
 pub use fields::{RuleError, RuleErrors};
 use glob::Glob;
 pub use systems::{Priority, PriorityShedding, SystemConfig};

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_yaml_ng::Value;
 
-use super::adaptive::{AdaptiveConfig, Partitions};
+use super::concurrency::{AdaptiveConfig, Partitions};
 use super::fields::{Collector, Fields, RuleErrors};
 use super::glob::Glob;
 use super::overrides::{Action, Override, Overrides};

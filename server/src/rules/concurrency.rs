@@ -1,6 +1,6 @@
 //! The validated configuration of an adaptive concurrency limit
 //! (`concurrency: { adaptive: { ... } }`) and of partitions by priority.
-//! The algorithms themselves are in `crate::adaptive`.
+//! The algorithms themselves are in the top-level adaptive module.
 
 use std::time::Duration;
 
