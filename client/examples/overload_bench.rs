@@ -276,9 +276,8 @@ fn quantile(h: &HashMap<u64, u64>, q: f64) -> f64 {
     f64::NAN
 }
 
-fn spawn_lines(mut cmd: Command) -> anyhow::Result<(Child, std::sync::mpsc::Receiver<String>)> {
-    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::null()).spawn()?;
-    let out = child.stdout.take().expect("piped");
+/// The lines a child writes to `out`, read on a thread of their own.
+fn lines_of(out: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(out).lines().map_while(Result::ok) {
@@ -287,7 +286,13 @@ fn spawn_lines(mut cmd: Command) -> anyhow::Result<(Child, std::sync::mpsc::Rece
             }
         }
     });
-    Ok((child, rx))
+    rx
+}
+
+fn spawn_lines(mut cmd: Command) -> anyhow::Result<(Child, std::sync::mpsc::Receiver<String>)> {
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::null()).spawn()?;
+    let out = child.stdout.take().expect("piped");
+    Ok((child, lines_of(out)))
 }
 
 fn first_line(rx: &std::sync::mpsc::Receiver<String>, prefix: &str) -> anyhow::Result<String> {
@@ -321,15 +326,7 @@ fn start(floodgate: &str, out: &str, s: &Scenario) -> anyhow::Result<(Stop, Stri
     cmd.args(["serve", "--config", &rules, "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"]);
     // The server logs to stderr: read the address from there.
     let mut server = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn()?;
-    let err = server.stderr.take().expect("piped");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(err).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
+    let rx = lines_of(server.stderr.take().expect("piped"));
     let mut stop = Stop(vec![server]);
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut grpc = None;

@@ -34,7 +34,7 @@ impl Engine {
         let rule = rules.rules.find(resource).ok_or_else(none)?;
         let c = rule.concurrency.ok_or_else(none)?;
         let g = self.guards.get(resource);
-        let limit = g.as_ref().map_or_else(|| c.adaptive.map_or(c.max_in_flight, |a| a.initial), |g| g.limit(&c));
+        let limit = g.as_ref().map_or_else(|| c.initial_limit(), |g| g.limit(&c));
         let partitions =
             Priority::ALL.map(|p| (c.partitions.guaranteed(limit, p), g.as_ref().map_or(0, |g| g.in_flight_of(p))));
         let (inputs, history) = match g.as_ref().map(|g| g.current_controller()) {

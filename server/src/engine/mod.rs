@@ -202,7 +202,7 @@ impl Engine {
 
     /// A resource's concurrency limit now (an adaptive one moves).
     pub fn concurrency_limit(&self, resource: &str, c: &crate::rules::Concurrency) -> u32 {
-        self.guards.get(resource).map_or_else(|| c.adaptive.map_or(c.max_in_flight, |a| a.initial), |g| g.limit(c))
+        self.guards.get(resource).map_or_else(|| c.initial_limit(), |g| g.limit(c))
     }
 
     /// Forgets idle buckets and buckets of limits no longer in force.

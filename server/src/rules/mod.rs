@@ -133,6 +133,14 @@ pub struct Concurrency {
     pub on_redis_error: OnRedisError,
 }
 
+impl Concurrency {
+    /// The limit before any window closed: an adaptive limit's `initial`,
+    /// else `max_in_flight`.
+    pub fn initial_limit(&self) -> u32 {
+        self.adaptive.map_or(self.max_in_flight, |a| a.initial)
+    }
+}
+
 /// How a limit uses Redis, when the server has one.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SyncMode {

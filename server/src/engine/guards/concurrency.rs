@@ -25,7 +25,7 @@ impl Guarded {
         match &c.adaptive {
             None => c.max_in_flight,
             Some(a) => match self.limit.load(Ordering::Acquire) {
-                0 => a.initial,
+                0 => c.initial_limit(),
                 n => n.clamp(a.min, a.max),
             },
         }
