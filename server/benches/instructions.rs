@@ -11,6 +11,13 @@
 //! - `guarded`: the three limits, a breaker and a concurrency limit; each
 //!   decision is an Acquire and the ReportOutcome that returns its permit.
 //!
+//! - `rpc_health`, `rpc_acquire`, `rpc_rls`: one whole unary call through
+//!   the gRPC port's service stack as the server builds it (size and metrics
+//!   layers, routing, decoding, the decision, encoding), from an HTTP/2
+//!   request to the response's trailers, without the socket: Health/Check,
+//!   Acquire and ShouldRateLimit on the same keyed limit (`bench/rules.yaml`,
+//!   as `scripts/h2load` drives them), so their costs compare per call.
+//!
 //! With `--in-system`, the rules also name a system holding `api` (and a
 //! dozen others, exact and globs): the same decisions, on a resource whose
 //! answer carries its system's level. A binary built before systems ignores
@@ -31,6 +38,10 @@ use floodgate::engine::{Answer, Engine, EngineConfig, Report, Request, Verdict};
 use floodgate::rules::RuleSet;
 use floodgate::time::SystemClock;
 
+// The server's allocator: allocations cost here what they cost there.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const THREE: &str = "
       - { name: global, algorithm: token_bucket, capacity: 1000000000000, refill_per_second: 1000000000 }
       - { name: per-user, key: [user], algorithm: sliding_window, limit: 1000000000000, window: 1s }
@@ -38,6 +49,7 @@ const THREE: &str = "
 
 fn rules(scenario: &str) -> String {
     match scenario {
+        s if s.starts_with("rpc_") => include_str!("../../bench/rules.yaml").into(),
         "hot_key" => "resources:\n  - name: api\n    limits:\n      - { name: l, key: [user], algorithm: token_bucket, capacity: 1000000000000, refill_per_second: 1000000000 }\n".into(),
         "three_limits" => format!("resources:\n  - name: api\n    limits:{THREE}\n"),
         "guarded" => format!(
@@ -99,6 +111,9 @@ fn run(scenario: &str, decisions: u64, in_system: bool) {
         Arc::new(Engine::new(EngineConfig { max_keys: 10_000_000, replicated: false }, Arc::new(SystemClock::new())));
     engine.install(RuleSet::from_yaml(&yaml, "bench").unwrap(), yaml.clone(), "bench".into());
     let decider = Decider::new(engine, None);
+    if let Some(rpc) = scenario.strip_prefix("rpc_") {
+        return rpc::run(decider, rpc, decisions);
+    }
     let descriptors =
         HashMap::from([("user".to_string(), "u42".to_string()), ("tenant".to_string(), "acme".to_string())]);
     // Warm: the bucket exists, the metrics are registered.
@@ -126,6 +141,92 @@ fn main() {
                 run(scenario, 1000, false);
                 run(scenario, 1000, true);
             }
+            for scenario in ["rpc_health", "rpc_acquire", "rpc_rls"] {
+                run(scenario, 1000, false);
+            }
+        }
+    }
+}
+
+/// Whole unary calls through the gRPC port's service stack.
+mod rpc {
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+    use floodgate::access::{Access, AccessConfig};
+    use floodgate::decider::Decider;
+    use floodgate::grpc;
+    use http_body_util::BodyExt;
+    use tower::{Service, ServiceBuilder};
+
+    use super::now;
+
+    /// A length-delimited protobuf field.
+    fn field(tag: u8, payload: &[u8]) -> Vec<u8> {
+        assert!(payload.len() < 128);
+        let mut out = vec![tag << 3 | 2, payload.len() as u8];
+        out.extend_from_slice(payload);
+        out
+    }
+
+    /// The path and gRPC frame of one call, as `scripts/h2load` sends them.
+    fn call(rpc: &str) -> (&'static str, Bytes) {
+        let (path, message) = match rpc {
+            "health" => ("/grpc.health.v1.Health/Check", Vec::new()),
+            // Acquire{resource: "bench", descriptors: {"user": "k1"}}
+            "acquire" => ("/floodgate.v1.Floodgate/Acquire", {
+                let mut m = field(1, b"bench");
+                m.extend(field(2, &[field(1, b"user"), field(2, b"k1")].concat()));
+                m
+            }),
+            // RateLimitRequest{domain: "bench", descriptors: [{entries: [{key: "user", value: "k1"}]}]}
+            "rls" => ("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", {
+                let mut m = field(1, b"bench");
+                m.extend(field(2, &field(1, &[field(1, b"user"), field(2, b"k1")].concat())));
+                m
+            }),
+            other => panic!("no rpc scenario rpc_{other}: rpc_health, rpc_acquire or rpc_rls"),
+        };
+        let mut frame = vec![0];
+        frame.extend((message.len() as u32).to_be_bytes());
+        frame.extend(message);
+        (path, Bytes::from(frame))
+    }
+
+    fn request(path: &str, frame: &Bytes) -> http::Request<tonic::body::Body> {
+        http::Request::post(path)
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(tonic::body::Body::new(http_body_util::Full::new(frame.clone())))
+            .expect("a request")
+    }
+
+    pub fn run(decider: Decider, rpc: &str, calls: u64) {
+        let decider = Arc::new(decider);
+        let access = Access::load(AccessConfig::default()).expect("no token file");
+        let (reporter, health) = tonic_health::server::health_reporter();
+        now(reporter.set_service_status("", tonic_health::ServingStatus::Serving));
+        let routes = grpc::routes(decider, health, access, 16).expect("routes");
+        let mut service =
+            ServiceBuilder::new().layer(grpc::ObserveLayer::new()).layer(grpc::SizeLayer).service(routes.prepare());
+        let (path, frame) = call(rpc);
+        let mut one = || {
+            let response = now(service.call(request(path, &frame))).expect("infallible");
+            let body = now(response.into_body().collect()).expect("a body");
+            let status = body.trailers().and_then(|t| t.get("grpc-status")).map(|v| v.as_bytes().to_vec());
+            assert_eq!(status.as_deref(), Some(&b"0"[..]), "{path}: not OK");
+            std::hint::black_box(body.to_bytes());
+        };
+        for _ in 0..1000 {
+            one();
+        }
+        measured(&mut one, calls);
+    }
+
+    #[inline(never)]
+    fn measured(one: &mut impl FnMut(), calls: u64) {
+        for _ in 0..calls {
+            one();
         }
     }
 }
