@@ -69,8 +69,8 @@ fn engine() -> &'static (Arc<Engine>, Decider) {
         let e = Arc::new(Engine::new(config, Arc::new(SystemClock::new())));
         e.install(RuleSet::from_yaml(RULES, "fuzz").expect("the fuzz rules are valid"), RULES.into(), "fuzz".into());
         let envoy = EnvoyConfig::parse(&[("edge.yaml".into(), ENVOY.into())]).expect("the fuzz Envoy config is valid");
-        e.install_envoy(envoy, ENVOY.into(), "fuzz".into());
-        let options = RlsOptions { shadow: false, headers: Some(RlsHeaders::RateLimit), priority_key: "priority" };
+        e.install_envoy(envoy, ENVOY.into(), "fuzz".into(), String::new());
+        let options = RlsOptions { headers: Some(RlsHeaders::RateLimit.into()), ..RlsOptions::default() };
         let decider = Decider::new(e.clone(), None).with_rls(options);
         (e, decider)
     })

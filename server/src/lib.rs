@@ -9,7 +9,8 @@
 //! - [`http`]: `/healthz`, `/readyz`, `/metrics`.
 //! - [`listen`]: both ports' connections: caps, timeouts, TLS and mTLS;
 //!   [`access`]: who may call Admin.
-//! - [`reload`]: hot reload of the rules file; [`files`]: watching files.
+//! - [`reload`]: hot reload of the rules file; [`files`]: watching files;
+//!   [`xds`]: the Envoy configuration streamed from an xDS control plane.
 //! - [`decider`]: the one decision path every entry point calls; the only
 //!   place that knows whether the server replicates.
 //! - [`replication`]: Redis: replicated and strict limits and concurrency limits,
@@ -30,7 +31,7 @@
 //!
 //! Dependencies point down only (`scripts/module-cycles` checks there is no
 //! cycle):
-//! - `cli` -> `server` -> `grpc`, `http` -> `decider` -> `replication` -> `engine`;
+//! - `cli` -> `server` -> `grpc`, `http`, `xds` -> `decider` -> `replication` -> `engine`;
 //! - `engine` -> `store`, `events`, `overrides`, `hitters`, `adaptive`;
 //! - `adaptive` -> `rules`, `time`;
 //! - `events` -> `degradation` -> `breaker` -> `rules` -> `limiter` -> `time`;
@@ -65,3 +66,4 @@ pub mod server;
 pub mod store;
 pub mod time;
 pub mod traces;
+pub mod xds;

@@ -61,6 +61,9 @@ pub const CONCURRENCY_IN_FLIGHT: &str = "floodgate_concurrency_in_flight";
 pub const ADAPTIVE_LATENCY: &str = "floodgate_adaptive_latency_seconds";
 pub const ADAPTIVE_GRADIENT: &str = "floodgate_adaptive_gradient";
 pub const ADAPTIVE_QUEUE: &str = "floodgate_adaptive_queue";
+pub const ENVOY_XDS_CONNECTED: &str = "floodgate_envoy_xds_connected";
+pub const ENVOY_XDS_UPDATES: &str = "floodgate_envoy_xds_updates_total";
+pub const ENVOY_CONFIG_INFO: &str = "floodgate_envoy_config_info";
 
 /// The resource label of requests that no rule matched.
 pub const UNMATCHED: &str = "_unmatched";
@@ -77,6 +80,8 @@ pub fn install() -> Option<PrometheusHandle> {
         .set_buckets_for_metric(Matcher::Full(REDIS_RTT.into()), RPC_BUCKETS)
         .ok()?
         .set_buckets_for_metric(Matcher::Full(REDIS_SYNC_DURATION.into()), RPC_BUCKETS)
+        .ok()?
+        .set_buckets_for_metric(Matcher::Full(upstream::RESPONSE_TIME.into()), upstream::RESPONSE_TIME_BUCKETS)
         .ok()?
         // Gauges set at scrape time for something gone (a breaker swept, a
         // rule removed) stop being set; their series go after ten minutes.
@@ -156,6 +161,16 @@ fn describe() {
         REDIS_DEBTS_PAID,
         "Strict buckets charged in Redis with what this replica admitted (or was charged) while Redis was away"
     );
+    describe_gauge!(ENVOY_XDS_CONNECTED, "1 while the xDS stream to the control plane (--envoy-xds) is up");
+    describe_counter!(
+        ENVOY_XDS_UPDATES,
+        "Envoy configurations from the xDS control plane, by result (accepted, rejected)"
+    );
+    describe_gauge!(
+        ENVOY_CONFIG_INFO,
+        "The Envoy configuration in force: its source (directory or xDS URL) and the control plane's version"
+    );
+    upstream::describe();
     describe_gauge!(CONNECTIONS, "Connections open, by port");
     describe_gauge!(WATCH_STREAMS, "Watch streams open");
     describe_counter!(
@@ -168,6 +183,20 @@ fn describe() {
 pub fn rule_reload(source: &'static str, ok: bool, version: u64) {
     counter!(RULE_RELOADS, "source" => source, "result" => if ok { "success" } else { "failure" }).increment(1);
     gauge!(RULES_VERSION).set(version as f64);
+    if source == "envoy" {
+        counter!(if ok { upstream::CONFIG_LOAD_SUCCESS } else { upstream::CONFIG_LOAD_ERROR }).increment(1);
+    }
+}
+
+/// An update from the xDS control plane, ACKed or NACKed.
+pub fn xds_update(accepted: bool) {
+    counter!(ENVOY_XDS_UPDATES, "result" => if accepted { "accepted" } else { "rejected" }).increment(1);
+}
+
+/// The Envoy configuration in force, at scrape time: where it came from
+/// and the control plane's version of it.
+pub fn envoy_config_info(source: &str, version: &str) {
+    gauge!(ENVOY_CONFIG_INFO, "source" => source.to_string(), "version" => version.to_string()).set(1.0);
 }
 
 /// Values read at scrape time rather than kept up to date on the hot path.
@@ -192,6 +221,8 @@ pub struct RpcMetrics {
     duration: Histogram,
     ok: Counter,
     method: &'static str,
+    /// envoyproxy/ratelimit's own series of the method, for ShouldRateLimit.
+    upstream: Option<(Histogram, Counter)>,
 }
 
 impl RpcMetrics {
@@ -200,11 +231,24 @@ impl RpcMetrics {
             duration: histogram!(RPC_DURATION, "method" => method),
             ok: counter!(RPC_REQUESTS, "method" => method, "code" => "OK"),
             method,
+            upstream: None,
         }
+    }
+
+    /// Also counted in envoyproxy/ratelimit's `total_requests` and
+    /// `response_time` under `grpc_method`.
+    pub fn with_upstream(mut self, grpc_method: &'static str) -> Self {
+        let response_time = histogram!(upstream::RESPONSE_TIME, "grpc_method" => grpc_method);
+        self.upstream = Some((response_time, counter!(upstream::TOTAL_REQUESTS, "grpc_method" => grpc_method)));
+        self
     }
 
     pub fn record(&self, took: Duration, code: Option<tonic::Code>) {
         self.duration.record(took.as_secs_f64());
+        if let Some((response_time, total)) = &self.upstream {
+            response_time.record(took.as_secs_f64());
+            total.increment(1);
+        }
         match code {
             None | Some(tonic::Code::Ok) => self.ok.increment(1),
             Some(code) => counter!(RPC_REQUESTS, "method" => self.method, "code" => code_name(code)).increment(1),
@@ -240,3 +284,5 @@ fn code_name(code: tonic::Code) -> &'static str {
 pub fn system_label(system: &str) -> String {
     if system.is_empty() { "global".to_string() } else { system.to_string() }
 }
+
+pub mod upstream;

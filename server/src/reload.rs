@@ -106,9 +106,10 @@ pub fn spawn_envoy(
     decider: Arc<Decider>,
     loaded: String,
     quiet: Duration,
+    options: crate::rules::envoy::EnvoyOptions,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-    let read = reader(dir.clone(), decider, loaded, |dir, decider, last| async move {
-        reload_envoy(dir, &decider, &mut *last.lock().await).await
+    let read = reader(dir.clone(), decider, loaded, move |dir, decider, last| async move {
+        reload_envoy(dir, &decider, &mut *last.lock().await, options).await
     });
     // Changes inside the directory (a path in it), and to the files in it
     // now, through their symlinks (a Kubernetes ConfigMap's `..data`).
@@ -119,10 +120,12 @@ pub fn spawn_envoy(
     crate::files::watch(paths, quiet, read)
 }
 
-async fn reload_envoy(dir: PathBuf, decider: &Decider, last: &mut String) {
+async fn reload_envoy(dir: PathBuf, decider: &Decider, last: &mut String, options: crate::rules::envoy::EnvoyOptions) {
     let name = dir.display().to_string();
-    let loaded =
-        tokio::task::spawn_blocking(move || crate::rules::envoy::EnvoyConfig::load_dir(&dir).map(|c| (c, dir))).await;
+    let loaded = tokio::task::spawn_blocking(move || {
+        crate::rules::envoy::EnvoyConfig::load_dir(&dir, &options).map(|c| (c, dir))
+    })
+    .await;
     match loaded {
         Ok(Ok(((config, text), dir))) => {
             if text == *last {

@@ -29,8 +29,9 @@ pub struct Options {
     pub replication: Option<crate::replication::Config>,
     /// A rules file to load and watch; `None` for the embedded default rules.
     pub config: Option<PathBuf>,
-    /// An envoyproxy/ratelimit configuration directory to load and watch.
-    pub envoy_config: Option<PathBuf>,
+    /// An envoyproxy/ratelimit configuration: a directory to load and
+    /// watch, or an xDS control plane to stream it from.
+    pub envoy: EnvoySources,
     /// How Envoy's RLS answers.
     pub rls: crate::decider::RlsOptions,
     /// How long the rules file must stay unchanged before it is read again.
@@ -54,6 +55,18 @@ pub struct Options {
     pub clock: SharedClock,
     /// Called once rules are loaded and both ports are being served.
     pub on_ready: Option<Box<dyn FnOnce() + Send>>,
+}
+
+/// Where the envoyproxy/ratelimit configuration comes from (one at most).
+#[derive(Clone, Debug, Default)]
+pub struct EnvoySources {
+    pub dir: Option<PathBuf>,
+    pub xds: Option<crate::xds::XdsConfig>,
+    /// Read with these options (domain merging).
+    pub options: crate::rules::envoy::EnvoyOptions,
+    /// With xDS: ready before the first configuration arrives (upstream's
+    /// `FORCE_START_WITHOUT_INITIAL_CONFIG`).
+    pub ready_without_config: bool,
 }
 
 pub struct Listeners {
@@ -93,8 +106,9 @@ pub async fn run(
     if !decider.overrides_persisted() {
         tracing::info!("overrides set through Admin are kept in memory only (see --overrides-file)");
     }
-    let _background = spawn_background(&opts, &engine, &decider, sources, prometheus.clone())?;
-    serve(opts, listeners, decider, access, tls, prometheus, shutdown).await?;
+    let (_background, gate) = spawn_background(&opts, &engine, &decider, sources, prometheus.clone())?;
+    let ports = Ports { listeners, access, tls, prometheus, gate };
+    serve(opts, ports, decider, shutdown).await?;
     // Drained: no call decides any more. What this replica took and owes
     // goes to Redis before the process ends.
     if let Some(replication) = last_sync {
@@ -107,6 +121,9 @@ pub async fn run(
 fn check(opts: &Options) -> anyhow::Result<()> {
     if opts.replication.is_some() && opts.overrides.file.is_some() {
         anyhow::bail!("--overrides-file is for a server without Redis: with Redis, overrides are kept there");
+    }
+    if opts.envoy.dir.is_some() && opts.envoy.xds.is_some() {
+        anyhow::bail!("--envoy-config and --envoy-xds are two sources of one configuration: give one");
     }
     Ok(())
 }
@@ -152,9 +169,9 @@ struct Sources {
 /// until it changes.
 fn install_sources(opts: &Options, engine: &Engine) -> anyhow::Result<Sources> {
     let rules = install_rules_in_force(opts, engine)?;
-    let envoy = match &opts.envoy_config {
+    let envoy = match &opts.envoy.dir {
         Some(dir) => {
-            let (config, text) = EnvoyConfig::load_dir(dir).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let (config, text) = EnvoyConfig::load_dir(dir, &opts.envoy.options).map_err(|e| anyhow::anyhow!("{e}"))?;
             let domains = config.domains().count();
             let version = decider::install_envoy(engine, config, text.clone(), dir);
             tracing::info!(dir = %dir.display(), domains, version, "envoyproxy/ratelimit configuration loaded");
@@ -179,27 +196,51 @@ async fn start_replication(opts: &Options, engine: &Arc<Engine>) -> anyhow::Resu
 /// Everything that runs beside the ports; stopped when dropped.
 struct Background(Vec<tokio::task::JoinHandle<()>>);
 
+/// What the ports are served with.
+struct Ports {
+    listeners: Listeners,
+    access: Arc<Access>,
+    tls: PortsTls,
+    prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    /// What readiness waits for besides the ports.
+    gate: Option<http::ReadyGate>,
+}
+
 impl Drop for Background {
     fn drop(&mut self) {
         self.0.iter().for_each(|t| t.abort());
     }
 }
 
-/// The file watchers, and the sweeper, the ticker (permit and probe expiry,
-/// the degradation level), the override expiry and the recorder's upkeep.
+/// The file watchers, the xDS client, and the sweeper, the ticker (permit
+/// and probe expiry, the degradation level), the override expiry and the
+/// recorder's upkeep; and what readiness waits for (the first xDS
+/// configuration).
 fn spawn_background(
     opts: &Options,
     engine: &Arc<Engine>,
     decider: &Arc<Decider>,
     sources: Sources,
     prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
-) -> anyhow::Result<Background> {
+) -> anyhow::Result<(Background, Option<http::ReadyGate>)> {
     let mut tasks = Vec::new();
+    let mut gate = None;
+    if let Some(xds) = &opts.envoy.xds {
+        let url = xds.url.clone();
+        let (task, status) = crate::xds::spawn(xds.clone(), decider.clone())?;
+        tasks.push(task);
+        if !opts.envoy.ready_without_config {
+            let waiting: http::ReadyGate = Arc::new(move || {
+                (!status.applied()).then(|| format!("waiting for the first Envoy configuration from {url}"))
+            });
+            gate = Some(waiting);
+        }
+    }
     if let Some((path, text)) = sources.rules {
         tasks.push(reload::spawn(path, decider.clone(), text, opts.reload_quiet).context("watching the rules file")?);
     }
     if let Some((dir, text)) = sources.envoy {
-        let watcher = reload::spawn_envoy(dir, decider.clone(), text, opts.reload_quiet)
+        let watcher = reload::spawn_envoy(dir, decider.clone(), text, opts.reload_quiet, opts.envoy.options)
             .context("watching the envoyproxy/ratelimit configuration")?;
         tasks.push(watcher);
     }
@@ -217,23 +258,21 @@ fn spawn_background(
             async move { handle.run_upkeep() }
         }));
     }
-    Ok(Background(tasks))
+    Ok((Background(tasks), gate))
 }
 
 /// Both ports, until `shutdown`; then a drain of at most the grace period.
 async fn serve(
     opts: Options,
-    listeners: Listeners,
+    ports: Ports,
     decider: Arc<Decider>,
-    access: Arc<Access>,
-    tls: PortsTls,
-    prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let Ports { listeners, access, tls, prometheus, gate } = ports;
     let (reporter, health_service) = tonic_health::server::health_reporter();
     reporter.set_service_status("", tonic_health::ServingStatus::Serving).await;
     let routes = grpc::routes(decider.clone(), health_service, access.clone(), opts.max_watchers)?;
-    let health = http::HttpState::new(decider, prometheus, access, http::Hosts::new(&opts.http_hosts));
+    let health = http::HttpState::new(decider, prometheus, access, http::Hosts::new(&opts.http_hosts)).with_gate(gate);
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let limits = opts.limits;
@@ -277,7 +316,7 @@ async fn stopped(mut rx: watch::Receiver<bool>) {
 /// and the text read from it.
 fn install_rules_in_force(opts: &Options, engine: &Engine) -> anyhow::Result<Option<(PathBuf, String)>> {
     let Some(path) = &opts.config else {
-        if opts.envoy_config.is_some() {
+        if opts.envoy.dir.is_some() || opts.envoy.xds.is_some() {
             tracing::info!("no rules file: RLS domains are decided by the Envoy configuration only");
             return Ok(None);
         }

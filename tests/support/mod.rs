@@ -6,6 +6,7 @@
 pub mod envoy;
 pub mod pki;
 pub mod redis;
+pub mod xds;
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};

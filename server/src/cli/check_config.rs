@@ -15,6 +15,10 @@ pub struct CheckConfigArgs {
     /// An envoyproxy/ratelimit configuration directory to validate.
     #[arg(long)]
     envoy_config: Option<PathBuf>,
+    /// Files of one domain add up (upstream's MERGE_DOMAIN_CONFIG), as
+    /// `serve --envoy-merge-domains` reads them.
+    #[arg(long, requires = "envoy_config")]
+    envoy_merge_domains: bool,
 }
 
 /// Validates each configuration given; every error is listed, naming the
@@ -35,7 +39,8 @@ pub fn run(args: CheckConfigArgs) -> ExitCode {
         }
     }
     if let Some(dir) = &args.envoy_config {
-        match EnvoyConfig::load_dir(dir) {
+        let options = crate::rules::envoy::EnvoyOptions { merge_domains: args.envoy_merge_domains };
+        match EnvoyConfig::load_dir(dir, &options) {
             Ok((config, _)) => {
                 let mut domains: Vec<&str> = config.domains().collect();
                 domains.sort_unstable();

@@ -129,6 +129,14 @@ pub async fn rules(args: RulesArgs) -> anyhow::Result<ExitCode> {
             let r = client.get_rules(pb::GetRulesRequest {}).await.map_err(status_error)?.into_inner();
             println!("# version {} from {}", r.version, r.source);
             print!("{}", r.yaml);
+            if let Some(e) = r.envoy {
+                let version = if e.version.is_empty() { String::new() } else { format!(" version {}", e.version) };
+                println!(
+                    "# envoyproxy/ratelimit configuration from {}{version}: domains {}",
+                    e.source,
+                    e.domains.join(", ")
+                );
+            }
         }
         RulesAction::Apply { file, validate_only } => {
             let yaml = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;

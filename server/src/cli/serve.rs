@@ -14,6 +14,8 @@ use crate::replication::{self, Credentials, Target};
 use crate::server::{self, Listeners, Options};
 use crate::time::SystemClock;
 
+mod envoy;
+
 #[derive(Args, Debug)]
 pub struct ServeArgs {
     /// Rules file (YAML), watched for changes. Without it, the embedded default rules.
@@ -99,7 +101,7 @@ pub struct ServeArgs {
     redis_auth: RedisAuthArgs,
 
     #[command(flatten)]
-    envoy: EnvoyArgs,
+    envoy: envoy::EnvoyArgs,
 
     #[command(flatten)]
     otlp: OtlpArgs,
@@ -149,30 +151,6 @@ struct LimitArgs {
     /// Watch streams open at once.
     #[arg(long, default_value_t = 1024, value_parser = super::parse_positive)]
     max_watchers: usize,
-}
-
-/// Envoy's rate limit service with envoyproxy/ratelimit's configuration.
-#[derive(Args, Debug)]
-#[command(next_help_heading = "Envoy (ShouldRateLimit)")]
-struct EnvoyArgs {
-    /// An envoyproxy/ratelimit configuration: a directory of YAML files, each
-    /// a `domain` and its `descriptors`, watched for changes. Its domains are
-    /// decided by it; other RLS domains by the rules file. Given alone (no
-    /// --config), no Floodgate rules are loaded.
-    #[arg(long, env = "FLOODGATE_ENVOY_CONFIG")]
-    envoy_config: Option<PathBuf>,
-    /// Answer every ShouldRateLimit OK, still counting what would have been
-    /// denied (upstream's SHADOW_MODE).
-    #[arg(long, env = "FLOODGATE_ENVOY_SHADOW_MODE")]
-    envoy_shadow_mode: bool,
-    /// Add rate limit headers to RLS answers, for Envoy to send to the client.
-    #[arg(long, value_enum, env = "FLOODGATE_ENVOY_RESPONSE_HEADERS")]
-    envoy_response_headers: Option<crate::decider::RlsHeaders>,
-    /// The RLS descriptor entry whose value is the request's priority
-    /// (critical_plus, critical, sheddable_plus, sheddable) when its system
-    /// sheds load; "" for none. Map it from a header only a trusted hop sets.
-    #[arg(long, default_value = "priority", env = "FLOODGATE_ENVOY_PRIORITY_KEY")]
-    envoy_priority_key: String,
 }
 
 /// TLS on both ports; with a client CA, mTLS.
@@ -283,16 +261,11 @@ fn options(args: ServeArgs) -> anyhow::Result<Options> {
         identities: args.admin.admin_identities,
         read_open: args.admin.admin_read_open,
     };
-    let rls = crate::decider::RlsOptions {
-        shadow: args.envoy.envoy_shadow_mode,
-        headers: args.envoy.envoy_response_headers,
-        // Read once for the life of the process.
-        priority_key: Box::leak(args.envoy.envoy_priority_key.into_boxed_str()),
-    };
+    let (envoy, rls) = args.envoy.sources()?;
     Ok(Options {
         replication,
         config: args.config,
-        envoy_config: args.envoy.envoy_config,
+        envoy,
         rls,
         reload_quiet: args.reload_debounce,
         max_keys: args.max_keys,

@@ -34,14 +34,16 @@ pub use lease::{LeaseAsk, Leased};
 pub use overrides::{
     MAX_PAGE, NewOverride, OverrideOptions, OverridesPage, OverridesSet, read_file as read_overrides_file,
 };
-pub use rls::{RlsAnswer, RlsHeaders, RlsOptions, RlsRequest, RlsStatus, Shown};
-pub use rules::{Applied, Origin, RulesInForce, install, install_envoy};
+pub use rls::{HeaderNames, RlsAnswer, RlsHeaders, RlsOptions, RlsRequest, RlsStatus, Shown};
+pub use rules::{Applied, EnvoyInForce, Origin, RulesInForce, install, install_envoy};
 pub use views::{Figures, ReplicaHealth};
 
 pub struct Decider {
     engine: Arc<Engine>,
     replication: Option<Arc<Replication>>,
     rls: RlsOptions,
+    /// Upstream's stats whose key depends on the request, bounded.
+    envoy_stats: Arc<crate::metrics::upstream::Series>,
     /// One ApplyRules at a time: parsing is bounded, but not free.
     applying: tokio::sync::Mutex<()>,
     /// Candidate rules observed in shadow (`ApplyRules` with `what_if`).
@@ -59,6 +61,7 @@ impl Decider {
             engine,
             replication,
             rls: RlsOptions::default(),
+            envoy_stats: Arc::new(crate::metrics::upstream::Series::new(RlsOptions::default().stat_series)),
             applying: tokio::sync::Mutex::new(()),
             what_if: arc_swap::ArcSwapOption::empty(),
             override_options: OverrideOptions::default(),
@@ -80,7 +83,13 @@ impl Decider {
 
     /// How Envoy's RLS answers (global shadow mode, response headers).
     pub fn with_rls(mut self, rls: RlsOptions) -> Self {
+        self.envoy_stats = Arc::new(crate::metrics::upstream::Series::new(rls.stat_series));
         self.rls = rls;
         self
+    }
+
+    /// How Envoy's RLS answers.
+    pub fn rls_options(&self) -> &RlsOptions {
+        &self.rls
     }
 }

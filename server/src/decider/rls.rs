@@ -2,7 +2,9 @@
 //! whatever decides each descriptor (see [`crate::engine::rls`]):
 //!
 //! - each descriptor has its own status; the request is OVER_LIMIT when any
-//!   descriptor is, unless the global shadow mode is on;
+//!   descriptor is, unless the global shadow mode is on; a descriptor in
+//!   quota mode (`quota_mode`, or every one with the global quota mode)
+//!   makes it OVER_LIMIT only when every quota descriptor is;
 //! - a limit named in another matched limit's `replaces` does not apply;
 //! - `current_limit` is the limit in requests per SECOND to YEAR, exact
 //!   whenever a whole number of requests per some unit says it, and never 0;
@@ -10,21 +12,23 @@
 //!   whole seconds as upstream reports it (a fixed window's own end; for
 //!   other algorithms, the end of the current unit of `current_limit`);
 //! - with response headers on, the limit, remaining and reset of the
-//!   descriptor nearest its limit (or the last one over it) are added.
+//!   descriptor nearest its limit (or the last one over it) are added;
+//! - upstream's stats count every descriptor an Envoy configuration limit
+//!   (or a limit Envoy sent) decided.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use smallvec::SmallVec;
 
 use super::Decider;
 use crate::engine::request::check_batch;
-use crate::engine::{Answer, Installed, LimitReport, Prepared, RequestError, RlsDescriptor, Target, Verdict};
+use crate::engine::{Answer, Installed, Prepared, RequestError, RlsDescriptor, Target};
 use crate::replication::Replication;
-use crate::rules::envoy::{Unit, per_unit};
-use crate::rules::{Limit, Priority};
+use crate::rules::Priority;
+use crate::rules::envoy::Unit;
 use crate::store::BucketKey;
-use crate::time::Timestamp;
 
 /// One `ShouldRateLimit` call, checked.
 #[derive(Clone, Debug)]
@@ -34,22 +38,41 @@ pub struct RlsRequest<'a> {
 }
 
 /// How the RLS answers, for the whole server.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RlsOptions {
     /// Always answer OK; what would have been denied is still counted.
     pub shadow: bool,
+    /// Every descriptor is in quota mode (upstream's `QUOTA_MODE`).
+    pub quota: bool,
     /// The descriptor entry whose value is the request's priority
     /// (`sheddable`, `critical_plus`...); empty: none. A value that names no
     /// priority is CRITICAL, never an error (an error would let Envoy's
     /// failure mode decide, often to allow).
     pub priority_key: &'static str,
     /// Add rate limit headers to the answer, for Envoy to send on.
-    pub headers: Option<RlsHeaders>,
+    pub headers: Option<HeaderNames>,
+    /// Say in the answer's dynamic metadata what was asked and the metadata
+    /// of the descriptors that passed (upstream's `RESPONSE_DYNAMIC_METADATA`).
+    pub dynamic_metadata: bool,
+    /// Upstream's `NEAR_LIMIT_RATIO`: past this share of a limit, hits count
+    /// as `near_limit`.
+    pub near_ratio: f32,
+    /// The most label sets of upstream's stats whose key depends on the
+    /// request (`detailed_metric`, `value_to_metric`, limits Envoy sends).
+    pub stat_series: usize,
 }
 
 impl Default for RlsOptions {
     fn default() -> Self {
-        RlsOptions { shadow: false, headers: None, priority_key: "priority" }
+        RlsOptions {
+            shadow: false,
+            quota: false,
+            headers: None,
+            priority_key: "priority",
+            dynamic_metadata: false,
+            near_ratio: 0.8,
+            stat_series: 10_000,
+        }
     }
 }
 
@@ -62,6 +85,30 @@ pub enum RlsHeaders {
     /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`.
     #[value(name = "x-ratelimit")]
     XRateLimit,
+}
+
+/// The three header names (upstream's `LIMIT_LIMIT_HEADER`,
+/// `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeaderNames {
+    pub limit: &'static str,
+    pub remaining: &'static str,
+    pub reset: &'static str,
+}
+
+impl From<RlsHeaders> for HeaderNames {
+    fn from(style: RlsHeaders) -> Self {
+        match style {
+            RlsHeaders::RateLimit => {
+                HeaderNames { limit: "RateLimit-Limit", remaining: "RateLimit-Remaining", reset: "RateLimit-Reset" }
+            }
+            RlsHeaders::XRateLimit => HeaderNames {
+                limit: "X-RateLimit-Limit",
+                remaining: "X-RateLimit-Remaining",
+                reset: "X-RateLimit-Reset",
+            },
+        }
+    }
 }
 
 /// A limit as Envoy is shown it.
@@ -79,14 +126,20 @@ pub struct RlsStatus {
     pub limit: Option<Shown>,
     pub remaining: u32,
     pub reset: Option<Duration>,
+    /// In quota mode: over, it makes the answer OVER_LIMIT only with every
+    /// other quota descriptor over.
+    pub quota: bool,
 }
 
 /// The answer to one call.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct RlsAnswer {
     pub over: bool,
     pub statuses: SmallVec<[RlsStatus; 2]>,
     pub headers: Vec<(&'static str, String)>,
+    /// With dynamic metadata on: the metadata of each descriptor that
+    /// passed, in order, to merge into the answer.
+    pub metadata: Vec<Arc<serde_json::Map<String, serde_json::Value>>>,
 }
 
 type Items<'r> = SmallVec<[Item<'r>; 2]>;
@@ -123,7 +176,7 @@ impl Decider {
         let now = self.engine.clock().now();
         let answers: Answers<'_> =
             items.iter_mut().map(|it| it.prepared.take().map(|p| self.engine.decide(p, now))).collect();
-        Ok(self.answer(&rules, &items, &answers, now))
+        Ok(self.answer(&rules, req, &items, &answers, now))
     }
 
     async fn rls_replicated(&self, replication: &Replication, req: &RlsRequest<'_>) -> Result<RlsAnswer, RequestError> {
@@ -144,7 +197,7 @@ impl Decider {
         for (&i, a) in index.iter().zip(decided) {
             answers[i] = Some(a);
         }
-        Ok(self.answer(&rules, &items, &answers, self.engine.clock().now()))
+        Ok(self.answer(&rules, req, &items, &answers, self.engine.clock().now()))
     }
 
     /// The request's priority: the first entry named `priority_key` in any
@@ -216,112 +269,12 @@ impl Decider {
         }
         Ok(items)
     }
-
-    /// Every descriptor's status, the overall code (and the global shadow
-    /// mode), and the headers.
-    fn answer(&self, rules: &Installed, items: &Items<'_>, answers: &Answers<'_>, now: Timestamp) -> RlsAnswer {
-        let statuses: SmallVec<[RlsStatus; 2]> =
-            items.iter().enumerate().map(|(i, item)| status(rules, item, &answers[i], answers, now)).collect();
-        let mut over = statuses.iter().any(|s| s.over);
-        if over && self.rls.shadow {
-            metrics::counter!(crate::metrics::RLS_GLOBAL_SHADOW).increment(1);
-            over = false;
-        }
-        let headers = match self.rls.headers {
-            Some(names) => headers(names, &statuses),
-            None => Vec::new(),
-        };
-        RlsAnswer { over, statuses, headers }
-    }
 }
 
-/// One descriptor's status from its answer (and the answers of the
-/// descriptors it shares buckets with).
-fn status(
-    rules: &Installed,
-    item: &Item<'_>,
-    answer: &Option<Answer<'_>>,
-    all: &[Option<Answer<'_>>],
-    now: Timestamp,
-) -> RlsStatus {
-    let nothing = RlsStatus { over: false, limit: None, remaining: 0, reset: None };
-    let answer = match (item.target, answer) {
-        (Target::Unlimited(_), _) => return RlsStatus { remaining: u32::MAX, ..nothing },
-        (_, Some(a)) => a,
-        _ => return nothing,
-    };
-    let shared = item.shared.iter().filter_map(|&(j, l)| all[j].as_ref()?.limits.iter().find(|r| r.index == l));
-    let reports: SmallVec<[&LimitReport<'_>; 4]> = answer.limits.iter().chain(shared).collect();
-    // Over when this descriptor was denied, or a bucket it shares was.
-    let over = answer.verdict != Verdict::Allowed || reports.iter().any(|r| r.exceeded && !r.limit.shadow);
-    let tightest = reports
-        .iter()
-        .find(|r| r.exceeded && !r.limit.shadow)
-        .or_else(|| reports.iter().find(|r| r.exceeded))
-        .or_else(|| reports.iter().min_by_key(|r| r.status.remaining))
-        .copied();
-    let Some(report) = tightest else {
-        // Denied by a guard before any limit: say when to try again.
-        let reset = over.then_some(answer.retry_after).filter(|d| !d.is_zero()).map(whole_seconds);
-        return RlsStatus { over, reset, ..nothing };
-    };
-    let shown = match item.target {
-        Target::Envoy(l) => Shown { name: l.name.clone(), requests_per_unit: l.requests_per_unit, unit: l.unit },
-        Target::Override { requests_per_unit, unit, .. } => Shown { name: String::new(), requests_per_unit, unit },
-        // The precomputed table holds the rule's own limits; an override's
-        // (another limit object) is computed here.
-        Target::Rules(i)
-            if rules.rules.rules()[i].limits.get(report.index).is_some_and(|l| std::ptr::eq(l, report.limit)) =>
-        {
-            let (requests_per_unit, unit) = rules.per_unit(i, report.index);
-            Shown { name: report.limit.name.clone(), requests_per_unit, unit }
-        }
-        _ => shown(report.limit),
-    };
-    let remaining = if report.exceeded { 0 } else { u32::try_from(report.status.remaining).unwrap_or(u32::MAX) };
-    let reset = Some(until_reset(report.limit, shown.unit, now));
-    RlsStatus { over, limit: Some(shown), remaining, reset }
-}
-
-/// A limit of our rules as Envoy is shown it (see [`per_unit`]).
-pub fn shown(limit: &Limit) -> Shown {
-    let (requests_per_unit, unit) = per_unit(limit);
-    Shown { name: limit.name.clone(), requests_per_unit, unit }
-}
-
-/// Time to the end of the current window, in whole seconds (at least one).
-fn until_reset(limit: &Limit, unit: Unit, now: Timestamp) -> Duration {
-    let window = match &limit.algorithm {
-        crate::limiter::Algorithm::FixedWindow(c) => match &c.calendar {
-            Some(cal) => return whole_seconds(Duration::from_nanos(cal.window(now.as_nanos()).1 - now.as_nanos())),
-            None => c.window,
-        },
-        _ => unit.seconds() * 1_000_000_000,
-    };
-    whole_seconds(Duration::from_nanos(window - now.as_nanos() % window))
-}
-
-fn whole_seconds(d: Duration) -> Duration {
-    Duration::from_secs(d.as_nanos().div_ceil(1_000_000_000).max(1) as u64)
-}
-
-/// The headers of the descriptor nearest its limit, or of the last over it.
-fn headers(names: RlsHeaders, statuses: &[RlsStatus]) -> Vec<(&'static str, String)> {
-    let with_limit = || statuses.iter().filter(|s| s.limit.is_some());
-    let Some(s) = with_limit().rfind(|s| s.over).or_else(|| with_limit().min_by_key(|s| s.remaining)) else {
-        return Vec::new();
-    };
-    let [limit, remaining, reset] = match names {
-        RlsHeaders::RateLimit => ["RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"],
-        RlsHeaders::XRateLimit => ["X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset"],
-    };
-    let shown = s.limit.as_ref().expect("filtered on a limit");
-    vec![
-        (limit, shown.requests_per_unit.to_string()),
-        (remaining, s.remaining.to_string()),
-        (reset, s.reset.unwrap_or_default().as_secs().to_string()),
-    ]
-}
-
+mod answer;
+#[cfg(test)]
+use answer::shown;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod upstream_tests;

@@ -44,6 +44,21 @@ pub struct RulesInForce {
     pub source: String,
     pub loaded_at: SystemTime,
     pub resources: Vec<String>,
+    /// The envoyproxy/ratelimit configuration in force, if one is.
+    pub envoy: Option<EnvoyInForce>,
+}
+
+/// An envoyproxy/ratelimit configuration in force, for `GetRules`.
+#[derive(Clone, Debug)]
+pub struct EnvoyInForce {
+    /// A directory, or an xDS control plane's address.
+    pub source: String,
+    /// The control plane's version (empty for a directory).
+    pub version: String,
+    /// Sorted.
+    pub domains: Vec<String>,
+    pub loaded_at: SystemTime,
+    pub yaml: String,
 }
 
 // === impl Origin ===
@@ -80,6 +95,18 @@ impl Decider {
             source: installed.source.clone(),
             loaded_at: installed.loaded_at,
             resources: installed.resource_names(),
+            envoy: (!installed.envoy.source.is_empty()).then(|| {
+                let e = &installed.envoy;
+                let mut domains: Vec<String> = e.config.domains().map(String::from).collect();
+                domains.sort_unstable();
+                EnvoyInForce {
+                    source: e.source.clone(),
+                    version: e.version.clone(),
+                    domains,
+                    loaded_at: e.loaded_at,
+                    yaml: e.text.clone(),
+                }
+            }),
         }
     }
 
@@ -145,6 +172,14 @@ impl Decider {
         install_envoy(&self.engine, config, text, dir)
     }
 
+    /// Installs an envoyproxy/ratelimit configuration an xDS control plane
+    /// at `source` served as `version`.
+    pub fn install_envoy_from(&self, config: EnvoyConfig, text: String, source: String, version: String) -> u64 {
+        let installed = self.engine.install_envoy(config, text, source, version);
+        crate::metrics::rule_reload(Origin::Envoy.label(), true, installed);
+        installed
+    }
+
     /// Counts a rules file that could not be installed.
     pub fn refused(&self, origin: &Origin) {
         crate::metrics::rule_reload(origin.label(), false, self.engine.rules().version);
@@ -163,7 +198,7 @@ async fn parse_off_the_workers(yaml: &str) -> Result<RuleSet, RuleErrors> {
 /// Installs an envoyproxy/ratelimit configuration read from `dir` and counts
 /// the reload; the version.
 pub fn install_envoy(engine: &Engine, config: EnvoyConfig, text: String, dir: &std::path::Path) -> u64 {
-    let version = engine.install_envoy(config, text, dir.display().to_string());
+    let version = engine.install_envoy(config, text, dir.display().to_string(), String::new());
     crate::metrics::rule_reload(Origin::Envoy.label(), true, version);
     version
 }

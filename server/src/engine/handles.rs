@@ -6,6 +6,7 @@ use std::sync::Arc;
 use super::counters::RuleMetrics;
 use crate::degradation::Scope;
 use crate::hitters::Hitters;
+use crate::metrics::upstream::LimitStats;
 use crate::rules::Rule;
 use crate::store::LimitId;
 
@@ -26,6 +27,9 @@ pub struct RuleHandles {
     /// scope takes them all (an exact rule, or no systems); else `None`, and
     /// each resource is looked up.
     pub(super) scope: Option<Arc<Scope>>,
+    /// An Envoy configuration limit's series of upstream's stats, when its
+    /// stat key does not depend on the request.
+    pub(super) upstream: Option<LimitStats>,
 }
 
 // === impl RuleHandles ===
@@ -46,6 +50,12 @@ impl RuleHandles {
         self.hitters.get(slot)?.as_deref()
     }
 
+    /// The series of upstream's stats of an Envoy configuration limit whose
+    /// stat key is its path.
+    pub fn upstream(&self) -> Option<&LimitStats> {
+        self.upstream.as_ref()
+    }
+
     /// The handles of a rule that keeps no hottest keys (Envoy's sizes).
     pub(super) fn without_hitters(rule: &Rule, ids: Vec<LimitId>) -> RuleHandles {
         let slots = rule.limits.len() + rule.overrides.extra_names().len();
@@ -55,6 +65,7 @@ impl RuleHandles {
             hitters: vec![None; slots],
             metrics: RuleMetrics::new(rule),
             scope: None,
+            upstream: None,
         }
     }
 }

@@ -22,6 +22,7 @@ pub use super::handles::RuleHandles;
 use crate::degradation::{Scope, Systems};
 use crate::hitters::Hitters;
 use crate::limiter::Algorithm;
+use crate::metrics::upstream::LimitStats;
 use crate::overrides::Table;
 use crate::rules::envoy::{self, EnvoyConfig, Unit};
 use crate::rules::{Limit, Pattern, Rule, RuleSet};
@@ -54,13 +55,16 @@ pub struct Installed {
 }
 
 /// An envoyproxy/ratelimit configuration in force.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct EnvoyInstalled {
     pub config: EnvoyConfig,
     /// The files' text, for `GetRules`.
     pub text: String,
-    /// The directory it was read from; empty when none is loaded.
+    /// The directory or xDS control plane it came from; empty when none is loaded.
     pub source: String,
+    /// The control plane's version of it (empty for a directory).
+    pub version: String,
+    pub loaded_at: SystemTime,
 }
 
 /// What the engine keeps beside the rules in force.
@@ -115,6 +119,18 @@ struct Ids {
     /// rule's limit's, and both outlive installs. Bounded by the names rules
     /// files have used.
     hitters: HashMap<(String, String), Arc<Hitters>>,
+}
+
+impl Default for EnvoyInstalled {
+    fn default() -> Self {
+        EnvoyInstalled {
+            config: EnvoyConfig::default(),
+            text: String::new(),
+            source: String::new(),
+            version: String::new(),
+            loaded_at: SystemTime::UNIX_EPOCH,
+        }
+    }
 }
 
 // === impl Installed ===
@@ -261,10 +277,18 @@ impl RulesSlot {
 
     /// Swaps in an envoyproxy/ratelimit configuration (read from `source`),
     /// keeping our rules in force; returns the version.
-    pub fn install_envoy(&self, config: EnvoyConfig, text: String, source: String) -> u64 {
+    pub fn install_envoy(&self, config: EnvoyConfig, text: String, source: String, version: String) -> u64 {
         let mut ids = self.ids.lock().unwrap_or_else(|e| e.into_inner());
-        let envoy_handles = Arc::new(config.rules().iter().map(|rule| ids.envoy_handles(rule)).collect());
-        let envoy = Arc::new(EnvoyInstalled { config, text, source });
+        // One rule per limit, in the same order.
+        let envoy_handles = Arc::new(
+            config
+                .rules()
+                .iter()
+                .zip(config.limits())
+                .map(|(rule, l)| ids.envoy_handles(rule, l.dynamic_stat || l.unlimited))
+                .collect(),
+        );
+        let envoy = Arc::new(EnvoyInstalled { config, text, source, version, loaded_at: SystemTime::now() });
         let current = self.current.load_full();
         let parts = Parts {
             yaml: current.yaml.clone(),
@@ -405,14 +429,17 @@ impl Ids {
         let names =
             rule.limits.iter().map(|l| l.name.as_str()).chain(rule.overrides.extra_names().iter().map(String::as_str));
         let hitters = names.map(|name| Some(self.hitters("", &rule.name, name))).collect();
-        RuleHandles { ids, override_ids, hitters, metrics: RuleMetrics::new(rule), scope: None }
+        RuleHandles { ids, override_ids, hitters, metrics: RuleMetrics::new(rule), scope: None, upstream: None }
     }
 
-    /// An Envoy rule's handles: one limit, no overrides.
-    fn envoy_handles(&mut self, rule: &Rule) -> RuleHandles {
+    /// An Envoy rule's handles: one limit, no overrides, and the series of
+    /// upstream's stats under its path (`no_series`: none, its key depends
+    /// on the request or it counts nothing).
+    fn envoy_handles(&mut self, rule: &Rule, no_series: bool) -> RuleHandles {
         let ids = self.ids_of(ENVOY, &rule.name, &rule.limits);
         let hitters = rule.limits.iter().map(|l| Some(self.hitters(ENVOY, &rule.name, &l.name))).collect();
-        RuleHandles { ids, override_ids: Vec::new(), hitters, metrics: RuleMetrics::new(rule), scope: None }
+        let upstream = (!no_series).then(|| LimitStats::new(&rule.name));
+        RuleHandles { ids, override_ids: Vec::new(), hitters, metrics: RuleMetrics::new(rule), scope: None, upstream }
     }
 
     fn hitters(&mut self, prefix: &str, rule: &str, limit: &str) -> Arc<Hitters> {

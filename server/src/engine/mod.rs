@@ -135,10 +135,17 @@ impl Engine {
         version
     }
 
-    /// Installs an envoyproxy/ratelimit configuration read from `source`,
+    /// Installs an envoyproxy/ratelimit configuration read from `source` (a
+    /// directory, or an xDS control plane and the `version` it named),
     /// beside the rules in force.
-    pub fn install_envoy(&self, config: crate::rules::envoy::EnvoyConfig, text: String, source: String) -> u64 {
-        let version = self.rules.install_envoy(config, text, source.clone());
+    pub fn install_envoy(
+        &self,
+        config: crate::rules::envoy::EnvoyConfig,
+        text: String,
+        source: String,
+        version: String,
+    ) -> u64 {
+        let version = self.rules.install_envoy(config, text, source.clone(), version);
         let patterns = self.rules.load().rules.patterns().into();
         self.events.publish(Event::Rules { version, source: format!("envoy:{source}"), patterns });
         version

@@ -51,9 +51,15 @@ impl UnaryService<rls::RateLimitRequest> for ShouldRateLimit {
     fn call(&mut self, request: Request<rls::RateLimitRequest>) -> Self::Future {
         let decider = self.0.clone();
         Box::pin(async move {
-            let ask = RlsAsk::try_from(request.get_ref())?;
-            let answer = decider.should_rate_limit(&ask.ask()).await?;
-            Ok(Response::new(response(answer)))
+            let refused = |e: crate::engine::RequestError| {
+                metrics::counter!(crate::metrics::upstream::SHOULD_RATE_LIMIT_ERROR, "err_type" => "service_error")
+                    .increment(1);
+                Status::from(e)
+            };
+            let ask = RlsAsk::try_from(request.get_ref()).map_err(refused)?;
+            let answer = decider.should_rate_limit(&ask.ask()).await.map_err(refused)?;
+            let dynamic_metadata = decider.rls_options().dynamic_metadata;
+            Ok(Response::new(response(answer, request.get_ref(), dynamic_metadata)))
         })
     }
 }

@@ -28,7 +28,13 @@ pub struct Observe<S> {
 
 impl ObserveLayer {
     pub fn new() -> Self {
-        let by_rpc = Rpc::ALL.iter().map(|r| RpcMetrics::new(r.label())).collect();
+        let by_rpc = Rpc::ALL
+            .iter()
+            .map(|&r| match r {
+                Rpc::ShouldRateLimit => RpcMetrics::new(r.label()).with_upstream("ShouldRateLimit"),
+                _ => RpcMetrics::new(r.label()),
+            })
+            .collect();
         ObserveLayer { by_rpc, other: RpcMetrics::new("other") }
     }
 }

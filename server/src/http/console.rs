@@ -188,6 +188,12 @@ fn snapshot(decider: &Decider, timeline: Vec<Value>) -> Value {
             "loaded_at": rfc3339(installed.loaded_at),
             "patterns": installed.resource_names(),
         },
+        "envoy": (!installed.envoy.source.is_empty()).then(|| json!({
+            "source": installed.envoy.source,
+            "version": installed.envoy.version,
+            "domains": installed.envoy.config.domains().count(),
+            "loaded_at": rfc3339(installed.envoy.loaded_at),
+        })),
         "resources": resources,
         "breakers": breakers,
         "timeline": timeline,

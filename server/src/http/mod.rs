@@ -34,14 +34,25 @@ pub struct HttpState {
     console: console::Console,
     /// The names the port answers to (see [`site`]).
     hosts: Arc<Hosts>,
+    /// What else readiness waits for: why it is not ready yet, if it is not.
+    gate: Option<ReadyGate>,
 }
+
+/// A condition of readiness: `Some(why)` while it is not met.
+pub type ReadyGate = Arc<dyn Fn() -> Option<String> + Send + Sync>;
 
 impl HttpState {
     /// Must be called on the runtime: the console starts keeping events.
     pub fn new(decider: Arc<Decider>, prometheus: Option<PrometheusHandle>, access: Arc<Access>, hosts: Hosts) -> Self {
         let console = console::Console::start(&decider);
         let hosts = Arc::new(hosts);
-        HttpState { ready: Arc::new(AtomicBool::new(false)), decider, prometheus, access, console, hosts }
+        HttpState { ready: Arc::new(AtomicBool::new(false)), decider, prometheus, access, console, hosts, gate: None }
+    }
+
+    /// Readiness also waits for `gate`.
+    pub fn with_gate(mut self, gate: Option<ReadyGate>) -> Self {
+        self.gate = gate;
+        self
     }
 
     pub fn set_ready(&self, ready: bool) {
@@ -66,8 +77,14 @@ pub fn router(state: HttpState) -> Router {
 }
 
 /// Ready once rules are loaded and gRPC is serving; not ready while shutting down.
-async fn readyz(State(state): State<HttpState>) -> (StatusCode, &'static str) {
-    if state.is_ready() { (StatusCode::OK, "ready\n") } else { (StatusCode::SERVICE_UNAVAILABLE, "not ready\n") }
+async fn readyz(State(state): State<HttpState>) -> (StatusCode, String) {
+    if !state.is_ready() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "not ready\n".into());
+    }
+    match state.gate.as_ref().and_then(|gate| gate()) {
+        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")),
+        None => (StatusCode::OK, "ready\n".into()),
+    }
 }
 
 async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
@@ -109,6 +126,9 @@ fn scrape(decider: &Decider) {
     let figures = decider.figures();
     scrape_time(figures.keys, figures.evicted);
     let installed = decider.installed();
+    if !installed.envoy.source.is_empty() {
+        envoy_config_info(&installed.envoy.source, &installed.envoy.version);
+    }
     let mut by_rule: std::collections::BTreeMap<&str, [u64; 6]> =
         installed.rules.rules().iter().filter(|r| r.breaker.is_some()).map(|r| (r.name.as_str(), [0; 6])).collect();
     for b in decider.breakers() {

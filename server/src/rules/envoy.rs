@@ -1,8 +1,9 @@
-//! envoyproxy/ratelimit's configuration, as it is: a directory of YAML files,
-//! each a `domain` and a tree of `descriptors` (`key`, optional `value`,
-//! nested `descriptors`, `rate_limit: {unit, requests_per_unit, name,
-//! unlimited, replaces}`, `shadow_mode`, `detailed_metric`), matched the way
-//! upstream matches it:
+//! envoyproxy/ratelimit's configuration, as it is: a directory of YAML files
+//! (or `RateLimitConfig` resources served over xDS), each a `domain` and a
+//! tree of `descriptors` (`key`, optional `value`, nested `descriptors`,
+//! `rate_limit: {unit, requests_per_unit, name, unlimited, replaces}`,
+//! `shadow_mode`, `quota_mode`, `detailed_metric`, `value_to_metric`,
+//! `share_threshold`, `metadata`), matched the way upstream matches it:
 //!
 //! - a request descriptor's entries are walked in order from the domain: at
 //!   each level `key_value` is looked up first, then a wildcard value
@@ -18,11 +19,14 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
-use serde_yaml_ng::{Mapping, Value};
-
-use super::{Limit, OnRedisError, Pattern, Rule, RuleError, RuleErrors, SyncMode};
+use super::{Limit, OnRedisError, Pattern, Rule, RuleErrors, SyncMode};
 use crate::limiter::{Algorithm, fixed_window};
+
+mod parse;
+
+pub use parse::Document;
 
 /// A rate limit unit, with Envoy's numbers (`RateLimitResponse.RateLimit.Unit`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -56,7 +60,7 @@ impl Unit {
         Unit::ALL.into_iter().find(|&u| u as i32 == n)
     }
 
-    fn parse(s: &str) -> Option<Unit> {
+    pub fn parse(s: &str) -> Option<Unit> {
         Unit::ALL.into_iter().find(|u| u.name().eq_ignore_ascii_case(s))
     }
 
@@ -107,6 +111,17 @@ pub struct EnvoyLimit {
     /// `share_threshold`: entries (by position) that matched a wildcard whose
     /// matches share one counter, and the wildcard value their counter uses.
     pub shared: Vec<(usize, String)>,
+    /// `quota_mode`: over its limit, this descriptor alone does not make the
+    /// answer OVER_LIMIT; only every quota descriptor of a request over does.
+    pub quota: bool,
+    /// `detailed_metric`: the stat key names the request's values.
+    pub detailed_metric: bool,
+    /// The stat key depends on the request (`detailed_metric`, or
+    /// `value_to_metric` on a descriptor of its path): see [`EnvoyConfig::stat_key`].
+    pub dynamic_stat: bool,
+    /// The descriptor's `metadata` (a mapping), for the answer's dynamic
+    /// metadata when this limit matched and passed.
+    pub metadata: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
     /// The limit as the engine decides it; its rule is `rules[rule]`.
     pub rule: usize,
 }
@@ -118,6 +133,10 @@ struct Node {
     /// `key_value` patterns with `*`, in file order: (pattern, child key).
     wildcards: Vec<(String, String)>,
     limit: Option<usize>,
+    /// `value_to_metric`: the stat key names the value this node matched.
+    value_to_metric: bool,
+    /// `share_threshold`: the wildcard value every match counts as.
+    shared: Option<String>,
 }
 
 /// The whole configuration, every file's domain.
@@ -129,6 +148,15 @@ pub struct EnvoyConfig {
     rules: Vec<Rule>,
 }
 
+/// How a configuration is read (upstream's settings of the same names).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EnvoyOptions {
+    /// `MERGE_DOMAIN_CONFIG`: files of one domain add up (a descriptor
+    /// defined twice at one level is still an error); else a domain is
+    /// defined once.
+    pub merge_domains: bool,
+}
+
 /// What a descriptor matched.
 #[derive(Clone, Copy, Debug)]
 pub enum Matched<'c> {
@@ -136,30 +164,26 @@ pub enum Matched<'c> {
     Unlimited(&'c EnvoyLimit),
 }
 
+/// How a request entry found its node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step<'c> {
+    /// By `key_value`.
+    Value,
+    /// By a wildcard value (the node's composite key).
+    Wildcard(&'c str),
+    /// By the key alone.
+    Key,
+}
+
 /// At most this many files in the directory, and bytes in all.
 pub const MAX_FILES: usize = 1000;
 pub const MAX_TOTAL_BYTES: u64 = 16 << 20;
-
-/// The keys upstream reads, by where they appear.
-const FILE_KEYS: &[&str] = &["domain", "descriptors"];
-const DESCRIPTOR_KEYS: &[&str] = &[
-    "key",
-    "value",
-    "rate_limit",
-    "descriptors",
-    "shadow_mode",
-    "detailed_metric",
-    "value_to_metric",
-    "quota_mode",
-    "share_threshold",
-];
-const LIMIT_KEYS: &[&str] = &["unit", "requests_per_unit", "unlimited", "name", "replaces", "metadata"];
 
 // === impl EnvoyConfig ===
 
 impl EnvoyConfig {
     /// Every `.yaml` and `.yml` file of `dir`, in name order.
-    pub fn load_dir(dir: &Path) -> Result<(EnvoyConfig, String), RuleErrors> {
+    pub fn load_dir(dir: &Path, options: &EnvoyOptions) -> Result<(EnvoyConfig, String), RuleErrors> {
         let dir_name = dir.display().to_string();
         let entries = std::fs::read_dir(dir).map_err(|e| RuleErrors::one(&dir_name, format!("cannot read: {e}")))?;
         // One more than the limit is enough to refuse: a directory of a
@@ -189,53 +213,42 @@ impl EnvoyConfig {
             files.push((name, text));
         }
         let digest = files.iter().map(|(n, t)| format!("# {n}\n{t}\n")).collect();
-        Ok((EnvoyConfig::parse(&files)?, digest))
+        Ok((EnvoyConfig::parse_with(&files, options)?, digest))
+    }
+
+    /// Files as (name, text), with the default options.
+    pub fn parse(files: &[(String, String)]) -> Result<EnvoyConfig, RuleErrors> {
+        Self::parse_with(files, &EnvoyOptions::default())
     }
 
     /// Files as (name, text): validated whole; every error names the file,
     /// the domain and the descriptor path.
-    pub fn parse(files: &[(String, String)]) -> Result<EnvoyConfig, RuleErrors> {
-        let mut config = EnvoyConfig::default();
+    pub fn parse_with(files: &[(String, String)], options: &EnvoyOptions) -> Result<EnvoyConfig, RuleErrors> {
         let mut errors = Vec::new();
-        let mut owner: HashMap<String, String> = HashMap::new();
-        for (file, text) in files {
-            let mut err = |field: &str, message: String| {
-                errors.push(RuleError { file: file.clone(), resource: None, field: field.into(), message })
-            };
-            if let Err(e) = super::bounds::check(text) {
-                err("", format!("refused before parsing: {e}"));
-                continue;
-            }
-            let doc: Value = match serde_yaml_ng::from_str(text) {
-                Ok(v) => v,
+        let documents = files
+            .iter()
+            .filter_map(|(file, text)| match Document::from_yaml(file, text) {
+                Ok(d) => Some(d),
                 Err(e) => {
-                    err("", format!("not valid YAML: {e}"));
-                    continue;
+                    errors.push(e);
+                    None
                 }
-            };
-            let Some(map) = doc.as_mapping() else {
-                err("", "expected a mapping with 'domain' and 'descriptors'".into());
-                continue;
-            };
-            let domain = map.get("domain").and_then(Value::as_str).unwrap_or_default().to_string();
-            if domain.is_empty() {
-                err("domain", "is required and must not be empty".into());
-                continue;
+            })
+            .collect::<Vec<_>>();
+        match Self::from_documents(&documents, options) {
+            Ok(config) if errors.is_empty() => Ok(config),
+            Ok(_) => Err(RuleErrors(errors)),
+            Err(RuleErrors(mut more)) => {
+                errors.append(&mut more);
+                Err(RuleErrors(errors))
             }
-            if let Some(first) = owner.insert(domain.clone(), file.clone()) {
-                err(&format!("domain '{domain}'"), format!("is also defined in {first}; each domain is defined once"));
-                continue;
-            }
-            let mut walker =
-                Walker { config: &mut config, file, domain: &domain, errors: Vec::new(), depth: 0, shared: Vec::new() };
-            for (field, message) in unknown_keys(map, "", FILE_KEYS) {
-                walker.error(&field, message);
-            }
-            let root = walker.descriptors(map.get("descriptors"), &domain, "descriptors");
-            errors.append(&mut walker.errors);
-            config.domains.insert(domain, root);
         }
-        if errors.is_empty() { Ok(config) } else { Err(RuleErrors(errors)) }
+    }
+
+    /// Documents already parsed (files, or resources served over xDS),
+    /// validated whole.
+    pub fn from_documents(documents: &[Document], options: &EnvoyOptions) -> Result<EnvoyConfig, RuleErrors> {
+        parse::read(documents, options)
     }
 
     pub fn has_domain(&self, domain: &str) -> bool {
@@ -244,8 +257,21 @@ impl EnvoyConfig {
 
     /// The limit one request descriptor matches, as upstream walks the tree.
     pub fn find(&self, domain: &str, entries: &[(&str, &str)]) -> Option<Matched<'_>> {
-        let mut node = self.domains.get(domain)?;
         let mut found = None;
+        self.walk(domain, entries, |i, node, _| {
+            if i + 1 == entries.len() {
+                found = node.limit.map(|l| &self.limits[l]);
+            }
+        });
+        found.map(|l| if l.unlimited { Matched::Unlimited(l) } else { Matched::Limit(l) })
+    }
+
+    /// Upstream's walk: for each entry, `key_value`, then a wildcard value,
+    /// then the key alone; `seen` is told each entry's node and how it was
+    /// found. Stops at the first entry that finds none, or at a node without
+    /// children.
+    fn walk<'c>(&'c self, domain: &str, entries: &[(&str, &str)], mut seen: impl FnMut(usize, &'c Node, Step<'c>)) {
+        let Some(mut node) = self.domains.get(domain) else { return };
         // Short `key_value`s are built on the stack.
         let mut with_value = compact_str::CompactString::default();
         for (i, (key, value)) in entries.iter().enumerate() {
@@ -253,29 +279,81 @@ impl EnvoyConfig {
             with_value.push_str(key);
             with_value.push('_');
             with_value.push_str(value);
-            let next = node
-                .children
-                .get(with_value.as_str())
-                .or_else(|| {
-                    let (_, child) = node.wildcards.iter().find(|(p, _)| wildcard(p, &with_value))?;
-                    node.children.get(child)
-                })
-                .or_else(|| node.children.get(*key));
-            let Some(next) = next else { break };
-            if i + 1 == entries.len() {
-                found = next.limit.map(|l| &self.limits[l]);
-            }
+            let next = match node.children.get(with_value.as_str()) {
+                Some(n) => Some((n, Step::Value)),
+                None => node
+                    .wildcards
+                    .iter()
+                    .find(|(p, _)| wildcard(p, &with_value))
+                    .and_then(|(_, child)| Some((node.children.get(child)?, Step::Wildcard(child.as_str()))))
+                    .or_else(|| Some((node.children.get(*key)?, Step::Key))),
+            };
+            let Some((next, step)) = next else { break };
+            seen(i, next, step);
             if next.children.is_empty() {
                 break;
             }
             node = next;
         }
-        found.map(|l| if l.unlimited { Matched::Unlimited(l) } else { Matched::Limit(l) })
+    }
+
+    /// The stat key of a limit whose key depends on the request
+    /// ([`EnvoyLimit::dynamic_stat`]), built as upstream builds it: with
+    /// `detailed_metric`, every entry as `key_value` (a shared wildcard's
+    /// entry as the wildcard); else each entry as the value it matched,
+    /// the request's value where `value_to_metric` says so.
+    pub fn stat_key(&self, domain: &str, entries: &[(&str, &str)], limit: &EnvoyLimit) -> String {
+        let mut key = String::with_capacity(64);
+        key.push_str(domain);
+        if limit.detailed_metric {
+            for (i, (k, v)) in entries.iter().enumerate() {
+                key.push('.');
+                key.push_str(k);
+                match limit.shared.iter().find(|(at, _)| *at == i) {
+                    Some((_, w)) => {
+                        key.push('_');
+                        key.push_str(w);
+                    }
+                    None if limit.shared.is_empty() || !v.is_empty() => {
+                        key.push('_');
+                        key.push_str(v);
+                    }
+                    None => {}
+                }
+            }
+            return key;
+        }
+        // Only a limit's own entries reach here: the walk matched them all.
+        self.walk(domain, entries, |i, node, step| {
+            let (k, v) = entries[i];
+            let value = match step {
+                Step::Wildcard(_) if node.shared.is_some() => node.shared.as_deref().unwrap_or_default(),
+                Step::Wildcard(_) if node.value_to_metric => v,
+                Step::Wildcard(composite) => {
+                    composite.strip_prefix(k).and_then(|c| c.strip_prefix('_')).unwrap_or(composite)
+                }
+                Step::Value => v,
+                Step::Key if node.value_to_metric => v,
+                Step::Key => "",
+            };
+            key.push('.');
+            key.push_str(k);
+            if !value.is_empty() {
+                key.push('_');
+                key.push_str(value);
+            }
+        });
+        key
     }
 
     /// The engine's rules, one per limit.
     pub fn rules(&self) -> &[Rule] {
         &self.rules
+    }
+
+    /// Every limit, in file order.
+    pub fn limits(&self) -> &[EnvoyLimit] {
+        &self.limits
     }
 
     /// The engine's limit of an Envoy limit.
@@ -303,191 +381,6 @@ fn wildcard(pattern: &str, text: &str) -> bool {
         }
     }
     true
-}
-
-/// Every key of `map` not in `known`, as (field, message).
-fn unknown_keys(map: &Mapping, path: &str, known: &[&str]) -> Vec<(String, String)> {
-    map.keys()
-        .filter(|k| !k.as_str().is_some_and(|k| known.contains(&k)))
-        .map(|k| {
-            let name = k.as_str().map_or_else(|| format!("{k:?}"), |k| format!("'{k}'"));
-            (path.to_string(), format!("unknown key {name} (expected one of: {})", known.join(", ")))
-        })
-        .collect()
-}
-
-/// Reads one file's tree.
-struct Walker<'a> {
-    config: &'a mut EnvoyConfig,
-    file: &'a str,
-    domain: &'a str,
-    errors: Vec<RuleError>,
-    /// How deep the descriptor being read is (0 at the top).
-    depth: usize,
-    /// The `share_threshold` wildcards on the path to it: (depth, value).
-    shared: Vec<(usize, String)>,
-}
-
-impl Walker<'_> {
-    /// An error naming the file, the domain and the descriptor path.
-    fn error(&mut self, path: &str, message: impl Into<String>) {
-        let field = if path.is_empty() {
-            format!("domain '{}'", self.domain)
-        } else {
-            format!("domain '{}': {path}", self.domain)
-        };
-        self.errors.push(RuleError { file: self.file.to_string(), resource: None, field, message: message.into() });
-    }
-
-    /// A `descriptors` list: the children of the node at `stat` (`path` names it in errors).
-    fn descriptors(&mut self, list: Option<&Value>, stat: &str, path: &str) -> Node {
-        let mut node = Node::default();
-        let items = match list {
-            None | Some(Value::Null) => return node,
-            Some(Value::Sequence(items)) => items,
-            Some(_) => {
-                self.error(path, "must be a list of descriptors");
-                return node;
-            }
-        };
-        for (i, item) in items.iter().enumerate() {
-            let here = format!("{path}[{i}]");
-            let Some(map) = item.as_mapping() else {
-                self.error(&here, "must be a mapping");
-                continue;
-            };
-            for (field, message) in unknown_keys(map, &here, DESCRIPTOR_KEYS) {
-                self.error(&field, message);
-            }
-            let key = map.get("key").and_then(Value::as_str).unwrap_or_default();
-            if key.is_empty() {
-                self.error(&format!("{here}.key"), "is required and must not be empty");
-                continue;
-            }
-            let value = map.get("value").and_then(Value::as_str).unwrap_or_default();
-            let composite = if value.is_empty() { key.to_string() } else { format!("{key}_{value}") };
-            let here = format!("{path}.{composite}");
-            if node.children.contains_key(&composite) {
-                self.error(&here, format!("duplicate descriptor '{composite}' at this level"));
-                continue;
-            }
-            let stat = format!("{stat}.{composite}");
-            let share = self.share_threshold(map, value, &here);
-            if share {
-                self.shared.push((self.depth, value.to_string()));
-            }
-            self.depth += 1;
-            let mut child = self.descriptors(map.get("descriptors"), &stat, &format!("{here}.descriptors"));
-            self.depth -= 1;
-            let shadow = map.get("shadow_mode").and_then(Value::as_bool).unwrap_or(false);
-            if let Some(rl) = map.get("rate_limit") {
-                child.limit = self.rate_limit(rl, &stat, &format!("{here}.rate_limit"), shadow);
-            }
-            if share {
-                self.shared.pop();
-            }
-            if composite.contains('*') {
-                node.wildcards.push((composite.clone(), composite.clone()));
-            }
-            node.children.insert(composite, child);
-        }
-        node
-    }
-
-    /// A descriptor's `share_threshold`: whether every value its wildcard
-    /// matches shares one counter.
-    fn share_threshold(&mut self, map: &Mapping, value: &str, here: &str) -> bool {
-        match map.get("share_threshold") {
-            None | Some(Value::Null) | Some(Value::Bool(false)) => false,
-            Some(Value::Bool(true)) if value.contains('*') => true,
-            Some(Value::Bool(true)) => {
-                self.error(
-                    &format!("{here}.share_threshold"),
-                    format!("applies only to a wildcard value (containing '*'), not '{value}'"),
-                );
-                false
-            }
-            Some(_) => {
-                self.error(&format!("{here}.share_threshold"), "must be true or false");
-                false
-            }
-        }
-    }
-
-    fn rate_limit(&mut self, v: &Value, stat: &str, path: &str, shadow: bool) -> Option<usize> {
-        let Some(map) = v.as_mapping() else {
-            self.error(path, "must be a mapping");
-            return None;
-        };
-        for (field, message) in unknown_keys(map, path, LIMIT_KEYS) {
-            self.error(&field, message);
-        }
-        let unlimited = map.get("unlimited").and_then(Value::as_bool).unwrap_or(false);
-        let (unit, requests_per_unit) = self.size(map, path, unlimited)?;
-        let name = map.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
-        let mut replaces = Vec::new();
-        for r in map.get("replaces").and_then(Value::as_sequence).into_iter().flatten() {
-            match r.get("name").and_then(Value::as_str) {
-                Some(n) if !n.is_empty() && n != name => replaces.push(n.to_string()),
-                Some(n) if n == name => self.error(&format!("{path}.replaces"), "must not name this limit itself"),
-                _ => self.error(&format!("{path}.replaces"), "every entry needs a name"),
-            }
-        }
-        // Named by its stat, unique in the domain: the Redis key and the
-        // metrics name it.
-        self.config.rules.push(window_rule(stat.to_string(), requests_per_unit, unit, shadow));
-        self.config.limits.push(EnvoyLimit {
-            path: stat.to_string(),
-            name,
-            unit,
-            requests_per_unit,
-            unlimited,
-            replaces,
-            shared: self.shared.clone(),
-            rule: self.config.rules.len() - 1,
-        });
-        Some(self.config.limits.len() - 1)
-    }
-
-    /// A limit's `unit` and `requests_per_unit` (an unlimited one has neither).
-    fn size(&mut self, map: &Mapping, path: &str, unlimited: bool) -> Option<(Unit, u32)> {
-        let unit = map.get("unit").and_then(Value::as_str);
-        let unit = match (unlimited, unit) {
-            (true, Some(_)) => {
-                self.error(&format!("{path}.unit"), "must not be given with unlimited");
-                return None;
-            }
-            (true, None) => Unit::Second,
-            (false, Some(u)) => match Unit::parse(u) {
-                Some(u) => u,
-                None => {
-                    self.error(
-                        &format!("{path}.unit"),
-                        format!("'{u}' is not second, minute, hour, day, week, month or year"),
-                    );
-                    return None;
-                }
-            },
-            (false, None) => {
-                self.error(&format!("{path}.unit"), "is required");
-                return None;
-            }
-        };
-        let rpu = map.get("requests_per_unit").map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()));
-        let requests_per_unit = match (unlimited, rpu) {
-            (_, Some(Some(n))) => n,
-            (true, None) => 0,
-            (false, None) => {
-                self.error(&format!("{path}.requests_per_unit"), "is required");
-                return None;
-            }
-            (_, Some(None)) => {
-                self.error(&format!("{path}.requests_per_unit"), "must be a whole number up to 4294967295");
-                return None;
-            }
-        };
-        Some((unit, requests_per_unit))
-    }
 }
 
 /// A rule of one fixed window of `requests_per_unit` per `unit`, named

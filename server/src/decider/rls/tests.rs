@@ -73,7 +73,7 @@ fn decider(options: RlsOptions) -> (Decider, Arc<ManualClock>) {
     let engine = Arc::new(Engine::new(EngineConfig { max_keys: usize::MAX, replicated: false }, clock.clone()));
     engine.install(RuleSet::from_yaml(RULES, "t").unwrap(), RULES.into(), "t".into());
     let envoy = EnvoyConfig::parse(&[("edge.yaml".into(), ENVOY.into())]).unwrap();
-    engine.install_envoy(envoy, ENVOY.into(), "t".into());
+    engine.install_envoy(envoy, ENVOY.into(), "t".into(), String::new());
     (Decider::new(engine, None).with_rls(options), clock)
 }
 
@@ -112,7 +112,8 @@ fn an_envoy_limit_admits_exactly_its_count_and_shows_itself() {
             over: false,
             limit: shown("per_ip", 4, Unit::Minute),
             remaining: 3,
-            reset: Some(Duration::from_secs(45))
+            reset: Some(Duration::from_secs(45)),
+            quota: false,
         }
     );
     assert_eq!(overs(&dec, "edge", &ip, 4), [false, false, false, true]);
@@ -150,9 +151,9 @@ fn values_nesting_and_week_units_match_upstream() {
     assert_eq!(a.statuses[0].reset, Some(week_left));
     assert_eq!(overs(&dec, "edge", &user, 2), [false, true]);
     let vip = call(&dec, "edge", vec![d(&[("tenant", "acme"), ("vip", "x")])]);
-    assert_eq!(vip.statuses[0], RlsStatus { over: false, limit: None, remaining: u32::MAX, reset: None });
+    assert_eq!(vip.statuses[0], RlsStatus { over: false, limit: None, remaining: u32::MAX, reset: None, quota: false });
     let unknown = call(&dec, "nowhere", vec![d(&[("remote_address", "1")])]);
-    assert_eq!(unknown.statuses[0], RlsStatus { over: false, limit: None, remaining: 0, reset: None });
+    assert_eq!(unknown.statuses[0], RlsStatus { over: false, limit: None, remaining: 0, reset: None, quota: false });
 }
 
 #[test]
@@ -192,7 +193,7 @@ fn replaces_unlimited_and_shadow_mode() {
 
 #[test]
 fn the_global_shadow_mode_answers_ok_and_keeps_each_status() {
-    let (dec, _) = decider(RlsOptions { shadow: true, headers: None, priority_key: "priority" });
+    let (dec, _) = decider(RlsOptions { shadow: true, ..RlsOptions::default() });
     let foo = [("generic_key", "foo")];
     assert!(!call(&dec, "edge", vec![d(&foo)]).over);
     let second = call(&dec, "edge", vec![d(&foo)]);
@@ -327,16 +328,14 @@ resources:
 
 #[test]
 fn headers_come_from_the_descriptor_nearest_its_limit() {
-    let (dec, clock) =
-        decider(RlsOptions { shadow: false, headers: Some(RlsHeaders::RateLimit), priority_key: "priority" });
+    let (dec, clock) = decider(RlsOptions { headers: Some(RlsHeaders::RateLimit.into()), ..RlsOptions::default() });
     clock.advance(Duration::from_secs(20));
     let a = call(&dec, "edge", vec![d(&[("remote_address", "9.9.9.9")]), d(&[("generic_key", "foo")])]);
     assert_eq!(
         a.headers,
         [("RateLimit-Limit", "1".to_string()), ("RateLimit-Remaining", "0".into()), ("RateLimit-Reset", "1".into())]
     );
-    let (dec, _) =
-        decider(RlsOptions { shadow: false, headers: Some(RlsHeaders::XRateLimit), priority_key: "priority" });
+    let (dec, _) = decider(RlsOptions { headers: Some(RlsHeaders::XRateLimit.into()), ..RlsOptions::default() });
     let a = call(&dec, "edge", vec![d(&[("remote_address", "9.9.9.9")])]);
     assert_eq!(a.headers[0], ("X-RateLimit-Limit", "4".to_string()));
     assert_eq!(a.headers[1], ("X-RateLimit-Remaining", "3".to_string()));

@@ -13,6 +13,8 @@ use crate::engine::request::check_name;
 use crate::engine::{RequestError, RlsDescriptor};
 use crate::rules::envoy::Unit;
 
+mod metadata;
+
 /// An RLS request, checked.
 pub struct RlsAsk<'a> {
     domain: &'a str,
@@ -64,9 +66,12 @@ impl<'a> RlsAsk<'a> {
     }
 }
 
-/// The answer on the wire.
-pub fn response(answer: RlsAnswer) -> rls::RateLimitResponse {
+/// The answer on the wire; `asked` is the request, echoed in the dynamic
+/// metadata when the answer carries any.
+pub fn response(answer: RlsAnswer, asked: &rls::RateLimitRequest, dynamic_metadata: bool) -> rls::RateLimitResponse {
+    let dynamic_metadata = dynamic_metadata.then(|| metadata::answer(asked, &answer.metadata));
     rls::RateLimitResponse {
+        dynamic_metadata,
         overall_code: if answer.over { Code::OverLimit } else { Code::Ok } as i32,
         statuses: answer.statuses.into_iter().map(DescriptorStatus::from).collect(),
         response_headers_to_add: answer

@@ -233,6 +233,13 @@ impl From<RulesInForce> for pb::GetRulesResponse {
             source: r.source,
             loaded_at: Some(timestamp(r.loaded_at)),
             resources: r.resources,
+            envoy: r.envoy.map(|e| pb::EnvoyConfigInForce {
+                source: e.source,
+                version: e.version,
+                domains: e.domains,
+                loaded_at: Some(timestamp(e.loaded_at)),
+                yaml: e.yaml,
+            }),
         }
     }
 }

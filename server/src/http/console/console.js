@@ -58,6 +58,10 @@ function scheduleLoad() {
 function render(s) {
   $("rules-version").textContent = "rules v" + s.rules.version;
   $("rules-source").textContent = s.rules.source + " (" + s.rules.patterns.length + " patterns, loaded " + when(s.rules.loaded_at) + ")";
+  const envoy = s.envoy;
+  $("envoy-source").textContent = envoy
+    ? envoy.source + (envoy.version ? " version " + envoy.version : "") + " (" + envoy.domains + " domains, loaded " + when(envoy.loaded_at) + ")"
+    : "none";
   $("level").textContent = s.level.level + (s.level.manual ? " (manual; automatic " + s.level.automatic + ")" : " (automatic)");
   $("level").dataset.level = s.level.level;
   const rep = s.replication;

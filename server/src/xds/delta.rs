@@ -1,0 +1,100 @@
+//! The incremental (delta) ADS stream: a response adds, replaces or removes
+//! resources by name; the whole set after it is validated and installed, or
+//! the response is NACKed and the set held stays as it was.
+
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
+use envoy_types::pb::google::rpc::Status;
+use tokio::sync::mpsc;
+use tonic::transport::Channel;
+
+use super::{Client, Ended, Held, TYPE_URL};
+
+pub(super) async fn stream(client: &Client, channel: Channel, held: &mut Held) -> Ended {
+    let (tx, rx) = mpsc::channel(4);
+    // A wildcard subscription; after a reconnection, what is held already.
+    let first = DeltaDiscoveryRequest {
+        node: Some(client.node()),
+        type_url: TYPE_URL.into(),
+        initial_resource_versions: held.resources.iter().map(|(n, (v, _))| (n.clone(), v.clone())).collect(),
+        ..Default::default()
+    };
+    let _ = tx.send(first).await;
+    let mut ads = AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(client.config.max_message);
+    let requests = tokio_stream::wrappers::ReceiverStream::new(rx);
+    let mut responses = match ads.delta_aggregated_resources(client.request(requests)).await {
+        Ok(r) => r.into_inner(),
+        Err(status) => return Ended::Failed(format!("the stream was refused: {status}")),
+    };
+    let mut progress = false;
+    loop {
+        let response = match super::next(&mut responses, &mut progress, |r| r.type_url.as_str()).await {
+            Ok(r) => r,
+            Err(ended) => return ended,
+        };
+        if tx.send(answer(client, &response, held).await).await.is_err() {
+            return Ended::AfterProgress("the stream closed".into());
+        }
+    }
+}
+
+/// The ACK or NACK of one response.
+async fn answer(client: &Client, response: &DeltaDiscoveryResponse, held: &mut Held) -> DeltaDiscoveryRequest {
+    let result = match updated(response, held) {
+        Ok(next) => {
+            let documents = next.values().map(|(_, d)| d.clone()).collect();
+            let version = version(response, &next);
+            client.apply(documents, &version).await.map(|()| next)
+        }
+        Err(e) => Err(e),
+    };
+    let error_detail = match result {
+        Ok(next) => {
+            held.resources = next;
+            crate::metrics::xds_update(true);
+            None
+        }
+        Err(errors) => {
+            crate::metrics::xds_update(false);
+            Some(Status {
+                code: tonic::Code::InvalidArgument as i32,
+                message: super::nack_message(&errors),
+                details: vec![],
+            })
+        }
+    };
+    DeltaDiscoveryRequest {
+        type_url: TYPE_URL.into(),
+        response_nonce: response.nonce.clone(),
+        error_detail,
+        ..Default::default()
+    }
+}
+
+type Set = std::collections::BTreeMap<String, (String, crate::rules::envoy::Document)>;
+
+/// The set held with the response applied: its resources added or
+/// replaced, its removals removed.
+fn updated(response: &DeltaDiscoveryResponse, held: &Held) -> Result<Set, String> {
+    let mut next = held.resources.clone();
+    for r in &response.resources {
+        let Some(any) = &r.resource else {
+            return Err(format!("resource '{}': no content", r.name));
+        };
+        let mut documents = super::documents(std::iter::once((r.name.as_str(), any)))?;
+        next.insert(r.name.clone(), (r.version.clone(), documents.remove(0)));
+    }
+    for name in &response.removed_resources {
+        next.remove(name);
+    }
+    Ok(next)
+}
+
+/// The version shown: the control plane's system version, else each
+/// resource's, by name.
+fn version(response: &DeltaDiscoveryResponse, set: &Set) -> String {
+    if !response.system_version_info.is_empty() {
+        return response.system_version_info.clone();
+    }
+    set.iter().map(|(n, (v, _))| format!("{n}={v}")).collect::<Vec<_>>().join(",")
+}

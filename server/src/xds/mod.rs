@@ -1,0 +1,315 @@
+//! envoyproxy/ratelimit's configuration served over xDS (`--envoy-xds`), as
+//! Envoy Gateway serves it: a control plane streams `RateLimitConfig`
+//! resources over the Aggregated Discovery Service, state of the world
+//! (upstream's `CONFIG_TYPE=GRPC_XDS_SOTW`) or incremental (delta).
+//!
+//! Each update is read and validated whole, exactly as a directory of files
+//! is ([`crate::rules::envoy`]): a valid one is installed atomically and
+//! ACKed; an invalid one is NACKed with every error, and the configuration in
+//! force keeps deciding. When the stream breaks, the client reconnects with
+//! jittered exponential backoff, telling the control plane what it holds, and
+//! keeps the last good configuration meanwhile.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+
+use crate::decider::Decider;
+use crate::rules::envoy::{Document, EnvoyConfig, EnvoyOptions};
+
+pub mod convert;
+mod delta;
+mod sotw;
+
+/// The resource type upstream subscribes to.
+pub const TYPE_URL: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
+
+/// Where the control plane is and how to talk to it.
+#[derive(Clone, Debug)]
+pub struct XdsConfig {
+    /// `http://host:port` or `https://host:port`.
+    pub url: String,
+    /// The node id the control plane keys its snapshots by.
+    pub node_id: String,
+    /// The node's cluster.
+    pub node_cluster: String,
+    /// The node's metadata, as string fields.
+    pub node_metadata: Vec<(String, String)>,
+    /// gRPC metadata sent with the stream (an authorization token...).
+    pub headers: Vec<(AsciiMetadataKey, AsciiMetadataValue)>,
+    pub tls: Option<XdsTls>,
+    /// The incremental protocol instead of the state of the world.
+    pub delta: bool,
+    /// Reconnection backoff: the first wait and the longest.
+    pub backoff: (Duration, Duration),
+    /// The largest response taken, in bytes.
+    pub max_message: usize,
+    /// How the configuration is read (domain merging).
+    pub options: EnvoyOptions,
+}
+
+/// TLS towards the control plane, files already read.
+#[derive(Clone, Debug)]
+pub struct XdsTls {
+    /// A CA to trust beside the system's (PEM).
+    pub ca: Option<Vec<u8>>,
+    /// A client certificate and key (PEM), for a control plane that asks.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// The name to verify the server's certificate against (upstream's
+    /// `CONFIG_GRPC_XDS_SERVER_TLS_SAN`), when not the URL's host.
+    pub server_name: Option<String>,
+}
+
+/// What the client is doing, for readiness and metrics.
+#[derive(Debug, Default)]
+pub struct XdsStatus {
+    connected: AtomicBool,
+    /// A configuration from the control plane is in force.
+    applied: AtomicBool,
+}
+
+impl XdsStatus {
+    pub fn connected(&self) -> bool {
+        self.connected.load(Ordering::Acquire)
+    }
+
+    /// Whether a configuration from the control plane has been installed.
+    pub fn applied(&self) -> bool {
+        self.applied.load(Ordering::Acquire)
+    }
+
+    fn set_connected(&self, up: bool) {
+        self.connected.store(up, Ordering::Release);
+        metrics::gauge!(crate::metrics::ENVOY_XDS_CONNECTED).set(if up { 1.0 } else { 0.0 });
+    }
+}
+
+/// Starts the client; it runs until the task is aborted.
+pub fn spawn(
+    config: XdsConfig,
+    decider: Arc<Decider>,
+) -> anyhow::Result<(tokio::task::JoinHandle<()>, Arc<XdsStatus>)> {
+    let endpoint = endpoint(&config)?;
+    let status = Arc::new(XdsStatus::default());
+    status.set_connected(false);
+    let client = Client { config, endpoint, decider, status: status.clone() };
+    Ok((tokio::spawn(client.run()), status))
+}
+
+/// The endpoint, with TLS for `https://`; every file was read before.
+fn endpoint(config: &XdsConfig) -> anyhow::Result<Endpoint> {
+    let mut endpoint = Endpoint::from_shared(config.url.clone())
+        .with_context(|| format!("--envoy-xds: bad address '{}'", config.url))?
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
+        // A control plane that vanishes without closing is noticed.
+        .http2_keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_timeout(Duration::from_secs(10))
+        .keep_alive_while_idle(true);
+    if config.url.starts_with("https://") {
+        let mut tls = ClientTlsConfig::new().with_native_roots();
+        if let Some(t) = &config.tls {
+            if let Some(ca) = &t.ca {
+                tls = tls.ca_certificate(Certificate::from_pem(ca));
+            }
+            if let Some((cert, key)) = &t.identity {
+                tls = tls.identity(Identity::from_pem(cert, key));
+            }
+            if let Some(name) = &t.server_name {
+                tls = tls.domain_name(name.clone());
+            }
+        }
+        endpoint = endpoint.tls_config(tls).context("--envoy-xds: TLS settings")?;
+    } else if config.tls.is_some() {
+        anyhow::bail!("--envoy-xds: TLS files are given, but the address '{}' is not https://", config.url);
+    }
+    Ok(endpoint)
+}
+
+struct Client {
+    config: XdsConfig,
+    endpoint: Endpoint,
+    decider: Arc<Decider>,
+    status: Arc<XdsStatus>,
+}
+
+/// Why a stream ended.
+enum Ended {
+    /// After at least one response: reconnect from the first backoff.
+    AfterProgress(String),
+    /// Before any response.
+    Failed(String),
+}
+
+impl Client {
+    async fn run(self) {
+        let (first, max) = self.config.backoff;
+        let mut wait = first;
+        // What the client holds, for a reconnection to say.
+        let mut held = Held::default();
+        loop {
+            let ended = match self.endpoint.connect().await {
+                Ok(channel) => {
+                    tracing::info!(url = %self.config.url, delta = self.config.delta, "connected to the xDS control plane");
+                    self.status.set_connected(true);
+                    let ended = match self.config.delta {
+                        false => sotw::stream(&self, channel, &mut held).await,
+                        true => delta::stream(&self, channel, &mut held).await,
+                    };
+                    self.status.set_connected(false);
+                    ended
+                }
+                Err(e) => Ended::Failed(format!("cannot connect: {e}")),
+            };
+            let why = match ended {
+                Ended::AfterProgress(why) => {
+                    wait = first;
+                    why
+                }
+                Ended::Failed(why) => why,
+            };
+            let jittered = jitter(wait);
+            tracing::warn!(
+                url = %self.config.url,
+                error = %why,
+                retry_in = ?jittered,
+                "xDS stream ended; the Envoy configuration in force keeps deciding"
+            );
+            tokio::time::sleep(jittered).await;
+            wait = (wait * 2).min(max);
+        }
+    }
+
+    /// The node this client says it is.
+    fn node(&self) -> envoy_types::pb::envoy::config::core::v3::Node {
+        use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
+        let fields = self
+            .config
+            .node_metadata
+            .iter()
+            .map(|(k, v)| (k.clone(), Value { kind: Some(Kind::StringValue(v.clone())) }))
+            .collect();
+        envoy_types::pb::envoy::config::core::v3::Node {
+            id: self.config.node_id.clone(),
+            cluster: self.config.node_cluster.clone(),
+            metadata: (!self.config.node_metadata.is_empty()).then_some(Struct { fields }),
+            user_agent_name: "floodgate".into(),
+            ..Default::default()
+        }
+    }
+
+    /// A request carrying the configured gRPC metadata.
+    fn request<T>(&self, body: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(body);
+        for (k, v) in &self.config.headers {
+            request.metadata_mut().insert(k.clone(), v.clone());
+        }
+        request
+    }
+
+    /// Reads, validates and installs one update (every resource of it);
+    /// `Err` holds every error, for the NACK. Parsing runs off the workers.
+    async fn apply(&self, documents: Vec<Document>, version: &str) -> Result<(), String> {
+        let options = self.config.options;
+        let parsed = tokio::task::spawn_blocking(move || {
+            let text = digest(&documents);
+            EnvoyConfig::from_documents(&documents, &options).map(|c| (c, text))
+        })
+        .await;
+        match parsed {
+            Ok(Ok((config, text))) => {
+                let domains = config.domains().count();
+                let installed = self.decider.install_envoy_from(config, text, self.config.url.clone(), version.into());
+                self.status.applied.store(true, Ordering::Release);
+                tracing::info!(url = %self.config.url, version, domains, rules_version = installed, "Envoy configuration from xDS installed");
+                Ok(())
+            }
+            Ok(Err(errors)) => {
+                self.decider.refused(&crate::decider::Origin::Envoy);
+                tracing::error!(url = %self.config.url, version, "Envoy configuration from xDS refused; keeping the one in force\n{errors}");
+                Err(errors.to_string())
+            }
+            Err(e) => Err(format!("reading the configuration failed: {e}")),
+        }
+    }
+}
+
+/// The next response of the type asked for (others are ignored), or why
+/// the stream ended: after progress once the stream brought a response.
+async fn next<Resp>(
+    responses: &mut tonic::Streaming<Resp>,
+    progress: &mut bool,
+    type_url: fn(&Resp) -> &str,
+) -> Result<Resp, Ended> {
+    loop {
+        let why = match responses.message().await {
+            Ok(Some(r)) => {
+                *progress = true;
+                if type_url(&r) == TYPE_URL {
+                    return Ok(r);
+                }
+                tracing::debug!(type_url = type_url(&r), "xDS response of a type not asked for, ignored");
+                continue;
+            }
+            Ok(None) => "the control plane closed the stream".to_string(),
+            Err(status) => format!("the stream failed: {status}"),
+        };
+        return Err(if *progress { Ended::AfterProgress(why) } else { Ended::Failed(why) });
+    }
+}
+
+/// What the client holds: the version accepted last (SotW) and each
+/// resource by name with its version (delta).
+#[derive(Default)]
+struct Held {
+    version: String,
+    resources: std::collections::BTreeMap<String, (String, Document)>,
+}
+
+/// The text `GetRules` shows: each resource as YAML, by name.
+fn digest(documents: &[Document]) -> String {
+    documents
+        .iter()
+        .map(|d| format!("# {}\n{}\n", d.name, serde_yaml_ng::to_string(&d.value).unwrap_or_default()))
+        .collect()
+}
+
+/// An error for a NACK: at most 16 KiB of it.
+fn nack_message(errors: &str) -> String {
+    const MAX: usize = 16 << 10;
+    if errors.len() <= MAX {
+        return errors.to_string();
+    }
+    let mut end = MAX;
+    while !errors.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} bytes in all)", &errors[..end], errors.len())
+}
+
+/// `d` give or take half of it.
+fn jitter(d: Duration) -> Duration {
+    d.mul_f64(rand::random_range(0.5..1.5))
+}
+
+/// Decodes the resources of an update into documents; `Err` names the one
+/// that could not be read.
+fn documents<'a>(
+    resources: impl Iterator<Item = (&'a str, &'a envoy_types::pb::google::protobuf::Any)>,
+) -> Result<Vec<Document>, String> {
+    use prost::Message;
+    let mut out = Vec::new();
+    for (name, any) in resources {
+        if any.type_url != TYPE_URL {
+            return Err(format!("resource '{name}': type {} is not {TYPE_URL}", any.type_url));
+        }
+        let config = envoy_types::pb::ratelimit::config::ratelimit::v3::RateLimitConfig::decode(any.value.as_slice())
+            .map_err(|e| format!("resource '{name}': cannot be decoded: {e}"))?;
+        out.push(convert::document(name, &config));
+    }
+    Ok(out)
+}

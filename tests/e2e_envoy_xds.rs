@@ -1,0 +1,209 @@
+//! The Envoy configuration served over xDS (`--envoy-xds`), as Envoy Gateway
+//! serves it to a rate limit service, through the real binary: a control
+//! plane written here (tonic, ADS, `RateLimitConfig` resources) pushes a
+//! configuration and the decisions follow; a bad one is NACKed with its
+//! errors while the last good one keeps deciding; the control plane goes
+//! away and comes back, and the server reconnects, saying what it holds.
+//!
+//! Envoy Gateway's own binary is not in any registry this suite may install
+//! from (PyPI, npm, Debian, crates.io), so the control plane is ours.
+
+mod support;
+
+use std::time::Duration;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+    RateLimitDescriptor as Asked, rate_limit_descriptor::Entry,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, rate_limit_response::Code};
+use envoy_types::pb::ratelimit::config::ratelimit::v3::{
+    RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
+};
+use floodgate_proto::v1 as pb;
+use support::xds::ControlPlane;
+use support::*;
+
+/// `domain` with one key-only descriptor `key` limited to `n` a minute.
+fn config(domain: &str, key: &str, n: u32) -> RateLimitConfig {
+    RateLimitConfig {
+        name: domain.into(),
+        domain: domain.into(),
+        descriptors: vec![RateLimitDescriptor {
+            key: key.into(),
+            rate_limit: Some(RateLimitPolicy {
+                unit: RateLimitUnit::Minute as i32,
+                requests_per_unit: n,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+    }
+}
+
+/// One resource, named after its domain.
+fn one(c: RateLimitConfig) -> Vec<(String, RateLimitConfig)> {
+    vec![(c.domain.clone(), c)]
+}
+
+/// Whether each of `n` calls of `domain` with `key=value` was OVER_LIMIT.
+async fn overs(fg: &Floodgate, domain: &str, key: &str, value: &str, n: usize) -> Vec<bool> {
+    let mut rls = RateLimitServiceClient::new(fg.channel().await);
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let entry = Entry { key: key.into(), value: value.into() };
+        let request = RateLimitRequest {
+            domain: domain.into(),
+            descriptors: vec![Asked { entries: vec![entry], ..Default::default() }],
+            hits_addend: 1,
+        };
+        let answer = rls.should_rate_limit(request).await.expect("an answer").into_inner();
+        out.push(answer.overall_code == Code::OverLimit as i32);
+    }
+    out
+}
+
+fn start(cp: &ControlPlane, extra: &[&str]) -> Floodgate {
+    let url = cp.url();
+    let mut args =
+        vec!["--envoy-xds", url.as_str(), "--envoy-xds-backoff-initial", "200ms", "--envoy-xds-backoff-max", "1s"];
+    args.extend_from_slice(extra);
+    Floodgate::start(&args)
+}
+
+/// A value not used before in this process.
+fn fresh(name: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!("{name}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+}
+
+async fn envoy_version(fg: &Floodgate) -> Option<String> {
+    let rules = fg.admin().await.get_rules(pb::GetRulesRequest {}).await.unwrap().into_inner();
+    rules.envoy.map(|e| e.version)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pushed_config_decides_a_bad_one_is_nacked_and_a_lost_control_plane_is_found_again() {
+    let cp = ControlPlane::start().await;
+    let fg = start(&cp, &[]);
+    // Nothing pushed yet: not ready, and the domain has no limit.
+    let (code, body) = fg.http_get("/readyz");
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("waiting for the first Envoy configuration from http://"), "{body}");
+    let u = fresh("u");
+    assert_eq!(overs(&fg, "edge", "user", &u, 3).await, [false; 3]);
+
+    cp.push("v1", one(config("edge", "user", 2)));
+    cp.answer_where("ACK of v1", |a| a.version == "v1" && a.error.is_none()).await;
+    let u = fresh("u");
+    assert_eq!(overs(&fg, "edge", "user", &u, 3).await, [false, false, true], "2 a minute");
+    assert_eq!(fg.http_get("/readyz").0, 200);
+    assert_eq!(envoy_version(&fg).await.as_deref(), Some("v1"));
+    let metrics = fg.http_get("/metrics").1;
+    assert!(metrics.contains("floodgate_envoy_xds_connected 1"), "{metrics}");
+    assert!(metrics.contains(&format!("floodgate_envoy_config_info{{source=\"{}\",version=\"v1\"}} 1", cp.url())));
+    assert!(metrics.contains("ratelimit_service_config_load_success 1"), "upstream's stat");
+
+    // A descriptor without a key, and a unit this message does not have: NACKed, v1 keeps deciding.
+    let mut bad = config("edge", "user", 100);
+    bad.descriptors.push(RateLimitDescriptor { key: String::new(), ..Default::default() });
+    bad.descriptors[0].rate_limit.as_mut().unwrap().unit = 42;
+    cp.push("v2", one(bad));
+    let nack = cp.answer_where("NACK of v2", |a| a.error.is_some()).await;
+    let error = nack.error.unwrap();
+    assert_eq!(nack.version, "v1", "a NACK names the version still in force");
+    assert!(error.contains("edge: domain 'edge': descriptors[1].key: is required and must not be empty"), "{error}");
+    assert!(error.contains("descriptors.user.rate_limit.unit: 'unit number 42' is not second"), "{error}");
+    let u = fresh("u");
+    assert_eq!(overs(&fg, "edge", "user", &u, 3).await, [false, false, true], "still v1");
+    assert_eq!(envoy_version(&fg).await.as_deref(), Some("v1"));
+    assert!(fg.http_get("/metrics").1.contains("floodgate_envoy_xds_updates_total{result=\"rejected\"} 1"));
+
+    cp.push("v3", one(config("edge", "user", 3)));
+    cp.answer_where("ACK of v3", |a| a.version == "v3").await;
+    let u = fresh("u");
+    assert_eq!(overs(&fg, "edge", "user", &u, 4).await, [false, false, false, true], "3 a minute");
+
+    // The control plane goes away: the last good configuration keeps deciding.
+    let addr = cp.go_away().await;
+    eventually("the stream to be seen down", Duration::from_secs(10), || async {
+        fg.http_get("/metrics").1.contains("floodgate_envoy_xds_connected 0").then_some(())
+    })
+    .await;
+    let u = fresh("u");
+    assert_eq!(overs(&fg, "edge", "user", &u, 4).await, [false, false, false, true], "v3 while it is away");
+    assert_eq!(fg.http_get("/readyz").0, 200, "a server with a configuration stays ready");
+
+    // It comes back on the same address with v4: the server reconnects, saying it holds v3.
+    let back = support::xds::Snapshot { version: "v4".into(), resources: one(config("edge", "user", 1)) };
+    let cp = ControlPlane::start_on(addr, Some(back)).await;
+    cp.answer_where("ACK of v4", |a| a.version == "v4").await;
+    assert_eq!(cp.hellos()[0].1, "v3", "the first request after reconnecting names what it holds");
+    assert_eq!(cp.hellos()[0].0, "default", "the node id");
+    let u = fresh("u");
+    assert_eq!(overs(&fg, "edge", "user", &u, 2).await, [false, true], "1 a minute");
+    assert_eq!(envoy_version(&fg).await.as_deref(), Some("v4"));
+    assert!(fg.logs().contains("xDS stream ended"), "the loss is logged");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_delta_protocol_adds_replaces_and_removes_resources_by_name() {
+    let cp = ControlPlane::start().await;
+    let fg = start(&cp, &["--envoy-xds-delta", "--envoy-xds-node-id", "rls-7"]);
+    cp.push("1", vec![("edge".into(), config("edge", "user", 1)), ("api".into(), config("api", "key", 2))]);
+    cp.answer_where("ACK of the first update", |a| a.error.is_none()).await;
+    assert_eq!(cp.hellos()[0].0, "rls-7");
+    let (u, k) = (fresh("u"), fresh("k"));
+    assert_eq!(overs(&fg, "edge", "user", &u, 2).await, [false, true]);
+    assert_eq!(overs(&fg, "api", "key", &k, 3).await, [false, false, true]);
+
+    // Only `api` changes: `edge` keeps what it had (its counter too).
+    let acked = cp.answers().len();
+    cp.push("2", vec![("edge".into(), config("edge", "user", 1)), ("api".into(), config("api", "key", 5))]);
+    cp.answer_where("ACK of the second update", |a| a.error.is_none() && a.nonce == "2").await;
+    assert!(cp.answers().len() > acked);
+    assert_eq!(overs(&fg, "edge", "user", &u, 1).await, [true], "edge's counter was kept");
+    let k2 = fresh("k");
+    assert_eq!(overs(&fg, "api", "key", &k2, 6).await, [false, false, false, false, false, true]);
+
+    // Removing `edge`: its domain has no limit any more.
+    cp.push("3", vec![("api".into(), config("api", "key", 5))]);
+    cp.answer_where("ACK of the removal", |a| a.error.is_none() && a.nonce == "3").await;
+    assert_eq!(overs(&fg, "edge", "user", &fresh("u"), 3).await, [false; 3]);
+
+    // Two resources of one domain: refused whole (no --envoy-merge-domains), the set held stays.
+    cp.push("4", vec![("api".into(), config("api", "key", 5)), ("api-2".into(), config("api", "other", 1))]);
+    let nack = cp.answer_where("NACK of the duplicate domain", |a| a.error.is_some()).await;
+    assert!(nack.error.unwrap().contains("api-2: domain 'api': is also defined in api"));
+    let k3 = fresh("k");
+    assert_eq!(overs(&fg, "api", "key", &k3, 6).await.iter().filter(|o| **o).count(), 1, "still 5 a minute");
+    let rules = fg.admin().await.get_rules(pb::GetRulesRequest {}).await.unwrap().into_inner();
+    let envoy = rules.envoy.expect("an Envoy configuration in force");
+    assert_eq!((envoy.version.as_str(), envoy.domains), ("3", vec!["api".to_string()]));
+    assert!(envoy.source.starts_with("http://127.0.0.1:"), "{}", envoy.source);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flags_that_cannot_work_are_refused_before_anything_starts() {
+    for (args, want) in [
+        (vec!["--envoy-xds", "127.0.0.1:1"], "must start with http:// or https://"),
+        (vec!["--envoy-xds", "http://127.0.0.1:1", "--envoy-config", "/tmp"], "cannot be used with"),
+        (vec!["--envoy-xds", "http://127.0.0.1:1", "--envoy-xds-ca", "/nonexistent/ca.pem"], "--envoy-xds-ca: reading"),
+        (vec!["--envoy-xds", "http://127.0.0.1:1", "--envoy-xds-ca", "/dev/zero"], "--envoy-xds-ca"),
+        (vec!["--envoy-xds-delta"], "--envoy-xds"),
+        (vec!["--envoy-near-limit-ratio", "1.5"], "must be from 0 to 1"),
+        (vec!["--envoy-limit-header", "x-l"], "--envoy-response-headers"),
+        (vec!["--envoy-response-headers", "ratelimit", "--envoy-limit-header", "bad header"], "is not a header name"),
+    ] {
+        let out = std::process::Command::new(BIN)
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
+            .args(&args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} started");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
