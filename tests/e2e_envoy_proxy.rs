@@ -71,25 +71,6 @@ fn statuses(envoy: &Envoy, headers: &[(&str, &str)], n: usize) -> Vec<u16> {
     (0..n).map(|_| envoy.get("/", headers).status).collect()
 }
 
-/// A value not used before: every test counts from zero, whatever ran first.
-fn fresh(name: &str) -> String {
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
-    format!("{name}-{nanos}")
-}
-
-/// Runs `f` until it ran within one UTC day (the windows under test), at most twice.
-fn within_one_day(mut f: impl FnMut()) {
-    for _ in 0..2 {
-        let day = || SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() / 86_400;
-        let before = day();
-        f();
-        if day() == before {
-            return;
-        }
-    }
-    panic!("crossed midnight UTC twice");
-}
-
 fn metric(fg: &Floodgate, prefix: &str) -> f64 {
     let (_, body) = fg.http_get("/metrics");
     body.lines().find(|l| l.starts_with(prefix)).and_then(|l| l.rsplit(' ').next()).map_or(0.0, |v| v.parse().unwrap())

@@ -71,13 +71,6 @@ fn start(cp: &ControlPlane, extra: &[&str]) -> Floodgate {
     Floodgate::start(&args)
 }
 
-/// A value not used before in this process.
-fn fresh(name: &str) -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!("{name}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
-}
-
 async fn envoy_version(fg: &Floodgate) -> Option<String> {
     let rules = fg.admin().await.get_rules(pb::GetRulesRequest {}).await.unwrap().into_inner();
     rules.envoy.map(|e| e.version)
@@ -206,4 +199,60 @@ async fn flags_that_cannot_work_are_refused_before_anything_starts() {
         assert!(!out.status.success(), "{args:?} started");
         assert!(err.contains(want), "{args:?}: {err}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_mtls_the_control_plane_and_the_server_check_each_other() {
+    let pki = support::pki::Pki::new("xds");
+    let server = pki.server("control-plane", "control-plane");
+    let client = pki.client("rls", "rls");
+    let cp = ControlPlane::start_tls(&server, Some(&pki.ca_pem())).await;
+    cp.push("tls-1", one(config("edge", "user", 1)));
+    let url = format!("https://localhost:{}", cp.addr.port());
+    let ca = pki.ca_path();
+    let base = ["--envoy-xds", url.as_str(), "--envoy-xds-ca", path_str(&ca), "--envoy-xds-backoff-initial", "200ms"];
+    let fg = Floodgate::start(
+        &[&base[..], &["--envoy-xds-cert", path_str(&client.cert), "--envoy-xds-key", path_str(&client.key)]].concat(),
+    );
+    cp.answer_where("ACK over mTLS", |a| a.version == "tls-1").await;
+    assert_eq!(overs(&fg, "edge", "user", &fresh("u"), 2).await, [false, true]);
+
+    // Without a client certificate the control plane refuses it: nothing is installed, never ready.
+    let cp = ControlPlane::start_tls(&server, Some(&pki.ca_pem())).await;
+    cp.push("tls-2", one(config("edge", "user", 1)));
+    let url = format!("https://localhost:{}", cp.addr.port());
+    let fg = Floodgate::start(&[
+        "--envoy-xds",
+        url.as_str(),
+        "--envoy-xds-ca",
+        path_str(&ca),
+        "--envoy-xds-backoff-initial",
+        "200ms",
+    ]);
+    eventually("a refused handshake in the log", Duration::from_secs(15), || async {
+        fg.logs().contains("xDS stream ended").then_some(())
+    })
+    .await;
+    assert!(cp.answers().is_empty(), "{:?}", cp.answers());
+    assert_eq!(fg.http_get("/readyz").0, 503);
+    // A server whose certificate the CA did not sign is not trusted either.
+    let other = support::pki::Pki::new("other");
+    let cp = ControlPlane::start_tls(&other.server("impostor", "impostor"), None).await;
+    cp.push("tls-3", one(config("edge", "user", 1)));
+    let url = format!("https://localhost:{}", cp.addr.port());
+    let fg = Floodgate::start(&[
+        "--envoy-xds",
+        url.as_str(),
+        "--envoy-xds-ca",
+        path_str(&ca),
+        "--envoy-xds-backoff-initial",
+        "200ms",
+    ]);
+    eventually("an untrusted certificate in the log", Duration::from_secs(15), || async {
+        fg.logs().contains("xDS stream ended").then_some(())
+    })
+    .await;
+    assert!(cp.answers().is_empty(), "{:?}", cp.answers());
+    assert!(fg.logs().contains("invalid peer certificate: UnknownIssuer"), "{}", fg.logs());
+    assert_eq!(overs(&fg, "edge", "user", &fresh("u"), 2).await, [false, false], "nothing installed");
 }

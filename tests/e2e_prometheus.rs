@@ -8,12 +8,12 @@
 
 mod support;
 
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use floodgate_proto::v1 as pb;
+use support::prometheus::{Prometheus, get, query};
 use support::*;
 
 const RULES: &str = r#"
@@ -51,47 +51,6 @@ fn promtool_checks_and_unit_tests_the_alerting_rules() {
     assert!(said.contains("SUCCESS"), "{said}");
 }
 
-/// A Prometheus process, killed when dropped.
-struct Prometheus {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// GET over HTTP/1.0 (so no chunked encoding): the body.
-fn get(addr: &str, path_and_query: &str) -> Option<String> {
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(s, "GET {path_and_query} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    head.starts_with("HTTP/1.0 200").then(|| body.to_string())
-}
-
-fn encode(q: &str) -> String {
-    q.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-fn query(prom: &Prometheus, q: &str) -> serde_json::Value {
-    let body = get(&prom.addr, &format!("/api/v1/query?query={}", encode(q)))
-        .unwrap_or_else(|| panic!("Prometheus refused the query {q}"));
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(v["status"], "success", "{q}: {v}");
-    v
-}
-
 fn start_prometheus(dir: &TempDir, floodgate_http: &str) -> Prometheus {
     let shipped = std::fs::read_to_string(deploy("prometheus/floodgate-alerts.yml")).unwrap();
     let fast: String = shipped
@@ -107,28 +66,7 @@ fn start_prometheus(dir: &TempDir, floodgate_http: &str) -> Prometheus {
         .join("\n");
     assert_ne!(fast, shipped.trim_end(), "the for: lines were shortened");
     let rules = dir.write("alerts.yml", &fast);
-    let config = format!(
-        "global: {{ scrape_interval: 1s, evaluation_interval: 1s }}\nrule_files: [ {} ]\nscrape_configs:\n  - job_name: floodgate\n    static_configs: [ {{ targets: [ '{floodgate_http}' ] }} ]\n",
-        rules.display()
-    );
-    let config = dir.write("prometheus.yml", &config);
-    let port = support::redis::free_port(false);
-    let addr = format!("127.0.0.1:{port}");
-    let child = Command::new("prometheus")
-        .arg(format!("--config.file={}", config.display()))
-        .arg(format!("--storage.tsdb.path={}", dir.path("tsdb").display()))
-        .arg(format!("--web.listen-address={addr}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("prometheus (Debian's prometheus; scripts/test installs it)");
-    let prom = Prometheus { child, addr };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while get(&prom.addr, "/-/ready").is_none() {
-        assert!(Instant::now() < deadline, "Prometheus never became ready");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    prom
+    Prometheus::start(dir, floodgate_http, Some(&rules))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -122,6 +122,9 @@ impl Envoy {
         let upstream = upstream();
         let (port, admin) = (free_port(false), free_port(false));
         let (fg_host, fg_port) = floodgate.rsplit_once(':').expect("host:port");
+        let dir = tempfile::tempdir().unwrap();
+        let access = dir.path().join("access.log");
+        let access = access.display();
         let config = format!(
             r#"
 admin:
@@ -137,6 +140,12 @@ static_resources:
                 "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
                 stat_prefix: ingress
                 use_remote_address: true
+                access_log:
+                  - name: envoy.access_loggers.file
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog
+                      path: {access}
+                      log_format: {{ text_format_source: {{ inline_string: "%RESPONSE_CODE% %DYNAMIC_METADATA(envoy.filters.http.ratelimit)%\n" }} }}
                 route_config:
                   virtual_hosts:
                     - name: all
@@ -168,12 +177,13 @@ static_resources:
         endpoints: [ {{ lb_endpoints: [ {{ endpoint: {{ address: {{ socket_address: {{ address: {fg_host}, port_value: {fg_port} }} }} }} }} ] }} ]
 "#,
         );
-        let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("envoy.yaml");
         std::fs::write(&path, config).unwrap();
         let log = dir.path().join("envoy.log");
         let child = Command::new(binary())
             .args(["-c", path.to_str().unwrap(), "--use-dynamic-base-id", "--concurrency", "1", "-l", "warning"])
+            // The access log is written within 100 ms (10 s by default).
+            .args(["--file-flush-interval-msec", "100"])
             .arg("--log-path")
             .arg(&log)
             .stdout(Stdio::null())
@@ -207,6 +217,12 @@ static_resources:
 
     pub fn logs(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The access log: each request's status and the dynamic metadata the
+    /// rate limit service answered (`%DYNAMIC_METADATA(envoy.filters.http.ratelimit)%`).
+    pub fn access_log(&self) -> String {
+        std::fs::read_to_string(self._dir.path().join("access.log")).unwrap_or_default()
     }
 
     /// GET `path` through Envoy with extra request headers: (status, response headers).

@@ -5,6 +5,7 @@
 
 pub mod envoy;
 pub mod pki;
+pub mod prometheus;
 pub mod redis;
 pub mod xds;
 
@@ -263,6 +264,28 @@ pub fn http_get(addr: &str, path: &str) -> (u16, String) {
     let mut body = vec![0; length];
     reader.read_exact(&mut body).unwrap();
     (status, String::from_utf8(body).unwrap())
+}
+
+/// A value not used before: every test counts from zero, whatever ran
+/// first (in this process or an earlier one).
+pub fn fresh(name: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    format!("{name}-{nanos}-{}", N.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Runs `f` until it ran within one UTC day (the windows under test), at most twice.
+pub fn within_one_day(mut f: impl FnMut()) {
+    for _ in 0..2 {
+        let day = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() / 86_400;
+        let before = day();
+        f();
+        if day() == before {
+            return;
+        }
+    }
+    panic!("crossed midnight UTC twice");
 }
 
 /// Polls `f` until it returns `Some`, or panics with `what` after `limit`.

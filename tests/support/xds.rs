@@ -202,6 +202,25 @@ impl ControlPlane {
 
     /// Serves on `addr` (where one went away), pushing `snapshot` at once.
     pub async fn start_on(addr: SocketAddr, snapshot: Option<Snapshot>) -> ControlPlane {
+        Self::serve(addr, snapshot, None).await
+    }
+
+    /// Serves over TLS with `server`'s certificate; with `client_ca`, only
+    /// to clients with a certificate it signed (mTLS).
+    pub async fn start_tls(server: &super::pki::Pair, client_ca: Option<&str>) -> ControlPlane {
+        let mut tls = tonic::transport::ServerTlsConfig::new()
+            .identity(tonic::transport::Identity::from_pem(&server.cert_pem, &server.key_pem));
+        if let Some(ca) = client_ca {
+            tls = tls.client_ca_root(tonic::transport::Certificate::from_pem(ca));
+        }
+        Self::serve("127.0.0.1:0".parse().unwrap(), None, Some(tls)).await
+    }
+
+    async fn serve(
+        addr: SocketAddr,
+        snapshot: Option<Snapshot>,
+        tls: Option<tonic::transport::ServerTlsConfig>,
+    ) -> ControlPlane {
         let listener = bind(addr).await;
         let addr = listener.local_addr().unwrap();
         let (snapshot_tx, snapshot_rx) = watch::channel(snapshot);
@@ -211,7 +230,11 @@ impl ControlPlane {
         let mut stop = gone_rx;
         let served = tokio::spawn(async move {
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-            let _ = tonic::transport::Server::builder()
+            let mut builder = tonic::transport::Server::builder();
+            if let Some(tls) = tls {
+                builder = builder.tls_config(tls).expect("TLS settings");
+            }
+            let _ = builder
                 .add_service(AggregatedDiscoveryServiceServer::new(ads))
                 .serve_with_incoming_shutdown(incoming, async move {
                     let _ = stop.wait_for(|g| *g).await;

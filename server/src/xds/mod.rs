@@ -163,7 +163,7 @@ impl Client {
                     self.status.set_connected(false);
                     ended
                 }
-                Err(e) => Ended::Failed(format!("cannot connect: {e}")),
+                Err(e) => Ended::Failed(format!("cannot connect: {}", chain(&e))),
             };
             let why = match ended {
                 Ended::AfterProgress(why) => {
@@ -289,6 +289,19 @@ fn nack_message(errors: &str) -> String {
         end -= 1;
     }
     format!("{}... ({} bytes in all)", &errors[..end], errors.len())
+}
+
+/// An error with its causes (a transport error alone says little: the TLS
+/// or socket error under it says what went wrong).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
 }
 
 /// `d` give or take half of it.
