@@ -11,7 +11,8 @@ use prost::Message;
 
 use crate::decider::{Decider, RlsHeaders, RlsOptions};
 use crate::engine::{Engine, EngineConfig, Report, Request};
-use crate::grpc::convert::envoy::RlsAsk;
+use crate::grpc::convert::acquire::{AcquireWire, WireAcquire};
+use crate::grpc::convert::envoy::{RlsWire, WireRequest};
 use crate::rules::RuleSet;
 use crate::rules::envoy::EnvoyConfig;
 use crate::time::SystemClock;
@@ -104,6 +105,20 @@ pub fn requests(data: &[u8]) {
     let rules = e.rules();
     match kind % 7 {
         0 => {
+            // Acquire is read in place: what prost reads, or prost is asked.
+            let read = AcquireWire(bytes::Bytes::copy_from_slice(body)).read().map(|r| {
+                r.map(|mut r| {
+                    r.descriptors.sort_unstable();
+                    format!("{r:?}")
+                })
+            });
+            match pb::AcquireRequest::decode(body) {
+                Ok(r) => match read.expect("prost read it") {
+                    Some(ours) => assert_eq!(ours, format!("{:?}", WireAcquire::from(&r))),
+                    None => assert!(r.descriptors.len() > crate::rules::MAX_DESCRIPTORS),
+                },
+                Err(_) => assert!(read.is_err(), "prost refused {body:?}"),
+            }
             if let Ok(r) = pb::AcquireRequest::decode(body)
                 && let Ok(req) = Request::try_from(&r)
             {
@@ -143,10 +158,18 @@ pub fn requests(data: &[u8]) {
             }
         }
         _ => {
-            if let Ok(r) = rls::RateLimitRequest::decode(body)
-                && let Ok(ask) = RlsAsk::try_from(&r)
+            // The RLS request is read in place: it must read exactly what
+            // prost reads, and refuse what prost refuses.
+            let wire = RlsWire(bytes::Bytes::copy_from_slice(body));
+            let read = wire.read();
+            match rls::RateLimitRequest::decode(body) {
+                Ok(r) => assert_eq!(format!("{:?}", read.as_ref().ok()), format!("{:?}", Some(WireRequest::from(&r)))),
+                Err(_) => assert!(read.is_err(), "prost refused {body:?}"),
+            }
+            if let Ok(r) = read
+                && let Ok(ask) = crate::decider::RlsRequest::try_from(&r)
             {
-                let _ = ready(decider.should_rate_limit(&ask.ask()));
+                let _ = ready(decider.should_rate_limit(&ask));
             }
         }
     }

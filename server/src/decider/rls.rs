@@ -114,7 +114,8 @@ impl From<RlsHeaders> for HeaderNames {
 /// A limit as Envoy is shown it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Shown {
-    pub name: String,
+    /// Inline up to 24 bytes: a limit's name is shown on every answer.
+    pub name: compact_str::CompactString,
     pub requests_per_unit: u32,
     pub unit: Unit,
 }
@@ -149,7 +150,6 @@ type Answers<'r> = SmallVec<[Option<Answer<'r>>; 2]>;
 /// earlier descriptor of the request: (that descriptor, limit position).
 struct Item<'r> {
     target: Target<'r>,
-    prepared: Option<Prepared<'r>>,
     shared: SmallVec<[(usize, usize); 2]>,
 }
 
@@ -172,19 +172,23 @@ impl Decider {
     /// count taken on them).
     fn rls_here(&self, req: &RlsRequest<'_>) -> Result<RlsAnswer, RequestError> {
         let rules = self.engine.rules();
-        let mut items = self.rls_items(&rules, req)?;
         let now = self.engine.clock().now();
-        let answers: Answers<'_> =
-            items.iter_mut().map(|it| it.prepared.take().map(|p| self.engine.decide(p, now))).collect();
+        // Each descriptor decided as soon as it is prepared.
+        let mut answers = Answers::new();
+        let items = self.rls_items(&rules, req, |_, p| answers.push(p.map(|p| self.engine.decide(p, now))))?;
         Ok(self.answer(&rules, req, &items, &answers, now))
     }
 
     async fn rls_replicated(&self, replication: &Replication, req: &RlsRequest<'_>) -> Result<RlsAnswer, RequestError> {
         let rules = self.engine.rules_full();
-        let mut items = self.rls_items(&rules, req)?;
+        let (mut index, mut prepared): (SmallVec<[usize; 4]>, Vec<Prepared<'_>>) = Default::default();
+        let items = self.rls_items(&rules, req, |i, p| {
+            if let Some(p) = p {
+                index.push(i);
+                prepared.push(p);
+            }
+        })?;
         let priority = self.rls_priority(req);
-        let (index, prepared): (SmallVec<[usize; 4]>, Vec<Prepared<'_>>) =
-            items.iter_mut().enumerate().filter_map(|(i, it)| it.prepared.take().map(|p| (i, p))).unzip();
         let again = |k: usize| {
             let i = index[k];
             let mut p =
@@ -211,9 +215,15 @@ impl Decider {
         value.and_then(|(_, v)| Priority::parse(v)).unwrap_or_default()
     }
 
-    /// Matches every descriptor, drops replaced limits and prepares the rest;
-    /// a bucket several descriptors share is charged by the first only.
-    fn rls_items<'r>(&self, rules: &'r Installed, req: &RlsRequest<'_>) -> Result<Items<'r>, RequestError> {
+    /// Matches every descriptor, drops replaced limits and prepares the rest,
+    /// handing each descriptor's decision to `prepared` in order; a bucket
+    /// several descriptors share is charged by the first only.
+    fn rls_items<'r>(
+        &self,
+        rules: &'r Installed,
+        req: &RlsRequest<'_>,
+        mut prepared: impl FnMut(usize, Option<Prepared<'r>>),
+    ) -> Result<Items<'r>, RequestError> {
         let priority = self.rls_priority(req);
         let mut targets = req
             .descriptors
@@ -248,9 +258,9 @@ impl Decider {
             (targets.iter().filter(|t| matches!(t, Target::Rules(_))).count() > 1).then(HashMap::new);
         let mut items = Items::with_capacity(targets.len());
         for (i, (d, target)) in req.descriptors.iter().zip(targets).enumerate() {
-            let mut prepared = self.engine.prepare_rls(rules, req.domain, d, (target, priority));
+            let mut decision = self.engine.prepare_rls(rules, req.domain, d, (target, priority));
             let mut shared = SmallVec::new();
-            if let (Target::Rules(_), Some(p), Some(first)) = (target, prepared.as_mut(), first.as_mut()) {
+            if let (Target::Rules(_), Some(p), Some(first)) = (target, decision.as_mut(), first.as_mut()) {
                 let mut leave: SmallVec<[usize; 2]> = SmallVec::new();
                 for (limit, key) in p.buckets() {
                     match first.get(key) {
@@ -265,7 +275,8 @@ impl Decider {
                 }
                 p.leave_out(&leave);
             }
-            items.push(Item { target, prepared, shared });
+            prepared(i, decision);
+            items.push(Item { target, shared });
         }
         Ok(items)
     }

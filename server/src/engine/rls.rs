@@ -25,7 +25,7 @@ use crate::store::BucketKey;
 #[derive(Clone, Debug)]
 pub struct RlsDescriptor<'a> {
     /// The entries, in Envoy's order.
-    pub entries: SmallVec<[(&'a str, &'a str); 4]>,
+    pub entries: &'a [(&'a str, &'a str)],
     /// Units to take; 0 only checks.
     pub hits: u64,
     /// A limit sent with the descriptor, replacing the configured one.
@@ -57,7 +57,7 @@ impl Engine {
         domain: &str,
         d: &RlsDescriptor<'_>,
     ) -> Result<Target<'r>, RequestError> {
-        request::validate(domain, d.entries.as_slice())?;
+        request::validate(domain, d.entries)?;
         let envoy = &rules.envoy.config;
         if let Some((requests_per_unit, unit)) = d.limit
             && (envoy.has_domain(domain) || rules.rules.position(domain).is_some())
@@ -71,7 +71,7 @@ impl Engine {
         if !envoy.has_domain(domain) {
             return Ok(rules.rules.position(domain).map_or(Target::Nothing, Target::Rules));
         }
-        Ok(match envoy.find(domain, &d.entries) {
+        Ok(match envoy.find(domain, d.entries) {
             None => Target::Nothing,
             Some(EnvoyMatch::Unlimited(l)) => Target::Unlimited(l),
             Some(EnvoyMatch::Limit(l)) => Target::Envoy(l),
@@ -111,7 +111,7 @@ impl Engine {
             }
             Target::Rules(i) => {
                 let (rule, handles) = rules.rule_at(i);
-                let entries = d.entries.as_slice();
+                let entries = d.entries;
                 let matched = match limits_for(rule, handles, entries, &self.clock) {
                     Ok(limits) => matched_in(limits, rule.per_resource(), domain, entries),
                     Err(block) => {

@@ -11,6 +11,10 @@ use super::watch;
 use crate::decider::Decider;
 use crate::engine::{self, Report};
 
+mod fast;
+
+pub use fast::DataPlaneService;
+
 pub struct DataPlane {
     decider: Arc<Decider>,
     /// Watch streams open at once: each holds a task and a buffer.

@@ -1,24 +1,22 @@
 //! Envoy's rate limit service v3 (`ShouldRateLimit`), wire-compatible with
 //! Envoy, Istio and any RLS client: proto in, `Decider`, proto out.
 //!
-//! The messages are the `envoy-types` crate's; the service glue is ours, so
-//! that it decodes with Floodgate's codec (a message that cannot be decoded
-//! is INVALID_ARGUMENT, as on every other service) and answers in the
-//! connection's task, like the generated services.
+//! The service glue is ours: the call is served as plain unary gRPC (see
+//! [`unary`](super::unary)) and the messages are read and written in place
+//! (see [`wire`](super::convert::envoy::wire)); a message that cannot be
+//! decoded is INVALID_ARGUMENT, as on every other service.
 
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use envoy_types::pb::envoy::service::ratelimit::v3 as rls;
-use floodgate_proto::codec::Codec;
+use tonic::Status;
 use tonic::body::Body;
-use tonic::codegen::{BoxFuture, StdError};
-use tonic::server::{Grpc, NamedService, UnaryService};
-use tonic::{Request, Response, Status};
+use tonic::codegen::BoxFuture;
+use tonic::server::NamedService;
 
-use super::convert::envoy::{RlsAsk, response};
-use crate::decider::Decider;
+use super::convert::envoy::{RlsReply, RlsWire, metadata};
+use crate::decider::{Decider, RlsRequest};
 
 /// The full name of the service, as Envoy calls it.
 pub const SERVICE: &str = "envoy.service.ratelimit.v3.RateLimitService";
@@ -28,12 +26,11 @@ const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/Sh
 #[derive(Clone)]
 pub struct EnvoyRls {
     decider: Arc<Decider>,
-    max_decoding: usize,
 }
 
 impl EnvoyRls {
-    pub fn new(decider: Arc<Decider>, max_decoding: usize) -> Self {
-        EnvoyRls { decider, max_decoding }
+    pub fn new(decider: Arc<Decider>) -> Self {
+        EnvoyRls { decider }
     }
 }
 
@@ -41,34 +38,26 @@ impl NamedService for EnvoyRls {
     const NAME: &'static str = SERVICE;
 }
 
-/// One `ShouldRateLimit` call.
-struct ShouldRateLimit(Arc<Decider>);
-
-impl UnaryService<rls::RateLimitRequest> for ShouldRateLimit {
-    type Response = rls::RateLimitResponse;
-    type Future = BoxFuture<Response<rls::RateLimitResponse>, Status>;
-
-    fn call(&mut self, request: Request<rls::RateLimitRequest>) -> Self::Future {
-        let decider = self.0.clone();
-        Box::pin(async move {
-            let refused = |e: crate::engine::RequestError| {
-                metrics::counter!(crate::metrics::upstream::SHOULD_RATE_LIMIT_ERROR, "err_type" => "service_error")
-                    .increment(1);
-                Status::from(e)
-            };
-            let ask = RlsAsk::try_from(request.get_ref()).map_err(refused)?;
-            let answer = decider.should_rate_limit(&ask.ask()).await.map_err(refused)?;
-            let dynamic_metadata = decider.rls_options().dynamic_metadata;
-            Ok(Response::new(response(answer, request.get_ref(), dynamic_metadata)))
-        })
-    }
+/// One `ShouldRateLimit` call, its message read in place.
+async fn should_rate_limit(decider: Arc<Decider>, message: bytes::Bytes) -> Result<RlsReply, Status> {
+    let refused = |e: crate::engine::RequestError| {
+        metrics::counter!(crate::metrics::upstream::SHOULD_RATE_LIMIT_ERROR, "err_type" => "service_error")
+            .increment(1);
+        Status::from(e)
+    };
+    let wire = RlsWire(message);
+    let read = wire.read().map_err(|e| Status::invalid_argument(format!("the message cannot be decoded: {e}")))?;
+    let ask = RlsRequest::try_from(&read).map_err(refused)?;
+    let answer = decider.should_rate_limit(&ask).await.map_err(refused)?;
+    // The echo of the request: decoded again, only when asked for.
+    let metadata = match decider.rls_options().dynamic_metadata {
+        true => wire.decode().ok().map(|asked| metadata::answer(&asked, &answer.metadata)),
+        false => None,
+    };
+    Ok(RlsReply { answer, metadata })
 }
 
-impl<B> tower::Service<http::Request<B>> for EnvoyRls
-where
-    B: http_body::Body + Send + 'static,
-    B::Error: Into<StdError> + Send + 'static,
-{
+impl tower::Service<http::Request<Body>> for EnvoyRls {
     type Response = http::Response<Body>;
     type Error = Infallible;
     type Future = BoxFuture<Self::Response, Infallible>;
@@ -77,16 +66,11 @@ where
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
         if req.uri().path() != SHOULD_RATE_LIMIT {
             return Box::pin(async { Ok(Status::from(super::status::Refusal::NoSuchMethod).into_http()) });
         }
-        let method = ShouldRateLimit(self.decider.clone());
-        let max = self.max_decoding;
-        Box::pin(async move {
-            let mut grpc = Grpc::new(Codec::<rls::RateLimitResponse, rls::RateLimitRequest>::default())
-                .apply_max_message_size_config(Some(max), None);
-            Ok(grpc.unary(method, req).await)
-        })
+        let decider = self.decider.clone();
+        Box::pin(async move { Ok(super::unary::serve(req, |message| should_rate_limit(decider, message)).await) })
     }
 }

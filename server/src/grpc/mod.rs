@@ -3,7 +3,6 @@
 use std::sync::Arc;
 
 use floodgate_proto::v1::admin_server::AdminServer;
-use floodgate_proto::v1::floodgate_server::FloodgateServer;
 use tonic::service::RoutesBuilder;
 use tonic_health::pb::health_server::{Health, HealthServer};
 
@@ -21,10 +20,11 @@ pub mod rpc;
 mod serve;
 mod size;
 mod status;
+mod unary;
 mod watch;
 
 pub use admin::ControlPlane;
-pub use data::DataPlane;
+pub use data::{DataPlane, DataPlaneService};
 pub use envoy::EnvoyRls;
 pub use gate::AdminGate;
 pub use observe::ObserveLayer;
@@ -54,9 +54,9 @@ where
     let cap = rpc::largest_cap() * 2;
     let admin = AdminServer::new(ControlPlane::new(decider.clone())).max_decoding_message_size(cap);
     routes
-        .add_service(FloodgateServer::new(DataPlane::new(decider.clone(), max_watchers)).max_decoding_message_size(cap))
+        .add_service(DataPlaneService::new(decider.clone(), max_watchers, cap))
         .add_service(AdminGate::new(admin, access))
-        .add_service(EnvoyRls::new(decider.clone(), cap))
+        .add_service(EnvoyRls::new(decider.clone()))
         .add_service(rlqs::Rlqs::server(decider, cap))
         .add_service(health)
         .add_service(reflection().build_v1()?)

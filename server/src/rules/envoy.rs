@@ -28,19 +28,21 @@ mod parse;
 
 pub use parse::Document;
 
-/// A rate limit unit, with Envoy's numbers (`RateLimitResponse.RateLimit.Unit`).
+/// A rate limit unit, with Envoy's numbers (`RateLimitResponse.RateLimit.Unit`:
+/// WEEK, added last, is 7 after MONTH 5 and YEAR 6).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Unit {
     Second = 1,
     Minute = 2,
     Hour = 3,
     Day = 4,
-    Week = 5,
-    Month = 6,
-    Year = 7,
+    Month = 5,
+    Year = 6,
+    Week = 7,
 }
 
 impl Unit {
+    /// Shortest first.
     pub const ALL: [Unit; 7] = [Unit::Second, Unit::Minute, Unit::Hour, Unit::Day, Unit::Week, Unit::Month, Unit::Year];
 
     pub fn seconds(self) -> u64 {

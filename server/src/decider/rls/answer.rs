@@ -63,13 +63,13 @@ impl Decider {
                     match rules.envoy_rule(l.rule).1.upstream() {
                         Some(stats) => record(stats, report, d.hits, shadow, ratio),
                         None => {
-                            let key = rules.envoy.config.stat_key(req.domain, &d.entries, l);
+                            let key = rules.envoy.config.stat_key(req.domain, d.entries, l);
                             record(&self.envoy_stats.get(&key), report, d.hits, shadow, ratio);
                         }
                     }
                 }
                 Target::Override { .. } => {
-                    record(&self.envoy_stats.get(&descriptor_key(req.domain, &d.entries)), report, d.hits, false, ratio)
+                    record(&self.envoy_stats.get(&descriptor_key(req.domain, d.entries)), report, d.hits, false, ratio)
                 }
                 _ => {}
             }
@@ -145,15 +145,17 @@ fn status(
         return RlsStatus { over, reset, quota, ..nothing };
     };
     let shown = match item.target {
-        Target::Envoy(l) => Shown { name: l.name.clone(), requests_per_unit: l.requests_per_unit, unit: l.unit },
-        Target::Override { requests_per_unit, unit, .. } => Shown { name: String::new(), requests_per_unit, unit },
+        Target::Envoy(l) => {
+            Shown { name: l.name.as_str().into(), requests_per_unit: l.requests_per_unit, unit: l.unit }
+        }
+        Target::Override { requests_per_unit, unit, .. } => Shown { name: Default::default(), requests_per_unit, unit },
         // The precomputed table holds the rule's own limits; an override's
         // (another limit object) is computed here.
         Target::Rules(i)
             if rules.rules.rules()[i].limits.get(report.index).is_some_and(|l| std::ptr::eq(l, report.limit)) =>
         {
             let (requests_per_unit, unit) = rules.per_unit(i, report.index);
-            Shown { name: report.limit.name.clone(), requests_per_unit, unit }
+            Shown { name: report.limit.name.as_str().into(), requests_per_unit, unit }
         }
         _ => shown(report.limit),
     };
@@ -165,7 +167,7 @@ fn status(
 /// A limit of our rules as Envoy is shown it (see [`per_unit`]).
 pub fn shown(limit: &Limit) -> Shown {
     let (requests_per_unit, unit) = per_unit(limit);
-    Shown { name: limit.name.clone(), requests_per_unit, unit }
+    Shown { name: limit.name.as_str().into(), requests_per_unit, unit }
 }
 
 /// Time to the end of the current window, in whole seconds (at least one).

@@ -77,8 +77,8 @@ fn decider(options: RlsOptions) -> (Decider, Arc<ManualClock>) {
     (Decider::new(engine, None).with_rls(options), clock)
 }
 
-fn d<'a>(entries: &[(&'a str, &'a str)]) -> RlsDescriptor<'a> {
-    RlsDescriptor { entries: SmallVec::from_slice(entries), hits: 1, limit: None }
+fn d<'a>(entries: &'a [(&'a str, &'a str)]) -> RlsDescriptor<'a> {
+    RlsDescriptor { entries, hits: 1, limit: None }
 }
 
 fn call<'a>(dec: &Decider, domain: &'a str, descriptors: Vec<RlsDescriptor<'a>>) -> RlsAnswer {
@@ -221,8 +221,9 @@ fn a_limit_envoy_sends_replaces_the_configured_one_on_known_domains() {
 fn our_rules_charge_a_bucket_once_per_request() {
     let (dec, _) = decider(RlsOptions::default());
     // Envoy sends one descriptor per rate_limits entry: "all" matches each.
-    let users = ["u0", "u1", "u2", "u3", "u4", "u5"];
-    let two = |i: usize| vec![d(&[("remote_address", "1.2.3.4")]), d(&[("user", users[i])])];
+    let users =
+        [[("user", "u0")], [("user", "u1")], [("user", "u2")], [("user", "u3")], [("user", "u4")], [("user", "u5")]];
+    let two = |i: usize| vec![d(&[("remote_address", "1.2.3.4")]), d(&users[i])];
     let got: Vec<bool> = (0..5).map(|i| call(&dec, "api", two(i)).over).collect();
     assert_eq!(got, [false, false, false, false, true], "4 per minute is 4 requests");
     let a = call(&dec, "api", two(5));
@@ -346,10 +347,8 @@ fn headers_come_from_the_descriptor_nearest_its_limit() {
 fn bad_input_is_an_error_naming_the_descriptor() {
     let (dec, _) = decider(RlsOptions::default());
     let long = "x".repeat(300);
-    let req = RlsRequest {
-        domain: "edge",
-        descriptors: SmallVec::from_vec(vec![d(&[("k", "v")]), d(&[(long.as_str(), "v")])]),
-    };
+    let entries = [(long.as_str(), "v")];
+    let req = RlsRequest { domain: "edge", descriptors: SmallVec::from_vec(vec![d(&[("k", "v")]), d(&entries)]) };
     let mut fut = std::pin::pin!(dec.should_rate_limit(&req));
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     let std::task::Poll::Ready(Err(e)) = fut.as_mut().poll(&mut cx) else { panic!("an error") };

@@ -42,8 +42,8 @@ fn decider(options: RlsOptions) -> Decider {
     Decider::new(engine, None).with_rls(options)
 }
 
-fn d<'a>(entries: &[(&'a str, &'a str)], hits: u64) -> RlsDescriptor<'a> {
-    RlsDescriptor { entries: SmallVec::from_slice(entries), hits, limit: None }
+fn d<'a>(entries: &'a [(&'a str, &'a str)], hits: u64) -> RlsDescriptor<'a> {
+    RlsDescriptor { entries, hits, limit: None }
 }
 
 fn call<'a>(dec: &Decider, descriptors: Vec<RlsDescriptor<'a>>) -> RlsAnswer {

@@ -10,10 +10,12 @@ use std::time::{Duration, SystemTime};
 
 use crate::time::Timestamp;
 
+pub mod acquire;
 pub mod concurrency;
 pub mod envoy;
 pub mod floodgate;
 pub mod overrides;
+pub mod wire;
 
 /// A duration for the wire; zero is left out (absent means zero).
 pub fn duration(d: Duration) -> Option<prost_types::Duration> {
