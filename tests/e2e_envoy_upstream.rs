@@ -35,6 +35,10 @@ descriptors:
       - key: store
         shadow_mode: true
         rate_limit: { unit: day, requests_per_unit: 1 }
+  # Longer windows, which Envoy numbers out of order (WEEK is 7, after MONTH 5 and YEAR 6).
+  - { key: period, value: weekly, rate_limit: { unit: week, requests_per_unit: 3 } }
+  - { key: period, value: monthly, rate_limit: { unit: month, requests_per_unit: 4 } }
+  - { key: period, value: yearly, rate_limit: { unit: year, requests_per_unit: 5 } }
   # Each client address counted in a series of its own.
   - key: client_ip
     detailed_metric: true
@@ -58,6 +62,7 @@ const RATE_LIMITS: &str = r#"[
   { actions: [ { request_headers: { header_name: x-region, descriptor_key: region } },
                { request_headers: { header_name: x-store, descriptor_key: store } } ] },
   { actions: [ { request_headers: { header_name: x-client-ip, descriptor_key: client_ip } } ] },
+  { actions: [ { request_headers: { header_name: x-period, descriptor_key: period } } ] },
   { actions: [ { request_headers: { header_name: x-plan-a, descriptor_key: plan } } ] },
   { actions: [ { request_headers: { header_name: x-plan-b, descriptor_key: plan } } ] }
 ]"#;
@@ -126,6 +131,12 @@ fn upstreams_example_behind_a_real_envoy_with_its_settings_and_its_stats() {
     assert!(quota[0].contains(r#""account":"shared""#) && quota[0].contains(r#""domain":"shop""#), "{}", quota[0]);
     assert!(quota[1].starts_with("200 ") && quota[1].contains(r#""name":"silver""#), "gold was over: {}", quota[1]);
     assert!(quota[2].starts_with("429 ") && !quota[2].contains(r#""tier""#), "none passed: {}", quota[2]);
+
+    // Envoy's own headers name each window by the unit it was told.
+    for (period, limit) in [("weekly", "3, 3;w=604800"), ("monthly", "4, 4;w=2592000"), ("yearly", "5, 5;w=31536000")] {
+        let r = envoy.get("/", &[("x-period", period)]);
+        assert_eq!(r.header("x-ratelimit-limit"), Some(limit), "{period}: {r:?}");
+    }
 
     // The detailed series of one client address.
     assert_eq!(statuses(&envoy, &[("x-client-ip", &ip)], 2), [200, 200]);
