@@ -21,7 +21,7 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use floodgate::engine::{Engine, EngineConfig, Request, Verdict};
 use floodgate::limiter::rate::Rate;
 use floodgate::limiter::{
-    Algorithm, fixed_window, gcra, leaky_bucket, sliding_window, sliding_window_log, token_bucket,
+    Algorithm, fixed_window, gcra, leaky_bucket, sliding_window, sliding_window_log, token_bucket, warm_up,
 };
 use floodgate::overrides::{Change, Do, Spec, Table};
 use floodgate::rules::RuleSet;
@@ -35,6 +35,7 @@ const ALGORITHMS: &[(&str, &str)] = &[
     ("fixed_window", "algorithm: fixed_window, limit: 1000000000000, window: 1ms"),
     ("sliding_window_log", "algorithm: sliding_window_log, limit: 10000, window: 1ms"),
     ("sliding_window", "algorithm: sliding_window, limit: 1000000000000, window: 1ms"),
+    ("warm_up", "algorithm: warm_up, rate_per_second: 1000000000, warm_up_period: 10s"),
 ];
 
 fn engine(yaml: &str) -> Engine {
@@ -64,6 +65,9 @@ fn algorithms(c: &mut Criterion) {
         Algorithm::FixedWindow(fixed_window::Config::new(1 << 40, 1_000_000)),
         Algorithm::SlidingWindowLog(sliding_window_log::Config::new(10_000, 1_000_000)),
         Algorithm::SlidingWindow(sliding_window::Config::new(1 << 40, 1_000_000)),
+        Algorithm::WarmUp(
+            warm_up::Config::new(rate, std::time::Duration::from_secs(10), 3, warm_up::Mode::Police).unwrap(),
+        ),
     ];
     for alg in cases {
         let clock = SystemClock::new();

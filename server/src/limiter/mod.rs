@@ -19,6 +19,7 @@ pub mod rate;
 pub mod sliding_window;
 pub mod sliding_window_log;
 pub mod token_bucket;
+pub mod warm_up;
 
 pub use fixed_window::FixedWindow;
 pub use gcra::Gcra;
@@ -26,6 +27,7 @@ pub use leaky_bucket::LeakyBucket;
 pub use sliding_window::SlidingWindow;
 pub use sliding_window_log::SlidingWindowLog;
 pub use token_bucket::TokenBucket;
+pub use warm_up::WarmUp;
 
 /// The state of one limit after a decision (or a peek).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -113,6 +115,7 @@ kinds! {
     FixedWindow = "fixed_window";
     SlidingWindowLog = "sliding_window_log";
     SlidingWindow = "sliding_window";
+    WarmUp = "warm_up";
 }
 
 /// A validated limit configuration: one algorithm and its numbers.
@@ -124,6 +127,7 @@ pub enum Algorithm {
     FixedWindow(fixed_window::Config),
     SlidingWindowLog(sliding_window_log::Config),
     SlidingWindow(sliding_window::Config),
+    WarmUp(warm_up::Config),
 }
 
 /// One bucket's state as the replicas share it (computed by Redis): the units
@@ -150,6 +154,7 @@ pub enum Bucket {
     FixedWindow(FixedWindow),
     SlidingWindowLog(Box<SlidingWindowLog>),
     SlidingWindow(SlidingWindow),
+    WarmUp(Box<WarmUp>),
 }
 
 // === impl Algorithm ===
@@ -163,6 +168,7 @@ impl Algorithm {
             Algorithm::FixedWindow(_) => Kind::FixedWindow,
             Algorithm::SlidingWindowLog(_) => Kind::SlidingWindowLog,
             Algorithm::SlidingWindow(_) => Kind::SlidingWindow,
+            Algorithm::WarmUp(_) => Kind::WarmUp,
         }
     }
 
@@ -185,6 +191,12 @@ impl Algorithm {
             },
             Algorithm::SlidingWindowLog(c) => format!("sliding_window_log {} per {}", c.limit, window(c.window)),
             Algorithm::SlidingWindow(c) => format!("sliding_window {} per {}", c.limit, window(c.window)),
+            Algorithm::WarmUp(c) => format!(
+                "warm_up to {}/s over {}, from cold {}",
+                c.rate,
+                window(c.period_ms * 1_000_000),
+                (c.cold_rate() * 1000.0).floor() / 1000.0
+            ),
         }
     }
 
@@ -195,6 +207,8 @@ impl Algorithm {
         match self {
             Algorithm::FixedWindow(c) => c.window_of(at) == c.window_of(now),
             Algorithm::SlidingWindow(c) => at.as_nanos() / c.window == now.as_nanos() / c.window,
+            // Counted per second.
+            Algorithm::WarmUp(_) => at.as_nanos() / 1_000_000_000 == now.as_nanos() / 1_000_000_000,
             Algorithm::TokenBucket(_)
             | Algorithm::Gcra(_)
             | Algorithm::LeakyBucket(_)
@@ -211,6 +225,11 @@ impl Algorithm {
             Algorithm::FixedWindow(c) => c.limit,
             Algorithm::SlidingWindowLog(c) => c.limit,
             Algorithm::SlidingWindow(c) => c.limit,
+            // Never more than the warm rate at once; a shaped caller of more waits its turn.
+            Algorithm::WarmUp(c) => match c.mode {
+                warm_up::Mode::Police => (c.rate.as_f64() as u64).max(1),
+                warm_up::Mode::Shape { .. } => u64::MAX,
+            },
         }
     }
 
@@ -224,6 +243,8 @@ impl Algorithm {
             Algorithm::FixedWindow(c) => c.window,
             Algorithm::SlidingWindowLog(c) => c.window,
             Algorithm::SlidingWindow(c) => c.window,
+            // A second: the rate's.
+            Algorithm::WarmUp(_) => 1_000_000_000,
         };
         Duration::from_nanos(nanos)
     }
@@ -253,6 +274,12 @@ impl Algorithm {
             Algorithm::SlidingWindow(c) => {
                 Algorithm::SlidingWindow(sliding_window::Config::new(units(c.limit), c.window))
             }
+            Algorithm::WarmUp(c) => {
+                // The share's rate over the same period, never below the smallest that warms.
+                let scaled =
+                    warm_up::Config::new(rate(c.rate), Duration::from_millis(c.period_ms), c.cold_factor, c.mode);
+                Algorithm::WarmUp(scaled.unwrap_or_else(|_| c.clone()))
+            }
         }
     }
 
@@ -265,6 +292,7 @@ impl Algorithm {
             Algorithm::FixedWindow(c) => Bucket::FixedWindow(FixedWindow::new(c, now)),
             Algorithm::SlidingWindowLog(c) => Bucket::SlidingWindowLog(Box::new(SlidingWindowLog::new(c, now))),
             Algorithm::SlidingWindow(c) => Bucket::SlidingWindow(SlidingWindow::new(c, now)),
+            Algorithm::WarmUp(c) => Bucket::WarmUp(Box::new(WarmUp::new(c, now))),
         }
     }
 }
@@ -298,6 +326,10 @@ macro_rules! dispatch {
             },
             Bucket::SlidingWindow($s) => match $alg {
                 Algorithm::SlidingWindow($c) => $body,
+                _ => $fallback,
+            },
+            Bucket::WarmUp($s) => match $alg {
+                Algorithm::WarmUp($c) => $body,
                 _ => $fallback,
             },
         }
@@ -381,6 +413,8 @@ impl Bucket {
                 ))
             }
             Algorithm::SlidingWindowLog(_) => alg.new_bucket(now),
+            // Redis runs the warm-up for the fleet; a replica admits its lease.
+            Algorithm::WarmUp(c) => Bucket::WarmUp(Box::new(WarmUp::with_lease(c, now, lease))),
         }
     }
 

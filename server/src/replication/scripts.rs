@@ -46,6 +46,7 @@ codes! {
     SlidingLog = 5, "sliding_log";
     SlidingWindow = 6, "sliding_window";
     Calendar = 7, "calendar";
+    WarmUp = 8, "warm_up";
 }
 
 impl Code {
@@ -59,6 +60,7 @@ impl Code {
             Algorithm::FixedWindow(_) => Code::FixedWindow,
             Algorithm::SlidingWindowLog(_) => Code::SlidingLog,
             Algorithm::SlidingWindow(_) => Code::SlidingWindow,
+            Algorithm::WarmUp(_) => Code::WarmUp,
         }
     }
 
@@ -287,6 +289,7 @@ pub fn limit_args(alg: &Algorithm, now: Timestamp) -> [f64; 5] {
         },
         Algorithm::SlidingWindowLog(c) => [code, c.limit as f64, us(c.window), 0.0, 0.0],
         Algorithm::SlidingWindow(c) => [code, c.limit as f64, us(c.window), 0.0, 0.0],
+        Algorithm::WarmUp(c) => [code, c.rate.as_f64(), c.period_ms as f64, f64::from(c.cold_factor), 0.0],
     }
 }
 

@@ -17,6 +17,7 @@ use crate::limiter::leaky_bucket::Mode;
 use crate::limiter::rate::Rate;
 use crate::limiter::{
     Algorithm, Kind, calendar, fixed_window, gcra, leaky_bucket, sliding_window, sliding_window_log, token_bucket,
+    warm_up,
 };
 
 use super::overrides::MAX_AMOUNT;
@@ -312,9 +313,13 @@ fn limit(f: &Fields<'_>) -> Option<Limit> {
         Kind::SlidingWindow => {
             windowed(f, MAX_AMOUNT).map(|(l, w)| Algorithm::SlidingWindow(sliding_window::Config::new(l, w)))
         }
+        Kind::WarmUp => warm_up(f, sync),
     };
     let shadow = f.flag("shadow");
     let lease = lease(f, algorithm.as_ref());
+    // A shaping warm-up's queue is one replica's: local unless told (and refused otherwise).
+    let shaping = matches!(&algorithm, Some(Algorithm::WarmUp(c)) if matches!(c.mode, warm_up::Mode::Shape { .. }));
+    let sync = sync.or(shaping.then_some(SyncMode::Local));
     Some(Limit {
         name: name?,
         key,
@@ -411,6 +416,43 @@ fn leaky_bucket(f: &Fields<'_>) -> Option<Algorithm> {
     let cfg = leaky_bucket::Config::new(capacity?, leak?, mode);
     within_span(f, "capacity", cfg.leak.time_for(crate::limiter::rate::pico(cfg.capacity)))?;
     Some(Algorithm::LeakyBucket(cfg))
+}
+
+/// `rate_per_second`, `warm_up_period`, `cold_factor` (3), `mode: police |
+/// shape` and, shaping, `max_wait` (500 ms, Sentinel's default). A shaping
+/// warm-up queues callers on one replica: it is refused for `replicated`
+/// and `strict`.
+fn warm_up(f: &Fields<'_>, sync: Option<SyncMode>) -> Option<Algorithm> {
+    f.deny_unknown(&[COMMON, &["rate_per_second", "warm_up_period", "cold_factor", "mode", "max_wait"]].concat());
+    let rate = rate(f, "rate_per_second");
+    let period = f.required("warm_up_period", |f, k| f.duration(k, Duration::from_secs(1)));
+    let cold_factor = if f.has("cold_factor") { f.u64_in("cold_factor", 2, 1000).map(|n| n as u32) } else { Some(3) };
+    let shape = f.choice("mode", &[("police", false), ("shape", true)]);
+    if f.has("max_wait") && shape != Some(true) {
+        f.error("max_wait", "applies only to mode: shape");
+        return None;
+    }
+    let max_wait = if f.has("max_wait") { f.duration("max_wait", Duration::ZERO)? } else { Duration::from_millis(500) };
+    let mode = match shape {
+        Some(true) => warm_up::Mode::Shape { max_wait_ms: max_wait.as_millis() as u64 },
+        Some(false) => warm_up::Mode::Police,
+        None if f.has("mode") => return None,
+        None => warm_up::Mode::Police,
+    };
+    if matches!(mode, warm_up::Mode::Shape { .. }) && matches!(sync, Some(SyncMode::Replicated | SyncMode::Strict)) {
+        f.error(
+            "mode",
+            "a shaping warm-up queues its callers on one replica: use sync: local (or mode: police with Redis)",
+        );
+        return None;
+    }
+    match warm_up::Config::new(rate?, period?, cold_factor?, mode) {
+        Ok(cfg) => Some(Algorithm::WarmUp(cfg)),
+        Err(e) => {
+            f.error("warm_up_period", e.to_string());
+            None
+        }
+    }
 }
 
 /// `limit` and `window` of the window algorithms, the window in nanoseconds.

@@ -115,7 +115,7 @@ resources:
         "rules.yaml: resource 'orders': limits[0] 'a'.capacity: must be between 1 and 1000000000000, got 0",
         "rules.yaml: resource 'orders': limits[0] 'a'.refill_per_second: must be a positive number, got -1",
         "rules.yaml: resource 'orders': limits[1] 'b'.window: is required",
-        "rules.yaml: resource 'orders': limits[2] 'c'.algorithm: must be one of token_bucket, gcra, leaky_bucket, fixed_window, sliding_window_log, sliding_window, got 'teleport'",
+        "rules.yaml: resource 'orders': limits[2] 'c'.algorithm: must be one of token_bucket, gcra, leaky_bucket, fixed_window, sliding_window_log, sliding_window, warm_up, got 'teleport'",
         "rules.yaml: resource 'users': limits[0] 'd'.limit: must be between 1 and 10000, got 20000",
         "rules.yaml: resource 'users': limits[0] 'd'.window: duration '5' needs a unit, e.g. 5s or 5ms",
         "rules.yaml: resource 'users': limits[1] 'd'.capacity: unknown field (expected one of: name, key, algorithm, sync, on_redis_error, shadow, lease, lease_share, rate_per_second, burst)",

@@ -14,6 +14,8 @@
 --                 start), p4 the next one's end: a fixed window whose
 --                 boundaries the replica computed (a day, week, month or
 --                 year in a time zone); Redis's clock picks one of the two.
+-- warm_up         p1 rate per second, p2 warm-up period ms, p3 cold factor
+--                 (police only: Sentinel's WarmUpController, see limiter/warm_up.rs)
 -- Keys share the resource's hash tag, so every key a script touches is in the
 -- slot of its KEYS. Numbers are doubles: exact for whole values below 2^53.
 
@@ -261,6 +263,70 @@ A[CODE.sliding_window] = {
     local k = key .. ':' .. int(st.start)
     if redis.call('DECRBY', k, units) < 0 then redis.call('SET', k, 0) end
     expire(k, 2 * p[2])
+  end,
+}
+
+-- Sentinel's warm-up, as limiter/warm_up.rs decides it (times in ms): a store
+-- of tokens between a warning line and a maximum, synced once per second
+-- (cooling, then less the last second's admissions), and admissions counted
+-- per 500 ms and per second. Through Redis the store syncs when something
+-- is taken (a replica's decision alone syncs it on every call).
+local function warm_lines(p)
+  local c, secs, f = p[1], p[2] / 1000, p[3]
+  local w = math.floor(math.floor(secs * c) / (f - 1))
+  local m = w + math.floor(2 * secs * c / (1 + f))
+  return c, f, w, m, (f - 1) / c / (m - w)
+end
+
+local function warm_state(key, p, now)
+  local c, f, w, m, slope = warm_lines(p)
+  local t = math.floor(now / 1000)
+  local v = redis.call('HMGET', key, 'S', 'L', 'h', 'hc', 'ph', 's', 'sc', 'ps')
+  local st = { S = tonumber(v[1] or 0), L = tonumber(v[2] or 0), h = tonumber(v[3] or 0), hc = tonumber(v[4] or 0),
+               ph = tonumber(v[5] or 0), s = tonumber(v[6] or 0), sc = tonumber(v[7] or 0), ps = tonumber(v[8] or 0) }
+  local dh, ds = math.floor(t / 500) - st.h, math.floor(t / 1000) - st.s
+  local pass = (dh == 0 and st.hc + st.ph) or (dh == 1 and st.hc) or 0
+  local q = (ds == 0 and st.ps) or (ds == 1 and st.sc) or 0
+  local second = t - t % 1000
+  if second > st.L then
+    local cooled = st.S
+    if st.S < w or (st.S > w and q < math.floor(math.floor(c) / f)) then
+      cooled = math.floor(st.S + (second - st.L) * c / 1000)
+    end
+    st.S, st.L = math.max(0, math.min(cooled, m) - q), second
+  end
+  local rate = c
+  -- Sentinel's Math.nextUp, near enough: at least the next double up.
+  if st.S >= w then rate = (1 / ((st.S - w) * slope + 1 / c)) * (1 + 2.3e-16) end
+  st.t, st.pass, st.rate, st.m = t, pass, rate, m
+  return st
+end
+
+A[CODE.warm_up] = {
+  restored = function(p, known, at, now) return nil end,
+  status = function(key, p, now, cost)
+    local st = warm_state(key, p, now)
+    local ok = st.pass + cost <= st.rate
+    st.avail, st.ok, st.wait = math.floor(st.rate) - st.pass, ok, 0
+    st.retry = ok and 0 or (500 - st.t % 500) * 1000
+    st.reset = (st.m / p[1] + 2) * 1e6
+    return st
+  end,
+  take = function(key, p, now, cost, st)
+    local h, s = math.floor(st.t / 500), math.floor(st.t / 1000)
+    if h == st.h then st.hc = st.hc + cost elseif h == st.h + 1 then st.ph, st.hc = st.hc, cost else st.ph, st.hc = 0, cost end
+    if s == st.s then st.sc = st.sc + cost elseif s == st.s + 1 then st.ps, st.sc = st.sc, cost else st.ps, st.sc = 0, cost end
+    redis.call('HSET', key, 'S', st.S, 'L', st.L, 'h', h, 'hc', st.hc, 'ph', st.ph, 's', s, 'sc', st.sc, 'ps', st.ps)
+    expire(key, st.reset)
+  end,
+  give = function(key, p, now, units, st, at)
+    local t = math.floor(at / 1000)
+    if at > 0 and math.floor(t / 500) == st.h and math.floor(st.t / 500) == st.h then
+      redis.call('HSET', key, 'hc', math.max(0, st.hc - units))
+    end
+    if at > 0 and math.floor(t / 1000) == st.s and math.floor(st.t / 1000) == st.s then
+      redis.call('HSET', key, 'sc', math.max(0, st.sc - units))
+    end
   end,
 }
 
