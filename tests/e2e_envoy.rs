@@ -221,6 +221,15 @@ async fn envoy_rls_answers_ok_over_limit_and_descriptor_statuses() {
         .await
         .unwrap();
     assert_eq!((varint_of(&r, 1), statuses(&r)[0].2), (OK, 3), "nothing was taken");
+    // A value of any length is decided, never an error: a long header or
+    // path gets its own counter (kept as its digest).
+    let long = format!("10.0.0.{}", "9".repeat(4_000));
+    for expect in [OK, OK, OK, OVER_LIMIT] {
+        let r = should_rate_limit(&fg, request("edge", &[descriptor(&[("remote_address", &long)], None)], 0))
+            .await
+            .unwrap();
+        assert_eq!(varint_of(&r, 1), expect);
+    }
 
     // Bad input is INVALID_ARGUMENT naming the field.
     let err = should_rate_limit(&fg, request("", &[descriptor(&[("remote_address", "10.0.0.3")], None)], 0))

@@ -27,7 +27,8 @@
 //! - [`breaker`], [`degradation`]: the breaker state machine and the levels;
 //!   [`adaptive`]: adaptive concurrency limits (Gradient2, Vegas, AIMD), pure
 //!   state over windows of samples.
-//! - [`time`]: the injected clock; [`runtime`]: the Tokio runtime.
+//! - [`time`]: the injected clock; [`runtime`]: the Tokio runtime;
+//!   [`digest`]: long descriptor values kept as their digest.
 //!
 //! Dependencies point down only (`scripts/module-cycles` checks there is no
 //! cycle):
@@ -46,6 +47,7 @@ pub mod cli;
 pub mod connect;
 pub mod decider;
 pub mod degradation;
+pub mod digest;
 pub mod engine;
 pub mod events;
 pub mod files;

@@ -223,6 +223,25 @@ pub fn validate<D: Descriptors + ?Sized>(resource: &str, descriptors: &D) -> Res
     Ok(())
 }
 
+/// An Envoy RLS descriptor list: the domain present, at most 32 entries,
+/// and keys that are names (they come from Envoy's configuration); a value
+/// may be anything of any length (a path, a header: a long one is counted
+/// by its digest), as upstream takes it. A request is never refused for a
+/// value: Envoy would let its failure mode decide the whole call, every
+/// other descriptor included.
+pub fn validate_rls(domain: &str, entries: &[(&str, &str)]) -> Result<(), RequestError> {
+    if domain.is_empty() {
+        return Err(RequestError::Empty { field: "domain".into() });
+    }
+    if entries.len() > MAX_DESCRIPTORS {
+        return Err(RequestError::TooManyDescriptors(entries.len()));
+    }
+    for (k, _) in entries {
+        check_name("descriptors key", k, false)?;
+    }
+    Ok(())
+}
+
 /// A permit id: 32 hex digits (128 bits).
 pub fn check_permit_id(id: &str) -> Result<u128, RequestError> {
     let malformed = || RequestError::MalformedPermit(preview(id));

@@ -57,7 +57,7 @@ impl Engine {
         domain: &str,
         d: &RlsDescriptor<'_>,
     ) -> Result<Target<'r>, RequestError> {
-        request::validate(domain, d.entries)?;
+        request::validate_rls(domain, d.entries)?;
         let envoy = &rules.envoy.config;
         if let Some((requests_per_unit, unit)) = d.limit
             && (envoy.has_domain(domain) || rules.rules.position(domain).is_some())

@@ -146,6 +146,3 @@ impl http_body::Body for OneMessage {
         SizeHint::with_exact(self.data.as_ref().map_or(0, |d| d.len() as u64))
     }
 }
-
-#[cfg(test)]
-mod tests;

@@ -318,7 +318,7 @@ impl EnvoyConfig {
                     }
                     None if limit.shared.is_empty() || !v.is_empty() => {
                         key.push('_');
-                        key.push_str(v);
+                        key.push_str(&crate::digest::bounded(v));
                     }
                     None => {}
                 }
@@ -342,7 +342,7 @@ impl EnvoyConfig {
             key.push_str(k);
             if !value.is_empty() {
                 key.push('_');
-                key.push_str(value);
+                key.push_str(&crate::digest::bounded(value));
             }
         });
         key

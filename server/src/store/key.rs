@@ -20,6 +20,12 @@ pub struct BucketKey {
 const SEP: char = '\u{1f}';
 const ESC: char = '\u{1e}';
 
+/// The longest part kept as it is; a longer one (a descriptor value Envoy
+/// sends: a path, a header) is kept as its digest (see [`crate::digest`]), so
+/// that a key stays small whatever the value, and values still count apart.
+pub use crate::digest::MAX_PLAIN as MAX_PART;
+use crate::digest::{digest, needed};
+
 impl BucketKey {
     pub fn global(limit: LimitId) -> Self {
         BucketKey { limit, scope: CompactString::const_new("") }
@@ -33,7 +39,9 @@ impl BucketKey {
             if i > 0 {
                 scope.push(SEP);
             }
-            if part.contains([SEP, ESC]) {
+            if needed(part) {
+                scope.push_str(&digest(part));
+            } else if part.contains([SEP, ESC]) {
                 for c in part.chars() {
                     if c == SEP || c == ESC {
                         scope.push(ESC);
@@ -47,7 +55,7 @@ impl BucketKey {
         BucketKey { limit, scope }
     }
 
-    /// The parts this key was built from.
+    /// The parts this key was built from (a long part as its digest).
     pub fn parts(&self) -> Vec<String> {
         let mut parts = vec![String::new()];
         let mut escaped = false;
@@ -80,6 +88,22 @@ mod tests {
         assert_eq!(b.parts(), ["a", "b\u{1f}c"]);
         let c = BucketKey::new(id, ["x\u{1e}", "y"]);
         assert_eq!(c.parts(), ["x\u{1e}", "y"]);
+    }
+
+    #[test]
+    fn long_parts_are_kept_as_their_digest_and_still_count_apart() {
+        let id = LimitId(2);
+        let long = |c: char| c.to_string().repeat(MAX_PART + 1);
+        let a = BucketKey::new(id, ["edge", &long('a')]);
+        let b = BucketKey::new(id, ["edge", &long('b')]);
+        assert_ne!(a, b);
+        assert_eq!(a, BucketKey::new(id, ["edge", &long('a')]), "the same value, the same key");
+        assert_eq!(a.parts()[1], digest(&long('a')));
+        assert!(a.parts()[1].starts_with("#sha256:") && a.scope.len() < 64, "{}", a.scope);
+        let exact = "x".repeat(MAX_PART);
+        assert_eq!(BucketKey::new(id, [exact.as_str()]).parts(), [exact], "up to the bound, as it is");
+        let spelled = digest(&long('a'));
+        assert_ne!(BucketKey::new(id, ["edge", &spelled]), a, "a value spelled like a digest is not its key");
     }
 
     #[test]

@@ -85,7 +85,7 @@ fn descriptor_key(domain: &str, entries: &[(&str, &str)]) -> String {
         key.push_str(k);
         if !v.is_empty() {
             key.push('_');
-            key.push_str(v);
+            key.push_str(&crate::digest::bounded(v));
         }
     }
     key

@@ -357,3 +357,17 @@ fn bad_input_is_an_error_naming_the_descriptor() {
     let mut fut = std::pin::pin!(dec.should_rate_limit(&empty));
     assert!(matches!(fut.as_mut().poll(&mut cx), std::task::Poll::Ready(Err(_))));
 }
+
+#[test]
+fn a_long_value_is_decided_and_counted_by_its_own_digest() {
+    let (dec, _) = decider(RlsOptions::default());
+    // Two values alike in their first 10 kB: a long path or header is still
+    // a value of its own, never an error that Envoy's failure mode decides.
+    let a = format!("{}a", "/p".repeat(5_000));
+    let b = format!("{}b", "/p".repeat(5_000));
+    assert_eq!(overs(&dec, "edge", &[("remote_address", &a)], 5), [false, false, false, false, true]);
+    assert_eq!(overs(&dec, "edge", &[("remote_address", &b)], 4), [false; 4], "its own counter");
+    // A short value spelled like the long one's digest is not its counter.
+    let spelled = crate::digest::digest(&a);
+    assert_eq!(overs(&dec, "edge", &[("remote_address", &spelled)], 4), [false; 4], "not the long value's counter");
+}

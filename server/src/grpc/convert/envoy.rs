@@ -5,7 +5,6 @@
 //! written in place ([`wire`]).
 
 use crate::decider::RlsRequest;
-use crate::engine::request::check_name;
 use crate::engine::{RequestError, RlsDescriptor};
 use crate::rules::envoy::Unit;
 
@@ -18,7 +17,9 @@ impl<'w, 'a: 'w> TryFrom<&'w WireRequest<'a>> for RlsRequest<'w> {
     type Error = RequestError;
 
     fn try_from(req: &'w WireRequest<'a>) -> Result<Self, RequestError> {
-        check_name("domain", req.domain, false)?;
+        if req.domain.is_empty() {
+            return Err(RequestError::Empty { field: "domain".into() });
+        }
         crate::engine::request::check_batch("descriptors", req.descriptors.len())?;
         let descriptors = req
             .descriptors

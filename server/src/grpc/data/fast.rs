@@ -99,3 +99,6 @@ impl tower::Service<http::Request<Body>> for DataPlaneService {
         Box::pin(async move { Ok(crate::grpc::unary::serve(req, |message| acquire(decider, message)).await) })
     }
 }
+
+#[cfg(test)]
+mod tests;
