@@ -20,10 +20,9 @@ pub struct BucketKey {
 const SEP: char = '\u{1f}';
 const ESC: char = '\u{1e}';
 
-/// The longest part kept as it is; a longer one (a descriptor value Envoy
-/// sends: a path, a header) is kept as its digest (see [`crate::digest`]), so
-/// that a key stays small whatever the value, and values still count apart.
-pub use crate::digest::MAX_PLAIN as MAX_PART;
+// A part longer than `digest::MAX_PLAIN` (a descriptor value Envoy sends: a
+// path, a header) is kept as its digest (see `crate::digest`), so that a key
+// stays small whatever the value, and values still count apart.
 use crate::digest::{digest, needed};
 
 impl BucketKey {
@@ -93,14 +92,14 @@ mod tests {
     #[test]
     fn long_parts_are_kept_as_their_digest_and_still_count_apart() {
         let id = LimitId(2);
-        let long = |c: char| c.to_string().repeat(MAX_PART + 1);
+        let long = |c: char| c.to_string().repeat(crate::digest::MAX_PLAIN + 1);
         let a = BucketKey::new(id, ["edge", &long('a')]);
         let b = BucketKey::new(id, ["edge", &long('b')]);
         assert_ne!(a, b);
         assert_eq!(a, BucketKey::new(id, ["edge", &long('a')]), "the same value, the same key");
         assert_eq!(a.parts()[1], digest(&long('a')));
         assert!(a.parts()[1].starts_with("#sha256:") && a.scope.len() < 64, "{}", a.scope);
-        let exact = "x".repeat(MAX_PART);
+        let exact = "x".repeat(crate::digest::MAX_PLAIN);
         assert_eq!(BucketKey::new(id, [exact.as_str()]).parts(), [exact], "up to the bound, as it is");
         let spelled = digest(&long('a'));
         assert_ne!(BucketKey::new(id, ["edge", &spelled]), a, "a value spelled like a digest is not its key");
