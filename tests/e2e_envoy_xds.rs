@@ -117,6 +117,13 @@ async fn a_pushed_config_decides_a_bad_one_is_nacked_and_a_lost_control_plane_is
     cp.answer_where("ACK of v3", |a| a.version == "v3").await;
     let u = fresh("u");
     assert_eq!(overs(&fg, "edge", "user", &u, 4).await, [false, false, false, true], "3 a minute");
+    let metrics = fg.http_get("/metrics").1;
+    let info: Vec<&str> = metrics.lines().filter(|l| l.starts_with("floodgate_envoy_config_info{")).collect();
+    assert_eq!(
+        info,
+        [format!("floodgate_envoy_config_info{{source=\"{}\",version=\"v3\"}} 1", cp.url())],
+        "one series, v3's"
+    );
 
     // The control plane goes away: the last good configuration keeps deciding.
     let addr = cp.go_away().await;

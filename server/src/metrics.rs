@@ -67,6 +67,9 @@ pub const ENVOY_CONFIG_INFO: &str = "floodgate_envoy_config_info";
 
 /// The resource label of requests that no rule matched.
 pub const UNMATCHED: &str = "_unmatched";
+/// The resource (and limit) label of decisions of the Envoy configuration's
+/// limits.
+pub const ENVOY: &str = "_envoy";
 
 const RPC_BUCKETS: &[f64] =
     &[0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
@@ -166,10 +169,6 @@ fn describe() {
         ENVOY_XDS_UPDATES,
         "Envoy configurations from the xDS control plane, by result (accepted, rejected)"
     );
-    describe_gauge!(
-        ENVOY_CONFIG_INFO,
-        "The Envoy configuration in force: its source (directory or xDS URL) and the control plane's version"
-    );
     upstream::describe();
     describe_gauge!(CONNECTIONS, "Connections open, by port");
     describe_gauge!(WATCH_STREAMS, "Watch streams open");
@@ -193,10 +192,26 @@ pub fn xds_update(accepted: bool) {
     counter!(ENVOY_XDS_UPDATES, "result" => if accepted { "accepted" } else { "rejected" }).increment(1);
 }
 
+/// The longest control plane version shown as it is; a longer one (or one
+/// with control characters) is shown as its digest.
+const MAX_VERSION_LABEL: usize = 128;
+
 /// The Envoy configuration in force, at scrape time: where it came from
-/// and the control plane's version of it.
-pub fn envoy_config_info(source: &str, version: &str) {
-    gauge!(ENVOY_CONFIG_INFO, "source" => source.to_string(), "version" => version.to_string()).set(1.0);
+/// and the control plane's version of it. One series, the one in force
+/// (rendered here: the recorder would keep every version's).
+pub fn render_envoy_config_info(source: &str, version: &str, out: &mut String) {
+    if source.is_empty() {
+        return;
+    }
+    let version = match version.len() > MAX_VERSION_LABEL || version.chars().any(char::is_control) {
+        true => std::borrow::Cow::Owned(crate::digest::digest(version)),
+        false => std::borrow::Cow::Borrowed(version),
+    };
+    out.push_str(&format!(
+        "# HELP {ENVOY_CONFIG_INFO} The Envoy configuration in force: its source (directory or xDS URL) and the control plane's version\n# TYPE {ENVOY_CONFIG_INFO} gauge\n{ENVOY_CONFIG_INFO}"
+    ));
+    upstream::write_labels(out, [("source", source), ("version", &*version)].into_iter());
+    out.push_str(" 1\n\n");
 }
 
 /// Values read at scrape time rather than kept up to date on the hot path.

@@ -130,11 +130,15 @@ pub async fn rules(args: RulesArgs) -> anyhow::Result<ExitCode> {
             println!("# version {} from {}", r.version, r.source);
             print!("{}", r.yaml);
             if let Some(e) = r.envoy {
-                let version = if e.version.is_empty() { String::new() } else { format!(" version {}", e.version) };
+                // A control plane chooses the version and the domains: shown
+                // escaped, so they cannot write to the terminal.
+                let version =
+                    if e.version.is_empty() { String::new() } else { format!(" version {}", e.version.escape_debug()) };
+                let domains: Vec<String> = e.domains.iter().map(|d| d.escape_debug().to_string()).collect();
                 println!(
                     "# envoyproxy/ratelimit configuration from {}{version}: domains {}",
-                    e.source,
-                    e.domains.join(", ")
+                    e.source.escape_debug(),
+                    domains.join(", ")
                 );
             }
         }

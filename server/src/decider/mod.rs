@@ -42,8 +42,6 @@ pub struct Decider {
     engine: Arc<Engine>,
     replication: Option<Arc<Replication>>,
     rls: RlsOptions,
-    /// Upstream's stats whose key depends on the request, bounded.
-    envoy_stats: Arc<crate::metrics::upstream::Series>,
     /// One ApplyRules at a time: parsing is bounded, but not free.
     applying: tokio::sync::Mutex<()>,
     /// Candidate rules observed in shadow (`ApplyRules` with `what_if`).
@@ -61,7 +59,6 @@ impl Decider {
             engine,
             replication,
             rls: RlsOptions::default(),
-            envoy_stats: Arc::new(crate::metrics::upstream::Series::new(RlsOptions::default().stat_series)),
             applying: tokio::sync::Mutex::new(()),
             what_if: arc_swap::ArcSwapOption::empty(),
             override_options: OverrideOptions::default(),
@@ -83,7 +80,7 @@ impl Decider {
 
     /// How Envoy's RLS answers (global shadow mode, response headers).
     pub fn with_rls(mut self, rls: RlsOptions) -> Self {
-        self.envoy_stats = Arc::new(crate::metrics::upstream::Series::new(rls.stat_series));
+        self.engine.upstream_stats().set_max(rls.stat_series);
         self.rls = rls;
         self
     }
@@ -91,5 +88,10 @@ impl Decider {
     /// How Envoy's RLS answers.
     pub fn rls_options(&self) -> &RlsOptions {
         &self.rls
+    }
+
+    /// Upstream's per-descriptor stats in Prometheus's text format.
+    pub fn render_upstream_stats(&self, out: &mut String) {
+        self.engine.upstream_stats().render(out);
     }
 }

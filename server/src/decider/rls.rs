@@ -71,7 +71,7 @@ impl Default for RlsOptions {
             priority_key: "priority",
             dynamic_metadata: false,
             near_ratio: 0.8,
-            stat_series: 10_000,
+            stat_series: crate::metrics::upstream::MAX_SERIES,
         }
     }
 }

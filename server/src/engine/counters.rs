@@ -3,7 +3,7 @@
 
 use metrics::{Counter, counter};
 
-use crate::metrics::{DECISIONS, LIMIT_DECISIONS, UNMATCHED};
+use crate::metrics::{DECISIONS, ENVOY, LIMIT_DECISIONS, UNMATCHED};
 use crate::rules::Rule;
 
 /// The `verdict` label values, in the order `record` numbers them.
@@ -29,6 +29,13 @@ impl RuleMetrics {
 
     pub fn unmatched() -> Self {
         Self::for_resource(UNMATCHED, &[])
+    }
+
+    /// The counters every limit of the Envoy configuration shares
+    /// (`resource` and `limit` are `_envoy`): their own series are
+    /// upstream's stats, bounded and forgotten with the configuration.
+    pub fn envoy() -> Self {
+        Self::for_resource(ENVOY, &[ENVOY.to_string()])
     }
 
     fn for_resource(resource: &str, limits: &[String]) -> Self {

@@ -29,7 +29,7 @@ pub struct RuleHandles {
     pub(super) scope: Option<Arc<Scope>>,
     /// An Envoy configuration limit's series of upstream's stats, when its
     /// stat key does not depend on the request.
-    pub(super) upstream: Option<LimitStats>,
+    pub(super) upstream: Option<Arc<LimitStats>>,
 }
 
 // === impl RuleHandles ===
@@ -53,7 +53,7 @@ impl RuleHandles {
     /// The series of upstream's stats of an Envoy configuration limit whose
     /// stat key is its path.
     pub fn upstream(&self) -> Option<&LimitStats> {
-        self.upstream.as_ref()
+        self.upstream.as_deref()
     }
 
     /// The handles of a rule that keeps no hottest keys (Envoy's sizes).

@@ -22,7 +22,7 @@ pub use super::handles::RuleHandles;
 use crate::degradation::{Scope, Systems};
 use crate::hitters::Hitters;
 use crate::limiter::Algorithm;
-use crate::metrics::upstream::LimitStats;
+use crate::metrics::upstream::{LimitStats, Registry};
 use crate::overrides::Table;
 use crate::rules::envoy::{self, EnvoyConfig, Unit};
 use crate::rules::{Limit, Pattern, Rule, RuleSet};
@@ -99,6 +99,8 @@ pub struct RulesSlot {
     current: ArcSwap<Installed>,
     /// Limit ids. Also serialises installs.
     ids: Mutex<Ids>,
+    /// The series of upstream's per-descriptor stats.
+    upstream: Arc<Registry>,
 }
 
 /// (rule, limit, algorithm): a limit's identity.
@@ -214,7 +216,16 @@ impl Installed {
 
 impl RulesSlot {
     pub fn new() -> Self {
-        RulesSlot { current: ArcSwap::from_pointee(Installed::empty()), ids: Mutex::new(Ids::default()) }
+        RulesSlot {
+            current: ArcSwap::from_pointee(Installed::empty()),
+            ids: Mutex::new(Ids::default()),
+            upstream: Arc::new(Registry::new(crate::metrics::upstream::MAX_SERIES)),
+        }
+    }
+
+    /// The series of upstream's per-descriptor stats.
+    pub fn upstream(&self) -> &Arc<Registry> {
+        &self.upstream
     }
 
     /// The rules in force; hold the guard only for the length of one decision.
@@ -279,17 +290,42 @@ impl RulesSlot {
     /// keeping our rules in force; returns the version.
     pub fn install_envoy(&self, config: EnvoyConfig, text: String, source: String, version: String) -> u64 {
         let mut ids = self.ids.lock().unwrap_or_else(|e| e.into_inner());
+        // What the configuration in force no longer has is forgotten: ids
+        // and hottest keys of its limits, and its series of upstream's stats
+        // (a control plane may send configurations with new names forever).
+        let identities: std::collections::HashSet<(String, String, &'static str)> = config
+            .rules()
+            .iter()
+            .flat_map(|r| r.limits.iter().map(|l| (format!("{ENVOY}{}", r.name), l.name.clone(), l.algorithm.name())))
+            .collect();
+        ids.file.retain(|identity, _| !identity.0.starts_with(ENVOY) || identities.contains(identity));
+        let named: std::collections::HashSet<(&str, &str)> =
+            identities.iter().map(|(rule, limit, _)| (rule.as_str(), limit.as_str())).collect();
+        ids.hitters
+            .retain(|(rule, limit), _| !rule.starts_with(ENVOY) || named.contains(&(rule.as_str(), limit.as_str())));
         // One rule per limit, in the same order.
+        let series = |l: &envoy::EnvoyLimit| !(l.dynamic_stat || l.unlimited);
         let envoy_handles = Arc::new(
             config
                 .rules()
                 .iter()
                 .zip(config.limits())
-                .map(|(rule, l)| ids.envoy_handles(rule, l.dynamic_stat || l.unlimited))
+                .map(|(rule, l)| ids.envoy_handles(rule, series(l).then(|| self.upstream.configured(&rule.name))))
                 .collect(),
         );
-        let envoy = Arc::new(EnvoyInstalled { config, text, source, version, loaded_at: SystemTime::now() });
+        let configured: Vec<&str> = config
+            .rules()
+            .iter()
+            .zip(config.limits())
+            .filter(|(_, l)| series(l))
+            .map(|(r, _)| r.name.as_str())
+            .collect();
+        let domain = crate::metrics::upstream::domain_label;
+        let mut domains: std::collections::HashSet<String> = config.domains().map(domain).collect();
         let current = self.current.load_full();
+        domains.extend(current.rules.rules().iter().map(|r| domain(&r.name)));
+        self.upstream.retain(configured, |domain| domains.contains(domain));
+        let envoy = Arc::new(EnvoyInstalled { config, text, source, version, loaded_at: SystemTime::now() });
         let parts = Parts {
             yaml: current.yaml.clone(),
             source: current.source.clone(),
@@ -432,14 +468,14 @@ impl Ids {
         RuleHandles { ids, override_ids, hitters, metrics: RuleMetrics::new(rule), scope: None, upstream: None }
     }
 
-    /// An Envoy rule's handles: one limit, no overrides, and the series of
-    /// upstream's stats under its path (`no_series`: none, its key depends
-    /// on the request or it counts nothing).
-    fn envoy_handles(&mut self, rule: &Rule, no_series: bool) -> RuleHandles {
+    /// An Envoy rule's handles: one limit, no overrides, the series of
+    /// upstream's stats under its path (`upstream`: none when its key
+    /// depends on the request or it counts nothing), and the decision
+    /// counters every Envoy limit shares (its own series are upstream's).
+    fn envoy_handles(&mut self, rule: &Rule, upstream: Option<Arc<LimitStats>>) -> RuleHandles {
         let ids = self.ids_of(ENVOY, &rule.name, &rule.limits);
         let hitters = rule.limits.iter().map(|l| Some(self.hitters(ENVOY, &rule.name, &l.name))).collect();
-        let upstream = (!no_series).then(|| LimitStats::new(&rule.name));
-        RuleHandles { ids, override_ids: Vec::new(), hitters, metrics: RuleMetrics::new(rule), scope: None, upstream }
+        RuleHandles { ids, override_ids: Vec::new(), hitters, metrics: RuleMetrics::envoy(), scope: None, upstream }
     }
 
     fn hitters(&mut self, prefix: &str, rule: &str, limit: &str) -> Arc<Hitters> {
@@ -450,5 +486,41 @@ impl Ids {
 impl Default for RulesSlot {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Domain `kept` (a configured series and a request-dependent one), and
+    /// one more domain named `other`.
+    fn config(other: &str) -> EnvoyConfig {
+        let kept = "domain: kept\ndescriptors:\n  - key: user\n    rate_limit: { unit: minute, requests_per_unit: 2 }\n  - key: ip\n    detailed_metric: true\n    rate_limit: { unit: minute, requests_per_unit: 2 }\n";
+        let other = format!(
+            "domain: {other}\ndescriptors:\n  - key: user\n    rate_limit: {{ unit: minute, requests_per_unit: 2 }}\n"
+        );
+        EnvoyConfig::parse(&[("a.yaml".into(), kept.into()), ("b.yaml".into(), other)]).unwrap()
+    }
+
+    #[test]
+    fn configurations_with_new_names_forever_keep_only_what_is_in_force() {
+        let slot = RulesSlot::new();
+        slot.install_envoy(config("first"), String::new(), "xds".into(), "0".into());
+        let kept = slot.load().envoy_rule(0).1.ids[0];
+        let stats = slot.upstream().get("kept.ip_1");
+        for i in 0..1_000 {
+            // A control plane naming a new domain in every version.
+            slot.install_envoy(config(&format!("d{i}")), String::new(), "xds".into(), i.to_string());
+            slot.upstream().get(&format!("d{i}.ip_1"));
+        }
+        let ids = slot.ids.lock().unwrap();
+        assert_eq!(ids.file.len(), 3, "kept's two limits and the last domain's one");
+        assert_eq!(ids.hitters.len(), 3);
+        drop(ids);
+        // kept.user, kept.ip_1 (its domain stays), d999.user, d999.ip_1.
+        assert_eq!(slot.upstream().len(), 4);
+        assert_eq!(slot.load().envoy_rule(0).1.ids[0], kept, "a limit that stays keeps its buckets");
+        assert!(Arc::ptr_eq(&stats, &slot.upstream().get("kept.ip_1")), "and its series");
     }
 }

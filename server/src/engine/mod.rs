@@ -97,6 +97,11 @@ impl Engine {
         self.rules.load_full()
     }
 
+    /// The series of upstream's per-descriptor stats (Envoy's RLS).
+    pub fn upstream_stats(&self) -> &Arc<crate::metrics::upstream::Registry> {
+        self.rules.upstream()
+    }
+
     /// Swaps in a new rule set atomically and returns its version. Limits that
     /// keep their resource, name and algorithm keep their buckets.
     pub fn install(&self, rules: RuleSet, yaml: String, source: String) -> u64 {

@@ -92,7 +92,14 @@ async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
         return (StatusCode::NOT_FOUND, [(header::CONTENT_TYPE, "text/plain")], "metrics are off\n".to_string());
     };
     scrape(&state.decider);
-    (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], prometheus.render())
+    let mut text = prometheus.render();
+    // Series whose label sets come and go with the Envoy configuration are
+    // kept here rather than in the recorder (which keeps every series
+    // forever), so that they go when it does.
+    state.decider.render_upstream_stats(&mut text);
+    let installed = state.decider.installed();
+    crate::metrics::render_envoy_config_info(&installed.envoy.source, &installed.envoy.version, &mut text);
+    (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }
 
 /// Concurrency limits of exact rules (one resource each, named by the
@@ -126,9 +133,6 @@ fn scrape(decider: &Decider) {
     let figures = decider.figures();
     scrape_time(figures.keys, figures.evicted);
     let installed = decider.installed();
-    if !installed.envoy.source.is_empty() {
-        envoy_config_info(&installed.envoy.source, &installed.envoy.version);
-    }
     let mut by_rule: std::collections::BTreeMap<&str, [u64; 6]> =
         installed.rules.rules().iter().filter(|r| r.breaker.is_some()).map(|r| (r.name.as_str(), [0; 6])).collect();
     for b in decider.breakers() {

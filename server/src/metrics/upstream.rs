@@ -17,7 +17,10 @@
 //! Counts are of hits (`hits_addend`), split as upstream splits them
 //! between the near and over ranges.
 
-use metrics::{Counter, counter, describe_counter, describe_histogram};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use metrics::{counter, describe_counter, describe_histogram};
 
 pub const TOTAL_HITS: &str = "ratelimit_service_rate_limit_total_hits";
 pub const OVER_LIMIT: &str = "ratelimit_service_rate_limit_over_limit";
@@ -48,6 +51,11 @@ pub fn labels(key: &str) -> Vec<(&'static str, String)> {
         }
     }
     out
+}
+
+/// The `domain` label of a domain's stat keys.
+pub fn domain_label(domain: &str) -> String {
+    labels(domain).swap_remove(0).1
 }
 
 /// Upstream's `SanitizeStatName`.
@@ -83,78 +91,162 @@ fn ipv4_at(s: &[u8], at: usize) -> Option<usize> {
 }
 
 /// The five counters of one series.
-#[derive(Clone, Debug)]
+#[derive(Debug, Default)]
 pub struct LimitStats {
-    total_hits: Counter,
-    over_limit: Counter,
-    near_limit: Counter,
-    within_limit: Counter,
-    shadow_mode: Counter,
+    total_hits: AtomicU64,
+    over_limit: AtomicU64,
+    near_limit: AtomicU64,
+    within_limit: AtomicU64,
+    shadow_mode: AtomicU64,
 }
 
 impl LimitStats {
-    /// The series of a stat key (`edge.remote_address`).
-    pub fn new(key: &str) -> Self {
-        Self::with_labels(&labels(key))
-    }
-
-    fn with_labels(labels: &[(&'static str, String)]) -> Self {
-        LimitStats {
-            total_hits: counter!(TOTAL_HITS, labels),
-            over_limit: counter!(OVER_LIMIT, labels),
-            near_limit: counter!(NEAR_LIMIT, labels),
-            within_limit: counter!(WITHIN_LIMIT, labels),
-            shadow_mode: counter!(SHADOW_MODE, labels),
-        }
-    }
-
     /// One descriptor's hits (see [`Split::of`]).
     pub fn record(&self, limit: u64, before: u64, hits: u64, shadow: bool, near_ratio: f32) {
         let split = Split::of(limit, before, hits, near_ratio);
-        self.total_hits.increment(hits);
-        self.over_limit.increment(split.over);
-        self.near_limit.increment(split.near);
-        self.within_limit.increment(split.within);
+        let add = |c: &AtomicU64, n: u64| {
+            if n > 0 {
+                c.fetch_add(n, Ordering::Relaxed);
+            }
+        };
+        add(&self.total_hits, hits);
+        add(&self.over_limit, split.over);
+        add(&self.near_limit, split.near);
+        add(&self.within_limit, split.within);
         if shadow {
-            self.shadow_mode.increment(split.over);
+            add(&self.shadow_mode, split.over);
         }
+    }
+
+    /// The counts, in the order of [`STATS`].
+    fn values(&self) -> [u64; 5] {
+        [&self.total_hits, &self.over_limit, &self.near_limit, &self.within_limit, &self.shadow_mode]
+            .map(|c| c.load(Ordering::Relaxed))
     }
 }
 
-/// Series of stat keys that depend on the request (`detailed_metric`,
-/// `value_to_metric`, a limit Envoy sends): at most `max` label sets; past
-/// it, a domain's new keys count in its `key1="_overflow"` series.
-#[derive(Debug)]
-pub struct Series {
-    max: usize,
-    by_labels: dashmap::DashMap<String, std::sync::Arc<LimitStats>>,
-}
+/// The per-descriptor stats, with their help, in the order
+/// [`LimitStats::values`] gives them.
+const STATS: [(&str, &str); 5] = [
+    (TOTAL_HITS, "envoyproxy/ratelimit's total_hits: hits per descriptor stat key (domain, key1, key2)"),
+    (OVER_LIMIT, "envoyproxy/ratelimit's over_limit: hits over the limit"),
+    (NEAR_LIMIT, "envoyproxy/ratelimit's near_limit: hits past the near-limit ratio of the limit"),
+    (WITHIN_LIMIT, "envoyproxy/ratelimit's within_limit: hits within the limit"),
+    (SHADOW_MODE, "envoyproxy/ratelimit's shadow_mode: hits over a shadow-mode limit, answered OK"),
+];
+
+/// The default bound of request-dependent series.
+pub const MAX_SERIES: usize = 10_000;
+
+/// A series' labels and its counts.
+type Sample = (Vec<(&'static str, String)>, [u64; 5]);
 
 /// The `key1` of the series that takes what the bound keeps out.
 pub const OVERFLOW: &str = "_overflow";
 
-impl Series {
+/// Every series of the per-descriptor stats, rendered by [`Registry::render`]
+/// (not through the `metrics` recorder, which keeps a series forever): the
+/// configuration's own (one per stat key that does not depend on the
+/// request, kept while a configuration in force has it), and those of
+/// stat keys that depend on the request (`detailed_metric`,
+/// `value_to_metric`, a limit Envoy sends), at most `max` label sets; past
+/// it, a domain's new keys count in its `key1="_overflow"` series.
+///
+/// A series that stays keeps counting across configurations; one that goes
+/// (its limit left the configuration, or its domain did) is forgotten, and
+/// starts again from 0 if it comes back (a counter reset to Prometheus).
+#[derive(Debug)]
+pub struct Registry {
+    max: AtomicUsize,
+    /// Series of request-dependent keys held (not the overflow ones).
+    dynamic: AtomicUsize,
+    by_labels: dashmap::DashMap<String, Entry>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    labels: Vec<(&'static str, String)>,
+    stats: Arc<LimitStats>,
+    kind: Kind,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Configured,
+    Dynamic,
+    Overflow,
+}
+
+/// The identity of a label set.
+fn id_of(labels: &[(&'static str, String)]) -> String {
+    labels.iter().map(|(_, v)| v.as_str()).collect::<Vec<_>>().join("\u{0}")
+}
+
+impl Registry {
     pub fn new(max: usize) -> Self {
-        Series { max, by_labels: dashmap::DashMap::new() }
+        Registry { max: AtomicUsize::new(max), dynamic: AtomicUsize::new(0), by_labels: dashmap::DashMap::new() }
     }
 
-    /// The series of a stat key.
-    pub fn get(&self, key: &str) -> std::sync::Arc<LimitStats> {
+    /// Sets the bound of request-dependent series.
+    pub fn set_max(&self, max: usize) {
+        self.max.store(max, Ordering::Relaxed);
+    }
+
+    /// The series of a configured stat key (one that does not depend on the
+    /// request): kept until [`Registry::retain`] leaves it out.
+    pub fn configured(&self, key: &str) -> Arc<LimitStats> {
         let labels = labels(key);
-        let id: String = labels.iter().map(|(_, v)| v.as_str()).collect::<Vec<_>>().join("\u{0}");
-        if let Some(s) = self.by_labels.get(&id) {
-            return s.clone();
+        let mut entry = self.by_labels.entry(id_of(&labels)).or_insert_with(|| Entry {
+            labels,
+            stats: Arc::default(),
+            kind: Kind::Configured,
+        });
+        if entry.kind == Kind::Dynamic {
+            self.dynamic.fetch_sub(1, Ordering::Relaxed);
         }
-        if self.by_labels.len() >= self.max {
-            let domain = &labels[0].1;
-            let overflow = format!("{domain}\u{0}{OVERFLOW}");
+        entry.kind = Kind::Configured;
+        entry.stats.clone()
+    }
+
+    /// The series of a stat key that depends on the request.
+    pub fn get(&self, key: &str) -> Arc<LimitStats> {
+        let labels = labels(key);
+        let id = id_of(&labels);
+        if let Some(s) = self.by_labels.get(&id) {
+            return s.stats.clone();
+        }
+        if self.dynamic.load(Ordering::Relaxed) >= self.max.load(Ordering::Relaxed) {
+            let domain = labels[0].1.clone();
+            let labels = vec![("domain", domain), ("key1", OVERFLOW.to_string())];
             return self
                 .by_labels
-                .entry(overflow)
-                .or_insert_with(|| std::sync::Arc::new(LimitStats::new(&format!("{domain}.{OVERFLOW}"))))
+                .entry(id_of(&labels))
+                .or_insert_with(|| Entry { labels, stats: Arc::default(), kind: Kind::Overflow })
+                .stats
                 .clone();
         }
-        self.by_labels.entry(id).or_insert_with(|| std::sync::Arc::new(LimitStats::with_labels(&labels))).clone()
+        self.by_labels
+            .entry(id)
+            .or_insert_with(|| {
+                self.dynamic.fetch_add(1, Ordering::Relaxed);
+                Entry { labels, stats: Arc::default(), kind: Kind::Dynamic }
+            })
+            .stats
+            .clone()
+    }
+
+    /// After a configuration is installed: keeps the configured series of
+    /// `configured` stat keys only, and the others of the domains `domain`
+    /// keeps.
+    pub fn retain<'a>(&self, configured: impl IntoIterator<Item = &'a str>, domain: impl Fn(&str) -> bool) {
+        let configured: std::collections::HashSet<String> =
+            configured.into_iter().map(|key| id_of(&labels(key))).collect();
+        self.by_labels.retain(|id, e| match e.kind {
+            Kind::Configured => configured.contains(id),
+            Kind::Dynamic | Kind::Overflow => domain(&e.labels[0].1),
+        });
+        let dynamic = self.by_labels.iter().filter(|e| e.kind == Kind::Dynamic).count();
+        self.dynamic.store(dynamic, Ordering::Relaxed);
     }
 
     /// Label sets held (the overflow series included).
@@ -165,6 +257,48 @@ impl Series {
     pub fn is_empty(&self) -> bool {
         self.by_labels.is_empty()
     }
+
+    /// The series in Prometheus's text format, each stat's in label order
+    /// (nothing when there are none).
+    pub fn render(&self, out: &mut String) {
+        use std::fmt::Write;
+        let mut series: Vec<Sample> = self.by_labels.iter().map(|e| (e.labels.clone(), e.stats.values())).collect();
+        if series.is_empty() {
+            return;
+        }
+        series.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        for (i, (name, help)) in STATS.iter().enumerate() {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for (labels, values) in &series {
+                out.push_str(name);
+                write_labels(out, labels.iter().map(|(n, v)| (*n, v.as_str())));
+                let _ = writeln!(out, " {}", values[i]);
+            }
+            out.push('\n');
+        }
+    }
+}
+
+/// `{name="value",...}`, values escaped as the text format asks.
+pub fn write_labels<'a>(out: &mut String, labels: impl Iterator<Item = (&'a str, &'a str)>) {
+    out.push('{');
+    for (i, (name, value)) in labels.enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(name);
+        out.push_str("=\"");
+        for c in value.chars() {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                '"' => out.push_str("\\\""),
+                '\n' => out.push_str("\\n"),
+                c => out.push(c),
+            }
+        }
+        out.push('"');
+    }
+    out.push('}');
 }
 
 /// How one descriptor's hits count.
@@ -202,14 +336,6 @@ impl Split {
 
 /// The service-wide series, registered at once so that they show at 0.
 pub fn describe() {
-    describe_counter!(
-        TOTAL_HITS,
-        "envoyproxy/ratelimit's total_hits: hits per descriptor stat key (domain, key1, key2)"
-    );
-    describe_counter!(OVER_LIMIT, "envoyproxy/ratelimit's over_limit: hits over the limit");
-    describe_counter!(NEAR_LIMIT, "envoyproxy/ratelimit's near_limit: hits past the near-limit ratio of the limit");
-    describe_counter!(WITHIN_LIMIT, "envoyproxy/ratelimit's within_limit: hits within the limit");
-    describe_counter!(SHADOW_MODE, "envoyproxy/ratelimit's shadow_mode: hits over a shadow-mode limit, answered OK");
     describe_counter!(TOTAL_REQUESTS, "envoyproxy/ratelimit's total_requests, by gRPC method");
     describe_histogram!(RESPONSE_TIME, metrics::Unit::Seconds, "envoyproxy/ratelimit's response_time, by gRPC method");
     describe_counter!(
@@ -265,17 +391,54 @@ mod tests {
 
     #[test]
     fn series_past_the_bound_add_up_in_their_domains_overflow() {
-        let series = Series::new(3);
+        let series = Registry::new(3);
         let a = series.get("d.user_1");
-        assert!(std::sync::Arc::ptr_eq(&a, &series.get("d.user_1")));
-        assert!(std::sync::Arc::ptr_eq(&series.get("d.x.y.deeper"), &series.get("d.x.y.other")), "same labels");
+        assert!(Arc::ptr_eq(&a, &series.get("d.user_1")));
+        assert!(Arc::ptr_eq(&series.get("d.x.y.deeper"), &series.get("d.x.y.other")), "same labels");
         series.get("d.user_2");
         assert_eq!(series.len(), 3);
         let over = series.get("d.user_3");
-        assert!(std::sync::Arc::ptr_eq(&over, &series.get("d.user_4")), "one overflow series per domain");
-        assert!(!std::sync::Arc::ptr_eq(&over, &series.get("e.user_5")));
+        assert!(Arc::ptr_eq(&over, &series.get("d.user_4")), "one overflow series per domain");
+        assert!(!Arc::ptr_eq(&over, &series.get("e.user_5")));
         assert_eq!(series.len(), 5, "the bound and one overflow series per domain");
-        assert!(std::sync::Arc::ptr_eq(&a, &series.get("d.user_1")), "known keys keep their series");
+        assert!(Arc::ptr_eq(&a, &series.get("d.user_1")), "known keys keep their series");
+        let configured = series.configured("d.static");
+        assert!(Arc::ptr_eq(&configured, &series.get("d.static")), "configured series are not bounded");
+    }
+
+    #[test]
+    fn a_new_configuration_keeps_the_series_it_has_and_forgets_the_rest() {
+        let series = Registry::new(2);
+        let kept = series.configured("d.kept");
+        let gone = series.configured("d.gone");
+        let of_d = series.get("d.k_1");
+        series.get("x.k_1");
+        kept.record(10, 0, 1, false, 0.8);
+        // The next configuration has d.kept and d.new, and no domain x.
+        let new = series.configured("d.new");
+        series.retain(["d.kept", "d.new"], |domain| domain == "d");
+        assert!(Arc::ptr_eq(&kept, &series.configured("d.kept")), "counting on");
+        assert!(Arc::ptr_eq(&new, &series.configured("d.new")));
+        assert!(!Arc::ptr_eq(&gone, &series.configured("d.gone")), "forgotten, then new");
+        assert!(Arc::ptr_eq(&of_d, &series.get("d.k_1")), "a kept domain's request series stays");
+        series.retain(["d.kept"], |domain| domain == "d");
+        assert_eq!(series.len(), 2, "d.kept and d.k_1");
+        // x's series went, and with it its place under the bound.
+        let x2 = series.get("x.k_2");
+        assert!(!Arc::ptr_eq(&x2, &series.get("x.k_3")), "room for two again, not the overflow");
+        let mut text = String::new();
+        series.render(&mut text);
+        assert!(text.contains("ratelimit_service_rate_limit_total_hits{domain=\"d\",key1=\"kept\"} 1\n"), "{text}");
+        assert!(text.contains("ratelimit_service_rate_limit_within_limit{domain=\"d\",key1=\"kept\"} 1\n"), "{text}");
+        assert_eq!(text.matches("# TYPE ratelimit_service_rate_limit_over_limit counter").count(), 1, "{text}");
+        assert!(!text.contains("gone"), "{text}");
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let mut text = String::new();
+        write_labels(&mut text, [("a", "q\"b\\n\nl")].into_iter());
+        assert_eq!(text, r#"{a="q\"b\\n\nl"}"#);
     }
 
     #[test]

@@ -64,13 +64,17 @@ impl Decider {
                         Some(stats) => record(stats, report, d.hits, shadow, ratio),
                         None => {
                             let key = rules.envoy.config.stat_key(req.domain, d.entries, l);
-                            record(&self.envoy_stats.get(&key), report, d.hits, shadow, ratio);
+                            record(&self.engine.upstream_stats().get(&key), report, d.hits, shadow, ratio);
                         }
                     }
                 }
-                Target::Override { .. } => {
-                    record(&self.envoy_stats.get(&descriptor_key(req.domain, d.entries)), report, d.hits, false, ratio)
-                }
+                Target::Override { .. } => record(
+                    &self.engine.upstream_stats().get(&descriptor_key(req.domain, d.entries)),
+                    report,
+                    d.hits,
+                    false,
+                    ratio,
+                ),
                 _ => {}
             }
         }
