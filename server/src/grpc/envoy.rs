@@ -46,7 +46,7 @@ async fn should_rate_limit(decider: Arc<Decider>, message: bytes::Bytes) -> Resu
         Status::from(e)
     };
     let wire = RlsWire(message);
-    let read = wire.read().map_err(|e| Status::invalid_argument(format!("the message cannot be decoded: {e}")))?;
+    let read = wire.read().map_err(super::unary::undecodable)?;
     let ask = RlsRequest::try_from(&read).map_err(refused)?;
     let answer = decider.should_rate_limit(&ask).await.map_err(refused)?;
     // The echo of the request: decoded again, only when asked for.
@@ -71,6 +71,13 @@ impl tower::Service<http::Request<Body>> for EnvoyRls {
             return Box::pin(async { Ok(Status::from(super::status::Refusal::NoSuchMethod).into_http()) });
         }
         let decider = self.decider.clone();
-        Box::pin(async move { Ok(super::unary::serve(req, |message| should_rate_limit(decider, message)).await) })
+        Box::pin(
+            async move { Ok(super::unary::serve(req, decodes, |message| should_rate_limit(decider, message)).await) },
+        )
     }
+}
+
+/// A request message after the first: tonic decodes it, and so do we.
+fn decodes(bytes: &[u8]) -> Result<(), prost::DecodeError> {
+    <envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest as prost::Message>::decode(bytes).map(drop)
 }

@@ -6,10 +6,12 @@
 //! straight into the one data frame that precedes the `grpc-status: 0`
 //! trailers. Failures are trailers-only responses, as tonic writes them.
 //!
-//! What tonic would refuse is refused the same way: no message at all, a
-//! message cut short, a compressed message (this server accepts none), a
-//! bad compression flag. Messages after the first are ignored, as tonic's
-//! unary calls ignore them. The body's size cap is the layer's in front.
+//! What tonic would refuse is refused the same way, before the call is
+//! handled: no message at all, a message cut short, a compressed message
+//! (this server accepts none), a bad compression flag. Messages after the
+//! first are decoded and then ignored, as tonic's unary calls do (one that
+//! is cut short or undecodable fails the call). The body's size cap is the
+//! layer's in front.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -28,15 +30,19 @@ pub trait Reply {
     fn size_hint(&self) -> usize;
 }
 
-/// Serves one unary call: `handle` gets the request's message and answers.
-pub async fn serve<R, F, Fut>(req: http::Request<Body>, handle: F) -> http::Response<Body>
+/// Decodes a message after the first, only to see that it decodes.
+pub type Extra = fn(&[u8]) -> Result<(), prost::DecodeError>;
+
+/// Serves one unary call: `handle` gets the request's message and answers;
+/// `extra` decodes any message after it.
+pub async fn serve<R, F, Fut>(req: http::Request<Body>, extra: Extra, handle: F) -> http::Response<Body>
 where
     R: Reply,
     F: FnOnce(Bytes) -> Fut,
     Fut: Future<Output = Result<R, Status>>,
 {
     let (parts, body) = req.into_parts();
-    let message = match read(body).await.and_then(|bytes| message(&parts.headers, bytes)) {
+    let message = match read(body).await.and_then(|bytes| message(&parts.headers, bytes, extra)) {
         Ok(m) => m,
         Err(status) => return status.into_http(),
     };
@@ -68,11 +74,31 @@ async fn read(mut body: Body) -> Result<Bytes, Status> {
     Ok(joined.map_or_else(|| first.unwrap_or_default(), BytesMut::freeze))
 }
 
-/// The first length-prefixed message of a body, as tonic reads it.
-fn message(headers: &HeaderMap, mut bytes: Bytes) -> Result<Bytes, Status> {
+/// The first length-prefixed message of a body, as tonic reads it (and
+/// the rest, decoded by `extra`).
+fn message(headers: &HeaderMap, mut bytes: Bytes, extra: Extra) -> Result<Bytes, Status> {
     if bytes.is_empty() {
         return Err(Status::internal("Missing request message."));
     }
+    let first = frame(headers, &bytes)?;
+    let mut rest = &bytes[5 + first..];
+    while !rest.is_empty() {
+        let len = frame(headers, rest)?;
+        extra(&rest[5..5 + len]).map_err(undecodable)?;
+        rest = &rest[5 + len..];
+    }
+    let _ = bytes.split_to(5);
+    bytes.truncate(first);
+    Ok(bytes)
+}
+
+/// A message that does not decode, as this server's codec answers it.
+pub fn undecodable(e: impl std::fmt::Display) -> Status {
+    Status::invalid_argument(format!("the message cannot be decoded: {e}"))
+}
+
+/// The length of the whole, uncompressed message `bytes` starts with.
+fn frame(headers: &HeaderMap, bytes: &[u8]) -> Result<usize, Status> {
     if bytes.len() < 5 {
         return Err(Status::internal("Unexpected EOF decoding stream."));
     }
@@ -91,16 +117,14 @@ fn message(headers: &HeaderMap, mut bytes: Bytes) -> Result<Bytes, Status> {
         }
         other => {
             return Err(Status::internal(format!(
-                "protocol error: received message with invalid compression flag: {other} (valid flags are 0 and 1)"
+                "protocol error: received message with invalid compression flag: {other} (valid flags are 0 and 1), while sending request"
             )));
         }
     }
     if bytes.len() - 5 < len {
         return Err(Status::internal("Unexpected EOF decoding stream."));
     }
-    let _ = bytes.split_to(5);
-    bytes.truncate(len);
-    Ok(bytes)
+    Ok(len)
 }
 
 /// `content-type: application/grpc`, one data frame, `grpc-status: 0`.

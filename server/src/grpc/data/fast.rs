@@ -43,7 +43,7 @@ impl NamedService for DataPlaneService {
 
 /// One `Acquire`, its message read in place.
 async fn acquire(decider: Arc<Decider>, message: bytes::Bytes) -> Result<Answered, Status> {
-    let undecodable = |e| Status::invalid_argument(format!("the message cannot be decoded: {e}"));
+    let undecodable = crate::grpc::unary::undecodable;
     let wire = AcquireWire(message);
     let response: pb::AcquireResponse = match wire.read().map_err(undecodable)? {
         Some(r) => {
@@ -96,8 +96,13 @@ impl tower::Service<http::Request<Body>> for DataPlaneService {
             return self.generated.call(req);
         }
         let decider = self.decider.clone();
-        Box::pin(async move { Ok(crate::grpc::unary::serve(req, |message| acquire(decider, message)).await) })
+        Box::pin(async move { Ok(crate::grpc::unary::serve(req, decodes, |message| acquire(decider, message)).await) })
     }
+}
+
+/// A request message after the first: tonic decodes it, and so do we.
+fn decodes(bytes: &[u8]) -> Result<(), prost::DecodeError> {
+    <pb::AcquireRequest as prost::Message>::decode(bytes).map(drop)
 }
 
 #[cfg(test)]
