@@ -243,6 +243,97 @@ fn connections_are_capped_and_silent_ones_closed() {
     assert!(gauge(&fg, "floodgate_connections_rejected_total{port=\"grpc\"} ") >= 10.0);
 }
 
+/// The server's resident memory, from /proc.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
+/// Opens `streams` ShouldRateLimit calls on one new connection, each sending
+/// all but the end of a 1 MB message; the calls answered within a second
+/// (refused: none is whole) and the connection, to keep the rest open.
+async fn unfinished(fg: &Floodgate, streams: usize, part: &Bytes) -> (Vec<http::HeaderMap>, impl Sized) {
+    let tcp = tokio::net::TcpStream::connect(&fg.grpc).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    let driver = tokio::spawn(connection);
+    let mut calls = Vec::new();
+    for _ in 0..streams {
+        let req = http::Request::post(format!(
+            "http://{}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+            fg.grpc
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+        let (answer, mut send) = client.clone().ready().await.unwrap().send_request(req, false).unwrap();
+        send.send_data(part.clone(), false).unwrap();
+        calls.push((answer, send));
+    }
+    let mut refused = Vec::new();
+    let mut open = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    for (answer, send) in calls {
+        match tokio::time::timeout_at(deadline, answer).await {
+            Ok(Ok(r)) => refused.push(r.headers().clone()),
+            Ok(Err(e)) => panic!("a stream reset instead of answered: {e}"),
+            Err(_) => open.push(send),
+        }
+    }
+    (refused, (client, driver, open))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unfinished_requests_hold_no_more_than_their_budgets() {
+    let (_dir, fg) =
+        start(&["--max-unfinished-request-bytes", "20MiB", "--max-unfinished-request-bytes-per-connection", "9MiB"]);
+    let before = rss(fg.pid());
+    // A message declared 1,000,000 bytes long, 600,000 of them sent.
+    let mut part = vec![0u8];
+    part.extend(1_000_000u32.to_be_bytes());
+    part.resize(600_005, b'x');
+    let part = Bytes::from(part);
+    // 4 connections x 100 calls: 240 MB of messages if every call were held
+    // (the server grew by 490 MB without the budgets).
+    let mut held = Vec::new();
+    let mut refused = 0;
+    for _ in 0..4 {
+        let (answers, conn) = unfinished(&fg, 100, &part).await;
+        for headers in &answers {
+            let status = tonic::Status::from_header_map(headers).expect("a trailers-only answer");
+            assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+            assert!(status.message().contains("bytes of unfinished requests at most"), "{status:?}");
+        }
+        refused += answers.len();
+        held.push(conn);
+    }
+    // 20 MiB hold 34 such parts at most, 9 MiB 15 per connection.
+    assert!(refused >= 400 - 34, "{refused} of 400 refused");
+    let grown = rss(fg.pid()).saturating_sub(before);
+    assert!(grown < 128 << 20, "the server grew by {grown} bytes");
+    // A whole small call needs no budget: served while it is spent.
+    let mut data = fg.client().await;
+    data.acquire(acquire("demo", &[("user", "u")], 1)).await.expect("served");
+    // A call of many frames needs some: refused while it is spent (at most
+    // 600 KB is left of it)...
+    let rls = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+    let mut big = vec![0x0a]; // domain: 900,000 bytes
+    big.extend([0xa0, 0xf7, 0x36]);
+    big.resize(4 + 900_000, b'd');
+    // descriptors: [ { entries: [ { key: k, value: v } ] } ]
+    big.extend([0x12, 0x08, 0x0a, 0x06, 0x0a, 0x01, b'k', 0x12, 0x01, b'v']);
+    assert_eq!(raw_call(&fg, rls, big.clone()).await, Code::ResourceExhausted);
+    // ...and served once the callers that held it are gone.
+    drop(held);
+    eventually("the budget given back", Duration::from_secs(10), || {
+        let big = big.clone();
+        let fg = &fg;
+        async move { (raw_call(fg, rls, big).await == Code::Ok).then_some(()) }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn the_grpc_port_advertises_max_concurrent_streams() {
     let (_dir, fg) = start(&["--max-concurrent-streams", "77"]);
@@ -274,6 +365,10 @@ fn flags_that_cannot_work_are_refused_before_anything_starts() {
         (&["--max-connections", "0"], "--max-connections"),
         (&["--max-concurrent-streams", "0"], "--max-concurrent-streams"),
         (&["--max-watchers", "0"], "--max-watchers"),
+        (&["--max-unfinished-request-bytes", "0"], "--max-unfinished-request-bytes"),
+        (&["--max-unfinished-request-bytes", "1PB"], "--max-unfinished-request-bytes"),
+        (&["--max-unfinished-request-bytes", "10MiB"], "--max-unfinished-request-bytes"),
+        (&["--max-unfinished-request-bytes-per-connection", "1MiB"], "--max-unfinished-request-bytes-per-connection"),
         // Not zero, but too small to work: a 1ns idle timeout closes every
         // connection before it speaks, a 1us sync floods Redis.
         (&["--idle-timeout", "1ns"], "--idle-timeout"),

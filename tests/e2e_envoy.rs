@@ -334,6 +334,16 @@ async fn an_rlqs_bucket_named_twice_in_one_report_gets_one_assignment_for_its_su
         limit: String::new(),
     };
     let limit = &admin.peek(peek).await.unwrap().into_inner().limits[0];
+    // A stream lives for days: its size cap is per report, not for all it
+    // ever sends (here 1.5 MB of reports, over the 1 MiB cap).
+    let idle = vec![bucket("beta", 0); 600];
+    assert!(prost::Message::encoded_len(&report(idle.clone())) * 100 > 3 << 19);
+    for i in 0..100 {
+        tx.send(report(idle.clone())).await.unwrap();
+        let answer = tokio::time::timeout(std::time::Duration::from_secs(10), answers.message()).await;
+        let answer = answer.expect("an answer to every report").unwrap_or_else(|e| panic!("report {i}: {e:?}"));
+        assert_eq!(answer.expect("the stream goes on").bucket_action.len(), 1);
+    }
     // A count past 32 bits (Envoy's are 64) is answered, not dropped: it
     // counts as the whole lease.
     tx.send(report(vec![bucket("beta", 1 << 32)])).await.unwrap();

@@ -207,8 +207,10 @@ mod rpc {
         let (reporter, health) = tonic_health::server::health_reporter();
         now(reporter.set_service_status("", tonic_health::ServingStatus::Serving));
         let routes = grpc::routes(decider, health, access, 16).expect("routes");
-        let mut service =
-            ServiceBuilder::new().layer(grpc::ObserveLayer::new()).layer(grpc::SizeLayer).service(routes.prepare());
+        let mut service = ServiceBuilder::new()
+            .layer(grpc::ObserveLayer::new())
+            .layer(grpc::SizeLayer::new(grpc::size::Budget::new(256 << 20)))
+            .service(routes.prepare());
         let (path, frame) = call(rpc);
         let mut one = || {
             let response = now(service.call(request(path, &frame))).expect("infallible");

@@ -278,8 +278,11 @@ async fn serve(
     let limits = opts.limits;
     let grpc_port = Port { name: "grpc", listener: listeners.grpc, tls: tls.grpc, limits };
     let http_port = Port { name: "http", listener: listeners.http, tls: tls.http, limits };
-    let service =
-        tower::ServiceBuilder::new().layer(grpc::ObserveLayer::new()).layer(grpc::SizeLayer).service(routes.prepare());
+    let unfinished = grpc::size::Budget::new(limits.unfinished_bytes);
+    let service = tower::ServiceBuilder::new()
+        .layer(grpc::ObserveLayer::new())
+        .layer(grpc::SizeLayer::new(unfinished))
+        .service(routes.prepare());
     let grpc = grpc::serve(grpc_port, service, stopped(stop_rx.clone()));
     let http = http::serve(http_port, http::router(health.clone()), stopped(stop_rx));
 

@@ -165,6 +165,28 @@ pub(crate) fn parse_threads(s: &str) -> Result<usize, String> {
 }
 
 /// A count flag that must be at least 1.
+/// A size in bytes: a number, or one with a `KiB`, `MiB` or `GiB` suffix.
+pub(crate) fn parse_bytes(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let (number, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => (&s[..i], s[i..].trim()),
+        None => (s, ""),
+    };
+    let shift = match unit {
+        "" | "B" => 0,
+        "KiB" => 10,
+        "MiB" => 20,
+        "GiB" => 30,
+        other => return Err(format!("'{other}' is not a unit: use KiB, MiB or GiB")),
+    };
+    let n: usize = number.parse().map_err(|e| format!("'{s}': {e}"))?;
+    let bytes = n.checked_mul(1 << shift).ok_or_else(|| format!("'{s}' is too large"))?;
+    if bytes == 0 {
+        return Err("must be at least 1 byte".into());
+    }
+    Ok(bytes)
+}
+
 pub(crate) fn parse_positive(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(0) => Err("must be at least 1".into()),

@@ -148,6 +148,13 @@ struct LimitArgs {
     /// HTTP/2 keepalive pings: how long to wait for the answer.
     #[arg(long, default_value = "20s", value_parser = super::at_least_1s)]
     keepalive_timeout: Duration,
+    /// gRPC: bytes of request messages still arriving that the server holds
+    /// at once; a call that would pass it fails RESOURCE_EXHAUSTED.
+    #[arg(long, default_value = "256MiB", value_parser = super::parse_bytes)]
+    max_unfinished_request_bytes: usize,
+    /// gRPC: the same, per connection (at least the largest request, 8 MiB).
+    #[arg(long, default_value = "16MiB", value_parser = super::parse_bytes)]
+    max_unfinished_request_bytes_per_connection: usize,
     /// Watch streams open at once.
     #[arg(long, default_value_t = 1024, value_parser = super::parse_positive)]
     max_watchers: usize,
@@ -251,7 +258,23 @@ fn options(args: ServeArgs) -> anyhow::Result<Options> {
         max_concurrent_streams: l.max_concurrent_streams,
         keepalive_interval: l.keepalive_interval,
         keepalive_timeout: l.keepalive_timeout,
+        unfinished_bytes: l.max_unfinished_request_bytes,
+        unfinished_bytes_per_connection: l.max_unfinished_request_bytes_per_connection,
     };
+    let largest = crate::grpc::rpc::largest_cap();
+    if limits.unfinished_bytes_per_connection < largest {
+        anyhow::bail!(
+            "--max-unfinished-request-bytes-per-connection {} is below the largest request ({largest} bytes, SetOverrides): such calls would always fail",
+            limits.unfinished_bytes_per_connection
+        );
+    }
+    if limits.unfinished_bytes < limits.unfinished_bytes_per_connection {
+        anyhow::bail!(
+            "--max-unfinished-request-bytes {} is below --max-unfinished-request-bytes-per-connection {}",
+            limits.unfinished_bytes,
+            limits.unfinished_bytes_per_connection
+        );
+    }
     let tls = match (args.tls.tls_cert, args.tls.tls_key) {
         (Some(cert), Some(key)) => Some(TlsFiles { cert, key, client_ca: args.tls.tls_client_ca }),
         _ => None,

@@ -18,7 +18,7 @@ mod observe;
 mod rlqs;
 pub mod rpc;
 mod serve;
-mod size;
+pub mod size;
 mod status;
 mod unary;
 mod watch;

@@ -107,6 +107,14 @@ rpcs! {
     StreamRateLimitQuotas: "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas", "RateLimitQuotaService/StreamRateLimitQuotas", MIB, Anyone;
 }
 
+impl Rpc {
+    /// Whether the client sends a stream of messages (the size cap is then
+    /// per message).
+    pub fn client_streaming(self) -> bool {
+        matches!(self, Rpc::Reflection | Rpc::ReflectionAlpha | Rpc::StreamRateLimitQuotas)
+    }
+}
+
 /// The cap for a path the table does not know: the smallest.
 pub const UNKNOWN_CAP: usize = SMALL;
 
@@ -125,6 +133,12 @@ mod tests {
 
     /// Every method of the services these descriptor sets define, as paths.
     fn paths(sets: &[&[u8]]) -> Vec<String> {
+        methods(sets).into_iter().map(|(path, _)| path).collect()
+    }
+
+    /// Every method of the services these descriptor sets define, as paths,
+    /// with whether the client streams.
+    fn methods(sets: &[&[u8]]) -> Vec<(String, bool)> {
         let mut out = Vec::new();
         for set in sets {
             let set = FileDescriptorSet::decode(*set).expect("a descriptor set");
@@ -133,7 +147,8 @@ mod tests {
                 for service in file.service {
                     let name = service.name.unwrap_or_default();
                     for method in service.method {
-                        out.push(format!("/{package}.{name}/{}", method.name.unwrap_or_default()));
+                        let streams = method.client_streaming.unwrap_or(false);
+                        out.push((format!("/{package}.{name}/{}", method.name.unwrap_or_default()), streams));
                     }
                 }
             }
@@ -159,6 +174,21 @@ mod tests {
         ] {
             assert!(Rpc::ALL.iter().any(|r| r.path().starts_with(&format!("/{service}/"))), "{service}");
         }
+    }
+
+    #[test]
+    fn the_table_knows_which_clients_stream() {
+        let served = methods(&[
+            floodgate_proto::FILE_DESCRIPTOR_SET,
+            tonic_health::pb::FILE_DESCRIPTOR_SET,
+            tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET,
+            tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+        ]);
+        for (path, streams) in served {
+            assert_eq!(Rpc::from_path(&path).map(Rpc::client_streaming), Some(streams), "{path}");
+        }
+        // Envoy's: RLQS streams, RLS does not.
+        assert!(Rpc::StreamRateLimitQuotas.client_streaming() && !Rpc::ShouldRateLimit.client_streaming());
     }
 
     #[test]

@@ -121,9 +121,11 @@ where
     tokio::pin!(stop);
     while let Some(io) = listen::next_until(&mut incoming, stop.as_mut()).await {
         let peer: Peer = io.peer().clone();
+        let budget = super::size::ConnectionBudget(super::size::Budget::new(limits.unfinished_bytes_per_connection));
         let service = service.clone().map_request(move |req: http::Request<hyper::body::Incoming>| {
             let mut req = req.map(tonic::body::Body::new);
             req.extensions_mut().insert(peer.clone());
+            req.extensions_mut().insert(budget.clone());
             req
         });
         let service = tower::service_fn(move |req: http::Request<hyper::body::Incoming>| {

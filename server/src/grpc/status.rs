@@ -15,6 +15,8 @@ pub enum Refusal {
     TooManyQuotaStreams { max: usize },
     #[error("the request is larger than this method's limit of {cap} bytes")]
     TooLarge { cap: usize },
+    #[error("{of} holds {max} bytes of unfinished requests at most; send the request again")]
+    Unfinished { max: usize, of: &'static str },
     #[error("no such method")]
     NoSuchMethod,
     /// The Admin gate's answer: no credential, or not enough of one.
@@ -48,9 +50,10 @@ impl From<RuleErrors> for Status {
 impl From<Refusal> for Status {
     fn from(r: Refusal) -> Status {
         let code = match &r {
-            Refusal::TooManyWatchers { .. } | Refusal::TooManyQuotaStreams { .. } | Refusal::TooLarge { .. } => {
-                tonic::Code::ResourceExhausted
-            }
+            Refusal::TooManyWatchers { .. }
+            | Refusal::TooManyQuotaStreams { .. }
+            | Refusal::TooLarge { .. }
+            | Refusal::Unfinished { .. } => tonic::Code::ResourceExhausted,
             Refusal::NoSuchMethod => tonic::Code::Unimplemented,
             Refusal::Denied(Denied::Unauthenticated(_)) => tonic::Code::Unauthenticated,
             Refusal::Denied(Denied::PermissionDenied(_)) => tonic::Code::PermissionDenied,

@@ -37,6 +37,10 @@ pub struct Limits {
     /// HTTP/2 keepalive pings: how often, and how long to wait for the answer.
     pub keepalive_interval: Duration,
     pub keepalive_timeout: Duration,
+    /// gRPC: bytes of unfinished request messages held at once, for the
+    /// whole port and per connection (see `grpc::size`).
+    pub unfinished_bytes: usize,
+    pub unfinished_bytes_per_connection: usize,
 }
 
 impl Default for Limits {
@@ -49,6 +53,8 @@ impl Default for Limits {
             max_concurrent_streams: 1024,
             keepalive_interval: Duration::from_secs(60),
             keepalive_timeout: Duration::from_secs(20),
+            unfinished_bytes: 256 << 20,
+            unfinished_bytes_per_connection: 16 << 20,
         }
     }
 }
