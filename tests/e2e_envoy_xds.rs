@@ -63,6 +63,18 @@ async fn overs(fg: &Floodgate, domain: &str, key: &str, value: &str, n: usize) -
     out
 }
 
+/// The error of one call of `domain`, which must fail.
+async fn refused(fg: &Floodgate, domain: &str) -> tonic::Status {
+    let mut rls = RateLimitServiceClient::new(fg.channel().await);
+    let entry = Entry { key: "user".into(), value: "u".into() };
+    let request = RateLimitRequest {
+        domain: domain.into(),
+        descriptors: vec![Asked { entries: vec![entry], ..Default::default() }],
+        hits_addend: 1,
+    };
+    rls.should_rate_limit(request).await.expect_err("an error")
+}
+
 fn start(cp: &ControlPlane, extra: &[&str]) -> Floodgate {
     let url = cp.url();
     let mut args =
@@ -80,12 +92,14 @@ async fn envoy_version(fg: &Floodgate) -> Option<String> {
 async fn a_pushed_config_decides_a_bad_one_is_nacked_and_a_lost_control_plane_is_found_again() {
     let cp = ControlPlane::start().await;
     let fg = start(&cp, &[]);
-    // Nothing pushed yet: not ready, and the domain has no limit.
+    // Nothing pushed yet: not ready, and a call is UNAVAILABLE (Envoy's
+    // failure mode decides it), not OK as if there were no limit.
     let (code, body) = fg.http_get("/readyz");
     assert_eq!(code, 503, "{body}");
     assert!(body.contains("waiting for the first Envoy configuration from http://"), "{body}");
-    let u = fresh("u");
-    assert_eq!(overs(&fg, "edge", "user", &u, 3).await, [false; 3]);
+    let waiting = refused(&fg, "edge").await;
+    assert_eq!(waiting.code(), tonic::Code::Unavailable, "{waiting:?}");
+    assert!(waiting.message().contains(&format!("waiting for the first one from {}", cp.url())), "{waiting:?}");
 
     cp.push("v1", one(config("edge", "user", 2)));
     cp.answer_where("ACK of v1", |a| a.version == "v1" && a.error.is_none()).await;
@@ -112,6 +126,14 @@ async fn a_pushed_config_decides_a_bad_one_is_nacked_and_a_lost_control_plane_is
     assert_eq!(overs(&fg, "edge", "user", &u, 3).await, [false, false, true], "still v1");
     assert_eq!(envoy_version(&fg).await.as_deref(), Some("v1"));
     assert!(fg.http_get("/metrics").1.contains("floodgate_envoy_xds_updates_total{result=\"rejected\"} 1"));
+    // The same errors again: NACKed again, logged once.
+    let mut again = config("edge", "user", 100);
+    again.descriptors.push(RateLimitDescriptor { key: String::new(), ..Default::default() });
+    again.descriptors[0].rate_limit.as_mut().unwrap().unit = 42;
+    cp.push("v2b", one(again));
+    cp.answer_where("NACK of v2b", |a| a.error.is_some() && a.nonce == "3").await;
+    let logged = fg.logs().matches("Envoy configuration from xDS refused; keeping the one in force").count();
+    assert_eq!(logged, 1, "{}", fg.logs());
 
     cp.push("v3", one(config("edge", "user", 3)));
     cp.answer_where("ACK of v3", |a| a.version == "v3").await;
@@ -261,5 +283,71 @@ async fn over_mtls_the_control_plane_and_the_server_check_each_other() {
     .await;
     assert!(cp.answers().is_empty(), "{:?}", cp.answers());
     assert!(fg.logs().contains("invalid peer certificate: UnknownIssuer"), "{}", fg.logs());
-    assert_eq!(overs(&fg, "edge", "user", &fresh("u"), 2).await, [false, false], "nothing installed");
+    assert_eq!(refused(&fg, "edge").await.code(), tonic::Code::Unavailable, "nothing installed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_control_plane_is_asked_again_and_ready_without_config_answers_meanwhile() {
+    let cp = ControlPlane::start().await;
+    let fg = start(&cp, &["--envoy-xds-initial-fetch-timeout", "300ms", "--envoy-xds-ready-without-config"]);
+    // Ready at once, and calls answered (no limit yet) rather than refused.
+    assert_eq!(fg.http_get("/readyz").0, 200);
+    assert_eq!(overs(&fg, "edge", "user", &fresh("u"), 3).await, [false; 3]);
+    // The control plane opens streams and sends nothing: each is given up
+    // after 300 ms and opened again, after the backoff.
+    eventually("three streams opened", Duration::from_secs(15), || async { (cp.hellos().len() >= 3).then_some(()) })
+        .await;
+    assert!(fg.logs().contains("no response within 300ms of opening the stream"), "{}", fg.logs());
+    // Once it speaks, the configuration is taken.
+    cp.push("v1", one(config("edge", "user", 1)));
+    cp.answer_where("ACK of v1", |a| a.version == "v1").await;
+    assert_eq!(overs(&fg, "edge", "user", &fresh("u"), 2).await, [false, true]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_delta_updates_is_validated_once_and_a_bad_one_is_nacked_alone() {
+    let cp = ControlPlane::start().await;
+    let fg = start(&cp, &["--envoy-xds-delta"]);
+    cp.push("base", vec![("edge".into(), config("edge", "user", 1))]);
+    cp.answer_where("ACK of the base", |a| a.error.is_none()).await;
+    let installs = || fg.logs().matches("Envoy configuration from xDS installed").count();
+    let before = installs();
+    // 200 responses at once, each adding a domain.
+    let burst: Vec<_> = (0..200)
+        .map(|i| {
+            ControlPlane::delta(&format!("b{i}"), vec![(format!("d{i}"), Some(config(&format!("d{i}"), "user", 2)))])
+        })
+        .collect();
+    cp.burst(burst);
+    cp.answer_where("ACK of the last", |a| a.nonce == "b199").await;
+    let answers: Vec<_> = cp.answers().into_iter().filter(|a| a.nonce.starts_with('b')).collect();
+    assert_eq!(answers.len(), 200, "one answer per response");
+    assert!(answers.iter().all(|a| a.error.is_none()), "{answers:?}");
+    let envoy = fg.admin().await.get_rules(pb::GetRulesRequest {}).await.unwrap().into_inner().envoy.unwrap();
+    assert_eq!(envoy.domains.len(), 201);
+    let validated = installs() - before;
+    assert!(validated < 150, "{validated} installs for 200 responses: bursts are read as one");
+    assert_eq!(overs(&fg, "d150", "user", &fresh("u"), 3).await, [false, false, true]);
+
+    // A burst with a bad response in the middle (a second resource for
+    // domain `edge`) and a heartbeat of `edge` (no content: it stays): the
+    // bad one is NACKed alone, the others take effect.
+    let mut burst: Vec<_> = (0..20)
+        .map(|i| {
+            ControlPlane::delta(&format!("c{i}"), vec![(format!("e{i}"), Some(config(&format!("e{i}"), "user", 2)))])
+        })
+        .collect();
+    burst[10] = ControlPlane::delta("c10", vec![("dup".into(), Some(config("edge", "user", 9)))]);
+    burst[15] = ControlPlane::delta("c15", vec![("edge".into(), None)]);
+    cp.burst(burst);
+    cp.answer_where("an answer to the last", |a| a.nonce == "c19").await;
+    let answers: Vec<_> = cp.answers().into_iter().filter(|a| a.nonce.starts_with('c')).collect();
+    let nacked: Vec<&str> = answers.iter().filter(|a| a.error.is_some()).map(|a| a.nonce.as_str()).collect();
+    assert_eq!((answers.len(), nacked), (20, vec!["c10"]), "{answers:?}");
+    assert_eq!(overs(&fg, "edge", "user", &fresh("u"), 2).await, [false, true], "edge as it was: 1 a minute");
+    assert_eq!(overs(&fg, "e19", "user", &fresh("u"), 3).await, [false, false, true]);
+    // A heartbeat of a resource not held is NACKed.
+    cp.burst(vec![ControlPlane::delta("h1", vec![("never".into(), None)])]);
+    let nack = cp.answer_where("the NACK of an unknown heartbeat", |a| a.nonce == "h1").await;
+    assert!(nack.error.unwrap().contains("resource 'never': no content, and none is held by that name"));
 }

@@ -227,6 +227,9 @@ fn spawn_background(
     let mut gate = None;
     if let Some(xds) = &opts.envoy.xds {
         let url = xds.url.clone();
+        if !opts.envoy.ready_without_config {
+            decider.await_envoy_config(url.clone());
+        }
         let (task, status) = crate::xds::spawn(xds.clone(), decider.clone())?;
         tasks.push(task);
         if !opts.envoy.ready_without_config {

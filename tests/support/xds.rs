@@ -58,6 +58,8 @@ struct Shared {
 #[derive(Clone)]
 struct Ads {
     snapshot: watch::Receiver<Option<Snapshot>>,
+    /// Delta responses written as they are, all at once, to delta streams.
+    bursts: watch::Receiver<Vec<DeltaDiscoveryResponse>>,
     shared: Arc<Shared>,
     /// Set when the control plane goes away: every stream ends.
     gone: watch::Receiver<bool>,
@@ -124,6 +126,8 @@ impl AggregatedDiscoveryService for Ads {
         let mut requests = request.into_inner();
         let (tx, rx) = mpsc::channel(16);
         let (mut snapshot, shared, mut gone) = (self.snapshot.clone(), self.shared.clone(), self.gone.clone());
+        let mut bursts = self.bursts.clone();
+        bursts.mark_unchanged();
         tokio::spawn(async move {
             let Ok(Some(first)) = requests.message().await else { return };
             let node = first.node.map(|n| n.id).unwrap_or_default();
@@ -162,6 +166,13 @@ impl AggregatedDiscoveryService for Ads {
                         };
                         if tx.send(Ok(response)).await.is_err() { return; }
                     }
+                    changed = bursts.changed() => {
+                        if changed.is_err() { return; }
+                        let burst = bursts.borrow_and_update().clone();
+                        for response in burst {
+                            if tx.send(Ok(response)).await.is_err() { return; }
+                        }
+                    }
                     r = requests.message() => match r {
                         Ok(Some(r)) => shared.answers.lock().unwrap().push(Answer {
                             version: String::new(),
@@ -189,6 +200,7 @@ fn any(c: &RateLimitConfig) -> Any {
 pub struct ControlPlane {
     pub addr: SocketAddr,
     snapshot: watch::Sender<Option<Snapshot>>,
+    bursts: watch::Sender<Vec<DeltaDiscoveryResponse>>,
     shared: Arc<Shared>,
     gone: watch::Sender<bool>,
     served: Option<tokio::task::JoinHandle<()>>,
@@ -225,8 +237,9 @@ impl ControlPlane {
         let addr = listener.local_addr().unwrap();
         let (snapshot_tx, snapshot_rx) = watch::channel(snapshot);
         let (gone_tx, gone_rx) = watch::channel(false);
+        let (bursts_tx, bursts_rx) = watch::channel(Vec::new());
         let shared = Arc::new(Shared::default());
-        let ads = Ads { snapshot: snapshot_rx, shared: shared.clone(), gone: gone_rx.clone() };
+        let ads = Ads { snapshot: snapshot_rx, bursts: bursts_rx, shared: shared.clone(), gone: gone_rx.clone() };
         let mut stop = gone_rx;
         let served = tokio::spawn(async move {
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
@@ -241,7 +254,7 @@ impl ControlPlane {
                 })
                 .await;
         });
-        ControlPlane { addr, snapshot: snapshot_tx, shared, gone: gone_tx, served: Some(served) }
+        ControlPlane { addr, snapshot: snapshot_tx, bursts: bursts_tx, shared, gone: gone_tx, served: Some(served) }
     }
 
     pub fn url(&self) -> String {
@@ -251,6 +264,31 @@ impl ControlPlane {
     /// Pushes `resources` as `version` to every stream, now and later.
     pub fn push(&self, version: &str, resources: Vec<(String, RateLimitConfig)>) {
         self.snapshot.send_replace(Some(Snapshot { version: version.into(), resources }));
+    }
+
+    /// Writes these delta responses, as they are, one after the other at
+    /// once, to every delta stream open.
+    pub fn burst(&self, responses: Vec<DeltaDiscoveryResponse>) {
+        self.bursts.send_replace(responses);
+    }
+
+    /// A delta response adding or replacing resources, or (`None`) sending
+    /// a heartbeat of one (no content: it stays as held).
+    pub fn delta(nonce: &str, resources: Vec<(String, Option<RateLimitConfig>)>) -> DeltaDiscoveryResponse {
+        DeltaDiscoveryResponse {
+            resources: resources
+                .into_iter()
+                .map(|(name, c)| Resource {
+                    name,
+                    version: nonce.into(),
+                    resource: c.as_ref().map(any),
+                    ..Default::default()
+                })
+                .collect(),
+            type_url: TYPE_URL.into(),
+            nonce: nonce.into(),
+            ..Default::default()
+        }
     }
 
     /// Every ACK and NACK received so far.

@@ -42,6 +42,11 @@ pub struct Decider {
     engine: Arc<Engine>,
     replication: Option<Arc<Replication>>,
     rls: RlsOptions,
+    /// The xDS control plane Envoy's configuration is awaited from, until
+    /// the first one is installed (`--envoy-xds` without
+    /// `--envoy-xds-ready-without-config`).
+    envoy_awaited: std::sync::OnceLock<String>,
+    envoy_waiting: std::sync::atomic::AtomicBool,
     /// One ApplyRules at a time: parsing is bounded, but not free.
     applying: tokio::sync::Mutex<()>,
     /// Candidate rules observed in shadow (`ApplyRules` with `what_if`).
@@ -59,6 +64,8 @@ impl Decider {
             engine,
             replication,
             rls: RlsOptions::default(),
+            envoy_awaited: std::sync::OnceLock::new(),
+            envoy_waiting: std::sync::atomic::AtomicBool::new(false),
             applying: tokio::sync::Mutex::new(()),
             what_if: arc_swap::ArcSwapOption::empty(),
             override_options: OverrideOptions::default(),
@@ -88,6 +95,26 @@ impl Decider {
     /// How Envoy's RLS answers.
     pub fn rls_options(&self) -> &RlsOptions {
         &self.rls
+    }
+
+    /// Until an Envoy configuration is installed, RLS calls for domains our
+    /// rules do not have are UNAVAILABLE (Envoy's failure mode decides
+    /// them), rather than answered OK as if no limit existed.
+    pub fn await_envoy_config(&self, from: String) {
+        let _ = self.envoy_awaited.set(from);
+        self.envoy_waiting.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Why an RLS call for `domain` cannot be decided yet, if it cannot.
+    pub fn rls_waiting(&self, domain: &str) -> Option<String> {
+        if !self.envoy_waiting.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        if self.engine.rules().rules.position(domain).is_some() {
+            return None;
+        }
+        let from = self.envoy_awaited.get().map_or("", String::as_str);
+        Some(format!("no Envoy configuration yet: waiting for the first one from {from}"))
     }
 
     /// Upstream's per-descriptor stats in Prometheus's text format.

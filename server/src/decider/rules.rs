@@ -176,6 +176,7 @@ impl Decider {
     /// at `source` served as `version`.
     pub fn install_envoy_from(&self, config: EnvoyConfig, text: String, source: String, version: String) -> u64 {
         let installed = self.engine.install_envoy(config, text, source, version);
+        self.envoy_waiting.store(false, std::sync::atomic::Ordering::Release);
         crate::metrics::rule_reload(Origin::Envoy.label(), true, installed);
         installed
     }

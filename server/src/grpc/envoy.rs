@@ -48,6 +48,9 @@ async fn should_rate_limit(decider: Arc<Decider>, message: bytes::Bytes) -> Resu
     let wire = RlsWire(message);
     let read = wire.read().map_err(super::unary::undecodable)?;
     let ask = RlsRequest::try_from(&read).map_err(refused)?;
+    if let Some(why) = decider.rls_waiting(ask.domain) {
+        return Err(Status::unavailable(why));
+    }
     let answer = decider.should_rate_limit(&ask).await.map_err(refused)?;
     // The echo of the request: decoded again, only when asked for.
     let metadata = match decider.rls_options().dynamic_metadata {

@@ -27,20 +27,68 @@ pub(super) async fn stream(client: &Client, channel: Channel, held: &mut Held) -
         Err(status) => return Ended::Failed(format!("the stream was refused: {status}")),
     };
     let mut progress = false;
+    let type_url: fn(&DeltaDiscoveryResponse) -> &str = |r| r.type_url.as_str();
     loop {
-        let response = match super::next(&mut responses, &mut progress, |r| r.type_url.as_str()).await {
+        client.after_refusals().await;
+        let first = client.config.initial_fetch_timeout;
+        let response = match super::next(&mut responses, &mut progress, type_url, first).await {
             Ok(r) => r,
             Err(ended) => return ended,
         };
-        if tx.send(answer(client, &response, held).await).await.is_err() {
-            return Ended::AfterProgress("the stream closed".into());
+        let (burst, ended) = super::ready(&mut responses, type_url, super::BURST);
+        let burst: Vec<DeltaDiscoveryResponse> = std::iter::once(response).chain(burst).collect();
+        for request in answers(client, &burst, held).await {
+            if tx.send(request).await.is_err() {
+                return Ended::AfterProgress("the stream closed".into());
+            }
+        }
+        if let Some(ended) = ended {
+            return ended;
         }
     }
 }
 
+/// The ACKs or NACKs of a burst of responses. Their changes are applied in
+/// order and the resulting set validated once (a control plane that sends a
+/// resource per response costs one validation, not one per resource); if
+/// that fails, each is answered on its own, so that the good ones still
+/// take effect and the bad one is NACKed.
+async fn answers(client: &Client, burst: &[DeltaDiscoveryResponse], held: &mut Held) -> Vec<DeltaDiscoveryRequest> {
+    if let [one] = burst {
+        return vec![answer(client, one, held).await];
+    }
+    let mut next = Ok(held.resources.clone());
+    for response in burst {
+        next = next.and_then(|set| updated(response, &set));
+    }
+    if let Ok(next) = next {
+        let documents = next.values().map(|(_, d)| d.clone()).collect();
+        let last = burst.last().expect("a burst is not empty");
+        if client.apply(documents, &version(last, &next)).await.is_ok() {
+            held.resources = next;
+            return burst
+                .iter()
+                .map(|r| {
+                    crate::metrics::xds_update(true);
+                    DeltaDiscoveryRequest {
+                        type_url: TYPE_URL.into(),
+                        response_nonce: r.nonce.clone(),
+                        ..Default::default()
+                    }
+                })
+                .collect();
+        }
+    }
+    let mut out = Vec::with_capacity(burst.len());
+    for response in burst {
+        out.push(answer(client, response, held).await);
+    }
+    out
+}
+
 /// The ACK or NACK of one response.
 async fn answer(client: &Client, response: &DeltaDiscoveryResponse, held: &mut Held) -> DeltaDiscoveryRequest {
-    let result = match updated(response, held) {
+    let result = match updated(response, &held.resources) {
         Ok(next) => {
             let documents = next.values().map(|(_, d)| d.clone()).collect();
             let version = version(response, &next);
@@ -75,11 +123,15 @@ type Set = std::collections::BTreeMap<String, (String, crate::rules::envoy::Docu
 
 /// The set held with the response applied: its resources added or
 /// replaced, its removals removed.
-fn updated(response: &DeltaDiscoveryResponse, held: &Held) -> Result<Set, String> {
-    let mut next = held.resources.clone();
+fn updated(response: &DeltaDiscoveryResponse, held: &Set) -> Result<Set, String> {
+    let mut next = held.clone();
     for r in &response.resources {
         let Some(any) = &r.resource else {
-            return Err(format!("resource '{}': no content", r.name));
+            // A heartbeat of a resource with a TTL: it stays as held.
+            if next.contains_key(&r.name) {
+                continue;
+            }
+            return Err(format!("resource '{}': no content, and none is held by that name", r.name));
         };
         let mut documents = super::documents(std::iter::once((r.name.as_str(), any)))?;
         next.insert(r.name.clone(), (r.version.clone(), documents.remove(0)));

@@ -46,8 +46,11 @@ pub struct XdsConfig {
     pub delta: bool,
     /// Reconnection backoff: the first wait and the longest.
     pub backoff: (Duration, Duration),
-    /// The largest response taken, in bytes.
+    /// The largest response taken, in bytes; a larger one fails the stream
+    /// (it is reopened after the backoff).
     pub max_message: usize,
+    /// A stream with no response this long after it opens is reopened.
+    pub initial_fetch_timeout: Duration,
     /// How the configuration is read (domain merging).
     pub options: EnvoyOptions,
 }
@@ -96,7 +99,7 @@ pub fn spawn(
     let endpoint = endpoint(&config)?;
     let status = Arc::new(XdsStatus::default());
     status.set_connected(false);
-    let client = Client { config, endpoint, decider, status: status.clone() };
+    let client = Client { config, endpoint, decider, status: status.clone(), refusals: Default::default() };
     Ok((tokio::spawn(client.run()), status))
 }
 
@@ -135,6 +138,21 @@ struct Client {
     endpoint: Endpoint,
     decider: Arc<Decider>,
     status: Arc<XdsStatus>,
+    /// NACKs in a row, and the errors logged last with when: a control
+    /// plane that sends bad configurations in a loop is slowed down (each
+    /// costs a parse) and its errors are logged once a minute, not each time.
+    refusals: std::sync::Mutex<Refusals>,
+}
+
+#[derive(Default)]
+struct Refusals {
+    in_a_row: u32,
+    logged: Option<(String, std::time::Instant)>,
+}
+
+/// The pause before reading the next update after `in_a_row` NACKs.
+fn nack_pause(in_a_row: u32) -> Duration {
+    (Duration::from_millis(100) * in_a_row).min(Duration::from_secs(5))
 }
 
 /// Why a stream ended.
@@ -172,7 +190,7 @@ impl Client {
                 }
                 Ended::Failed(why) => why,
             };
-            let jittered = jitter(wait);
+            let jittered = retry_wait(wait, max);
             tracing::warn!(
                 url = %self.config.url,
                 error = %why,
@@ -220,33 +238,74 @@ impl Client {
             EnvoyConfig::from_documents(&documents, &options).map(|c| (c, text))
         })
         .await;
-        match parsed {
+        let result = match parsed {
             Ok(Ok((config, text))) => {
                 let domains = config.domains().count();
                 let installed = self.decider.install_envoy_from(config, text, self.config.url.clone(), version.into());
                 self.status.applied.store(true, Ordering::Release);
-                tracing::info!(url = %self.config.url, version, domains, rules_version = installed, "Envoy configuration from xDS installed");
+                tracing::info!(url = %self.config.url, version = %version.escape_debug(), domains, rules_version = installed, "Envoy configuration from xDS installed");
                 Ok(())
             }
             Ok(Err(errors)) => {
                 self.decider.refused(&crate::decider::Origin::Envoy);
-                tracing::error!(url = %self.config.url, version, "Envoy configuration from xDS refused; keeping the one in force\n{errors}");
                 Err(errors.to_string())
             }
             Err(e) => Err(format!("reading the configuration failed: {e}")),
+        };
+        self.refused(version, result.as_ref().err());
+        result
+    }
+
+    /// Counts an update's result; logs a refusal unless the same errors were
+    /// logged within the minute.
+    fn refused(&self, version: &str, errors: Option<&String>) {
+        let mut r = self.refusals.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(errors) = errors else {
+            *r = Refusals::default();
+            return;
+        };
+        r.in_a_row = r.in_a_row.saturating_add(1);
+        let now = std::time::Instant::now();
+        let seen = r.logged.as_ref().is_some_and(|(last, at)| last == errors && now - *at < Duration::from_secs(60));
+        if seen {
+            tracing::debug!(url = %self.config.url, version = %version.escape_debug(), in_a_row = r.in_a_row, "Envoy configuration from xDS refused again, as logged");
+        } else {
+            let shown = nack_message(errors);
+            tracing::error!(url = %self.config.url, version = %version.escape_debug(), in_a_row = r.in_a_row, "Envoy configuration from xDS refused; keeping the one in force\n{shown}");
+            r.logged = Some((errors.clone(), now));
+        }
+    }
+
+    /// Waits out the pause a run of NACKs asks for.
+    async fn after_refusals(&self) {
+        let in_a_row = self.refusals.lock().unwrap_or_else(|e| e.into_inner()).in_a_row;
+        if in_a_row > 0 {
+            tokio::time::sleep(nack_pause(in_a_row)).await;
         }
     }
 }
 
 /// The next response of the type asked for (others are ignored), or why
-/// the stream ended: after progress once the stream brought a response.
+/// the stream ended: after progress once the stream brought a response. A
+/// stream with no response within `first_within` of its start ends.
 async fn next<Resp>(
     responses: &mut tonic::Streaming<Resp>,
     progress: &mut bool,
     type_url: fn(&Resp) -> &str,
+    first_within: Duration,
 ) -> Result<Resp, Ended> {
     loop {
-        let why = match responses.message().await {
+        let message = match *progress {
+            true => responses.message().await,
+            false => match tokio::time::timeout(first_within, responses.message()).await {
+                Ok(m) => m,
+                Err(_) => {
+                    let why = format!("no response within {first_within:?} of opening the stream");
+                    return Err(Ended::Failed(why));
+                }
+            },
+        };
+        let why = match message {
             Ok(Some(r)) => {
                 *progress = true;
                 if type_url(&r) == TYPE_URL {
@@ -261,6 +320,31 @@ async fn next<Resp>(
         return Err(if *progress { Ended::AfterProgress(why) } else { Ended::Failed(why) });
     }
 }
+
+/// The responses of the type asked for that are already here, after one
+/// that was awaited (at most `max` in all), and why the stream ended if it
+/// did meanwhile: updates that came in a burst are read as one.
+fn ready<Resp>(
+    responses: &mut tonic::Streaming<Resp>,
+    type_url: fn(&Resp) -> &str,
+    max: usize,
+) -> (Vec<Resp>, Option<Ended>) {
+    use futures_util::FutureExt;
+    let mut out = Vec::new();
+    while out.len() < max {
+        match responses.message().now_or_never() {
+            None => break,
+            Some(Ok(Some(r))) if type_url(&r) == TYPE_URL => out.push(r),
+            Some(Ok(Some(_))) => continue,
+            Some(Ok(None)) => return (out, Some(Ended::AfterProgress("the control plane closed the stream".into()))),
+            Some(Err(status)) => return (out, Some(Ended::AfterProgress(format!("the stream failed: {status}")))),
+        }
+    }
+    (out, None)
+}
+
+/// Updates read as one, at most.
+const BURST: usize = 64;
 
 /// What the client holds: the version accepted last (SotW) and each
 /// resource by name with its version (delta).
@@ -309,6 +393,11 @@ fn jitter(d: Duration) -> Duration {
     d.mul_f64(rand::random_range(0.5..1.5))
 }
 
+/// The wait before reconnecting: `wait` jittered, never past `max`.
+fn retry_wait(wait: Duration, max: Duration) -> Duration {
+    jitter(wait).min(max)
+}
+
 /// Decodes the resources of an update into documents; `Err` names the one
 /// that could not be read.
 fn documents<'a>(
@@ -325,4 +414,26 @@ fn documents<'a>(
         out.push(convert::document(name, &config));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_of_nacks_slows_the_next_read_up_to_five_seconds() {
+        assert_eq!(nack_pause(0), Duration::ZERO);
+        assert_eq!(nack_pause(1), Duration::from_millis(100));
+        assert_eq!(nack_pause(20), Duration::from_secs(2));
+        assert_eq!(nack_pause(u32::MAX), Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_jittered_wait_never_passes_the_longest() {
+        let max = Duration::from_secs(60);
+        for _ in 0..1_000 {
+            let d = retry_wait(max, max);
+            assert!(d >= max / 2 && d <= max, "{d:?}");
+        }
+    }
 }

@@ -26,13 +26,23 @@ pub(super) async fn stream(client: &Client, channel: Channel, held: &mut Held) -
         Err(status) => return Ended::Failed(format!("the stream was refused: {status}")),
     };
     let mut progress = false;
+    let type_url: fn(&DiscoveryResponse) -> &str = |r| r.type_url.as_str();
     loop {
-        let response = match super::next(&mut responses, &mut progress, |r| r.type_url.as_str()).await {
+        client.after_refusals().await;
+        let first = client.config.initial_fetch_timeout;
+        let response = match super::next(&mut responses, &mut progress, type_url, first).await {
             Ok(r) => r,
             Err(ended) => return ended,
         };
-        if tx.send(answer(client, &response, held).await).await.is_err() {
+        // Each response is the whole state: of a burst, the last is read
+        // (the others' nonces are stale, and need no answer).
+        let (burst, ended) = super::ready(&mut responses, type_url, super::BURST);
+        let last = burst.into_iter().last().unwrap_or(response);
+        if tx.send(answer(client, &last, held).await).await.is_err() {
             return Ended::AfterProgress("the stream closed".into());
+        }
+        if let Some(ended) = ended {
+            return ended;
         }
     }
 }

@@ -120,8 +120,14 @@ struct XdsArgs {
     /// (XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES).
     #[arg(long, default_value_t = 16 << 20, value_parser = super::super::parse_positive)]
     envoy_xds_max_bytes: usize,
+    /// A stream that brings no response this long after it opens is
+    /// dropped and opened again (as Envoy's initial_fetch_timeout).
+    #[arg(long, default_value = "15s", value_parser = super::super::at_least_100ms)]
+    envoy_xds_initial_fetch_timeout: Duration,
     /// Ready before the first configuration arrives; without it, /readyz
-    /// waits for it (upstream's FORCE_START_WITHOUT_INITIAL_CONFIG).
+    /// waits for it, and ShouldRateLimit for a domain Floodgate's rules do
+    /// not have is UNAVAILABLE (Envoy's failure mode decides it) until it
+    /// comes (upstream's FORCE_START_WITHOUT_INITIAL_CONFIG).
     #[arg(long, requires = "envoy_xds")]
     envoy_xds_ready_without_config: bool,
 }
@@ -201,6 +207,7 @@ impl XdsArgs {
             delta: self.envoy_xds_delta,
             backoff: (self.envoy_xds_backoff_initial, self.envoy_xds_backoff_max),
             max_message: self.envoy_xds_max_bytes,
+            initial_fetch_timeout: self.envoy_xds_initial_fetch_timeout,
             options,
         }))
     }
