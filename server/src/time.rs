@@ -69,6 +69,32 @@ impl Timestamp {
     }
 }
 
+/// At most one "now" per `secs` seconds: for a warning a flood of requests
+/// could repeat.
+#[derive(Debug)]
+pub struct Throttle {
+    secs: u64,
+    /// The second (plus one) of the last "now"; 0: never.
+    last: std::sync::atomic::AtomicU64,
+}
+
+impl Throttle {
+    pub const fn new(secs: u64) -> Self {
+        Throttle { secs, last: std::sync::atomic::AtomicU64::new(0) }
+    }
+
+    /// Whether it is time again (and if so, the next is `secs` away).
+    pub fn due(&self, now: Timestamp) -> bool {
+        use std::sync::atomic::Ordering;
+        let second = now.as_nanos() / 1_000_000_000 + 1;
+        let last = self.last.load(Ordering::Relaxed);
+        if last != 0 && second < last.saturating_add(self.secs) {
+            return false;
+        }
+        self.last.compare_exchange(last, second, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+    }
+}
+
 /// A duration in whole nanoseconds, saturating at `u64::MAX` (584 years).
 pub fn duration_nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
@@ -120,6 +146,17 @@ impl Clock for ManualClock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_throttle_says_now_once_per_period() {
+        let t = Throttle::new(60);
+        let at = |s| Timestamp::from_secs(s);
+        assert!(t.due(at(0)), "the first time");
+        assert!(!t.due(at(0)) && !t.due(at(59)));
+        assert!(t.due(at(60)));
+        assert!(!t.due(at(100)));
+        assert!(t.due(at(1_000)));
+    }
 
     #[test]
     fn system_clock_is_monotonic_and_near_wall_time() {

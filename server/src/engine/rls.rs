@@ -47,6 +47,9 @@ pub enum Target<'r> {
     Rules(usize),
 }
 
+/// When a refused override size was logged last.
+static OVERRIDE_WARNING: crate::time::Throttle = crate::time::Throttle::new(60);
+
 impl Engine {
     /// Finds what decides a descriptor of `domain`: an override when the
     /// domain is known here, else the Envoy configuration of the domain when
@@ -65,7 +68,19 @@ impl Engine {
             match rules.handles.envoy_sizes.get(requests_per_unit, unit) {
                 Some((rule, handles)) => return Ok(Target::Override { rule, handles, requests_per_unit, unit }),
                 // Too many sizes already: the configured limit applies.
-                None => metrics::counter!(crate::metrics::RLS_OVERRIDES_REFUSED).increment(1),
+                None => {
+                    metrics::counter!(crate::metrics::RLS_OVERRIDES_REFUSED).increment(1);
+                    if OVERRIDE_WARNING.due(self.clock().now()) {
+                        tracing::warn!(
+                            domain,
+                            requests_per_unit,
+                            unit = unit.name(),
+                            max = super::envoy_sizes::MAX_SIZES,
+                            "a limit Envoy sent is not applied: this process keeps {} sizes already; the configured limit decides (floodgate_rls_overrides_refused_total counts each; logged once a minute)",
+                            super::envoy_sizes::MAX_SIZES
+                        );
+                    }
+                }
             }
         }
         if !envoy.has_domain(domain) {

@@ -15,7 +15,10 @@
 //!   `ratelimit_service_config_load_success` and `_error`.
 //!
 //! Counts are of hits (`hits_addend`), split as upstream splits them
-//! between the near and over ranges.
+//! between the near and over ranges, from what the counter held before
+//! them. A denial takes nothing from the counter here (upstream's takes its
+//! hits anyway), so after one the next hits split from a lower count than
+//! upstream's would: counted within (and near) where upstream counts over.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
