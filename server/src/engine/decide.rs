@@ -406,6 +406,10 @@ impl Engine {
     }
 }
 
+/// How long a caller its origin refuses is told to wait: the answer will not
+/// change until the rules do.
+const ORIGIN_REFUSED_RETRY: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// The limits that decide a request under `rule`: an override's for the
 /// descriptor values it names, else the rule's; `Err` when an override blocks
 /// them (its `retry_after`, and the values).
@@ -416,6 +420,19 @@ pub(super) fn limits_for<'r, D: Descriptors + ?Sized>(
     clock: &SharedClock,
 ) -> Result<LimitsFor<'r>, (std::time::Duration, String)> {
     let own = LimitsFor::own(rule, handles.ids(None));
+    if let Some(origins) = &rule.origins {
+        let value = d.get(&origins.key);
+        if !origins.admits(value) {
+            let list = if origins.allow { "allowed" } else { "denied" };
+            let why = format!(
+                "the origins rule: {}='{}' is {}",
+                origins.key,
+                value.unwrap_or_default().escape_debug(),
+                if origins.allow { format!("not among the {list} ones") } else { format!("{list}") }
+            );
+            return Err((ORIGIN_REFUSED_RETRY, why));
+        }
+    }
     if rule.overrides.is_empty() {
         return Ok(own);
     }
@@ -423,7 +440,7 @@ pub(super) fn limits_for<'r, D: Descriptors + ?Sized>(
     match &o.action {
         crate::rules::overrides::Action::Block { retry_after } => {
             let values = o.when.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
-            Err((*retry_after, values))
+            Err((*retry_after, format!("an override for {values}")))
         }
         _ => Ok(LimitsFor { limits: &o.limits, slots: Some(&o.slots), ids: handles.ids(Some(i)) }),
     }
@@ -474,6 +491,11 @@ pub(super) fn matched_in<'r, D: Descriptors + ?Sized>(
         .enumerate()
         .filter_map(|(index, limit)| {
             let id = limits.ids[index];
+            if let Some(when) = &limit.when
+                && !when.holds(d.get(&when.key))
+            {
+                return None;
+            }
             if limit.key.is_empty() && !per_resource {
                 return Some((limit, slot(index), BucketKey::global(id)));
             }

@@ -336,7 +336,7 @@ pub enum NotLeasable {
     Concurrency,
     #[error("the resource is shed by degradation level: each call is decided by the server")]
     Shed,
-    #[error("blocked by an override for {0}")]
+    #[error("blocked by {0}")]
     Blocked(String),
     #[error("no limit applies to these descriptors")]
     NoLimit,

@@ -268,3 +268,49 @@ fn buckets_survive_run_time_override_changes_that_do_not_touch_them() {
     assert!(e.rules().problems.is_empty());
     assert_eq!(ask(&e, "api", &acme, 1).unwrap(), (Verdict::Allowed, vec![0]));
 }
+
+const BY_ORIGIN: &str = r#"
+resources:
+  - name: api
+    origins: { deny: [evil, "worse"] }
+    limits:
+      - { name: all, algorithm: fixed_window, limit: 6, window: 1m }
+      - { name: app-a, algorithm: fixed_window, limit: 1, window: 1m, when: { origin: app-a } }
+      - { name: others, key: [origin], algorithm: fixed_window, limit: 2, window: 1m, unless: { origin: [app-a] } }
+      - { name: via-web, algorithm: fixed_window, limit: 1, window: 1m, when: { context: [web] } }
+  - name: members
+    origins: { key: caller, allow: app-a }
+"#;
+
+#[test]
+fn conditioned_limits_apply_to_their_origins_and_an_origins_rule_refuses_callers() {
+    let (e, _) = engine(BY_ORIGIN);
+    let admitted = |pairs: &[(&str, &str)], n: usize| {
+        let d = d(pairs);
+        (0..n).filter(|_| ask(&e, "api", &d, 1).unwrap().0 == Verdict::Allowed).count()
+    };
+    // app-a: `all` and its own limit of 1; `others` is not for it.
+    assert_eq!(admitted(&[("origin", "app-a")], 3), 1);
+    // Each other origin has its own 2 (keyed by origin), within `all`.
+    assert_eq!(admitted(&[("origin", "app-b")], 3), 2);
+    assert_eq!(admitted(&[("origin", "app-c")], 3), 2);
+    // A request through the `web` context also meets `via-web`.
+    assert_eq!(admitted(&[("context", "web")], 3), 1);
+    // No origin at all: only `all` (of which 6 - 1 - 2 - 2 - 1 = 0 is left).
+    assert_eq!(admitted(&[], 1), 0);
+    // A denied origin is refused before any limit, naming why.
+    let rules = e.rules();
+    let evil = d(&[("origin", "evil")]);
+    let a = e.acquire(&rules, &Request::new("api", &evil)).unwrap();
+    assert_eq!((a.verdict, a.limits.len()), (Verdict::RateLimited, 0));
+    assert_eq!(a.reason(), "blocked by the origins rule: origin='evil' is denied, retry in 1m");
+    // An allow list: its members pass; others are refused; no caller passes (as in Sentinel).
+    let member = |v: Option<&str>| {
+        let d = d(&v.map(|v| vec![("caller", v)]).unwrap_or_default());
+        e.acquire(&rules, &Request::new("members", &d)).unwrap().verdict
+    };
+    assert_eq!(member(Some("app-a")), Verdict::Allowed);
+    assert_eq!(member(Some("app-b")), Verdict::RateLimited);
+    assert_eq!(member(Some("")), Verdict::Allowed);
+    assert_eq!(member(None), Verdict::Allowed);
+}

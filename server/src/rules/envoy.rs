@@ -398,6 +398,7 @@ pub fn window_rule(name: String, requests_per_unit: u32, unit: Unit, shadow: boo
         on_redis_error: OnRedisError::default(),
         shadow,
         lease: None,
+        when: None,
     };
     Rule {
         name,
@@ -409,6 +410,7 @@ pub fn window_rule(name: String, requests_per_unit: u32, unit: Unit, shadow: boo
         shed_priority: None,
         max_breakers: super::DEFAULT_MAX_BREAKERS,
         overrides: Default::default(),
+        origins: None,
     }
 }
 

@@ -65,6 +65,51 @@ pub struct Rule {
     pub max_breakers: usize,
     /// Other limits (or a block) for some descriptor values.
     pub overrides: overrides::Overrides,
+    /// Who may call at all, by a descriptor's value (Sentinel's authority
+    /// rules): a caller refused is denied before any limit.
+    pub origins: Option<Origins>,
+}
+
+/// `origins: { key: origin, allow: [a, b] }` (or `deny:`): callers whose
+/// descriptor `key` is (allow: is not) one of `values` are denied. A request
+/// without the descriptor, or with it empty, passes, as in Sentinel.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Origins {
+    pub key: String,
+    pub allow: bool,
+    pub values: Vec<String>,
+}
+
+impl Origins {
+    /// Whether a caller with this value of the descriptor may call.
+    pub fn admits(&self, value: Option<&str>) -> bool {
+        match value {
+            None | Some("") => true,
+            Some(v) => self.values.iter().any(|x| x == v) == self.allow,
+        }
+    }
+}
+
+/// A limit that applies to some requests only: `when: { origin: [a, b] }`
+/// applies when the descriptor is one of the values; `unless:` when it is
+/// absent or none of them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Condition {
+    pub key: String,
+    pub values: Vec<String>,
+    /// `unless:` rather than `when:`.
+    pub negate: bool,
+}
+
+impl Condition {
+    /// Whether a request with this value of the descriptor is concerned.
+    #[inline]
+    pub fn holds(&self, value: Option<&str>) -> bool {
+        match value {
+            Some(v) => self.values.iter().any(|x| x == v) != self.negate,
+            None => self.negate,
+        }
+    }
 }
 
 /// How many resources a template rule keeps breakers for, unless it says.
@@ -94,6 +139,8 @@ pub struct Limit {
     pub shadow: bool,
     /// Clients may lease a share of it (`lease: 2s`).
     pub lease: Option<Lease>,
+    /// It applies only to requests this holds for.
+    pub when: Option<Condition>,
 }
 
 /// `lease: 2s` (and `lease_share:`): how clients may lease a limit.

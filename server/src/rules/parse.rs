@@ -10,8 +10,8 @@ use super::fields::{Collector, Fields, RuleErrors};
 use super::glob::Glob;
 use super::overrides::{Action, Override, Overrides};
 use super::{
-    BreakerConfig, Concurrency, Lease, LeaseShare, Limit, MAX_DESCRIPTORS, MAX_NAME_BYTES, OnRedisError, Pattern, Rule,
-    RuleSet, SyncMode,
+    BreakerConfig, Concurrency, Condition, Lease, LeaseShare, Limit, MAX_DESCRIPTORS, MAX_NAME_BYTES, OnRedisError,
+    Origins, Pattern, Rule, RuleSet, SyncMode,
 };
 use crate::limiter::leaky_bucket::Mode;
 use crate::limiter::rate::Rate;
@@ -24,7 +24,8 @@ use super::overrides::MAX_AMOUNT;
 /// The longest window or refill period (about 31 years).
 const MAX_SPAN_NANOS: u64 = 1_000_000_000_000_000_000;
 const MIN_WINDOW: Duration = Duration::from_millis(1);
-const COMMON: &[&str] = &["name", "key", "algorithm", "sync", "on_redis_error", "shadow", "lease", "lease_share"];
+const COMMON: &[&str] =
+    &["name", "key", "algorithm", "sync", "on_redis_error", "shadow", "lease", "lease_share", "when", "unless"];
 
 pub(super) fn rule_set(text: &str, file: &str) -> Result<RuleSet, RuleErrors> {
     let out = Collector::new(file);
@@ -89,6 +90,7 @@ fn resource(out: &Collector, item: &Value, index: usize, tiers: &HashMap<String,
         "max_breakers",
         "shadow",
         "overrides",
+        "origins",
     ]);
     let name = f.required("name", Fields::string);
     if let Some(n) = &name {
@@ -102,6 +104,7 @@ fn resource(out: &Collector, item: &Value, index: usize, tiers: &HashMap<String,
     let concurrency = f.nested("concurrency").and_then(|c| concurrency(&c));
     let breaker = f.nested("breaker").and_then(|b| BreakerConfig::parse(&b));
     let shed_at_level = f.u64_in("shed_at_level", 1, 3).map(|n| n as u32);
+    let origins = f.nested("origins").and_then(|o| origins(&o));
     let shed_priority = super::systems::shed_priority(&f);
     let max_breakers = f.u64_in("max_breakers", 1, 10_000_000).map(|n| n as usize);
     let pattern = match name.as_deref() {
@@ -117,7 +120,91 @@ fn resource(out: &Collector, item: &Value, index: usize, tiers: &HashMap<String,
     }
     let name = name?;
     let max_breakers = max_breakers.unwrap_or(super::DEFAULT_MAX_BREAKERS);
-    Some(Rule { name, pattern, limits, concurrency, breaker, shed_at_level, shed_priority, max_breakers, overrides })
+    Some(Rule {
+        name,
+        pattern,
+        limits,
+        concurrency,
+        breaker,
+        shed_at_level,
+        shed_priority,
+        max_breakers,
+        overrides,
+        origins,
+    })
+}
+
+/// The most values a condition or an origins list may name.
+const MAX_VALUES: usize = 1_000;
+
+/// `origins: { key: origin, allow: [...] }` or `{ deny: [...] }`.
+fn origins(f: &Fields<'_>) -> Option<Origins> {
+    f.deny_unknown(&["key", "allow", "deny"]);
+    let key = if f.has("key") { f.string("key")? } else { "origin".to_string() };
+    check_name(f, "key", &key);
+    let (field, allow) = match (f.has("allow"), f.has("deny")) {
+        (true, false) => ("allow", true),
+        (false, true) => ("deny", false),
+        _ => {
+            f.error("allow", "needs exactly one of allow or deny: a list of values");
+            return None;
+        }
+    };
+    let values = values(f, field)?;
+    Some(Origins { key, allow, values })
+}
+
+/// A list of descriptor values (one scalar for a list of one).
+fn values(f: &Fields<'_>, key: &str) -> Option<Vec<String>> {
+    let values = match f.get(key) {
+        Some(Value::Sequence(items)) => items.iter().map(yaml_scalar).collect::<Option<Vec<_>>>(),
+        Some(v) => yaml_scalar(v).map(|s| vec![s]),
+        None => None,
+    };
+    match values {
+        Some(v) if !v.is_empty() && v.len() <= MAX_VALUES => {
+            for value in &v {
+                if value.len() > MAX_NAME_BYTES {
+                    f.error(key, format!("a value is {} bytes long; the limit is {MAX_NAME_BYTES}", value.len()));
+                    return None;
+                }
+            }
+            Some(v)
+        }
+        _ => {
+            f.error(key, format!("must be a value or a list of 1 to {MAX_VALUES} values"));
+            None
+        }
+    }
+}
+
+/// A limit's `when: { key: [values] }` or `unless: { key: [values] }`.
+fn condition(f: &Fields<'_>) -> Option<Option<Condition>> {
+    let (field, negate) = match (f.has("when"), f.has("unless")) {
+        (false, false) => return Some(None),
+        (true, false) => ("when", false),
+        (false, true) => ("unless", true),
+        (true, true) => {
+            f.error("unless", "a limit takes one of when and unless");
+            return None;
+        }
+    };
+    let map = match f.get(field) {
+        Some(Value::Mapping(m)) if m.len() == 1 => m,
+        _ => {
+            f.error(field, "must map one descriptor key to its values, e.g. { origin: [app-a, app-b] }");
+            return None;
+        }
+    };
+    let (k, _) = map.iter().next().expect("one entry");
+    let Some(key) = k.as_str() else {
+        f.error(field, "the descriptor key must be a string");
+        return None;
+    };
+    check_name(f, field, key);
+    let holder = f.nested(field)?;
+    let values = values(&holder, key)?;
+    Some(Some(Condition { key: key.to_string(), values, negate }))
 }
 
 fn check_name(f: &Fields<'_>, key: &str, name: &str) {
@@ -317,6 +404,7 @@ fn limit(f: &Fields<'_>) -> Option<Limit> {
     };
     let shadow = f.flag("shadow");
     let lease = lease(f, algorithm.as_ref());
+    let when = condition(f);
     // A shaping warm-up's queue is one replica's: local unless told (and refused otherwise).
     let shaping = matches!(&algorithm, Some(Algorithm::WarmUp(c)) if matches!(c.mode, warm_up::Mode::Shape { .. }));
     let sync = sync.or(shaping.then_some(SyncMode::Local));
@@ -328,6 +416,7 @@ fn limit(f: &Fields<'_>) -> Option<Limit> {
         on_redis_error: on_error.unwrap_or_default(),
         shadow,
         lease,
+        when: when?,
     })
 }
 

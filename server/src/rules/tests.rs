@@ -118,7 +118,7 @@ resources:
         "rules.yaml: resource 'orders': limits[2] 'c'.algorithm: must be one of token_bucket, gcra, leaky_bucket, fixed_window, sliding_window_log, sliding_window, warm_up, got 'teleport'",
         "rules.yaml: resource 'users': limits[0] 'd'.limit: must be between 1 and 10000, got 20000",
         "rules.yaml: resource 'users': limits[0] 'd'.window: duration '5' needs a unit, e.g. 5s or 5ms",
-        "rules.yaml: resource 'users': limits[1] 'd'.capacity: unknown field (expected one of: name, key, algorithm, sync, on_redis_error, shadow, lease, lease_share, rate_per_second, burst)",
+        "rules.yaml: resource 'users': limits[1] 'd'.capacity: unknown field (expected one of: name, key, algorithm, sync, on_redis_error, shadow, lease, lease_share, when, unless, rate_per_second, burst)",
         "rules.yaml: resource 'users': shed_at_level: must be between 1 and 3, got 7",
     ];
     for e in expected {
@@ -359,4 +359,46 @@ resources:
     for want in expect {
         assert!(e.iter().any(|got| got.contains(want)), "missing {want:?} in {e:#?}");
     }
+}
+
+#[test]
+fn conditions_and_origins_are_read_and_their_errors_named() {
+    let set = RuleSet::from_yaml(
+        r#"
+resources:
+  - name: api
+    origins: { allow: [a, 7] }
+    limits:
+      - { name: x, algorithm: fixed_window, limit: 1, window: 1s, when: { origin: a } }
+      - { name: y, algorithm: fixed_window, limit: 1, window: 1s, unless: { origin: [a, b] } }
+"#,
+        "r.yaml",
+    )
+    .unwrap();
+    let api = set.find("api").unwrap();
+    let cond = |key: &str, values: &[&str], negate| {
+        Some(Condition { key: key.into(), values: values.iter().map(|v| v.to_string()).collect(), negate })
+    };
+    assert_eq!(api.limits[0].when, cond("origin", &["a"], false));
+    assert_eq!(api.limits[1].when, cond("origin", &["a", "b"], true));
+    let origins = Origins { key: "origin".into(), allow: true, values: vec!["a".into(), "7".into()] };
+    assert_eq!(api.origins, Some(origins));
+    let errors = errors_of(
+        r#"
+resources:
+  - name: api
+    origins: { allow: [a], deny: [b] }
+    limits:
+      - { name: x, algorithm: fixed_window, limit: 1, window: 1s, when: { a: 1, b: 2 } }
+      - { name: y, algorithm: fixed_window, limit: 1, window: 1s, when: { a: 1 }, unless: { a: 2 } }
+      - { name: z, algorithm: fixed_window, limit: 1, window: 1s, when: { a: [] } }
+"#,
+    );
+    let expected = [
+        "rules.yaml: resource 'api': limits[0] 'x'.when: must map one descriptor key to its values, e.g. { origin: [app-a, app-b] }",
+        "rules.yaml: resource 'api': limits[1] 'y'.unless: a limit takes one of when and unless",
+        "rules.yaml: resource 'api': limits[2] 'z'.when.a: must be a value or a list of 1 to 1000 values",
+        "rules.yaml: resource 'api': origins.allow: needs exactly one of allow or deny: a list of values",
+    ];
+    assert_eq!(errors, expected);
 }

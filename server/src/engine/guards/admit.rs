@@ -147,7 +147,7 @@ impl fmt::Display for Denial {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Denial::Blocked { values, retry_after } => {
-                write!(f, "blocked by an override for {values}, retry in {}", duration::human(*retry_after))
+                write!(f, "blocked by {values}, retry in {}", duration::human(*retry_after))
             }
             Denial::Shed { at, level, priority, system } => {
                 write!(f, "shed: degradation level is {level}")?;
