@@ -423,13 +423,9 @@ pub(super) fn limits_for<'r, D: Descriptors + ?Sized>(
     if let Some(origins) = &rule.origins {
         let value = d.get(&origins.key);
         if !origins.admits(value) {
-            let list = if origins.allow { "allowed" } else { "denied" };
-            let why = format!(
-                "the origins rule: {}='{}' is {}",
-                origins.key,
-                value.unwrap_or_default().escape_debug(),
-                if origins.allow { format!("not among the {list} ones") } else { format!("{list}") }
-            );
+            let what = if origins.allow { "not among the allowed ones" } else { "denied" };
+            let why =
+                format!("the origins rule: {}='{}' is {what}", origins.key, value.unwrap_or_default().escape_debug());
             return Err((ORIGIN_REFUSED_RETRY, why));
         }
     }
