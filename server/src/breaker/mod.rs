@@ -197,7 +197,7 @@ impl Breaker {
                     return None;
                 }
                 let probes = self.probes;
-                Some(if exceeds(cfg, &probes) {
+                Some(if probes_exceed(cfg, &probes) {
                     self.open_for(cfg, now, reason("probes", &probes))
                 } else {
                     self.close_for(cfg, now, format!("{} probes succeeded", probes.calls - probes.failures))
@@ -329,17 +329,27 @@ impl Breaker {
     }
 }
 
-/// Whether the failure or slow-call rate reaches its threshold (equality trips).
+/// Whether the failure or slow-call rate, or the failures, reach their
+/// threshold (equality trips).
 fn exceeds(cfg: &BreakerConfig, counts: &Counts) -> bool {
     counts.calls > 0
         && (counts.failure_rate() >= cfg.failure_rate_threshold
-            || counts.slow_call_rate() >= cfg.slow_call_rate_threshold)
+            || counts.slow_call_rate() >= cfg.slow_call_rate_threshold
+            || cfg.failure_count_threshold.is_some_and(|n| counts.failures >= u64::from(n)))
+}
+
+/// Whether HALF_OPEN's probes reopen: as [`exceeds`], the failure count
+/// capped at the probes handed out (one failed probe of one reopens).
+fn probes_exceed(cfg: &BreakerConfig, probes: &Counts) -> bool {
+    let capped = cfg.failure_count_threshold.map(|n| n.min(cfg.half_open_calls));
+    exceeds(&BreakerConfig { failure_count_threshold: capped, ..cfg.clone() }, probes)
 }
 
 fn reason(of: &str, c: &Counts) -> String {
     format!(
-        "{of}: failure rate {:.1}%, slow-call rate {:.1}% over {} calls",
+        "{of}: failure rate {:.1}% ({} failures), slow-call rate {:.1}% over {} calls",
         c.failure_rate() * 100.0,
+        c.failures,
         c.slow_call_rate() * 100.0,
         c.calls
     )

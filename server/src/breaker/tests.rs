@@ -16,6 +16,7 @@ fn cfg() -> BreakerConfig {
     BreakerConfig {
         failure_rate_threshold: 0.5,
         slow_call_rate_threshold: 1.0,
+        failure_count_threshold: None,
         slow_call_duration: Duration::from_millis(800),
         window: WindowKind::Count(10),
         minimum_calls: 4,
@@ -419,4 +420,35 @@ fn every_state_has_one_number_and_back() {
     assert_eq!(State::from_number(0), None, "0 is unspecified, not CLOSED");
     assert_eq!(State::from_number(7), None);
     assert_eq!(State::Open.number(), floodgate_proto::v1::BreakerState::Open as u8, "the proto's numbers");
+}
+
+#[test]
+fn a_failure_count_opens_whatever_the_rate_and_one_failed_probe_of_one_reopens() {
+    let off = || crate::rules::BREAKER_OFF;
+    let count = BreakerConfig {
+        failure_rate_threshold: off(),
+        slow_call_rate_threshold: off(),
+        failure_count_threshold: Some(3),
+        minimum_calls: 1,
+        half_open_calls: 1,
+        ..cfg()
+    };
+    let mut d = Driver::new(count);
+    d.succeed(T0, 50);
+    d.fail(T0, 2);
+    assert_eq!(d.state(), State::Closed, "2 failures of 52: under 3, whatever the rate");
+    d.fail(T0, 1);
+    assert_eq!(d.state(), State::Open, "the third failure");
+    // HALF_OPEN hands out one probe: its failure reopens (3 is capped at 1).
+    let later = T0.saturating_add(Duration::from_secs(5));
+    d.call(later, Failure, 10);
+    assert_eq!(d.state(), State::Open);
+    let later = later.saturating_add(Duration::from_secs(5));
+    d.call(later, Success, 10);
+    assert_eq!(d.state(), State::Closed);
+    // Off rates never trip: every call failing, without a count, stays closed.
+    let mut never =
+        Driver::new(BreakerConfig { failure_rate_threshold: off(), slow_call_rate_threshold: 1.0, ..cfg() });
+    never.fail(T0, 100);
+    assert_eq!(never.state(), State::Closed);
 }

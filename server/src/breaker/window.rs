@@ -25,6 +25,27 @@ pub struct Call {
 pub enum Window {
     Count(CountWindow),
     Time(TimeWindow),
+    Tumbling(TumblingWindow),
+}
+
+/// The calls since the last multiple of `length` since the epoch.
+#[derive(Clone, Debug)]
+pub struct TumblingWindow {
+    length: u64,
+    /// The start of the interval `totals` counts, in nanoseconds.
+    start: u64,
+    totals: Counts,
+}
+
+impl TumblingWindow {
+    /// Empties the window when `now` is in a later interval.
+    fn advance(&mut self, now: Timestamp) {
+        let start = now.as_nanos() - now.as_nanos() % self.length;
+        if start > self.start {
+            self.start = start;
+            self.totals = Counts::default();
+        }
+    }
 }
 
 /// The last `size` calls, in a ring.
@@ -84,6 +105,11 @@ impl Window {
                 buckets: vec![(0, Counts::default()); s as usize],
                 totals: Counts::default(),
             }),
+            WindowKind::Tumbling(ms) => Window::Tumbling(TumblingWindow {
+                length: u64::from(ms.max(1)) * 1_000_000,
+                start: 0,
+                totals: Counts::default(),
+            }),
         }
     }
 
@@ -92,6 +118,7 @@ impl Window {
         match (self, kind) {
             (Window::Count(w), WindowKind::Count(n)) => w.ring.capacity() == n as usize,
             (Window::Time(w), WindowKind::Time(s)) => w.buckets.len() == s as usize,
+            (Window::Tumbling(w), WindowKind::Tumbling(ms)) => w.length == u64::from(ms.max(1)) * 1_000_000,
             _ => false,
         }
     }
@@ -100,6 +127,10 @@ impl Window {
         match self {
             Window::Count(w) => w.record(call),
             Window::Time(w) => w.record(now, call),
+            Window::Tumbling(w) => {
+                w.advance(now);
+                w.totals.add(call);
+            }
         }
     }
 
@@ -108,6 +139,10 @@ impl Window {
         match self {
             Window::Count(w) => w.totals,
             Window::Time(w) => {
+                w.advance(now);
+                w.totals
+            }
+            Window::Tumbling(w) => {
                 w.advance(now);
                 w.totals
             }
@@ -186,6 +221,19 @@ mod tests {
         w.record(at(0, 0), OK);
         w.record(at(0, 0), OK);
         assert_eq!(w.counts(at(99, 0)).failures, 0, "time does not age a count window");
+    }
+
+    #[test]
+    fn the_tumbling_window_empties_at_each_boundary_since_the_epoch() {
+        // 20 s intervals: [1_700_006_400, +20) is one (1_700_006_400 is a multiple of 20).
+        let mut w = Window::new(WindowKind::Tumbling(20_000));
+        w.record(at(0, 0), FAIL);
+        w.record(at(19, 999), OK);
+        assert_eq!(w.counts(at(19, 999)).calls, 2);
+        assert_eq!(w.counts(at(20, 0)), Counts::default(), "a new interval, however recent the calls");
+        w.record(at(25, 0), SLOW);
+        assert_eq!(w.counts(at(39, 0)).calls, 1);
+        assert_eq!(w.counts(at(100, 0)).calls, 0);
     }
 
     #[test]

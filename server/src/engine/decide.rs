@@ -487,9 +487,7 @@ pub(super) fn matched_in<'r, D: Descriptors + ?Sized>(
         .enumerate()
         .filter_map(|(index, limit)| {
             let id = limits.ids[index];
-            if let Some(when) = &limit.when
-                && !when.holds(d.get(&when.key))
-            {
+            if !limit.when.iter().all(|c| c.holds(d.get(&c.key))) {
                 return None;
             }
             if limit.key.is_empty() && !per_resource {

@@ -293,16 +293,19 @@ pub fn limit_args(alg: &Algorithm, now: Timestamp) -> [f64; 5] {
     }
 }
 
-/// The ten numbers breaker.lua reads.
-pub fn breaker_args(c: &BreakerConfig) -> [f64; 10] {
+/// The eleven numbers breaker.lua reads.
+pub fn breaker_args(c: &BreakerConfig) -> [f64; 11] {
     let us = |d: std::time::Duration| d.as_micros() as f64;
     let (kind, size) = match c.window {
         WindowKind::Count(n) => (1.0, f64::from(n)),
         WindowKind::Time(s) => (2.0, f64::from(s)),
+        WindowKind::Tumbling(ms) => (3.0, f64::from(ms.max(1))),
     };
+    // A threshold that is off is a rate no window reaches (Lua reads no "inf").
+    let rate = |r: f64| if r.is_finite() { r } else { 2.0 };
     [
-        c.failure_rate_threshold,
-        c.slow_call_rate_threshold,
+        rate(c.failure_rate_threshold),
+        rate(c.slow_call_rate_threshold),
         f64::from(c.minimum_calls),
         kind,
         size,
@@ -311,6 +314,7 @@ pub fn breaker_args(c: &BreakerConfig) -> [f64; 10] {
         us(c.wait_in_open.max),
         f64::from(c.half_open_calls),
         us(c.max_wait_in_half_open),
+        f64::from(c.failure_count_threshold.unwrap_or(0)),
     ]
 }
 

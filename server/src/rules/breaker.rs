@@ -6,10 +6,14 @@ use super::fields::Fields;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct BreakerConfig {
-    /// Opens at a failure rate at or above this, in (0, 1].
+    /// Opens at a failure rate at or above this, in (0, 1]; [`OFF`] never.
     pub failure_rate_threshold: f64,
-    /// Opens at a slow-call rate at or above this, in (0, 1].
+    /// Opens at a slow-call rate at or above this, in (0, 1]; [`OFF`] never.
     pub slow_call_rate_threshold: f64,
+    /// Opens at this many failures in the window (Sentinel's exception
+    /// count); in HALF_OPEN, at this many failed probes, or all of them when
+    /// fewer probes are handed out.
+    pub failure_count_threshold: Option<u32>,
     /// A call is slow when strictly longer than this.
     pub slow_call_duration: Duration,
     pub window: WindowKind,
@@ -22,12 +26,19 @@ pub struct BreakerConfig {
     pub max_wait_in_half_open: Duration,
 }
 
+/// A rate threshold that never trips (`off`).
+pub const OFF: f64 = f64::INFINITY;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WindowKind {
     /// The last `n` calls.
     Count(u32),
     /// The calls of the last `n` seconds.
     Time(u32),
+    /// The calls since the last multiple of `n` milliseconds since the epoch
+    /// (Sentinel's `statIntervalMs`: its one bucket, emptied at each
+    /// boundary).
+    Tumbling(u32),
 }
 
 /// How long OPEN lasts: `initial`, times `multiplier` per consecutive reopening,
@@ -59,6 +70,7 @@ impl BreakerConfig {
         f.deny_unknown(&[
             "failure_rate_threshold",
             "slow_call_rate_threshold",
+            "failure_count_threshold",
             "slow_call_duration",
             "window",
             "minimum_calls",
@@ -66,16 +78,23 @@ impl BreakerConfig {
             "half_open_calls",
             "max_wait_in_half_open",
         ]);
-        let rate = |key: &str, default: f64| match f.f64(key) {
-            Some(r) if r > 0.0 && r <= 1.0 => Some(r),
-            Some(r) => {
-                f.error(key, format!("must be a rate above 0 and at most 1 (e.g. 0.5), got {r}"));
-                None
-            }
-            None => (!f.has(key)).then_some(default),
+        let rate = |key: &str, default: f64| match f.get(key) {
+            Some(serde_yaml_ng::Value::String(s)) if s == "off" => Some(OFF),
+            _ => match f.f64(key) {
+                Some(r) if r > 0.0 && r <= 1.0 => Some(r),
+                Some(r) => {
+                    f.error(key, format!("must be a rate above 0 and at most 1 (e.g. 0.5), or off, got {r}"));
+                    None
+                }
+                None => (!f.has(key)).then_some(default),
+            },
         };
         let failure_rate_threshold = rate("failure_rate_threshold", 0.5);
         let slow_call_rate_threshold = rate("slow_call_rate_threshold", 1.0);
+        let failure_count_threshold = match f.has("failure_count_threshold") {
+            true => Some(f.u64_in("failure_count_threshold", 1, 1_000_000).map(|n| n as u32)),
+            false => Some(None),
+        };
         let slow_call_duration =
             or_default(f, "slow_call_duration", f.duration("slow_call_duration", MS), Duration::from_secs(60));
         let window = match f.nested("window") {
@@ -93,11 +112,18 @@ impl BreakerConfig {
         // As in resilience4j: a count window cannot hold more calls than its size.
         let minimum_calls = match window {
             WindowKind::Count(size) => minimum_calls?.min(size),
-            WindowKind::Time(_) => minimum_calls?,
+            WindowKind::Time(_) | WindowKind::Tumbling(_) => minimum_calls?,
         };
+        let (failure_rate_threshold, slow_call_rate_threshold) = (failure_rate_threshold?, slow_call_rate_threshold?);
+        let failure_count_threshold = failure_count_threshold?;
+        if failure_rate_threshold == OFF && slow_call_rate_threshold == OFF && failure_count_threshold.is_none() {
+            f.error("failure_rate_threshold", "every threshold is off: the breaker would never open");
+            return None;
+        }
         Some(BreakerConfig {
-            failure_rate_threshold: failure_rate_threshold?,
-            slow_call_rate_threshold: slow_call_rate_threshold?,
+            failure_rate_threshold,
+            slow_call_rate_threshold,
+            failure_count_threshold,
             slow_call_duration: slow_call_duration?,
             window,
             minimum_calls,
@@ -114,14 +140,23 @@ fn or_default<T>(f: &Fields<'_>, key: &str, value: Option<T>, default: T) -> Opt
 }
 
 fn parse_window(w: &Fields<'_>) -> Option<WindowKind> {
-    match w.required("kind", |w, k| w.choice(k, &[("count", true), ("time", false)]))? {
-        true => {
+    match w.required("kind", |w, k| w.choice(k, &[("count", 0), ("time", 1), ("tumbling", 2)]))? {
+        0 => {
             w.deny_unknown(&["kind", "size"]);
             w.required("size", |w, k| w.u64_in(k, 1, 10_000)).map(|n| WindowKind::Count(n as u32))
         }
-        false => {
+        1 => {
             w.deny_unknown(&["kind", "seconds"]);
             w.required("seconds", |w, k| w.u64_in(k, 1, 3_600)).map(|n| WindowKind::Time(n as u32))
+        }
+        _ => {
+            w.deny_unknown(&["kind", "length"]);
+            let length = w.required("length", |w, k| w.duration(k, MS))?;
+            if length > Duration::from_secs(3_600) {
+                w.error("length", "must be at most 1h");
+                return None;
+            }
+            Some(WindowKind::Tumbling(length.as_millis() as u32))
         }
     }
 }

@@ -398,7 +398,7 @@ pub fn window_rule(name: String, requests_per_unit: u32, unit: Unit, shadow: boo
         on_redis_error: OnRedisError::default(),
         shadow,
         lease: None,
-        when: None,
+        when: Vec::new(),
     };
     Rule {
         name,

@@ -21,7 +21,7 @@ pub mod overrides;
 mod parse;
 pub mod systems;
 
-pub use breaker::{Backoff, BreakerConfig, WindowKind};
+pub use breaker::{Backoff, BreakerConfig, OFF as BREAKER_OFF, WindowKind};
 pub use concurrency::{AdaptiveConfig, AimdConfig, AlgorithmConfig, Gradient2Config, Partitions, VegasConfig};
 pub use fields::{RuleError, RuleErrors};
 use glob::Glob;
@@ -92,7 +92,8 @@ impl Origins {
 
 /// A limit that applies to some requests only: `when: { origin: [a, b] }`
 /// applies when the descriptor is one of the values; `unless:` when it is
-/// absent or none of them.
+/// absent or none of them. A limit's `when` and `unless` may name several
+/// keys: each must hold.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Condition {
     pub key: String,
@@ -139,8 +140,8 @@ pub struct Limit {
     pub shadow: bool,
     /// Clients may lease a share of it (`lease: 2s`).
     pub lease: Option<Lease>,
-    /// It applies only to requests this holds for.
-    pub when: Option<Condition>,
+    /// It applies only to requests every one of these holds for.
+    pub when: Vec<Condition>,
 }
 
 /// `lease: 2s` (and `lease_share:`): how clients may lease a limit.

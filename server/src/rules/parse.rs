@@ -178,33 +178,35 @@ fn values(f: &Fields<'_>, key: &str) -> Option<Vec<String>> {
     }
 }
 
-/// A limit's `when: { key: [values] }` or `unless: { key: [values] }`.
-fn condition(f: &Fields<'_>) -> Option<Option<Condition>> {
-    let (field, negate) = match (f.has("when"), f.has("unless")) {
-        (false, false) => return Some(None),
-        (true, false) => ("when", false),
-        (false, true) => ("unless", true),
-        (true, true) => {
-            f.error("unless", "a limit takes one of when and unless");
-            return None;
+/// A limit's `when: { key: [values], ... }` and `unless: { key: [values], ... }`.
+fn conditions(f: &Fields<'_>) -> Option<Vec<Condition>> {
+    let mut out = Vec::new();
+    let mut ok = true;
+    for (field, negate) in [("when", false), ("unless", true)] {
+        let map = match f.get(field) {
+            None => continue,
+            Some(Value::Mapping(m)) if !m.is_empty() && m.len() <= MAX_DESCRIPTORS => m,
+            Some(_) => {
+                f.error(field, "must map descriptor keys to their values, e.g. { origin: [app-a, app-b] }");
+                ok = false;
+                continue;
+            }
+        };
+        let holder = f.nested(field)?;
+        for (k, _) in map {
+            let Some(key) = k.as_str() else {
+                f.error(field, "a descriptor key must be a string");
+                ok = false;
+                continue;
+            };
+            check_name(f, field, key);
+            match values(&holder, key) {
+                Some(values) => out.push(Condition { key: key.to_string(), values, negate }),
+                None => ok = false,
+            }
         }
-    };
-    let map = match f.get(field) {
-        Some(Value::Mapping(m)) if m.len() == 1 => m,
-        _ => {
-            f.error(field, "must map one descriptor key to its values, e.g. { origin: [app-a, app-b] }");
-            return None;
-        }
-    };
-    let (k, _) = map.iter().next().expect("one entry");
-    let Some(key) = k.as_str() else {
-        f.error(field, "the descriptor key must be a string");
-        return None;
-    };
-    check_name(f, field, key);
-    let holder = f.nested(field)?;
-    let values = values(&holder, key)?;
-    Some(Some(Condition { key: key.to_string(), values, negate }))
+    }
+    ok.then_some(out)
 }
 
 fn check_name(f: &Fields<'_>, key: &str, name: &str) {
@@ -404,7 +406,7 @@ fn limit(f: &Fields<'_>) -> Option<Limit> {
     };
     let shadow = f.flag("shadow");
     let lease = lease(f, algorithm.as_ref());
-    let when = condition(f);
+    let when = conditions(f);
     // A shaping warm-up's queue is one replica's: local unless told (and refused otherwise).
     let shaping = matches!(&algorithm, Some(Algorithm::WarmUp(c)) if matches!(c.mode, warm_up::Mode::Shape { .. }));
     let sync = sync.or(shaping.then_some(SyncMode::Local));

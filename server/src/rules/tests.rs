@@ -175,9 +175,9 @@ resources:
     );
     assert!(e.iter().any(|e| e.ends_with("limits[0] 'l'.max_wait: applies only to mode: shape")), "{e:#?}");
     assert!(
-        e.iter()
-            .any(|e| e
-                .ends_with("breaker.failure_rate_threshold: must be a rate above 0 and at most 1 (e.g. 0.5), got 1.5")),
+        e.iter().any(|e| e.ends_with(
+            "breaker.failure_rate_threshold: must be a rate above 0 and at most 1 (e.g. 0.5), or off, got 1.5"
+        )),
         "{e:#?}"
     );
     assert!(
@@ -370,17 +370,19 @@ resources:
     origins: { allow: [a, 7] }
     limits:
       - { name: x, algorithm: fixed_window, limit: 1, window: 1s, when: { origin: a } }
-      - { name: y, algorithm: fixed_window, limit: 1, window: 1s, unless: { origin: [a, b] } }
+      - { name: y, algorithm: fixed_window, limit: 1, window: 1s, unless: { origin: [a, b] }, when: { context: web } }
 "#,
         "r.yaml",
     )
     .unwrap();
     let api = set.find("api").unwrap();
-    let cond = |key: &str, values: &[&str], negate| {
-        Some(Condition { key: key.into(), values: values.iter().map(|v| v.to_string()).collect(), negate })
+    let cond = |key: &str, values: &[&str], negate| Condition {
+        key: key.into(),
+        values: values.iter().map(|v| v.to_string()).collect(),
+        negate,
     };
-    assert_eq!(api.limits[0].when, cond("origin", &["a"], false));
-    assert_eq!(api.limits[1].when, cond("origin", &["a", "b"], true));
+    assert_eq!(api.limits[0].when, [cond("origin", &["a"], false)]);
+    assert_eq!(api.limits[1].when, [cond("context", &["web"], false), cond("origin", &["a", "b"], true)]);
     let origins = Origins { key: "origin".into(), allow: true, values: vec!["a".into(), "7".into()] };
     assert_eq!(api.origins, Some(origins));
     let errors = errors_of(
@@ -389,16 +391,53 @@ resources:
   - name: api
     origins: { allow: [a], deny: [b] }
     limits:
-      - { name: x, algorithm: fixed_window, limit: 1, window: 1s, when: { a: 1, b: 2 } }
-      - { name: y, algorithm: fixed_window, limit: 1, window: 1s, when: { a: 1 }, unless: { a: 2 } }
+      - { name: x, algorithm: fixed_window, limit: 1, window: 1s, when: {} }
+      - { name: y, algorithm: fixed_window, limit: 1, window: 1s, unless: [a] }
       - { name: z, algorithm: fixed_window, limit: 1, window: 1s, when: { a: [] } }
 "#,
     );
     let expected = [
-        "rules.yaml: resource 'api': limits[0] 'x'.when: must map one descriptor key to its values, e.g. { origin: [app-a, app-b] }",
-        "rules.yaml: resource 'api': limits[1] 'y'.unless: a limit takes one of when and unless",
+        "rules.yaml: resource 'api': limits[0] 'x'.when: must map descriptor keys to their values, e.g. { origin: [app-a, app-b] }",
+        "rules.yaml: resource 'api': limits[1] 'y'.unless: must map descriptor keys to their values, e.g. { origin: [app-a, app-b] }",
         "rules.yaml: resource 'api': limits[2] 'z'.when.a: must be a value or a list of 1 to 1000 values",
         "rules.yaml: resource 'api': origins.allow: needs exactly one of allow or deny: a list of values",
     ];
     assert_eq!(errors, expected);
+}
+
+#[test]
+fn a_breaker_may_count_failures_turn_rates_off_and_use_a_tumbling_window() {
+    let set = RuleSet::from_yaml(
+        r#"
+resources:
+  - name: api
+    breaker:
+      failure_rate_threshold: off
+      failure_count_threshold: 5
+      window: { kind: tumbling, length: 20s }
+"#,
+        "r.yaml",
+    )
+    .unwrap();
+    let b = set.find("api").unwrap().breaker.clone().unwrap();
+    assert_eq!(b.failure_rate_threshold, BREAKER_OFF);
+    assert_eq!(b.failure_count_threshold, Some(5));
+    assert_eq!(b.window, WindowKind::Tumbling(20_000));
+    let errors = errors_of(
+        r#"
+resources:
+  - name: a
+    breaker: { failure_rate_threshold: off, slow_call_rate_threshold: off }
+  - name: b
+    breaker: { failure_count_threshold: 0, window: { kind: tumbling, length: 2h } }
+"#,
+    );
+    assert_eq!(
+        errors,
+        [
+            "rules.yaml: resource 'a': breaker.failure_rate_threshold: every threshold is off: the breaker would never open",
+            "rules.yaml: resource 'b': breaker.failure_count_threshold: must be between 1 and 1000000, got 0",
+            "rules.yaml: resource 'b': breaker.window.length: must be at most 1h",
+        ]
+    );
 }
