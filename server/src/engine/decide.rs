@@ -269,7 +269,8 @@ impl Engine {
         };
         for (limit, _, _) in &matched {
             let capacity = limit.algorithm.capacity();
-            if cost > capacity {
+            // A limit of 0 (Sentinel's threshold below one call) denies; it is not an error.
+            if capacity > 0 && cost > capacity {
                 return Err(RequestError::CostExceedsCapacity { cost, capacity, limit: limit.name.clone() });
             }
         }

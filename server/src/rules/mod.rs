@@ -19,6 +19,7 @@ mod fields;
 pub mod glob;
 pub mod overrides;
 mod parse;
+pub mod sentinel;
 pub mod systems;
 
 pub use breaker::{Backoff, BreakerConfig, OFF as BREAKER_OFF, WindowKind};
@@ -232,6 +233,42 @@ impl RuleSet {
             }
         }
         set
+    }
+
+    /// Rules (and systems) built elsewhere than in a rules file.
+    pub fn from_rules(rules: Vec<Rule>, systems: Vec<SystemConfig>) -> RuleSet {
+        RuleSet::new(rules, HashMap::new(), systems)
+    }
+
+    /// These rules with another source's (Sentinel's) after them: a resource
+    /// these name exactly keeps its rule here, the other's default rule
+    /// counts only when these have none, its system only when these have
+    /// none of that name. Returns the other's rules left out.
+    pub fn with_extra(&self, extra: &[Rule], system: Option<&SystemConfig>) -> (RuleSet, Vec<String>) {
+        if extra.is_empty() && system.is_none() {
+            return (self.clone(), Vec::new());
+        }
+        let mut rules = self.rules.clone();
+        let mut left_out = Vec::new();
+        for r in extra {
+            let taken = match r.pattern {
+                Pattern::Default => self.default.is_some(),
+                _ => self.exact.contains_key(&r.name),
+            };
+            if taken {
+                left_out.push(r.name.clone());
+            } else {
+                rules.push(r.clone());
+            }
+        }
+        let mut systems = self.systems.clone();
+        if let Some(s) = system {
+            match systems.iter().any(|x| x.name == s.name) {
+                true => left_out.push(format!("system '{}'", s.name)),
+                false => systems.push(s.clone()),
+            }
+        }
+        (RuleSet::new(rules, self.tiers.clone(), systems), left_out)
     }
 
     /// The rule for `resource`: exact name, else first glob, else the default.
