@@ -248,6 +248,8 @@ mod tests;
 mod adaptive_tests;
 #[cfg(test)]
 mod guard_tests;
+#[cfg(test)]
+mod sentinel_tests;
 
 #[cfg(test)]
 mod system_tests;

@@ -192,4 +192,4 @@ impl SentinelRules {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
