@@ -120,6 +120,56 @@ pub fn spawn_envoy(
     crate::files::watch(paths, quiet, read)
 }
 
+/// Watches a directory of Sentinel's rules like `spawn_envoy`.
+pub fn spawn_sentinel(
+    dir: PathBuf,
+    decider: Arc<Decider>,
+    loaded: String,
+    quiet: Duration,
+    options: crate::rules::sentinel::SentinelOptions,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let read = reader(dir.clone(), decider, loaded, move |dir, decider, last| {
+        let options = options.clone();
+        async move { reload_sentinel(dir, &decider, &mut *last.lock().await, options).await }
+    });
+    let mut paths = vec![dir.join(".floodgate")];
+    if let Ok(entries) = std::fs::read_dir(&dir) {
+        paths.extend(entries.filter_map(|e| e.ok().map(|e| e.path())).take(crate::rules::sentinel::MAX_FILES));
+    }
+    crate::files::watch(paths, quiet, read)
+}
+
+async fn reload_sentinel(
+    dir: PathBuf,
+    decider: &Decider,
+    last: &mut String,
+    options: crate::rules::sentinel::SentinelOptions,
+) {
+    let name = dir.display().to_string();
+    let loaded = tokio::task::spawn_blocking(move || {
+        crate::rules::sentinel::SentinelRules::load_dir(&dir, &options).map(|r| (r, dir))
+    })
+    .await;
+    match loaded {
+        Ok(Ok(((rules, text), dir))) => {
+            if text == *last {
+                return;
+            }
+            let version = decider.install_sentinel(rules, text.clone(), &dir);
+            tracing::info!(dir = name, version, "Sentinel's rules reloaded");
+            *last = text;
+        }
+        Ok(Err(errors)) => {
+            decider.refused(&Origin::Sentinel);
+            tracing::error!(dir = name, "invalid Sentinel rules ignored; keeping the ones in force\n{errors}");
+        }
+        Err(e) => {
+            decider.refused(&Origin::Sentinel);
+            tracing::error!(dir = name, error = %e, "reading Sentinel's rules failed");
+        }
+    }
+}
+
 async fn reload_envoy(dir: PathBuf, decider: &Decider, last: &mut String, options: crate::rules::envoy::EnvoyOptions) {
     let name = dir.display().to_string();
     let loaded = tokio::task::spawn_blocking(move || {

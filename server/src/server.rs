@@ -32,6 +32,8 @@ pub struct Options {
     /// An envoyproxy/ratelimit configuration: a directory to load and
     /// watch, or an xDS control plane to stream it from.
     pub envoy: EnvoySources,
+    /// A directory of Sentinel's rules to load and watch, and how they meet requests.
+    pub sentinel: Option<(PathBuf, crate::rules::sentinel::SentinelOptions)>,
     /// How Envoy's RLS answers.
     pub rls: crate::decider::RlsOptions,
     /// How long the rules file must stay unchanged before it is read again.
@@ -161,6 +163,8 @@ struct Sources {
     rules: Option<(PathBuf, String)>,
     /// The envoyproxy/ratelimit directory and the text read from it.
     envoy: Option<(PathBuf, String)>,
+    /// Sentinel's directory and the text read from it.
+    sentinel: Option<(PathBuf, String)>,
 }
 
 /// The rules file (or the embedded rules), the Envoy configuration and the
@@ -179,12 +183,24 @@ fn install_sources(opts: &Options, engine: &Engine) -> anyhow::Result<Sources> {
         }
         None => None,
     };
+    let sentinel = match &opts.sentinel {
+        Some((dir, options)) => {
+            let (rules, text) = crate::rules::sentinel::SentinelRules::load_dir(dir, options)
+                .map_err(|e| anyhow::anyhow!("{e}"))
+                .with_context(|| format!("--sentinel-rules {}", dir.display()))?;
+            let (resources, ignored) = (rules.rules.len(), rules.ignored.len());
+            let version = decider::install_sentinel(engine, rules, text.clone(), dir);
+            tracing::info!(dir = %dir.display(), resources, ignored, version, "Sentinel's rules loaded");
+            Some((dir.clone(), text))
+        }
+        None => None,
+    };
     if let Some(path) = &opts.overrides.file {
         let table = decider::read_overrides_file(path, opts.overrides.max).context("reading the overrides file")?;
         let (count, version) = (table.len(), engine.install_overrides(Arc::new(table), Default::default()));
         tracing::info!(file = %path.display(), count, version, "overrides set at run time restored");
     }
-    Ok(Sources { rules, envoy })
+    Ok(Sources { rules, envoy, sentinel })
 }
 
 async fn start_replication(opts: &Options, engine: &Arc<Engine>) -> anyhow::Result<Option<Arc<Replication>>> {
@@ -241,6 +257,11 @@ fn spawn_background(
     }
     if let Some((path, text)) = sources.rules {
         tasks.push(reload::spawn(path, decider.clone(), text, opts.reload_quiet).context("watching the rules file")?);
+    }
+    if let Some(((dir, text), (_, options))) = sources.sentinel.zip(opts.sentinel.clone()) {
+        let watcher = reload::spawn_sentinel(dir, decider.clone(), text, opts.reload_quiet, options)
+            .context("watching Sentinel's rules")?;
+        tasks.push(watcher);
     }
     if let Some((dir, text)) = sources.envoy {
         let watcher = reload::spawn_envoy(dir, decider.clone(), text, opts.reload_quiet, opts.envoy.options)
@@ -322,8 +343,8 @@ async fn stopped(mut rx: watch::Receiver<bool>) {
 /// and the text read from it.
 fn install_rules_in_force(opts: &Options, engine: &Engine) -> anyhow::Result<Option<(PathBuf, String)>> {
     let Some(path) = &opts.config else {
-        if opts.envoy.dir.is_some() || opts.envoy.xds.is_some() {
-            tracing::info!("no rules file: RLS domains are decided by the Envoy configuration only");
+        if opts.envoy.dir.is_some() || opts.envoy.xds.is_some() || opts.sentinel.is_some() {
+            tracing::info!("no rules file: only the Envoy configuration or Sentinel's rules decide");
             return Ok(None);
         }
         let rules = RuleSet::from_yaml(DEFAULT_RULES, "embedded").expect("the embedded rules are valid");

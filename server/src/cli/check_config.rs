@@ -1,4 +1,4 @@
-//! `floodgate check-config [FILE] [--envoy-config DIR]`.
+//! `floodgate check-config [FILE] [--envoy-config DIR] [--sentinel-rules DIR]`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -8,7 +8,7 @@ use clap::Args;
 use crate::rules::envoy::EnvoyConfig;
 
 #[derive(Args, Debug)]
-#[command(group = clap::ArgGroup::new("what").required(true).multiple(true).args(["file", "envoy_config"]))]
+#[command(group = clap::ArgGroup::new("what").required(true).multiple(true).args(["file", "envoy_config", "sentinel_rules"]))]
 pub struct CheckConfigArgs {
     /// The rules file to validate.
     file: Option<PathBuf>,
@@ -19,6 +19,9 @@ pub struct CheckConfigArgs {
     /// `serve --envoy-merge-domains` reads them.
     #[arg(long, requires = "envoy_config")]
     envoy_merge_domains: bool,
+    /// A directory of Sentinel's rules to validate.
+    #[arg(long)]
+    sentinel_rules: Option<PathBuf>,
 }
 
 /// Validates each configuration given; every error is listed, naming the
@@ -46,6 +49,31 @@ pub fn run(args: CheckConfigArgs) -> ExitCode {
                 domains.sort_unstable();
                 let limits = config.rules().len();
                 println!("{}: OK ({} domains: {}; {limits} limits)", dir.display(), domains.len(), domains.join(", "));
+            }
+            Err(errors) => {
+                eprintln!("{errors}");
+                ok = false;
+            }
+        }
+    }
+    if let Some(dir) = &args.sentinel_rules {
+        let options = crate::rules::sentinel::SentinelOptions::default();
+        match crate::rules::sentinel::SentinelRules::load_dir(dir, &options) {
+            Ok((rules, _)) => {
+                let read: Vec<String> = rules.counts.iter().map(|(kind, n)| format!("{n} {kind}")).collect();
+                let limits: usize = rules.rules.iter().map(|r| r.limits.len()).sum();
+                let breakers = rules.rules.iter().filter(|r| r.breaker.is_some()).count();
+                println!(
+                    "{}: OK ({} rules: {}; {} resources, {limits} limits, {breakers} breakers; {} not enforced)",
+                    dir.display(),
+                    rules.counts.values().sum::<usize>(),
+                    read.join(", "),
+                    rules.rules.len(),
+                    rules.ignored.len(),
+                );
+                for why in &rules.ignored {
+                    println!("  not enforced: {why}");
+                }
             }
             Err(errors) => {
                 eprintln!("{errors}");

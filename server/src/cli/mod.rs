@@ -187,6 +187,14 @@ pub(crate) fn parse_bytes(s: &str) -> Result<usize, String> {
     Ok(bytes)
 }
 
+/// A descriptor key: 1 to 256 bytes, no control characters.
+pub(crate) fn descriptor_key(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.len() > crate::rules::MAX_NAME_BYTES || s.chars().any(char::is_control) {
+        return Err("must be 1 to 256 bytes, without control characters".into());
+    }
+    Ok(s.to_string())
+}
+
 pub(crate) fn parse_positive(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(0) => Err("must be at least 1".into()),

@@ -15,6 +15,7 @@ use crate::server::{self, Listeners, Options};
 use crate::time::SystemClock;
 
 mod envoy;
+mod sentinel;
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -102,6 +103,9 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     envoy: envoy::EnvoyArgs,
+
+    #[command(flatten)]
+    sentinel: sentinel::SentinelArgs,
 
     #[command(flatten)]
     otlp: OtlpArgs,
@@ -289,6 +293,7 @@ fn options(args: ServeArgs) -> anyhow::Result<Options> {
         replication,
         config: args.config,
         envoy,
+        sentinel: args.sentinel.sources(),
         rls,
         reload_quiet: args.reload_debounce,
         max_keys: args.max_keys,

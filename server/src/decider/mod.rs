@@ -35,7 +35,9 @@ pub use overrides::{
     MAX_PAGE, NewOverride, OverrideOptions, OverridesPage, OverridesSet, read_file as read_overrides_file,
 };
 pub use rls::{HeaderNames, RlsAnswer, RlsHeaders, RlsOptions, RlsRequest, RlsStatus, Shown};
-pub use rules::{Applied, EnvoyInForce, Origin, RulesInForce, install, install_envoy};
+pub use rules::{
+    Applied, EnvoyInForce, Origin, RulesInForce, SentinelInForce, install, install_envoy, install_sentinel,
+};
 pub use views::{Figures, ReplicaHealth};
 
 pub struct Decider {

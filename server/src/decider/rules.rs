@@ -9,6 +9,7 @@ use super::Decider;
 use crate::engine::what_if::{self, WhatIf};
 use crate::engine::{Engine, Installed};
 use crate::rules::envoy::EnvoyConfig;
+use crate::rules::sentinel::SentinelRules;
 use crate::rules::{RuleErrors, RuleSet};
 
 /// Where a rule set comes from.
@@ -22,6 +23,8 @@ pub enum Origin {
     Admin,
     /// An envoyproxy/ratelimit configuration directory.
     Envoy,
+    /// A directory of Sentinel's rules.
+    Sentinel,
 }
 
 /// The outcome of `ApplyRules`.
@@ -46,6 +49,24 @@ pub struct RulesInForce {
     pub resources: Vec<String>,
     /// The envoyproxy/ratelimit configuration in force, if one is.
     pub envoy: Option<EnvoyInForce>,
+    /// Sentinel's rules in force, if there are.
+    pub sentinel: Option<SentinelInForce>,
+}
+
+/// Sentinel's rules in force, for `GetRules`.
+#[derive(Clone, Debug)]
+pub struct SentinelInForce {
+    /// The directory.
+    pub source: String,
+    /// Their resources, in the order they first appear.
+    pub resources: Vec<String>,
+    /// Rules read but not enforced, each with why.
+    pub ignored: Vec<String>,
+    /// Resources the rules file names too (its rule decides them).
+    pub left_out: Vec<String>,
+    pub loaded_at: SystemTime,
+    /// The files, as read.
+    pub json: String,
 }
 
 /// An envoyproxy/ratelimit configuration in force, for `GetRules`.
@@ -71,6 +92,7 @@ impl Origin {
             Origin::Embedded => "embedded",
             Origin::Admin => "admin",
             Origin::Envoy => "envoy",
+            Origin::Sentinel => "sentinel",
         }
     }
 
@@ -80,6 +102,7 @@ impl Origin {
             Origin::Embedded => "embedded".into(),
             Origin::Admin => "admin".into(),
             Origin::Envoy => "envoy".into(),
+            Origin::Sentinel => "sentinel".into(),
         }
     }
 }
@@ -105,6 +128,17 @@ impl Decider {
                     domains,
                     loaded_at: e.loaded_at,
                     yaml: e.text.clone(),
+                }
+            }),
+            sentinel: (!installed.sentinel.source.is_empty()).then(|| {
+                let s = &installed.sentinel;
+                SentinelInForce {
+                    source: s.source.clone(),
+                    resources: s.rules.rules.iter().map(|r| r.name.clone()).collect(),
+                    ignored: s.rules.ignored.clone(),
+                    left_out: s.left_out(&installed.file),
+                    loaded_at: s.loaded_at,
+                    json: s.text.clone(),
                 }
             }),
         }
@@ -181,6 +215,11 @@ impl Decider {
         installed
     }
 
+    /// Installs Sentinel's rules read from `dir`.
+    pub fn install_sentinel(&self, rules: SentinelRules, text: String, dir: &std::path::Path) -> u64 {
+        install_sentinel(&self.engine, rules, text, dir)
+    }
+
     /// Counts a rules file that could not be installed.
     pub fn refused(&self, origin: &Origin) {
         crate::metrics::rule_reload(origin.label(), false, self.engine.rules().version);
@@ -201,6 +240,20 @@ async fn parse_off_the_workers(yaml: &str) -> Result<RuleSet, RuleErrors> {
 pub fn install_envoy(engine: &Engine, config: EnvoyConfig, text: String, dir: &std::path::Path) -> u64 {
     let version = engine.install_envoy(config, text, dir.display().to_string(), String::new());
     crate::metrics::rule_reload(Origin::Envoy.label(), true, version);
+    version
+}
+
+/// Installs Sentinel's rules read from `dir` and counts the reload; the
+/// version. What is listed as ignored is logged.
+pub fn install_sentinel(engine: &Engine, rules: SentinelRules, text: String, dir: &std::path::Path) -> u64 {
+    for why in &rules.ignored {
+        tracing::warn!(dir = %dir.display(), "a Sentinel rule is not enforced: {why}");
+    }
+    let version = engine.install_sentinel(rules, text, dir.display().to_string());
+    crate::metrics::rule_reload(Origin::Sentinel.label(), true, version);
+    for name in engine.rules().sentinel.left_out(&engine.rules().file) {
+        tracing::warn!(dir = %dir.display(), "Sentinel's rules for {name} are not in force: the rules file has its own");
+    }
     version
 }
 

@@ -25,6 +25,7 @@ use crate::limiter::Algorithm;
 use crate::metrics::upstream::{LimitStats, Registry};
 use crate::overrides::Table;
 use crate::rules::envoy::{self, EnvoyConfig, Unit};
+use crate::rules::sentinel::SentinelRules;
 use crate::rules::{Limit, Pattern, Rule, RuleSet};
 use crate::store::LimitId;
 
@@ -49,6 +50,8 @@ pub struct Installed {
     pub loaded_at: SystemTime,
     /// The envoyproxy/ratelimit configuration (empty when none is loaded).
     pub envoy: Arc<EnvoyInstalled>,
+    /// Sentinel's rules (empty when none are loaded), merged into `rules`.
+    pub sentinel: Arc<SentinelInstalled>,
     /// The degradation scopes: the global one and the rules' systems.
     pub systems: Arc<Systems>,
     pub(super) handles: Handles,
@@ -65,6 +68,35 @@ pub struct EnvoyInstalled {
     /// The control plane's version of it (empty for a directory).
     pub version: String,
     pub loaded_at: SystemTime,
+}
+
+/// Sentinel's rules in force (`--sentinel-rules`).
+#[derive(Debug)]
+pub struct SentinelInstalled {
+    pub rules: SentinelRules,
+    /// The files' text, for `GetRules`.
+    pub text: String,
+    /// The directory they came from; empty when none is loaded.
+    pub source: String,
+    pub loaded_at: SystemTime,
+}
+
+impl Default for SentinelInstalled {
+    fn default() -> Self {
+        SentinelInstalled {
+            rules: SentinelRules::default(),
+            text: String::new(),
+            source: String::new(),
+            loaded_at: SystemTime::UNIX_EPOCH,
+        }
+    }
+}
+
+impl SentinelInstalled {
+    /// Sentinel's resources the rules file names too: the file's rule decides them.
+    pub fn left_out(&self, file: &RuleSet) -> Vec<String> {
+        file.with_extra(&self.rules.rules, self.rules.system.as_ref()).1
+    }
 }
 
 /// What the engine keeps beside the rules in force.
@@ -149,6 +181,7 @@ impl Installed {
             source: String::new(),
             loaded_at: SystemTime::now(),
             envoy: Arc::default(),
+            sentinel: Arc::default(),
             systems: Arc::default(),
             handles: Handles {
                 rules: Arc::default(),
@@ -247,6 +280,7 @@ impl RulesSlot {
             yaml,
             source,
             envoy: current.envoy.clone(),
+            sentinel: current.sentinel.clone(),
             runtime: current.runtime.clone(),
             systems: current.systems.clone(),
         };
@@ -262,6 +296,7 @@ impl RulesSlot {
             yaml: current.yaml.clone(),
             source: current.source.clone(),
             envoy: current.envoy.clone(),
+            sentinel: current.sentinel.clone(),
             runtime,
             systems: current.systems.clone(),
         };
@@ -270,7 +305,11 @@ impl RulesSlot {
 
     /// Merges `file` with `parts.runtime`, gives every limit its id, swaps.
     fn merge_and_swap(&self, ids: &mut Ids, current: &Installed, file: Arc<RuleSet>, parts: Parts) -> u64 {
-        let (rules, problems) = parts.runtime.merge(&file);
+        let sentinel = &parts.sentinel.rules;
+        let (rules, problems) = match sentinel.rules.is_empty() && sentinel.system.is_none() {
+            true => parts.runtime.merge(&file),
+            false => parts.runtime.merge(&file.with_extra(&sentinel.rules, sentinel.system.as_ref()).0),
+        };
         ids.runtime.retain(|(id, _), _| parts.runtime.get(id).is_some());
         let systems = Arc::new(current.systems.reconfigure(rules.systems()));
         let scope_of = |rule: &Rule| match rule.pattern {
@@ -284,6 +323,23 @@ impl RulesSlot {
         let envoy_handles = current.handles.envoy.clone();
         let parts = Parts { systems, ..parts };
         self.swap(current, Arc::new(rules), file, Arc::new(problems), handles, envoy_handles, parts)
+    }
+
+    /// Swaps in Sentinel's rules (read from `source`), merged after the
+    /// file's; returns the version.
+    pub fn install_sentinel(&self, rules: SentinelRules, text: String, source: String) -> u64 {
+        let mut ids = self.ids.lock().unwrap_or_else(|e| e.into_inner());
+        let current = self.current.load_full();
+        let sentinel = Arc::new(SentinelInstalled { rules, text, source, loaded_at: SystemTime::now() });
+        let parts = Parts {
+            yaml: current.yaml.clone(),
+            source: current.source.clone(),
+            envoy: current.envoy.clone(),
+            sentinel,
+            runtime: current.runtime.clone(),
+            systems: current.systems.clone(),
+        };
+        self.merge_and_swap(&mut ids, &current, current.file.clone(), parts)
     }
 
     /// Swaps in an envoyproxy/ratelimit configuration (read from `source`),
@@ -330,6 +386,7 @@ impl RulesSlot {
             yaml: current.yaml.clone(),
             source: current.source.clone(),
             envoy,
+            sentinel: current.sentinel.clone(),
             runtime: current.runtime.clone(),
             systems: current.systems.clone(),
         };
@@ -350,7 +407,7 @@ impl RulesSlot {
         envoy_handles: Arc<Vec<RuleHandles>>,
         parts: Parts,
     ) -> u64 {
-        let Parts { yaml, source, envoy, runtime, systems } = parts;
+        let Parts { yaml, source, envoy, sentinel, runtime, systems } = parts;
         let mut by_id = HashMap::new();
         for (r, h) in handles.iter().enumerate() {
             for (l, id) in h.ids.iter().enumerate() {
@@ -376,6 +433,7 @@ impl RulesSlot {
             source,
             loaded_at: SystemTime::now(),
             envoy,
+            sentinel,
             systems,
             handles: Handles {
                 rules: handles,
@@ -397,6 +455,7 @@ struct Parts {
     yaml: String,
     source: String,
     envoy: Arc<EnvoyInstalled>,
+    sentinel: Arc<SentinelInstalled>,
     runtime: Arc<Table>,
     /// The degradation scopes (rebuilt from the merged rules on a merge).
     systems: Arc<Systems>,

@@ -105,9 +105,18 @@ impl Engine {
     /// Swaps in a new rule set atomically and returns its version. Limits that
     /// keep their resource, name and algorithm keep their buckets.
     pub fn install(&self, rules: RuleSet, yaml: String, source: String) -> u64 {
-        let patterns = rules.patterns().into();
         let version = self.rules.install(rules, yaml, source.clone());
+        // The rules in force: the file's, with Sentinel's and the overrides merged.
+        let patterns = self.rules.load().rules.patterns().into();
         self.events.publish(Event::Rules { version, source, patterns });
+        version
+    }
+
+    /// Installs Sentinel's rules read from `source` beside the file's.
+    pub fn install_sentinel(&self, rules: crate::rules::sentinel::SentinelRules, text: String, source: String) -> u64 {
+        let version = self.rules.install_sentinel(rules, text, source.clone());
+        let patterns = self.rules.load().rules.patterns().into();
+        self.events.publish(Event::Rules { version, source: format!("sentinel:{source}"), patterns });
         version
     }
 
