@@ -334,6 +334,34 @@ async fn unfinished_requests_hold_no_more_than_their_budgets() {
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_in_flight_on_the_whole_port_are_capped() {
+    let (_dir, fg) = start(&["--max-streams", "50"]);
+    // 60 calls each holding its stream open (a message never finished).
+    let mut part = vec![0u8];
+    part.extend(100u32.to_be_bytes());
+    part.push(b'x');
+    let part = Bytes::from(part);
+    let (answers, held) = unfinished(&fg, 60, &part).await;
+    // (A refused call's stream counts until its answer is written: one or
+    // two more may be refused in a burst.)
+    assert!((10..=12).contains(&answers.len()), "{} of the calls past 50 answered at once", answers.len());
+    for headers in &answers {
+        let status = tonic::Status::from_header_map(headers).expect("a trailers-only answer");
+        assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+        assert!(status.message().contains("50 calls are in flight (--max-streams)"), "{status:?}");
+    }
+    let mut data = fg.client().await;
+    let err = data.acquire(acquire("demo", &[("user", "u")], 1)).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    drop(held);
+    eventually("room again", Duration::from_secs(10), || {
+        let mut data = data.clone();
+        async move { data.acquire(acquire("demo", &[("user", "u")], 1)).await.ok() }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn the_grpc_port_advertises_max_concurrent_streams() {
     let (_dir, fg) = start(&["--max-concurrent-streams", "77"]);
@@ -365,6 +393,7 @@ fn flags_that_cannot_work_are_refused_before_anything_starts() {
         (&["--max-connections", "0"], "--max-connections"),
         (&["--max-concurrent-streams", "0"], "--max-concurrent-streams"),
         (&["--max-watchers", "0"], "--max-watchers"),
+        (&["--max-streams", "0"], "--max-streams"),
         (&["--max-unfinished-request-bytes", "0"], "--max-unfinished-request-bytes"),
         (&["--max-unfinished-request-bytes", "1PB"], "--max-unfinished-request-bytes"),
         (&["--max-unfinished-request-bytes", "10MiB"], "--max-unfinished-request-bytes"),

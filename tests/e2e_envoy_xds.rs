@@ -302,6 +302,37 @@ async fn a_silent_control_plane_is_asked_again_and_ready_without_config_answers_
     cp.push("v1", one(config("edge", "user", 1)));
     cp.answer_where("ACK of v1", |a| a.version == "v1").await;
     assert_eq!(overs(&fg, "edge", "user", &fresh("u"), 2).await, [false, true]);
+
+    // A black hole: connections accepted, never a byte back (no HTTP/2
+    // handshake, no response headers). Each attempt is given up too.
+    let hole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", hole.local_addr().unwrap());
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = accepted.clone();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in hole.incoming().take(20) {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            held.push(s);
+        }
+    });
+    let args = [
+        "--envoy-xds",
+        &url,
+        "--envoy-xds-initial-fetch-timeout",
+        "300ms",
+        "--envoy-xds-backoff-initial",
+        "200ms",
+        "--envoy-xds-backoff-max",
+        "1s",
+    ];
+    let fg = Floodgate::start(&args);
+    eventually("three connections to the black hole", Duration::from_secs(15), || async {
+        (accepted.load(std::sync::atomic::Ordering::SeqCst) >= 3).then_some(())
+    })
+    .await;
+    assert!(fg.logs().contains("within 300ms"), "{}", fg.logs());
+    assert!(!fg.logs().contains("connected to the xDS control plane"), "never connected: {}", fg.logs());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -350,4 +381,18 @@ async fn a_burst_of_delta_updates_is_validated_once_and_a_bad_one_is_nacked_alon
     cp.burst(vec![ControlPlane::delta("h1", vec![("never".into(), None)])]);
     let nack = cp.answer_where("the NACK of an unknown heartbeat", |a| a.nonce == "h1").await;
     assert!(nack.error.unwrap().contains("resource 'never': no content, and none is held by that name"));
+    // Undecodable resources, over and over: each NACKed, logged once.
+    let undecodable = |nonce: &str| {
+        let mut r = ControlPlane::delta(nonce, vec![("junk".into(), Some(config("junk", "user", 1)))]);
+        r.resources[0].resource.as_mut().unwrap().value = vec![0xff, 0xff, 0xff];
+        r
+    };
+    for round in 0..3 {
+        cp.burst((0..5).map(|i| undecodable(&format!("u{round}-{i}"))).collect());
+        cp.answer_where("the NACK of the round", |a| a.nonce == format!("u{round}-4")).await;
+    }
+    let nacks = cp.answers().iter().filter(|a| a.nonce.starts_with('u') && a.error.is_some()).count();
+    assert_eq!(nacks, 15);
+    let logged = fg.logs().matches("resource 'junk': cannot be decoded").count();
+    assert_eq!(logged, 1, "{}", fg.logs());
 }

@@ -9,10 +9,11 @@ pub const MAX_PLAIN: usize = 256;
 const PREFIX: &str = "#sha256:";
 
 /// Whether `value` is kept as its digest: when longer than [`MAX_PLAIN`], or
-/// when it is spelled like a digest (so a short value can never name a long
-/// value's counter).
+/// when it starts like a digest, whatever follows (`#sha256:`, or
+/// `#sha256_` as a digest reads in a stat label once sanitised): a short
+/// value can never name a long value's counter or series.
 pub fn needed(value: &str) -> bool {
-    value.len() > MAX_PLAIN || value.starts_with(PREFIX)
+    value.len() > MAX_PLAIN || value.starts_with(&PREFIX[..7])
 }
 
 /// A long value's stand-in: `#sha256:` and the first 128 bits of its
@@ -27,4 +28,23 @@ pub fn digest(value: &str) -> String {
 /// `value` as it is, or its digest when [`needed`].
 pub fn bounded(value: &str) -> std::borrow::Cow<'_, str> {
     if needed(value) { std::borrow::Cow::Owned(digest(value)) } else { std::borrow::Cow::Borrowed(value) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_short_value_reads_like_another_values_digest_even_sanitised() {
+        let long = "v".repeat(MAX_PLAIN + 1);
+        let d = digest(&long);
+        assert_eq!(bounded(&long), d);
+        // As a stat label sanitises it (`:` becomes `_`), or as it is.
+        for spelled in [d.clone(), d.replace(':', "_"), d.replace(':', "|")] {
+            let b = bounded(&spelled);
+            assert_ne!(crate::metrics::upstream::sanitize(&b), crate::metrics::upstream::sanitize(&d), "{spelled}");
+        }
+        assert_eq!(bounded("#sha25"), "#sha25", "not a digest's start: as it is");
+        assert_eq!(bounded("plain"), "plain");
+    }
 }

@@ -132,8 +132,11 @@ pub async fn rules(args: RulesArgs) -> anyhow::Result<ExitCode> {
             if let Some(e) = r.envoy {
                 // A control plane chooses the version and the domains: shown
                 // escaped, so they cannot write to the terminal.
-                let version =
-                    if e.version.is_empty() { String::new() } else { format!(" version {}", e.version.escape_debug()) };
+                let version = if e.version.is_empty() {
+                    String::new()
+                } else {
+                    format!(" version {}", crate::xds::shown(&e.version))
+                };
                 let domains: Vec<String> = e.domains.iter().map(|d| d.escape_debug().to_string()).collect();
                 println!(
                     "# envoyproxy/ratelimit configuration from {}{version}: domains {}",

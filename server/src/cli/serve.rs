@@ -146,6 +146,10 @@ struct LimitArgs {
     /// HTTP/2 streams (calls in flight) per connection.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
     max_concurrent_streams: u32,
+    /// gRPC calls (streams) in flight at once on the whole port; more are
+    /// RESOURCE_EXHAUSTED at once.
+    #[arg(long, default_value_t = 20_000, value_parser = super::parse_positive)]
+    max_streams: usize,
     /// HTTP/2 keepalive pings: how often.
     #[arg(long, default_value = "60s", value_parser = super::at_least_1s)]
     keepalive_interval: Duration,
@@ -260,6 +264,7 @@ fn options(args: ServeArgs) -> anyhow::Result<Options> {
         idle_timeout: l.idle_timeout,
         header_read_timeout: l.header_read_timeout,
         max_concurrent_streams: l.max_concurrent_streams,
+        max_streams: l.max_streams,
         keepalive_interval: l.keepalive_interval,
         keepalive_timeout: l.keepalive_timeout,
         unfinished_bytes: l.max_unfinished_request_bytes,

@@ -572,6 +572,8 @@ mod tests {
             // A control plane naming a new domain in every version.
             slot.install_envoy(config(&format!("d{i}")), String::new(), "xds".into(), i.to_string());
             slot.upstream().get(&format!("d{i}.ip_1"));
+            // Traffic goes on on kept's request-dependent series.
+            slot.upstream().get("kept.ip_1");
         }
         let ids = slot.ids.lock().unwrap();
         assert_eq!(ids.file.len(), 3, "kept's two limits and the last domain's one");

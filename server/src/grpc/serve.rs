@@ -28,10 +28,12 @@ use crate::listen::{self, Peer, Port};
 
 type Stream = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// The streams one connection has opened and not yet finished.
-#[derive(Clone, Default)]
+/// The streams one connection has opened and not yet finished, and those
+/// of the whole port (`open`), each counted for as long as it lives.
+#[derive(Clone)]
 struct Streams {
     new: Arc<Mutex<Vec<Stream>>>,
+    open: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl<F> hyper::rt::Executor<F> for Streams
@@ -39,6 +41,12 @@ where
     F: Future<Output = ()> + Send + 'static,
 {
     fn execute(&self, stream: F) {
+        self.open.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        let counted = Counted(self.open.clone());
+        let stream = async move {
+            let _counted = counted;
+            stream.await
+        };
         self.new.lock().unwrap_or_else(|e| e.into_inner()).push(Box::pin(stream));
     }
 }
@@ -104,6 +112,15 @@ where
     }
 }
 
+/// A stream counted among those open on the port, until it ends.
+struct Counted(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
 /// Serves the gRPC `service` on `port` until `stop` completes; then waits for
 /// the connections in flight (the caller bounds how long).
 pub async fn serve<S>(port: Port, service: S, stop: impl Future<Output = ()>)
@@ -116,6 +133,7 @@ where
     S::Error: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
 {
     let limits = port.limits;
+    let streams = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut incoming = listen::accept(port);
     let graceful = GracefulShutdown::new();
     tokio::pin!(stop);
@@ -128,11 +146,25 @@ where
             req.extensions_mut().insert(budget.clone());
             req
         });
+        let open = streams.clone();
         let service = tower::service_fn(move |req: http::Request<hyper::body::Incoming>| {
             let span = crate::traces::rpc_span(req.headers(), req.uri().path());
-            service.clone().oneshot(req).instrument(span)
+            // Streams open before this one (hyper calls the service, then
+            // hands the stream to the executor, which counts it).
+            let refused = (open.load(std::sync::atomic::Ordering::Acquire) >= limits.max_streams).then(|| {
+                let why = format!("{} calls are in flight (--max-streams); retry", limits.max_streams);
+                tonic::Status::resource_exhausted(why).into_http()
+            });
+            let call = service.clone().oneshot(req);
+            async move {
+                match refused {
+                    Some(refused) => Ok::<_, S::Error>(refused),
+                    None => call.await,
+                }
+            }
+            .instrument(span)
         });
-        let streams = Streams::default();
+        let streams = Streams { new: Default::default(), open: streams.clone() };
         let mut builder = hyper::server::conn::http2::Builder::new(streams.clone());
         builder
             .timer(TokioTimer::new())

@@ -34,6 +34,9 @@ pub struct Limits {
     pub header_read_timeout: Duration,
     /// HTTP/2: streams at once per connection (gRPC calls in flight).
     pub max_concurrent_streams: u32,
+    /// gRPC: calls in flight at once on the whole port (each holds its
+    /// stream's state and headers); more are RESOURCE_EXHAUSTED.
+    pub max_streams: usize,
     /// HTTP/2 keepalive pings: how often, and how long to wait for the answer.
     pub keepalive_interval: Duration,
     pub keepalive_timeout: Duration,
@@ -51,6 +54,7 @@ impl Default for Limits {
             idle_timeout: Duration::from_secs(300),
             header_read_timeout: Duration::from_secs(10),
             max_concurrent_streams: 1024,
+            max_streams: 20_000,
             keepalive_interval: Duration::from_secs(60),
             keepalive_timeout: Duration::from_secs(20),
             unfinished_bytes: 256 << 20,

@@ -163,6 +163,9 @@ pub struct Registry {
     max: AtomicUsize,
     /// Series of request-dependent keys held (not the overflow ones).
     dynamic: AtomicUsize,
+    /// Configurations installed so far: a request-dependent series is kept
+    /// across an install only when a request used it since the one before.
+    epoch: AtomicU64,
     by_labels: dashmap::DashMap<String, Entry>,
 }
 
@@ -171,6 +174,8 @@ struct Entry {
     labels: Vec<(&'static str, String)>,
     stats: Arc<LimitStats>,
     kind: Kind,
+    /// The epoch a request last used it in.
+    used: AtomicU64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -187,7 +192,12 @@ fn id_of(labels: &[(&'static str, String)]) -> String {
 
 impl Registry {
     pub fn new(max: usize) -> Self {
-        Registry { max: AtomicUsize::new(max), dynamic: AtomicUsize::new(0), by_labels: dashmap::DashMap::new() }
+        Registry {
+            max: AtomicUsize::new(max),
+            dynamic: AtomicUsize::new(0),
+            epoch: AtomicU64::new(0),
+            by_labels: dashmap::DashMap::new(),
+        }
     }
 
     /// Sets the bound of request-dependent series.
@@ -203,6 +213,7 @@ impl Registry {
             labels,
             stats: Arc::default(),
             kind: Kind::Configured,
+            used: AtomicU64::new(0),
         });
         if entry.kind == Kind::Dynamic {
             self.dynamic.fetch_sub(1, Ordering::Relaxed);
@@ -215,38 +226,39 @@ impl Registry {
     pub fn get(&self, key: &str) -> Arc<LimitStats> {
         let labels = labels(key);
         let id = id_of(&labels);
+        let epoch = self.epoch.load(Ordering::Relaxed);
+        let used = |e: &Entry| {
+            if e.used.load(Ordering::Relaxed) != epoch {
+                e.used.store(epoch, Ordering::Relaxed);
+            }
+            e.stats.clone()
+        };
         if let Some(s) = self.by_labels.get(&id) {
-            return s.stats.clone();
+            return used(&s);
         }
+        let entry = |labels, kind| Entry { labels, stats: Arc::default(), kind, used: AtomicU64::new(epoch) };
         if self.dynamic.load(Ordering::Relaxed) >= self.max.load(Ordering::Relaxed) {
             let domain = labels[0].1.clone();
             let labels = vec![("domain", domain), ("key1", OVERFLOW.to_string())];
-            return self
-                .by_labels
-                .entry(id_of(&labels))
-                .or_insert_with(|| Entry { labels, stats: Arc::default(), kind: Kind::Overflow })
-                .stats
-                .clone();
+            return used(&self.by_labels.entry(id_of(&labels)).or_insert_with(|| entry(labels, Kind::Overflow)));
         }
-        self.by_labels
-            .entry(id)
-            .or_insert_with(|| {
-                self.dynamic.fetch_add(1, Ordering::Relaxed);
-                Entry { labels, stats: Arc::default(), kind: Kind::Dynamic }
-            })
-            .stats
-            .clone()
+        used(&self.by_labels.entry(id).or_insert_with(|| {
+            self.dynamic.fetch_add(1, Ordering::Relaxed);
+            entry(labels, Kind::Dynamic)
+        }))
     }
 
     /// After a configuration is installed: keeps the configured series of
     /// `configured` stat keys only, and the others of the domains `domain`
-    /// keeps.
+    /// keeps that a request used since the configuration before (a series
+    /// of a descriptor no longer configured is not used again).
     pub fn retain<'a>(&self, configured: impl IntoIterator<Item = &'a str>, domain: impl Fn(&str) -> bool) {
         let configured: std::collections::HashSet<String> =
             configured.into_iter().map(|key| id_of(&labels(key))).collect();
+        let epoch = self.epoch.fetch_add(1, Ordering::Relaxed);
         self.by_labels.retain(|id, e| match e.kind {
             Kind::Configured => configured.contains(id),
-            Kind::Dynamic | Kind::Overflow => domain(&e.labels[0].1),
+            Kind::Dynamic | Kind::Overflow => domain(&e.labels[0].1) && e.used.load(Ordering::Relaxed) >= epoch,
         });
         let dynamic = self.by_labels.iter().filter(|e| e.kind == Kind::Dynamic).count();
         self.dynamic.store(dynamic, Ordering::Relaxed);
@@ -423,9 +435,13 @@ mod tests {
         assert!(Arc::ptr_eq(&kept, &series.configured("d.kept")), "counting on");
         assert!(Arc::ptr_eq(&new, &series.configured("d.new")));
         assert!(!Arc::ptr_eq(&gone, &series.configured("d.gone")), "forgotten, then new");
-        assert!(Arc::ptr_eq(&of_d, &series.get("d.k_1")), "a kept domain's request series stays");
+        assert!(Arc::ptr_eq(&of_d, &series.get("d.k_1")), "a kept domain's request series stays, used");
         series.retain(["d.kept"], |domain| domain == "d");
-        assert_eq!(series.len(), 2, "d.kept and d.k_1");
+        assert_eq!(series.len(), 2, "d.kept and d.k_1 (used since the install before)");
+        // Not used since: a request-dependent series goes at the next install.
+        series.retain(["d.kept"], |domain| domain == "d");
+        assert_eq!(series.len(), 1, "d.kept");
+        series.get("d.k_1");
         // x's series went, and with it its place under the bound.
         let x2 = series.get("x.k_2");
         assert!(!Arc::ptr_eq(&x2, &series.get("x.k_3")), "room for two again, not the overflow");

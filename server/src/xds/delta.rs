@@ -22,9 +22,9 @@ pub(super) async fn stream(client: &Client, channel: Channel, held: &mut Held) -
     let _ = tx.send(first).await;
     let mut ads = AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(client.config.max_message);
     let requests = tokio_stream::wrappers::ReceiverStream::new(rx);
-    let mut responses = match ads.delta_aggregated_resources(client.request(requests)).await {
-        Ok(r) => r.into_inner(),
-        Err(status) => return Ended::Failed(format!("the stream was refused: {status}")),
+    let mut responses = match client.open(ads.delta_aggregated_resources(client.request(requests))).await {
+        Ok(r) => r,
+        Err(ended) => return ended,
     };
     let mut progress = false;
     let type_url: fn(&DeltaDiscoveryResponse) -> &str = |r| r.type_url.as_str();
@@ -64,7 +64,9 @@ async fn answers(client: &Client, burst: &[DeltaDiscoveryResponse], held: &mut H
     if let Ok(next) = next {
         let documents = next.values().map(|(_, d)| d.clone()).collect();
         let last = burst.last().expect("a burst is not empty");
-        if client.apply(documents, &version(last, &next)).await.is_ok() {
+        let version = version(last, &next);
+        if client.apply(documents, &version).await.is_ok() {
+            client.judged(&version, None);
             held.resources = next;
             return burst
                 .iter()
@@ -96,6 +98,7 @@ async fn answer(client: &Client, response: &DeltaDiscoveryResponse, held: &mut H
         }
         Err(e) => Err(e),
     };
+    client.judged(&response.system_version_info, result.as_ref().err());
     let error_detail = match result {
         Ok(next) => {
             held.resources = next;

@@ -170,10 +170,11 @@ impl Client {
         // What the client holds, for a reconnection to say.
         let mut held = Held::default();
         loop {
-            let ended = match self.endpoint.connect().await {
-                Ok(channel) => {
-                    tracing::info!(url = %self.config.url, delta = self.config.delta, "connected to the xDS control plane");
-                    self.status.set_connected(true);
+            // A control plane that accepts and then says nothing (no HTTP/2
+            // handshake, no response headers) is given up like a silent stream.
+            let within = self.config.initial_fetch_timeout;
+            let ended = match tokio::time::timeout(within, self.endpoint.connect()).await {
+                Ok(Ok(channel)) => {
                     let ended = match self.config.delta {
                         false => sotw::stream(&self, channel, &mut held).await,
                         true => delta::stream(&self, channel, &mut held).await,
@@ -181,7 +182,8 @@ impl Client {
                     self.status.set_connected(false);
                     ended
                 }
-                Err(e) => Ended::Failed(format!("cannot connect: {}", chain(&e))),
+                Ok(Err(e)) => Ended::Failed(format!("cannot connect: {}", chain(&e))),
+                Err(_) => Ended::Failed(format!("no HTTP/2 connection within {within:?}")),
             };
             let why = match ended {
                 Ended::AfterProgress(why) => {
@@ -199,6 +201,28 @@ impl Client {
             );
             tokio::time::sleep(jittered).await;
             wait = (wait * 2).min(max);
+        }
+    }
+
+    /// The stream is open (the control plane answered with its headers).
+    fn opened(&self) {
+        tracing::info!(url = %self.config.url, delta = self.config.delta, "connected to the xDS control plane");
+        self.status.set_connected(true);
+    }
+
+    /// Opens the stream: `open` within the initial fetch timeout.
+    async fn open<T>(
+        &self,
+        open: impl Future<Output = Result<tonic::Response<tonic::Streaming<T>>, tonic::Status>>,
+    ) -> Result<tonic::Streaming<T>, Ended> {
+        let within = self.config.initial_fetch_timeout;
+        match tokio::time::timeout(within, open).await {
+            Ok(Ok(r)) => {
+                self.opened();
+                Ok(r.into_inner())
+            }
+            Ok(Err(status)) => Err(Ended::Failed(format!("the stream was refused: {status}"))),
+            Err(_) => Err(Ended::Failed(format!("the stream was not answered within {within:?}"))),
         }
     }
 
@@ -238,12 +262,12 @@ impl Client {
             EnvoyConfig::from_documents(&documents, &options).map(|c| (c, text))
         })
         .await;
-        let result = match parsed {
+        match parsed {
             Ok(Ok((config, text))) => {
                 let domains = config.domains().count();
                 let installed = self.decider.install_envoy_from(config, text, self.config.url.clone(), version.into());
                 self.status.applied.store(true, Ordering::Release);
-                tracing::info!(url = %self.config.url, version = %version.escape_debug(), domains, rules_version = installed, "Envoy configuration from xDS installed");
+                tracing::info!(url = %self.config.url, version = %shown(version), domains, rules_version = installed, "Envoy configuration from xDS installed");
                 Ok(())
             }
             Ok(Err(errors)) => {
@@ -251,14 +275,13 @@ impl Client {
                 Err(errors.to_string())
             }
             Err(e) => Err(format!("reading the configuration failed: {e}")),
-        };
-        self.refused(version, result.as_ref().err());
-        result
+        }
     }
 
-    /// Counts an update's result; logs a refusal unless the same errors were
-    /// logged within the minute.
-    fn refused(&self, version: &str, errors: Option<&String>) {
+    /// Counts an update's result, whatever refused it (a resource that does
+    /// not decode as well as one that does not validate); logs a refusal
+    /// unless the same errors were logged within the minute.
+    fn judged(&self, version: &str, errors: Option<&String>) {
         let mut r = self.refusals.lock().unwrap_or_else(|e| e.into_inner());
         let Some(errors) = errors else {
             *r = Refusals::default();
@@ -268,10 +291,10 @@ impl Client {
         let now = std::time::Instant::now();
         let seen = r.logged.as_ref().is_some_and(|(last, at)| last == errors && now - *at < Duration::from_secs(60));
         if seen {
-            tracing::debug!(url = %self.config.url, version = %version.escape_debug(), in_a_row = r.in_a_row, "Envoy configuration from xDS refused again, as logged");
+            tracing::debug!(url = %self.config.url, version = %shown(version), in_a_row = r.in_a_row, "Envoy configuration from xDS refused again, as logged");
         } else {
-            let shown = nack_message(errors);
-            tracing::error!(url = %self.config.url, version = %version.escape_debug(), in_a_row = r.in_a_row, "Envoy configuration from xDS refused; keeping the one in force\n{shown}");
+            let errors = nack_message(errors);
+            tracing::error!(url = %self.config.url, version = %shown(version), in_a_row = r.in_a_row, "Envoy configuration from xDS refused; keeping the one in force\n{errors}");
             r.logged = Some((errors.clone(), now));
         }
     }
@@ -362,6 +385,12 @@ fn digest(documents: &[Document]) -> String {
         .collect()
 }
 
+/// A control plane's version as logs show it: escaped, and as its digest
+/// when longer than 128 bytes (a control plane chooses it, at any length).
+pub fn shown(version: &str) -> String {
+    if version.len() > 128 { crate::digest::digest(version) } else { version.escape_debug().to_string() }
+}
+
 /// An error for a NACK: at most 16 KiB of it.
 fn nack_message(errors: &str) -> String {
     const MAX: usize = 16 << 10;
@@ -426,6 +455,14 @@ mod tests {
         assert_eq!(nack_pause(1), Duration::from_millis(100));
         assert_eq!(nack_pause(20), Duration::from_secs(2));
         assert_eq!(nack_pause(u32::MAX), Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_version_is_logged_escaped_and_a_long_one_as_its_digest() {
+        assert_eq!(shown("v1"), "v1");
+        assert_eq!(shown("v1\n\u{1b}[31m"), "v1\\n\\u{1b}[31m");
+        let long = "v".repeat(15 << 20);
+        assert!(shown(&long).starts_with("#sha256:") && shown(&long).len() < 64);
     }
 
     #[test]

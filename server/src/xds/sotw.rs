@@ -21,9 +21,9 @@ pub(super) async fn stream(client: &Client, channel: Channel, held: &mut Held) -
     let _ = tx.send(first).await;
     let mut ads = AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(client.config.max_message);
     let requests = tokio_stream::wrappers::ReceiverStream::new(rx);
-    let mut responses = match ads.stream_aggregated_resources(client.request(requests)).await {
-        Ok(r) => r.into_inner(),
-        Err(status) => return Ended::Failed(format!("the stream was refused: {status}")),
+    let mut responses = match client.open(ads.stream_aggregated_resources(client.request(requests))).await {
+        Ok(r) => r,
+        Err(ended) => return ended,
     };
     let mut progress = false;
     let type_url: fn(&DiscoveryResponse) -> &str = |r| r.type_url.as_str();
@@ -54,6 +54,7 @@ async fn answer(client: &Client, response: &DiscoveryResponse, held: &mut Held) 
         Ok(documents) => client.apply(documents, &response.version_info).await,
         Err(e) => Err(e),
     };
+    client.judged(&response.version_info, result.as_ref().err());
     let error_detail = match result {
         Ok(()) => {
             held.version = response.version_info.clone();
