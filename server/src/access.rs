@@ -260,7 +260,7 @@ fn parse_tokens(text: &str) -> anyhow::Result<Vec<Token>> {
 }
 
 /// A certificate's names: its subject CN, then its DNS, URI and email SANs.
-fn certificate_names(der: &rustls::pki_types::CertificateDer<'_>) -> Vec<String> {
+pub(crate) fn certificate_names(der: &rustls::pki_types::CertificateDer<'_>) -> Vec<String> {
     use x509_parser::extensions::GeneralName;
     let Ok((_, cert)) = x509_parser::parse_x509_certificate(der.as_ref()) else { return Vec::new() };
     let mut names: Vec<String> =
@@ -281,11 +281,11 @@ mod tests {
     use super::*;
 
     fn loopback() -> Peer {
-        Peer { addr: Some("127.0.0.1:5000".parse().unwrap()), certs: None }
+        Peer { addr: Some("127.0.0.1:5000".parse().unwrap()), certs: None, identity: None }
     }
 
     fn remote() -> Peer {
-        Peer { addr: Some("10.1.2.3:5000".parse().unwrap()), certs: None }
+        Peer { addr: Some("10.1.2.3:5000".parse().unwrap()), certs: None, identity: None }
     }
 
     fn with_tokens(text: &str, read_open: bool) -> Access {

@@ -103,8 +103,13 @@ pub async fn run(
     let sources = install_sources(&opts, &engine)?;
     let replication = start_replication(&opts, &engine).await?;
     let last_sync = replication.clone();
-    let decider =
-        Arc::new(Decider::new(engine.clone(), replication).with_rls(opts.rls).with_overrides(opts.overrides.clone()));
+    let origin_key = opts.sentinel.as_ref().map(|(_, o)| o.origin_key.clone());
+    let decider = Arc::new(
+        Decider::new(engine.clone(), replication)
+            .with_rls(opts.rls)
+            .with_overrides(opts.overrides.clone())
+            .with_origin_key(origin_key),
+    );
     if !decider.overrides_persisted() {
         tracing::info!("overrides set through Admin are kept in memory only (see --overrides-file)");
     }

@@ -144,6 +144,16 @@ pub async fn rules(args: RulesArgs) -> anyhow::Result<ExitCode> {
                     domains.join(", ")
                 );
             }
+            if let Some(s) = r.sentinel {
+                let resources: Vec<String> = s.resources.iter().map(|r| r.escape_debug().to_string()).collect();
+                println!("# Sentinel's rules from {}: resources {}", s.source.escape_debug(), resources.join(", "));
+                for why in &s.ignored {
+                    println!("#   not enforced: {}", why.escape_debug());
+                }
+                for name in &s.left_out {
+                    println!("#   {} is decided by the rules file's rule", name.escape_debug());
+                }
+            }
         }
         RulesAction::Apply { file, validate_only } => {
             let yaml = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;

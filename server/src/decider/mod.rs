@@ -48,6 +48,8 @@ pub struct Decider {
     /// the first one is installed (`--envoy-xds` without
     /// `--envoy-xds-ready-without-config`).
     envoy_awaited: std::sync::OnceLock<String>,
+    /// With Sentinel's rules: the descriptor a caller's mTLS identity sets.
+    origin_key: Option<String>,
     envoy_waiting: std::sync::atomic::AtomicBool,
     /// One ApplyRules at a time: parsing is bounded, but not free.
     applying: tokio::sync::Mutex<()>,
@@ -67,6 +69,7 @@ impl Decider {
             replication,
             rls: RlsOptions::default(),
             envoy_awaited: std::sync::OnceLock::new(),
+            origin_key: None,
             envoy_waiting: std::sync::atomic::AtomicBool::new(false),
             applying: tokio::sync::Mutex::new(()),
             what_if: arc_swap::ArcSwapOption::empty(),
@@ -85,6 +88,24 @@ impl Decider {
     pub fn with_overrides(mut self, options: OverrideOptions) -> Self {
         self.override_options = options;
         self
+    }
+
+    /// A caller with a client certificate has its name as this descriptor
+    /// (Sentinel's origin), whatever it sends.
+    pub fn with_origin_key(mut self, key: Option<String>) -> Self {
+        self.origin_key = key;
+        self
+    }
+
+    /// The descriptor a caller's mTLS identity sets, if one does.
+    pub fn origin_key(&self) -> Option<&str> {
+        self.origin_key.as_deref()
+    }
+
+    /// The descriptor a caller's mTLS identity sets, and the identity, when
+    /// both are.
+    pub fn origin_of<'p>(&'p self, peer: Option<&'p crate::listen::Peer>) -> Option<(&'p str, &'p str)> {
+        Some((self.origin_key.as_deref()?, peer?.identity.as_deref()?))
     }
 
     /// How Envoy's RLS answers (global shadow mode, response headers).

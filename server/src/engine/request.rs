@@ -15,6 +15,37 @@ pub trait Descriptors {
     fn entries(&self) -> impl Iterator<Item = (&str, &str)>;
 }
 
+/// Descriptors with one set by the server, whatever the caller sent for its
+/// key: the caller's mTLS identity as its origin (a caller cannot claim
+/// another's).
+pub struct Overlaid<'a, D: ?Sized> {
+    pub inner: &'a D,
+    pub set: Option<(&'a str, &'a str)>,
+}
+
+impl<D: Descriptors + ?Sized> Descriptors for Overlaid<'_, D> {
+    #[inline]
+    fn get(&self, key: &str) -> Option<&str> {
+        match self.set {
+            Some((k, v)) if k == key => Some(v),
+            _ => self.inner.get(key),
+        }
+    }
+
+    fn count(&self) -> usize {
+        match self.set {
+            Some((k, _)) if self.inner.get(k).is_none() => self.inner.count() + 1,
+            _ => self.inner.count(),
+        }
+    }
+
+    fn entries(&self) -> impl Iterator<Item = (&str, &str)> {
+        let set = self.set;
+        let kept = self.inner.entries().filter(move |(k, _)| set.is_none_or(|(s, _)| s != *k));
+        kept.chain(set)
+    }
+}
+
 /// One decision to make.
 #[derive(Clone, Copy, Debug)]
 pub struct Request<'a, D: ?Sized> {
@@ -34,6 +65,12 @@ impl<'a, D: ?Sized> Request<'a, D> {
     /// A decision of cost 1 at the default priority, consuming what it admits.
     pub fn new(resource: &'a str, descriptors: &'a D) -> Self {
         Request { resource, descriptors, cost: 1, dry_run: false, settle: false, priority: Default::default() }
+    }
+
+    /// The same request with other descriptors.
+    pub fn with<E: ?Sized>(self, descriptors: &'a E) -> Request<'a, E> {
+        let Request { resource, cost, dry_run, settle, priority, .. } = self;
+        Request { resource, descriptors, cost, dry_run, settle, priority }
     }
 }
 
@@ -340,5 +377,23 @@ mod tests {
         assert!(validate(&"r".repeat(256), &d).is_ok());
         assert!(validate("x", &map(&[("user", "")])).is_ok(), "an empty value is a value");
         assert!(check_batch("requests", 1000).is_ok());
+    }
+}
+
+#[cfg(test)]
+mod overlaid_tests {
+    use super::*;
+
+    #[test]
+    fn a_descriptor_the_server_sets_replaces_the_callers() {
+        let sent = [("origin", "i-am-admin"), ("user", "u1")];
+        let o = Overlaid { inner: &sent[..], set: Some(("origin", "app-a")) };
+        assert_eq!((o.get("origin"), o.get("user"), o.count()), (Some("app-a"), Some("u1"), 2));
+        assert_eq!(o.entries().collect::<Vec<_>>(), [("user", "u1"), ("origin", "app-a")]);
+        let without = [("user", "u1")];
+        let o = Overlaid { inner: &without[..], set: Some(("origin", "app-a")) };
+        assert_eq!((o.get("origin"), o.count()), (Some("app-a"), 2));
+        let o = Overlaid { inner: &sent[..], set: None };
+        assert_eq!((o.get("origin"), o.count()), (Some("i-am-admin"), 2));
     }
 }

@@ -31,7 +31,10 @@ impl DataPlane {
 #[tonic::async_trait]
 impl Floodgate for DataPlane {
     async fn acquire(&self, request: Request<pb::AcquireRequest>) -> Result<Response<pb::AcquireResponse>, Status> {
-        let req = engine::Request::try_from(request.get_ref())?;
+        let set = self.decider.origin_of(request.extensions().get());
+        let r = request.get_ref();
+        let overlaid = engine::request::Overlaid { inner: &r.descriptors, set };
+        let req = engine::Request::try_from(r)?.with(&overlaid);
         let response: pb::AcquireResponse = self.decider.acquire(&req).await?;
         crate::traces::record_verdict(response.verdict().as_str_name());
         Ok(Response::new(response))
@@ -41,12 +44,15 @@ impl Floodgate for DataPlane {
         &self,
         request: Request<pb::AcquireBatchRequest>,
     ) -> Result<Response<pb::AcquireBatchResponse>, Status> {
+        let set = self.decider.origin_of(request.extensions().get());
         let items = &request.get_ref().requests;
         engine::request::check_batch("requests", items.len())?;
+        let overlaid: Vec<_> = items.iter().map(|r| engine::request::Overlaid { inner: &r.descriptors, set }).collect();
         let reqs = items
             .iter()
+            .zip(&overlaid)
             .enumerate()
-            .map(|(i, r)| engine::Request::try_from(r).map_err(|e| e.in_batch("requests", i)))
+            .map(|(i, (r, o))| engine::Request::try_from(r).map(|r| r.with(o)).map_err(|e| e.in_batch("requests", i)))
             .collect::<Result<Vec<_>, _>>()?;
         let responses = self.decider.acquire_many("requests", &reqs).await?;
         Ok(Response::new(pb::AcquireBatchResponse { responses }))

@@ -194,6 +194,12 @@ fn snapshot(decider: &Decider, timeline: Vec<Value>) -> Value {
             "domains": installed.envoy.config.domains().count(),
             "loaded_at": rfc3339(installed.envoy.loaded_at),
         })),
+        "sentinel": (!installed.sentinel.source.is_empty()).then(|| json!({
+            "source": installed.sentinel.source,
+            "resources": installed.sentinel.rules.rules.len(),
+            "ignored": installed.sentinel.rules.ignored.len(),
+            "loaded_at": rfc3339(installed.sentinel.loaded_at),
+        })),
         "resources": resources,
         "breakers": breakers,
         "timeline": timeline,

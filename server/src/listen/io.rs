@@ -25,6 +25,9 @@ pub struct Peer {
     pub addr: Option<SocketAddr>,
     /// The client's certificate chain, when it presented one over mTLS.
     pub certs: Option<Arc<Vec<CertificateDer<'static>>>>,
+    /// The client certificate's first name (its subject CN, else its first
+    /// DNS, URI or email name), read once at the handshake.
+    pub identity: Option<Arc<str>>,
 }
 
 impl Peer {

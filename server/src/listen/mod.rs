@@ -131,7 +131,7 @@ async fn accept_loop(port: Port, tx: mpsc::Sender<std::io::Result<ServerIo>>) {
         let slot = Slot::new(slot, open.clone());
         let (tls, limits, tx) = (port.tls.clone(), port.limits, tx.clone());
         tokio::spawn(async move {
-            let peer = Peer { addr: Some(addr), certs: None };
+            let peer = Peer { addr: Some(addr), certs: None, identity: None };
             match tokio::time::timeout(limits.handshake_timeout, handshake(tcp, peer, tls, limits, slot)).await {
                 Ok(Ok(io)) => {
                     let _ = tx.send(Ok(io)).await;
@@ -156,6 +156,12 @@ async fn handshake(
             let certs =
                 stream.get_ref().1.peer_certificates().map(|c| c.iter().map(|c| c.clone().into_owned()).collect());
             peer.certs = certs.map(Arc::new);
+            peer.identity = peer
+                .certs
+                .as_ref()
+                .and_then(|c| c.first())
+                .and_then(|leaf| crate::access::certificate_names(leaf).into_iter().next())
+                .map(Arc::from);
             Ok(ServerIo::tls(stream, peer, limits.idle_timeout, slot))
         }
         None => {

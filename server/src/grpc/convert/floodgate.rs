@@ -240,6 +240,14 @@ impl From<RulesInForce> for pb::GetRulesResponse {
                 loaded_at: Some(timestamp(e.loaded_at)),
                 yaml: e.yaml,
             }),
+            sentinel: r.sentinel.map(|s| pb::SentinelRulesInForce {
+                source: s.source,
+                resources: s.resources,
+                ignored: s.ignored,
+                left_out: s.left_out,
+                loaded_at: Some(timestamp(s.loaded_at)),
+                json: s.json,
+            }),
         }
     }
 }

@@ -18,7 +18,9 @@ use tonic::server::NamedService;
 use super::DataPlane;
 use crate::decider::Decider;
 use crate::engine;
+use crate::engine::request::Overlaid;
 use crate::grpc::convert::acquire::AcquireWire;
+use crate::listen::Peer;
 
 const ACQUIRE: &str = "/floodgate.v1.Floodgate/Acquire";
 
@@ -42,14 +44,17 @@ impl NamedService for DataPlaneService {
 }
 
 /// One `Acquire`, its message read in place.
-async fn acquire(decider: Arc<Decider>, message: bytes::Bytes) -> Result<Answered, Status> {
+/// `peer`: who called, when its mTLS identity may set a descriptor.
+async fn acquire(decider: Arc<Decider>, message: bytes::Bytes, peer: Option<Peer>) -> Result<Answered, Status> {
     let undecodable = crate::grpc::unary::undecodable;
     let wire = AcquireWire(message);
+    let set = decider.origin_of(peer.as_ref());
     let response: pb::AcquireResponse = match wire.read().map_err(undecodable)? {
         Some(r) => {
+            let overlaid = Overlaid { inner: r.descriptors.as_slice(), set };
             let req = engine::Request {
                 resource: r.resource,
-                descriptors: r.descriptors.as_slice(),
+                descriptors: &overlaid,
                 cost: r.cost,
                 dry_run: r.dry_run,
                 settle: r.settle,
@@ -60,7 +65,8 @@ async fn acquire(decider: Arc<Decider>, message: bytes::Bytes) -> Result<Answere
         // More distinct descriptors than a decision takes: prost's reading says how many.
         None => {
             let r = wire.decode().map_err(undecodable)?;
-            decider.acquire(&engine::Request::try_from(&r)?).await?
+            let overlaid = Overlaid { inner: &r.descriptors, set };
+            decider.acquire(&engine::Request::try_from(&r)?.with(&overlaid)).await?
         }
     };
     crate::traces::record_verdict(response.verdict().as_str_name());
@@ -96,7 +102,11 @@ impl tower::Service<http::Request<Body>> for DataPlaneService {
             return self.generated.call(req);
         }
         let decider = self.decider.clone();
-        Box::pin(async move { Ok(crate::grpc::unary::serve(req, decodes, |message| acquire(decider, message)).await) })
+        // The peer only matters with an origin key (Sentinel's rules).
+        let peer = decider.origin_key().and_then(|_| req.extensions().get::<Peer>().cloned());
+        Box::pin(
+            async move { Ok(crate::grpc::unary::serve(req, decodes, |message| acquire(decider, message, peer)).await) },
+        )
     }
 }
 

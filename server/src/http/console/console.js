@@ -62,6 +62,11 @@ function render(s) {
   $("envoy-source").textContent = envoy
     ? envoy.source + (envoy.version ? " version " + envoy.version : "") + " (" + envoy.domains + " domains, loaded " + when(envoy.loaded_at) + ")"
     : "none";
+  const sentinel = s.sentinel;
+  $("sentinel-source").textContent = sentinel
+    ? sentinel.source + " (" + sentinel.resources + " resources" +
+      (sentinel.ignored ? ", " + sentinel.ignored + " rules not enforced" : "") + ", loaded " + when(sentinel.loaded_at) + ")"
+    : "none";
   $("level").textContent = s.level.level + (s.level.manual ? " (manual; automatic " + s.level.automatic + ")" : " (automatic)");
   $("level").dataset.level = s.level.level;
   const rep = s.replication;
