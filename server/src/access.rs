@@ -199,7 +199,7 @@ impl Access {
                 None => Err(Denied::Unauthenticated("the bearer token is not valid".into())),
             };
         }
-        let names = peer.certs.as_ref().and_then(|c| c.first()).map(|leaf| certificate_names(leaf)).unwrap_or_default();
+        let names = peer.certs.as_ref().and_then(|c| c.first()).map(|leaf| crate::listen::certificate_names(leaf)).unwrap_or_default();
         let role = self
             .config
             .identities
@@ -257,23 +257,6 @@ fn parse_tokens(text: &str) -> anyhow::Result<Vec<Token>> {
         tokens.push(Token { secret: secret.as_bytes().to_vec(), role, name });
     }
     Ok(tokens)
-}
-
-/// A certificate's names: its subject CN, then its DNS, URI and email SANs.
-pub(crate) fn certificate_names(der: &rustls::pki_types::CertificateDer<'_>) -> Vec<String> {
-    use x509_parser::extensions::GeneralName;
-    let Ok((_, cert)) = x509_parser::parse_x509_certificate(der.as_ref()) else { return Vec::new() };
-    let mut names: Vec<String> =
-        cert.subject().iter_common_name().filter_map(|cn| cn.as_str().ok()).map(str::to_string).collect();
-    if let Ok(Some(san)) = cert.subject_alternative_name() {
-        for name in &san.value.general_names {
-            match name {
-                GeneralName::DNSName(n) | GeneralName::URI(n) | GeneralName::RFC822Name(n) => names.push(n.to_string()),
-                _ => {}
-            }
-        }
-    }
-    names
 }
 
 #[cfg(test)]

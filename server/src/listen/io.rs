@@ -197,3 +197,20 @@ impl tonic::transport::server::Connected for ServerIo {
         self.peer.clone()
     }
 }
+
+/// A certificate's names: its subject CN, then its DNS, URI and email SANs.
+pub fn certificate_names(der: &rustls::pki_types::CertificateDer<'_>) -> Vec<String> {
+    use x509_parser::extensions::GeneralName;
+    let Ok((_, cert)) = x509_parser::parse_x509_certificate(der.as_ref()) else { return Vec::new() };
+    let mut names: Vec<String> =
+        cert.subject().iter_common_name().filter_map(|cn| cn.as_str().ok()).map(str::to_string).collect();
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
+        for name in &san.value.general_names {
+            match name {
+                GeneralName::DNSName(n) | GeneralName::URI(n) | GeneralName::RFC822Name(n) => names.push(n.to_string()),
+                _ => {}
+            }
+        }
+    }
+    names
+}

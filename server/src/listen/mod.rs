@@ -18,7 +18,7 @@ use tokio::sync::{Semaphore, mpsc};
 mod io;
 mod tls;
 
-pub use io::{Peer, ServerIo, Slot};
+pub use io::{Peer, ServerIo, Slot, certificate_names};
 pub use tls::{Tls, TlsFiles};
 
 /// Bounds on one port's connections; every one is a flag with a safe default.
@@ -160,7 +160,7 @@ async fn handshake(
                 .certs
                 .as_ref()
                 .and_then(|c| c.first())
-                .and_then(|leaf| crate::access::certificate_names(leaf).into_iter().next())
+                .and_then(|leaf| certificate_names(leaf).into_iter().next())
                 .map(Arc::from);
             Ok(ServerIo::tls(stream, peer, limits.idle_timeout, slot))
         }
