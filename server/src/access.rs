@@ -199,7 +199,12 @@ impl Access {
                 None => Err(Denied::Unauthenticated("the bearer token is not valid".into())),
             };
         }
-        let names = peer.certs.as_ref().and_then(|c| c.first()).map(|leaf| crate::listen::certificate_names(leaf)).unwrap_or_default();
+        let names = peer
+            .certs
+            .as_ref()
+            .and_then(|c| c.first())
+            .map(|leaf| crate::listen::certificate_names(leaf))
+            .unwrap_or_default();
         let role = self
             .config
             .identities
