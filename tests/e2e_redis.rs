@@ -38,6 +38,10 @@ resources:
     limits: [ { name: per-day, algorithm: fixed_window, limit: 300, calendar: day, time_zone: Asia/Kolkata } ]
   - name: daily-4
     limits: [ { name: per-day, algorithm: fixed_window, limit: 300, calendar: day, time_zone: Asia/Kolkata } ]
+  - name: warm
+    limits: [ { name: ramp, algorithm: warm_up, rate_per_second: 20, warm_up_period: 10s } ]
+  - name: warm-local
+    limits: [ { name: ramp, algorithm: warm_up, rate_per_second: 20, warm_up_period: 10s, sync: local } ]
   - name: payments
     breaker:
       window: { kind: count, size: 20 }
@@ -116,6 +120,23 @@ fn two_replicas_admit_exactly_the_limit_in_strict_mode_and_within_the_bound_when
     assert!(admitted as f64 <= bound.ceil(), "{admitted} admitted, bound {bound:.1}");
     assert!(admitted >= 900, "{admitted} admitted: leases should not starve a loaded pair");
     assert_eq!(admitted + denied, 3000);
+}
+
+#[test]
+fn a_cold_warm_up_is_the_fleets_not_each_replicas() {
+    let _serial = one_at_a_time();
+    let redis = RedisServer::start();
+    let dir = TempDir::new();
+    let url = redis.url();
+    let (a, b) = two_replicas(&dir, &["--redis", &url]);
+    // Cold, 20 a second ramps up from 20 / 3: over 2 s, about 13 for the whole
+    // fleet when it is shared through Redis, about 13 per replica when not.
+    let load = |resource: &str| load_both_with(&a, &b, &["--resource", resource, "--rps", "50", "-z", "2s", "-c", "4"]);
+    let (shared, ..) = load("warm");
+    let (local, ..) = load("warm-local");
+    println!("cold warm-up over 2 s: {shared} admitted shared, {local} per replica (two replicas)");
+    assert!((8..=24).contains(&shared), "{shared} admitted by the fleet's cold warm-up");
+    assert!((shared as f64) < local as f64 * 0.8, "shared {shared} against {local} when each replica had its own");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
