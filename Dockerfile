@@ -12,9 +12,10 @@ COPY . .
 RUN cargo build --release --locked --bin floodgate
 
 FROM debian:bookworm-slim
-RUN useradd --system --no-create-home floodgate
+# A fixed UID, as deploy/kubernetes runs it (runAsUser: 10001).
+RUN useradd --system --no-create-home --uid 10001 --user-group floodgate
 COPY --from=build /src/target/release/floodgate /usr/local/bin/floodgate
-USER floodgate
+USER 10001:10001
 EXPOSE 50051 8080
 ENTRYPOINT ["floodgate"]
 # Inside a container, listen on every interface (the binary's default is loopback).
