@@ -213,4 +213,71 @@ async fn under_mtls_the_callers_certificate_is_its_origin_whatever_it_says() {
     let mut as_good = connect(&good).await;
     let claimed = acquire("GET:/orders", &[("origin", "evil")], 1);
     assert_eq!(as_good.acquire(claimed).await.unwrap().into_inner().verdict(), pb::Verdict::Allowed);
+    // A certificate with no name is known by its fingerprint: claiming to be
+    // `evil` does not make it evil, nor could claiming a listed name pass.
+    let nameless = pki.nameless("nameless");
+    let mut as_nameless = connect(&nameless).await;
+    let claimed = acquire("GET:/orders", &[("origin", "evil")], 1);
+    assert_eq!(as_nameless.acquire(claimed).await.unwrap().into_inner().verdict(), pb::Verdict::Allowed);
+}
+
+/// Waits until the Sentinel rules in force are `resource`'s alone, then
+/// checks it decides: `n` of `n + 2` admitted.
+async fn until_admits(fg: &Floodgate, resource: &str, n: usize, what: &str) {
+    let start = std::time::Instant::now();
+    loop {
+        let rules = fg.admin().await.get_rules(pb::GetRulesRequest {}).await.unwrap().into_inner();
+        if rules.sentinel.is_some_and(|s| s.resources == [resource]) {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(15), "timed out waiting for {what}; logs:\n{}", fg.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(allowed(&verdicts(fg, resource, &[], n + 2).await), n, "{what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_directory_is_followed_by_its_path_and_sighup_reads_it_again() {
+    let root = TempDir::new();
+    let flow = |count: u32| format!(r#"[{{"resource":"r{count}","grade":1,"count":{count}}}]"#);
+    let v1 = root.path("v1");
+    std::fs::create_dir(&v1).unwrap();
+    std::fs::write(v1.join("flow-rules.json"), flow(2)).unwrap();
+    // The directory Floodgate is given is a symlink, swapped as deployments do.
+    let current = root.path("current");
+    std::os::unix::fs::symlink("v1", &current).unwrap();
+    let fg = Floodgate::start(&["--sentinel-rules", path_str(&current)]);
+    until_admits(&fg, "r2", 2, "r2's limit").await;
+
+    let v2 = root.path("v2");
+    std::fs::create_dir(&v2).unwrap();
+    std::fs::write(v2.join("flow-rules.json"), flow(3)).unwrap();
+    let swap = root.path("current.tmp");
+    std::os::unix::fs::symlink("v2", &swap).unwrap();
+    std::fs::rename(&swap, &current).unwrap();
+    until_admits(&fg, "r3", 3, "the swapped-in directory's rules").await;
+    // Edits in the directory the link now points to are seen; edits in the
+    // old one are not read.
+    std::fs::write(v2.join("flow-rules.json"), flow(4)).unwrap();
+    until_admits(&fg, "r4", 4, "an edit in the new directory").await;
+
+    // The directory deleted and made again.
+    std::fs::remove_file(&current).unwrap();
+    std::fs::remove_dir_all(&v2).unwrap();
+    std::fs::create_dir(&current).unwrap();
+    std::fs::write(current.join("flow-rules.json"), flow(5)).unwrap();
+    until_admits(&fg, "r5", 5, "the directory made again").await;
+    std::fs::write(current.join("flow-rules.json"), flow(6)).unwrap();
+    until_admits(&fg, "r6", 6, "an edit in the directory made again").await;
+
+    // SIGHUP reads it again, and ends nothing.
+    let pid = fg.pid().to_string();
+    let hup = std::process::Command::new("kill").args(["-HUP", &pid]).status().unwrap();
+    assert!(hup.success());
+    eventually("SIGHUP's line", Duration::from_secs(10), || async {
+        fg.logs().contains("SIGHUP: reading the rules again").then_some(())
+    })
+    .await;
+    std::fs::write(current.join("flow-rules.json"), flow(7)).unwrap();
+    until_admits(&fg, "r7", 7, "the server alive and watching after SIGHUP").await;
 }

@@ -36,7 +36,7 @@ where
         }
         Err(e) => tracing::warn!(error = %e, "watching a file failed"),
     })?;
-    let mut dirs = Dirs { watcher, watched: HashSet::new() };
+    let mut dirs = Dirs { watcher, failed: HashSet::new() };
     dirs.follow(&paths);
     Ok(tokio::spawn(run(dirs, paths, quiet, rx, changed)))
 }
@@ -52,29 +52,43 @@ where
     while rx.recv().await.is_some() {
         // Wait for the writer to finish: every new event restarts the wait.
         while tokio::time::timeout(quiet, rx.recv()).await.is_ok_and(|e| e.is_some()) {}
+        // A directory made again, renamed over or swapped through a symlink
+        // is watched anew: before reading (what is written in it from now on
+        // is seen) and after (a swapped symlink may now point elsewhere).
+        dirs.follow(&paths);
         changed().await;
-        // A swapped symlink may now point into another directory.
         dirs.follow(&paths);
     }
 }
 
 struct Dirs {
     watcher: RecommendedWatcher,
-    watched: HashSet<PathBuf>,
+    /// Directories that could not be watched, said once.
+    failed: HashSet<PathBuf>,
 }
 
 impl Dirs {
     /// Watches the directory of every path and of every link on its way.
+    /// Every time, not once: a watch follows an inode, not a path, and a
+    /// directory made again may even get its old inode number back; adding
+    /// a watch that exists changes nothing.
     fn follow(&mut self, paths: &[PathBuf]) {
+        let mut seen = HashSet::new();
         for dir in paths.iter().flat_map(|p| chain(p)).filter_map(|p| parent(&p)) {
-            if self.watched.contains(&dir) {
+            // What does not exist now is watched once it does: its parent's
+            // watch (the directory itself is one of the paths) says when.
+            if !seen.insert(dir.clone()) || !dir.is_dir() {
                 continue;
             }
             match self.watcher.watch(&dir, RecursiveMode::NonRecursive) {
                 Ok(()) => {
-                    self.watched.insert(dir);
+                    self.failed.remove(&dir);
                 }
-                Err(e) => tracing::warn!(dir = %dir.display(), error = %e, "cannot watch a directory"),
+                Err(e) => {
+                    if self.failed.insert(dir.clone()) {
+                        tracing::warn!(dir = %dir.display(), error = %e, "cannot watch a directory");
+                    }
+                }
             }
         }
     }

@@ -52,7 +52,7 @@ where
         Ok(mut hup) => {
             tokio::spawn(async move {
                 while hup.recv().await.is_some() {
-                    tracing::info!("SIGHUP: re-reading the rules file");
+                    tracing::info!("SIGHUP: reading the rules again");
                     read().await;
                 }
             });
@@ -63,6 +63,11 @@ where
 
 #[cfg(not(unix))]
 fn spawn_sighup<F>(_read: F) {}
+
+/// SIGHUP with no file to read again (the embedded rules): said, not fatal.
+pub fn ignore_sighup() {
+    spawn_sighup(|| async { tracing::info!("SIGHUP: the rules are the embedded ones; nothing to read again") });
+}
 
 /// Reads the file once; installs it when it changed and is valid.
 async fn reload(path: &Path, decider: &Decider, last: &mut String) {
@@ -111,9 +116,12 @@ pub fn spawn_envoy(
     let read = reader(dir.clone(), decider, loaded, move |dir, decider, last| async move {
         reload_envoy(dir, &decider, &mut *last.lock().await, options).await
     });
-    // Changes inside the directory (a path in it), and to the files in it
-    // now, through their symlinks (a Kubernetes ConfigMap's `..data`).
-    let mut paths = vec![dir.join(".floodgate")];
+    spawn_sighup(read.clone());
+    // Changes inside the directory (a path in it), to the directory itself
+    // (made again, renamed over, a symlink to it swapped: its parent's
+    // watch), and to the files in it now, through their symlinks (a
+    // Kubernetes ConfigMap's `..data`).
+    let mut paths = vec![dir.join(".floodgate"), dir.clone()];
     if let Ok(entries) = std::fs::read_dir(&dir) {
         paths.extend(entries.filter_map(|e| e.ok().map(|e| e.path())).take(crate::rules::envoy::MAX_FILES));
     }
@@ -132,7 +140,8 @@ pub fn spawn_sentinel(
         let options = options.clone();
         async move { reload_sentinel(dir, &decider, &mut *last.lock().await, options).await }
     });
-    let mut paths = vec![dir.join(".floodgate")];
+    spawn_sighup(read.clone());
+    let mut paths = vec![dir.join(".floodgate"), dir.clone()];
     if let Ok(entries) = std::fs::read_dir(&dir) {
         paths.extend(entries.filter_map(|e| e.ok().map(|e| e.path())).take(crate::rules::sentinel::MAX_FILES));
     }

@@ -260,8 +260,13 @@ fn spawn_background(
             gate = Some(waiting);
         }
     }
+    let watched = sources.rules.is_some() || sources.sentinel.is_some() || sources.envoy.is_some();
     if let Some((path, text)) = sources.rules {
         tasks.push(reload::spawn(path, decider.clone(), text, opts.reload_quiet).context("watching the rules file")?);
+    }
+    if !watched {
+        // SIGHUP must not end a server that has nothing to read again.
+        reload::ignore_sighup();
     }
     if let Some(((dir, text), (_, options))) = sources.sentinel.zip(opts.sentinel.clone()) {
         let watcher = reload::spawn_sentinel(dir, decider.clone(), text, opts.reload_quiet, options)

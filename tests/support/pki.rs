@@ -49,9 +49,17 @@ impl Pki {
         self.issue(file, cn, Vec::new())
     }
 
+    /// A client certificate with no name at all (an organisation only).
+    pub fn nameless(&self, file: &str) -> Pair {
+        self.issue(file, "", Vec::new())
+    }
+
     fn issue(&self, file: &str, cn: &str, sans: Vec<String>) -> Pair {
         let mut params = CertificateParams::new(sans).unwrap();
-        params.distinguished_name.push(DnType::CommonName, cn);
+        match cn {
+            "" => params.distinguished_name.push(DnType::OrganizationName, "nameless"),
+            cn => params.distinguished_name.push(DnType::CommonName, cn),
+        }
         let key = KeyPair::generate().unwrap();
         let cert = params.signed_by(&key, &self.issuer).unwrap();
         let (cert_pem, key_pem) = (cert.pem(), key.serialize_pem());

@@ -68,6 +68,13 @@ impl Cli {
         // The server sets up logging on its runtime, where traces are exported from.
         if !matches!(self.command, Command::Serve(_)) {
             init_logging(self.log_format, &self.log_level, None);
+            // A command's output piped to `head` ends the command quietly,
+            // as any Unix tool (the server keeps ignoring SIGPIPE).
+            #[cfg(unix)]
+            // SAFETY: restoring a signal's default action, before any thread starts.
+            unsafe {
+                libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+            }
         }
         let result = match self.command {
             Command::Serve(args) => serve::run(*args, self.log_format, self.log_level),

@@ -156,12 +156,12 @@ async fn handshake(
             let certs =
                 stream.get_ref().1.peer_certificates().map(|c| c.iter().map(|c| c.clone().into_owned()).collect());
             peer.certs = certs.map(Arc::new);
-            peer.identity = peer
-                .certs
-                .as_ref()
-                .and_then(|c| c.first())
-                .and_then(|leaf| certificate_names(leaf).into_iter().next())
-                .map(Arc::from);
+            // A certificate with no name is known by its fingerprint: a
+            // verified caller never picks its own identity (its origin).
+            peer.identity = peer.certs.as_ref().and_then(|c| c.first()).map(|leaf| {
+                let name = certificate_names(leaf).into_iter().next().unwrap_or_else(|| fingerprint(leaf));
+                Arc::from(name)
+            });
             Ok(ServerIo::tls(stream, peer, limits.idle_timeout, slot))
         }
         None => {
@@ -174,4 +174,11 @@ async fn handshake(
             Ok(ServerIo::plain(tcp, peer, limits.idle_timeout, slot))
         }
     }
+}
+
+/// `sha256:` and the hex SHA-256 of a certificate's DER.
+fn fingerprint(der: &rustls::pki_types::CertificateDer<'_>) -> String {
+    let d = ring::digest::digest(&ring::digest::SHA256, der.as_ref());
+    let hex: String = d.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
 }

@@ -2,7 +2,7 @@
 //! was found, so that a bad file is reported whole rather than one error at a time.
 
 use std::cell::RefCell;
-use std::fmt;
+use std::fmt::{self, Write as _};
 use std::time::Duration;
 
 use serde_yaml_ng::{Mapping, Value};
@@ -44,15 +44,39 @@ pub(super) struct Fields<'a> {
 }
 
 impl fmt::Display for RuleError {
+    /// One line whatever the input held: control characters escaped, a long
+    /// file or resource name cut (an error must not forge log lines, nor echo
+    /// a 100 KB name).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: ", self.file)?;
+        write!(f, "{}: ", Shown(&self.file, 512))?;
         if let Some(r) = &self.resource {
-            write!(f, "resource '{r}': ")?;
+            write!(f, "resource '{}': ", Shown(r, 256))?;
         }
         if !self.field.is_empty() {
-            write!(f, "{}: ", self.field)?;
+            write!(f, "{}: ", Shown(&self.field, 512))?;
         }
-        f.write_str(&self.message)
+        write!(f, "{}", Shown(&self.message, 4096))
+    }
+}
+
+/// Text as an error line shows it: control characters escaped, at most
+/// `.1` characters and then how many more bytes there were.
+struct Shown<'a>(&'a str, usize);
+
+impl fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Shown(text, most) = *self;
+        for (i, (at, c)) in text.char_indices().enumerate() {
+            if i == most {
+                return write!(f, "... ({} more bytes)", text.len() - at);
+            }
+            if c.is_control() {
+                write!(f, "{}", c.escape_default())?;
+            } else {
+                f.write_char(c)?;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -258,7 +258,7 @@ impl RuleSet {
             if taken {
                 left_out.push(r.name.clone());
             } else {
-                rules.push(r.clone());
+                rules.push(self.beneath(r));
             }
         }
         let mut systems = self.systems.clone();
@@ -269,6 +269,33 @@ impl RuleSet {
             }
         }
         (RuleSet::new(rules, self.tiers.clone(), systems), left_out)
+    }
+
+    /// An extra exact rule as it is merged: a glob or the default of these
+    /// rules that would have matched its resource still applies under it (its
+    /// limits, and its breaker, concurrency, shedding and overrides where the
+    /// extra rule has none), so that an extra rule that only restricts (an
+    /// origin list, a per-value limit) takes nothing away.
+    fn beneath(&self, extra: &Rule) -> Rule {
+        let mut r = extra.clone();
+        let Some(under) = (extra.pattern == Pattern::Exact).then(|| self.find(&extra.name)).flatten() else {
+            return r;
+        };
+        for l in &under.limits {
+            let mut l = l.clone();
+            if r.limits.iter().any(|m| m.name == l.name) {
+                l.name = format!("{}({})", l.name, under.name);
+            }
+            r.limits.push(l);
+        }
+        r.breaker = r.breaker.or_else(|| under.breaker.clone());
+        r.concurrency = r.concurrency.or(under.concurrency);
+        r.shed_at_level = r.shed_at_level.or(under.shed_at_level);
+        r.shed_priority = r.shed_priority.or(under.shed_priority);
+        if r.overrides.is_empty() {
+            r.overrides = under.overrides.clone();
+        }
+        r
     }
 
     /// The rule for `resource`: exact name, else first glob, else the default.

@@ -39,6 +39,8 @@ pub const MAX_FILE_BYTES: usize = 4 << 20;
 pub const MAX_TOTAL_BYTES: usize = 16 << 20;
 /// The most rules of every file together.
 pub const MAX_RULES: usize = 50_000;
+/// Errors reported at most: past them, one line says how many more.
+pub const MAX_ERRORS: usize = 100;
 
 /// How Sentinel's notions meet requests: the descriptors that carry the
 /// caller's origin, the entrance context and each hot parameter.
@@ -182,6 +184,16 @@ impl SentinelRules {
             read.file(name, kind, text, &mut errors);
             if read.len() > MAX_RULES {
                 return Err(RuleErrors::one(name, format!("more than {MAX_RULES} rules in all; that is the limit")));
+            }
+            if errors.len() >= MAX_ERRORS {
+                errors.truncate(MAX_ERRORS);
+                errors.push(RuleError {
+                    file: name.clone(),
+                    resource: None,
+                    field: String::new(),
+                    message: format!("and more: only the first {MAX_ERRORS} errors are shown"),
+                });
+                break;
             }
         }
         if !errors.is_empty() {

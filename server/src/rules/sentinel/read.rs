@@ -109,8 +109,10 @@ struct Obj<'a> {
 }
 
 impl Read {
+    /// Rules read, each listed hot-parameter value counted as one (each is a limit).
     pub fn len(&self) -> usize {
-        self.flow.len() + self.degrade.len() + self.system.len() + self.param.len() + self.authority.len()
+        let items: usize = self.param.iter().map(|p| p.items.len()).sum();
+        self.flow.len() + self.degrade.len() + self.system.len() + self.param.len() + self.authority.len() + items
     }
 
     /// Reads one file's list of rules of `kind`.
@@ -136,7 +138,16 @@ impl Read {
                 return;
             }
         };
+        // Bounded before reading any: a file of a million `{}` is one error,
+        // not a million.
+        if self.len() + items.len() > super::MAX_RULES {
+            errors.push(whole(format!("more than {} rules in all; that is the limit", super::MAX_RULES)));
+            return;
+        }
         for (index, item) in items.iter().enumerate() {
+            if errors.len() >= super::MAX_ERRORS {
+                return;
+            }
             let Some(map) = item.as_object() else {
                 errors.push(RuleError {
                     file: file.into(),

@@ -91,7 +91,11 @@ fn every_kind_of_rule_the_dashboard_writes_is_read() {
         [
             ("qps", &vec![], &vec![]),
             ("qps origin=app-a", &vec![], &vec![is("origin", "app-a", false)]),
-            ("qps other", &vec!["origin".to_string()], &vec![is("origin", "app-a", true)]),
+            (
+                "qps other",
+                &vec!["origin".to_string()],
+                &vec![Condition { key: "origin".into(), values: vec!["app-a".into(), String::new()], negate: true }]
+            ),
             ("qps context=web", &vec![], &vec![is("context", "web", false)]),
         ]
     );
@@ -187,12 +191,11 @@ fn bad_rules_are_refused_naming_file_rule_and_field() {
     // What Sentinel fails to load, or would answer absurdly, is refused too.
     let got = errors(&[(
         "flow.json",
-        r#"[{"resource":"a","count":0.3,"controlBehavior":2},{"resource":"b","count":1,"controlBehavior":1,"warmUpPeriodSec":1},{"resource":"c","grade":0,"count":0.5}]"#,
+        r#"[{"resource":"a","count":0.3,"controlBehavior":2},{"resource":"b","count":1,"controlBehavior":1,"warmUpPeriodSec":1}]"#,
     )]);
-    assert_eq!(got.len(), 3, "{got:#?}");
+    assert_eq!(got.len(), 2, "{got:#?}");
     assert!(got[0].contains("Sentinel fails to load it"), "{got:#?}");
     assert!(got[1].contains("warmUpPeriodSec: rate_per_second x warm_up_period must be at least 2"), "{got:#?}");
-    assert!(got[2].contains("a thread count below 1 (0.5) refuses every call"), "{got:#?}");
     // Degrade rules of one resource must share one breaker's window.
     let got = errors(&[(
         "degrade.json",
@@ -211,4 +214,91 @@ fn a_hundred_thousand_rules_are_refused_with_the_bound() {
     assert_eq!(err.0[0].to_string(), "flow-1.json: more than 50000 rules in all; that is the limit");
     // Bounded: refused after reading two files, not translating 100,000 rules.
     assert!(started.elapsed() < Duration::from_secs(30));
+}
+
+#[test]
+fn a_thread_count_of_zero_is_a_kill_switch_as_in_sentinel() {
+    let s = read(&[("flow.json", r#"[{"resource":"d","grade":0,"count":0},{"resource":"e","grade":0,"count":0.5}]"#)])
+        .unwrap();
+    for name in ["d", "e"] {
+        let r = rule(&s, name);
+        assert_eq!(r.concurrency, None);
+        assert_eq!(r.limits.len(), 1, "{r:?}");
+        assert!(matches!(&r.limits[0].algorithm, Algorithm::SlidingWindow(c) if c.limit == 0), "{r:?}");
+    }
+}
+
+#[test]
+fn numbers_past_every_range_are_kept_in_range_not_overflowed() {
+    let s = read(&[
+        (
+            "flow.json",
+            r#"[{"resource":"q","count":5,"grade":1,"controlBehavior":2,"maxQueueingTimeMs":18446744073710},
+                {"resource":"r","count":1e308,"grade":1,"controlBehavior":2,"maxQueueingTimeMs":500}]"#,
+        ),
+        ("degrade.json", r#"[{"resource":"a","grade":2,"count":18446744073709551614,"timeWindow":1}]"#),
+    ])
+    .unwrap();
+    assert_eq!(rule(&s, "a").breaker.as_ref().unwrap().failure_count_threshold, Some(u32::MAX));
+    assert!(matches!(&rule(&s, "q").limits[0].algorithm, Algorithm::LeakyBucket(_)));
+    assert!(matches!(&rule(&s, "r").limits[0].algorithm, Algorithm::LeakyBucket(_)));
+}
+
+#[test]
+fn a_refill_finer_than_a_thousandth_a_second_is_a_window_not_a_rounded_up_rate() {
+    let s = read(&[(
+        "param.json",
+        r#"[{"resource":"perday","paramIdx":0,"count":5,"durationInSec":86400},
+            {"resource":"third","paramIdx":0,"count":10,"durationInSec":3}]"#,
+    )])
+    .unwrap();
+    match &rule(&s, "perday").limits[0].algorithm {
+        Algorithm::SlidingWindow(c) => assert_eq!((c.limit, c.window), (5, 86_400_000_000_000)),
+        other => panic!("{other:?}"),
+    }
+    // 10 in 3 s is 3.333... a second: a window too; 10 in 4 s a bucket.
+    assert!(matches!(&rule(&s, "third").limits[0].algorithm, Algorithm::SlidingWindow(c) if c.limit == 10));
+    let s = read(&[("param.json", r#"[{"resource":"quarter","paramIdx":0,"count":10,"durationInSec":4}]"#)]).unwrap();
+    assert!(matches!(&rule(&s, "quarter").limits[0].algorithm, Algorithm::TokenBucket(c) if c.capacity == 10));
+}
+
+#[test]
+fn a_value_listed_twice_takes_its_last_count() {
+    let s = read(&[(
+        "param.json",
+        r#"[{"resource":"hot","paramIdx":0,"count":10,"paramFlowItemList":[
+            {"object":"a","classType":"String","count":1},{"object":"a","classType":"String","count":5}]}]"#,
+    )])
+    .unwrap();
+    let r = rule(&s, "hot");
+    let names: Vec<&str> = r.limits.iter().map(|l| l.name.as_str()).collect();
+    assert_eq!(names, ["param0", "param0=a"]);
+    assert!(matches!(&r.limits[1].algorithm, Algorithm::TokenBucket(c) if c.capacity == 5), "{r:?}");
+    assert_eq!(r.limits[0].when, [Condition { key: "param0".into(), values: vec!["a".into()], negate: true }]);
+}
+
+#[test]
+fn an_empty_origin_is_not_other() {
+    let s = read(&[("flow.json", r#"[{"resource":"o","limitApp":"other","grade":1,"count":3}]"#)]).unwrap();
+    let l = &rule(&s, "o").limits[0];
+    assert!(!l.when.iter().all(|c| c.holds(Some(""))), "an empty origin is concerned: {l:?}");
+    assert!(l.when.iter().all(|c| c.holds(Some("app-x"))), "{l:?}");
+}
+
+#[test]
+fn errors_are_bounded_one_line_each_and_cut() {
+    let million = format!("[{}{{}}]", "{},".repeat(1_000_000));
+    let got = errors(&[("flow-rules.json", &million)]);
+    assert_eq!(got, ["flow-rules.json: more than 50000 rules in all; that is the limit"]);
+    let many = format!("[{}{{}}]", "{},".repeat(500));
+    assert_eq!(errors(&[("flow-rules.json", &many)]).len(), MAX_ERRORS + 1);
+    let evil = format!(r#"[{{"resource":"evil\nINFO forged line {}","grade":1,"count":1}}]"#, "x".repeat(100_000));
+    let got = errors(&[("flow\u{1b}[31m.json", &evil)]);
+    assert!(!got.is_empty());
+    for line in &got {
+        assert!(!line.contains('\n') && !line.contains('\u{1b}'), "{line:?}");
+        assert!(line.len() < 10_000, "{}", line.len());
+    }
+    assert!(got[0].starts_with("flow\\u{1b}[31m.json: "), "{:?}", got[0]);
+    assert!(got.iter().any(|l| l.contains("evil\\nINFO forged line") && l.contains("more bytes)")), "{got:?}");
 }

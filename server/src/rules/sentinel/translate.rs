@@ -157,6 +157,12 @@ fn rate_of(r: f64) -> Rate {
     Rate::per_second(r).expect("a rate rounded to a thousandth, in range")
 }
 
+/// `r` a second, if a rate keeps it exactly (a whole number of thousandths:
+/// 3 a second, 0.25; not 5 a minute, nor 5 a day).
+fn exact_rate(r: f64) -> Option<Rate> {
+    Rate::per_second(r).ok()
+}
+
 /// `n` whole, as Java's `(long)` truncates a double.
 fn whole(count: f64) -> u64 {
     count.max(0.0) as u64
@@ -197,9 +203,10 @@ fn flow(out: &mut Out<'_>, f: &Flow, others: &[String]) {
         "other" => {
             // Each origin no rule names on its own gets its own count.
             key.push(o.origin_key.clone());
-            if !others.is_empty() {
-                when.push(Condition { key: o.origin_key.clone(), values: others.to_vec(), negate: true });
-            }
+            // An empty origin is no origin: not "other" (Sentinel's isOtherOrigin).
+            let mut not = others.to_vec();
+            not.push(String::new());
+            when.push(Condition { key: o.origin_key.clone(), values: not, negate: true });
             name.push_str(" other");
         }
         app => {
@@ -219,13 +226,9 @@ fn flow(out: &mut Out<'_>, f: &Flow, others: &[String]) {
             );
         }
         if f.count < 1.0 {
-            return out.error(
-                &f.at.file,
-                f.at.index,
-                &f.resource,
-                "count",
-                format!("a thread count below 1 ({}) refuses every call", f.count),
-            );
+            // Sentinel refuses every call (1 thread > count): a kill switch.
+            let l = limit(format!("threads{name}"), key, deny_all(), SyncMode::Local, when);
+            return out.resource(&f.resource).push(l);
         }
         let n = whole(f.count).min(u64::from(u32::MAX)) as u32;
         let r = out.resource(&f.resource);
@@ -275,9 +278,9 @@ fn flow(out: &mut Out<'_>, f: &Flow, others: &[String]) {
         }
         2 => {
             let leak = rate_of(f.count);
-            let max_wait = f.max_queueing_ms as u64 * 1_000_000;
+            let max_wait = (f.max_queueing_ms as u64).saturating_mul(1_000_000);
             // Room for every caller that may wait: the queue is bounded by max_wait.
-            let capacity = (f.count * f.max_queueing_ms as f64 / 1000.0).ceil() as u64 + 1;
+            let capacity = ((f.count * f.max_queueing_ms as f64 / 1000.0).ceil() as u64).saturating_add(1);
             let mode = leaky_bucket::Mode::Shape { max_wait: Some(max_wait) };
             (
                 "rate_limiter",
@@ -328,27 +331,48 @@ fn param(out: &mut Out<'_>, p: &Param) {
     let key = format!("{}{}", out.options.param_prefix, p.param_idx);
     let shape = p.behavior == 2;
     let duration = p.duration_secs as f64;
-    // One limit for `count` per value, and one per listed value for its own count.
-    let listed: Vec<String> = p.items.iter().map(|(v, _)| v.clone()).collect();
+    // One limit for `count` per value, and one per listed value for its own
+    // count; a value listed twice takes its last count (Sentinel keeps a map).
+    let mut items: Vec<(String, u64)> = Vec::with_capacity(p.items.len());
+    let mut at: HashMap<&str, usize> = HashMap::with_capacity(p.items.len());
+    for (value, count) in &p.items {
+        match at.get(value.as_str()) {
+            Some(&i) => items[i].1 = *count as u64,
+            None => {
+                at.insert(value, items.len());
+                items.push((value.clone(), *count as u64));
+            }
+        }
+    }
+    let listed: Vec<String> = items.iter().map(|(v, _)| v.clone()).collect();
     let mut limits = Vec::new();
     let base_when = match listed.is_empty() {
         true => Vec::new(),
         false => vec![Condition { key: key.clone(), values: listed, negate: true }],
     };
     limits.push((key.clone(), whole(p.count), base_when));
-    for (value, count) in &p.items {
+    for (value, count) in items {
         let when = vec![Condition { key: key.clone(), values: vec![value.clone()], negate: false }];
-        limits.push((format!("{key}={value}"), *count as u64, when));
+        limits.push((format!("{key}={value}"), count, when));
     }
     for (name, tokens, when) in limits {
         let sync = if tokens == 0 { SyncMode::Local } else { SyncMode::default() };
+        let exact = exact_rate(tokens as f64 / duration);
         let algorithm = if tokens == 0 {
             deny_all()
+        } else if exact.is_none() && tokens as f64 / duration < Rate::MAX_PER_SECOND {
+            // A refill a rate cannot keep exactly (5 a minute, 5 a day): at
+            // most the tokens (and burst) per `durationInSec`, counted over a
+            // sliding window, which is closer to Sentinel's refill once a
+            // whole duration has passed than a rate rounded would be.
+            let most = if shape { tokens } else { tokens.saturating_add(p.burst as u64) };
+            let window = (p.duration_secs as u64).saturating_mul(1_000_000_000);
+            Algorithm::SlidingWindow(sliding_window::Config::new(most, window))
         } else if shape {
             let leak = rate_of(tokens as f64 / duration);
             let max_wait = p.max_queueing_ms as u64;
-            let capacity = (tokens as f64 / duration * max_wait as f64 / 1000.0).ceil() as u64 + 1;
-            let mode = leaky_bucket::Mode::Shape { max_wait: Some(max_wait * 1_000_000) };
+            let capacity = ((tokens as f64 / duration * max_wait as f64 / 1000.0).ceil() as u64).saturating_add(1);
+            let mode = leaky_bucket::Mode::Shape { max_wait: Some(max_wait.saturating_mul(1_000_000)) };
             Algorithm::LeakyBucket(leaky_bucket::Config::new(capacity, leak, mode))
         } else {
             // Sentinel refills a value's tokens once `durationInSec` has passed,
@@ -444,7 +468,7 @@ fn breaker(out: &mut Out<'_>, resource: &str, rules: &[Degrade]) -> Option<Break
             // Opens iff the exception ratio > count (never when count is 1).
             1 => b.failure_rate_threshold = if d.count >= 1.0 { BREAKER_OFF } else { d.count.next_up() },
             // Opens iff exceptions > count.
-            _ => b.failure_count_threshold = Some((whole(d.count) + 1).min(u64::from(u32::MAX)) as u32),
+            _ => b.failure_count_threshold = Some(whole(d.count).saturating_add(1).min(u64::from(u32::MAX)) as u32),
         }
     }
     if b.failure_rate_threshold == BREAKER_OFF
