@@ -7,12 +7,11 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
+use std::io::Write;
 use std::time::Duration;
 
 use floodgate_proto::v1 as pb;
+use support::browser::Browser;
 use support::*;
 use tonic::metadata::MetadataValue;
 
@@ -103,46 +102,25 @@ async fn the_console_shows_a_breaker_open_live_and_resets_it_only_with_an_admin_
     let shot = std::env::var("FLOODGATE_CONSOLE_SCREENSHOT")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|_| dir.path("console.png"));
-    let mut node = Command::new("node")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/browser/console.cjs"))
-        .args([&format!("http://{}/", fg.http), READER, ADMIN, path_str(&shot)])
-        .env("NODE_PATH", test_cache().join("npm/node_modules"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("node (scripts/test installs it)");
-    let (tx, rx) = mpsc::channel();
-    let stdout = node.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let mut stdin = node.stdin.take().unwrap();
-    // The script's errors go to this test's stderr.
-    let expect = |word: &str| match rx.recv_timeout(Duration::from_secs(90)) {
-        Ok(line) => assert_eq!(line, word),
-        Err(_) => panic!("the browser never said {word}; server logs:\n{}", fg.logs()),
-    };
+    let mut browser = Browser::start("console.cjs", &[&format!("http://{}/", fg.http), READER, ADMIN, path_str(&shot)]);
+    let expect = |browser: &Browser, word: &str| assert_eq!(browser.line(&fg), word);
 
-    expect("NEEDS_TOKEN");
-    expect("READY");
-    expect("SAW_CONCURRENCY");
+    expect(&browser, "NEEDS_TOKEN");
+    expect(&browser, "READY");
+    expect(&browser, "SAW_CONCURRENCY");
     // Failures until the breaker refuses calls (it opens on the second).
     let mut failures = 0;
     while report(&mut c, pb::Outcome::Failure).await {
         failures += 1;
         assert!(failures < 10, "the breaker never opened");
     }
-    expect("SAW_OPEN");
-    expect("REFUSED");
+    expect(&browser, "SAW_OPEN");
+    expect(&browser, "REFUSED");
     assert_eq!(breaker_state(&fg).await, pb::BreakerState::Open, "the refused reset changed nothing");
-    stdin.write_all(b"CONTINUE\n").unwrap();
-    expect("RESET");
-    expect("DONE");
-    let status = node.wait().unwrap();
-    assert!(status.success(), "{status:?}");
+    browser.go_on();
+    expect(&browser, "RESET");
+    expect(&browser, "DONE");
+    browser.finish();
     assert_eq!(breaker_state(&fg).await, pb::BreakerState::Closed, "reset for real, through the console");
     let png = std::fs::read(&shot).unwrap();
     assert!(png.starts_with(b"\x89PNG"), "a screenshot");
@@ -243,39 +221,21 @@ async fn another_sites_page_in_a_real_browser_cannot_act_through_the_console_or_
     let rules = dir.write("rules.yaml", RULES);
     let fg = Floodgate::start(&["--config", path_str(&rules), "--http-host", "floodgate.test"]);
     let port = fg.http.rsplit(':').next().unwrap().to_string();
-    let mut node = Command::new("node")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/browser/cross_site.cjs"))
-        .arg(&port)
-        .env("NODE_PATH", test_cache().join("npm/node_modules"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("node (scripts/test installs it)");
-    let (tx, rx) = mpsc::channel();
-    let stdout = node.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let next = || match rx.recv_timeout(Duration::from_secs(90)) {
-        Ok(line) => line,
-        Err(_) => panic!("the browser stopped; server logs:\n{}", fg.logs()),
-    };
-    assert_eq!(next(), "OWN_PAGE_ACTS");
-    let attacked = next();
+    let mut browser = Browser::start("cross_site.cjs", &[&port]);
+    let next = |browser: &Browser| browser.line(&fg);
+    assert_eq!(next(&browser), "OWN_PAGE_ACTS");
+    let attacked = next(&browser);
     assert!(attacked.starts_with("ATTACKED "), "{attacked}");
     // The CORS fetch never gets past its preflight; the others reach the server.
     assert!(attacked.contains("/api/v1/level blocked"), "{attacked}");
     assert_eq!(level_and_breaker(&fg).await, (1, pb::BreakerState::Closed), "{attacked}");
     let logs = fg.logs();
     assert!(logs.contains("Content-Type: an action must be sent as application/json"), "refused, not unsent: {logs}");
-    node.stdin.take().unwrap().write_all(b"CONTINUE\n").unwrap();
-    assert_eq!(next(), "REBIND 421", "the console's data, read by a rebound name");
-    assert_eq!(next(), "REBIND_PAGE 421");
-    assert_eq!(next(), "DONE");
-    assert!(node.wait().unwrap().success());
+    browser.go_on();
+    assert_eq!(next(&browser), "REBIND 421", "the console's data, read by a rebound name");
+    assert_eq!(next(&browser), "REBIND_PAGE 421");
+    assert_eq!(next(&browser), "DONE");
+    browser.finish();
 }
 
 /// A raw HTTP/1.1 request with the given head lines: (status, body).

@@ -119,7 +119,8 @@ fn every_flag_and_variable_in_the_manifests_is_the_binarys() {
 fn every_mounted_rules_file_passes_check_config_and_envoys_config_is_envoys() {
     let dir = TempDir::new();
     let (_, docs) = render("base");
-    let rules = of_kind(&docs, "ConfigMap").into_iter().find(|c| s(&c["metadata"]["name"]) == "floodgate-rules").unwrap();
+    let rules =
+        of_kind(&docs, "ConfigMap").into_iter().find(|c| s(&c["metadata"]["name"]) == "floodgate-rules").unwrap();
     // The Deployment mounts that ConfigMap where --config points.
     let deployment = of_kind(&docs, "Deployment")[0];
     let pod = &deployment["spec"]["template"]["spec"];
@@ -143,7 +144,8 @@ fn every_mounted_rules_file_passes_check_config_and_envoys_config_is_envoys() {
     assert!(out.status.success() && said.contains("OK"), "{said}");
     // Its rate limit domain is one of the base's rules (a glob, here).
     let envoy: Value = serde_yaml_ng::from_str(cm["data"]["envoy.yaml"].as_str().unwrap()).unwrap();
-    let filters = &envoy["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"];
+    let filters =
+        &envoy["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"];
     let domain = s(&filters[0]["typed_config"]["domain"]);
     let rules = serde_yaml_ng::from_str::<Value>(rules["data"]["rules.yaml"].as_str().unwrap()).unwrap();
     let names: Vec<String> = rules["resources"].as_sequence().unwrap().iter().map(|r| s(&r["name"])).collect();
@@ -158,7 +160,11 @@ fn the_readmes_rendering_of_the_base_is_the_files() {
     let at = readme.find(start).expect("the README shows the base's rendering") + start.len();
     let block = &readme[at..at + readme[at..].find("```").unwrap()];
     let (_, docs) = render("base");
-    assert_eq!(documents(block), docs, "the README's rendering is stale: paste `kubectl kustomize deploy/kubernetes/base`");
+    assert_eq!(
+        documents(block),
+        docs,
+        "the README's rendering is stale: paste `kubectl kustomize deploy/kubernetes/base`"
+    );
 }
 
 #[test]

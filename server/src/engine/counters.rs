@@ -1,6 +1,9 @@
 //! Decision counters, one set per rule, resolved when rules are installed so
 //! that counting a decision is an atomic add: no label hashing per decision.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use metrics::{Counter, counter};
 
 use crate::metrics::{DECISIONS, ENVOY, LIMIT_DECISIONS, UNMATCHED};
@@ -18,6 +21,31 @@ pub struct RuleMetrics {
     limited_by: Vec<Counter>,
     /// Per limit: (admitted, exceeded, exceeded in shadow mode).
     limits: Vec<(Counter, Counter, Counter)>,
+    /// Decisions admitted and denied, read once a second by the console's
+    /// charts.
+    pub tally: Arc<Tally>,
+}
+
+/// A rule's decisions admitted and denied since its counters were made:
+/// two relaxed adds' worth of state, read by whoever samples them.
+#[derive(Debug, Default)]
+pub struct Tally {
+    admitted: AtomicU64,
+    denied: AtomicU64,
+}
+
+impl Tally {
+    /// (admitted, denied) so far.
+    pub fn read(&self) -> (u64, u64) {
+        (self.admitted.load(Ordering::Relaxed), self.denied.load(Ordering::Relaxed))
+    }
+
+    /// Counts one decision.
+    #[inline]
+    pub fn count(&self, admitted: bool) {
+        let n = if admitted { &self.admitted } else { &self.denied };
+        n.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 impl RuleMetrics {
@@ -51,7 +79,7 @@ impl RuleMetrics {
             .iter()
             .map(|l| (result(l, "admitted"), result(l, "exceeded"), result(l, "shadow_exceeded")))
             .collect();
-        RuleMetrics { verdicts, limited_by, limits }
+        RuleMetrics { verdicts, limited_by, limits, tally: Arc::default() }
     }
 
     /// Counts one decision: its verdict (as `VERDICTS` orders them), the
@@ -62,6 +90,7 @@ impl RuleMetrics {
             Some(i) => self.limited_by[i].increment(1),
             None => self.verdicts[verdict].increment(1),
         }
+        self.tally.count(verdict == 0);
         for (index, exceeded, shadow) in limits {
             let (admitted, over, shadowed) = &self.limits[index];
             match (exceeded, shadow) {

@@ -16,7 +16,7 @@ use std::time::SystemTime;
 
 use arc_swap::{ArcSwap, Guard};
 
-use super::counters::RuleMetrics;
+use super::counters::{RuleMetrics, Tally};
 use super::envoy_sizes::EnvoySizes;
 pub use super::handles::RuleHandles;
 use crate::degradation::{Scope, Systems};
@@ -237,6 +237,19 @@ impl Installed {
     /// A limit of ours in Envoy's terms: rule `rule`, limit `limit`.
     pub fn per_unit(&self, rule: usize, limit: usize) -> (u32, Unit) {
         self.handles.per_unit[rule][limit]
+    }
+
+    /// Every decision tally with the `resource` its decisions are counted
+    /// under: the rules', the Envoy configuration's (`_envoy`, one per
+    /// limit) and the unmatched decisions' (`_unmatched`).
+    pub fn tallies(&self, mut each: impl FnMut(&str, &Arc<Tally>)) {
+        for (rule, handles) in self.rules.rules().iter().zip(self.handles.rules.iter()) {
+            each(&rule.name, &handles.metrics.tally);
+        }
+        for handles in self.handles.envoy.iter() {
+            each(crate::metrics::ENVOY, &handles.metrics.tally);
+        }
+        each(crate::metrics::UNMATCHED, &self.handles.unmatched.tally);
     }
 
     /// The rule patterns, in file order.

@@ -37,6 +37,7 @@ pub mod settle;
 pub mod sync;
 pub mod what_if;
 
+pub use counters::Tally;
 pub use decide::{Answer, LimitReport, Pending, Prepared, Remote, Step, Verdict};
 pub use guards::{DEFAULT_PERMIT_TTL, Denial, PermitId};
 pub use installed::{EnvoyInstalled, Installed};

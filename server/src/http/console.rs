@@ -28,6 +28,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
+use tokio::sync::broadcast;
 
 use super::HttpState;
 use super::reply::{error, json_response};
@@ -42,6 +43,9 @@ use crate::events::Event;
 use crate::listen::Peer;
 use crate::rules::Rule;
 
+mod series;
+use series::{BreakerNow, Reading, Series};
+
 const PAGE: &str = include_str!("console/index.html");
 const SCRIPT: &str = include_str!("console/console.js");
 const STYLE: &str = include_str!("console/console.css");
@@ -52,36 +56,95 @@ const MAX_STREAMS: usize = 256;
 /// The largest action body.
 const MAX_BODY: usize = 4096;
 
-/// What the console keeps besides the Decider: the recent events.
+/// What the console keeps besides the Decider: the recent events, the
+/// charts' series and the ticks that move them.
 #[derive(Clone)]
 pub struct Console {
     timeline: Arc<Mutex<VecDeque<Value>>>,
+    series: Arc<Mutex<Series>>,
+    /// Each second's sample, as the `tick` event every stream sends.
+    ticks: broadcast::Sender<Arc<str>>,
     streams: Arc<AtomicUsize>,
 }
 
 impl Console {
-    /// Starts keeping the timeline of `decider`'s events.
+    /// Starts keeping the timeline of `decider`'s events and, once a
+    /// second, the charts' series.
     pub fn start(decider: &Arc<Decider>) -> Console {
-        let console = Console { timeline: Arc::default(), streams: Arc::default() };
+        let console = Console {
+            timeline: Arc::default(),
+            series: Arc::default(),
+            ticks: broadcast::channel(8).0,
+            streams: Arc::default(),
+        };
         let mut events = decider.subscribe();
         let timeline = Arc::downgrade(&console.timeline);
+        let series = Arc::downgrade(&console.series);
         tokio::spawn(async move {
             loop {
                 let event = match events.recv().await {
                     Ok(e) => e,
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(broadcast::error::RecvError::Lagged(_)) => continue,
                     Err(_) => return,
                 };
-                let Some(timeline) = timeline.upgrade() else { return };
-                let mut t = timeline.lock().unwrap_or_else(|e| e.into_inner());
+                let (Some(timeline), Some(series)) = (timeline.upgrade(), series.upgrade()) else { return };
+                if let Event::Breaker { resource, transition: t, .. } = &*event {
+                    lock(&series).transition(resource, unix_seconds(), t.from.name(), t.to.name());
+                }
+                let mut t = lock(&timeline);
                 if t.len() == TIMELINE {
                     t.pop_front();
                 }
                 t.push_back(event_json(&event));
             }
         });
+        let decider = Arc::downgrade(decider);
+        let (series, ticks) = (Arc::downgrade(&console.series), console.ticks.clone());
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_secs(1));
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            loop {
+                every.tick().await;
+                let (Some(decider), Some(series)) = (decider.upgrade(), series.upgrade()) else { return };
+                let tick = sample(&decider, &series, unix_seconds());
+                if !tick.is_empty() {
+                    let _ = ticks.send(Arc::from(tick));
+                }
+            }
+        });
         console
     }
+}
+
+/// One second of the charts: every rule's decisions, every breaker, every level.
+fn sample(decider: &Decider, series: &Mutex<Series>, now: u64) -> String {
+    let installed = decider.installed();
+    let snapshot = decider.snapshot();
+    let breakers = snapshot
+        .breakers
+        .iter()
+        .map(|(resource, i)| BreakerNow {
+            resource: resource.clone(),
+            state: i.state.name(),
+            calls: i.window.calls,
+            failure_rate: i.window.failure_rate(),
+            slow_call_rate: i.window.slow_call_rate(),
+            not_permitted: i.not_permitted,
+        })
+        .collect();
+    let levels = std::iter::once(&snapshot.level)
+        .chain(snapshot.systems.iter())
+        .map(|l| (l.system.to_string(), l.level))
+        .collect();
+    lock(series).sample(now, |each| installed.tallies(each), Reading { breakers, levels })
+}
+
+fn unix_seconds() -> u64 {
+    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 pub fn routes() -> Router<HttpState> {
@@ -92,6 +155,7 @@ pub fn routes() -> Router<HttpState> {
         .route("/favicon.ico", get(|| async { StatusCode::NO_CONTENT }))
         .route("/api/v1/console", get(state))
         .route("/api/v1/events", get(events))
+        .route("/api/v1/series", get(series))
         .route("/api/v1/breakers/{resource}/state", post(set_breaker))
         .route("/api/v1/level", post(set_level))
 }
@@ -168,16 +232,75 @@ async fn state(State(s): State<HttpState>, req: Request) -> Response {
     if let Err(refused) = allow(&s, req.headers(), req.extensions().get::<Peer>(), Role::Read, "console") {
         return *refused;
     }
-    let timeline: Vec<Value> = s.console.timeline.lock().unwrap_or_else(|e| e.into_inner()).iter().cloned().collect();
-    json_response(StatusCode::OK, snapshot(&s.decider, timeline))
+    let page = match ResourcePage::from_query(req.uri().query().unwrap_or("")) {
+        Ok(p) => p,
+        Err(refused) => return *refused,
+    };
+    let timeline: Vec<Value> = lock(&s.console.timeline).iter().cloned().collect();
+    json_response(StatusCode::OK, snapshot(&s.decider, timeline, &page))
+}
+
+/// Which resources the page lists: those whose name holds `filter` (any
+/// case), `count` of them from `offset`. The page shows a page at a time,
+/// so 5,000 rules cost the server and the tab what 25 do.
+struct ResourcePage {
+    filter: String,
+    offset: usize,
+    count: usize,
+}
+
+/// The most resources one answer lists.
+const MAX_RESOURCES_SHOWN: usize = 500;
+
+impl ResourcePage {
+    fn from_query(query: &str) -> Result<ResourcePage, Box<Response>> {
+        let mut page = ResourcePage { filter: String::new(), offset: 0, count: MAX_RESOURCES_SHOWN };
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let bad = |why: &str| Box::new(error(StatusCode::BAD_REQUEST, format!("{}: {why}", key.escape_debug())));
+            let value = percent_decoded(value).ok_or_else(|| bad("not UTF-8 once decoded"))?;
+            let number = |most: usize| {
+                value.parse::<usize>().ok().filter(|n| *n <= most).ok_or_else(|| {
+                    bad(&format!(
+                        "'{}' is not a number from 0 to {most}",
+                        value.chars().take(32).collect::<String>().escape_debug()
+                    ))
+                })
+            };
+            match key {
+                "resource_filter" if value.len() <= crate::rules::MAX_NAME_BYTES => page.filter = value.to_lowercase(),
+                "resource_filter" => return Err(bad("longer than any resource name")),
+                "resource_offset" => page.offset = number(usize::MAX)?,
+                "resource_count" => page.count = number(MAX_RESOURCES_SHOWN)?,
+                other => {
+                    let other: String = other.chars().take(64).collect();
+                    return Err(Box::new(error(
+                        StatusCode::BAD_REQUEST,
+                        format!(
+                            "'{}' is not a parameter (resource_filter, resource_offset, resource_count)",
+                            other.escape_debug()
+                        ),
+                    )));
+                }
+            }
+        }
+        Ok(page)
+    }
 }
 
 /// Everything the page shows.
-fn snapshot(decider: &Decider, timeline: Vec<Value>) -> Value {
+fn snapshot(decider: &Decider, timeline: Vec<Value>, page: &ResourcePage) -> Value {
     let installed = decider.installed();
     let top = decider.top_keys("", 5);
-    let resources: Vec<Value> =
-        installed.rules.rules().iter().map(|rule| resource_json(decider, &installed, rule, &top)).collect();
+    let all = installed.rules.rules();
+    let matching: Vec<&Rule> =
+        all.iter().filter(|r| page.filter.is_empty() || r.name.to_lowercase().contains(&page.filter)).collect();
+    let resources: Vec<Value> = matching
+        .iter()
+        .skip(page.offset)
+        .take(page.count)
+        .map(|rule| resource_json(decider, &installed, rule, &top))
+        .collect();
     let breakers: Vec<Value> = decider.breakers().iter().map(breaker_json).collect();
     let snapshot = decider.snapshot();
     let health = decider.replica_health();
@@ -186,7 +309,7 @@ fn snapshot(decider: &Decider, timeline: Vec<Value>) -> Value {
             "version": installed.version,
             "source": installed.source,
             "loaded_at": rfc3339(installed.loaded_at),
-            "patterns": installed.resource_names(),
+            "pattern_count": all.len(),
         },
         "envoy": (!installed.envoy.source.is_empty()).then(|| json!({
             "source": installed.envoy.source,
@@ -201,6 +324,7 @@ fn snapshot(decider: &Decider, timeline: Vec<Value>) -> Value {
             "loaded_at": rfc3339(installed.sentinel.loaded_at),
         })),
         "resources": resources,
+        "resources_listed": { "total": all.len(), "matching": matching.len(), "offset": page.offset },
         "breakers": breakers,
         "timeline": timeline,
         "level": { "level": snapshot.level.level, "manual": snapshot.level.manual, "automatic": snapshot.level.automatic },
@@ -214,6 +338,77 @@ fn snapshot(decider: &Decider, timeline: Vec<Value>) -> Value {
         "concurrency": decider.concurrency_views(|_, _| true, CONCURRENCY_SHOWN).iter().map(concurrency_json).collect::<Vec<_>>(),
         "now": rfc3339(SystemTime::now()),
     })
+}
+
+/// The most series one request names, and the most it may ask for by `top`.
+const MAX_NAMED: usize = 32;
+const MAX_TOP: usize = 64;
+
+/// The charts' series: `resource=NAME` and `breaker=NAME` (repeated) name
+/// what to send, `top=N` (default 8) the busiest when none is named; the
+/// levels and "other" always come.
+async fn series(State(s): State<HttpState>, req: Request) -> Response {
+    if let Err(refused) = allow(&s, req.headers(), req.extensions().get::<Peer>(), Role::Read, "console series") {
+        return *refused;
+    }
+    let (mut resources, mut breakers, mut top) = (Vec::new(), Vec::new(), 8);
+    for pair in req.uri().query().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let Some(value) = percent_decoded(value) else {
+            return error(StatusCode::BAD_REQUEST, format!("{}: not UTF-8 once decoded", key.escape_debug()));
+        };
+        match key {
+            "resource" | "breaker" => {
+                let list = if key == "resource" { &mut resources } else { &mut breakers };
+                if list.len() == MAX_NAMED {
+                    return error(StatusCode::BAD_REQUEST, format!("{key}: more than {MAX_NAMED} named"));
+                }
+                list.push(value);
+            }
+            "top" => match value.parse::<usize>() {
+                Ok(n) if n <= MAX_TOP => top = n,
+                _ => {
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        format!("top: '{}' is not a number from 0 to {MAX_TOP}", value.escape_debug()),
+                    );
+                }
+            },
+            other => {
+                let other: String = other.chars().take(64).collect();
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    format!("'{}' is not a parameter (resource, breaker, top)", other.escape_debug()),
+                );
+            }
+        }
+    }
+    let body = lock(&s.console.series).json(&resources, &breakers, top);
+    json_response(StatusCode::OK, body)
+}
+
+/// A query string value with `+` and `%XX` decoded; `None` if not UTF-8.
+fn percent_decoded(v: &str) -> Option<String> {
+    let mut out = Vec::with_capacity(v.len());
+    let mut bytes = v.bytes();
+    while let Some(b) = bytes.next() {
+        match b {
+            b'+' => out.push(b' '),
+            b'%' => {
+                let hex = |b: Option<u8>| b.and_then(|b| (b as char).to_digit(16));
+                let (hi, lo) = (bytes.clone().next(), bytes.clone().nth(1));
+                match (hex(hi), hex(lo)) {
+                    (Some(h), Some(l)) => {
+                        out.push((h * 16 + l) as u8);
+                        bytes.nth(1);
+                    }
+                    _ => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// One rule: its limits (with the use of global ones) and hottest keys.
@@ -318,6 +513,7 @@ async fn events(State(s): State<HttpState>, req: Request) -> Response {
     }
     let slot = StreamSlot(s.console.streams.clone());
     let mut rx = s.decider.subscribe();
+    let mut ticks = s.console.ticks.subscribe();
     let stream = async_stream(move |tx| async move {
         let _slot = slot;
         let mut ping = tokio::time::interval(Duration::from_secs(15));
@@ -327,7 +523,14 @@ async fn events(State(s): State<HttpState>, req: Request) -> Response {
                 () = tx.closed() => return,
                 e = rx.recv() => match e {
                     Ok(e) => format!("data: {}\n\n", event_json(&e)),
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => "data: {\"kind\":\"resync\"}\n\n".to_string(),
+                    Err(broadcast::error::RecvError::Lagged(_)) => "data: {\"kind\":\"resync\"}\n\n".to_string(),
+                    Err(_) => return,
+                },
+                t = ticks.recv() => match t {
+                    Ok(t) => format!("data: {t}\n\n"),
+                    // A slow reader misses ticks, not events: the page's
+                    // charts show the gap, and the next tick goes on.
+                    Err(broadcast::error::RecvError::Lagged(_)) => continue,
                     Err(_) => return,
                 },
                 _ = ping.tick() => ": ping\n\n".to_string(),

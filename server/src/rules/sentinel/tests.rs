@@ -302,3 +302,39 @@ fn errors_are_bounded_one_line_each_and_cut() {
     assert!(got[0].starts_with("flow\\u{1b}[31m.json: "), "{:?}", got[0]);
     assert!(got.iter().any(|l| l.contains("evil\\nINFO forged line") && l.contains("more bytes)")), "{got:?}");
 }
+
+#[test]
+fn a_sentinel_rule_that_only_restricts_keeps_the_rules_files_glob_beneath_it() {
+    let file = crate::rules::RuleSet::from_yaml(
+        r#"
+resources:
+  - name: "*"
+    limits: [{ name: qps, algorithm: fixed_window, limit: 3, window: 3s }]
+    breaker: { failure_rate_threshold: 0.5 }
+  - name: "api/*"
+    limits: [{ name: api, algorithm: fixed_window, limit: 9, window: 1s }]
+"#,
+        "rules.yaml",
+    )
+    .unwrap();
+    let s = read(&[
+        ("authority.json", r#"[{"resource":"authB","limitApp":"evil","strategy":1}]"#),
+        ("flow.json", r#"[{"resource":"api/x","grade":1,"count":5}]"#),
+    ])
+    .unwrap();
+    let (merged, left_out) = file.with_extra(&s.rules, None);
+    assert!(left_out.is_empty());
+    let auth = merged.find("authB").unwrap();
+    assert!(auth.origins.is_some(), "Sentinel's restriction");
+    let names: Vec<&str> = auth.limits.iter().map(|l| l.name.as_str()).collect();
+    assert_eq!(names, ["qps"], "the default rule's limit still applies");
+    assert!(auth.breaker.is_some(), "and its breaker");
+    let api = merged.find("api/x").unwrap();
+    let names: Vec<&str> = api.limits.iter().map(|l| l.name.as_str()).collect();
+    assert_eq!(names, ["qps", "api"], "Sentinel's limit, then the glob's");
+    // A name both give a limit keeps both, the file's renamed.
+    let s = read(&[("flow.json", r#"[{"resource":"other","grade":1,"count":5}]"#)]).unwrap();
+    let (merged, _) = file.with_extra(&s.rules, None);
+    let names: Vec<&str> = merged.find("other").unwrap().limits.iter().map(|l| l.name.as_str()).collect();
+    assert_eq!(names, ["qps", "qps(*)"]);
+}
