@@ -255,10 +255,9 @@ const MAX_RESOURCES_SHOWN: usize = 500;
 impl ResourcePage {
     fn from_query(query: &str) -> Result<ResourcePage, Box<Response>> {
         let mut page = ResourcePage { filter: String::new(), offset: 0, count: MAX_RESOURCES_SHOWN };
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        for pair in query_pairs(query) {
+            let (key, value) = pair?;
             let bad = |why: &str| Box::new(error(StatusCode::BAD_REQUEST, format!("{}: {why}", key.escape_debug())));
-            let value = percent_decoded(value).ok_or_else(|| bad("not UTF-8 once decoded"))?;
             let number = |most: usize| {
                 value.parse::<usize>().ok().filter(|n| *n <= most).ok_or_else(|| {
                     bad(&format!(
@@ -273,14 +272,7 @@ impl ResourcePage {
                 "resource_offset" => page.offset = number(usize::MAX)?,
                 "resource_count" => page.count = number(MAX_RESOURCES_SHOWN)?,
                 other => {
-                    let other: String = other.chars().take(64).collect();
-                    return Err(Box::new(error(
-                        StatusCode::BAD_REQUEST,
-                        format!(
-                            "'{}' is not a parameter (resource_filter, resource_offset, resource_count)",
-                            other.escape_debug()
-                        ),
-                    )));
+                    return Err(Box::new(not_a_parameter(other, "resource_filter, resource_offset, resource_count")));
                 }
             }
         }
@@ -352,10 +344,10 @@ async fn series(State(s): State<HttpState>, req: Request) -> Response {
         return *refused;
     }
     let (mut resources, mut breakers, mut top) = (Vec::new(), Vec::new(), 8);
-    for pair in req.uri().query().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let Some(value) = percent_decoded(value) else {
-            return error(StatusCode::BAD_REQUEST, format!("{}: not UTF-8 once decoded", key.escape_debug()));
+    for pair in query_pairs(req.uri().query().unwrap_or("")) {
+        let (key, value) = match pair {
+            Ok(p) => p,
+            Err(refused) => return *refused,
         };
         match key {
             "resource" | "breaker" => {
@@ -374,17 +366,28 @@ async fn series(State(s): State<HttpState>, req: Request) -> Response {
                     );
                 }
             },
-            other => {
-                let other: String = other.chars().take(64).collect();
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    format!("'{}' is not a parameter (resource, breaker, top)", other.escape_debug()),
-                );
-            }
+            other => return not_a_parameter(other, "resource, breaker, top"),
         }
     }
     let body = lock(&s.console.series).json(&resources, &breakers, top);
     json_response(StatusCode::OK, body)
+}
+
+/// A query string's `key=value` pairs in order, each value decoded; a value
+/// that is not UTF-8 once decoded is the refusal naming its key.
+fn query_pairs(query: &str) -> impl Iterator<Item = Result<(&str, String), Box<Response>>> {
+    query.split('&').filter(|p| !p.is_empty()).map(|pair| {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        percent_decoded(value).map(|v| (key, v)).ok_or_else(|| {
+            Box::new(error(StatusCode::BAD_REQUEST, format!("{}: not UTF-8 once decoded", key.escape_debug())))
+        })
+    })
+}
+
+/// The refusal of a parameter the endpoint does not take, naming those it does.
+fn not_a_parameter(key: &str, known: &str) -> Response {
+    let key: String = key.chars().take(64).collect();
+    error(StatusCode::BAD_REQUEST, format!("'{}' is not a parameter ({known})", key.escape_debug()))
 }
 
 /// A query string value with `+` and `%XX` decoded; `None` if not UTF-8.
