@@ -204,11 +204,13 @@ async fn cpu_moves_a_system_level_by_level_sheds_by_priority_and_leaves_other_sy
 async fn one_busy_instance_and_two_idle_ones_follow_the_aggregation_and_a_silent_one_leaves() {
     let (fg, _dir) = start();
     let mut c = fg.client().await;
+    // The idle instances report first: the level rises at once, so a tick
+    // that saw "hot" alone would rightly put `half` at level 3 (one of one).
     for system in ["mean", "busiest", "half", "third"] {
-        c.report_load(load(system, "hot", 0.99)).await.unwrap();
         for i in 0..2 {
             c.report_load(load(system, &format!("idle-{i}"), 0.10)).await.unwrap();
         }
+        c.report_load(load(system, "hot", 0.99)).await.unwrap();
     }
     // The mean is 40%; one of three is 33%, short of half but past 30%.
     reaches(&fg, "busiest", 3).await;
