@@ -138,6 +138,40 @@ async fn without_a_credential_admin_answers_on_loopback_and_says_so() {
 }
 
 #[tokio::test]
+async fn an_empty_token_file_leaves_loopback_working_until_a_token_is_added() {
+    let dir = TempDir::new();
+    // As a Kubernetes Secret ships it: the file is there, with no token yet.
+    let tokens = dir.write("tokens", "# add TOKEN [ROLE [NAME]] lines\n");
+    let fg = Floodgate::start(&["--admin-token-file", path_str(&tokens)]);
+    let ch = fg.channel().await;
+    let mut anonymous = with_token(ch.clone(), None);
+    assert_eq!(code_of(anonymous.get_rules(pb::GetRulesRequest {}).await).await, Code::Ok, "{}", fg.logs());
+    assert!(fg.logs().contains("the admin token file has no token"), "{}", fg.logs());
+
+    // Files written beside it (a log, an editor's swap file) reload nothing.
+    for i in 0..5 {
+        dir.write(&format!("beside-{i}.log"), "noise\n");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!fg.logs().contains("admin tokens reloaded"), "{}", fg.logs());
+
+    // A token is added: loopback alone is no longer enough.
+    dir.replace("tokens", "first-token-0123456789 admin carol\n");
+    eventually("loopback to need the token", Duration::from_secs(15), || {
+        let ch = ch.clone();
+        async move {
+            let code = code_of(with_token(ch, None).get_rules(pb::GetRulesRequest {}).await).await;
+            (code == Code::Unauthenticated).then_some(())
+        }
+    })
+    .await;
+    let mut carol = with_token(ch.clone(), Some("first-token-0123456789"));
+    assert_eq!(code_of(carol.get_rules(pb::GetRulesRequest {}).await).await, Code::Ok);
+    assert_eq!(fg.logs().matches("admin tokens reloaded").count(), 1, "{}", fg.logs());
+}
+
+#[tokio::test]
 async fn client_certificate_identities_carry_admin_roles_under_mtls() {
     let pki = Pki::new("floodgate");
     let server = pki.server("server", "floodgate");

@@ -36,12 +36,34 @@ systems:
 const ADMIN: &str = "console-admin-token-0123456789";
 const READER: &str = "console-reader-token-0123456789";
 
-fn start() -> (Floodgate, TempDir) {
+/// Eight more readers, each its own caller.
+fn readers() -> Vec<String> {
+    (0..8).map(|i| format!("reader-{i}-token-0123456789")).collect()
+}
+
+fn tokens_file(with_grafana: bool) -> String {
+    let mut text = format!("{ADMIN} admin alice\n");
+    if with_grafana {
+        text += &format!("{READER} read grafana\n");
+    }
+    for (i, t) in readers().iter().enumerate() {
+        text += &format!("{t} read reader{i}\n");
+    }
+    text
+}
+
+fn start_with(args: &[&str]) -> (Floodgate, TempDir) {
     let dir = TempDir::new();
     let rules = dir.write("rules.yaml", RULES);
-    let tokens = dir.write("tokens", &format!("{ADMIN} admin alice\n{READER} read grafana\n"));
-    let fg = Floodgate::start(&["--config", path_str(&rules), "--admin-token-file", path_str(&tokens)]);
+    let tokens = dir.write("tokens", &tokens_file(true));
+    let mut all = vec!["--config", path_str(&rules), "--admin-token-file", path_str(&tokens)];
+    all.extend_from_slice(args);
+    let fg = Floodgate::start(&all);
     (fg, dir)
+}
+
+fn start() -> (Floodgate, TempDir) {
+    start_with(&[])
 }
 
 /// One call to payments and its outcome; false when the breaker refused it.
@@ -202,6 +224,35 @@ async fn the_console_api_asks_for_the_admin_roles_and_the_page_keeps_to_itself()
         (Some("shop"), Some(3), Some(true))
     );
     assert_eq!(console["level"]["level"], 2, "the global scope kept its own level");
+
+    // A level and "automatic" at once, an unknown field, a parameter twice:
+    // refused, naming what is wrong, and nothing changed.
+    for (body, says) in [
+        (r#"{"level":1,"automatic":true}"#, "level: 1 with automatic: true"),
+        (r#"{"level":1,"automatic":"yes"}"#, "is not true or false"),
+        (r#"{"level":1,"levle":2}"#, "'levle' is not a field"),
+    ] {
+        let (status, _, answer) = http(&fg.http, "POST", "/api/v1/level", Some(ADMIN), body);
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert!(answer.contains(says), "{body}: {answer}");
+    }
+    for path in ["/api/v1/console?resource_count=1&resource_count=500", "/api/v1/series?top=1&top=2"] {
+        let (status, _, answer) = http(&fg.http, "GET", path, Some(READER), "");
+        assert_eq!(status, 400, "{path}: {answer}");
+        assert!(answer.contains("given more than once"), "{path}: {answer}");
+    }
+    let (_, _, body) = http(&fg.http, "GET", "/api/v1/console", Some(READER), "");
+    let console: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((console["level"]["level"].as_u64(), console["level"]["manual"].as_bool()), (Some(2), Some(true)));
+
+    // Refused reads are in the audit log too, and a flood of them is not.
+    for _ in 0..200 {
+        assert_eq!(http(&fg.http, "GET", "/api/v1/series", Some("not-a-token-0123456789"), "").0, 401);
+    }
+    let logs = fg.logs();
+    let refused = logs.lines().filter(|l| l.contains("console read refused")).count();
+    assert!((1..=60).contains(&refused), "{refused} lines for 200 refusals (at most 10 a second)");
+    assert!(logs.contains("the bearer token is not valid"), "{logs}");
 }
 
 /// The level and the payments breaker's state, as Admin reads them.
@@ -325,12 +376,12 @@ async fn actions_must_be_json_from_the_consoles_own_site_and_requests_must_name_
     assert_eq!(get("/readyz", "evil.test").0, 200);
 }
 
-/// Opens the event stream and reads its reply's head; the stream stays open
-/// while the returned connection lives.
-fn open_events(addr: &str) -> (u16, std::net::TcpStream) {
+/// Opens the event stream with `token` and reads its reply's head; the
+/// stream stays open while the returned connection lives.
+fn open_events_as(addr: &str, token: &str) -> (u16, std::net::TcpStream) {
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(s, "GET /api/v1/events HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {READER}\r\n\r\n").unwrap();
+    write!(s, "GET /api/v1/events HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\r\n").unwrap();
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
@@ -347,19 +398,50 @@ fn open_events(addr: &str) -> (u16, std::net::TcpStream) {
     (head.split_whitespace().nth(1).unwrap().parse().unwrap(), s)
 }
 
+fn open_events(addr: &str) -> (u16, std::net::TcpStream) {
+    open_events_as(addr, READER)
+}
+
+/// Reads the stream until the server ends it; how long that took, or
+/// `None` if it was still open after `limit`.
+fn ends_within(mut s: std::net::TcpStream, limit: Duration) -> Option<Duration> {
+    use std::io::Read;
+    let start = std::time::Instant::now();
+    s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+    let mut buf = [0u8; 4096];
+    while start.elapsed() < limit {
+        match s.read(&mut buf) {
+            Ok(0) => return Some(start.elapsed()),
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(_) => return Some(start.elapsed()),
+        }
+    }
+    None
+}
+
 #[tokio::test]
-async fn an_event_stream_whose_client_went_frees_its_place_at_once() {
+async fn event_streams_are_capped_per_caller_and_in_all_and_a_client_that_went_frees_its_place_at_once() {
     let (fg, _dir) = start();
     let a = &fg.http;
-    // Every place taken, then one more refused.
-    let open: Vec<_> = (0..256)
+    // One caller holds at most 32.
+    let mut open: Vec<_> = (0..32)
         .map(|i| {
             let (status, s) = open_events(a);
             assert_eq!(status, 200, "stream {i}");
             s
         })
         .collect();
-    assert_eq!(open_events(a).0, 429, "a 257th stream is refused");
+    let (status, _, body) = http(a, "GET", "/api/v1/events", Some(READER), "");
+    assert_eq!(status, 429, "a 33rd stream of one caller is refused");
+    assert!(body.contains("token:grafana has 32 event streams open"), "{body}");
+    // Others fill the rest of the 256.
+    for token in readers().iter().cycle().take(256 - 32) {
+        let (status, s) = open_events_as(a, token);
+        assert_eq!(status, 200);
+        open.push(s);
+    }
+    assert_eq!(open_events_as(a, ADMIN).0, 429, "a 257th stream is refused");
     // The clients go. Their places are free before the next keep-alive ping
     // (15 s): a new stream is served within a few seconds.
     drop(open);
@@ -377,4 +459,48 @@ async fn an_event_stream_whose_client_went_frees_its_place_at_once() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_tokens_event_stream_ends_and_a_draining_server_ends_every_stream() {
+    let (mut fg, dir) = start_with(&["--shutdown-grace", "60s"]);
+    let (status, revoked) = open_events(&fg.http);
+    assert_eq!(status, 200);
+    let (status, kept) = open_events_as(&fg.http, &readers()[0]);
+    assert_eq!(status, 200);
+    dir.replace("tokens", &tokens_file(false));
+    let took = ends_within(revoked, Duration::from_secs(20));
+    assert!(took.is_some(), "grafana's stream outlived its token by 20 s");
+    // The other reader's stream is still live (ticks keep coming).
+    let mut kept = kept;
+    kept.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; 256];
+    assert!(std::io::Read::read(&mut kept, &mut buf).unwrap() > 0, "the other stream still sends");
+    // SIGTERM: the stream ends at once, and so does a gRPC Watch, and the
+    // server stops well before its 60 s grace.
+    let mut watch = fg.client().await.watch(pb::WatchRequest::default()).await.unwrap().into_inner();
+    assert!(watch.message().await.unwrap().is_some(), "the snapshot");
+    let started = std::time::Instant::now();
+    let stopping = std::thread::spawn(move || {
+        let status = fg.terminate();
+        (status, fg)
+    });
+    let took = ends_within(kept, Duration::from_secs(20)).expect("the stream held the drain");
+    let (status, _fg) = stopping.join().unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match watch.message().await {
+                Ok(Some(_)) => continue,
+                other => return other.map(|_| ()),
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the Watch stream outlived the server");
+    assert!(status.success(), "{status:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the drain took {:?} (stream ended after {took:?})",
+        started.elapsed()
+    );
 }

@@ -34,6 +34,8 @@ resources:
       wait_in_open: 1h
 systems:
   - { name: shop, resources: [burst] }
+  # The longest system name stays inside its card (the level selector too).
+  - { name: checkout-service.eu-west-1.production.internal.orders-reservatio, resources: [payments] }
 "#;
 
 fn start(rules: &str) -> (Floodgate, TempDir) {

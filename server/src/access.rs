@@ -83,6 +83,9 @@ impl fmt::Debug for Token {
 pub struct Access {
     config: AccessConfig,
     tokens: ArcSwap<Vec<Token>>,
+    /// The token file's text last read, so that a change elsewhere in its
+    /// directory (a log written beside it) reloads nothing.
+    text: std::sync::Mutex<Option<String>>,
 }
 
 // === impl Role ===
@@ -121,15 +124,15 @@ pub fn parse_identity(s: &str) -> Result<(String, Role), String> {
 impl Access {
     /// Reads the token file, if any.
     pub fn load(config: AccessConfig) -> anyhow::Result<Arc<Access>> {
-        let tokens = match &config.token_file {
+        let (tokens, text) = match &config.token_file {
             Some(path) => {
                 let text = crate::files::read_text(path, MAX_FILE_BYTES)
                     .with_context(|| format!("reading {}", path.display()))?;
-                parse_tokens(&text).with_context(|| format!("in {}", path.display()))?
+                (parse_tokens(&text).with_context(|| format!("in {}", path.display()))?, Some(text))
             }
-            None => Vec::new(),
+            None => (Vec::new(), None),
         };
-        Ok(Arc::new(Access { config, tokens: ArcSwap::from_pointee(tokens) }))
+        Ok(Arc::new(Access { config, tokens: ArcSwap::from_pointee(tokens), text: std::sync::Mutex::new(text) }))
     }
 
     /// Reads the token file again when it changes; a bad file is logged and
@@ -143,8 +146,18 @@ impl Access {
             async move {
                 let Some(access) = weak.upgrade() else { return };
                 let read = crate::files::read_bounded(&file, MAX_FILE_BYTES).await.map_err(anyhow::Error::from);
+                if let Ok(text) = &read {
+                    let mut last = access.text.lock().unwrap_or_else(|e| e.into_inner());
+                    if last.as_deref() == Some(text.as_str()) {
+                        return;
+                    }
+                    *last = Some(text.clone());
+                }
                 match read.and_then(|text| parse_tokens(&text)) {
                     Ok(tokens) => {
+                        if tokens.is_empty() && access.config.identities.is_empty() {
+                            tracing::warn!(file = %file.display(), "the admin token file has no token: Admin answers only on loopback until one is added");
+                        }
                         tracing::info!(file = %file.display(), tokens = tokens.len(), "admin tokens reloaded");
                         access.tokens.store(Arc::new(tokens));
                     }
@@ -158,9 +171,11 @@ impl Access {
     }
 
     /// Whether any credential is configured; without one, Admin answers only
-    /// on loopback.
+    /// on loopback. A token file with no token in it configures none, so a
+    /// file shipped empty (a Kubernetes Secret) leaves loopback working until
+    /// a token is added; emptying it again opens loopback again.
     pub fn credentials_configured(&self) -> bool {
-        self.config.token_file.is_some() || !self.config.identities.is_empty()
+        !self.tokens.load().is_empty() || !self.config.identities.is_empty()
     }
 
     /// Who is calling, if they may make a call that needs `needs`.
@@ -181,7 +196,8 @@ impl Access {
                 Ok(Caller { who: anonymous(peer), role: Role::Admin })
             }
             None if !self.credentials_configured() => Err(Denied::Unauthenticated(
-                "Admin answers only on loopback until --admin-token-file or --admin-identity is configured".into(),
+                "Admin answers only on loopback until a token (--admin-token-file) or --admin-identity is configured"
+                    .into(),
             )),
             None => Err(Denied::Unauthenticated("Admin needs a credential: authorization: Bearer TOKEN".into())),
         }
@@ -280,16 +296,32 @@ mod tests {
         Access {
             config: AccessConfig { token_file: Some("t".into()), identities: Vec::new(), read_open },
             tokens: ArcSwap::from_pointee(parse_tokens(text).unwrap()),
+            text: std::sync::Mutex::new(Some(text.to_string())),
         }
     }
 
     #[test]
     fn without_credentials_only_loopback_may_call() {
-        let a = Access { config: AccessConfig::default(), tokens: ArcSwap::from_pointee(Vec::new()) };
+        let a = Access {
+            config: AccessConfig::default(),
+            tokens: ArcSwap::from_pointee(Vec::new()),
+            text: std::sync::Mutex::new(None),
+        };
         assert_eq!(a.check(Role::Admin, None, &loopback()).unwrap().role, Role::Admin);
         assert!(
             matches!(a.check(Role::Read, None, &remote()), Err(Denied::Unauthenticated(m)) if m.contains("loopback"))
         );
+    }
+
+    #[test]
+    fn a_token_file_with_no_token_configures_no_credential() {
+        let a = with_tokens("# nothing yet\n\n", false);
+        assert!(!a.credentials_configured());
+        assert_eq!(a.check(Role::Admin, None, &loopback()).unwrap().role, Role::Admin);
+        assert!(matches!(a.check(Role::Read, None, &remote()), Err(Denied::Unauthenticated(_))));
+        a.tokens.store(Arc::new(parse_tokens("admin-token-0123456789\n").unwrap()));
+        assert!(a.credentials_configured());
+        assert!(matches!(a.check(Role::Read, None, &loopback()), Err(Denied::Unauthenticated(_))));
     }
 
     #[test]

@@ -96,7 +96,14 @@ pub async fn run(
     let access = Access::load(opts.access.clone()).context("loading the admin tokens")?;
     let _tokens = access.watch()?;
     if !access.credentials_configured() {
-        tracing::warn!("no admin credential configured: Admin answers only on loopback (see --admin-token-file)");
+        match &opts.access.token_file {
+            Some(file) => {
+                tracing::warn!(file = %file.display(), "the admin token file has no token: Admin answers only on loopback until one is added")
+            }
+            None => tracing::warn!(
+                "no admin credential configured: Admin answers only on loopback (see --admin-token-file)"
+            ),
+        }
     }
     let tls = load_tls(&opts)?;
     let engine = build_engine(&opts);
@@ -327,6 +334,7 @@ async fn serve(
             shutdown.await;
             tracing::info!("shutting down: draining in-flight calls");
             health.set_ready(false);
+            health.drain_streams();
             reporter.set_service_status("", tonic_health::ServingStatus::NotServing).await;
             let _ = stop_tx.send(true);
             // Clients that keep their connections open do not hold the exit forever.

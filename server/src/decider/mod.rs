@@ -58,6 +58,9 @@ pub struct Decider {
     /// Overrides set at run time: where they are kept; one change at a time.
     override_options: OverrideOptions,
     changing: tokio::sync::Mutex<()>,
+    /// Set when the server starts draining: streams (Watch, the console's
+    /// events) end then rather than hold the drain to its grace period.
+    draining: tokio::sync::watch::Sender<bool>,
 }
 
 // === impl Decider ===
@@ -75,6 +78,20 @@ impl Decider {
             what_if: arc_swap::ArcSwapOption::empty(),
             override_options: OverrideOptions::default(),
             changing: tokio::sync::Mutex::new(()),
+            draining: tokio::sync::watch::Sender::new(false),
+        }
+    }
+
+    /// Ends every open stream: the server is draining.
+    pub fn drain_streams(&self) {
+        self.draining.send_replace(true);
+    }
+
+    /// Completes once the server starts draining.
+    pub fn drained(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut rx = self.draining.subscribe();
+        async move {
+            let _ = rx.wait_for(|d| *d).await;
         }
     }
 

@@ -31,7 +31,9 @@ pub fn stream(decider: Arc<Decider>, resources: Vec<String>, slot: OwnedSemaphor
     let (tx, rx) = mpsc::channel(BUFFER);
     let mut events = decider.subscribe();
     let only: HashSet<String> = resources.into_iter().collect();
+    let drained = decider.drained();
     tokio::spawn(async move {
+        tokio::pin!(drained);
         let _slot = Open::new(slot);
         let mut seq = 0u64;
         let mut send = |kind: Kind| {
@@ -52,6 +54,9 @@ pub fn stream(decider: Arc<Decider>, resources: Vec<String>, slot: OwnedSemaphor
                 received = events.recv() => received,
                 // The subscriber went away: end now, not at the next event.
                 () = tx.closed() => return,
+                // The server is draining: the stream ends (OK) so that the
+                // subscriber reconnects to another replica.
+                () = &mut drained => return,
             };
             let kind = match received {
                 Ok(event) if wanted(&event, &only) => Kind::from(&*event),

@@ -15,8 +15,8 @@
 //! rebinding. The page is served with a strict Content-Security-Policy and
 //! sets text, never markup.
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -53,6 +53,15 @@ const STYLE: &str = include_str!("console/console.css");
 const TIMELINE: usize = 200;
 /// Event streams open at once.
 const MAX_STREAMS: usize = 256;
+/// Event streams one caller (a token, a certificate identity, or an address
+/// without either) may hold open at once.
+const MAX_STREAMS_PER_CALLER: usize = 32;
+/// How often an open event stream checks that its caller may still read: a
+/// revoked token's streams end within this.
+const RECHECK: Duration = Duration::from_secs(5);
+/// Refusals of the console's reads logged per second at most (a flood of
+/// them costs a counter, not the log).
+const REFUSALS_LOGGED_PER_SECOND: u32 = 10;
 /// The largest action body.
 const MAX_BODY: usize = 4096;
 
@@ -65,6 +74,9 @@ pub struct Console {
     /// Each second's sample, as the `tick` event every stream sends.
     ticks: broadcast::Sender<Arc<str>>,
     streams: Arc<AtomicUsize>,
+    /// Streams open per caller.
+    callers: Arc<Mutex<HashMap<String, usize>>>,
+    refusals: Arc<Throttle>,
 }
 
 impl Console {
@@ -76,6 +88,8 @@ impl Console {
             series: Arc::default(),
             ticks: broadcast::channel(8).0,
             streams: Arc::default(),
+            callers: Arc::default(),
+            refusals: Arc::default(),
         };
         let mut events = decider.subscribe();
         let timeline = Arc::downgrade(&console.timeline);
@@ -222,8 +236,34 @@ fn allow(
             let peer = peer.addr.map(|a| a.to_string()).unwrap_or_default();
             if needs == Role::Admin {
                 tracing::warn!(target: "floodgate::audit", peer, method = what, reason = %why, "console action refused");
+            } else if let Some(suppressed) = state.console.refusals.admit(unix_seconds()) {
+                tracing::warn!(target: "floodgate::audit", peer, method = what, reason = %why, suppressed, "console read refused");
             }
             Err(Box::new(error(status, why)))
+        }
+    }
+}
+
+/// At most [`REFUSALS_LOGGED_PER_SECOND`] log lines a second; each logged
+/// line says how many were not logged since the last one.
+#[derive(Default)]
+struct Throttle {
+    second: AtomicU64,
+    this_second: AtomicU32,
+    suppressed: AtomicU64,
+}
+
+impl Throttle {
+    /// `Some(suppressed since the last line)` if this one may be logged.
+    fn admit(&self, now: u64) -> Option<u64> {
+        if self.second.swap(now, Ordering::AcqRel) != now {
+            self.this_second.store(0, Ordering::Release);
+        }
+        if self.this_second.fetch_add(1, Ordering::AcqRel) < REFUSALS_LOGGED_PER_SECOND {
+            Some(self.suppressed.swap(0, Ordering::AcqRel))
+        } else {
+            self.suppressed.fetch_add(1, Ordering::AcqRel);
+            None
         }
     }
 }
@@ -255,8 +295,10 @@ const MAX_RESOURCES_SHOWN: usize = 500;
 impl ResourcePage {
     fn from_query(query: &str) -> Result<ResourcePage, Box<Response>> {
         let mut page = ResourcePage { filter: String::new(), offset: 0, count: MAX_RESOURCES_SHOWN };
+        let mut seen = Vec::new();
         for pair in query_pairs(query) {
             let (key, value) = pair?;
+            once(&mut seen, key)?;
             let bad = |why: &str| Box::new(error(StatusCode::BAD_REQUEST, format!("{}: {why}", key.escape_debug())));
             let number = |most: usize| {
                 value.parse::<usize>().ok().filter(|n| *n <= most).ok_or_else(|| {
@@ -344,11 +386,17 @@ async fn series(State(s): State<HttpState>, req: Request) -> Response {
         return *refused;
     }
     let (mut resources, mut breakers, mut top) = (Vec::new(), Vec::new(), 8);
+    let mut seen = Vec::new();
     for pair in query_pairs(req.uri().query().unwrap_or("")) {
         let (key, value) = match pair {
             Ok(p) => p,
             Err(refused) => return *refused,
         };
+        if key == "top"
+            && let Err(refused) = once(&mut seen, key)
+        {
+            return *refused;
+        }
         match key {
             "resource" | "breaker" => {
                 let list = if key == "resource" { &mut resources } else { &mut breakers };
@@ -382,6 +430,17 @@ fn query_pairs(query: &str) -> impl Iterator<Item = Result<(&str, String), Box<R
             Box::new(error(StatusCode::BAD_REQUEST, format!("{}: not UTF-8 once decoded", key.escape_debug())))
         })
     })
+}
+
+/// Refuses a single-valued parameter given twice (which one would win is
+/// a guess a caller should not have to make).
+fn once<'a>(seen: &mut Vec<&'a str>, key: &'a str) -> Result<(), Box<Response>> {
+    if seen.contains(&key) {
+        let key: String = key.chars().take(64).collect();
+        return Err(Box::new(error(StatusCode::BAD_REQUEST, format!("{}: given more than once", key.escape_debug()))));
+    }
+    seen.push(key);
+    Ok(())
 }
 
 /// The refusal of a parameter the endpoint does not take, naming those it does.
@@ -507,23 +566,41 @@ fn breaker_json(b: &BreakerView) -> Value {
 /// Server-sent events: one `data:` line of JSON per event, a comment every
 /// 15 s to keep proxies from closing the stream.
 async fn events(State(s): State<HttpState>, req: Request) -> Response {
-    if let Err(refused) = allow(&s, req.headers(), req.extensions().get::<Peer>(), Role::Read, "console events") {
-        return *refused;
-    }
-    if s.console.streams.fetch_add(1, Ordering::AcqRel) >= MAX_STREAMS {
-        s.console.streams.fetch_sub(1, Ordering::AcqRel);
-        return error(StatusCode::TOO_MANY_REQUESTS, format!("{MAX_STREAMS} event streams are open"));
-    }
-    let slot = StreamSlot(s.console.streams.clone());
+    let peer = req.extensions().get::<Peer>().cloned().unwrap_or_default();
+    let who = match allow(&s, req.headers(), Some(&peer), Role::Read, "console events") {
+        Ok(who) => who,
+        Err(refused) => return *refused,
+    };
+    // A caller without a credential is known by its address (not its port).
+    let caller = match peer.addr {
+        Some(addr) if who.starts_with("peer ") => format!("address {}", addr.ip()),
+        _ => who,
+    };
+    let slot = match StreamSlot::take(&s.console, caller) {
+        Ok(slot) => slot,
+        Err(refused) => return *refused,
+    };
+    let bearer = crate::access::bearer(req.headers()).map(str::to_string);
+    let access = s.access.clone();
     let mut rx = s.decider.subscribe();
     let mut ticks = s.console.ticks.subscribe();
+    let drained = s.decider.drained();
     let stream = async_stream(move |tx| async move {
         let _slot = slot;
+        tokio::pin!(drained);
         let mut ping = tokio::time::interval(Duration::from_secs(15));
+        let mut recheck = tokio::time::interval_at(tokio::time::Instant::now() + RECHECK, RECHECK);
         loop {
             let chunk = tokio::select! {
                 // The client went: its slot is free now, not at the next ping.
                 () = tx.closed() => return,
+                // The server is draining: the page reconnects elsewhere.
+                () = &mut drained => return,
+                // A token revoked (or a role taken away) ends its streams.
+                _ = recheck.tick() => match access.check(Role::Read, bearer.as_deref(), &peer) {
+                    Ok(_) => continue,
+                    Err(_) => return,
+                },
                 e = rx.recv() => match e {
                     Ok(e) => format!("data: {}\n\n", event_json(&e)),
                     Err(broadcast::error::RecvError::Lagged(_)) => "data: {\"kind\":\"resync\"}\n\n".to_string(),
@@ -549,12 +626,45 @@ async fn events(State(s): State<HttpState>, req: Request) -> Response {
     r
 }
 
-/// Frees a stream's place when the stream ends.
-struct StreamSlot(Arc<AtomicUsize>);
+/// A stream's place under the caps, freed when the stream ends.
+struct StreamSlot {
+    streams: Arc<AtomicUsize>,
+    callers: Arc<Mutex<HashMap<String, usize>>>,
+    caller: String,
+}
+
+impl StreamSlot {
+    fn take(console: &Console, caller: String) -> Result<StreamSlot, Box<Response>> {
+        let mut callers = lock(&console.callers);
+        let theirs = callers.get(&caller).copied().unwrap_or(0);
+        if theirs >= MAX_STREAMS_PER_CALLER {
+            return Err(Box::new(error(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!("{caller} has {MAX_STREAMS_PER_CALLER} event streams open"),
+            )));
+        }
+        if console.streams.fetch_add(1, Ordering::AcqRel) >= MAX_STREAMS {
+            console.streams.fetch_sub(1, Ordering::AcqRel);
+            return Err(Box::new(error(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!("{MAX_STREAMS} event streams are open"),
+            )));
+        }
+        callers.insert(caller.clone(), theirs + 1);
+        Ok(StreamSlot { streams: console.streams.clone(), callers: console.callers.clone(), caller })
+    }
+}
 
 impl Drop for StreamSlot {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.streams.fetch_sub(1, Ordering::AcqRel);
+        let mut callers = lock(&self.callers);
+        if let Some(n) = callers.get_mut(&self.caller) {
+            *n -= 1;
+            if *n == 0 {
+                callers.remove(&self.caller);
+            }
+        }
     }
 }
 
@@ -615,6 +725,9 @@ async fn set_breaker(
     }
 }
 
+/// The fields of a level action.
+const LEVEL_KEYS: [&str; 4] = ["level", "automatic", "system", "every_system"];
+
 async fn set_level(State(s): State<HttpState>, req: Request) -> Response {
     let who = match allow_action(&s, &req, "console SetDegradationLevel") {
         Ok(who) => who,
@@ -624,7 +737,25 @@ async fn set_level(State(s): State<HttpState>, req: Request) -> Response {
         Ok(b) => b,
         Err(r) => return r,
     };
-    let level = if body["automatic"].as_bool() == Some(true) {
+    if let Some(key) = body.as_object().and_then(|o| o.keys().find(|k| !LEVEL_KEYS.contains(&k.as_str()))) {
+        let key: String = key.chars().take(64).collect();
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("'{}' is not a field (level, automatic, system, every_system)", key.escape_debug()),
+        );
+    }
+    let automatic = match &body["automatic"] {
+        Value::Null => false,
+        Value::Bool(b) => *b,
+        other => return error(StatusCode::BAD_REQUEST, format!("automatic: {other} is not true or false")),
+    };
+    let level = if automatic {
+        if !body["level"].is_null() {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("level: {} with automatic: true; send one or the other", body["level"]),
+            );
+        }
         None
     } else {
         match body["level"].as_u64().and_then(|l| u32::try_from(l).ok()) {

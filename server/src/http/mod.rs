@@ -59,6 +59,11 @@ impl HttpState {
         self.ready.store(ready, Ordering::Release);
     }
 
+    /// The server is draining: Watch and the console's event streams end.
+    pub fn drain_streams(&self) {
+        self.decider.drain_streams();
+    }
+
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
     }

@@ -179,6 +179,12 @@ function applyTick(tick) {
     if (!l) continue;
     for (let i = 0; i < steps; i++) push(l, level);
   }
+  // Every tick names every system: one it no longer names was removed
+  // from the rules, and its chart goes with it.
+  const named = new Set(tick.levels.map(([system]) => system));
+  for (const system of [...charts.levels.keys()]) {
+    if (!named.has(system)) charts.levels.delete(system);
+  }
   // A busy resource not charted yet, while there is room: fetch its history.
   const busy = tick.resources.some(([name]) => !charts.resources.has(name)) && charts.resources.size < 6 + pinned.size;
   const newBreaker = tick.breakers.some((b) => !charts.breakers.has(b.resource)) && charts.breakers.size < 6;
