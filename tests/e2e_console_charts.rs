@@ -19,6 +19,9 @@ use support::*;
 const ADMIN: &str = "console-admin-token-0123456789";
 const LONG: &str = "checkout-service.eu-west-1.production.internal/api/v2/orders/create-with-inventory-reservation-and-payment-authorisation-and-fraud-screening-and-loyalty-points-accrual-and-shipping-quote";
 
+/// The longest name a system may have.
+const LONG_SYSTEM: &str = "checkout-service.eu-west-1.production.internal.orders-reservatio";
+
 const RULES: &str = r#"
 resources:
   - name: burst
@@ -182,7 +185,7 @@ async fn the_series_api_needs_a_token_names_what_it_refuses_and_holds_the_last_f
     assert_eq!(r["admitted"].as_array().unwrap().len(), 900, "one value a second for 15 minutes");
     assert_eq!(body["seconds"], 900);
     let levels: Vec<&str> = body["levels"].as_array().unwrap().iter().map(|l| l["system"].as_str().unwrap()).collect();
-    assert_eq!(levels, ["", "shop"], "the global level and the system's");
+    assert_eq!(levels, ["", LONG_SYSTEM, "shop"], "the global level and the systems'");
     // The busiest by default.
     let (_, top) = get(&fg, "/api/v1/series", Some(ADMIN));
     assert_eq!(top["resources"][0]["name"], "burst");
