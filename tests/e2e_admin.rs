@@ -97,6 +97,13 @@ async fn admin_needs_a_token_with_the_right_role_and_every_change_is_audited() {
         assert!(line.contains(part), "{part} missing from the audit line: {line}");
     }
     assert!(logs.contains("admin call refused"), "refusals are logged too");
+    // A flood of bad tokens costs a counter, not a log line each.
+    let mut flood = with_token(ch.clone(), Some("flood-token-0123456789"));
+    for _ in 0..300 {
+        assert_eq!(code_of(flood.get_rules(pb::GetRulesRequest {}).await).await, Code::Unauthenticated);
+    }
+    let refused = fg.logs().lines().filter(|l| l.contains("admin call refused")).count();
+    assert!(refused <= 60, "{refused} lines for 300 refusals in a few seconds (10 a second at most)");
 
     // The data plane needs no token.
     let mut data = fg.client().await;

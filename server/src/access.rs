@@ -11,12 +11,16 @@
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use anyhow::Context;
 use arc_swap::ArcSwap;
 
 use crate::listen::Peer;
 
+/// Refusals logged per second at most: a flood of them costs a counter,
+/// not the log (each line logged says how many were not since the last).
+const REFUSALS_LOGGED_PER_SECOND: u32 = 10;
 /// The shortest token accepted.
 pub const MIN_TOKEN_LEN: usize = 16;
 /// The largest token file read.
@@ -83,6 +87,8 @@ impl fmt::Debug for Token {
 pub struct Access {
     config: AccessConfig,
     tokens: ArcSwap<Vec<Token>>,
+    /// Refusals logged (Admin over gRPC and the console alike).
+    refusals: Throttle,
     /// The token file's text last read, so that a change elsewhere in its
     /// directory (a log written beside it) reloads nothing.
     text: std::sync::Mutex<Option<String>>,
@@ -132,7 +138,12 @@ impl Access {
             }
             None => (Vec::new(), None),
         };
-        Ok(Arc::new(Access { config, tokens: ArcSwap::from_pointee(tokens), text: std::sync::Mutex::new(text) }))
+        Ok(Arc::new(Access {
+            config,
+            tokens: ArcSwap::from_pointee(tokens),
+            refusals: Throttle::default(),
+            text: std::sync::Mutex::new(text),
+        }))
     }
 
     /// Reads the token file again when it changes; a bad file is logged and
@@ -176,6 +187,13 @@ impl Access {
     /// a token is added; emptying it again opens loopback again.
     pub fn credentials_configured(&self) -> bool {
         !self.tokens.load().is_empty() || !self.config.identities.is_empty()
+    }
+
+    /// Whether a refusal may be logged now: `Some(refusals not logged since
+    /// the last one logged)`, or `None` past the bound this second.
+    pub fn refusal_logged(&self) -> Option<u64> {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        self.refusals.admit(now)
     }
 
     /// Who is calling, if they may make a call that needs `needs`.
@@ -229,6 +247,30 @@ impl Access {
             .map(|(_, role)| *role)
             .max();
         Ok(role.map(|role| Caller { who: format!("cert:{}", names.first().map_or("?", String::as_str)), role }))
+    }
+}
+
+/// At most [`REFUSALS_LOGGED_PER_SECOND`] refusals logged a second; each logged
+/// line says how many were not logged since the last one.
+#[derive(Default)]
+struct Throttle {
+    second: AtomicU64,
+    this_second: AtomicU32,
+    suppressed: AtomicU64,
+}
+
+impl Throttle {
+    /// `Some(suppressed since the last line)` if this one may be logged.
+    fn admit(&self, now: u64) -> Option<u64> {
+        if self.second.swap(now, Ordering::AcqRel) != now {
+            self.this_second.store(0, Ordering::Release);
+        }
+        if self.this_second.fetch_add(1, Ordering::AcqRel) < REFUSALS_LOGGED_PER_SECOND {
+            Some(self.suppressed.swap(0, Ordering::AcqRel))
+        } else {
+            self.suppressed.fetch_add(1, Ordering::AcqRel);
+            None
+        }
     }
 }
 
@@ -296,6 +338,7 @@ mod tests {
         Access {
             config: AccessConfig { token_file: Some("t".into()), identities: Vec::new(), read_open },
             tokens: ArcSwap::from_pointee(parse_tokens(text).unwrap()),
+            refusals: Throttle::default(),
             text: std::sync::Mutex::new(Some(text.to_string())),
         }
     }
@@ -305,12 +348,23 @@ mod tests {
         let a = Access {
             config: AccessConfig::default(),
             tokens: ArcSwap::from_pointee(Vec::new()),
+            refusals: Throttle::default(),
             text: std::sync::Mutex::new(None),
         };
         assert_eq!(a.check(Role::Admin, None, &loopback()).unwrap().role, Role::Admin);
         assert!(
             matches!(a.check(Role::Read, None, &remote()), Err(Denied::Unauthenticated(m)) if m.contains("loopback"))
         );
+    }
+
+    #[test]
+    fn refusals_are_logged_ten_a_second_and_the_rest_counted() {
+        let t = Throttle::default();
+        let first: Vec<_> = (0..25).map(|_| t.admit(100)).collect();
+        assert_eq!(first.iter().filter(|l| l.is_some()).count(), 10);
+        assert!(first[..10].iter().all(|l| *l == Some(0)) && first[10..].iter().all(Option::is_none));
+        assert_eq!(t.admit(101), Some(15), "the next second's first line says how many were not logged");
+        assert_eq!(t.admit(101), Some(0));
     }
 
     #[test]

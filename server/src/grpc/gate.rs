@@ -66,7 +66,9 @@ where
             Err(denied) => {
                 let peer = peer.addr.map(|a| a.to_string()).unwrap_or_default();
                 let status = tonic::Status::from(Refusal::Denied(denied));
-                tracing::warn!(target: "floodgate::audit", peer, method = path, reason = status.message(), "admin call refused");
+                if let Some(suppressed) = self.access.refusal_logged() {
+                    tracing::warn!(target: "floodgate::audit", peer, method = path, reason = status.message(), suppressed, "admin call refused");
+                }
                 Box::pin(async move { Ok(status.into_http()) })
             }
         }

@@ -16,7 +16,7 @@
 //! sets text, never markup.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -59,9 +59,7 @@ const MAX_STREAMS_PER_CALLER: usize = 32;
 /// How often an open event stream checks that its caller may still read: a
 /// revoked token's streams end within this.
 const RECHECK: Duration = Duration::from_secs(5);
-/// Refusals of the console's reads logged per second at most (a flood of
-/// them costs a counter, not the log).
-const REFUSALS_LOGGED_PER_SECOND: u32 = 10;
+
 /// The largest action body.
 const MAX_BODY: usize = 4096;
 
@@ -76,7 +74,6 @@ pub struct Console {
     streams: Arc<AtomicUsize>,
     /// Streams open per caller.
     callers: Arc<Mutex<HashMap<String, usize>>>,
-    refusals: Arc<Throttle>,
 }
 
 impl Console {
@@ -89,7 +86,6 @@ impl Console {
             ticks: broadcast::channel(8).0,
             streams: Arc::default(),
             callers: Arc::default(),
-            refusals: Arc::default(),
         };
         let mut events = decider.subscribe();
         let timeline = Arc::downgrade(&console.timeline);
@@ -211,7 +207,9 @@ fn refused(e: RequestError) -> Response {
 fn allow_action(state: &HttpState, req: &Request, what: &str) -> Result<String, Box<Response>> {
     if let Err((status, why)) = super::site::check_action(req) {
         let peer = req.extensions().get::<Peer>().and_then(|p| p.addr).map(|a| a.to_string()).unwrap_or_default();
-        tracing::warn!(target: "floodgate::audit", peer, method = what, reason = %why, "console action refused");
+        if let Some(suppressed) = state.access.refusal_logged() {
+            tracing::warn!(target: "floodgate::audit", peer, method = what, reason = %why, suppressed, "console action refused");
+        }
         return Err(Box::new(error(status, why)));
     }
     allow(state, req.headers(), req.extensions().get::<Peer>(), Role::Admin, what)
@@ -234,36 +232,11 @@ fn allow(
                 Denied::PermissionDenied(why) => (StatusCode::FORBIDDEN, why),
             };
             let peer = peer.addr.map(|a| a.to_string()).unwrap_or_default();
-            if needs == Role::Admin {
-                tracing::warn!(target: "floodgate::audit", peer, method = what, reason = %why, "console action refused");
-            } else if let Some(suppressed) = state.console.refusals.admit(unix_seconds()) {
-                tracing::warn!(target: "floodgate::audit", peer, method = what, reason = %why, suppressed, "console read refused");
+            if let Some(suppressed) = state.access.refusal_logged() {
+                let refused = if needs == Role::Admin { "console action refused" } else { "console read refused" };
+                tracing::warn!(target: "floodgate::audit", peer, method = what, reason = %why, suppressed, "{refused}");
             }
             Err(Box::new(error(status, why)))
-        }
-    }
-}
-
-/// At most [`REFUSALS_LOGGED_PER_SECOND`] log lines a second; each logged
-/// line says how many were not logged since the last one.
-#[derive(Default)]
-struct Throttle {
-    second: AtomicU64,
-    this_second: AtomicU32,
-    suppressed: AtomicU64,
-}
-
-impl Throttle {
-    /// `Some(suppressed since the last line)` if this one may be logged.
-    fn admit(&self, now: u64) -> Option<u64> {
-        if self.second.swap(now, Ordering::AcqRel) != now {
-            self.this_second.store(0, Ordering::Release);
-        }
-        if self.this_second.fetch_add(1, Ordering::AcqRel) < REFUSALS_LOGGED_PER_SECOND {
-            Some(self.suppressed.swap(0, Ordering::AcqRel))
-        } else {
-            self.suppressed.fetch_add(1, Ordering::AcqRel);
-            None
         }
     }
 }
