@@ -231,16 +231,35 @@ async fn the_console_api_asks_for_the_admin_roles_and_the_page_keeps_to_itself()
         (r#"{"level":1,"automatic":true}"#, "level: 1 with automatic: true"),
         (r#"{"level":1,"automatic":"yes"}"#, "is not true or false"),
         (r#"{"level":1,"levle":2}"#, "'levle' is not a field"),
+        (r#"{"level":2,"level":3}"#, "level: given more than once"),
+        (r#"{"level":1,"lev\u0065l":3}"#, "level: given more than once"),
+        (r#"{"level":1,"every_system":"yes"}"#, "every_system: \\\"yes\\\" is not true or false"),
+        (r#"{"level":1,"system":null}"#, "system: null is not a system name"),
+        (r#"{"level":null,"automatic":true}"#, "with automatic: true"),
+        (r#"[{"level":2}]"#, "expected a JSON object"),
     ] {
         let (status, _, answer) = http(&fg.http, "POST", "/api/v1/level", Some(ADMIN), body);
         assert_eq!(status, 400, "{body}: {answer}");
         assert!(answer.contains(says), "{body}: {answer}");
     }
+    let (status, _, answer) = http(
+        &fg.http,
+        "POST",
+        "/api/v1/breakers/payments/state",
+        Some(ADMIN),
+        r#"{"state":"FORCED_OPEN","state":"CLOSED"}"#,
+    );
+    assert_eq!((status, answer.contains("state: given more than once")), (400, true), "{answer}");
+    let (status, _, answer) =
+        http(&fg.http, "POST", "/api/v1/breakers/payments/state", Some(ADMIN), r#"{"state":"CLOSED","x":1}"#);
+    assert_eq!((status, answer.contains("'x' is not a field (state)")), (400, true), "{answer}");
     for path in ["/api/v1/console?resource_count=1&resource_count=500", "/api/v1/series?top=1&top=2"] {
         let (status, _, answer) = http(&fg.http, "GET", path, Some(READER), "");
         assert_eq!(status, 400, "{path}: {answer}");
         assert!(answer.contains("given more than once"), "{path}: {answer}");
     }
+    let (status, _, answer) = http(&fg.http, "GET", "/api/v1/events?top=1", Some(READER), "");
+    assert_eq!((status, answer.contains("'top' is not a parameter")), (400, true), "{answer}");
     let (_, _, body) = http(&fg.http, "GET", "/api/v1/console", Some(READER), "");
     let console: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!((console["level"]["level"].as_u64(), console["level"]["manual"].as_bool()), (Some(2), Some(true)));
@@ -503,4 +522,38 @@ async fn a_revoked_tokens_event_stream_ends_and_a_draining_server_ends_every_str
         "the drain took {:?} (stream ended after {took:?})",
         started.elapsed()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_client_that_stops_reading_does_not_hold_the_drain() {
+    let (mut fg, _dir) = start_with(&["--shutdown-grace", "60s"]);
+    // `floodgate watch` printing into a pipe nobody reads: once the pipe is
+    // full it stops reading its connection, whose buffers fill in turn.
+    let mut stuck = std::process::Command::new(BIN)
+        .args(["watch", "--server", &fg.url()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    for i in 0..3000u32 {
+        let body = format!(r#"{{"level":{}}}"#, i % 2 + 1);
+        assert_eq!(http(&fg.http, "POST", "/api/v1/level", Some(ADMIN), &body).0, 200);
+    }
+    let started = std::time::Instant::now();
+    let status = tokio::task::spawn_blocking(move || {
+        let status = fg.terminate();
+        (status, fg)
+    })
+    .await
+    .unwrap()
+    .0;
+    assert!(status.success(), "{status:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the drain took {:?}: a client that does not read held it",
+        started.elapsed()
+    );
+    let _ = stuck.kill();
+    let _ = stuck.wait();
 }

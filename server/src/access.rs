@@ -89,8 +89,8 @@ pub struct Access {
     tokens: ArcSwap<Vec<Token>>,
     /// Refusals logged (Admin over gRPC and the console alike).
     refusals: Throttle,
-    /// The token file's text last read, so that a change elsewhere in its
-    /// directory (a log written beside it) reloads nothing.
+    /// What the token file's last read gave (its text, or the error), so
+    /// that a change elsewhere in its directory reloads and logs nothing.
     text: std::sync::Mutex<Option<String>>,
 }
 
@@ -134,7 +134,8 @@ impl Access {
             Some(path) => {
                 let text = crate::files::read_text(path, MAX_FILE_BYTES)
                     .with_context(|| format!("reading {}", path.display()))?;
-                (parse_tokens(&text).with_context(|| format!("in {}", path.display()))?, Some(text))
+                let tokens = parse_tokens(&text).with_context(|| format!("in {}", path.display()))?;
+                (tokens, Some(format!("text:{text}")))
             }
             None => (Vec::new(), None),
         };
@@ -157,12 +158,18 @@ impl Access {
             async move {
                 let Some(access) = weak.upgrade() else { return };
                 let read = crate::files::read_bounded(&file, MAX_FILE_BYTES).await.map_err(anyhow::Error::from);
-                if let Ok(text) = &read {
+                // What was read (or why nothing was): the same again, after a
+                // change elsewhere in the directory, reloads and logs nothing.
+                let seen = match &read {
+                    Ok(text) => format!("text:{text}"),
+                    Err(e) => format!("error:{e:#}"),
+                };
+                {
                     let mut last = access.text.lock().unwrap_or_else(|e| e.into_inner());
-                    if last.as_deref() == Some(text.as_str()) {
+                    if last.as_deref() == Some(seen.as_str()) {
                         return;
                     }
-                    *last = Some(text.clone());
+                    *last = Some(seen);
                 }
                 match read.and_then(|text| parse_tokens(&text)) {
                     Ok(tokens) => {
@@ -303,6 +310,7 @@ fn equal(secret: &[u8], given: &[u8]) -> bool {
 
 fn parse_tokens(text: &str) -> anyhow::Result<Vec<Token>> {
     let mut tokens = Vec::new();
+    let mut lines = std::collections::HashMap::new();
     for (n, line) in text.lines().enumerate() {
         let line = line.split_once('#').map_or(line, |(l, _)| l).trim();
         let mut words = line.split_whitespace();
@@ -317,6 +325,12 @@ fn parse_tokens(text: &str) -> anyhow::Result<Vec<Token>> {
             None => Role::Admin,
         };
         let name = words.next().map_or_else(|| format!("line{}", n + 1), str::to_string);
+        // A token given twice would take one line's role and name and
+        // silently drop the other's: an appended line could change a role.
+        if let Some(first) = lines.get(secret) {
+            anyhow::bail!("line {}: the same token as line {first}; give each token once", n + 1);
+        }
+        lines.insert(secret, n + 1);
         tokens.push(Token { secret: secret.as_bytes().to_vec(), role, name });
     }
     Ok(tokens)
@@ -339,7 +353,7 @@ mod tests {
             config: AccessConfig { token_file: Some("t".into()), identities: Vec::new(), read_open },
             tokens: ArcSwap::from_pointee(parse_tokens(text).unwrap()),
             refusals: Throttle::default(),
-            text: std::sync::Mutex::new(Some(text.to_string())),
+            text: std::sync::Mutex::new(Some(format!("text:{text}"))),
         }
     }
 
@@ -355,6 +369,12 @@ mod tests {
         assert!(
             matches!(a.check(Role::Read, None, &remote()), Err(Denied::Unauthenticated(m)) if m.contains("loopback"))
         );
+    }
+
+    #[test]
+    fn a_token_given_twice_is_refused_whatever_its_roles() {
+        let err = parse_tokens("admin-token-0123456789 admin alice\n\nadmin-token-0123456789 read bob\n").unwrap_err();
+        assert_eq!(err.to_string(), "line 3: the same token as line 1; give each token once");
     }
 
     #[test]

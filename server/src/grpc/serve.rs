@@ -24,6 +24,7 @@ use hyper_util::service::TowerToHyperService;
 use tower::ServiceExt;
 use tracing::Instrument;
 
+use crate::listen::drain::{Drain, InProgress};
 use crate::listen::{self, Peer, Port};
 
 type Stream = Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -136,9 +137,11 @@ where
     let streams = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut incoming = listen::accept(port);
     let graceful = GracefulShutdown::new();
+    let drain = Drain::new();
     tokio::pin!(stop);
     while let Some(io) = listen::next_until(&mut incoming, stop.as_mut()).await {
         let peer: Peer = io.peer().clone();
+        let calls = InProgress::default();
         let budget = super::size::ConnectionBudget(super::size::Budget::new(limits.unfinished_bytes_per_connection));
         let service = service.clone().map_request(move |req: http::Request<hyper::body::Incoming>| {
             let mut req = req.map(tonic::body::Body::new);
@@ -146,7 +149,7 @@ where
             req.extensions_mut().insert(budget.clone());
             req
         });
-        let open = streams.clone();
+        let (open, in_progress) = (streams.clone(), calls.clone());
         let service = tower::service_fn(move |req: http::Request<hyper::body::Incoming>| {
             let span = crate::traces::rpc_span(req.headers(), req.uri().path());
             // Streams open before this one (hyper calls the service, then
@@ -156,7 +159,9 @@ where
                 tonic::Status::resource_exhausted(why).into_http()
             });
             let call = service.clone().oneshot(req);
+            let counted = in_progress.begin();
             async move {
+                let _counted = counted;
                 match refused {
                     Some(refused) => Ok::<_, S::Error>(refused),
                     None => call.await,
@@ -175,11 +180,16 @@ where
         let conn = graceful.watch(conn);
         let driven =
             Driven { conn: Box::pin(conn), conn_done: None, new: streams.new, running: FuturesUnordered::new() };
+        let closable = drain.closable(calls);
         tokio::spawn(async move {
-            if let Err(e) = driven.await {
-                tracing::debug!(error = %e, "gRPC connection ended");
+            tokio::select! {
+                ended = driven => if let Err(e) = ended {
+                    tracing::debug!(error = %e, "gRPC connection ended");
+                },
+                () = closable => tracing::debug!("draining: a gRPC connection with no call in progress closed"),
             }
         });
     }
+    drain.start();
     graceful.shutdown().await;
 }

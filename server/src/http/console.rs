@@ -208,7 +208,7 @@ fn allow_action(state: &HttpState, req: &Request, what: &str) -> Result<String, 
     if let Err((status, why)) = super::site::check_action(req) {
         let peer = req.extensions().get::<Peer>().and_then(|p| p.addr).map(|a| a.to_string()).unwrap_or_default();
         if let Some(suppressed) = state.access.refusal_logged() {
-            tracing::warn!(target: "floodgate::audit", peer, method = what, reason = %why, suppressed, "console action refused");
+            tracing::warn!(target: "floodgate::audit", peer, method = what, reason = why.as_str(), suppressed, "console action refused");
         }
         return Err(Box::new(error(status, why)));
     }
@@ -234,7 +234,7 @@ fn allow(
             let peer = peer.addr.map(|a| a.to_string()).unwrap_or_default();
             if let Some(suppressed) = state.access.refusal_logged() {
                 let refused = if needs == Role::Admin { "console action refused" } else { "console read refused" };
-                tracing::warn!(target: "floodgate::audit", peer, method = what, reason = %why, suppressed, "{refused}");
+                tracing::warn!(target: "floodgate::audit", peer, method = what, reason = why.as_str(), suppressed, "{refused}");
             }
             Err(Box::new(error(status, why)))
         }
@@ -539,6 +539,9 @@ fn breaker_json(b: &BreakerView) -> Value {
 /// Server-sent events: one `data:` line of JSON per event, a comment every
 /// 15 s to keep proxies from closing the stream.
 async fn events(State(s): State<HttpState>, req: Request) -> Response {
+    if let Some(pair) = req.uri().query().and_then(|q| q.split('&').find(|p| !p.is_empty())) {
+        return not_a_parameter(pair.split_once('=').map_or(pair, |(k, _)| k), "none");
+    }
     let peer = req.extensions().get::<Peer>().cloned().unwrap_or_default();
     let who = match allow(&s, req.headers(), Some(&peer), Role::Read, "console events") {
         Ok(who) => who,
@@ -653,11 +656,58 @@ where
     tokio_stream::wrappers::ReceiverStream::new(rx)
 }
 
-async fn read_body(req: Request) -> Result<Value, Response> {
+/// An action's body: a JSON object naming each field once, and only fields
+/// the action takes (`known`); the object as a `Value` to read them from.
+async fn read_body(req: Request, known: &[&str]) -> Result<Value, Response> {
     let bytes = axum::body::to_bytes(req.into_body(), MAX_BODY)
         .await
         .map_err(|_| error(StatusCode::PAYLOAD_TOO_LARGE, format!("the body is over {MAX_BODY} bytes")))?;
-    serde_json::from_slice(&bytes).map_err(|e| error(StatusCode::BAD_REQUEST, format!("not JSON: {e}")))
+    let Fields(fields) = serde_json::from_slice(&bytes).map_err(|e| error(StatusCode::BAD_REQUEST, format!("{e}")))?;
+    let mut object = serde_json::Map::new();
+    for (key, value) in fields {
+        let shown: String = key.chars().take(64).collect();
+        if !known.contains(&key.as_str()) {
+            let known = known.join(", ");
+            return Err(error(StatusCode::BAD_REQUEST, format!("'{}' is not a field ({known})", shown.escape_debug())));
+        }
+        if object.insert(key, value).is_some() {
+            return Err(error(StatusCode::BAD_REQUEST, format!("{}: given more than once", shown.escape_debug())));
+        }
+    }
+    Ok(Value::Object(object))
+}
+
+/// A JSON object's fields in order, duplicates kept (a map would keep the
+/// last silently).
+struct Fields(Vec<(String, Value)>);
+
+impl<'de> serde::Deserialize<'de> for Fields {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Fields;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Fields, A::Error> {
+                let mut fields = Vec::new();
+                while let Some(entry) = map.next_entry::<String, Value>()? {
+                    fields.push(entry);
+                }
+                Ok(Fields(fields))
+            }
+        }
+        d.deserialize_map(Visit)
+    }
+}
+
+/// A field that must be true or false if given.
+fn flag(body: &Value, key: &str) -> Result<bool, Box<Response>> {
+    match &body[key] {
+        Value::Null if body.get(key).is_none() => Ok(false),
+        Value::Bool(b) => Ok(*b),
+        other => Err(Box::new(error(StatusCode::BAD_REQUEST, format!("{key}: {other} is not true or false")))),
+    }
 }
 
 async fn set_breaker(
@@ -672,7 +722,7 @@ async fn set_breaker(
     let Ok(Path(resource)) = resource else {
         return error(StatusCode::BAD_REQUEST, "resource: the path does not name a resource in UTF-8");
     };
-    let body = match read_body(req).await {
+    let body = match read_body(req, &["state"]).await {
         Ok(b) => b,
         Err(r) => return r,
     };
@@ -706,24 +756,16 @@ async fn set_level(State(s): State<HttpState>, req: Request) -> Response {
         Ok(who) => who,
         Err(refused) => return *refused,
     };
-    let body = match read_body(req).await {
+    let body = match read_body(req, &LEVEL_KEYS).await {
         Ok(b) => b,
         Err(r) => return r,
     };
-    if let Some(key) = body.as_object().and_then(|o| o.keys().find(|k| !LEVEL_KEYS.contains(&k.as_str()))) {
-        let key: String = key.chars().take(64).collect();
-        return error(
-            StatusCode::BAD_REQUEST,
-            format!("'{}' is not a field (level, automatic, system, every_system)", key.escape_debug()),
-        );
-    }
-    let automatic = match &body["automatic"] {
-        Value::Null => false,
-        Value::Bool(b) => *b,
-        other => return error(StatusCode::BAD_REQUEST, format!("automatic: {other} is not true or false")),
+    let (automatic, every_system) = match (flag(&body, "automatic"), flag(&body, "every_system")) {
+        (Ok(a), Ok(e)) => (a, e),
+        (Err(r), _) | (_, Err(r)) => return *r,
     };
     let level = if automatic {
-        if !body["level"].is_null() {
+        if body.get("level").is_some() {
             return error(
                 StatusCode::BAD_REQUEST,
                 format!("level: {} with automatic: true; send one or the other", body["level"]),
@@ -741,15 +783,15 @@ async fn set_level(State(s): State<HttpState>, req: Request) -> Response {
             }
         }
     };
-    let system = match &body["system"] {
-        Value::Null => String::new(),
-        Value::String(s) => s.clone(),
-        other => return error(StatusCode::BAD_REQUEST, format!("system: {other} is not a system name")),
+    let system = match body.get("system") {
+        None => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => return error(StatusCode::BAD_REQUEST, format!("system: {other} is not a system name")),
     };
-    let target = match body["every_system"].as_bool() {
-        Some(true) if system.is_empty() => LevelTarget::Every,
-        Some(true) => return refused(RequestError::SystemWithEverySystem(system)),
-        _ => LevelTarget::One(&system),
+    let target = match every_system {
+        true if system.is_empty() => LevelTarget::Every,
+        true => return refused(RequestError::SystemWithEverySystem(system)),
+        false => LevelTarget::One(&system),
     };
     match s.decider.set_level(target, level).await {
         Ok(levels) => {

@@ -12,6 +12,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tower::ServiceExt;
 
+use crate::listen::drain::{Drain, InProgress};
 use crate::listen::{self, Peer, Port};
 
 /// Serves `router` on `port` until `stop` completes; then waits for the
@@ -28,20 +29,36 @@ pub async fn serve(port: Port, router: Router, stop: impl Future<Output = ()>) {
         .keep_alive_interval(limits.keepalive_interval)
         .keep_alive_timeout(limits.keepalive_timeout);
     let graceful = GracefulShutdown::new();
+    let drain = Drain::new();
     tokio::pin!(stop);
     while let Some(io) = listen::next_until(&mut incoming, stop.as_mut()).await {
         let peer: Peer = io.peer().clone();
+        let calls = InProgress::default();
+        let in_progress = calls.clone();
         let service = router.clone().map_request(move |mut req: http::Request<hyper::body::Incoming>| {
             req.extensions_mut().insert(peer.clone());
             req
         });
+        let service = tower::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+            let counted = in_progress.begin();
+            let call = service.clone().oneshot(req);
+            async move {
+                let _counted = counted;
+                call.await
+            }
+        });
         let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), TowerToHyperService::new(service));
         let connection = graceful.watch(connection.into_owned());
+        let closable = drain.closable(calls);
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "HTTP connection ended");
+            tokio::select! {
+                ended = connection => if let Err(e) = ended {
+                    tracing::debug!(error = %e, "HTTP connection ended");
+                },
+                () = closable => tracing::debug!("draining: an HTTP connection with no request in progress closed"),
             }
         });
     }
+    drain.start();
     graceful.shutdown().await;
 }

@@ -15,6 +15,7 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc};
 
+pub mod drain;
 mod io;
 mod tls;
 
