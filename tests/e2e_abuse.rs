@@ -177,6 +177,27 @@ fn gauge(fg: &Floodgate, series: &str) -> f64 {
 }
 
 #[tokio::test]
+async fn long_keys_are_bounded_by_their_bytes_not_only_their_number() {
+    let (_dir, fg) = start(&["--max-key-bytes", "64KiB"]);
+    let mut c = fg.client().await;
+    // 2,000 users with 200-byte names: 400 KB of keys, six times the bound.
+    let mut batch = Vec::new();
+    for i in 0..2000 {
+        let user = format!("{i:0>200}");
+        batch.push(acquire("demo", &[("user", user.as_str())], 1));
+        if batch.len() == 500 {
+            let items = std::mem::take(&mut batch);
+            c.acquire_batch(pb::AcquireBatchRequest { requests: items }).await.unwrap();
+        }
+    }
+    let (bytes, keys) = (gauge(&fg, "floodgate_key_bytes "), gauge(&fg, "floodgate_keys "));
+    assert!(bytes > 0.0 && bytes <= 65536.0, "{bytes} bytes of keys held for a bound of 64 KiB");
+    assert!(keys >= 200.0, "{keys} keys: the bound is on bytes, so about 300 of these fit");
+    assert!(gauge(&fg, "floodgate_evictions_total ") >= 1000.0, "the least recently used went");
+    assert_eq!(gauge(&fg, "floodgate_max_key_bytes "), 65536.0);
+}
+
+#[tokio::test]
 async fn cancelled_watch_streams_end_at_once_and_their_number_is_capped() {
     let (_dir, fg) = start(&["--max-watchers", "20"]);
     let channel = fg.channel().await;

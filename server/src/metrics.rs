@@ -21,6 +21,8 @@ pub const RPC_DURATION: &str = "floodgate_rpc_duration_seconds";
 pub const RPC_REQUESTS: &str = "floodgate_rpc_requests_total";
 pub const KEYS: &str = "floodgate_keys";
 pub const MAX_KEYS: &str = "floodgate_max_keys";
+pub const KEY_BYTES: &str = "floodgate_key_bytes";
+pub const MAX_KEY_BYTES: &str = "floodgate_max_key_bytes";
 pub const EVICTIONS: &str = "floodgate_evictions_total";
 pub const RULE_RELOADS: &str = "floodgate_rule_reloads_total";
 pub const RULES_VERSION: &str = "floodgate_rules_version";
@@ -109,6 +111,11 @@ fn describe() {
     describe_counter!(LEASES, "Lease requests by result: granted, empty (nothing available) or not_leasable");
     describe_counter!(LEASED_UNITS, "Units handed out in leases");
     describe_gauge!(MAX_KEYS, "--max-keys: the most buckets held before the least recently used are evicted");
+    describe_gauge!(KEY_BYTES, "Bytes of the bucket keys held (their resources and descriptor values)");
+    describe_gauge!(
+        MAX_KEY_BYTES,
+        "--max-key-bytes: the most bytes of bucket keys held before the least recently used are evicted"
+    );
     describe_gauge!(OVERRIDES, "Overrides set at run time (Admin SetOverrides), expired ones not yet removed included");
     describe_counter!(EVICTIONS, "Buckets evicted: idle ones and least recently used ones beyond --max-keys");
     describe_counter!(RULE_RELOADS, "Rule loads by source and result (success or failure)");
@@ -215,8 +222,9 @@ pub fn render_envoy_config_info(source: &str, version: &str, out: &mut String) {
 }
 
 /// Values read at scrape time rather than kept up to date on the hot path.
-pub fn scrape_time(keys: usize, evicted: u64) {
+pub fn scrape_time(keys: usize, key_bytes: usize, evicted: u64) {
     gauge!(KEYS).set(keys as f64);
+    gauge!(KEY_BYTES).set(key_bytes as f64);
     counter!(EVICTIONS).absolute(evicted);
     if let Some(rss) = resident_memory() {
         gauge!(RESIDENT_MEMORY).set(rss as f64);

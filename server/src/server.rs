@@ -39,6 +39,8 @@ pub struct Options {
     /// How long the rules file must stay unchanged before it is read again.
     pub reload_quiet: Duration,
     pub max_keys: usize,
+    /// `--max-key-bytes`: the bytes of bucket keys held at most.
+    pub max_key_bytes: usize,
     pub sweep_interval: Duration,
     /// How long in-flight calls may take to finish after a shutdown signal.
     pub shutdown_grace: Duration,
@@ -165,8 +167,9 @@ fn load_tls(opts: &Options) -> anyhow::Result<PortsTls> {
 
 fn build_engine(opts: &Options) -> Arc<Engine> {
     metrics::gauge!(crate::metrics::MAX_KEYS).set(opts.max_keys as f64);
+    metrics::gauge!(crate::metrics::MAX_KEY_BYTES).set(opts.max_key_bytes as f64);
     let config = EngineConfig { max_keys: opts.max_keys, replicated: opts.replication.is_some() };
-    Arc::new(Engine::new(config, opts.clock.clone()))
+    Arc::new(Engine::new(config, opts.clock.clone()).with_max_key_bytes(opts.max_key_bytes))
 }
 
 /// What the server reads at start and then watches.

@@ -41,6 +41,12 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 10_000_000, value_parser = super::parse_positive)]
     max_keys: usize,
 
+    /// The most bytes of bucket keys (each its resource and the descriptor
+    /// values it is keyed on) held in memory; beyond it the least recently
+    /// used are evicted. A bucket takes about 180 bytes besides its key.
+    #[arg(long, default_value = "1GiB", value_parser = super::parse_bytes)]
+    max_key_bytes: usize,
+
     /// How often idle buckets are forgotten.
     #[arg(long, default_value = "10s", value_parser = super::at_least_100ms)]
     sweep_interval: Duration,
@@ -302,6 +308,7 @@ fn options(args: ServeArgs) -> anyhow::Result<Options> {
         rls,
         reload_quiet: args.reload_debounce,
         max_keys: args.max_keys,
+        max_key_bytes: args.max_key_bytes,
         sweep_interval: args.sweep_interval,
         shutdown_grace: args.shutdown_grace,
         limits,

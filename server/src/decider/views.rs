@@ -18,6 +18,8 @@ pub struct ReplicaHealth {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Figures {
     pub keys: usize,
+    /// Bytes of the keys held.
+    pub key_bytes: usize,
     pub evicted: u64,
     pub permits_in_flight: usize,
     /// Every scope's level (the global one first).
@@ -59,6 +61,7 @@ impl Decider {
     pub fn figures(&self) -> Figures {
         Figures {
             keys: self.engine.buckets().len(),
+            key_bytes: self.engine.buckets().bytes(),
             evicted: self.engine.buckets().evicted(),
             permits_in_flight: self.engine.permits_in_flight(),
             levels: self.engine.levels(),

@@ -88,6 +88,13 @@ impl Engine {
         }
     }
 
+    /// Bounds the bytes of the bucket keys held (`--max-key-bytes`) besides
+    /// their number.
+    pub fn with_max_key_bytes(mut self, max_bytes: usize) -> Self {
+        self.buckets.set_max_bytes(max_bytes);
+        self
+    }
+
     /// The rules in force; hold the guard only for the length of one decision.
     pub fn rules(&self) -> Guard<Arc<Installed>> {
         self.rules.load()

@@ -136,7 +136,7 @@ fn scrape(decider: &Decider) {
     use crate::metrics::*;
     use ::metrics::{counter, gauge};
     let figures = decider.figures();
-    scrape_time(figures.keys, figures.evicted);
+    scrape_time(figures.keys, figures.key_bytes, figures.evicted);
     let installed = decider.installed();
     let mut by_rule: std::collections::BTreeMap<&str, [u64; 6]> =
         installed.rules.rules().iter().filter(|r| r.breaker.is_some()).map(|r| (r.name.as_str(), [0; 6])).collect();

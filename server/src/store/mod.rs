@@ -2,8 +2,10 @@
 //!
 //! Keys are evicted two ways: a sweep drops buckets back in their initial state
 //! (forgetting them changes no answer), so memory follows active keys; and a
-//! bound on the number of keys (`--max-keys`) evicts the least recently used
-//! first, so that a flood of distinct keys cannot exhaust memory.
+//! bound on the number of keys (`--max-keys`) and one on their bytes
+//! (`--max-key-bytes`: a key as long as its resource and values) evict the
+//! least recently used first, so that a flood of distinct keys, long or
+//! short, cannot exhaust memory.
 
 use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -26,6 +28,9 @@ pub struct Buckets {
     map: DashMap<BucketKey, Slot, ahash::RandomState>,
     len: AtomicUsize,
     max_keys: usize,
+    /// The keys' scopes, in bytes, and their bound.
+    bytes: AtomicUsize,
+    max_bytes: usize,
     evicting: AtomicBool,
     evicted: AtomicU64,
 }
@@ -45,31 +50,50 @@ impl Buckets {
             map: DashMap::with_hasher_and_shard_amount(ahash::RandomState::new(), SHARDS),
             len: AtomicUsize::new(0),
             max_keys: max_keys.max(1),
+            bytes: AtomicUsize::new(0),
+            max_bytes: usize::MAX,
             evicting: AtomicBool::new(false),
             evicted: AtomicU64::new(0),
         }
     }
 
+    /// Bounds the bytes of the keys held too (their scopes: the resource
+    /// and descriptor values they are keyed on).
+    pub fn set_max_bytes(&mut self, max_bytes: usize) {
+        self.max_bytes = max_bytes.max(1);
+    }
+
+    /// A bucket was created under a key of `weight` bytes: evicts when a
+    /// bound is passed.
+    fn grew(&self, weight: usize) {
+        let keys = self.len.fetch_add(1, Ordering::Relaxed) + 1;
+        let bytes = self.bytes.fetch_add(weight, Ordering::Relaxed) + weight;
+        if keys > self.max_keys || bytes > self.max_bytes {
+            self.evict_least_recently_used();
+        }
+    }
+
     /// Decides `cost` on the bucket at `key`, creating it on first use.
     pub fn acquire(&self, key: BucketKey, alg: &Algorithm, now: Timestamp, cost: u64) -> Decision {
+        // The bytes of a key created (`None`: it was there).
         let created;
         let decision = match self.map.entry(key) {
             Entry::Occupied(mut e) => {
-                created = false;
+                created = None;
                 let slot = e.get_mut();
                 slot.touched = now;
                 slot.bucket.try_acquire(alg, now, cost)
             }
             Entry::Vacant(e) => {
-                created = true;
+                created = Some(e.key().scope.len());
                 let mut bucket = alg.new_bucket(now);
                 let decision = bucket.try_acquire(alg, now, cost);
                 e.insert(Slot { bucket, touched: now });
                 decision
             }
         };
-        if created && self.len.fetch_add(1, Ordering::Relaxed) >= self.max_keys {
-            self.evict_least_recently_used();
+        if let Some(weight) = created {
+            self.grew(weight);
         }
         decision
     }
@@ -82,25 +106,26 @@ impl Buckets {
                 let slot = e.get_mut();
                 slot.touched = now;
                 slot.bucket.force(alg, now, cost);
-                false
+                None
             }
             Entry::Vacant(e) => {
+                let weight = e.key().scope.len();
                 let mut bucket = alg.new_bucket(now);
                 bucket.force(alg, now, cost);
                 e.insert(Slot { bucket, touched: now });
-                true
+                Some(weight)
             }
         };
-        if created && self.len.fetch_add(1, Ordering::Relaxed) >= self.max_keys {
-            self.evict_least_recently_used();
+        if let Some(weight) = created {
+            self.grew(weight);
         }
     }
 
     /// Sets a bucket's state (a replica adopting the merged state).
     pub fn put(&self, key: BucketKey, bucket: Bucket, now: Timestamp) {
-        let created = self.map.insert(key, Slot { bucket, touched: now }).is_none();
-        if created && self.len.fetch_add(1, Ordering::Relaxed) >= self.max_keys {
-            self.evict_least_recently_used();
+        let weight = key.scope.len();
+        if self.map.insert(key, Slot { bucket, touched: now }).is_none() {
+            self.grew(weight);
         }
     }
 
@@ -108,6 +133,7 @@ impl Buckets {
     pub fn remove(&self, key: &BucketKey) {
         if self.map.remove(key).is_some() {
             self.len.fetch_sub(1, Ordering::Relaxed);
+            self.bytes.fetch_sub(key.scope.len(), Ordering::Relaxed);
         }
     }
 
@@ -142,6 +168,11 @@ impl Buckets {
         self.len.load(Ordering::Relaxed)
     }
 
+    /// Bytes of the keys held now.
+    pub fn bytes(&self) -> usize {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -154,25 +185,33 @@ impl Buckets {
     /// Drops every bucket back in its initial state, and every bucket whose
     /// limit no longer exists (`algorithm` answers `None`). Returns how many.
     pub fn sweep<'a>(&self, now: Timestamp, algorithm: impl Fn(LimitId) -> Option<&'a Algorithm>) -> usize {
-        let mut removed = 0;
+        let (mut removed, mut bytes) = (0, 0);
         self.map.retain(|key, slot| {
             let keep = algorithm(key.limit).is_some_and(|alg| !slot.bucket.is_idle(alg, now));
-            removed += usize::from(!keep);
+            if !keep {
+                removed += 1;
+                bytes += key.scope.len();
+            }
             keep
         });
-        self.forget(removed);
+        self.forget(removed, bytes);
         removed
     }
 
     /// Evicts a batch of the least recently used buckets: the excess over
-    /// `max_keys`, and at least 1% of it so that a flood of new keys pays for a
-    /// scan once per many inserts. One thread evicts at a time; the others go on.
+    /// `max_keys`, or as many keys of the mean size as the excess over
+    /// `max_bytes`, and at least 1% of those held so that a flood of new keys
+    /// pays for a scan once per many inserts. One thread evicts at a time;
+    /// the others go on.
     fn evict_least_recently_used(&self) {
         if self.evicting.swap(true, Ordering::Acquire) {
             return;
         }
-        let excess = self.len().saturating_sub(self.max_keys);
-        let batch = excess.max(self.max_keys / 100).max(1);
+        let (keys, bytes) = (self.len(), self.bytes());
+        let excess = keys.saturating_sub(self.max_keys);
+        let mean = (bytes / keys.max(1)).max(1);
+        let excess_bytes = bytes.saturating_sub(self.max_bytes).div_ceil(mean);
+        let batch = excess.max(excess_bytes).max(keys / 100).max(1);
         // The `batch` oldest, kept in a max-heap on `touched`.
         let mut oldest: BinaryHeap<(Timestamp, BucketKey)> = BinaryHeap::with_capacity(batch + 1);
         for entry in self.map.iter() {
@@ -184,13 +223,20 @@ impl Buckets {
                 oldest.push((touched, entry.key().clone()));
             }
         }
-        let removed = oldest.into_iter().filter(|(_, key)| self.map.remove(key).is_some()).count();
-        self.forget(removed);
+        let (mut removed, mut bytes) = (0, 0);
+        for (_, key) in oldest {
+            if self.map.remove(&key).is_some() {
+                removed += 1;
+                bytes += key.scope.len();
+            }
+        }
+        self.forget(removed, bytes);
         self.evicting.store(false, Ordering::Release);
     }
 
-    fn forget(&self, removed: usize) {
+    fn forget(&self, removed: usize, bytes: usize) {
         self.len.fetch_sub(removed, Ordering::Relaxed);
+        self.bytes.fetch_sub(bytes, Ordering::Relaxed);
         self.evicted.fetch_add(removed as u64, Ordering::Relaxed);
     }
 

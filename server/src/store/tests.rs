@@ -86,6 +86,48 @@ fn a_flood_of_keys_stays_bounded() {
 }
 
 #[test]
+fn max_bytes_evicts_the_least_recently_used_first_and_counts_every_removal() {
+    let mut store = Buckets::new(usize::MAX);
+    store.set_max_bytes(1000);
+    let alg = tb(10);
+    // Ten keys of 100 bytes fit; the eleventh passes the bound.
+    let long = |c: char| key(&c.to_string().repeat(100));
+    for (i, c) in ('a'..='j').enumerate() {
+        store.acquire(long(c), &alg, t(i as u64), 1);
+    }
+    assert_eq!((store.len(), store.bytes()), (10, 1000));
+    store.acquire(long('a'), &alg, t(20), 1); // 'a' is now the most recent
+    store.acquire(long('k'), &alg, t(21), 1);
+    assert!(store.bytes() <= 1000, "{} bytes", store.bytes());
+    assert!(!store.contains(&long('b')), "b was least recently used");
+    assert!(store.contains(&long('a')) && store.contains(&long('k')));
+    // Short keys are many to the same bytes: the bound is on bytes, not keys.
+    for i in 0..200u64 {
+        store.acquire(key(&format!("{i:04}")), &alg, t(100 + i), 1);
+    }
+    assert!(store.bytes() <= 1000 && store.len() > 100, "{} keys, {} bytes", store.len(), store.bytes());
+    // What a sweep or a removal forgets leaves the count.
+    let held = store.bytes();
+    store.remove(&key("0199"));
+    assert_eq!(store.bytes(), held - 4);
+    store.sweep(t(10_000), |_| Some(&alg));
+    assert_eq!((store.len(), store.bytes()), (0, 0), "every bucket refilled and went");
+}
+
+#[test]
+fn a_flood_of_long_keys_stays_within_the_bytes() {
+    let mut store = Buckets::new(usize::MAX);
+    store.set_max_bytes(100_000);
+    let alg = tb(10);
+    for i in 0..20_000u64 {
+        let name = format!("{i:0>256}");
+        store.acquire(key(&name), &alg, Timestamp::from_nanos(t(0).as_nanos() + i), 1);
+        assert!(store.bytes() <= 100_000, "{} bytes after {i}", store.bytes());
+    }
+    assert!(store.len() >= 300, "{}", store.len());
+}
+
+#[test]
 fn concurrent_callers_never_overdraw_one_bucket() {
     let store = Arc::new(Buckets::new(usize::MAX));
     let alg = Arc::new(Algorithm::FixedWindow(fixed_window::Config::new(1000, 3600 * SEC)));
