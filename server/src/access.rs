@@ -91,7 +91,7 @@ pub struct Access {
     refusals: Throttle,
     /// What the token file's last read gave (its text, or the error), so
     /// that a change elsewhere in its directory reloads and logs nothing.
-    text: std::sync::Mutex<Option<String>>,
+    last_read: std::sync::Mutex<Option<Result<String, String>>>,
 }
 
 // === impl Role ===
@@ -135,7 +135,7 @@ impl Access {
                 let text = crate::files::read_text(path, MAX_FILE_BYTES)
                     .with_context(|| format!("reading {}", path.display()))?;
                 let tokens = parse_tokens(&text).with_context(|| format!("in {}", path.display()))?;
-                (tokens, Some(format!("text:{text}")))
+                (tokens, Some(Ok(text)))
             }
             None => (Vec::new(), None),
         };
@@ -143,7 +143,7 @@ impl Access {
             config,
             tokens: ArcSwap::from_pointee(tokens),
             refusals: Throttle::default(),
-            text: std::sync::Mutex::new(text),
+            last_read: std::sync::Mutex::new(text),
         }))
     }
 
@@ -160,24 +160,19 @@ impl Access {
                 let read = crate::files::read_bounded(&file, MAX_FILE_BYTES).await.map_err(anyhow::Error::from);
                 // What was read (or why nothing was): the same again, after a
                 // change elsewhere in the directory, reloads and logs nothing.
-                let seen = match &read {
-                    Ok(text) => format!("text:{text}"),
-                    Err(e) => format!("error:{e:#}"),
-                };
+                let seen = read.as_ref().map(String::clone).map_err(|e| format!("{e:#}"));
                 {
-                    let mut last = access.text.lock().unwrap_or_else(|e| e.into_inner());
-                    if last.as_deref() == Some(seen.as_str()) {
+                    let mut last = access.last_read.lock().unwrap_or_else(|e| e.into_inner());
+                    if last.as_ref() == Some(&seen) {
                         return;
                     }
                     *last = Some(seen);
                 }
                 match read.and_then(|text| parse_tokens(&text)) {
                     Ok(tokens) => {
-                        if tokens.is_empty() && access.config.identities.is_empty() {
-                            tracing::warn!(file = %file.display(), "the admin token file has no token: Admin answers only on loopback until one is added");
-                        }
                         tracing::info!(file = %file.display(), tokens = tokens.len(), "admin tokens reloaded");
                         access.tokens.store(Arc::new(tokens));
+                        access.warn_if_loopback_only();
                     }
                     Err(e) => {
                         tracing::error!(file = %file.display(), error = format!("{e:#}"), "admin tokens not reloaded; keeping the ones in force")
@@ -194,6 +189,23 @@ impl Access {
     /// a token is added; emptying it again opens loopback again.
     pub fn credentials_configured(&self) -> bool {
         !self.tokens.load().is_empty() || !self.config.identities.is_empty()
+    }
+
+    /// Says so when no credential is configured (none given, or a token
+    /// file with no token): Admin then answers only on loopback.
+    pub fn warn_if_loopback_only(&self) {
+        if self.credentials_configured() {
+            return;
+        }
+        match &self.config.token_file {
+            Some(file) => tracing::warn!(
+                file = %file.display(),
+                "the admin token file has no token: Admin answers only on loopback until one is added"
+            ),
+            None => tracing::warn!(
+                "no admin credential configured: Admin answers only on loopback (see --admin-token-file)"
+            ),
+        }
     }
 
     /// Whether a refusal may be logged now: `Some(refusals not logged since
@@ -353,7 +365,7 @@ mod tests {
             config: AccessConfig { token_file: Some("t".into()), identities: Vec::new(), read_open },
             tokens: ArcSwap::from_pointee(parse_tokens(text).unwrap()),
             refusals: Throttle::default(),
-            text: std::sync::Mutex::new(Some(format!("text:{text}"))),
+            last_read: std::sync::Mutex::new(Some(Ok(text.to_string()))),
         }
     }
 
@@ -363,7 +375,7 @@ mod tests {
             config: AccessConfig::default(),
             tokens: ArcSwap::from_pointee(Vec::new()),
             refusals: Throttle::default(),
-            text: std::sync::Mutex::new(None),
+            last_read: std::sync::Mutex::new(None),
         };
         assert_eq!(a.check(Role::Admin, None, &loopback()).unwrap().role, Role::Admin);
         assert!(

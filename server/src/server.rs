@@ -97,16 +97,7 @@ pub async fn run(
     let prometheus = start_metrics();
     let access = Access::load(opts.access.clone()).context("loading the admin tokens")?;
     let _tokens = access.watch()?;
-    if !access.credentials_configured() {
-        match &opts.access.token_file {
-            Some(file) => {
-                tracing::warn!(file = %file.display(), "the admin token file has no token: Admin answers only on loopback until one is added")
-            }
-            None => tracing::warn!(
-                "no admin credential configured: Admin answers only on loopback (see --admin-token-file)"
-            ),
-        }
-    }
+    access.warn_if_loopback_only();
     let tls = load_tls(&opts)?;
     let engine = build_engine(&opts);
     let sources = install_sources(&opts, &engine)?;

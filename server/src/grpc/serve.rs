@@ -159,15 +159,14 @@ where
                 tonic::Status::resource_exhausted(why).into_http()
             });
             let call = service.clone().oneshot(req);
-            let counted = in_progress.begin();
-            async move {
-                let _counted = counted;
-                match refused {
-                    Some(refused) => Ok::<_, S::Error>(refused),
-                    None => call.await,
-                }
-            }
-            .instrument(span)
+            in_progress
+                .count(async move {
+                    match refused {
+                        Some(refused) => Ok::<_, S::Error>(refused),
+                        None => call.await,
+                    }
+                })
+                .instrument(span)
         });
         let streams = Streams { new: Default::default(), open: streams.clone() };
         let mut builder = hyper::server::conn::http2::Builder::new(streams.clone());
@@ -180,15 +179,7 @@ where
         let conn = graceful.watch(conn);
         let driven =
             Driven { conn: Box::pin(conn), conn_done: None, new: streams.new, running: FuturesUnordered::new() };
-        let closable = drain.closable(calls);
-        tokio::spawn(async move {
-            tokio::select! {
-                ended = driven => if let Err(e) = ended {
-                    tracing::debug!(error = %e, "gRPC connection ended");
-                },
-                () = closable => tracing::debug!("draining: a gRPC connection with no call in progress closed"),
-            }
-        });
+        drain.spawn("grpc", driven, calls);
     }
     drain.start();
     graceful.shutdown().await;

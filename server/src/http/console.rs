@@ -409,11 +409,16 @@ fn query_pairs(query: &str) -> impl Iterator<Item = Result<(&str, String), Box<R
 /// a guess a caller should not have to make).
 fn once<'a>(seen: &mut Vec<&'a str>, key: &'a str) -> Result<(), Box<Response>> {
     if seen.contains(&key) {
-        let key: String = key.chars().take(64).collect();
-        return Err(Box::new(error(StatusCode::BAD_REQUEST, format!("{}: given more than once", key.escape_debug()))));
+        return Err(Box::new(given_twice(key)));
     }
     seen.push(key);
     Ok(())
+}
+
+/// The refusal of a single-valued parameter or field given more than once.
+fn given_twice(key: &str) -> Response {
+    let key: String = key.chars().take(64).collect();
+    error(StatusCode::BAD_REQUEST, format!("{}: given more than once", key.escape_debug()))
 }
 
 /// The refusal of a parameter the endpoint does not take, naming those it does.
@@ -539,8 +544,10 @@ fn breaker_json(b: &BreakerView) -> Value {
 /// Server-sent events: one `data:` line of JSON per event, a comment every
 /// 15 s to keep proxies from closing the stream.
 async fn events(State(s): State<HttpState>, req: Request) -> Response {
-    if let Some(pair) = req.uri().query().and_then(|q| q.split('&').find(|p| !p.is_empty())) {
-        return not_a_parameter(pair.split_once('=').map_or(pair, |(k, _)| k), "none");
+    match query_pairs(req.uri().query().unwrap_or("")).next() {
+        Some(Ok((key, _))) => return not_a_parameter(key, "none"),
+        Some(Err(refused)) => return *refused,
+        None => {}
     }
     let peer = req.extensions().get::<Peer>().cloned().unwrap_or_default();
     let who = match allow(&s, req.headers(), Some(&peer), Role::Read, "console events") {
@@ -665,14 +672,15 @@ async fn read_body(req: Request, known: &[&str]) -> Result<Value, Response> {
     let Fields(fields) = serde_json::from_slice(&bytes).map_err(|e| error(StatusCode::BAD_REQUEST, format!("{e}")))?;
     let mut object = serde_json::Map::new();
     for (key, value) in fields {
-        let shown: String = key.chars().take(64).collect();
         if !known.contains(&key.as_str()) {
+            let shown: String = key.chars().take(64).collect();
             let known = known.join(", ");
             return Err(error(StatusCode::BAD_REQUEST, format!("'{}' is not a field ({known})", shown.escape_debug())));
         }
-        if object.insert(key, value).is_some() {
-            return Err(error(StatusCode::BAD_REQUEST, format!("{}: given more than once", shown.escape_debug())));
+        if object.contains_key(&key) {
+            return Err(given_twice(&key));
         }
+        object.insert(key, value);
     }
     Ok(Value::Object(object))
 }

@@ -40,24 +40,11 @@ pub async fn serve(port: Port, router: Router, stop: impl Future<Output = ()>) {
             req
         });
         let service = tower::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-            let counted = in_progress.begin();
-            let call = service.clone().oneshot(req);
-            async move {
-                let _counted = counted;
-                call.await
-            }
+            in_progress.count(service.clone().oneshot(req))
         });
         let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), TowerToHyperService::new(service));
         let connection = graceful.watch(connection.into_owned());
-        let closable = drain.closable(calls);
-        tokio::spawn(async move {
-            tokio::select! {
-                ended = connection => if let Err(e) = ended {
-                    tracing::debug!(error = %e, "HTTP connection ended");
-                },
-                () = closable => tracing::debug!("draining: an HTTP connection with no request in progress closed"),
-            }
-        });
+        drain.spawn("http", connection, calls);
     }
     drain.start();
     graceful.shutdown().await;

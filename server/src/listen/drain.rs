@@ -62,6 +62,25 @@ impl Drain {
             }
         }
     }
+
+    /// Runs a connection of port `port` in a task of its own until it ends,
+    /// or until the drain may close it (see [`closable`](Self::closable)).
+    pub fn spawn<E: std::fmt::Display>(
+        &self,
+        port: &'static str,
+        connection: impl Future<Output = Result<(), E>> + Send + 'static,
+        calls: InProgress,
+    ) {
+        let closable = self.closable(calls);
+        tokio::spawn(async move {
+            tokio::select! {
+                ended = connection => if let Err(e) = ended {
+                    tracing::debug!(port, error = %e, "connection ended");
+                },
+                () = closable => tracing::debug!(port, "draining: a connection with no call in progress closed"),
+            }
+        });
+    }
 }
 
 impl Default for Drain {
@@ -74,6 +93,15 @@ impl InProgress {
     pub fn begin(&self) -> Call {
         self.0.fetch_add(1, Ordering::AcqRel);
         Call(self.0.clone())
+    }
+
+    /// `call`, counted in progress from now until it completes or is dropped.
+    pub fn count<F: Future>(&self, call: F) -> impl Future<Output = F::Output> + use<F> {
+        let counted = self.begin();
+        async move {
+            let _counted = counted;
+            call.await
+        }
     }
 }
 
