@@ -238,6 +238,8 @@ async fn run_time_overrides_are_shared_by_replicas_through_redis_and_outlive_the
     let (redis, _dir, args) = replicated(RULES);
     let args = strs(&args);
     let (a, b) = (Floodgate::start(&args), Floodgate::start(&args));
+    // Both talk to Redis before the override (only then is it persisted).
+    wait_live(&a, 2);
     let mut admin_a = a.admin().await;
     let answer = admin_a.set_overrides(set(vec![factor("t7", "t7", 4.0, None)])).await.unwrap().into_inner();
     assert!(answer.persisted);

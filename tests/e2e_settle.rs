@@ -327,6 +327,8 @@ async fn charge_and_settle_reach_strict_limits_in_redis() {
 async fn a_strict_charge_into_a_debt_of_one_or_two_is_taken_once() {
     let (redis, _dir, args) = replicated(STRICT);
     let fg = Floodgate::start(&strs(&args));
+    // Redis answers before the charges (while it is away they are owed).
+    wait_redis_up(&fg);
     let mut c = fg.client().await;
     for (user, cost, left) in [("one", 1001, -1.0), ("two", 1002, -2.0), ("three", 1003, -3.0)] {
         let charge = pb::ChargeRequest {
@@ -341,6 +343,39 @@ async fn a_strict_charge_into_a_debt_of_one_or_two_is_taken_once() {
         assert!((tokens - left).abs() < 0.1, "{user}: Charge {cost} on 1000 left {tokens} in Redis, not {left}");
     }
     assert!(!fg.logs().contains("Redis had lost"), "nothing was lost: {}", fg.logs());
+}
+
+/// A strict Charge while Redis is away is owed: the answer says what is
+/// known without Redis (a charge of the whole limit or more exceeds it; one
+/// under it is not known to), and Redis gets the charge when it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strict_charge_while_redis_is_away_is_owed_and_paid() {
+    let (mut redis, _dir, args) = replicated(STRICT);
+    let fg = Floodgate::start(&strs(&args));
+    wait_live(&fg, 1);
+    redis.kill();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !fg.http_get("/api/v1/console").1.contains("\"redis_up\":false") {
+        assert!(Instant::now() < deadline, "the replica never saw Redis go");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut c = fg.client().await;
+    for (user, cost, exceeded) in [("big", 1001, true), ("whole", 1000, true), ("small", 10, false)] {
+        let charge = pb::ChargeRequest {
+            resource: "strict".into(),
+            descriptors: HashMap::from([("user".into(), user.into())]),
+            cost,
+        };
+        let charged = c.charge(charge).await.unwrap().into_inner();
+        assert_eq!((charged.limits[0].exceeded, charged.limits[0].remaining), (exceeded, 0), "{user}: {charged:?}");
+    }
+    redis.restart();
+    wait_redis_up(&fg);
+    for (user, left) in [("big", -1.0), ("whole", 0.0), ("small", 990.0)] {
+        let key = format!("fg:b:{{strict}}:tokens:token_bucket:{user}");
+        let tokens: f64 = redis.cli(&["HGET", &key, "t"]).and_then(|t| t.parse().ok()).unwrap();
+        assert!((tokens - left).abs() < 0.1, "{user}: {tokens} left in Redis after the outage, not {left}");
+    }
 }
 
 /// A debt on a replicated bucket is the replicas' debt: Charge 40 on a bucket

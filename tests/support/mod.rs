@@ -62,12 +62,24 @@ pub fn strs(args: &[String]) -> Vec<&str> {
     args.iter().map(String::as_str).collect()
 }
 
-/// Waits until `fg` counts `n` live replicas (their heartbeats reached Redis).
+/// Waits until `fg` counts `n` live replicas (their heartbeats reached Redis)
+/// and decides with Redis again (the count comes from the heartbeat, before
+/// the round that pays what was owed and turns strict decisions to Redis).
 pub fn wait_live(fg: &Floodgate, n: u32) {
     let deadline = Instant::now() + Duration::from_secs(10);
     let series = format!("floodgate_live_replicas {n}");
     while !fg.http_get("/metrics").1.lines().any(|l| l == series) {
         assert!(Instant::now() < deadline, "never saw {n} live replicas");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    wait_redis_up(fg);
+}
+
+/// Waits until `fg` decides with Redis (its console says `redis_up`).
+pub fn wait_redis_up(fg: &Floodgate) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !fg.http_get("/api/v1/console").1.contains("\"redis_up\":true") {
+        assert!(Instant::now() < deadline, "Redis never answered this replica: {}", fg.logs());
         std::thread::sleep(Duration::from_millis(20));
     }
 }

@@ -247,8 +247,12 @@ impl Engine {
                 if cost > 0 {
                     charged.strict.items.push((bucket, signed(cost), 0, charged.limits.len()));
                 }
+                // Until Redis answers (and while it is away, when the charge
+                // is owed): what is known without it, that a charge of the
+                // whole limit or more exceeds it whatever Redis holds.
                 let status = crate::limiter::Status { limit: l.algorithm.capacity(), ..Default::default() };
-                charged.limits.push(LimitReport { limit: l, index, status, exceeded: false });
+                let exceeded = cost > 0 && cost >= status.limit;
+                charged.limits.push(LimitReport { limit: l, index, status, exceeded });
                 continue;
             }
             if cost > 0 {
