@@ -133,4 +133,8 @@ async fn a_real_prometheus_scrapes_the_binary_and_fires_the_breaker_alert() {
     assert_eq!(payments.map(|s| s["value"][1].clone()), Some(serde_json::json!("2")), "{state}");
     let keys = &results["Buckets held and --max-keys/B"]["data"]["result"][0]["value"][1];
     assert_eq!(keys, &serde_json::json!("10000000"), "floodgate_max_keys is the default --max-keys");
+    let bytes = &results["Bucket key bytes and --max-key-bytes/B"]["data"]["result"][0]["value"][1];
+    assert_eq!(bytes, &serde_json::json!("1073741824"), "floodgate_max_key_bytes is the default --max-key-bytes");
+    let held = &results["Bucket key bytes and --max-key-bytes/A"]["data"]["result"][0]["value"][1];
+    assert!(held.as_str().and_then(|b| b.parse::<u64>().ok()).is_some_and(|b| b > 0), "key bytes held: {held}");
 }
