@@ -122,6 +122,9 @@ impl Read {
             return;
         }
         let whole = |message: String| RuleError { file: file.into(), resource: None, field: String::new(), message };
+        // A byte order mark is skipped (as fastjson does): editors on
+        // Windows write one.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         // An empty file is an empty list (as ZooKeeper keeps one).
         if text.trim().is_empty() {
             return;
@@ -174,6 +177,11 @@ impl Read {
             }
         }
     }
+}
+
+/// A whole number, or one given as text (as fastjson reads it).
+fn whole(v: &Value) -> Option<i64> {
+    v.as_i64().or_else(|| v.as_str()?.trim().parse().ok())
 }
 
 fn json_kind(v: &Value) -> &'static str {
@@ -229,8 +237,24 @@ impl<'a> Obj<'a> {
         }
     }
 
-    fn boolean(&mut self, key: &str, default: bool) -> bool {
+    /// A number or boolean given as text, as fastjson reads it into a
+    /// rule's field (`"count": "10"`): the text's value; a blank text is
+    /// absent.
+    fn coerced(&self, key: &str) -> Option<Value> {
         match self.map.get(key) {
+            Some(Value::String(s)) if s.trim().is_empty() => Some(Value::Null),
+            Some(Value::String(s)) => match s.trim() {
+                "true" => Some(Value::Bool(true)),
+                "false" => Some(Value::Bool(false)),
+                t => t.parse::<serde_json::Number>().ok().map(Value::Number),
+            },
+            _ => None,
+        }
+    }
+
+    fn boolean(&mut self, key: &str, default: bool) -> bool {
+        let coerced = self.coerced(key);
+        match coerced.as_ref().or(self.map.get(key)) {
             None | Some(Value::Null) => default,
             Some(Value::Bool(b)) => *b,
             Some(other) => {
@@ -242,7 +266,8 @@ impl<'a> Obj<'a> {
 
     /// A whole number (a double with no fraction too: `1.0`).
     fn int(&mut self, key: &str, default: i64) -> i64 {
-        match self.map.get(key) {
+        let coerced = self.coerced(key);
+        match coerced.as_ref().or(self.map.get(key)) {
             None | Some(Value::Null) => default,
             Some(Value::Number(n)) => match n.as_i64() {
                 Some(i) => i,
@@ -262,7 +287,8 @@ impl<'a> Obj<'a> {
     }
 
     fn double(&mut self, key: &str, default: f64) -> f64 {
-        match self.map.get(key) {
+        let coerced = self.coerced(key);
+        match coerced.as_ref().or(self.map.get(key)) {
             None | Some(Value::Null) => default,
             Some(Value::Number(n)) => n.as_f64().filter(|f| f.is_finite()).unwrap_or_else(|| {
                 self.error(key, format!("must be a finite number, got {n}"));
@@ -308,7 +334,7 @@ impl<'a> Obj<'a> {
         let cluster = self.boolean("clusterMode", false);
         let regex = self.boolean("regex", false);
         let threshold_type = match self.object("clusterConfig") {
-            Some(c) => c.get("thresholdType").and_then(Value::as_i64).unwrap_or(0),
+            Some(c) => c.get("thresholdType").and_then(whole).unwrap_or(0),
             None => 0,
         };
         self.at_least("count", count, 0.0, "at least 0");
@@ -478,7 +504,7 @@ impl<'a> Obj<'a> {
                 Value::Bool(b) => Some(b.to_string()),
                 _ => None,
             });
-            let count = item.get("count").and_then(Value::as_i64);
+            let count = item.get("count").and_then(whole);
             match (object, count) {
                 (Some(object), Some(count)) if count >= 0 && object.len() <= crate::rules::MAX_NAME_BYTES => {
                     out.push((object, count))

@@ -204,6 +204,42 @@ fn bad_rules_are_refused_naming_file_rule_and_field() {
     assert!(got[0].contains("must share statIntervalMs, timeWindow and minRequestAmount"), "{got:#?}");
 }
 
+/// Every number and boolean of `json` written as text, as some tools keep
+/// them (fastjson reads them into the rule's fields all the same).
+fn quoted(json: &str) -> String {
+    fn quote(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Number(n) => *v = serde_json::Value::String(n.to_string()),
+            serde_json::Value::Bool(b) => *v = serde_json::Value::String(b.to_string()),
+            serde_json::Value::Array(items) => items.iter_mut().for_each(quote),
+            serde_json::Value::Object(map) => map.values_mut().for_each(quote),
+            _ => {}
+        }
+    }
+    let mut v: serde_json::Value = serde_json::from_str(json).unwrap();
+    quote(&mut v);
+    v.to_string()
+}
+
+#[test]
+fn numbers_and_booleans_as_text_and_a_byte_order_mark_read_as_sentinel_reads_them() {
+    let plain = dashboard();
+    let files = [
+        ("shop-flow-rules", FLOW),
+        ("shop-degrade-rules.json", DEGRADE),
+        ("SystemRule.json", SYSTEM),
+        ("shop-param-rules", PARAM),
+        ("shop-authority-rules.json", AUTHORITY),
+    ];
+    let texts: Vec<(&str, String)> = files.iter().map(|(n, t)| (*n, format!("\u{feff}{}", quoted(t)))).collect();
+    assert!(texts[0].1.contains(r#""count":"20.0""#) && texts[0].1.contains(r#""clusterMode":"false""#));
+    let texts: Vec<(&str, &str)> = texts.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    assert_eq!(read(&texts).unwrap(), plain);
+    // Text that is not a number is still refused, naming the field.
+    let got = errors(&[("flow.json", r#"[{"resource":"a","count":"ten"},{"resource":"b","count":" "}]"#)]);
+    assert_eq!(got, ["flow.json: resource 'a': [0].count: must be a number, got a string"]);
+}
+
 #[test]
 fn a_hundred_thousand_rules_are_refused_with_the_bound() {
     let one = r#"{"resource":"r","grade":1,"count":10},"#;
