@@ -210,7 +210,7 @@ mod rpc {
         let mut service = ServiceBuilder::new()
             .layer(grpc::ObserveLayer::new())
             .layer(grpc::SizeLayer::new(grpc::size::Budget::new(256 << 20)))
-            .service(routes.prepare());
+            .service(routes);
         let (path, frame) = call(rpc);
         let mut one = || {
             let response = now(service.call(request(path, &frame))).expect("infallible");

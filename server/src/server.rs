@@ -317,7 +317,7 @@ async fn serve(
     let service = tower::ServiceBuilder::new()
         .layer(grpc::ObserveLayer::new())
         .layer(grpc::SizeLayer::new(unfinished))
-        .service(routes.prepare());
+        .service(routes);
     let grpc = grpc::serve(grpc_port, service, stopped(stop_rx.clone()));
     let http = http::serve(http_port, http::router(health.clone()), stopped(stop_rx));
 
