@@ -59,7 +59,21 @@ impl Floodgate for DataPlane {
     }
 
     async fn lease(&self, request: Request<pb::LeaseRequest>) -> Result<Response<pb::LeaseResponse>, Status> {
-        let l = self.decider.lease(&request.get_ref().into()).await?;
+        // Under mTLS the caller's certificate is its origin here too: a
+        // lease is taken from the limits of the origin it proves.
+        let set = self.decider.origin_of(request.extensions().get());
+        let ask: crate::decider::LeaseAsk<'_, _> = request.get_ref().into();
+        let overlaid = engine::request::Overlaid { inner: ask.descriptors, set };
+        let ask = crate::decider::LeaseAsk {
+            resource: ask.resource,
+            descriptors: &overlaid,
+            want: ask.want,
+            previous: ask.previous,
+            used: ask.used,
+            holder: ask.holder,
+            release: ask.release,
+        };
+        let l = self.decider.lease(&ask).await?;
         Ok(Response::new(pb::LeaseResponse {
             leasable: l.not_leasable.is_none(),
             reason: l.not_leasable.map(|why| why.to_string()).unwrap_or_default(),
@@ -97,8 +111,12 @@ impl Floodgate for DataPlane {
     }
 
     async fn charge(&self, request: Request<pb::ChargeRequest>) -> Result<Response<pb::ChargeResponse>, Status> {
+        // Under mTLS the caller's certificate is its origin: a charge is
+        // taken from the limits of the origin it proves, not one it names.
+        let set = self.decider.origin_of(request.extensions().get());
         let req = request.get_ref();
-        let response: pb::ChargeResponse = self.decider.charge(&req.resource, &req.descriptors, req.cost).await?;
+        let overlaid = engine::request::Overlaid { inner: &req.descriptors, set };
+        let response: pb::ChargeResponse = self.decider.charge(&req.resource, &overlaid, req.cost).await?;
         Ok(Response::new(response))
     }
 
