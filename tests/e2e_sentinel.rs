@@ -6,6 +6,7 @@
 
 mod support;
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use floodgate_proto::v1 as pb;
@@ -173,6 +174,22 @@ fn check_config_reads_a_sentinel_directory_and_names_what_is_wrong() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+
+    // Editors' backups and subdirectories are not read (a backup would be
+    // a second copy of the rules; these hold JSON that would refuse them),
+    // and each is listed.
+    let edited = TempDir::new();
+    edited.write("flow-rules.json", r#"[{"resource":"a","count":1}]"#);
+    for backup in ["flow-rules.json~", "#flow-rules.json#", "flow-rules.json.bak", "flow-rules.json.orig"] {
+        edited.write(backup, "[{");
+    }
+    std::fs::create_dir(edited.path("old-flow-rules")).unwrap();
+    let out = run(&edited);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("OK (1 rules: ") && text.contains(" 1 flow,") && text.contains("5 not enforced)"), "{text}");
+    assert!(text.contains("not enforced: flow-rules.json~: not read: a backup or temporary file"), "{text}");
+    assert!(text.contains("not enforced: old-flow-rules: not read: a directory"), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -184,6 +201,7 @@ async fn under_mtls_the_callers_certificate_is_its_origin_whatever_it_says() {
     let good = pki.client("good", "good-app");
     let dir = TempDir::new();
     dir.write("authority-rules.json", AUTHORITY);
+    dir.write("flow-rules.json", r#"[{"resource":"metered","grade":1,"count":100,"limitApp":"good-app"}]"#);
     let fg = Floodgate::start(&[
         "--sentinel-rules",
         path_str(dir.0.path()),
@@ -219,6 +237,25 @@ async fn under_mtls_the_callers_certificate_is_its_origin_whatever_it_says() {
     let mut as_nameless = connect(&nameless).await;
     let claimed = acquire("GET:/orders", &[("origin", "evil")], 1);
     assert_eq!(as_nameless.acquire(claimed).await.unwrap().into_inner().verdict(), pb::Verdict::Allowed);
+    // Charge and Lease take from the limits of the origin the certificate
+    // proves: `evil` naming `good-app` neither uses up good-app's limit nor
+    // leases from it (no limit of `metered` is evil's).
+    let descriptors = HashMap::from([("origin".to_string(), "good-app".to_string())]);
+    let charge = pb::ChargeRequest { resource: "metered".into(), descriptors: descriptors.clone(), cost: 1000 };
+    let charged = as_evil.charge(charge).await.unwrap().into_inner();
+    assert!(charged.limits.is_empty(), "evil was charged on good-app's limit: {charged:?}");
+    let lease = pb::LeaseRequest {
+        resource: "metered".into(),
+        descriptors,
+        want: 50,
+        holder: "evil-1".into(),
+        ..Default::default()
+    };
+    let leased = as_evil.lease(lease).await.unwrap().into_inner();
+    assert!(leased.limits.is_empty(), "evil leased from good-app's limit: {leased:?}");
+    let mine = acquire("metered", &[("origin", "good-app")], 1);
+    let answer = as_good.acquire(mine).await.unwrap().into_inner();
+    assert_eq!((answer.verdict(), answer.limits[0].remaining), (pb::Verdict::Allowed, 99), "{answer:?}");
 }
 
 /// Waits until the Sentinel rules in force are `resource`'s alone, then

@@ -79,6 +79,28 @@ pub enum Kind {
     Gateway,
 }
 
+/// Whether a file name is an editor's backup or a package manager's
+/// leftover: `name~`, `#name#`, `.bak`, `.orig`, `.swp`...
+fn is_backup(name: &str) -> bool {
+    const SUFFIXES: [&str; 13] = [
+        ".bak",
+        ".orig",
+        ".rej",
+        ".old",
+        ".swp",
+        ".swo",
+        ".tmp",
+        ".save",
+        ".dpkg-old",
+        ".dpkg-new",
+        ".dpkg-dist",
+        ".rpmnew",
+        ".rpmsave",
+    ];
+    let lower = name.to_ascii_lowercase();
+    name.ends_with('~') || (name.starts_with('#') && name.ends_with('#')) || SUFFIXES.iter().any(|s| lower.ends_with(s))
+}
+
 impl Kind {
     /// The kind of a file, from its name: `param` before `flow`, so that
     /// `param-flow-rules.json` holds hot-parameter rules.
@@ -134,14 +156,33 @@ impl SentinelRules {
     pub fn load_dir(dir: &Path, options: &SentinelOptions) -> Result<(SentinelRules, String), RuleErrors> {
         let dir_name = dir.display().to_string();
         let entries = std::fs::read_dir(dir).map_err(|e| RuleErrors::one(&dir_name, format!("cannot read: {e}")))?;
+        // Not read, and said so: subdirectories, editors' backups and
+        // package managers' leftovers (`flow-rules.json~`, `.bak`, `.orig`...),
+        // which would otherwise be read as a second copy of the rules.
+        let mut skipped = Vec::new();
         let mut paths: Vec<_> = entries
             .filter_map(|e| e.ok())
             .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
             .map(|e| e.path())
-            .filter(|p| !p.is_dir())
+            .filter(|p| {
+                let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                let why = if p.is_dir() {
+                    "not read: a directory"
+                } else if is_backup(&name) {
+                    "not read: a backup or temporary file"
+                } else {
+                    return true;
+                };
+                if skipped.len() < MAX_FILES {
+                    let line = RuleError { file: name, resource: None, field: String::new(), message: why.into() };
+                    skipped.push(line.to_string());
+                }
+                false
+            })
             .take(MAX_FILES + 1)
             .collect();
         paths.sort();
+        skipped.sort();
         if paths.len() > MAX_FILES {
             return Err(RuleErrors::one(&dir_name, format!("more than {MAX_FILES} files; that is the limit")));
         }
@@ -161,7 +202,9 @@ impl SentinelRules {
             files.push((name, text));
         }
         let digest = files.iter().map(|(n, t)| format!("# {n}\n{t}\n")).collect();
-        Ok((SentinelRules::parse(&files, options)?, digest))
+        let mut rules = SentinelRules::parse(&files, options)?;
+        rules.ignored.extend(skipped);
+        Ok((rules, digest))
     }
 
     /// Files as (name, JSON text): validated whole; every error names the
