@@ -345,33 +345,52 @@ async fn a_strict_charge_into_a_debt_of_one_or_two_is_taken_once() {
     assert!(!fg.logs().contains("Redis had lost"), "nothing was lost: {}", fg.logs());
 }
 
-/// A strict Charge while Redis is away is owed: the answer says what is
-/// known without Redis (a charge of the whole limit or more exceeds it; one
-/// under it is not known to), and Redis gets the charge when it is back.
+/// A strict Charge while Redis is away is owed and paid when it is back;
+/// meanwhile (`on_redis_error: local`) it is taken from this replica's
+/// outage figure like what it admits, and a charge Redis answered before the
+/// outage is where that figure starts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_strict_charge_while_redis_is_away_is_owed_and_paid() {
     let (mut redis, _dir, args) = replicated(STRICT);
     let fg = Floodgate::start(&strs(&args));
     wait_live(&fg, 1);
+    let mut c = fg.client().await;
+    let charge = |user: &str, cost: u64| pb::ChargeRequest {
+        resource: "strict".into(),
+        descriptors: HashMap::from([("user".into(), user.into())]),
+        cost,
+    };
+    // Charged only (never acquired) while Redis answers: 700 left there.
+    let before = c.charge(charge("known", 300)).await.unwrap().into_inner();
+    assert_eq!(before.limits[0].remaining, 700, "{before:?}");
     redis.kill();
     let deadline = Instant::now() + Duration::from_secs(10);
     while !fg.http_get("/api/v1/console").1.contains("\"redis_up\":false") {
         assert!(Instant::now() < deadline, "the replica never saw Redis go");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let mut c = fg.client().await;
-    for (user, cost, exceeded) in [("big", 1001, true), ("whole", 1000, true), ("small", 10, false)] {
-        let charge = pb::ChargeRequest {
-            resource: "strict".into(),
-            descriptors: HashMap::from([("user".into(), user.into())]),
-            cost,
-        };
-        let charged = c.charge(charge).await.unwrap().into_inner();
-        assert_eq!((charged.limits[0].exceeded, charged.limits[0].remaining), (exceeded, 0), "{user}: {charged:?}");
+    for (user, cost, exceeded, remaining) in
+        [("big", 1001, true, 0), ("whole", 1000, true, 0), ("small", 10, false, 990), ("known", 100, false, 600)]
+    {
+        let charged = c.charge(charge(user, cost)).await.unwrap().into_inner();
+        let got = (charged.limits[0].exceeded, charged.limits[0].remaining);
+        assert_eq!(got, (exceeded, remaining), "{user}: {charged:?}");
     }
+    // Used up stays used up here; "known" had 600 left of Redis's 700.
+    assert_eq!(
+        c.acquire(on("strict", "whole", 100, false)).await.unwrap().into_inner().verdict(),
+        pb::Verdict::RateLimited
+    );
+    let mut admitted = 0;
+    for _ in 0..10 {
+        admitted += u32::from(
+            c.acquire(on("strict", "known", 100, false)).await.unwrap().into_inner().verdict() == pb::Verdict::Allowed,
+        );
+    }
+    assert_eq!(admitted, 6, "the outage starts from Redis's 700 less the 100 charged in it");
     redis.restart();
     wait_redis_up(&fg);
-    for (user, left) in [("big", -1.0), ("whole", 0.0), ("small", 990.0)] {
+    for (user, left) in [("big", -1.0), ("whole", 0.0), ("small", 990.0), ("known", 0.0)] {
         let key = format!("fg:b:{{strict}}:tokens:token_bucket:{user}");
         let tokens: f64 = redis.cli(&["HGET", &key, "t"]).and_then(|t| t.parse().ok()).unwrap();
         assert!((tokens - left).abs() < 0.1, "{user}: {tokens} left in Redis after the outage, not {left}");

@@ -10,6 +10,7 @@ use crate::engine::{
     Answer, Descriptors, Engine, Installed, Prepared, Report, Reported, Request, RequestError, Verdict,
 };
 use crate::replication::{Adjust, Replication};
+use crate::store::BucketKey;
 
 impl Decider {
     /// One decision, as the caller's type.
@@ -189,13 +190,27 @@ impl Decider {
         let mut charged = self.engine.charge(&rules, resource, descriptors, cost)?;
         if let Some(replication) = &self.replication {
             let strict = std::mem::take(&mut charged.strict);
-            let positions: Vec<usize> = strict.items.iter().map(|i| i.3).collect();
-            if let Some(left) = self.adjust_strict(replication, strict).await {
-                for (pos, available) in positions.into_iter().zip(left) {
-                    let Some(available) = available else { continue };
-                    let report = &mut charged.limits[pos];
-                    report.status.remaining = available.max(0) as u64;
-                    report.exceeded = available <= 0;
+            let items: Vec<(usize, BucketKey)> = strict.items.iter().map(|i| (i.3, i.0.clone())).collect();
+            match self.try_adjust_strict(replication, &strict).await {
+                Some(left) => {
+                    for ((pos, _), available) in items.into_iter().zip(left) {
+                        let Some(available) = available else { continue };
+                        let report = &mut charged.limits[pos];
+                        report.status.remaining = available.max(0) as u64;
+                        report.exceeded = available <= 0;
+                    }
+                }
+                // Owed: `local` limits take it from the outage's bucket here
+                // too (first: the bucket starts from what was left before it).
+                None => {
+                    for (pos, key) in items {
+                        let report = &mut charged.limits[pos];
+                        if let Some(status) = self.engine.charge_in_outage(report.limit, &key, cost) {
+                            report.exceeded = status.remaining == 0;
+                            report.status = status;
+                        }
+                    }
+                    self.owe_strict(&strict);
                 }
             }
         }
@@ -206,25 +221,45 @@ impl Decider {
     /// left after. While Redis is away, or when it does not answer, they are
     /// owed instead (`None`), and paid when it answers again.
     pub(super) async fn adjust_strict(&self, replication: &Replication, strict: Strict) -> Option<Vec<Option<i64>>> {
+        let left = self.try_adjust_strict(replication, &strict).await;
+        if left.is_none() {
+            self.owe_strict(&strict);
+        }
+        left
+    }
+
+    /// [`Self::adjust_strict`] without owing what Redis did not take.
+    async fn try_adjust_strict(&self, replication: &Replication, strict: &Strict) -> Option<Vec<Option<i64>>> {
         if strict.items.is_empty() {
             return Some(Vec::new());
         }
-        let sync = self.engine.sync()?;
-        if sync.up() {
-            let rules = self.engine.rules_full();
-            let items: Vec<Adjust> = strict
-                .items
-                .iter()
-                .map(|(key, units, at_us, _)| Adjust { key: key.clone(), units: *units, at_us: *at_us })
-                .collect();
-            if let Some(left) = replication.adjust(&rules, &strict.resource, &items).await {
-                return Some(left);
+        let sync = self.engine.sync().filter(|s| s.up())?;
+        let rules = self.engine.rules_full();
+        let items: Vec<Adjust> = strict
+            .items
+            .iter()
+            .map(|(key, units, at_us, _)| Adjust { key: key.clone(), units: *units, at_us: *at_us })
+            .collect();
+        let left = replication.adjust(&rules, &strict.resource, &items).await?;
+        // Redis's figure is this replica's to start an outage from, to
+        // restore an emptied Redis with, and to keep fresh.
+        let now = self.engine.clock().now();
+        for (item, left) in items.iter().zip(&left) {
+            if let Some(left) = left {
+                sync.saw_strict(&item.key, &strict.resource, (*left).max(0) as u64, now);
             }
         }
+        Some(left)
+    }
+
+    /// Units Redis did not take: owed, and taken off the figure the next
+    /// outage starts from, as what is admitted during one is.
+    fn owe_strict(&self, strict: &Strict) {
+        let Some(sync) = self.engine.sync() else { return };
+        let now = self.engine.clock().now();
         for (key, units, _, _) in &strict.items {
-            sync.owe(key, &strict.resource, *units);
+            sync.admitted_here(key, &strict.resource, *units, now);
         }
-        None
     }
 
     /// A resource's limits for these descriptors, consuming nothing; `only`

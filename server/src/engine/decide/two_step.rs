@@ -368,6 +368,23 @@ impl Engine {
         }
     }
 
+    /// A strict charge while Redis is away, on a limit whose
+    /// `on_redis_error` is `local`: taken from this replica's outage bucket
+    /// too (as what it admits meanwhile is), so that a used-up limit stays
+    /// used up here until Redis answers. What the bucket has left after;
+    /// `None` for the other modes, or when Redis answers again.
+    pub fn charge_in_outage(&self, limit: &Limit, key: &BucketKey, cost: u64) -> Option<Status> {
+        let sync = self.sync.as_ref().filter(|s| !s.up())?;
+        if limit.on_redis_error != OnRedisError::Local {
+            return None;
+        }
+        let now = self.clock.now();
+        let alg = limit.algorithm.scaled(sync.share());
+        self.outage_bucket(key, &alg, now);
+        self.buckets.force(key.clone(), &alg, now, cost);
+        Some(self.buckets.check(key, &alg, now, 0).status)
+    }
+
     /// Strict limits while Redis cannot answer, all or nothing: `local`
     /// decides here with the limit divided among the live replicas, `allow`
     /// admits, `deny` denies. What is admitted is owed to Redis, and paid
