@@ -179,9 +179,15 @@ impl Read {
     }
 }
 
-/// A whole number, or one given as text (as fastjson reads it).
+/// A whole number (`100` or `100.0`), or one given as text (as fastjson
+/// reads it).
 fn whole(v: &Value) -> Option<i64> {
-    v.as_i64().or_else(|| v.as_str()?.trim().parse().ok())
+    let float = |f: f64| (f.is_finite() && f.fract() == 0.0 && f.abs() < 9.0e15).then_some(f as i64);
+    match v {
+        Value::Number(n) => n.as_i64().or_else(|| float(n.as_f64()?)),
+        Value::String(s) => s.trim().parse().ok().or_else(|| float(s.trim().parse().ok()?)),
+        _ => None,
+    }
 }
 
 fn json_kind(v: &Value) -> &'static str {
@@ -264,8 +270,19 @@ impl<'a> Obj<'a> {
         }
     }
 
-    /// A whole number (a double with no fraction too: `1.0`).
+    /// A whole number (a double with no fraction too: `1.0`) that fits the
+    /// Java `int` Sentinel reads it into (fastjson refuses the file
+    /// otherwise); `durationInSec` is a `long`.
     fn int(&mut self, key: &str, default: i64) -> i64 {
+        let n = self.any_int(key, default);
+        if key != "durationInSec" && i32::try_from(n).is_err() {
+            self.error(key, format!("must fit Sentinel's int ({} to {}), got {n}", i32::MIN, i32::MAX));
+            return default;
+        }
+        n
+    }
+
+    fn any_int(&mut self, key: &str, default: i64) -> i64 {
         let coerced = self.coerced(key);
         match coerced.as_ref().or(self.map.get(key)) {
             None | Some(Value::Null) => default,
@@ -334,7 +351,14 @@ impl<'a> Obj<'a> {
         let cluster = self.boolean("clusterMode", false);
         let regex = self.boolean("regex", false);
         let threshold_type = match self.object("clusterConfig") {
-            Some(c) => c.get("thresholdType").and_then(whole).unwrap_or(0),
+            Some(c) => match c.get("thresholdType") {
+                None | Some(Value::Null) => 0,
+                Some(v) => whole(v).unwrap_or_else(|| {
+                    let message = format!("must be 0 (average local) or 1 (global), got {v}");
+                    self.error("clusterConfig.thresholdType", message);
+                    0
+                }),
+            },
             None => 0,
         };
         self.at_least("count", count, 0.0, "at least 0");

@@ -241,6 +241,43 @@ fn numbers_and_booleans_as_text_and_a_byte_order_mark_read_as_sentinel_reads_the
 }
 
 #[test]
+fn what_sentinel_could_not_read_is_refused_not_read_as_something_else() {
+    let got = errors(&[
+        (
+            "flow.json",
+            r#"[{"resource":"a","count":1,"clusterMode":true,"clusterConfig":{"thresholdType":"abc"}},
+                {"resource":"b","count":10,"controlBehavior":2,"maxQueueingTimeMs":99999999999}]"#,
+        ),
+        ("param.json", r#"[{"resource":"d","paramIdx":0,"count":5,"burstCount":99999999999}]"#),
+    ]);
+    let expected = [
+        r#"flow.json: resource 'a': [0].clusterConfig.thresholdType: must be 0 (average local) or 1 (global), got "abc""#,
+        "flow.json: resource 'b': [1].maxQueueingTimeMs: must fit Sentinel's int (-2147483648 to 2147483647), got 99999999999",
+        "param.json: resource 'd': [0].burstCount: must fit Sentinel's int (-2147483648 to 2147483647), got 99999999999",
+    ];
+    assert_eq!(got, expected);
+    // Read, then refused when translated: rates past the largest a limit keeps.
+    let got = errors(&[(
+        "flow.json",
+        r#"[{"resource":"c","count":2000000000,"controlBehavior":1,"warmUpPeriodSec":10},
+            {"resource":"r","count":1e308,"controlBehavior":2,"maxQueueingTimeMs":500}]"#,
+    )]);
+    let expected = [
+        "flow.json: resource 'c': [0].count: 2000000000 a second is above the largest supported rate (1000000000 a second)",
+        "flow.json: resource 'r': [1].count: 1e308 a second is above the largest supported rate (1000000000 a second)",
+    ];
+    assert_eq!(got, expected);
+    // A count written 100.0 or "100.0" is 100, as fastjson reads it.
+    let read = read(&[(
+        "param.json",
+        r#"[{"resource":"d","paramIdx":0,"count":5,"paramFlowItemList":[{"object":"vip","count":"100.0"},{"object":"x","count":7.0}]}]"#,
+    )])
+    .unwrap();
+    let limits: Vec<u64> = rule(&read, "d").limits.iter().map(|l| l.algorithm.capacity()).collect();
+    assert!(limits.contains(&100) && limits.contains(&7), "{limits:?}");
+}
+
+#[test]
 fn a_hundred_thousand_rules_are_refused_with_the_bound() {
     let one = r#"{"resource":"r","grade":1,"count":10},"#;
     let file = |n: usize| format!("[{}{{}}]", one.repeat(n)).replace(",{}]", "]");
@@ -269,8 +306,8 @@ fn numbers_past_every_range_are_kept_in_range_not_overflowed() {
     let s = read(&[
         (
             "flow.json",
-            r#"[{"resource":"q","count":5,"grade":1,"controlBehavior":2,"maxQueueingTimeMs":18446744073710},
-                {"resource":"r","count":1e308,"grade":1,"controlBehavior":2,"maxQueueingTimeMs":500}]"#,
+            r#"[{"resource":"q","count":1e9,"grade":1,"controlBehavior":2,"maxQueueingTimeMs":2147483647},
+                {"resource":"r","count":1e9,"grade":1,"controlBehavior":2,"maxQueueingTimeMs":500}]"#,
         ),
         ("degrade.json", r#"[{"resource":"a","grade":2,"count":18446744073709551614,"timeWindow":1}]"#),
     ])

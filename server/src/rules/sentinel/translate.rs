@@ -249,6 +249,21 @@ fn flow(out: &mut Out<'_>, f: &Flow, others: &[String]) {
         }
     };
     let too_short = |e: warm_up::ConfigError| format!("{e} (Sentinel would refuse every call, or admit every one)");
+    // A rate above the largest a limit can keep is refused, as it is in
+    // the rules file (not kept at that largest rate without a word).
+    if behavior != 0 && f.count > Rate::MAX_PER_SECOND {
+        return out.error(
+            &f.at.file,
+            f.at.index,
+            &f.resource,
+            "count",
+            format!(
+                "{} a second is above the largest supported rate ({} a second)",
+                if f.count < 1e15 { f.count.to_string() } else { format!("{:e}", f.count) },
+                Rate::MAX_PER_SECOND
+            ),
+        );
+    }
     let (kind, algorithm, sync) = match behavior {
         0 | 1 if f.count < 1.0 => ("qps", deny_all(), SyncMode::Local),
         0 => (
