@@ -68,6 +68,11 @@ impl Out<'_> {
         self.ignored.push(format!("{label}: {why}"));
     }
 
+    /// Flow rule `f`'s `field` refused.
+    fn flow_error(&mut self, f: &Flow, field: &str, message: impl Into<String>) {
+        self.error(&f.at.file, f.at.index, &f.resource, field, message)
+    }
+
     fn error(&mut self, file: &str, index: usize, resource: &str, field: &str, message: impl Into<String>) {
         self.errors.push(RuleError {
             file: file.into(),
@@ -252,10 +257,8 @@ fn flow(out: &mut Out<'_>, f: &Flow, others: &[String]) {
     // A rate above the largest a limit can keep is refused, as it is in
     // the rules file (not kept at that largest rate without a word).
     if behavior != 0 && f.count > Rate::MAX_PER_SECOND {
-        return out.error(
-            &f.at.file,
-            f.at.index,
-            &f.resource,
+        return out.flow_error(
+            f,
             "count",
             format!(
                 "{} a second is above the largest supported rate ({} a second)",
@@ -275,15 +278,13 @@ fn flow(out: &mut Out<'_>, f: &Flow, others: &[String]) {
             let period = Duration::from_secs(f.warm_up_secs as u64);
             match warm_up::Config::new(rate_of(f.count), period, o.cold_factor, warm_up::Mode::Police) {
                 Ok(c) => ("warm_up", Algorithm::WarmUp(c), SyncMode::default()),
-                Err(e) => return out.error(&f.at.file, f.at.index, &f.resource, "warmUpPeriodSec", too_short(e)),
+                Err(e) => return out.flow_error(f, "warmUpPeriodSec", too_short(e)),
             }
         }
         2 if f.count == 0.0 => ("rate_limiter", deny_all(), SyncMode::Local),
         2 if f.count < 0.5 => {
-            return out.error(
-                &f.at.file,
-                f.at.index,
-                &f.resource,
+            return out.flow_error(
+                f,
                 "count",
                 format!(
                     "a rate limiter of {} a second: Sentinel fails to load it (1000 % round(count) = 1000 % 0)",
@@ -306,10 +307,8 @@ fn flow(out: &mut Out<'_>, f: &Flow, others: &[String]) {
         _ => {
             let period = Duration::from_secs(f.warm_up_secs as u64);
             let Some(rate) = Some(rate_of(f.count)).filter(|_| f.count >= 1.0) else {
-                return out.error(
-                    &f.at.file,
-                    f.at.index,
-                    &f.resource,
+                return out.flow_error(
+                    f,
                     "count",
                     format!("a warm up with a rate limiter of {} a second: Sentinel admits every call", f.count),
                 );
@@ -318,7 +317,7 @@ fn flow(out: &mut Out<'_>, f: &Flow, others: &[String]) {
             match warm_up::Config::new(rate, period, o.cold_factor, mode) {
                 // A shaping warm-up queues on one replica.
                 Ok(c) => ("warm_up_rate_limiter", Algorithm::WarmUp(c), SyncMode::Local),
-                Err(e) => return out.error(&f.at.file, f.at.index, &f.resource, "warmUpPeriodSec", too_short(e)),
+                Err(e) => return out.flow_error(f, "warmUpPeriodSec", too_short(e)),
             }
         }
     };
