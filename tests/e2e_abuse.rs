@@ -383,6 +383,36 @@ async fn calls_in_flight_on_the_whole_port_are_capped() {
     .await;
 }
 
+/// A call whose request never arrives whole (headers and part of a
+/// message, or nothing after the headers, the connection kept alive) ends
+/// DEADLINE_EXCEEDED after --request-timeout and frees its stream: a few
+/// such callers cannot hold --max-streams for as long as they like.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_never_arrives_whole_frees_its_stream() {
+    let (_dir, fg) = start(&["--max-streams", "4", "--request-timeout", "1s"]);
+    let mut part = vec![0u8];
+    part.extend(100u32.to_be_bytes());
+    part.push(b'x');
+    let (part, nothing) = (Bytes::from(part), Bytes::new());
+    let started = std::time::Instant::now();
+    let (mut answers, held) = unfinished(&fg, 2, &part).await;
+    let (nothing, held_too) = unfinished(&fg, 2, &nothing).await;
+    answers.extend(nothing);
+    assert_eq!(answers.len(), 4, "every unfinished call answered within the helper's 3 s");
+    for headers in &answers {
+        let status = tonic::Status::from_header_map(headers).expect("a trailers-only answer");
+        assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+        assert!(status.message().contains("--request-timeout"), "{status:?}");
+    }
+    assert!(started.elapsed() >= Duration::from_millis(900), "answered before the timeout");
+    // Their connections are still open, their streams free: served.
+    let mut data = fg.client().await;
+    data.acquire(acquire("demo", &[("user", "u")], 1)).await.expect("served");
+    let metrics = fg.http_get("/metrics").1;
+    assert!(metrics.lines().any(|l| l == "floodgate_requests_timed_out_total 4"), "{metrics}");
+    drop((held, held_too));
+}
+
 #[tokio::test]
 async fn the_grpc_port_advertises_max_concurrent_streams() {
     let (_dir, fg) = start(&["--max-concurrent-streams", "77"]);

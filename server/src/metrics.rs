@@ -53,6 +53,7 @@ pub const REDIS_DEBTS_PAID: &str = "floodgate_redis_debts_paid_total";
 pub const CONNECTIONS: &str = "floodgate_connections";
 pub const WATCH_STREAMS: &str = "floodgate_watch_streams";
 pub const CONNECTIONS_REJECTED: &str = "floodgate_connections_rejected_total";
+pub const REQUESTS_TIMED_OUT: &str = "floodgate_requests_timed_out_total";
 pub const RLS_GLOBAL_SHADOW: &str = "floodgate_rls_global_shadow_total";
 pub const RLS_OVERRIDES_REFUSED: &str = "floodgate_rls_overrides_refused_total";
 pub const OVERRIDES: &str = "floodgate_overrides";
@@ -182,6 +183,10 @@ fn describe() {
     describe_counter!(
         CONNECTIONS_REJECTED,
         "Connections closed at once because the port's --max-connections was reached"
+    );
+    describe_counter!(
+        REQUESTS_TIMED_OUT,
+        "gRPC calls ended because their request did not arrive whole within --request-timeout"
     );
 }
 

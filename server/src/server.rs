@@ -316,7 +316,7 @@ async fn serve(
     let unfinished = grpc::size::Budget::new(limits.unfinished_bytes);
     let service = tower::ServiceBuilder::new()
         .layer(grpc::ObserveLayer::new())
-        .layer(grpc::SizeLayer::new(unfinished))
+        .layer(grpc::SizeLayer::new(unfinished).with_request_timeout(limits.request_timeout))
         .service(routes);
     let grpc = grpc::serve(grpc_port, service, stopped(stop_rx.clone()));
     let http = http::serve(http_port, http::router(health.clone()), stopped(stop_rx));

@@ -172,6 +172,11 @@ struct LimitArgs {
     /// Watch streams open at once.
     #[arg(long, default_value_t = 1024, value_parser = super::parse_positive)]
     max_watchers: usize,
+    /// gRPC: a call's request must arrive whole within this of its headers
+    /// (but a client stream's: RLQS), or the call ends DEADLINE_EXCEEDED and
+    /// frees its stream for --max-streams.
+    #[arg(long, default_value = "10s", value_parser = super::at_least_100ms)]
+    request_timeout: Duration,
 }
 
 /// TLS on both ports; with a client CA, mTLS.
@@ -275,6 +280,7 @@ fn options(args: ServeArgs) -> anyhow::Result<Options> {
         keepalive_timeout: l.keepalive_timeout,
         unfinished_bytes: l.max_unfinished_request_bytes,
         unfinished_bytes_per_connection: l.max_unfinished_request_bytes_per_connection,
+        request_timeout: l.request_timeout,
     };
     let largest = crate::grpc::rpc::largest_cap();
     if limits.unfinished_bytes_per_connection < largest {

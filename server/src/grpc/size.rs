@@ -17,10 +17,12 @@
 //!   past its budget ends its call RESOURCE_EXHAUSTED, and what it held is
 //!   given back as soon as its stream ends.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -79,12 +81,18 @@ pub struct ConnectionBudget(pub Arc<Budget>);
 #[derive(Clone, Debug)]
 pub struct SizeLayer {
     port: Arc<Budget>,
+    wait: Duration,
 }
 
 impl SizeLayer {
     /// `port`: the budget of every connection's unfinished messages.
     pub fn new(port: Arc<Budget>) -> Self {
-        SizeLayer { port }
+        SizeLayer { port, wait: crate::listen::Limits::default().request_timeout }
+    }
+
+    /// How long a request (but a client stream) may take to arrive whole.
+    pub fn with_request_timeout(self, wait: Duration) -> Self {
+        SizeLayer { wait, ..self }
     }
 }
 
@@ -92,13 +100,14 @@ impl SizeLayer {
 pub struct Sized<S> {
     inner: S,
     port: Arc<Budget>,
+    wait: Duration,
 }
 
 impl<S> Layer<S> for SizeLayer {
     type Service = Sized<S>;
 
     fn layer(&self, inner: S) -> Sized<S> {
-        Sized { inner, port: self.port.clone() }
+        Sized { inner, port: self.port.clone(), wait: self.wait }
     }
 }
 
@@ -122,7 +131,8 @@ where
         let whole = !rpc.is_some_and(Rpc::client_streaming);
         let connection = req.extensions().get::<ConnectionBudget>().map(|c| c.0.clone());
         let budgets = Budgets { port: self.port.clone(), connection, held: 0 };
-        let req = req.map(|body| tonic::body::Body::new(Capped::new(body, cap, whole, budgets)));
+        let wait = whole.then_some(self.wait);
+        let req = req.map(|body| tonic::body::Body::new(Capped::new(body, cap, whole, budgets).within(wait)));
         self.inner.call(req)
     }
 }
@@ -185,9 +195,29 @@ struct Capped<B> {
     unfinished: usize,
     budgets: Budgets,
     failed: bool,
+    /// How long the body may take to arrive (a unary call's), and the
+    /// timer, started the first time the body is not all there (the first
+    /// read is when the call starts, so that is from its headers).
+    wait: Option<Duration>,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl<B> Capped<B> {
+    /// The body must end within `wait` (none: it may take its time).
+    fn within(mut self, wait: Option<Duration>) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Whether the body's time is up (the timer is made only for a body
+    /// that is not all there when first read: nearly every call's is, so it
+    /// costs them nothing).
+    fn late(&mut self, cx: &mut Context<'_>) -> Option<Duration> {
+        let wait = self.wait?;
+        let timer = self.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(wait)));
+        timer.as_mut().poll(cx).is_ready().then_some(wait)
+    }
+
     fn new(inner: B, cap: usize, whole: bool, budgets: Budgets) -> Self {
         Capped {
             inner,
@@ -200,6 +230,8 @@ impl<B> Capped<B> {
             unfinished: 0,
             budgets,
             failed: false,
+            wait: None,
+            timer: None,
         }
     }
 
@@ -266,7 +298,16 @@ where
                 let _ = this.budgets.hold(0);
                 Poll::Ready(None)
             }
-            Poll::Pending => Poll::Pending,
+            Poll::Pending => match this.late(cx) {
+                Some(wait) => {
+                    this.failed = true;
+                    let _ = this.budgets.hold(0);
+                    metrics::counter!(crate::metrics::REQUESTS_TIMED_OUT).increment(1);
+                    let why = format!("the request did not arrive whole within {wait:?} (--request-timeout)");
+                    Poll::Ready(Some(Err(Box::new(tonic::Status::deadline_exceeded(why)))))
+                }
+                None => Poll::Pending,
+            },
         }
     }
 

@@ -45,6 +45,9 @@ pub struct Limits {
     /// whole port and per connection (see `grpc::size`).
     pub unfinished_bytes: usize,
     pub unfinished_bytes_per_connection: usize,
+    /// gRPC: a call's request (all but a client stream's) must arrive whole
+    /// within this of its headers, or the call ends and frees its stream.
+    pub request_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -60,6 +63,7 @@ impl Default for Limits {
             keepalive_timeout: Duration::from_secs(20),
             unfinished_bytes: 256 << 20,
             unfinished_bytes_per_connection: 16 << 20,
+            request_timeout: Duration::from_secs(10),
         }
     }
 }
