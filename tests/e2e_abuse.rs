@@ -383,6 +383,17 @@ async fn calls_in_flight_on_the_whole_port_are_capped() {
     .await;
 }
 
+/// `--max-streams 1` serves one call at a time (the call being decided is
+/// one of those in flight, not one more: every call was refused).
+#[tokio::test]
+async fn one_stream_in_flight_is_one_call_served() {
+    let (_dir, fg) = start(&["--max-streams", "1"]);
+    let mut data = fg.client().await;
+    for _ in 0..3 {
+        data.acquire(acquire("demo", &[("user", "u")], 1)).await.expect("served");
+    }
+}
+
 /// A call whose request never arrives whole (headers and part of a
 /// message, or nothing after the headers, the connection kept alive) ends
 /// DEADLINE_EXCEEDED after --request-timeout and frees its stream: a few

@@ -397,6 +397,32 @@ async fn a_strict_charge_while_redis_is_away_is_owed_and_paid() {
     }
 }
 
+/// A charge far past a strict sliding log's limit is taken once, and costs
+/// Redis what one of the limit does (before: one entry per unit; a charge
+/// of 50,000 ran past --redis-timeout, was owed, paid again and again, and
+/// the log grew without end).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_charge_on_a_strict_sliding_log_is_taken_once_and_bounded() {
+    let (redis, _dir, args) = replicated(STRICT);
+    let fg = Floodgate::start(&strs(&args));
+    wait_live(&fg, 1);
+    let mut c = fg.client().await;
+    let charge = pb::ChargeRequest {
+        resource: "log".into(),
+        descriptors: HashMap::from([("user".into(), "h".into())]),
+        cost: 4_000_000_000,
+    };
+    let charged = c.charge(charge).await.unwrap().into_inner();
+    assert!(charged.limits[0].exceeded, "{charged:?}");
+    let key = "fg:b:{log}:exact:sliding_window_log:h";
+    assert_eq!(redis.cli(&["ZCARD", key]).as_deref(), Some("10"), "entries after the charge");
+    wait_syncs(&fg, 5);
+    assert_eq!(redis.cli(&["ZCARD", key]).as_deref(), Some("10"), "entries five syncs later");
+    assert_eq!(c.acquire(on("log", "h", 1, false)).await.unwrap().into_inner().verdict(), pb::Verdict::RateLimited);
+    assert_eq!(c.acquire(on("log", "other", 1, false)).await.unwrap().into_inner().verdict(), pb::Verdict::Allowed);
+    assert!(!fg.logs().contains("unreachable"), "{}", fg.logs());
+}
+
 /// A debt on a replicated bucket is the replicas' debt: Charge 40 on a bucket
 /// of 10 refilling 1/s through A, and B waits it out too (before: both said
 /// 1 s and admitted as the local bucket refilled).

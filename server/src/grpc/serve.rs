@@ -152,9 +152,11 @@ where
         let (open, in_progress) = (streams.clone(), calls.clone());
         let service = tower::service_fn(move |req: http::Request<hyper::body::Incoming>| {
             let span = crate::traces::rpc_span(req.headers(), req.uri().path());
-            // Streams open before this one (hyper calls the service, then
-            // hands the stream to the executor, which counts it).
-            let refused = (open.load(std::sync::atomic::Ordering::Acquire) >= limits.max_streams).then(|| {
+            // Streams open, this one included: hyper hands the stream to
+            // the executor, which counts it, and this runs when the stream
+            // is first polled (TowerToHyperService calls the tower service
+            // from its future).
+            let refused = (open.load(std::sync::atomic::Ordering::Acquire) > limits.max_streams).then(|| {
                 let why = format!("{} calls are in flight (--max-streams); retry", limits.max_streams);
                 tonic::Status::resource_exhausted(why).into_http()
             });

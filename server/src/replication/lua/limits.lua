@@ -207,9 +207,21 @@ A[CODE.sliding_log] = {
     return { avail = limit - used, ok = ok, used = used, reset = reset, retry = retry, wait = 0 }
   end,
   take = function(key, p, now, cost, st)
-    -- Members are unique: within one microsecond the count only grows.
-    for i = 1, cost do
-      redis.call('ZADD', key, now, int(now) .. ':' .. int(st.used + i))
+    -- At most `limit` entries: those past it are all of this instant, so
+    -- the log is full until they go whether there are more or not, and a
+    -- charge of millions costs Redis what one of the limit does. Added 500
+    -- to a ZADD. Members are unique: within one microsecond the count only
+    -- grows.
+    local n = math.min(cost, p[1])
+    local i = 1
+    while i <= n do
+      local args = {}
+      for j = i, math.min(n, i + 499) do
+        args[#args + 1] = now
+        args[#args + 1] = int(now) .. ':' .. int(st.used + j)
+      end
+      redis.call('ZADD', key, unpack(args))
+      i = i + 500
     end
     expire(key, p[2])
   end,
