@@ -154,7 +154,7 @@ pub fn requests(data: &[u8]) {
         }
         6 => {
             if let Ok(r) = pb::LeaseRequest::decode(body) {
-                let _ = ready(decider.lease(&(&r).into()));
+                let _ = ready(decider.lease(&crate::grpc::convert::floodgate::lease_ask(&r, &r.descriptors)));
             }
         }
         _ => {

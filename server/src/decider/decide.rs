@@ -10,7 +10,6 @@ use crate::engine::{
     Answer, Descriptors, Engine, Installed, Prepared, Report, Reported, Request, RequestError, Verdict,
 };
 use crate::replication::{Adjust, Replication};
-use crate::store::BucketKey;
 
 impl Decider {
     /// One decision, as the caller's type.
@@ -190,12 +189,11 @@ impl Decider {
         let mut charged = self.engine.charge(&rules, resource, descriptors, cost)?;
         if let Some(replication) = &self.replication {
             let strict = std::mem::take(&mut charged.strict);
-            let items: Vec<(usize, BucketKey)> = strict.items.iter().map(|i| (i.3, i.0.clone())).collect();
             match self.try_adjust_strict(replication, &strict).await {
                 Some(left) => {
-                    for ((pos, _), available) in items.into_iter().zip(left) {
+                    for ((_, _, _, pos), available) in strict.items.iter().zip(left) {
                         let Some(available) = available else { continue };
-                        let report = &mut charged.limits[pos];
+                        let report = &mut charged.limits[*pos];
                         report.status.remaining = available.max(0) as u64;
                         report.exceeded = available <= 0;
                     }
@@ -203,9 +201,9 @@ impl Decider {
                 // Owed: `local` limits take it from the outage's bucket here
                 // too (first: the bucket starts from what was left before it).
                 None => {
-                    for (pos, key) in items {
-                        let report = &mut charged.limits[pos];
-                        if let Some(status) = self.engine.charge_in_outage(report.limit, &key, cost) {
+                    for (key, _, _, pos) in &strict.items {
+                        let report = &mut charged.limits[*pos];
+                        if let Some(status) = self.engine.charge_in_outage(report.limit, key, cost) {
                             report.exceeded = status.remaining == 0;
                             report.status = status;
                         }

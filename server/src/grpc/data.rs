@@ -62,18 +62,9 @@ impl Floodgate for DataPlane {
         // Under mTLS the caller's certificate is its origin here too: a
         // lease is taken from the limits of the origin it proves.
         let set = self.decider.origin_of(request.extensions().get());
-        let ask: crate::decider::LeaseAsk<'_, _> = request.get_ref().into();
-        let overlaid = engine::request::Overlaid { inner: ask.descriptors, set };
-        let ask = crate::decider::LeaseAsk {
-            resource: ask.resource,
-            descriptors: &overlaid,
-            want: ask.want,
-            previous: ask.previous,
-            used: ask.used,
-            holder: ask.holder,
-            release: ask.release,
-        };
-        let l = self.decider.lease(&ask).await?;
+        let req = request.get_ref();
+        let overlaid = engine::request::Overlaid { inner: &req.descriptors, set };
+        let l = self.decider.lease(&crate::grpc::convert::floodgate::lease_ask(req, &overlaid)).await?;
         Ok(Response::new(pb::LeaseResponse {
             leasable: l.not_leasable.is_none(),
             reason: l.not_leasable.map(|why| why.to_string()).unwrap_or_default(),

@@ -218,6 +218,13 @@ impl<B> Capped<B> {
         timer.as_mut().poll(cx).is_ready().then_some(wait)
     }
 
+    /// Ends the body with `status`, giving back what it held.
+    fn fail(&mut self, status: tonic::Status) -> Poll<Option<Result<Frame<Bytes>, tower::BoxError>>> {
+        self.failed = true;
+        let _ = self.budgets.hold(0);
+        Poll::Ready(Some(Err(Box::new(status))))
+    }
+
     fn new(inner: B, cap: usize, whole: bool, budgets: Budgets) -> Self {
         Capped {
             inner,
@@ -287,9 +294,7 @@ where
                 if let Some(data) = frame.data_ref()
                     && let Err(refusal) = this.follow(data)
                 {
-                    this.failed = true;
-                    let _ = this.budgets.hold(0);
-                    return Poll::Ready(Some(Err(Box::new(tonic::Status::from(refusal)))));
+                    return this.fail(tonic::Status::from(refusal));
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
@@ -300,11 +305,9 @@ where
             }
             Poll::Pending => match this.late(cx) {
                 Some(wait) => {
-                    this.failed = true;
-                    let _ = this.budgets.hold(0);
                     metrics::counter!(crate::metrics::REQUESTS_TIMED_OUT).increment(1);
                     let why = format!("the request did not arrive whole within {wait:?} (--request-timeout)");
-                    Poll::Ready(Some(Err(Box::new(tonic::Status::deadline_exceeded(why)))))
+                    this.fail(tonic::Status::deadline_exceeded(why))
                 }
                 None => Poll::Pending,
             },

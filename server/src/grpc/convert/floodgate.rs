@@ -404,16 +404,16 @@ impl From<&Event> for Kind {
     }
 }
 
-impl<'a> From<&'a pb::LeaseRequest> for crate::decider::LeaseAsk<'a, std::collections::HashMap<String, String>> {
-    fn from(r: &'a pb::LeaseRequest) -> Self {
-        crate::decider::LeaseAsk {
-            resource: &r.resource,
-            descriptors: &r.descriptors,
-            want: r.want,
-            previous: &r.previous_lease_id,
-            used: r.used,
-            holder: &r.holder,
-            release: r.release,
-        }
+/// A `Lease` request as the decider takes it, with `descriptors` (the
+/// request's, or those with the caller's proven origin set).
+pub fn lease_ask<'a, D: ?Sized>(r: &'a pb::LeaseRequest, descriptors: &'a D) -> crate::decider::LeaseAsk<'a, D> {
+    crate::decider::LeaseAsk {
+        resource: &r.resource,
+        descriptors,
+        want: r.want,
+        previous: &r.previous_lease_id,
+        used: r.used,
+        holder: &r.holder,
+        release: r.release,
     }
 }

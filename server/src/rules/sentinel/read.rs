@@ -3,6 +3,8 @@
 //! Sentinel's `isValidRule` checks it. The dashboard's wrapped entities
 //! (`{"id": 1, "app": ..., "rule": {...}}`) are unwrapped.
 
+use std::borrow::Cow;
+
 use serde_json::{Map, Value};
 
 use super::Kind;
@@ -243,24 +245,23 @@ impl<'a> Obj<'a> {
         }
     }
 
-    /// A number or boolean given as text, as fastjson reads it into a
-    /// rule's field (`"count": "10"`): the text's value; a blank text is
-    /// absent.
-    fn coerced(&self, key: &str) -> Option<Value> {
-        match self.map.get(key) {
-            Some(Value::String(s)) if s.trim().is_empty() => Some(Value::Null),
-            Some(Value::String(s)) => match s.trim() {
-                "true" => Some(Value::Bool(true)),
-                "false" => Some(Value::Bool(false)),
-                t => t.parse::<serde_json::Number>().ok().map(Value::Number),
-            },
-            _ => None,
-        }
+    /// The field as fastjson reads it into a rule: a number or boolean
+    /// given as text (`"count": "10"`) is the text's value, a blank text is
+    /// absent; anything else is as written.
+    fn value(&self, key: &str) -> Option<Cow<'a, Value>> {
+        let v = self.map.get(key)?;
+        let Value::String(s) = v else { return Some(Cow::Borrowed(v)) };
+        let read = match s.trim() {
+            "" => Some(Value::Null),
+            "true" => Some(Value::Bool(true)),
+            "false" => Some(Value::Bool(false)),
+            t => t.parse::<serde_json::Number>().ok().map(Value::Number),
+        };
+        Some(read.map_or(Cow::Borrowed(v), Cow::Owned))
     }
 
     fn boolean(&mut self, key: &str, default: bool) -> bool {
-        let coerced = self.coerced(key);
-        match coerced.as_ref().or(self.map.get(key)) {
+        match self.value(key).as_deref() {
             None | Some(Value::Null) => default,
             Some(Value::Bool(b)) => *b,
             Some(other) => {
@@ -283,19 +284,12 @@ impl<'a> Obj<'a> {
     }
 
     fn any_int(&mut self, key: &str, default: i64) -> i64 {
-        let coerced = self.coerced(key);
-        match coerced.as_ref().or(self.map.get(key)) {
+        match self.value(key).as_deref() {
             None | Some(Value::Null) => default,
-            Some(Value::Number(n)) => match n.as_i64() {
-                Some(i) => i,
-                None => match n.as_f64() {
-                    Some(f) if f.fract() == 0.0 && f.abs() < 9.0e15 => f as i64,
-                    _ => {
-                        self.error(key, format!("must be a whole number, got {n}"));
-                        default
-                    }
-                },
-            },
+            Some(v @ Value::Number(n)) => whole(v).unwrap_or_else(|| {
+                self.error(key, format!("must be a whole number, got {n}"));
+                default
+            }),
             Some(other) => {
                 self.error(key, format!("must be a number, got {}", json_kind(other)));
                 default
@@ -304,8 +298,7 @@ impl<'a> Obj<'a> {
     }
 
     fn double(&mut self, key: &str, default: f64) -> f64 {
-        let coerced = self.coerced(key);
-        match coerced.as_ref().or(self.map.get(key)) {
+        match self.value(key).as_deref() {
             None | Some(Value::Null) => default,
             Some(Value::Number(n)) => n.as_f64().filter(|f| f.is_finite()).unwrap_or_else(|| {
                 self.error(key, format!("must be a finite number, got {n}"));
