@@ -19,7 +19,7 @@ use support::*;
 const DIRS: &[&str] = &["base", "overlays/redis", "overlays/external-redis", "monitoring", "examples/envoy"];
 
 fn deploy() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/kubernetes")
 }
 
 fn kubectl() -> String {
@@ -155,7 +155,7 @@ fn every_mounted_rules_file_passes_check_config_and_envoys_config_is_envoys() {
 
 #[test]
 fn the_readmes_rendering_of_the_base_is_the_files() {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).unwrap();
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md")).unwrap();
     let start = "<!-- kubectl kustomize deploy/kubernetes/base -->\n```yaml\n";
     let at = readme.find(start).expect("the README shows the base's rendering") + start.len();
     let block = &readme[at..at + readme[at..].find("```").unwrap()];

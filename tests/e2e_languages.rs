@@ -24,7 +24,7 @@ resources:
 "#;
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
 /// A program `scripts/test` installs into the test cache.

@@ -30,7 +30,7 @@ resources:
 "#;
 
 fn deploy(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy").join(path)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy").join(path)
 }
 
 fn promtool(args: &[&str]) -> String {

@@ -8,14 +8,14 @@ use std::path::Path;
 type Target = fn(&[u8]);
 
 const TARGETS: &[(&str, Target)] = &[
-    ("rules", floodgate::fuzz::rules),
-    ("requests", floodgate::fuzz::requests),
-    ("envoy_config", floodgate::fuzz::envoy_config),
+    ("rules", floodgate_server::fuzz::rules),
+    ("requests", floodgate_server::fuzz::requests),
+    ("envoy_config", floodgate_server::fuzz::envoy_config),
 ];
 
 #[test]
 fn every_seed_runs_through_its_target_without_a_panic() {
-    let fuzz = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
+    let fuzz = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz");
     for &(target, run) in TARGETS {
         let mut replayed = 0;
         for dir in ["seeds", "corpus"] {

@@ -1,4 +1,4 @@
 #![no_main]
 //! A rules file (YAML): validated or refused, never a panic.
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| floodgate::fuzz::rules(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| floodgate_server::fuzz::rules(data));

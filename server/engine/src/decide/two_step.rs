@@ -1,0 +1,438 @@
+//! A decision in two steps: the guards and every limit decided here first, then
+//! (when strict limits remain and Redis is up) Redis's answer for those, all or
+//! nothing across both. The replication module does the asking.
+
+use std::time::Duration;
+
+use smallvec::SmallVec;
+
+use super::{Answer, Matched, Prepared, Verdict, fill_limits};
+use crate::Engine;
+use crate::guards::{Admitted, Ask, Denial, Guarded, Slots};
+use crate::installed::RuleHandles;
+use crate::limiter::{Decision, Status};
+use crate::rules::{Limit, OnRedisError, Rule, SyncMode};
+use crate::store::BucketKey;
+use crate::sync::{RemoteBreaker, RemoteSlot, SlotOp, decided_by_redis};
+use crate::time::Timestamp;
+
+/// A matched limit and its decision, `None` until Redis answers.
+type Decided<'r> = (&'r Limit, usize, BucketKey, Option<Decision>);
+
+/// Redis's decisions over a request's strict limits, in rule order, and the
+/// instant (Redis's clock, us) it took their units.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Remote {
+    pub decisions: SmallVec<[Decision; 4]>,
+    pub at_us: i64,
+}
+
+/// Where a decision stands between its local part and Redis's.
+// `Done` is the common case and is returned by value: boxing it would cost an
+// allocation per decision. The rare `Remote` is boxed instead.
+#[allow(clippy::large_enum_variant)]
+pub enum Step<'r> {
+    Done(Answer<'r>),
+    /// Strict limits remain: ask Redis, then call [`Engine::finish`].
+    Remote(Box<Pending<'r>>),
+}
+
+/// A decision waiting for Redis's answer on its strict limits.
+#[derive(Debug)]
+pub struct Pending<'r> {
+    answer: Answer<'r>,
+    rule: &'r Rule,
+    handles: &'r RuleHandles,
+    resource: Option<String>,
+    guarded: bool,
+    settle: bool,
+    request_resource: String,
+    admitted: Option<Admitted>,
+    /// Every matched limit in rule order; the decision is `None` until Redis answers.
+    limits: SmallVec<[Decided<'r>; 4]>,
+    cost: u64,
+    dry_run: bool,
+    gate: bool,
+    /// The call's priority (the concurrency limit's partitions).
+    priority: crate::rules::Priority,
+    now: Timestamp,
+    /// The local limits already gave back what they took (one of them denied).
+    given_back: bool,
+    /// When Redis took the strict limits' units (its clock, us), once it did.
+    redis_at: Option<i64>,
+}
+
+impl<'r> Pending<'r> {
+    /// The strict limits Redis must decide, in rule order.
+    pub fn strict(&self) -> impl Iterator<Item = (&'r Limit, &BucketKey)> {
+        self.limits.iter().filter(|(.., d)| d.is_none()).map(|(l, _, k, _)| (*l, k))
+    }
+
+    pub fn resource(&self) -> &str {
+        &self.request_resource
+    }
+
+    pub fn cost(&self) -> u64 {
+        self.cost
+    }
+}
+
+/// Denied before anything is taken: an override blocks the request, or its
+/// system sheds it.
+fn denied_before<'r>(denial: Denial, p: &Prepared<'r>, rule: Option<&'r Rule>, level: u32) -> Answer<'r> {
+    let answer = Answer {
+        rule: rule.map(|r| &r.name),
+        verdict: denial.verdict(),
+        retry_after: denial.retry_after(),
+        denial: Some(Box::new(denial)),
+        ..Answer::allowed(level)
+    };
+    if !p.dry_run {
+        answer.count(p.rule.map_or(p.unmatched, |(_, h)| &h.metrics));
+    }
+    answer
+}
+
+/// Whether the request is shed at `level` (above 0): by its rule's
+/// `shed_at_level`, or by its priority, as its rule (else its system) sheds them.
+#[inline(never)]
+fn shed(p: &Prepared<'_>, level: u32) -> Option<Denial> {
+    let rule = p.rule.map(|(r, _)| r);
+    let system = || p.scope.name().clone();
+    if let Some(at) = rule.and_then(|r| r.shed_at_level).filter(|&at| level >= at) {
+        return Some(Denial::Shed { at, level, priority: None, system: system() });
+    }
+    let by_priority = match rule.and_then(|r| r.shed_priority) {
+        Some(own) => own,
+        None => p.scope.shedding(),
+    };
+    let at = by_priority.sheds(p.priority, level)?;
+    Some(Denial::Shed { at, level, priority: Some(p.priority), system: system() })
+}
+
+/// Reported for a strict limit Redis was not asked about: its size, no state.
+fn not_asked(l: &Limit) -> Decision {
+    Decision { admitted: true, status: Status { limit: l.algorithm.capacity(), ..Status::default() } }
+}
+
+impl Engine {
+    /// Runs the guards and every limit decided here. When strict limits remain
+    /// (replication on, Redis up), the caller asks Redis and calls `finish`.
+    #[inline]
+    pub fn begin<'r>(&self, mut p: Prepared<'r>, now: Timestamp) -> Step<'r> {
+        let level = p.scope.level();
+        let shed = if level > 0 { shed(&p, level) } else { None };
+        let Some((rule, handles)) = p.rule else {
+            if let Some(denial) = shed {
+                return Step::Done(denied_before(denial, &p, None, level));
+            }
+            let answer = Answer::allowed(level);
+            if !p.dry_run {
+                answer.count(p.unmatched);
+            }
+            return Step::Done(answer);
+        };
+        if let Some((retry_after, values)) = p.blocked.take() {
+            return Step::Done(denied_before(Denial::Blocked { values, retry_after }, &p, Some(rule), level));
+        }
+        if let Some(denial) = shed {
+            return Step::Done(denied_before(denial, &p, Some(rule), level));
+        }
+        // Limits Redis decides: with Redis up it is asked; while it is down,
+        // each follows its `on_redis_error`, on every request of the outage.
+        let redis_limits = self.sync.is_some() && !p.dry_run && p.matched.iter().any(|(l, ..)| decided_by_redis(l));
+        if !p.guarded && !redis_limits {
+            // The common case, without the machinery for guards and Redis.
+            let mut answer = Answer::of_rule(rule, level);
+            self.decide_limits(&mut answer, handles, &p.matched, &p.request_resource, now, p.cost, p.dry_run);
+            if let Some(resource) = p.resource.filter(|_| p.settle && answer.verdict == Verdict::Allowed) {
+                let taken = p.matched.iter().map(|(l, _, k)| (*l, k));
+                self.hold_estimate(&mut answer, rule, resource, taken, (p.cost, now, None));
+            }
+            if !p.dry_run {
+                answer.count(&handles.metrics);
+            }
+            return Step::Done(answer);
+        }
+        self.begin_guarded(p, (rule, handles), level, now, redis_limits)
+    }
+
+    /// [`Engine::begin`] for a resource with guards (shedding, a breaker, a
+    /// concurrency limit) or with limits Redis decides.
+    fn begin_guarded<'r>(
+        &self,
+        p: Prepared<'r>,
+        (rule, handles): (&'r Rule, &'r RuleHandles),
+        level: u32,
+        now: Timestamp,
+        redis_limits: bool,
+    ) -> Step<'r> {
+        let mut pending = Pending {
+            answer: Answer::of_rule(rule, level),
+            rule,
+            handles,
+            admitted: None,
+            limits: SmallVec::new(),
+            cost: p.cost,
+            dry_run: p.dry_run,
+            gate: p.gate,
+            priority: p.priority,
+            now,
+            resource: p.resource,
+            guarded: p.guarded,
+            settle: p.settle,
+            request_resource: p.request_resource,
+            given_back: false,
+            redis_at: None,
+        };
+        if let Some(denied) = self.guard(&mut pending, p.remote_breaker, p.remote_slot) {
+            return Step::Done(self.done(pending, denied));
+        }
+        if !redis_limits {
+            let (now, cost, dry_run) = (pending.now, pending.cost, pending.dry_run);
+            let resource = std::mem::take(&mut pending.request_resource);
+            self.decide_limits(&mut pending.answer, handles, &p.matched, &resource, now, cost, dry_run);
+            pending.limits.extend(p.matched.into_iter().map(|(l, i, k)| (l, i, k, None)));
+            return Step::Done(self.conclude(pending));
+        }
+        self.ask_redis(pending, p.matched)
+    }
+
+    /// The limits decided here are taken (all or nothing) before Redis is
+    /// asked for the rest: `Remote` when it must be; decided here when a
+    /// local limit denies, or Redis is down (the outage policies).
+    fn ask_redis<'r>(&self, mut pending: Pending<'r>, matched: Matched<'r>) -> Step<'r> {
+        let (remote, local): (Matched<'r>, Matched<'r>) =
+            matched.into_iter().partition(|(l, _, _)| decided_by_redis(l));
+        let (now, cost, dry_run) = (pending.now, pending.cost, pending.dry_run);
+        let decisions = self.take_or_check(&local, &pending.request_resource, now, cost, dry_run);
+        let denied = local.iter().zip(&decisions).any(|((l, ..), d)| super::enforced_denial(l, d));
+        pending.given_back = denied;
+        pending.limits.extend(local.into_iter().zip(decisions).map(|((l, i, k), d)| (l, i, k, Some(d))));
+        // Denied here: Redis is not asked, and its limits are reported unknown.
+        pending.limits.extend(remote.into_iter().map(|(l, i, k)| (l, i, k, denied.then(|| not_asked(l)))));
+        pending.limits.sort_by_key(|(_, i, _, _)| *i);
+        if denied || pending.limits.iter().all(|(.., d)| d.is_some()) {
+            return Step::Done(self.finish(pending, Some(Remote { decisions: SmallVec::new(), at_us: 0 })));
+        }
+        if !self.sync.as_ref().is_some_and(|s| s.up()) {
+            return Step::Done(self.finish(pending, None));
+        }
+        Step::Remote(Box::new(pending))
+    }
+
+    /// Completes a decision with Redis's answers for the strict limits, in
+    /// rule order (`None` when Redis could not answer: each strict limit then
+    /// follows its `on_redis_error`). When one denies, everything is given back.
+    pub fn finish<'r>(&self, mut p: Pending<'r>, remote: Option<Remote>) -> Answer<'r> {
+        let strict: Matched<'r> =
+            p.limits.iter().filter(|(.., d)| d.is_none()).map(|(l, i, k, _)| (*l, *i, k.clone())).collect();
+        let from_redis = match remote {
+            Some(r) if r.decisions.len() == strict.len() => {
+                p.redis_at = (!strict.is_empty()).then_some(r.at_us);
+                r.decisions
+            }
+            _ => self.without_redis(&strict, &p.request_resource, p.now, p.cost),
+        };
+        let mut from_redis = from_redis.into_iter();
+        for (.., d) in p.limits.iter_mut().filter(|(.., d)| d.is_none()) {
+            *d = from_redis.next();
+        }
+        let denied = p.limits.iter().any(|(l, .., d)| d.is_some_and(|d| super::enforced_denial(l, &d)));
+        if denied {
+            for (l, _, k, d) in &mut p.limits {
+                let Some(d) = d.as_mut().filter(|d| d.admitted) else { continue };
+                // Redis (or the outage policy) takes its limits all or
+                // nothing itself: only the local ones give back here.
+                if self.sync.is_some() && decided_by_redis(l) {
+                    continue;
+                }
+                if !p.dry_run && !p.given_back {
+                    self.buckets.refund(k, &l.algorithm, p.now, p.cost);
+                    self.note_replicated(l, k, &p.request_resource, -(p.cost as i64), p.now);
+                }
+                self.restate(l, k, d, p.now);
+            }
+        }
+        let decisions: SmallVec<[Decision; 4]> =
+            p.limits.iter().map(|(l, .., d)| d.unwrap_or_else(|| not_asked(l))).collect();
+        let matched: Matched<'r> = p.limits.iter().map(|(l, i, k, _)| (*l, *i, k.clone())).collect();
+        fill_limits(&mut p.answer, &matched, &decisions);
+        if !p.dry_run {
+            super::observe_hitters(p.handles, &matched, &decisions, p.now);
+        }
+        self.conclude(p)
+    }
+
+    /// A decision that will not finish (its caller went away while Redis was
+    /// asked): the limits decided here give back what they took, and the
+    /// guards' admission goes back as it drops. Nothing is counted: the
+    /// caller never got an answer.
+    pub fn abandon(&self, p: Pending<'_>) {
+        if p.dry_run || p.given_back {
+            return;
+        }
+        for (l, _, k, d) in &p.limits {
+            if d.is_some_and(|d| d.admitted) && !(self.sync.is_some() && decided_by_redis(l)) {
+                self.buckets.refund(k, &l.algorithm, p.now, p.cost);
+                self.note_replicated(l, k, &p.request_resource, -(p.cost as i64), p.now);
+            }
+        }
+    }
+
+    /// Hands out the permit, or gives back what the guards handed out; counts
+    /// the decision.
+    fn conclude<'r>(&self, mut p: Pending<'r>) -> Answer<'r> {
+        if let Some(a) = p.admitted.take() {
+            p.answer.breaker_state = a.breaker_state;
+            if p.answer.verdict != Verdict::Allowed || p.dry_run || p.gate {
+                drop(a);
+            } else {
+                let resource = p.resource.clone().unwrap_or_default();
+                p.answer.holds_slot = a.holds_slot();
+                let (id, owed) = self.permits.issue_for(p.rule, resource, a, p.now);
+                if let (Some((resource, expires_at)), Some(sync)) = (owed, &self.sync) {
+                    sync.push_slot_op(SlotOp::Add { resource, id, expires_at });
+                }
+                p.answer.permit_id = Some(id);
+            }
+        }
+        if let Some(resource) = p.resource.take().filter(|_| p.settle && p.answer.verdict == Verdict::Allowed) {
+            let taken = p.limits.iter().map(|(l, _, k, _)| (*l, k));
+            self.hold_estimate(&mut p.answer, p.rule, resource, taken, (p.cost, p.now, p.redis_at));
+        }
+        if !p.dry_run {
+            p.answer.count(&p.handles.metrics);
+        }
+        p.answer
+    }
+
+    fn done<'r>(&self, p: Pending<'r>, denial: Denial) -> Answer<'r> {
+        let mut p = p;
+        p.answer.verdict = denial.verdict();
+        p.answer.retry_after = denial.retry_after();
+        p.answer.breaker_state = denial.breaker_state();
+        p.answer.denial = Some(Box::new(denial));
+        self.conclude(p)
+    }
+
+    /// The breaker and the concurrency limit; the denial if any.
+    fn guard(&self, p: &mut Pending<'_>, remote: Option<RemoteBreaker>, slot: Option<RemoteSlot>) -> Option<Denial> {
+        let resource = p.resource.as_ref().filter(|_| p.guarded)?;
+        let dry_run = p.dry_run || p.gate;
+        let guarded = self.guards.get_or_create(resource, p.rule);
+        if let Some(c) = &p.rule.concurrency {
+            // What the limit is now (an adaptive one moves).
+            p.answer.max_in_flight = guarded.limit(c);
+        }
+        let slots = self.slots(p.rule, &guarded, slot, dry_run);
+        let priority = p.priority;
+        let ask = Ask { rule: p.rule, resource, now: p.now, dry_run, gate: p.gate, remote, slots, guarded, priority };
+        match self.guards.admit(ask, &self.events) {
+            Ok(a) => {
+                p.admitted = Some(a);
+                None
+            }
+            Err(denial) => Some(denial),
+        }
+    }
+
+    /// What a rule's concurrency limit lets through here: its `sync` with
+    /// Redis's answer, or its `on_redis_error` while Redis cannot answer.
+    fn slots(&self, rule: &Rule, guarded: &Guarded, slot: Option<RemoteSlot>, dry_run: bool) -> Slots {
+        let Some(c) = &rule.concurrency else { return Slots::Here(None) };
+        let limit = guarded.limit(c);
+        let Some(sync) = self.sync.as_ref().filter(|_| c.sync != SyncMode::Local) else {
+            return Slots::Here(Some(limit));
+        };
+        if dry_run {
+            // Nothing is taken, and Redis is not asked: what this replica
+            // holds against the whole limit.
+            return Slots::Here(Some(limit));
+        }
+        let outage = match c.on_redis_error {
+            // This replica's share of the fleet's slots, at least one.
+            OnRedisError::Local => Some(limit.div_ceil(sync.live())),
+            OnRedisError::Allow => None,
+            OnRedisError::Deny => Some(0),
+        };
+        match (c.sync, slot) {
+            (SyncMode::Strict, Some(RemoteSlot::Taken(grant))) => Slots::Taken(grant),
+            (SyncMode::Strict, Some(RemoteSlot::Full { retry_after })) => Slots::Full(retry_after),
+            // Redis answers but did not take a slot in time (it is slow):
+            // denied, rather than decided as if it were away.
+            (SyncMode::Strict, None) if sync.up() => Slots::Full(Duration::from_millis(100)),
+            (SyncMode::Strict, None) => Slots::Owed(outage),
+            _ if sync.up() => Slots::Leased,
+            _ => Slots::Here(outage),
+        }
+    }
+
+    /// A strict charge while Redis is away, on a limit whose
+    /// `on_redis_error` is `local`: taken from this replica's outage bucket
+    /// too (as what it admits meanwhile is), so that a used-up limit stays
+    /// used up here until Redis answers. What the bucket has left after;
+    /// `None` for the other modes, or when Redis answers again.
+    pub fn charge_in_outage(&self, limit: &Limit, key: &BucketKey, cost: u64) -> Option<Status> {
+        let sync = self.sync.as_ref().filter(|s| !s.up())?;
+        if limit.on_redis_error != OnRedisError::Local {
+            return None;
+        }
+        let now = self.clock.now();
+        let alg = limit.algorithm.scaled(sync.share());
+        self.outage_bucket(key, &alg, now);
+        self.buckets.force(key.clone(), &alg, now, cost);
+        Some(self.buckets.check(key, &alg, now, 0).status)
+    }
+
+    /// Strict limits while Redis cannot answer, all or nothing: `local`
+    /// decides here with the limit divided among the live replicas, `allow`
+    /// admits, `deny` denies. What is admitted is owed to Redis, and paid
+    /// when it answers again.
+    fn without_redis(
+        &self,
+        strict: &Matched<'_>,
+        resource: &str,
+        now: Timestamp,
+        cost: u64,
+    ) -> SmallVec<[Decision; 4]> {
+        let share = self.sync.as_ref().map_or(1.0, |s| s.share());
+        let mut decisions = SmallVec::new();
+        let mut taken = Vec::new();
+        let mut denied = false;
+        for (l, _, k) in strict {
+            let alg = l.algorithm.scaled(share);
+            let d = match l.on_redis_error {
+                OnRedisError::Allow => {
+                    Decision { admitted: true, status: Status { limit: alg.capacity(), ..Status::default() } }
+                }
+                OnRedisError::Deny => Decision {
+                    admitted: false,
+                    status: Status { limit: alg.capacity(), retry_after: Duration::from_secs(1), ..Status::default() },
+                },
+                OnRedisError::Local if denied => self.buckets.check(k, &alg, now, cost),
+                OnRedisError::Local => {
+                    self.outage_bucket(k, &alg, now);
+                    let d = self.buckets.acquire(k.clone(), &alg, now, cost);
+                    if d.admitted {
+                        taken.push((k, alg));
+                    }
+                    d
+                }
+            };
+            if !d.admitted && !denied {
+                denied = true;
+                for (k, alg) in &taken {
+                    self.buckets.refund(k, alg, now, cost);
+                }
+            }
+            decisions.push(d);
+        }
+        if !denied && let Some(sync) = &self.sync {
+            for (_, _, k) in strict {
+                sync.admitted_here(k, resource, i64::try_from(cost).unwrap_or(i64::MAX), now);
+            }
+        }
+        decisions
+    }
+}

@@ -1,0 +1,250 @@
+//! Floodgate's engine: the decisions by the rules in force: buckets, guards
+//! (breakers, concurrency limits, shedding), permits, and the all-or-nothing
+//! check of several limits. No network, no async runtime, no clock of its own
+//! (time comes from the injected [`Clock`](crate::time::Clock)), no generated
+//! code.
+//!
+//! - [`installed`]: the rules in force, swapped atomically.
+//! - [`request`]: what a caller may ask, checked before anything is decided.
+//! - [`decide`]: one decision (and its two-step form for strict limits).
+//! - [`guards`]: breakers, concurrency slots and permits per resource.
+//! - [`report`]: outcomes, expiry, the operator's controls.
+//! - [`sync`]: what replication keeps, present only with Redis.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::Guard;
+
+use floodgate_core::{adaptive, breaker, digest, hitters, limiter, store, time};
+use floodgate_rules as rules;
+
+use crate::events::{Event, Events};
+use crate::rules::RuleSet;
+use crate::store::Buckets;
+use crate::time::{SharedClock, Timestamp};
+
+pub mod concurrency;
+mod counters;
+pub mod decide;
+pub mod degradation;
+mod envoy_sizes;
+pub mod events;
+pub mod guards;
+mod handles;
+pub mod hottest;
+mod installed;
+pub mod lease;
+pub mod metrics;
+pub mod overrides;
+pub mod permit_id;
+pub mod report;
+pub mod request;
+pub mod rls;
+pub mod settle;
+pub mod sync;
+pub mod what_if;
+
+pub use counters::Tally;
+pub use decide::{Answer, LimitReport, Pending, Prepared, Remote, Step, Verdict};
+pub use guards::{DEFAULT_PERMIT_TTL, Denial, PermitId};
+pub use installed::{EnvoyInstalled, Installed};
+pub use report::{LevelTarget, Report, Reported, Snapshot};
+pub use request::{Descriptors, ErrorKind, Request, RequestError};
+pub use rls::{RlsDescriptor, Target};
+
+pub use crate::degradation::Level;
+
+pub struct Engine {
+    rules: installed::RulesSlot,
+    buckets: Buckets,
+    guards: guards::Guards,
+    permits: guards::Permits,
+    /// Estimates waiting for their actual cost.
+    settlements: settle::Settlements,
+    /// Recent lease holders per bucket, for fair shares.
+    leases: lease::Leases,
+    events: Events,
+    clock: SharedClock,
+    /// Replication state; `None` on a memory-only server.
+    sync: Option<sync::Replica>,
+}
+
+/// How the engine is built.
+#[derive(Clone, Copy, Debug)]
+pub struct EngineConfig {
+    /// The most buckets held in memory (least recently used evicted first).
+    pub max_keys: usize,
+    /// Keep the state replication through Redis needs.
+    pub replicated: bool,
+}
+
+// === impl Engine ===
+
+impl Engine {
+    pub fn new(config: EngineConfig, clock: SharedClock) -> Self {
+        Engine {
+            rules: installed::RulesSlot::new(),
+            buckets: Buckets::new(config.max_keys),
+            guards: guards::Guards::default(),
+            permits: guards::Permits::default(),
+            settlements: settle::Settlements::default(),
+            leases: lease::Leases::default(),
+            events: Events::default(),
+            clock,
+            sync: config.replicated.then(sync::Replica::new),
+        }
+    }
+
+    /// Bounds the bytes of the bucket keys held (`--max-key-bytes`) besides
+    /// their number.
+    pub fn with_max_key_bytes(mut self, max_bytes: usize) -> Self {
+        self.buckets.set_max_bytes(max_bytes);
+        self
+    }
+
+    /// The rules in force; hold the guard only for the length of one decision.
+    pub fn rules(&self) -> Guard<Arc<Installed>> {
+        self.rules.load()
+    }
+
+    /// The rules in force, to hold across awaits.
+    pub fn rules_full(&self) -> Arc<Installed> {
+        self.rules.load_full()
+    }
+
+    /// The series of upstream's per-descriptor stats (Envoy's RLS).
+    pub fn upstream_stats(&self) -> &Arc<crate::metrics::upstream::Registry> {
+        self.rules.upstream()
+    }
+
+    /// Swaps in a new rule set atomically and returns its version. Limits that
+    /// keep their resource, name and algorithm keep their buckets.
+    pub fn install(&self, rules: RuleSet, yaml: String, source: String) -> u64 {
+        let version = self.rules.install(rules, yaml, source.clone());
+        // The rules in force: the file's, with Sentinel's and the overrides merged.
+        let patterns = self.rules.load().rules.patterns().into();
+        self.events.publish(Event::Rules { version, source, patterns });
+        version
+    }
+
+    /// Installs Sentinel's rules read from `source` beside the file's.
+    pub fn install_sentinel(&self, rules: crate::rules::sentinel::SentinelRules, text: String, source: String) -> u64 {
+        let version = self.rules.install_sentinel(rules, text, source.clone());
+        let patterns = self.rules.load().rules.patterns().into();
+        self.events.publish(Event::Rules { version, source: format!("sentinel:{source}"), patterns });
+        version
+    }
+
+    /// Installs other overrides set at run time beside the rules in force;
+    /// `change` says what changed, for Watch. With 100,000 overrides this
+    /// re-merges the rules for about half a second: call it off the async
+    /// workers.
+    pub fn install_overrides(&self, table: Arc<crate::overrides::Table>, change: crate::overrides::Change) -> u64 {
+        let count = table.len();
+        let version = self.rules.install_runtime(table);
+        ::metrics::gauge!(crate::metrics::OVERRIDES).set(count as f64);
+        let crate::overrides::Change { set, deleted, expired } = change;
+        self.events.publish(Event::Overrides { version, set, deleted, expired });
+        version
+    }
+
+    /// Installs an envoyproxy/ratelimit configuration read from `source` (a
+    /// directory, or an xDS control plane and the `version` it named),
+    /// beside the rules in force.
+    pub fn install_envoy(
+        &self,
+        config: crate::rules::envoy::EnvoyConfig,
+        text: String,
+        source: String,
+        version: String,
+    ) -> u64 {
+        let version = self.rules.install_envoy(config, text, source.clone(), version);
+        let patterns = self.rules.load().rules.patterns().into();
+        self.events.publish(Event::Rules { version, source: format!("envoy:{source}"), patterns });
+        version
+    }
+
+    pub fn buckets(&self) -> &Buckets {
+        &self.buckets
+    }
+
+    pub fn clock(&self) -> &SharedClock {
+        &self.clock
+    }
+
+    pub fn events(&self) -> &Events {
+        &self.events
+    }
+
+    /// The replication state, when the server replicates.
+    pub fn sync(&self) -> Option<&sync::Replica> {
+        self.sync.as_ref()
+    }
+
+    /// Permits handed out and not yet returned or expired.
+    pub fn permits_in_flight(&self) -> usize {
+        self.permits.len()
+    }
+
+    /// The guarded state of a prepared item's resource (made for its rule).
+    pub fn guarded(&self, p: &Prepared<'_>) -> Option<Arc<guards::Guarded>> {
+        let (rule, _) = p.rule?;
+        Some(self.guards.get_or_create(p.resource(), rule))
+    }
+
+    /// The permits issued here that hold a strict slot, by resource (those
+    /// of a limit made strict since they were issued included).
+    pub fn strict_slots(&self, rules: &Installed) -> std::collections::HashMap<String, Vec<(PermitId, Timestamp)>> {
+        let strict = |resource: &str| {
+            rules
+                .rules
+                .find(resource)
+                .and_then(|r| r.concurrency)
+                .is_some_and(|c| c.sync == crate::rules::SyncMode::Strict)
+        };
+        self.permits.strict_slots(strict)
+    }
+
+    /// Every guarded resource, sorted by name.
+    pub fn guards_all(&self) -> Vec<(String, Arc<guards::Guarded>)> {
+        self.guards.all()
+    }
+
+    /// When a concurrency slot of `resource` is likely to come back.
+    pub fn slot_free_in(&self, resource: &str, max: u32) -> Duration {
+        self.guards.get(resource).map_or(Duration::from_millis(50), |g| g.slot_free_in(max))
+    }
+
+    /// Every resource's guards (breaker, concurrency), sorted by name.
+    pub fn all_guarded(&self) -> Vec<(String, Arc<guards::Guarded>)> {
+        self.guards.all()
+    }
+
+    /// A resource's concurrency limit now (an adaptive one moves).
+    pub fn concurrency_limit(&self, resource: &str, c: &crate::rules::Concurrency) -> u32 {
+        self.guards.get(resource).map_or_else(|| c.initial_limit(), |g| g.limit(c))
+    }
+
+    /// Forgets idle buckets and buckets of limits no longer in force.
+    pub fn sweep(&self) -> usize {
+        let rules = self.rules.load_full();
+        let now = self.clock.now();
+        self.expire_estimates(now);
+        self.leases.forget(now);
+        self.buckets.sweep(now, |id| rules.algorithm(id))
+    }
+}
+
+#[cfg(test)]
+mod tests;
+
+#[cfg(test)]
+mod adaptive_tests;
+#[cfg(test)]
+mod guard_tests;
+#[cfg(test)]
+mod sentinel_tests;
+
+#[cfg(test)]
+mod system_tests;

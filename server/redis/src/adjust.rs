@@ -1,0 +1,144 @@
+//! Strict buckets adjusted outside a decision: usage charged after the fact
+//! (Charge, an estimate settled higher), units given back (an estimate
+//! settled lower), what a replica admitted while Redis was away (its debts,
+//! paid when Redis answers again, before the replica asks it anything else),
+//! and the figures an outage starts from, kept fresh.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use super::Replication;
+use super::scripts::{ScriptName, bucket_key, limit_args, marker_key};
+use super::wire;
+use floodgate_core::store::BucketKey;
+use floodgate_engine::Installed;
+use floodgate_engine::sync::Debt;
+
+/// Buckets per adjust script: long scripts would hold Redis up.
+const BUCKETS_PER_SCRIPT: usize = 200;
+/// Strict buckets used within this long have their figure kept fresh.
+const IN_USE: Duration = Duration::from_secs(10);
+
+/// One strict bucket's adjustment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Adjust {
+    pub key: BucketKey,
+    /// Taken (positive) or given back (negative).
+    pub units: i64,
+    /// For a give-back: Redis's time (us) of the take it is part of; 0 when
+    /// unknown.
+    pub at_us: i64,
+}
+
+impl Replication {
+    /// Adjusts strict buckets of `resource`, once; what each has available
+    /// after (negative for a debt; `None` for a bucket whose limit is no
+    /// longer in force), or `None` when Redis did not answer in time
+    /// (nothing was changed then: each attempt carries a deadline). A
+    /// resource Redis lost is restored first.
+    pub async fn adjust(&self, rules: &Installed, resource: &str, items: &[Adjust]) -> Option<Vec<Option<i64>>> {
+        let clock = self.engine.clock();
+        if items.iter().all(|i| rules.limit(i.key.limit).is_none()) {
+            return Some(vec![None; items.len()]);
+        }
+        let left = self
+            .until_done(rules, resource, true, || async {
+                let now = clock.now();
+                let deadline = self.sync().redis_time(now.saturating_add(self.config.timeout));
+                let mut invocation = self.scripts.get(ScriptName::Adjust).prepare_invoke();
+                invocation.key(marker_key(resource));
+                let mut args: Vec<f64> = Vec::with_capacity(items.len() * 7);
+                let mut sent = 0;
+                for item in items {
+                    // A limit gone from the rules has nothing left to adjust.
+                    let Some((_, limit)) = rules.limit(item.key.limit) else { continue };
+                    invocation.key(bucket_key(resource, limit, &item.key));
+                    args.extend([item.units as f64, item.at_us as f64]);
+                    args.extend(limit_args(&limit.algorithm, now));
+                    sent += 1;
+                }
+                invocation.arg(deadline).arg(self.sync().marker(resource)).arg(&args[..]);
+                self.run(ScriptName::Adjust, invocation, |v| wire::parse_adjusted(v, sent)).await
+            })
+            .await?;
+        self.sync().mark(resource, clock.now());
+        let mut left = left.into_iter();
+        Some(items.iter().map(|i| rules.limit(i.key.limit).and_then(|_| left.next())).collect())
+    }
+
+    /// Pays what is owed to strict buckets, one script per resource and
+    /// chunk. What could not be paid is owed again; false then.
+    pub(super) async fn pay(&self, rules: &Installed, debts: Vec<(BucketKey, Debt)>) -> bool {
+        let mut by_resource: HashMap<String, Vec<Adjust>> = HashMap::new();
+        for (key, debt) in debts {
+            by_resource.entry(debt.resource).or_default().push(Adjust { key, units: debt.units, at_us: 0 });
+        }
+        let mut paid = true;
+        for (resource, items) in by_resource {
+            for chunk in items.chunks(BUCKETS_PER_SCRIPT) {
+                if !paid || self.adjust(rules, &resource, chunk).await.is_none() {
+                    paid = false;
+                    for item in chunk {
+                        self.sync().owe(&item.key, &resource, item.units);
+                    }
+                    continue;
+                }
+                metrics::counter!(floodgate_engine::metrics::REDIS_DEBTS_PAID).increment(chunk.len() as u64);
+                tracing::info!(resource, buckets = chunk.len(), "paid what was admitted here while Redis was away");
+            }
+        }
+        paid
+    }
+
+    /// Redis answered a heartbeat. If it had been away, what was admitted
+    /// here meanwhile is paid before decisions ask it again; then any debt
+    /// left (from a decision that raced the switch) at once. False when
+    /// Redis stopped answering again.
+    pub(super) async fn come_back(&self, rules: &Installed) -> bool {
+        if self.sync().up() {
+            let debts = self.sync().take_debts();
+            return debts.is_empty() || self.pay(rules, debts).await;
+        }
+        // Decisions made while paying add debts: a few rounds, then the
+        // switch takes what is left in the same instant and pays it.
+        for _ in 0..3 {
+            let debts = self.sync().take_debts();
+            if debts.is_empty() {
+                break;
+            }
+            if !self.pay(rules, debts).await {
+                return false;
+            }
+        }
+        let Some(rest) = self.sync().come_back(false) else { return false };
+        if self.connected.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            tracing::info!("Redis answers again: deciding through it");
+        } else {
+            tracing::info!("connected to Redis");
+        }
+        self.engine.end_outage();
+        rest.is_empty() || self.pay(rules, rest).await
+    }
+
+    /// Reads what the strict buckets in use here have left, so that an
+    /// outage starts from what Redis holds, not from this replica's last
+    /// decision (other replicas decide too).
+    pub(super) async fn refresh_strict(&self, rules: &Installed) {
+        let now = self.engine.clock().now();
+        let mut by_resource: HashMap<String, Vec<Adjust>> = HashMap::new();
+        for (resource, key) in self.sync().strict_in_use(now, IN_USE) {
+            by_resource.entry(resource).or_default().push(Adjust { key, units: 0, at_us: 0 });
+        }
+        for (resource, items) in by_resource {
+            for chunk in items.chunks(BUCKETS_PER_SCRIPT) {
+                let Some(left) = self.adjust(rules, &resource, chunk).await else { return };
+                let now = self.engine.clock().now();
+                for (item, available) in chunk.iter().zip(left) {
+                    if let Some(available) = available {
+                        self.sync().refreshed_strict(&item.key, available, now);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,242 @@
+//! One handle for standalone Redis or Redis Cluster, every call bounded by
+//! `--redis-timeout` and timed.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwapOption;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Value};
+
+/// Where Redis is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    Standalone(String),
+    /// Seed nodes of a Redis Cluster.
+    Cluster(Vec<String>),
+}
+
+/// How to log in to Redis: an ACL user and password (read from a file or the
+/// environment, never from a URL on the command line), and for `rediss://`
+/// the CA to trust when it is not in the system's store.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Credentials {
+    pub user: Option<String>,
+    pub password: Option<String>,
+    pub ca: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("ca", &self.ca.as_ref().map(Vec::len))
+            .finish()
+    }
+}
+
+/// A URL's connection info with the credentials added; a password in the
+/// URL itself is refused (it would show in `ps` and shell history).
+fn connection_info(url: &str, credentials: &Credentials) -> anyhow::Result<redis::ConnectionInfo> {
+    use redis::IntoConnectionInfo;
+    let info = url.into_connection_info()?;
+    anyhow::ensure!(
+        info.redis_settings().password().is_none(),
+        "a password in the Redis URL is refused: use --redis-password-file or FLOODGATE_REDIS_PASSWORD"
+    );
+    let mut settings = info.redis_settings().clone();
+    if let Some(user) = &credentials.user {
+        settings = settings.set_username(user);
+    }
+    if let Some(password) = &credentials.password {
+        settings = settings.set_password(password);
+    }
+    Ok(info.set_redis_settings(settings))
+}
+
+/// A client for one node, with the credentials and TLS trust.
+pub fn client(url: &str, credentials: &Credentials) -> anyhow::Result<redis::Client> {
+    let info = connection_info(url, credentials)?;
+    Ok(match &credentials.ca {
+        Some(ca) => redis::Client::build_with_tls(info, tls_certificates(ca))?,
+        None => redis::Client::open(info)?,
+    })
+}
+
+fn tls_certificates(ca: &[u8]) -> redis::TlsCertificates {
+    redis::TlsCertificates { client_tls: None, root_cert: Some(ca.to_vec()) }
+}
+
+#[derive(Clone)]
+pub enum Handle {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+/// Why a call did not come back with an answer.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error("not connected to Redis yet")]
+    NotConnected,
+    #[error("no answer from Redis within {0:?}")]
+    Timeout(Duration),
+    #[error("Redis: {0}")]
+    Redis(#[from] redis::RedisError),
+}
+
+/// The longest a call waits while Redis is slow but alive, in timeouts.
+const SLOW_WAITS: u32 = 20;
+
+pub struct Conn {
+    handle: ArcSwapOption<Handle>,
+    /// The longest wait for one answer: `--redis-timeout` times [`SLOW_WAITS`].
+    longest: Duration,
+    /// When Redis last answered anything, in microseconds since `base`.
+    last_answer: AtomicU64,
+    base: Instant,
+}
+
+impl ConnectionLike for Handle {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Handle::Single(c) => c.req_packed_command(cmd),
+            Handle::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        p: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Handle::Single(c) => c.req_packed_commands(p, offset, count),
+            Handle::Cluster(c) => c.req_packed_commands(p, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Handle::Single(c) => c.get_db(),
+            Handle::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+impl Conn {
+    /// Connects in the background: the server starts whether or not Redis is
+    /// there, and the connection is made (and remade) when it is.
+    pub fn open(target: &Target, credentials: &Credentials, timeout: Duration) -> anyhow::Result<Arc<Conn>> {
+        let conn = Arc::new(Conn {
+            handle: ArcSwapOption::empty(),
+            longest: timeout * SLOW_WAITS,
+            last_answer: AtomicU64::new(0),
+            base: Instant::now(),
+        });
+        // The connection's own response timeout is the longest wait;
+        // `call_within` decides sooner whether Redis is dead or only slow.
+        let longest = conn.longest;
+        match target {
+            Target::Standalone(url) => {
+                let client = client(url, credentials)?;
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(timeout))
+                    .set_response_timeout(Some(longest))
+                    .set_number_of_retries(1)
+                    .set_max_delay(Duration::from_secs(2));
+                let manager = ConnectionManager::new_lazy_with_config(client, config)?;
+                conn.handle.store(Some(Arc::new(Handle::Single(manager))));
+            }
+            Target::Cluster(nodes) => {
+                let infos = nodes.iter().map(|n| connection_info(n, credentials)).collect::<Result<Vec<_>, _>>()?;
+                let mut builder =
+                    redis::cluster::ClusterClient::builder(infos).connection_timeout(timeout).response_timeout(longest);
+                if let Some(user) = &credentials.user {
+                    builder = builder.username(user);
+                }
+                if let Some(password) = &credentials.password {
+                    builder = builder.password(password);
+                }
+                if let Some(ca) = &credentials.ca {
+                    builder = builder.certs(tls_certificates(ca));
+                }
+                let client = builder.build()?;
+                let weak = Arc::downgrade(&conn);
+                tokio::spawn(async move {
+                    let mut backoff = Duration::from_millis(100);
+                    loop {
+                        match client.get_async_connection().await {
+                            Ok(c) => {
+                                if let Some(conn) = weak.upgrade() {
+                                    conn.handle.store(Some(Arc::new(Handle::Cluster(c))));
+                                }
+                                return;
+                            }
+                            Err(e) => tracing::warn!(error = %e, "connecting to the Redis Cluster; retrying"),
+                        }
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(2));
+                    }
+                });
+            }
+        }
+        Ok(conn)
+    }
+
+    /// Runs one exchange with Redis, bounded by `timeout` (`--redis-timeout`
+    /// for decisions; longer for an operator's change).
+    ///
+    /// A slow Redis is not a dead one: when no answer came within the
+    /// timeout but Redis answered other calls meanwhile, the call goes on
+    /// waiting, a timeout at a time, up to twenty. Only a timeout in which
+    /// Redis answered nothing at all (it is dead, stopped or unreachable)
+    /// ends the call. The connection itself never waits longer than
+    /// [`Conn::longest`].
+    pub async fn call_within<T, F, Fut>(&self, what: &'static str, timeout: Duration, f: F) -> Result<T, CallError>
+    where
+        F: FnOnce(Handle) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        let handle = self.handle.load_full().ok_or(CallError::NotConnected)?;
+        let start = Instant::now();
+        let mut call = std::pin::pin!(f((*handle).clone()));
+        let mut waits = 0;
+        let result = loop {
+            let step = self.now_us();
+            match tokio::time::timeout(timeout, &mut call).await {
+                Ok(r) => break r.map_err(CallError::Redis),
+                Err(_) => {
+                    waits += 1;
+                    let answered_meanwhile = self.last_answer.load(Ordering::Acquire) > step;
+                    if !answered_meanwhile || waits >= SLOW_WAITS {
+                        break Err(CallError::Timeout(start.elapsed()));
+                    }
+                }
+            }
+        };
+        if result.is_ok() {
+            self.last_answer.fetch_max(self.now_us(), Ordering::AcqRel);
+        }
+        metrics::histogram!(floodgate_engine::metrics::REDIS_RTT, "op" => what).record(start.elapsed().as_secs_f64());
+        result
+    }
+
+    /// The longest any call may wait for its answer.
+    pub fn longest(&self) -> Duration {
+        self.longest
+    }
+
+    fn now_us(&self) -> u64 {
+        self.base.elapsed().as_micros() as u64
+    }
+}
+
+/// A resource's hash tag: everything of one resource lands in one slot.
+/// `}` would end the tag early, so it is escaped.
+pub fn tag(resource: &str) -> String {
+    resource.replace('%', "%25").replace('}', "%7D")
+}

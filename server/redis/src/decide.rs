@@ -1,0 +1,165 @@
+//! Decisions that may need Redis, for one request or a batch alike: every
+//! item's first-touch pulls go out together, probes run concurrently, strict
+//! items of one resource share one script, and a batch awaits Redis a few
+//! times, not once per item.
+
+use std::collections::HashSet;
+
+use futures_util::future::join_all;
+
+use super::Replication;
+use floodgate_core::store::BucketKey;
+use floodgate_engine::sync::RemoteBreaker;
+use floodgate_engine::{Answer, Engine, Pending, Prepared, Step, Verdict};
+use floodgate_rules::SyncMode;
+
+impl Replication {
+    /// Decides `prepared` (one per item, in order), asking Redis where it
+    /// must: first touch of replicated buckets, probes of shared breakers,
+    /// strict limits. `again(i)` prepares item `i` once more, for a second
+    /// decision after a sync.
+    pub async fn decide_many<'r, F>(&self, mut prepared: Vec<Prepared<'r>>, again: F) -> Vec<Answer<'r>>
+    where
+        F: Fn(usize) -> Option<Prepared<'r>>,
+    {
+        if self.sync().up() {
+            self.pull_missing(&prepared).await;
+            self.ask_probes(&mut prepared).await;
+            self.ask_slots(&mut prepared).await;
+            self.ensure_leases(&prepared).await;
+        }
+        let mut answers = self.decide_steps(prepared).await;
+        if self.sync().up() {
+            self.escalate(again, &mut answers).await;
+        }
+        if self.sync().up() && !self.sync().outbox_is_empty() {
+            self.flush_outbox(&self.engine.rules_full()).await;
+        }
+        answers
+    }
+
+    /// Pulls every replicated bucket this process does not hold yet, all
+    /// items' at once, so a restarted replica resumes where the replicas are.
+    async fn pull_missing(&self, prepared: &[Prepared<'_>]) {
+        let mut seen = HashSet::new();
+        let mut missing: Vec<(&str, BucketKey)> = Vec::new();
+        for p in prepared.iter().filter(|p| !p.dry_run()) {
+            for (_, key) in p.replicated_keys() {
+                if !self.engine.buckets().contains_key(key) && seen.insert(key) {
+                    missing.push((p.resource(), key.clone()));
+                }
+            }
+        }
+        if !missing.is_empty() {
+            self.lease_now(missing, 0).await;
+        }
+    }
+
+    /// Asks the shared breakers for the probes the items need, concurrently.
+    async fn ask_probes(&self, prepared: &mut [Prepared<'_>]) {
+        let wanted: Vec<usize> = (0..prepared.len())
+            .filter(|&i| !prepared[i].dry_run() && self.engine.needs_remote_probe(&prepared[i], prepared[i].resource()))
+            .collect();
+        if wanted.is_empty() {
+            return;
+        }
+        let resources: Vec<String> = wanted.iter().map(|&i| prepared[i].resource().to_string()).collect();
+        let grants = join_all(resources.into_iter().map(|r| self.probe_detached(r))).await;
+        for (i, grant) in wanted.into_iter().zip(grants) {
+            if let Some(grant) = grant {
+                prepared[i].set_remote_breaker(grant);
+            }
+        }
+    }
+
+    /// Asks for a probe on a task of its own: a grant whose caller went away
+    /// drops there, giving the probe back.
+    async fn probe_detached(&self, resource: String) -> Option<RemoteBreaker> {
+        self.detached(|me| async move {
+            let rules = me.engine.rules_full();
+            me.probe(&rules, &resource).await
+        })
+        .await
+        .flatten()
+    }
+
+    /// The local part of every item, then Redis's part of those with strict
+    /// limits, concurrently.
+    async fn decide_steps<'r>(&self, prepared: Vec<Prepared<'r>>) -> Vec<Answer<'r>> {
+        let now = self.engine.clock().now();
+        let mut answers: Vec<Option<Answer<'r>>> = Vec::with_capacity(prepared.len());
+        let mut remote = Waiting { engine: &self.engine, items: Vec::new() };
+        for p in prepared {
+            match self.engine.begin(p, now) {
+                Step::Done(answer) => answers.push(Some(answer)),
+                Step::Remote(pending) => {
+                    remote.items.push((answers.len(), pending));
+                    answers.push(None);
+                }
+            }
+        }
+        if !remote.items.is_empty() {
+            let pending: Vec<&Pending<'r>> = remote.items.iter().map(|(_, p)| &**p).collect();
+            // Cancelled here (the caller went away), `remote` gives back
+            // what the decisions took as it drops.
+            let decisions = self.strict(&pending).await;
+            for ((i, pending), decisions) in std::mem::take(&mut remote.items).into_iter().zip(decisions) {
+                answers[i] = Some(self.engine.finish(*pending, decisions));
+            }
+        }
+        answers.into_iter().map(|a| a.expect("every item decided")).collect()
+    }
+
+    /// Items denied by this replica's lease while the replicas had more in
+    /// common: those buckets are synced now (asking for a lease of at least
+    /// the cost) and the items decided again. Nothing was taken the first time.
+    async fn escalate<'r, F>(&self, again_for: F, answers: &mut [Answer<'r>])
+    where
+        F: Fn(usize) -> Option<Prepared<'r>>,
+    {
+        let short_lease = |a: &Answer<'_>| {
+            a.verdict == Verdict::RateLimited
+                && a.limits.iter().filter(|r| r.exceeded).all(|r| r.limit.sync == SyncMode::Replicated)
+        };
+        let mut again = Vec::new();
+        let mut keys = Vec::new();
+        let mut want = 0;
+        for (i, answer) in answers.iter().enumerate() {
+            if !short_lease(answer) {
+                continue;
+            }
+            let Some(p) = again_for(i) else { continue };
+            if self.engine.worth_escalating(&p) {
+                want = want.max(p.cost());
+                again.push((i, p));
+            }
+        }
+        for (_, p) in &again {
+            keys.extend(p.replicated_keys().map(|(_, k)| (p.resource(), k.clone())));
+        }
+        if again.is_empty() {
+            return;
+        }
+        metrics::counter!(floodgate_engine::metrics::REDIS_ESCALATIONS).increment(again.len() as u64);
+        self.lease_now(keys, want).await;
+        let (index, prepared): (Vec<usize>, Vec<Prepared<'r>>) = again.into_iter().unzip();
+        for (i, answer) in index.into_iter().zip(self.decide_steps(prepared).await) {
+            answers[i] = answer;
+        }
+    }
+}
+
+/// Decisions waiting for Redis. Dropped before they finish (the future of
+/// the call was dropped at the await), each gives back what it took here.
+struct Waiting<'e, 'r> {
+    engine: &'e Engine,
+    items: Vec<(usize, Box<Pending<'r>>)>,
+}
+
+impl Drop for Waiting<'_, '_> {
+    fn drop(&mut self) {
+        for (_, pending) in self.items.drain(..) {
+            self.engine.abandon(*pending);
+        }
+    }
+}

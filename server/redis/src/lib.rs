@@ -1,0 +1,318 @@
+//! Replication through Redis: the network side of SPEC section 8. The engine
+//! keeps the replication state (`engine::sync`); this module carries it to
+//! and from Redis. Only the `Decider` calls in here.
+//!
+//! - `replicated` limits decide from memory; every `--sync-interval` each
+//!   replica pushes what it took and adopts its share of the merged state; a
+//!   bucket seen for the first time is pulled before it decides, so a restarted
+//!   replica resumes where the replicas are.
+//! - `strict` limits are decided by one atomic script per decision.
+//! - Breakers share their windows and transitions; probes are granted
+//!   cluster-wide; transitions are announced on pub/sub and stored for
+//!   replicas that start later. Rules applied through Admin reach every replica.
+//! - Concurrency limits count the fleet (`slots`): a strict in-flight set, or
+//!   slots leased to each replica; a report of another replica's permit is
+//!   passed on to it (`forward`).
+//! - A dead Redis never makes a call fail or wait longer than `--redis-timeout`:
+//!   after one failure, calls stop asking until the sync loop reaches Redis again.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::{ScriptInvocation, Value};
+
+use floodgate_core::time::Timestamp;
+use floodgate_engine::Engine;
+use floodgate_engine::sync::Replica;
+
+mod adaptive;
+mod adjust;
+mod breakers;
+mod conn;
+mod decide;
+mod forward;
+mod levels;
+mod limits;
+mod overrides;
+mod rules;
+mod scripts;
+mod slots;
+mod wire;
+
+pub use adjust::Adjust;
+use conn::{CallError, Conn};
+pub use conn::{Credentials, Target};
+pub use forward::Forwarded;
+use scripts::{ScriptName, Scripts};
+use wire::ReplyError;
+
+/// How this replica uses Redis.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub target: Target,
+    pub credentials: Credentials,
+    pub sync_interval: Duration,
+    pub timeout: Duration,
+    /// This replica's name in the live-replica registry.
+    pub replica_id: String,
+}
+
+pub struct Replication {
+    engine: Arc<Engine>,
+    conn: Arc<Conn>,
+    scripts: Scripts,
+    config: Config,
+    /// The version of the overrides stored in Redis that this replica has
+    /// installed; `u64::MAX` before the first load. Loads are one at a time.
+    overrides_seen: tokio::sync::Mutex<u64>,
+    /// Redis has answered since this replica started.
+    connected: std::sync::atomic::AtomicBool,
+    /// Itself, for exchanges that run on tasks of their own (so that a
+    /// caller that goes away never cuts one in the middle).
+    me: std::sync::Weak<Replication>,
+    /// This process among the replicas: its replica id and a random part,
+    /// so that two processes given the same id still count as two live
+    /// replicas and hold leases of their own.
+    instance: String,
+    /// One sync at a time: the loop's, or the last one at shutdown.
+    syncing: tokio::sync::Mutex<()>,
+    /// When Redis last answered after being away (engine clock, ns): until
+    /// every replica has had time to say it is alive again, the live count
+    /// does not drop (the others' entries expired during the outage; a
+    /// replica that counted itself alone would lease all of every bucket).
+    back_at: std::sync::atomic::AtomicU64,
+    /// Woken whenever syncs of replicated buckets land (a bucket has one
+    /// sync out at a time; see `lease_now`).
+    landed: tokio::sync::Notify,
+    /// Reports passed on to the replicas that issued their permits.
+    forwards: forward::Forwards,
+    /// One flush of strict slots at a time, so that they reach Redis in order.
+    slot_flush: tokio::sync::Mutex<()>,
+    /// Sync rounds done, for work done every few of them.
+    rounds: std::sync::atomic::AtomicU64,
+    /// The version of the rules the last sync ran with.
+    rules_seen: std::sync::atomic::AtomicU64,
+    /// Load reports taken here for the other replicas, and the operators' levels.
+    levels: levels::Levels,
+}
+
+impl Replication {
+    /// Connects (in the background) and starts the sync loop and the pub/sub
+    /// listener. The server serves from memory until Redis answers. The
+    /// engine must have been built with `replicated: true`.
+    pub async fn start(config: Config, engine: Arc<Engine>) -> anyhow::Result<Arc<Replication>> {
+        anyhow::ensure!(engine.sync().is_some(), "the engine keeps no replication state");
+        let conn = Conn::open(&config.target, &config.credentials, config.timeout)?;
+        let overrides_seen = tokio::sync::Mutex::new(u64::MAX);
+        let connected = std::sync::atomic::AtomicBool::new(false);
+        // The tag of this process's permit ids, then a random part.
+        let tag = floodgate_engine::guards::PermitId::tag();
+        let instance = format!("{}#{tag:08x}{:08x}", config.replica_id, rand::random::<u32>());
+        let r = Arc::new_cyclic(|me| Replication {
+            engine,
+            conn,
+            scripts: Scripts::default(),
+            config,
+            overrides_seen,
+            connected,
+            me: me.clone(),
+            instance,
+            syncing: tokio::sync::Mutex::new(()),
+            landed: tokio::sync::Notify::new(),
+            back_at: std::sync::atomic::AtomicU64::new(0),
+            forwards: forward::Forwards::default(),
+            slot_flush: tokio::sync::Mutex::new(()),
+            rounds: std::sync::atomic::AtomicU64::new(0),
+            rules_seen: std::sync::atomic::AtomicU64::new(0),
+            levels: levels::Levels::default(),
+        });
+        r.load_shared_rules().await;
+        r.poll_overrides().await;
+        r.load_levels().await;
+        tokio::spawn(sync_loop(Arc::downgrade(&r)));
+        tokio::spawn(levels::send_loop(Arc::downgrade(&r)));
+        tokio::spawn(rules::listen(Arc::downgrade(&r)));
+        Ok(r)
+    }
+
+    /// Runs `work` on a task of its own and waits for it: a caller that
+    /// goes away (its future dropped at an `.await`) never cuts an exchange
+    /// with Redis in the middle; what the work hands out and nobody takes
+    /// drops there. `None` when the replication is gone or the task panicked.
+    async fn detached<T, F, Fut>(&self, work: F) -> Option<T>
+    where
+        F: FnOnce(Arc<Replication>) -> Fut,
+        Fut: Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let me = self.me.upgrade()?;
+        tokio::spawn(work(me)).await.ok()
+    }
+
+    fn sync(&self) -> &Replica {
+        self.engine.sync().expect("checked when replication started")
+    }
+
+    /// One Redis exchange. A failure marks Redis down, so that calls stop
+    /// asking until the sync loop reaches it again.
+    async fn call<T, F, Fut>(&self, what: &'static str, f: F) -> Option<T>
+    where
+        F: FnOnce(conn::Handle) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        self.call_within(what, self.config.timeout, f).await
+    }
+
+    /// [`Replication::call`] with another timeout.
+    async fn call_within<T, F, Fut>(&self, what: &'static str, timeout: Duration, f: F) -> Option<T>
+    where
+        F: FnOnce(conn::Handle) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        match self.conn.call_within(what, timeout, f).await {
+            Ok(v) => Some(v),
+            Err(e) => {
+                if self.sync().up() {
+                    tracing::warn!(op = what, error = %e, "Redis is unreachable: deciding from memory and the outage policies until it is back");
+                }
+                self.sync().set_up(false);
+                let kind = match e {
+                    CallError::NotConnected => "not_connected",
+                    CallError::Timeout(_) => "timeout",
+                    CallError::Redis(_) => "error",
+                };
+                metrics::counter!(floodgate_engine::metrics::REDIS_ERRORS, "op" => what, "kind" => kind).increment(1);
+                None
+            }
+        }
+    }
+
+    /// Runs a script and parses its reply. A reply of the wrong shape is
+    /// logged and counted (`kind="bad_reply"`) and answers `None`, like a
+    /// failed call, without marking Redis down.
+    async fn run<T>(
+        &self,
+        name: ScriptName,
+        invocation: ScriptInvocation<'_>,
+        parse: impl FnOnce(Value) -> Result<T, ReplyError>,
+    ) -> Option<T> {
+        let reply: Value = self.call(name.op(), |mut h| async move { invocation.invoke_async(&mut h).await }).await?;
+        match parse(reply) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                tracing::error!(error = %e, "Redis answered a script with an unexpected reply");
+                metrics::counter!(floodgate_engine::metrics::REDIS_ERRORS, "op" => name.op(), "kind" => "bad_reply")
+                    .increment(1);
+                None
+            }
+        }
+    }
+
+    /// Registers this replica and counts the live ones.
+    async fn heartbeat(&self) -> bool {
+        let ttl = (self.config.sync_interval * 5).max(Duration::from_secs(1));
+        let mut invocation = self.scripts.get(ScriptName::Heartbeat).prepare_invoke();
+        invocation.key(scripts::REPLICAS).arg(&self.instance).arg(ttl.as_millis() as u64);
+        let Some((live, redis_now, names)) = self.run(ScriptName::Heartbeat, invocation, wire::parse_live).await else {
+            return false;
+        };
+        self.learn_live(&names);
+        let now = self.engine.clock().now();
+        let sync = self.sync();
+        if !sync.up() && self.connected.load(std::sync::atomic::Ordering::Acquire) {
+            self.back_at.store(now.as_nanos(), std::sync::atomic::Ordering::Release);
+            // Back, perhaps empty: the strict permits held here go back first.
+            self.rounds.store(0, std::sync::atomic::Ordering::Relaxed);
+        }
+        let back_at = Timestamp::from_nanos(self.back_at.load(std::sync::atomic::Ordering::Acquire));
+        let returning =
+            back_at != Timestamp::ZERO && now.saturating_since(back_at) < floodgate_core::time::duration_nanos(ttl);
+        let live = if returning { live.max(sync.live()) } else { live };
+        sync.set_live(live);
+        sync.set_redis_clock(redis_now, now);
+        sync.forget_idle(now);
+        metrics::gauge!(floodgate_engine::metrics::LIVE_REPLICAS).set(f64::from(live));
+        true
+    }
+
+    /// The last sync of a replica shutting down: what it took and what it
+    /// owes reach Redis rather than die with it. Bounded by `within`.
+    pub async fn last_sync(&self, within: Duration) {
+        match tokio::time::timeout(within, self.sync_once()).await {
+            Ok(true) => tracing::info!("last sync done: what this replica took and owes is in Redis"),
+            Ok(false) => tracing::warn!("last sync failed: what this replica took since its last sync is lost"),
+            Err(_) => {
+                tracing::warn!(?within, "last sync timed out: what this replica took since its last sync is lost")
+            }
+        }
+    }
+
+    async fn sync_once(&self) -> bool {
+        let _one_at_a_time = self.syncing.lock().await;
+        if !self.heartbeat().await {
+            return false;
+        }
+        let rules = self.engine.rules_full();
+        // Redis answered: what was admitted here while it was away is paid
+        // first; then requests ask it again, and the outage's local buckets go.
+        if !self.come_back(&rules).await {
+            return false;
+        }
+        self.poll_overrides().await;
+        // Strict concurrency slots: given back and added; every second (and
+        // first when Redis is back) those held here put back, should Redis
+        // have lost them.
+        // New rules may have made a limit strict: its calls in flight join the set now.
+        if self.rules_changed(rules.version) {
+            self.rounds.store(0, std::sync::atomic::Ordering::Relaxed);
+        }
+        let round = self.rounds.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // Operators' levels, should an announcement have been missed: every 10 rounds.
+        if round.is_multiple_of(10) {
+            self.load_levels().await;
+        }
+        let every_second = (Duration::from_secs(1).as_nanos() / self.config.sync_interval.as_nanos().max(1)).max(1);
+        if u128::from(round) % every_second == 0 {
+            self.reassert_slots().await;
+        } else {
+            self.flush_slot_ops().await;
+        }
+        self.refresh_strict(&rules).await;
+        let buckets = self.sync_buckets(&rules).await;
+        let breakers = self.sync_breakers(&rules).await;
+        self.flush_outbox(&rules).await;
+        self.sync_leases(&rules).await;
+        let adaptive = self.sync_adaptive(&rules).await;
+        buckets && breakers && adaptive
+    }
+}
+
+/// How far apart sync attempts get while Redis is unreachable. Short: until
+/// a replica sees Redis back, it decides strict limits on its own, what it
+/// admitted is only in its memory (a crash then loses it), and a Redis that
+/// flaps (back for less than this) is missed, so the replicas' outages no
+/// longer line up.
+const MAX_BACKOFF: Duration = Duration::from_millis(500);
+
+/// Every `--sync-interval`: heartbeat, buckets, breakers. While Redis is
+/// unreachable, the attempts back off up to [`MAX_BACKOFF`] apart.
+async fn sync_loop(weak: std::sync::Weak<Replication>) {
+    let mut last_ok = Instant::now();
+    let mut backoff = Duration::ZERO;
+    loop {
+        let Some(r) = weak.upgrade() else { return };
+        let interval = r.config.sync_interval;
+        let started = Instant::now();
+        let ok = r.sync_once().await;
+        if ok {
+            last_ok = Instant::now();
+            backoff = Duration::ZERO;
+        } else {
+            backoff = (backoff * 2).clamp(interval, MAX_BACKOFF.max(interval));
+        }
+        metrics::histogram!(floodgate_engine::metrics::REDIS_SYNC_DURATION).record(started.elapsed().as_secs_f64());
+        metrics::gauge!(floodgate_engine::metrics::REDIS_SYNC_LAG).set(last_ok.elapsed().as_secs_f64());
+        drop(r);
+        tokio::time::sleep(interval.max(backoff).saturating_sub(started.elapsed())).await;
+    }
+}

@@ -1,0 +1,289 @@
+//! Decisions and what comes back after them: Acquire (one or a batch),
+//! ReportOutcome (one or a batch), Charge and Peek.
+
+use std::sync::Arc;
+
+use super::{Decider, FromAnswer};
+use crate::engine::request::check_batch;
+use crate::engine::settle::{Charged, Strict};
+use crate::engine::{
+    Answer, Descriptors, Engine, Installed, Prepared, Report, Reported, Request, RequestError, Verdict,
+};
+use crate::replication::{Adjust, Replication};
+
+impl Decider {
+    /// One decision, as the caller's type.
+    pub async fn acquire<D, R>(&self, req: &Request<'_, D>) -> Result<R, RequestError>
+    where
+        D: Descriptors + Sync + ?Sized,
+        R: for<'r> FromAnswer<Answer<'r>>,
+    {
+        match &self.replication {
+            None => {
+                let rules = self.engine.rules();
+                let answer = self.engine.acquire(&rules, req)?;
+                Ok(self.answered(req, answer))
+            }
+            // Boxed: the memory-only call's future stays small.
+            Some(replication) => Box::pin(self.acquire_replicated(replication, req)).await,
+        }
+    }
+
+    async fn acquire_replicated<D, R>(&self, replication: &Replication, req: &Request<'_, D>) -> Result<R, RequestError>
+    where
+        D: Descriptors + Sync + ?Sized,
+        R: for<'r> FromAnswer<Answer<'r>>,
+    {
+        let rules = self.engine.rules_full();
+        let prepared = vec![self.engine.prepare(&rules, req)?];
+        let again = |_| self.engine.prepare(&rules, req).ok();
+        let answer = replication.decide_many(prepared, again).await.into_iter().next();
+        Ok(self.answered(req, answer.expect("one answer per request")))
+    }
+
+    /// Independent decisions, answered in order. Every item is checked first:
+    /// one bad item refuses the whole batch (named `field[i]`), taking nothing.
+    pub async fn acquire_many<D, R>(&self, field: &'static str, reqs: &[Request<'_, D>]) -> Result<Vec<R>, RequestError>
+    where
+        D: Descriptors + Sync + ?Sized,
+        R: for<'r> FromAnswer<Answer<'r>>,
+    {
+        check_batch(field, reqs.len())?;
+        let Some(replication) = &self.replication else {
+            let rules = self.engine.rules();
+            let prepared = prepare_all(&self.engine, &rules, field, reqs)?;
+            let now = self.engine.clock().now();
+            let answers = prepared.into_iter().map(|p| self.engine.decide(p, now));
+            return Ok(answers.zip(reqs).map(|(a, req)| self.answered(req, a)).collect());
+        };
+        let rules = self.engine.rules_full();
+        let prepared = prepare_all(&self.engine, &rules, field, reqs)?;
+        let again = |i: usize| self.engine.prepare(&rules, &reqs[i]).ok();
+        let answers = replication.decide_many(prepared, again).await;
+        Ok(answers.into_iter().zip(reqs).map(|(a, req)| self.answered(req, a)).collect())
+    }
+
+    /// Every decided call, however it was decided: shown to the what-if
+    /// running (if any), translated.
+    #[inline]
+    fn answered<'r, D: Descriptors + ?Sized, R: FromAnswer<Answer<'r>>>(
+        &self,
+        req: &Request<'_, D>,
+        answer: Answer<'r>,
+    ) -> R {
+        if let Some(w) = &*self.what_if.load() {
+            w.observe(req, answer.verdict == Verdict::Allowed, self.engine.clock().now());
+        }
+        R::from_answer(answer)
+    }
+
+    /// Takes a permit back with the call's outcome.
+    pub async fn report(&self, r: &Report<'_>) -> Result<Reported, RequestError> {
+        let (reported, strict) = self.report_here(r)?;
+        if let Some(replication) = &self.replication {
+            self.adjust_strict(replication, strict).await;
+            replication.after_report().await;
+            if !reported.counted {
+                return self.forward(replication, r).await.unwrap_or(Ok(reported));
+            }
+        }
+        Ok(reported)
+    }
+
+    /// A report of a permit another live replica issued, passed on to it.
+    async fn forward(&self, replication: &Replication, r: &Report<'_>) -> Option<Result<Reported, RequestError>> {
+        Some(match replication.forward(r).await? {
+            Err(RequestError::PermitResourceMismatch { .. }) => {
+                Err(RequestError::PermitResourceMismatch { resource: r.resource.to_string() })
+            }
+            answer => answer,
+        })
+    }
+
+    /// Handles the reports other replicas pass on for permits this one
+    /// issued, until the server stops; `None` without Redis.
+    pub fn spawn_forwarded_reports(self: &Arc<Self>) -> Option<tokio::task::JoinHandle<()>> {
+        let mut inbox = self.replication.as_ref()?.forwarded_reports()?;
+        let weak = Arc::downgrade(self);
+        // A few at a time: each may wait on Redis (a strict settle).
+        let room = Arc::new(tokio::sync::Semaphore::new(64));
+        Some(tokio::spawn(async move {
+            while let Some(f) = inbox.recv().await {
+                let Some(decider) = weak.upgrade() else { return };
+                let Ok(seat) = room.clone().acquire_owned().await else { return };
+                tokio::spawn(async move {
+                    let answer = decider.report(&f.report()).await;
+                    if let Some(replication) = &decider.replication {
+                        replication.answer_forwarded(&f, &answer).await;
+                    }
+                    drop(seat);
+                });
+            }
+        }))
+    }
+
+    /// Many outcomes, in order; the first that cannot be taken stops the batch.
+    pub async fn report_many(
+        &self,
+        field: &'static str,
+        reports: &[Report<'_>],
+    ) -> Result<Vec<Reported>, RequestError> {
+        check_batch(field, reports.len())?;
+        let mut reported = Vec::with_capacity(reports.len());
+        let mut strict = Vec::new();
+        let mut refused = None;
+        for (i, r) in reports.iter().enumerate() {
+            match self.report_here(r) {
+                Ok((one, adjust)) => {
+                    reported.push(one);
+                    strict.push(adjust);
+                }
+                Err(e) => {
+                    refused = Some(e.in_batch(field, i));
+                    break;
+                }
+            }
+        }
+        if let Some(replication) = &self.replication {
+            for adjust in strict {
+                self.adjust_strict(replication, adjust).await;
+            }
+            replication.after_report().await;
+            // Reports of other replicas' permits, passed on. One the issuer
+            // refuses (another resource) is answered `counted: false` here:
+            // the rest of the batch was applied already.
+            for (one, r) in reported.iter_mut().zip(reports).filter(|(one, _)| !one.counted) {
+                if let Some(Ok(answer)) = replication.forward(r).await {
+                    *one = answer;
+                }
+            }
+        }
+        refused.map_or(Ok(reported), Err)
+    }
+
+    fn report_here(&self, r: &Report<'_>) -> Result<(Reported, Strict), RequestError> {
+        let rules = self.engine.rules();
+        let mut reported = self.engine.report(&rules, r.resource, r.permit_id, r.outcome, r.latency)?;
+        // A permit of an Acquire with `settle`: its estimate is settled (or,
+        // without an actual cost, stands) whether or not it also guarded a call.
+        match self.engine.settle_estimate(&rules, r.permit_id, r.resource, r.actual_cost) {
+            Ok(settled) => {
+                reported.settled = settled.settled;
+                reported.counted |= settled.settled;
+                Ok((reported, settled.strict))
+            }
+            Err(RequestError::PermitResourceMismatch { .. }) if reported.counted => Ok((reported, Strict::default())),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `Charge`: takes `cost` from every limit the request matches, beyond
+    /// the limit if need be (strict limits in Redis; owed to it while it is
+    /// away).
+    pub async fn charge<D, R>(&self, resource: &str, descriptors: &D, cost: u64) -> Result<R, RequestError>
+    where
+        D: Descriptors + ?Sized,
+        R: for<'r> FromAnswer<Charged<'r>>,
+    {
+        let rules = self.engine.rules_full();
+        let mut charged = self.engine.charge(&rules, resource, descriptors, cost)?;
+        if let Some(replication) = &self.replication {
+            let strict = std::mem::take(&mut charged.strict);
+            match self.try_adjust_strict(replication, &strict).await {
+                Some(left) => {
+                    for ((_, _, _, pos), available) in strict.items.iter().zip(left) {
+                        let Some(available) = available else { continue };
+                        let report = &mut charged.limits[*pos];
+                        report.status.remaining = available.max(0) as u64;
+                        report.exceeded = available <= 0;
+                    }
+                }
+                // Owed: `local` limits take it from the outage's bucket here
+                // too (first: the bucket starts from what was left before it).
+                None => {
+                    for (key, _, _, pos) in &strict.items {
+                        let report = &mut charged.limits[*pos];
+                        if let Some(status) = self.engine.charge_in_outage(report.limit, key, cost) {
+                            report.exceeded = status.remaining == 0;
+                            report.status = status;
+                        }
+                    }
+                    self.owe_strict(&strict);
+                }
+            }
+        }
+        Ok(R::from_answer(charged))
+    }
+
+    /// Takes or gives back units on strict buckets in Redis; what each has
+    /// left after. While Redis is away, or when it does not answer, they are
+    /// owed instead (`None`), and paid when it answers again.
+    pub(super) async fn adjust_strict(&self, replication: &Replication, strict: Strict) -> Option<Vec<Option<i64>>> {
+        let left = self.try_adjust_strict(replication, &strict).await;
+        if left.is_none() {
+            self.owe_strict(&strict);
+        }
+        left
+    }
+
+    /// [`Self::adjust_strict`] without owing what Redis did not take.
+    async fn try_adjust_strict(&self, replication: &Replication, strict: &Strict) -> Option<Vec<Option<i64>>> {
+        if strict.items.is_empty() {
+            return Some(Vec::new());
+        }
+        let sync = self.engine.sync().filter(|s| s.up())?;
+        let rules = self.engine.rules_full();
+        let items: Vec<Adjust> = strict
+            .items
+            .iter()
+            .map(|(key, units, at_us, _)| Adjust { key: key.clone(), units: *units, at_us: *at_us })
+            .collect();
+        let left = replication.adjust(&rules, &strict.resource, &items).await?;
+        // Redis's figure is this replica's to start an outage from, to
+        // restore an emptied Redis with, and to keep fresh.
+        let now = self.engine.clock().now();
+        for (item, left) in items.iter().zip(&left) {
+            if let Some(left) = left {
+                sync.saw_strict(&item.key, &strict.resource, (*left).max(0) as u64, now);
+            }
+        }
+        Some(left)
+    }
+
+    /// Units Redis did not take: owed, and taken off the figure the next
+    /// outage starts from, as what is admitted during one is.
+    fn owe_strict(&self, strict: &Strict) {
+        let Some(sync) = self.engine.sync() else { return };
+        let now = self.engine.clock().now();
+        for (key, units, _, _) in &strict.items {
+            sync.admitted_here(key, &strict.resource, *units, now);
+        }
+    }
+
+    /// A resource's limits for these descriptors, consuming nothing; `only`
+    /// keeps one limit by name (an error when it did not match).
+    pub fn peek<D, R>(&self, resource: &str, descriptors: &D, only: Option<&str>) -> Result<R, RequestError>
+    where
+        D: Descriptors + ?Sized,
+        R: for<'r> FromAnswer<Answer<'r>>,
+    {
+        let rules = self.engine.rules();
+        let answer = self.engine.peek(&rules, resource, descriptors, only)?;
+        if let Some(limit) = only
+            && answer.limits.is_empty()
+        {
+            return Err(RequestError::NoSuchLimit { resource: resource.into(), limit: limit.into() });
+        }
+        Ok(R::from_answer(answer))
+    }
+}
+
+/// Checks and matches every item before any is decided.
+fn prepare_all<'r, D: Descriptors + ?Sized>(
+    engine: &Engine,
+    rules: &'r Installed,
+    field: &'static str,
+    reqs: &[Request<'_, D>],
+) -> Result<Vec<Prepared<'r>>, RequestError> {
+    reqs.iter().enumerate().map(|(i, r)| engine.prepare(rules, r).map_err(|e| e.in_batch(field, i))).collect()
+}

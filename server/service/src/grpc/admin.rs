@@ -1,0 +1,209 @@
+//! The `Admin` control plane service: proto in, `Decider`, proto out.
+
+use crate::grpc::convert::IntoWire;
+use crate::grpc::status::IntoStatus;
+use crate::grpc::status::OrStatus;
+use std::sync::Arc;
+
+use floodgate_proto::v1 as pb;
+use pb::admin_server::Admin;
+use tonic::{Request, Response, Status};
+
+use super::convert::floodgate::{breaker_state_request, level_request, level_response};
+use super::convert::overrides;
+use crate::access::Caller;
+use crate::decider::Decider;
+
+pub struct ControlPlane {
+    decider: Arc<Decider>,
+}
+
+impl ControlPlane {
+    pub fn new(decider: Arc<Decider>) -> Self {
+        ControlPlane { decider }
+    }
+}
+
+/// Who made a call: set by the gate in front of this service.
+fn who<T>(request: &Request<T>) -> String {
+    request.extensions().get::<Caller>().map_or_else(|| "unknown".into(), |c| c.who.clone())
+}
+
+#[tonic::async_trait]
+impl Admin for ControlPlane {
+    async fn get_rules(
+        &self,
+        _request: Request<pb::GetRulesRequest>,
+    ) -> Result<Response<pb::GetRulesResponse>, Status> {
+        Ok(Response::new(self.decider.rules().into_wire()))
+    }
+
+    async fn apply_rules(
+        &self,
+        request: Request<pb::ApplyRulesRequest>,
+    ) -> Result<Response<pb::ApplyRulesResponse>, Status> {
+        let req = request.get_ref();
+        if req.validate_only && req.what_if.is_some() {
+            return Err(crate::engine::RequestError::ValidateWithWhatIf.into_status());
+        }
+        if let Some(length) = &req.what_if {
+            let length = super::convert::what_if_length(length).or_status()?;
+            let started = self.decider.start_what_if(&req.yaml, length).await.or_status()?;
+            let (who, resources) = (who(&request), started.resources.len());
+            tracing::info!(target: "floodgate::audit", who, change = "ApplyRules what_if", resources, seconds = length.as_secs_f64(), "admin change");
+            return Ok(Response::new(started.into_wire()));
+        }
+        let before = self.decider.rules().version;
+        let applied = self.decider.apply_rules(&req.yaml, req.validate_only).await.or_status()?;
+        if applied.applied {
+            let (who, after, resources) = (who(&request), applied.version, applied.resources.len());
+            tracing::info!(target: "floodgate::audit", who, change = "ApplyRules", resources, version_before = before, version_after = after, "admin change");
+        }
+        Ok(Response::new(applied.into_wire()))
+    }
+
+    async fn list_breakers(
+        &self,
+        _request: Request<pb::ListBreakersRequest>,
+    ) -> Result<Response<pb::ListBreakersResponse>, Status> {
+        let breakers = self.decider.breakers().into_iter().map(IntoWire::into_wire).collect();
+        Ok(Response::new(pb::ListBreakersResponse { breakers }))
+    }
+
+    async fn get_breaker(&self, request: Request<pb::GetBreakerRequest>) -> Result<Response<pb::BreakerInfo>, Status> {
+        Ok(Response::new(self.decider.breaker(&request.get_ref().resource).or_status()?.into_wire()))
+    }
+
+    async fn get_concurrency(
+        &self,
+        request: Request<pb::GetConcurrencyRequest>,
+    ) -> Result<Response<pb::ConcurrencyInfo>, Status> {
+        Ok(Response::new(super::convert::concurrency::info(
+            &self.decider.concurrency(&request.get_ref().resource).or_status()?,
+        )))
+    }
+
+    async fn set_breaker_state(
+        &self,
+        request: Request<pb::SetBreakerStateRequest>,
+    ) -> Result<Response<pb::BreakerInfo>, Status> {
+        let req = request.get_ref();
+        let state = breaker_state_request(req.state).or_status()?;
+        let version = self.decider.rules().version;
+        let view = self.decider.set_breaker(&req.resource, state).await.or_status()?;
+        let (who, resource, to) = (who(&request), req.resource.as_str(), state.name());
+        tracing::info!(target: "floodgate::audit", who, change = "SetBreakerState", resource, to, version_before = version, version_after = version, "admin change");
+        Ok(Response::new(view.into_wire()))
+    }
+
+    async fn set_degradation_level(
+        &self,
+        request: Request<pb::SetDegradationLevelRequest>,
+    ) -> Result<Response<pb::SetDegradationLevelResponse>, Status> {
+        let version = self.decider.rules().version;
+        let (target, level) = level_request(request.get_ref()).or_status()?;
+        let levels = self.decider.set_level(target, level).await.or_status()?;
+        let who = who(&request);
+        for l in &levels {
+            let (system, to, manual) = (crate::metrics::system_label(&l.system), l.level, l.manual);
+            tracing::info!(target: "floodgate::audit", who, change = "SetDegradationLevel", system, to, manual, version_before = version, version_after = version, "admin change");
+        }
+        Ok(Response::new(level_response(levels)))
+    }
+
+    async fn get_what_if(
+        &self,
+        _request: Request<pb::GetWhatIfRequest>,
+    ) -> Result<Response<pb::GetWhatIfResponse>, Status> {
+        let report = self.decider.what_if().ok_or(crate::engine::RequestError::NoWhatIf).or_status()?;
+        Ok(Response::new(report.into_wire()))
+    }
+
+    async fn peek(&self, request: Request<pb::PeekRequest>) -> Result<Response<pb::PeekResponse>, Status> {
+        let req = request.get_ref();
+        let only = (!req.limit.is_empty()).then_some(req.limit.as_str());
+        let response: pb::PeekResponse = self.decider.peek(&req.resource, &req.descriptors, only).or_status()?;
+        Ok(Response::new(response))
+    }
+
+    async fn set_overrides(
+        &self,
+        request: Request<pb::SetOverridesRequest>,
+    ) -> Result<Response<pb::SetOverridesResponse>, Status> {
+        use crate::engine::RequestError;
+        let req = request.get_ref();
+        let new = req
+            .overrides
+            .iter()
+            .enumerate()
+            .map(|(i, o)| overrides::new_override(o).map_err(|e| e.in_batch("overrides", i)))
+            .collect::<Result<Vec<_>, RequestError>>()
+            .or_status()?;
+        let who = who(&request);
+        let before = self.decider.rules().version;
+        let set = self.decider.set_overrides(new, &who).await.or_status()?;
+        let ids: Vec<&str> = set.specs.iter().map(|s| s.id.as_str()).collect();
+        let (count, ids, after) = (ids.len(), ids.join(","), set.rules_version);
+        tracing::info!(target: "floodgate::audit", who, change = "SetOverrides", count, ids, version_before = before, version_after = after, "admin change");
+        Ok(Response::new(pb::SetOverridesResponse {
+            overrides: set.specs.iter().map(|s| overrides::to_pb(s, None)).collect(),
+            rules_version: set.rules_version,
+            persisted: set.persisted,
+        }))
+    }
+
+    async fn list_overrides(
+        &self,
+        request: Request<pb::ListOverridesRequest>,
+    ) -> Result<Response<pb::ListOverridesResponse>, Status> {
+        let req = request.get_ref();
+        let page = self.decider.list_overrides(&req.rule, &req.after, req.limit as usize);
+        Ok(Response::new(pb::ListOverridesResponse {
+            overrides: page.items.into_iter().map(|(s, problem)| overrides::to_pb(&s, problem)).collect(),
+            next_after: page.next_after,
+            total: page.total as u64,
+        }))
+    }
+
+    async fn delete_overrides(
+        &self,
+        request: Request<pb::DeleteOverridesRequest>,
+    ) -> Result<Response<pb::DeleteOverridesResponse>, Status> {
+        let ids = request.get_ref().ids.clone();
+        let who = who(&request);
+        let before = self.decider.rules().version;
+        let (deleted, after) = self.decider.delete_overrides(ids).await.or_status()?;
+        let (count, ids) = (deleted.len(), deleted.join(","));
+        tracing::info!(target: "floodgate::audit", who, change = "DeleteOverrides", count, ids, version_before = before, version_after = after, "admin change");
+        Ok(Response::new(pb::DeleteOverridesResponse { deleted, rules_version: after }))
+    }
+
+    async fn get_top_keys(
+        &self,
+        request: Request<pb::GetTopKeysRequest>,
+    ) -> Result<Response<pb::GetTopKeysResponse>, Status> {
+        let req = request.get_ref();
+        let n = if req.count == 0 { 10 } else { req.count as usize };
+        if !req.rule.is_empty() && !self.decider.has_rule(&req.rule) {
+            return Err(crate::engine::RequestError::NoSuchRule(req.rule.clone()).into_status());
+        }
+        let key = |(key, count, error): (String, u64, u64)| pb::TopKey { key, count, error };
+        let limits = self
+            .decider
+            .top_keys(&req.rule, n)
+            .into_iter()
+            .map(|t| pb::LimitTopKeys {
+                rule: t.rule,
+                limit: t.limit,
+                denied: t.denied.into_iter().map(key).collect(),
+                admitted: t.admitted.into_iter().map(key).collect(),
+            })
+            .collect();
+        let window = std::time::Duration::from_secs(crate::hitters::EPOCH_SECS * crate::hitters::EPOCHS as u64);
+        Ok(Response::new(pb::GetTopKeysResponse {
+            limits,
+            window: super::convert::duration(window),
+            admitted_sample: crate::hitters::ADMITTED_SAMPLE,
+        }))
+    }
+}
