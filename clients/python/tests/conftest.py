@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import http.client
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -59,7 +61,8 @@ def poll(check: Callable[[], object], timeout: float = 10.0, interval: float = 0
 class Server:
     """One floodgate process; stop, kill, freeze, thaw and restart it on the same ports."""
 
-    def __init__(self, rules: str, workdir: str, extra: Optional[List[str]] = None, scheme: str = "http"):
+    def __init__(self, rules: str, workdir: str, extra: Optional[List[str]] = None, scheme: str = "http",
+                 client_cert=None):
         self.workdir = workdir
         self.rules_path = os.path.join(workdir, "rules.yaml")
         self.write_rules(rules)
@@ -67,6 +70,8 @@ class Server:
         self.http_port = free_port()
         self.extra = list(extra or [])
         self.scheme = scheme
+        #: (cert, key) files for /readyz when the server requires mTLS.
+        self.client_cert = client_cert
         self.proc: Optional[subprocess.Popen] = None
         self.log_path = os.path.join(workdir, "server.log")
         self.start()
@@ -99,10 +104,16 @@ class Server:
     def _ready(self) -> bool:
         if self.proc.poll() is not None:
             raise AssertionError("floodgate exited with %s:\n%s" % (self.proc.returncode, self.log()))
+        # With TLS the HTTP port speaks TLS too (the test CA is not checked here).
+        context = ssl._create_unverified_context() if self.scheme == "https" else None
+        if context is not None and self.client_cert:
+            context.load_cert_chain(*self.client_cert)
         try:
-            with urllib.request.urlopen("http://127.0.0.1:%d/readyz" % self.http_port, timeout=1) as r:
+            with urllib.request.urlopen(
+                "%s://127.0.0.1:%d/readyz" % (self.scheme, self.http_port), timeout=1, context=context
+            ) as r:
                 return r.status == 200
-        except OSError:
+        except (OSError, http.client.HTTPException):
             return False
 
     def log(self) -> str:
@@ -114,7 +125,21 @@ class Server:
         os.kill(self.proc.pid, sig)
 
     def freeze(self) -> None:
+        """SIGSTOP, and wait until every thread is stopped (a signal is
+        delivered asynchronously: a thread may still answer meanwhile)."""
         self.signal(signal.SIGSTOP)
+        poll(self._stopped, timeout=5, interval=0.005, what="every thread stopped")
+
+    def _stopped(self) -> bool:
+        task = "/proc/%d/task" % self.proc.pid
+        try:
+            states = []
+            for tid in os.listdir(task):
+                with open("%s/%s/stat" % (task, tid)) as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+        except OSError:
+            return False
+        return bool(states) and all(s in ("T", "t") for s in states)
 
     def thaw(self) -> None:
         self.signal(signal.SIGCONT)
@@ -143,9 +168,9 @@ class Server:
 def make_server(tmp_path):
     servers: List[Server] = []
 
-    def make(rules: str = RULES, extra: Optional[List[str]] = None, scheme: str = "http") -> Server:
+    def make(rules: str = RULES, extra: Optional[List[str]] = None, scheme: str = "http", client_cert=None) -> Server:
         d = tempfile.mkdtemp(dir=str(tmp_path))
-        s = Server(rules, d, extra, scheme)
+        s = Server(rules, d, extra, scheme, client_cert)
         servers.append(s)
         return s
 
