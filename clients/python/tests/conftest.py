@@ -99,7 +99,11 @@ class Server:
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
         log.close()
-        poll(self._ready, timeout=30, interval=0.05, what="floodgate /readyz")
+        try:
+            poll(self._ready, timeout=30, interval=0.05, what="floodgate /readyz")
+        except BaseException:
+            self.kill()  # never leave a server behind that no fixture will stop
+            raise
 
     def _ready(self) -> bool:
         if self.proc.poll() is not None:
