@@ -1,0 +1,1 @@
+"""Stubs generated from proto/floodgate/v1/floodgate.proto by scripts/generate. Do not edit."""
