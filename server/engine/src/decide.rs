@@ -11,12 +11,13 @@ use super::counters::RuleMetrics;
 use super::guards::{Denial, PermitId};
 use super::installed::RuleHandles;
 use super::request::{self, Descriptors, Request, RequestError};
-use super::sync::{RemoteBreaker, RemoteSlot, decided_by_redis};
+use super::sync::{RemoteBreaker, RemoteSlot};
 use super::{Engine, Installed};
 use crate::breaker;
+use crate::coordination::decided_by_store;
 use crate::degradation::Scope;
 use crate::limiter::{Decision, Status};
-use crate::rules::{Limit, Priority, Rule, SyncMode, duration};
+use crate::rules::{Limit, Priority, Rule, duration};
 use crate::store::{BucketKey, LimitId};
 use crate::time::{SharedClock, Timestamp};
 
@@ -123,10 +124,7 @@ impl Prepared<'_> {
 
     /// The replicated limits' buckets this process does not hold yet.
     pub fn replicated_keys(&self) -> impl Iterator<Item = (&Limit, &BucketKey)> {
-        self.matched
-            .iter()
-            .filter(|(l, ..)| l.sync == SyncMode::Replicated && !decided_by_redis(l))
-            .map(|(l, _, k)| (*l, k))
+        self.matched.iter().filter(|(l, ..)| l.sync.is_replicated() && !decided_by_store(l)).map(|(l, _, k)| (*l, k))
     }
 
     /// Whether the matched rule has a circuit breaker.
@@ -277,7 +275,7 @@ impl Engine {
         let guarded = rule.is_some_and(|(r, _)| r.breaker.is_some() || r.concurrency.is_some());
         let settle = req.settle && !req.dry_run;
         let resource = (guarded || settle).then(|| req.resource.to_string());
-        let request_resource = if self.sync.is_some() { req.resource.to_string() } else { String::new() };
+        let request_resource = if self.coordination.notes_takes() { req.resource.to_string() } else { String::new() };
         let scope = rule.and_then(|(_, h)| h.scope.as_deref()).unwrap_or_else(|| rules.scope_of(req.resource));
         Ok(Prepared {
             rule,
@@ -401,9 +399,7 @@ impl Engine {
 
     /// Keeps count of what a replicated limit took, for the next sync.
     pub(super) fn note_replicated(&self, l: &Limit, key: &BucketKey, resource: &str, units: i64, now: Timestamp) {
-        if let Some(sync) = &self.sync {
-            sync.note(l, key, resource, units, now);
-        }
+        self.coordination.note_take(l, key, resource, units, now);
     }
 }
 

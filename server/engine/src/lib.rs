@@ -19,12 +19,14 @@ use arc_swap::Guard;
 use floodgate_core::{adaptive, breaker, digest, hitters, limiter, store, time};
 use floodgate_rules as rules;
 
+pub use crate::coordination::{Alone, Coordination};
 use crate::events::{Event, Events};
 use crate::rules::RuleSet;
 use crate::store::Buckets;
 use crate::time::{SharedClock, Timestamp};
 
 pub mod concurrency;
+pub mod coordination;
 mod counters;
 pub mod decide;
 pub mod degradation;
@@ -66,8 +68,9 @@ pub struct Engine {
     leases: lease::Leases,
     events: Events,
     clock: SharedClock,
-    /// Replication state; `None` on a memory-only server.
-    sync: Option<sync::Replica>,
+    /// How this replica shares its state with the others ([`Alone`] until
+    /// [`Engine::with_coordination`]).
+    coordination: Arc<dyn Coordination>,
 }
 
 /// How the engine is built.
@@ -75,8 +78,6 @@ pub struct Engine {
 pub struct EngineConfig {
     /// The most buckets held in memory (least recently used evicted first).
     pub max_keys: usize,
-    /// Keep the state replication through Redis needs.
-    pub replicated: bool,
 }
 
 // === impl Engine ===
@@ -92,8 +93,15 @@ impl Engine {
             leases: lease::Leases::default(),
             events: Events::default(),
             clock,
-            sync: config.replicated.then(sync::Replica::new),
+            coordination: Arc::new(Alone),
         }
+    }
+
+    /// Shares this engine's state through `coordination` (a [`sync::Replica`]
+    /// that the replication task carries to and from Redis).
+    pub fn with_coordination(mut self, coordination: Arc<dyn Coordination>) -> Self {
+        self.coordination = coordination;
+        self
     }
 
     /// Bounds the bytes of the bucket keys held (`--max-key-bytes`) besides
@@ -177,11 +185,6 @@ impl Engine {
         &self.events
     }
 
-    /// The replication state, when the server replicates.
-    pub fn sync(&self) -> Option<&sync::Replica> {
-        self.sync.as_ref()
-    }
-
     /// Permits handed out and not yet returned or expired.
     pub fn permits_in_flight(&self) -> usize {
         self.permits.len()
@@ -196,13 +199,8 @@ impl Engine {
     /// The permits issued here that hold a strict slot, by resource (those
     /// of a limit made strict since they were issued included).
     pub fn strict_slots(&self, rules: &Installed) -> std::collections::HashMap<String, Vec<(PermitId, Timestamp)>> {
-        let strict = |resource: &str| {
-            rules
-                .rules
-                .find(resource)
-                .and_then(|r| r.concurrency)
-                .is_some_and(|c| c.sync == crate::rules::SyncMode::Strict)
-        };
+        let strict =
+            |resource: &str| rules.rules.find(resource).and_then(|r| r.concurrency).is_some_and(|c| c.sync.is_strict());
         self.permits.strict_slots(strict)
     }
 

@@ -11,7 +11,7 @@ use super::{Engine, Installed};
 use crate::breaker::{Info, Outcome, State};
 use crate::degradation::{Level, LevelChange, Load, Scope};
 use crate::events::Event;
-use crate::rules::{BreakerConfig, Concurrency, Rule, SyncMode};
+use crate::rules::{BreakerConfig, Concurrency, Rule};
 use crate::time::Timestamp;
 
 /// One ReportOutcome, checked: `resource` may be empty (else it must be the
@@ -96,9 +96,7 @@ impl Engine {
                 // A probe of the shared breaker: Redis counts it and decides.
                 let slow = latency > cfg.slow_call_duration;
                 let resource = permit.resource.clone();
-                if let Some(sync) = &self.sync {
-                    sync.send(RemoteOutcome { resource, generation, outcome, slow });
-                }
+                self.coordination.send_outcome(RemoteOutcome { resource, generation, outcome, slow });
                 permit.guarded.current_breaker().as_ref().map(|b| b.state())
             }
             (Some((generation, _)), None, Some(cfg)) => {
@@ -131,10 +129,8 @@ impl Engine {
             if scope.is_global() {
                 scope.record_call(now, call);
             }
-            if let Some(sync) = &self.sync {
-                let tripped = transition.as_ref().is_some_and(|t| t.from == State::Closed && t.to == State::Open);
-                sync.record_call(&permit.resource, call, tripped);
-            }
+            let tripped = transition.as_ref().is_some_and(|t| t.from == State::Closed && t.to == State::Open);
+            self.coordination.record_call(&permit.resource, call, tripped);
         }
         if let Some(transition) = transition {
             let rule = permit.guarded.rule.to_string();
@@ -148,8 +144,8 @@ impl Engine {
             permit.guarded.release_slot_after(Duration::from_nanos(now.saturating_since(permit.issued_at)));
             permit.guarded.release_class(permit.class);
         }
-        if let (true, Some(sync)) = (permit.strict_slot, &self.sync) {
-            sync.push_slot_op(SlotOp::Give { resource: permit.resource, id });
+        if permit.strict_slot {
+            self.coordination.push_slot_op(SlotOp::Give { resource: permit.resource, id });
         }
     }
 
@@ -174,7 +170,7 @@ impl Engine {
     /// own samples: without Redis, for a `local` limit, and while Redis
     /// cannot be reached. Otherwise the sync merges every replica's windows.
     pub fn adapts_alone(&self, c: &Concurrency) -> bool {
-        c.sync == SyncMode::Local || self.sync.as_ref().is_none_or(|s| !s.up())
+        !c.sync.is_shared() || !self.coordination.store_up()
     }
 
     fn current_state(&self, rules: &Installed, resource: &str) -> Option<State> {
@@ -212,9 +208,7 @@ impl Engine {
             self.level_changed(change);
         }
         self.guards.sweep(now);
-        if let Some(sync) = &self.sync {
-            sync.retain_breakers(|resource| self.guards.contains(resource));
-        }
+        self.coordination.retain_breakers(&|resource| self.guards.contains(resource));
     }
 
     /// What a Watch stream starts with.

@@ -144,7 +144,7 @@ impl Engine {
             resource: guarded.then(|| domain.to_string()),
             guarded,
             settle: false,
-            request_resource: if self.sync.is_some() { domain.to_string() } else { String::new() },
+            request_resource: if self.coordination.notes_takes() { domain.to_string() } else { String::new() },
             matched,
             cost: d.hits,
             dry_run: d.hits == 0,

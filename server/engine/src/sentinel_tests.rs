@@ -21,7 +21,7 @@ use crate::time::{ManualClock, Timestamp};
 /// stat interval below) with these rules installed.
 fn engine(s: &SentinelRules) -> (Engine, Arc<ManualClock>) {
     let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_700_000_000)));
-    let engine = Engine::new(EngineConfig { max_keys: usize::MAX, replicated: false }, clock.clone());
+    let engine = Engine::new(EngineConfig { max_keys: usize::MAX }, clock.clone());
     let set = RuleSet::from_rules(s.rules.clone(), s.system.iter().cloned().collect());
     engine.install(set, String::new(), "sentinel".into());
     (engine, clock)

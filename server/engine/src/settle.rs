@@ -24,7 +24,6 @@ use smallvec::SmallVec;
 use super::decide::{Answer, matched};
 use super::guards::PermitId;
 use super::request::{self, Descriptors, RequestError};
-use super::sync::decided_by_redis;
 use super::{Engine, Installed, LimitReport};
 use crate::rules::{Limit, Rule};
 use crate::store::BucketKey;
@@ -116,7 +115,7 @@ impl Engine {
         }
         let (mut buckets, mut strict) = (SmallVec::new(), SmallVec::new());
         for (l, k) in taken {
-            if self.sync.is_some() && decided_by_redis(l) {
+            if self.coordination.decides(l) {
                 strict.push(k.clone());
             } else {
                 buckets.push(k.clone());
@@ -182,11 +181,10 @@ impl Engine {
         let units = signed(actual) - signed(p.cost);
         let mut strict = Strict { resource: p.resource.clone(), items: SmallVec::new() };
         if units != 0 {
-            match (p.redis_at, &self.sync) {
-                (Some(at), _) => strict.items.extend(p.strict.iter().map(|k| (k.clone(), units, at, 0))),
+            match p.redis_at {
+                Some(at) => strict.items.extend(p.strict.iter().map(|k| (k.clone(), units, at, 0))),
                 // Taken here while Redis was away: the debt is what changes.
-                (None, Some(sync)) => p.strict.iter().for_each(|k| sync.admitted_here(k, &p.resource, units, now)),
-                (None, None) => {}
+                None => p.strict.iter().for_each(|k| self.coordination.admitted_here(k, &p.resource, units, now)),
             }
         }
         Ok(Settled { settled: true, strict })
@@ -243,7 +241,7 @@ impl Engine {
         let Some((rule, handles)) = rules.find(resource) else { return Ok(charged) };
         let now = self.clock.now();
         for (l, index, bucket) in matched(rule, handles, resource, descriptors, &self.clock) {
-            if self.sync.is_some() && decided_by_redis(l) {
+            if self.coordination.decides(l) {
                 if cost > 0 {
                     charged.strict.items.push((bucket, signed(cost), 0, charged.limits.len()));
                 }
@@ -312,7 +310,7 @@ resources:
 
     fn engine() -> (Engine, Arc<ManualClock>) {
         let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_700_006_400)));
-        let e = Engine::new(EngineConfig { max_keys: usize::MAX, replicated: false }, clock.clone());
+        let e = Engine::new(EngineConfig { max_keys: usize::MAX }, clock.clone());
         e.install(RuleSet::from_yaml(RULES, "t").unwrap(), RULES.into(), "t".into());
         (e, clock)
     }

@@ -20,7 +20,7 @@ resources:
 /// An engine on a fake clock with `yaml` installed.
 pub(super) fn engine(yaml: &str) -> (Engine, Arc<ManualClock>) {
     let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_700_006_400)));
-    let engine = Engine::new(EngineConfig { max_keys: usize::MAX, replicated: false }, clock.clone());
+    let engine = Engine::new(EngineConfig { max_keys: usize::MAX }, clock.clone());
     engine.install(RuleSet::from_yaml(yaml, "test.yaml").unwrap(), yaml.into(), "test".into());
     (engine, clock)
 }

@@ -17,7 +17,7 @@ use super::wire::{self, AdaptiveReply};
 use floodgate_core::adaptive::Estimator;
 use floodgate_engine::Installed;
 use floodgate_engine::guards::Guarded;
-use floodgate_rules::{AdaptiveConfig, SyncMode};
+use floodgate_rules::AdaptiveConfig;
 
 /// A resource without calls this long is not pushed (its limit stays).
 const QUIET: Duration = Duration::from_secs(10);
@@ -30,7 +30,7 @@ impl Replication {
         let mut ok = true;
         for (resource, g) in self.engine.all_guarded() {
             let Some(c) = rules.rules.find(&resource).and_then(|r| r.concurrency) else { continue };
-            let Some(a) = c.adaptive.filter(|_| c.sync != SyncMode::Local) else { continue };
+            let Some(a) = c.adaptive.filter(|_| c.sync.is_shared()) else { continue };
             let due = g.current_controller().as_mut().is_some_and(|c| c.push_due(now));
             if !due || !g.active_within(now, QUIET) {
                 continue;

@@ -12,6 +12,7 @@ use super::scripts::{ScriptName, bucket_key, limit_args, marker_key};
 use super::wire;
 use floodgate_core::store::BucketKey;
 use floodgate_engine::Installed;
+use floodgate_engine::settle::Strict;
 use floodgate_engine::sync::Debt;
 
 /// Buckets per adjust script: long scripts would hold Redis up.
@@ -31,6 +32,51 @@ pub struct Adjust {
 }
 
 impl Replication {
+    /// Takes or gives back units on strict buckets in Redis; what each has
+    /// left after. While Redis is away, or when it does not answer, they are
+    /// owed instead (`None`), and paid when it answers again.
+    pub async fn adjust_strict(&self, strict: &Strict) -> Option<Vec<Option<i64>>> {
+        let left = self.try_adjust_strict(strict).await;
+        if left.is_none() {
+            self.owe_strict(strict);
+        }
+        left
+    }
+
+    /// [`Self::adjust_strict`] without owing what Redis did not take.
+    pub async fn try_adjust_strict(&self, strict: &Strict) -> Option<Vec<Option<i64>>> {
+        if strict.items.is_empty() {
+            return Some(Vec::new());
+        }
+        let sync = Some(self.sync()).filter(|s| s.up())?;
+        let rules = self.engine.rules_full();
+        let items: Vec<Adjust> = strict
+            .items
+            .iter()
+            .map(|(key, units, at_us, _)| Adjust { key: key.clone(), units: *units, at_us: *at_us })
+            .collect();
+        let left = self.adjust(&rules, &strict.resource, &items).await?;
+        // Redis's figure is this replica's to start an outage from, to
+        // restore an emptied Redis with, and to keep fresh.
+        let now = self.engine.clock().now();
+        for (item, left) in items.iter().zip(&left) {
+            if let Some(left) = left {
+                sync.saw_strict(&item.key, &strict.resource, (*left).max(0) as u64, now);
+            }
+        }
+        Some(left)
+    }
+
+    /// Units Redis did not take: owed, and taken off the figure the next
+    /// outage starts from, as what is admitted during one is.
+    pub fn owe_strict(&self, strict: &Strict) {
+        let sync = self.sync();
+        let now = self.engine.clock().now();
+        for (key, units, _, _) in &strict.items {
+            sync.admitted_here(key, &strict.resource, *units, now);
+        }
+    }
+
     /// Adjusts strict buckets of `resource`, once; what each has available
     /// after (negative for a debt; `None` for a bucket whose limit is no
     /// longer in force), or `None` when Redis did not answer in time
@@ -116,7 +162,7 @@ impl Replication {
         } else {
             tracing::info!("connected to Redis");
         }
-        self.engine.end_outage();
+        self.sync().end_outage(&self.engine);
         rest.is_empty() || self.pay(rules, rest).await
     }
 

@@ -30,7 +30,7 @@ impl Replication {
     async fn adopt_reply(&self, rules: &Installed, resource: &str, r: &BreakerReply) {
         let open_until = self.engine.clock().now().saturating_add(r.open_for());
         let shared = SharedBreaker { generation: r.generation, state: r.state, open_until, openings: r.openings };
-        self.engine.adopt_breaker(rules, resource, shared);
+        self.sync().adopt_breaker(&self.engine, rules, resource, shared);
         if r.changed {
             self.publish(format!("b {resource}")).await;
         }
@@ -94,7 +94,7 @@ impl Replication {
     /// One round: every breaker's window news pushed, its shared state adopted.
     pub(super) async fn sync_breakers(&self, rules: &Installed) -> bool {
         let mut ok = true;
-        for BreakerNews { resource, calls, tripped } in self.engine.breaker_news(rules) {
+        for BreakerNews { resource, calls, tripped } in self.sync().breaker_news(&self.engine, rules) {
             let op = BreakerOp::Sync { calls: calls.calls, failures: calls.failures, slow: calls.slow, tripped };
             ok &= self.run_breaker(rules, &resource, op).await.is_some();
         }

@@ -11,7 +11,6 @@ use super::Replication;
 use floodgate_core::store::BucketKey;
 use floodgate_engine::sync::RemoteBreaker;
 use floodgate_engine::{Answer, Engine, Pending, Prepared, Step, Verdict};
-use floodgate_rules::SyncMode;
 
 impl Replication {
     /// Decides `prepared` (one per item, in order), asking Redis where it
@@ -58,7 +57,10 @@ impl Replication {
     /// Asks the shared breakers for the probes the items need, concurrently.
     async fn ask_probes(&self, prepared: &mut [Prepared<'_>]) {
         let wanted: Vec<usize> = (0..prepared.len())
-            .filter(|&i| !prepared[i].dry_run() && self.engine.needs_remote_probe(&prepared[i], prepared[i].resource()))
+            .filter(|&i| {
+                !prepared[i].dry_run()
+                    && self.sync().needs_remote_probe(&self.engine, &prepared[i], prepared[i].resource())
+            })
             .collect();
         if wanted.is_empty() {
             return;
@@ -119,7 +121,7 @@ impl Replication {
     {
         let short_lease = |a: &Answer<'_>| {
             a.verdict == Verdict::RateLimited
-                && a.limits.iter().filter(|r| r.exceeded).all(|r| r.limit.sync == SyncMode::Replicated)
+                && a.limits.iter().filter(|r| r.exceeded).all(|r| r.limit.sync.is_replicated())
         };
         let mut again = Vec::new();
         let mut keys = Vec::new();
@@ -129,7 +131,7 @@ impl Replication {
                 continue;
             }
             let Some(p) = again_for(i) else { continue };
-            if self.engine.worth_escalating(&p) {
+            if self.sync().worth_escalating(&p) {
                 want = want.max(p.cost());
                 again.push((i, p));
             }

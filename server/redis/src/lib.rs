@@ -59,6 +59,8 @@ pub struct Config {
 
 pub struct Replication {
     engine: Arc<Engine>,
+    /// What the engine keeps for the fleet, shared with it.
+    replica: Arc<Replica>,
     conn: Arc<Conn>,
     scripts: Scripts,
     config: Config,
@@ -99,9 +101,9 @@ pub struct Replication {
 impl Replication {
     /// Connects (in the background) and starts the sync loop and the pub/sub
     /// listener. The server serves from memory until Redis answers. The
-    /// engine must have been built with `replicated: true`.
-    pub async fn start(config: Config, engine: Arc<Engine>) -> anyhow::Result<Arc<Replication>> {
-        anyhow::ensure!(engine.sync().is_some(), "the engine keeps no replication state");
+    /// engine must share its state through `replica`
+    /// ([`Engine::with_coordination`]).
+    pub async fn start(config: Config, engine: Arc<Engine>, replica: Arc<Replica>) -> anyhow::Result<Arc<Replication>> {
         let conn = Conn::open(&config.target, &config.credentials, config.timeout)?;
         let overrides_seen = tokio::sync::Mutex::new(u64::MAX);
         let connected = std::sync::atomic::AtomicBool::new(false);
@@ -110,6 +112,7 @@ impl Replication {
         let instance = format!("{}#{tag:08x}{:08x}", config.replica_id, rand::random::<u32>());
         let r = Arc::new_cyclic(|me| Replication {
             engine,
+            replica,
             conn,
             scripts: Scripts::default(),
             config,
@@ -150,7 +153,12 @@ impl Replication {
     }
 
     fn sync(&self) -> &Replica {
-        self.engine.sync().expect("checked when replication started")
+        &self.replica
+    }
+
+    /// Whether Redis answered last time, and how many replicas are live.
+    pub fn health(&self) -> (bool, u32) {
+        (self.replica.up(), self.replica.live())
     }
 
     /// One Redis exchange. A failure marks Redis down, so that calls stop

@@ -333,7 +333,7 @@ impl Replication {
             let mut items = Vec::new();
             let mut flying = Vec::new();
             for (resource, key) in waiting {
-                match self.engine.sync_item(&rules, resource, &key) {
+                match self.sync().sync_item(&self.engine, &rules, resource, &key) {
                     Some(item) => items.push(item),
                     None => flying.push((resource, key)),
                 }
@@ -356,7 +356,7 @@ impl Replication {
     /// consumption and adopt the merged state. What could not be pushed is
     /// kept for the next round.
     pub(super) async fn sync_buckets(&self, rules: &Installed) -> bool {
-        let items = self.engine.sync_items(rules, self.engine.clock().now(), ACTIVE);
+        let items = self.sync().sync_items(&self.engine, rules, self.engine.clock().now(), ACTIVE);
         self.push_and_adopt(rules, items, 0).await
     }
 
@@ -384,9 +384,9 @@ impl Replication {
                             // from a full bucket).
                             let held = self.engine.buckets().contains_key(&item.key);
                             if held && self.sync().recovering(&item.resource, now) {
-                                self.engine.note_common(&item.resource, &item.key, &shared);
+                                self.sync().note_common(&self.engine, &item.resource, &item.key, &shared);
                             } else {
-                                self.engine.adopt(rules, item, &shared);
+                                self.sync().adopt(&self.engine, rules, item, &shared);
                             }
                         }
                     }

@@ -11,6 +11,7 @@
 //!   at once; every sync shrinks an idle replica's lease to what it holds.
 //! - While Redis cannot answer, `on_redis_error` decides (engine side).
 
+use floodgate_engine::Coordination;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,7 +24,7 @@ use super::wire::{self, Answered};
 use floodgate_engine::guards::{Guarded, PermitId};
 use floodgate_engine::sync::{RemoteSlot, SlotOp};
 use floodgate_engine::{Installed, Prepared};
-use floodgate_rules::{Concurrency, SyncMode};
+use floodgate_rules::Concurrency;
 
 impl Replication {
     /// Takes a strict slot in Redis for every item that needs one,
@@ -33,7 +34,7 @@ impl Replication {
     pub(super) async fn ask_slots(&self, prepared: &mut [Prepared<'_>]) {
         let wanted: Vec<(usize, String, Concurrency)> = (0..prepared.len())
             .filter_map(|i| {
-                let c = prepared[i].concurrency().filter(|c| c.sync == SyncMode::Strict)?;
+                let c = prepared[i].concurrency().filter(|c| c.sync.is_strict())?;
                 Some((i, prepared[i].resource().to_string(), *c))
             })
             .collect();
@@ -201,7 +202,7 @@ impl Replication {
         let short: Vec<(String, Arc<Guarded>, Concurrency)> = prepared
             .iter()
             .filter_map(|p| {
-                let c = p.concurrency().filter(|c| c.sync == SyncMode::Replicated)?;
+                let c = p.concurrency().filter(|c| c.sync.is_replicated())?;
                 let g = self.engine.guarded(p)?;
                 let short = g.lease_at(now).is_none_or(|lease| g.in_flight() >= lease);
                 short.then(|| (p.resource().to_string(), g, *c))
@@ -218,7 +219,7 @@ impl Replication {
     pub(super) async fn sync_leases(&self, rules: &Installed) {
         for (resource, g) in self.engine.guards_all() {
             let Some(c) = rules.rules.find(&resource).and_then(|r| r.concurrency) else { continue };
-            if c.sync != SyncMode::Replicated || (g.reserved() == 0 && g.in_flight() == 0 && !g.wanted()) {
+            if !c.sync.is_replicated() || (g.reserved() == 0 && g.in_flight() == 0 && !g.wanted()) {
                 continue;
             }
             self.renew_lease(&resource, &g, c, Renewal::Sync).await;

@@ -214,6 +214,36 @@ pub enum SyncMode {
     Local,
 }
 
+// === impl SyncMode ===
+
+// Each question about a mode is one exhaustive match, so that a mode added
+// to the enum fails to compile until every question has its answer.
+impl SyncMode {
+    /// Decided from memory, shared with the fleet every sync interval.
+    pub fn is_replicated(self) -> bool {
+        match self {
+            SyncMode::Replicated => true,
+            SyncMode::Strict | SyncMode::Local => false,
+        }
+    }
+
+    /// Decided by one atomic script in the shared store.
+    pub fn is_strict(self) -> bool {
+        match self {
+            SyncMode::Strict => true,
+            SyncMode::Replicated | SyncMode::Local => false,
+        }
+    }
+
+    /// Shared with the other replicas at all (replicated or strict).
+    pub fn is_shared(self) -> bool {
+        match self {
+            SyncMode::Replicated | SyncMode::Strict => true,
+            SyncMode::Local => false,
+        }
+    }
+}
+
 /// What a `strict` limit does while Redis is unreachable.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum OnRedisError {

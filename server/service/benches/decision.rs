@@ -39,7 +39,7 @@ const ALGORITHMS: &[(&str, &str)] = &[
 ];
 
 fn engine(yaml: &str) -> Engine {
-    let engine = Engine::new(EngineConfig { max_keys: 10_000_000, replicated: false }, Arc::new(SystemClock::new()));
+    let engine = Engine::new(EngineConfig { max_keys: 10_000_000 }, Arc::new(SystemClock::new()));
     engine.install(RuleSet::from_yaml(yaml, "bench").unwrap(), yaml.to_string(), "bench".into());
     engine
 }
@@ -157,7 +157,7 @@ fn overrides(c: &mut Criterion) {
         let base = rules.rules()[0].limits.clone();
         let list = (0..n).map(|i| Override::factor(vec![("user".into(), format!("vip-{i}"))], 10.0, &base)).collect();
         assert!(rules.set_overrides("api", list));
-        let e = Engine::new(EngineConfig { max_keys: 10_000_000, replicated: false }, Arc::new(SystemClock::new()));
+        let e = Engine::new(EngineConfig { max_keys: 10_000_000 }, Arc::new(SystemClock::new()));
         e.install(rules, yaml, "bench".into());
         let plain = descriptors("u42");
         group.bench_function(BenchmarkId::new("no_match", n), |b| b.iter(|| black_box(decide(&e, &plain))));

@@ -67,7 +67,7 @@ descriptors:
 fn engine() -> &'static (Arc<Engine>, Decider) {
     static ENGINE: OnceLock<(Arc<Engine>, Decider)> = OnceLock::new();
     ENGINE.get_or_init(|| {
-        let config = EngineConfig { max_keys: 10_000, replicated: false };
+        let config = EngineConfig { max_keys: 10_000 };
         let e = Arc::new(Engine::new(config, Arc::new(SystemClock::new())));
         e.install(RuleSet::from_yaml(RULES, "fuzz").expect("the fuzz rules are valid"), RULES.into(), "fuzz".into());
         let envoy = EnvoyConfig::parse(&[("edge.yaml".into(), ENVOY.into())]).expect("the fuzz Envoy config is valid");

@@ -13,6 +13,7 @@ use tokio::sync::watch;
 
 use crate::access::{Access, AccessConfig};
 use crate::decider::{self, Decider, Origin};
+use crate::engine::sync::Replica;
 use crate::engine::{Engine, EngineConfig};
 use crate::listen::{Limits, Port, Tls, TlsFiles};
 use crate::replication::Replication;
@@ -99,9 +100,9 @@ pub async fn run(
     let _tokens = access.watch()?;
     access.warn_if_loopback_only();
     let tls = load_tls(&opts)?;
-    let engine = build_engine(&opts);
+    let (engine, replica) = build_engine(&opts);
     let sources = install_sources(&opts, &engine)?;
-    let replication = start_replication(&opts, &engine).await?;
+    let replication = start_replication(&opts, &engine, replica).await?;
     let last_sync = replication.clone();
     let origin_key = opts.sentinel.as_ref().map(|(_, o)| o.origin_key.clone());
     let decider = Arc::new(
@@ -156,11 +157,20 @@ fn load_tls(opts: &Options) -> anyhow::Result<PortsTls> {
     Ok(PortsTls { grpc: Some(grpc), http: Some(http) })
 }
 
-fn build_engine(opts: &Options) -> Arc<Engine> {
+/// The engine, and what it keeps for the other replicas when it shares its
+/// state through Redis.
+fn build_engine(opts: &Options) -> (Arc<Engine>, Option<Arc<Replica>>) {
     metrics::gauge!(crate::metrics::MAX_KEYS).set(opts.max_keys as f64);
     metrics::gauge!(crate::metrics::MAX_KEY_BYTES).set(opts.max_key_bytes as f64);
-    let config = EngineConfig { max_keys: opts.max_keys, replicated: opts.replication.is_some() };
-    Arc::new(Engine::new(config, opts.clock.clone()).with_max_key_bytes(opts.max_key_bytes))
+    let config = EngineConfig { max_keys: opts.max_keys };
+    let engine = Engine::new(config, opts.clock.clone()).with_max_key_bytes(opts.max_key_bytes);
+    match opts.replication {
+        Some(_) => {
+            let replica = Arc::new(Replica::new());
+            (Arc::new(engine.with_coordination(replica.clone())), Some(replica))
+        }
+        None => (Arc::new(engine), None),
+    }
 }
 
 /// What the server reads at start and then watches.
@@ -209,10 +219,14 @@ fn install_sources(opts: &Options, engine: &Engine) -> anyhow::Result<Sources> {
     Ok(Sources { rules, envoy, sentinel })
 }
 
-async fn start_replication(opts: &Options, engine: &Arc<Engine>) -> anyhow::Result<Option<Arc<Replication>>> {
-    let Some(config) = opts.replication.clone() else { return Ok(None) };
+async fn start_replication(
+    opts: &Options,
+    engine: &Arc<Engine>,
+    replica: Option<Arc<Replica>>,
+) -> anyhow::Result<Option<Arc<Replication>>> {
+    let (Some(config), Some(replica)) = (opts.replication.clone(), replica) else { return Ok(None) };
     tracing::info!(target = ?config.target, sync_interval = ?config.sync_interval, "replicating through Redis");
-    Ok(Some(Replication::start(config, engine.clone()).await?))
+    Ok(Some(Replication::start(config, engine.clone(), replica).await?))
 }
 
 /// Everything that runs beside the ports; stopped when dropped.

@@ -10,10 +10,11 @@ use super::{Answer, Matched, Prepared, Verdict, fill_limits};
 use crate::Engine;
 use crate::guards::{Admitted, Ask, Denial, Guarded, Slots};
 use crate::installed::RuleHandles;
+use crate::limiter::Algorithm;
 use crate::limiter::{Decision, Status};
-use crate::rules::{Limit, OnRedisError, Rule, SyncMode};
+use crate::rules::{Limit, OnRedisError, Rule};
 use crate::store::BucketKey;
-use crate::sync::{RemoteBreaker, RemoteSlot, SlotOp, decided_by_redis};
+use crate::sync::{RemoteBreaker, RemoteSlot, SlotOp};
 use crate::time::Timestamp;
 
 /// A matched limit and its decision, `None` until Redis answers.
@@ -140,7 +141,7 @@ impl Engine {
         }
         // Limits Redis decides: with Redis up it is asked; while it is down,
         // each follows its `on_redis_error`, on every request of the outage.
-        let redis_limits = self.sync.is_some() && !p.dry_run && p.matched.iter().any(|(l, ..)| decided_by_redis(l));
+        let redis_limits = !p.dry_run && p.matched.iter().any(|(l, ..)| self.coordination.decides(l));
         if !p.guarded && !redis_limits {
             // The common case, without the machinery for guards and Redis.
             let mut answer = Answer::of_rule(rule, level);
@@ -203,7 +204,7 @@ impl Engine {
     /// local limit denies, or Redis is down (the outage policies).
     fn ask_redis<'r>(&self, mut pending: Pending<'r>, matched: Matched<'r>) -> Step<'r> {
         let (remote, local): (Matched<'r>, Matched<'r>) =
-            matched.into_iter().partition(|(l, _, _)| decided_by_redis(l));
+            matched.into_iter().partition(|(l, _, _)| self.coordination.decides(l));
         let (now, cost, dry_run) = (pending.now, pending.cost, pending.dry_run);
         let decisions = self.take_or_check(&local, &pending.request_resource, now, cost, dry_run);
         let denied = local.iter().zip(&decisions).any(|((l, ..), d)| super::enforced_denial(l, d));
@@ -215,7 +216,7 @@ impl Engine {
         if denied || pending.limits.iter().all(|(.., d)| d.is_some()) {
             return Step::Done(self.finish(pending, Some(Remote { decisions: SmallVec::new(), at_us: 0 })));
         }
-        if !self.sync.as_ref().is_some_and(|s| s.up()) {
+        if !self.coordination.store_up() {
             return Step::Done(self.finish(pending, None));
         }
         Step::Remote(Box::new(pending))
@@ -244,7 +245,7 @@ impl Engine {
                 let Some(d) = d.as_mut().filter(|d| d.admitted) else { continue };
                 // Redis (or the outage policy) takes its limits all or
                 // nothing itself: only the local ones give back here.
-                if self.sync.is_some() && decided_by_redis(l) {
+                if self.coordination.decides(l) {
                     continue;
                 }
                 if !p.dry_run && !p.given_back {
@@ -273,7 +274,7 @@ impl Engine {
             return;
         }
         for (l, _, k, d) in &p.limits {
-            if d.is_some_and(|d| d.admitted) && !(self.sync.is_some() && decided_by_redis(l)) {
+            if d.is_some_and(|d| d.admitted) && !self.coordination.decides(l) {
                 self.buckets.refund(k, &l.algorithm, p.now, p.cost);
                 self.note_replicated(l, k, &p.request_resource, -(p.cost as i64), p.now);
             }
@@ -291,8 +292,8 @@ impl Engine {
                 let resource = p.resource.clone().unwrap_or_default();
                 p.answer.holds_slot = a.holds_slot();
                 let (id, owed) = self.permits.issue_for(p.rule, resource, a, p.now);
-                if let (Some((resource, expires_at)), Some(sync)) = (owed, &self.sync) {
-                    sync.push_slot_op(SlotOp::Add { resource, id, expires_at });
+                if let Some((resource, expires_at)) = owed {
+                    self.coordination.push_slot_op(SlotOp::Add { resource, id, expires_at });
                 }
                 p.answer.permit_id = Some(id);
             }
@@ -342,30 +343,12 @@ impl Engine {
     fn slots(&self, rule: &Rule, guarded: &Guarded, slot: Option<RemoteSlot>, dry_run: bool) -> Slots {
         let Some(c) = &rule.concurrency else { return Slots::Here(None) };
         let limit = guarded.limit(c);
-        let Some(sync) = self.sync.as_ref().filter(|_| c.sync != SyncMode::Local) else {
-            return Slots::Here(Some(limit));
-        };
         if dry_run {
             // Nothing is taken, and Redis is not asked: what this replica
             // holds against the whole limit.
             return Slots::Here(Some(limit));
         }
-        let outage = match c.on_redis_error {
-            // This replica's share of the fleet's slots, at least one.
-            OnRedisError::Local => Some(limit.div_ceil(sync.live())),
-            OnRedisError::Allow => None,
-            OnRedisError::Deny => Some(0),
-        };
-        match (c.sync, slot) {
-            (SyncMode::Strict, Some(RemoteSlot::Taken(grant))) => Slots::Taken(grant),
-            (SyncMode::Strict, Some(RemoteSlot::Full { retry_after })) => Slots::Full(retry_after),
-            // Redis answers but did not take a slot in time (it is slow):
-            // denied, rather than decided as if it were away.
-            (SyncMode::Strict, None) if sync.up() => Slots::Full(Duration::from_millis(100)),
-            (SyncMode::Strict, None) => Slots::Owed(outage),
-            _ if sync.up() => Slots::Leased,
-            _ => Slots::Here(outage),
-        }
+        self.coordination.slots(c, limit, slot)
     }
 
     /// A strict charge while Redis is away, on a limit whose
@@ -374,15 +357,29 @@ impl Engine {
     /// used up here until Redis answers. What the bucket has left after;
     /// `None` for the other modes, or when Redis answers again.
     pub fn charge_in_outage(&self, limit: &Limit, key: &BucketKey, cost: u64) -> Option<Status> {
-        let sync = self.sync.as_ref().filter(|s| !s.up())?;
-        if limit.on_redis_error != OnRedisError::Local {
+        if !self.coordination.in_outage() || limit.on_redis_error != OnRedisError::Local {
             return None;
         }
         let now = self.clock.now();
-        let alg = limit.algorithm.scaled(sync.share());
+        let alg = limit.algorithm.scaled(self.coordination.share());
         self.outage_bucket(key, &alg, now);
         self.buckets.force(key.clone(), &alg, now, cost);
         Some(self.buckets.check(key, &alg, now, 0).status)
+    }
+
+    /// Makes the bucket a strict limit decides from during an outage (`alg`
+    /// is the limit scaled to this replica's share): this replica's share of
+    /// what Redis last reported left, or of the whole limit if it never did.
+    fn outage_bucket(&self, key: &BucketKey, alg: &Algorithm, now: Timestamp) {
+        if self.buckets.contains_key(key) {
+            return;
+        }
+        let mut bucket = alg.new_bucket(now);
+        if let Some(remaining) = self.coordination.outage_start(key, now) {
+            let share = (remaining * self.coordination.share()).floor() as u64;
+            bucket.force(alg, now, alg.capacity().saturating_sub(share));
+        }
+        self.buckets.put(key.clone(), bucket, now);
     }
 
     /// Strict limits while Redis cannot answer, all or nothing: `local`
@@ -396,7 +393,7 @@ impl Engine {
         now: Timestamp,
         cost: u64,
     ) -> SmallVec<[Decision; 4]> {
-        let share = self.sync.as_ref().map_or(1.0, |s| s.share());
+        let share = self.coordination.share();
         let mut decisions = SmallVec::new();
         let mut taken = Vec::new();
         let mut denied = false;
@@ -428,9 +425,9 @@ impl Engine {
             }
             decisions.push(d);
         }
-        if !denied && let Some(sync) = &self.sync {
+        if !denied {
             for (_, _, k) in strict {
-                sync.admitted_here(k, resource, i64::try_from(cost).unwrap_or(i64::MAX), now);
+                self.coordination.admitted_here(k, resource, i64::try_from(cost).unwrap_or(i64::MAX), now);
             }
         }
         decisions

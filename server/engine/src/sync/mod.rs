@@ -12,9 +12,11 @@ use dashmap::DashMap;
 
 use super::{Engine, Installed, Prepared};
 use crate::breaker::Call;
+use crate::coordination::{Coordination, decided_by_store, shared_slots};
 use crate::events::Event;
-use crate::limiter::{Algorithm, Bucket, Shared};
-use crate::rules::{Limit, SyncMode};
+use crate::guards::Slots;
+use crate::limiter::{Bucket, Shared};
+use crate::rules::{Concurrency, Limit};
 use crate::store::BucketKey;
 use crate::time::Timestamp;
 
@@ -94,19 +96,10 @@ const ASSUMED_FOR: Duration = Duration::from_secs(3);
 /// State this replica keeps only while it is in use.
 const FORGET_AFTER: Duration = Duration::from_secs(600);
 
-/// Whether Redis decides this limit when replication is on: strict limits,
-/// and sliding logs (an exact log cannot be shared approximately). A shadow
-/// limit never is: it enforces nothing, and a strict script enforces all.
-pub fn decided_by_redis(l: &Limit) -> bool {
-    !l.shadow
-        && (l.sync == SyncMode::Strict
-            || (l.sync == SyncMode::Replicated && matches!(l.algorithm, Algorithm::SlidingWindowLog(_))))
-}
-
 // === impl Replica ===
 
 impl Replica {
-    pub(super) fn new() -> Self {
+    pub fn new() -> Self {
         Replica { live: AtomicU32::new(1), ..Replica::default() }
     }
 
@@ -295,13 +288,6 @@ impl Replica {
         1.0 / f64::from(self.live())
     }
 
-    /// Notes units a replicated limit took (or, negative, gave back).
-    pub(super) fn note(&self, l: &Limit, key: &BucketKey, resource: &str, units: i64, now: Timestamp) {
-        if l.sync == SyncMode::Replicated {
-            self.dirty.note(key, resource, key.limit, units, now);
-        }
-    }
-
     /// The sync of this item is over, done or not: the next may go out.
     pub fn landed(&self, item: &SyncItem) {
         self.dirty.landed(&item.key);
@@ -319,10 +305,6 @@ impl Replica {
 
     pub fn outbox_is_empty(&self) -> bool {
         self.outbox.is_empty()
-    }
-
-    pub(super) fn send(&self, outcome: RemoteOutcome) {
-        self.outbox.push(outcome);
     }
 
     /// An outcome that could not be sent: sent again at the next flush.
@@ -363,24 +345,9 @@ impl Replica {
         }
     }
 
-    pub fn push_slot_op(&self, op: SlotOp) {
-        if matches!(op, SlotOp::Add { .. }) {
-            self.adds_owed.fetch_add(1, Ordering::AcqRel);
-        }
-        self.slot_ops.push(op);
-    }
-
     /// A probe of `resource`'s shared breaker that Redis granted.
     pub fn probe_granted(&self, resource: &str, generation: u64) -> ProbeGrant {
         ProbeGrant::new(resource.to_string(), generation, self.outbox.clone())
-    }
-
-    /// A call this replica's breaker recorded, for the next sync.
-    pub(super) fn record_call(&self, resource: &str, call: Call, tripped: bool) {
-        match self.breakers.get_mut(resource) {
-            Some(mut u) => u.record(call, tripped),
-            None => self.breakers.entry(resource.to_string()).or_default().record(call, tripped),
-        }
     }
 
     /// One breaker's calls since the last sync (now reset).
@@ -406,13 +373,6 @@ impl Replica {
         true
     }
 
-    /// A strict bucket this replica decides on its own during an outage.
-    pub(super) fn decided_in_outage(&self, key: &BucketKey) {
-        if !self.outage.contains_key(key) {
-            self.outage.insert(key.clone(), ());
-        }
-    }
-
     fn take_outage(&self) -> Vec<BucketKey> {
         let keys: Vec<BucketKey> = self.outage.iter().map(|e| e.key().clone()).collect();
         for k in &keys {
@@ -420,52 +380,118 @@ impl Replica {
         }
         keys
     }
+}
+
+// === impl Coordination for Replica ===
+
+impl Coordination for Replica {
+    fn decides(&self, limit: &Limit) -> bool {
+        decided_by_store(limit)
+    }
+
+    fn store_up(&self) -> bool {
+        self.up()
+    }
+
+    fn in_outage(&self) -> bool {
+        !self.up()
+    }
+
+    fn notes_takes(&self) -> bool {
+        true
+    }
+
+    fn share(&self) -> f64 {
+        Replica::share(self)
+    }
+
+    /// Keeps count of what a replicated limit took, for the next sync.
+    fn note_take(&self, limit: &Limit, key: &BucketKey, resource: &str, units: i64, now: Timestamp) {
+        if limit.sync.is_replicated() {
+            self.dirty.note(key, resource, key.limit, units, now);
+        }
+    }
+
+    fn admitted_here(&self, key: &BucketKey, resource: &str, units: i64, now: Timestamp) {
+        Replica::admitted_here(self, key, resource, units, now)
+    }
+
+    fn outage_start(&self, key: &BucketKey, now: Timestamp) -> Option<f64> {
+        if !self.outage.contains_key(key) {
+            self.outage.insert(key.clone(), ());
+        }
+        self.strict_remaining(key, now)
+    }
+
+    fn slots(&self, c: &Concurrency, limit: u32, slot: Option<RemoteSlot>) -> Slots {
+        shared_slots(c, limit, slot, self.up(), self.live())
+    }
+
+    fn send_outcome(&self, outcome: RemoteOutcome) {
+        self.outbox.push(outcome);
+    }
+
+    /// A call this replica's breaker recorded, for the next sync.
+    fn record_call(&self, resource: &str, call: Call, tripped: bool) {
+        match self.breakers.get_mut(resource) {
+            Some(mut u) => u.record(call, tripped),
+            None => self.breakers.entry(resource.to_string()).or_default().record(call, tripped),
+        }
+    }
+
+    fn push_slot_op(&self, op: SlotOp) {
+        if matches!(op, SlotOp::Add { .. }) {
+            self.adds_owed.fetch_add(1, Ordering::AcqRel);
+        }
+        self.slot_ops.push(op);
+    }
 
     /// Forgets breakers no longer guarded here once their news went out.
-    pub(super) fn retain_breakers(&self, guarded: impl Fn(&str) -> bool) {
+    fn retain_breakers(&self, guarded: &dyn Fn(&str) -> bool) {
         self.breakers.retain(|resource, u| guarded(resource) || u.calls.calls > 0);
     }
 }
 
-// === impl Engine ===
+// === The replication task's view of the engine ===
 
-impl Engine {
+/// What the replication task reads from and writes to the engine's state.
+/// Methods of the replica, given the engine, so that the engine itself needs
+/// no method that only a replicating server calls.
+impl Replica {
     /// Whether the next call on this resource needs Redis to grant a probe
     /// (the rule `p` matched has a breaker, in OPEN past its wait or HALF_OPEN).
-    pub fn needs_remote_probe(&self, p: &Prepared<'_>, resource: &str) -> bool {
-        if !self.sync.as_ref().is_some_and(Replica::up) || !p.has_breaker() || p.gate() {
+    pub fn needs_remote_probe(&self, engine: &Engine, p: &Prepared<'_>, resource: &str) -> bool {
+        if !self.up() || !p.has_breaker() || p.gate() {
             return false;
         }
-        let now = self.clock.now();
-        self.guards.get(resource).is_some_and(|g| g.current_breaker().as_ref().is_some_and(|b| b.needs_probe(now)))
+        let now = engine.clock.now();
+        engine.guards.get(resource).is_some_and(|g| g.current_breaker().as_ref().is_some_and(|b| b.needs_probe(now)))
     }
 
     /// Takes the shared state of a resource's breaker when it is newer than
     /// the last one taken.
-    pub fn adopt_breaker(&self, rules: &Installed, resource: &str, shared: SharedBreaker) {
-        let Some(sync) = &self.sync else { return };
+    pub fn adopt_breaker(&self, engine: &Engine, rules: &Installed, resource: &str, shared: SharedBreaker) {
         let Some(rule) = rules.rules.find(resource) else { return };
         let Some(cfg) = rule.breaker.as_ref() else { return };
-        if !sync.newer(resource, shared.generation) {
+        if !self.newer(resource, shared.generation) {
             return;
         }
-        let g = self.guards.get_or_create(resource, rule);
-        let now = self.clock.now();
+        let g = engine.guards.get_or_create(resource, rule);
+        let now = engine.clock.now();
         let transition = g
             .breaker(Some(cfg))
             .as_mut()
             .and_then(|b| b.adopt(cfg, now, shared.state, shared.open_until, shared.openings));
         if let Some(transition) = transition {
-            self.events.publish(Event::Breaker { resource: resource.into(), rule: rule.name.clone(), transition });
+            engine.events.publish(Event::Breaker { resource: resource.into(), rule: rule.name.clone(), transition });
         }
     }
 
     /// Records what the replicas have in common after a sync, without taking
     /// a lease of it (a resource recovering from a loss): the next loss is
     /// restored from this figure, not from one older than the last loss.
-    pub fn note_common(&self, resource: &str, key: &BucketKey, shared: &Shared) {
-        let Some(sync) = &self.sync else { return };
-        sync.dirty.synced(key, resource, shared.available, self.clock.now());
+    pub fn note_common(&self, engine: &Engine, resource: &str, key: &BucketKey, shared: &Shared) {
+        self.dirty.synced(key, resource, shared.available, engine.clock.now());
     }
 
     /// Every replicated bucket active within `active`, with its consumption
@@ -473,12 +499,11 @@ impl Engine {
     /// so that it is pushed and the merged state pulled. The buckets of
     /// those no longer active go: the lease they hold is no longer kept for
     /// this replica in Redis, so their next use pulls the merged state.
-    pub fn sync_items(&self, rules: &Installed, now: Timestamp, active: Duration) -> Vec<SyncItem> {
-        let Some(sync) = &self.sync else { return Vec::new() };
+    pub fn sync_items(&self, engine: &Engine, rules: &Installed, now: Timestamp, active: Duration) -> Vec<SyncItem> {
         let mut forgotten = Vec::new();
-        let items = sync.dirty.drain(now, active, |key| self.holding(rules, key, now), &mut forgotten);
+        let items = self.dirty.drain(now, active, |key| self.holding(engine, rules, key, now), &mut forgotten);
         for key in forgotten {
-            self.buckets.remove(&key);
+            engine.buckets.remove(&key);
         }
         items
     }
@@ -486,16 +511,16 @@ impl Engine {
     /// One replicated bucket's sync item, its consumption now reset (to push
     /// it now); `None` while another sync of it is out (see
     /// [`Replica::landed`]).
-    pub fn sync_item(&self, rules: &Installed, resource: &str, key: &BucketKey) -> Option<SyncItem> {
-        let now = self.clock.now();
-        let hold = self.holding(rules, key, now);
-        self.sync.as_ref()?.dirty.take(key, resource, hold, now)
+    pub fn sync_item(&self, engine: &Engine, rules: &Installed, resource: &str, key: &BucketKey) -> Option<SyncItem> {
+        let now = engine.clock.now();
+        let hold = self.holding(engine, rules, key, now);
+        self.dirty.take(key, resource, hold, now)
     }
 
     /// What this replica could still admit from the bucket at `key`.
-    fn holding(&self, rules: &Installed, key: &BucketKey, now: Timestamp) -> u64 {
+    fn holding(&self, engine: &Engine, rules: &Installed, key: &BucketKey, now: Timestamp) -> u64 {
         match rules.algorithm(key.limit) {
-            Some(alg) if self.buckets.contains_key(key) => self.buckets.check(key, alg, now, 0).status.remaining,
+            Some(alg) if engine.buckets.contains_key(key) => engine.buckets.check(key, alg, now, 0).status.remaining,
             _ => 0,
         }
     }
@@ -504,78 +529,58 @@ impl Engine {
     /// re-applies what was taken here since the sync of `item` went out. A
     /// state older than one adopted already is left alone (replies to
     /// concurrent syncs may arrive in any order).
-    pub fn adopt(&self, rules: &Installed, item: &SyncItem, shared: &Shared) {
-        let Some(sync) = &self.sync else { return };
+    pub fn adopt(&self, engine: &Engine, rules: &Installed, item: &SyncItem, shared: &Shared) {
         let Some(alg) = rules.algorithm(item.key.limit) else { return };
-        let now = self.clock.now();
+        let now = engine.clock.now();
         let key = &item.key;
-        if !sync.dirty.newer(key, &item.resource, shared.seq, now) {
+        if !self.dirty.newer(key, &item.resource, shared.seq, now) {
             return;
         }
-        let mut bucket = Bucket::adopt(alg, now, shared, sync.share());
-        let since = sync.dirty.since(key, item.mark);
+        let mut bucket = Bucket::adopt(alg, now, shared, self.share());
+        let since = self.dirty.since(key, item.mark);
         if since > 0 {
             bucket.force(alg, now, since.unsigned_abs());
         } else if since < 0 {
             bucket.refund(alg, now, since.unsigned_abs());
         }
-        self.buckets.put(key.clone(), bucket, now);
+        engine.buckets.put(key.clone(), bucket, now);
         // Decisions note what they take before taking it: one that took from
         // the old bucket while it was replaced is counted now (one that took
         // from the new bucket is counted twice until the next sync, which
         // errs on the side of the limit).
-        let later = sync.dirty.since(key, item.mark).wrapping_sub(since);
+        let later = self.dirty.since(key, item.mark).wrapping_sub(since);
         if later > 0 {
-            self.buckets.force(key.clone(), alg, now, later.unsigned_abs());
+            engine.buckets.force(key.clone(), alg, now, later.unsigned_abs());
         } else if later < 0 {
-            self.buckets.refund(key, alg, now, later.unsigned_abs());
+            engine.buckets.refund(key, alg, now, later.unsigned_abs());
         }
-        sync.dirty.synced(key, &item.resource, shared.available, now);
+        self.dirty.synced(key, &item.resource, shared.available, now);
     }
 
     /// Redis is back: the buckets strict limits used during the outage go, so
     /// the next outage starts again from what Redis last said.
-    pub fn end_outage(&self) {
-        let Some(sync) = &self.sync else { return };
-        for key in sync.take_outage() {
-            self.buckets.remove(&key);
+    pub fn end_outage(&self, engine: &Engine) {
+        for key in self.take_outage() {
+            engine.buckets.remove(&key);
         }
-    }
-
-    /// Makes the bucket a strict limit decides from during an outage (`alg`
-    /// is the limit scaled to this replica's share): this replica's share of
-    /// what Redis last reported left, or of the whole limit if it never did.
-    pub(crate) fn outage_bucket(&self, key: &BucketKey, alg: &Algorithm, now: Timestamp) {
-        let Some(sync) = &self.sync else { return };
-        if self.buckets.contains_key(key) {
-            return;
-        }
-        sync.decided_in_outage(key);
-        let mut bucket = alg.new_bucket(now);
-        if let Some(remaining) = sync.strict_remaining(key, now) {
-            let share = (remaining * sync.share()).floor() as u64;
-            bucket.force(alg, now, alg.capacity().saturating_sub(share));
-        }
-        self.buckets.put(key.clone(), bucket, now);
     }
 
     /// Whether a request its replicated limits denied here might fit in what
     /// the replicas have in common (more than this replica's lease).
     pub fn worth_escalating(&self, p: &Prepared<'_>) -> bool {
-        let Some(sync) = &self.sync else { return false };
         let cost = p.cost() as f64;
-        p.replicated_keys().any(|(_, k)| sync.dirty.available(k).is_some_and(|a| a >= cost))
+        p.replicated_keys().any(|(_, k)| self.dirty.available(k).is_some_and(|a| a >= cost))
     }
 
     /// Every guarded breaker's calls since the last sync (now reset), also
     /// those with none: each sync brings back the shared state of all.
-    pub fn breaker_news(&self, rules: &Installed) -> Vec<BreakerNews> {
-        let Some(sync) = &self.sync else { return Vec::new() };
-        self.guards
+    pub fn breaker_news(&self, engine: &Engine, rules: &Installed) -> Vec<BreakerNews> {
+        engine
+            .guards
             .all()
             .into_iter()
             .filter(|(resource, _)| rules.rules.find(resource).is_some_and(|r| r.breaker.is_some()))
-            .map(|(resource, _)| sync.take_news(resource))
+            .map(|(resource, _)| self.take_news(resource))
             .collect()
     }
 }

@@ -2,52 +2,55 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::Replica;
 use crate::limiter::Shared;
 use crate::rules::RuleSet;
 use crate::time::{Clock, ManualClock, Timestamp};
 use crate::{Engine, EngineConfig, Request};
 
-/// A replicating engine with `yaml` installed, on a manual clock.
-fn replicated_engine(yaml: &str) -> (Arc<ManualClock>, Engine) {
+/// A replicating engine with `yaml` installed, on a manual clock, and its
+/// replica.
+fn replicated_engine(yaml: &str) -> (Arc<ManualClock>, Engine, Arc<Replica>) {
     let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_700_006_400)));
-    let e = Engine::new(EngineConfig { max_keys: 1000, replicated: true }, clock.clone());
+    let replica = Arc::new(Replica::new());
+    let e = Engine::new(EngineConfig { max_keys: 1000 }, clock.clone()).with_coordination(replica.clone());
     e.install(RuleSet::from_yaml(yaml, "t").unwrap(), yaml.into(), "t".into());
-    (clock, e)
+    (clock, e, replica)
 }
 
 const RULES: &str = "resources: [ { name: r, limits: [ { name: l, key: [user], algorithm: token_bucket, capacity: 10, refill_per_second: 1 } ] } ]";
 
 #[test]
 fn replicated_buckets_are_synced_while_used_and_dropped_when_idle() {
-    let (clock, e) = replicated_engine(RULES);
+    let (clock, e, replica) = replicated_engine(RULES);
     let d: HashMap<String, String> = [("user".to_string(), "u1".to_string())].into();
     let rules = e.rules_full();
     for _ in 0..3 {
         e.acquire(&rules, &Request::new("r", &d)).unwrap();
     }
     let active = Duration::from_secs(10);
-    let items = e.sync_items(&rules, clock.now(), active);
+    let items = replica.sync_items(&e, &rules, clock.now(), active);
     // Pushed: 3 taken; held: the 7 left in the bucket.
     assert_eq!(items.iter().map(|i| (i.resource.as_str(), i.delta, i.hold)).collect::<Vec<_>>(), [("r", 3, 7)]);
     // The merged state leases 2 of 7 available; a sync is not a use.
     let shared = Shared { available: 7.0, lease: 2.0, seq: 1, ..Shared::default() };
-    e.adopt(&rules, &items[0], &shared);
-    e.sync().unwrap().landed(&items[0]);
+    replica.adopt(&e, &rules, &items[0], &shared);
+    replica.landed(&items[0]);
     let alg = rules.algorithm(items[0].key.limit).unwrap();
     assert_eq!(e.buckets().check(&items[0].key, alg, clock.now(), 0).status.remaining, 2);
-    let again = e.sync_items(&rules, clock.now(), active);
+    let again = replica.sync_items(&e, &rules, clock.now(), active);
     assert_eq!(again.len(), 1, "still active");
     clock.advance(Duration::from_secs(11));
-    e.adopt(&rules, &again[0], &Shared { seq: 2, ..shared });
-    e.sync().unwrap().landed(&again[0]);
-    assert!(e.sync_items(&rules, clock.now(), active).is_empty(), "idle for 11 s: no longer synced");
+    replica.adopt(&e, &rules, &again[0], &Shared { seq: 2, ..shared });
+    replica.landed(&again[0]);
+    assert!(replica.sync_items(&e, &rules, clock.now(), active).is_empty(), "idle for 11 s: no longer synced");
     assert!(!e.buckets().contains_key(&items[0].key), "and its lease is gone: the next use pulls the merged state");
 }
 
 #[test]
 fn a_bucket_has_one_sync_out_and_its_merged_state_counts_what_was_taken_since_it_went_out() {
-    let (clock, e) = replicated_engine(RULES);
-    let sync = e.sync().expect("replicated");
+    let (clock, e, replica) = replicated_engine(RULES);
+    let sync = &replica;
     let d: HashMap<String, String> = [("user".to_string(), "u1".to_string())].into();
     let rules = e.rules_full();
     let take = |n: usize| {
@@ -58,35 +61,39 @@ fn a_bucket_has_one_sync_out_and_its_merged_state_counts_what_was_taken_since_it
     };
     assert_eq!(take(2), 2);
     let active = Duration::from_secs(10);
-    let first = e.sync_items(&rules, clock.now(), active).remove(0);
+    let first = replica.sync_items(&e, &rules, clock.now(), active).remove(0);
     assert_eq!((first.delta, first.hold), (2, 8));
     // While it is out, neither the next round nor an escalation sends another.
     assert_eq!(take(1), 1);
-    assert!(e.sync_items(&rules, clock.now(), active).is_empty());
-    assert!(e.sync_item(&rules, "r", &first.key).is_none());
+    assert!(replica.sync_items(&e, &rules, clock.now(), active).is_empty());
+    assert!(replica.sync_item(&e, &rules, "r", &first.key).is_none());
     // Its reply: a lease of 5, less the 1 taken since it went out.
-    e.adopt(&rules, &first, &Shared { available: 8.0, lease: 5.0, seq: 10, ..Shared::default() });
+    replica.adopt(&e, &rules, &first, &Shared { available: 8.0, lease: 5.0, seq: 10, ..Shared::default() });
     sync.landed(&first);
     assert_eq!(remaining(&first.key), 4);
     // Landed: the next goes, with what was taken since the first.
-    let second = e.sync_item(&rules, "r", &first.key).expect("the first landed");
+    let second = replica.sync_item(&e, &rules, "r", &first.key).expect("the first landed");
     assert_eq!((second.delta, second.hold), (1, 4));
     assert_eq!(take(1), 1);
-    e.adopt(&rules, &second, &Shared { available: 7.0, lease: 4.0, seq: 11, ..Shared::default() });
+    replica.adopt(&e, &rules, &second, &Shared { available: 7.0, lease: 4.0, seq: 11, ..Shared::default() });
     sync.landed(&second);
     assert_eq!(remaining(&first.key), 3);
     // A reply older than one adopted (a retried script) changes nothing.
-    e.adopt(&rules, &first, &Shared { available: 8.0, lease: 5.0, seq: 10, ..Shared::default() });
+    replica.adopt(&e, &rules, &first, &Shared { available: 8.0, lease: 5.0, seq: 10, ..Shared::default() });
     assert_eq!(remaining(&first.key), 3);
     assert_eq!(take(5), 3, "the lease admits what it has left, no more");
 }
 
 #[test]
-fn a_memory_only_engine_keeps_no_replication_state() {
+fn a_memory_only_engine_notes_nothing_for_the_fleet() {
     let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_700_006_400)));
-    let e = Engine::new(EngineConfig { max_keys: 1000, replicated: false }, clock);
+    let e = Engine::new(EngineConfig { max_keys: 1000 }, clock);
     e.install(RuleSet::from_yaml(RULES, "t").unwrap(), RULES.into(), "t".into());
-    assert!(e.sync().is_none());
+    let d: HashMap<String, String> = [("user".to_string(), "u1".to_string())].into();
+    let rules = e.rules_full();
+    let p = e.prepare(&rules, &Request::new("r", &d)).unwrap();
+    assert!(p.request_resource.is_empty(), "alone, a decision keeps no name for the fleet");
+    assert!(!p.matched.iter().any(|(l, ..)| e.coordination.decides(l)), "alone, every limit is decided here");
 }
 
 const STRICT: &str = r#"
@@ -112,8 +119,8 @@ fn admitted(e: &Engine, resource: &str, n: usize) -> usize {
 
 #[test]
 fn while_redis_is_down_every_strict_decision_follows_its_policy() {
-    let (clock, e) = replicated_engine(STRICT);
-    let sync = e.sync().unwrap();
+    let (clock, e, replica) = replicated_engine(STRICT);
+    let sync = &replica;
     sync.set_live(2);
     assert!(!sync.up(), "Redis has not answered yet");
     // Redis last said 18 were left on "local": this replica's share is 9.
@@ -127,7 +134,7 @@ fn while_redis_is_down_every_strict_decision_follows_its_policy() {
     // perhaps not yet): an outage right after takes off the 9 the other may
     // have admitted too, unpaid: a share of 13 - 9.
     assert!(sync.set_up(true), "it came back");
-    e.end_outage();
+    replica.end_outage(&e);
     assert!(!sync.set_up(true), "already up");
     clock.advance(Duration::from_millis(100));
     sync.saw_strict(&key, "local", 13, clock.now());
@@ -136,7 +143,7 @@ fn while_redis_is_down_every_strict_decision_follows_its_policy() {
     // Once every replica has paid (3 s), an outage starts again from what
     // Redis then says.
     assert!(sync.set_up(true));
-    e.end_outage();
+    replica.end_outage(&e);
     clock.advance(Duration::from_secs(4));
     sync.saw_strict(&key, "local", 4, clock.now());
     sync.set_up(false);
@@ -155,8 +162,8 @@ resources:
 #[test]
 fn a_decision_abandoned_while_redis_is_asked_gives_back_its_slot_and_its_units() {
     use crate::{Step, Verdict};
-    let (clock, e) = replicated_engine(GUARDED);
-    e.sync().unwrap().set_up(true);
+    let (clock, e, replica) = replicated_engine(GUARDED);
+    replica.set_up(true);
     let rules = e.rules_full();
     let none: HashMap<String, String> = HashMap::new();
     let req = Request { cost: 3, ..Request::new("db", &none) };
@@ -190,8 +197,8 @@ fn a_decision_abandoned_while_redis_is_asked_gives_back_its_slot_and_its_units()
 fn a_replicated_concurrency_limit_admits_within_its_fresh_lease_only() {
     use crate::Verdict;
     const LEASED: &str = "resources:\n  - name: db\n    concurrency: { max_in_flight: 10 }\n";
-    let (clock, e) = replicated_engine(LEASED);
-    e.sync().unwrap().set_up(true);
+    let (clock, e, replica) = replicated_engine(LEASED);
+    replica.set_up(true);
     let rules = e.rules_full();
     let none: HashMap<String, String> = HashMap::new();
     let req = Request::new("db", &none);
@@ -205,7 +212,7 @@ fn a_replicated_concurrency_limit_admits_within_its_fresh_lease_only() {
     assert_eq!(verdict(), Verdict::ConcurrencyLimited, "a stale lease takes no call");
     // Redis away: this replica's share of the limit (10 / 1 live), counting
     // the two it holds.
-    e.sync().unwrap().set_up(false);
+    replica.set_up(false);
     let admitted = (0..20).filter(|_| verdict() == Verdict::Allowed).count();
     assert_eq!(admitted, 8);
 }
@@ -213,9 +220,7 @@ fn a_replicated_concurrency_limit_admits_within_its_fresh_lease_only() {
 #[test]
 fn a_probe_grant_goes_back_when_dropped_unless_a_permit_took_it() {
     use crate::breaker::Outcome;
-    let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_700_006_400)));
-    let e = Engine::new(EngineConfig { max_keys: 1000, replicated: true }, clock);
-    let sync = e.sync().unwrap();
+    let sync = Replica::new();
     drop(sync.probe_granted("pay", 7));
     let back = sync.take_outbox();
     assert_eq!(back.len(), 1);

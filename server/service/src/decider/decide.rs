@@ -9,7 +9,7 @@ use crate::engine::settle::{Charged, Strict};
 use crate::engine::{
     Answer, Descriptors, Engine, Installed, Prepared, Report, Reported, Request, RequestError, Verdict,
 };
-use crate::replication::{Adjust, Replication};
+use crate::replication::Replication;
 
 impl Decider {
     /// One decision, as the caller's type.
@@ -81,7 +81,7 @@ impl Decider {
     pub async fn report(&self, r: &Report<'_>) -> Result<Reported, RequestError> {
         let (reported, strict) = self.report_here(r)?;
         if let Some(replication) = &self.replication {
-            self.adjust_strict(replication, strict).await;
+            replication.adjust_strict(&strict).await;
             replication.after_report().await;
             if !reported.counted {
                 return self.forward(replication, r).await.unwrap_or(Ok(reported));
@@ -146,7 +146,7 @@ impl Decider {
         }
         if let Some(replication) = &self.replication {
             for adjust in strict {
-                self.adjust_strict(replication, adjust).await;
+                replication.adjust_strict(&adjust).await;
             }
             replication.after_report().await;
             // Reports of other replicas' permits, passed on. One the issuer
@@ -189,7 +189,7 @@ impl Decider {
         let mut charged = self.engine.charge(&rules, resource, descriptors, cost)?;
         if let Some(replication) = &self.replication {
             let strict = std::mem::take(&mut charged.strict);
-            match self.try_adjust_strict(replication, &strict).await {
+            match replication.try_adjust_strict(&strict).await {
                 Some(left) => {
                     for ((_, _, _, pos), available) in strict.items.iter().zip(left) {
                         let Some(available) = available else { continue };
@@ -208,56 +208,11 @@ impl Decider {
                             report.status = status;
                         }
                     }
-                    self.owe_strict(&strict);
+                    replication.owe_strict(&strict);
                 }
             }
         }
         Ok(R::from_answer(charged))
-    }
-
-    /// Takes or gives back units on strict buckets in Redis; what each has
-    /// left after. While Redis is away, or when it does not answer, they are
-    /// owed instead (`None`), and paid when it answers again.
-    pub(super) async fn adjust_strict(&self, replication: &Replication, strict: Strict) -> Option<Vec<Option<i64>>> {
-        let left = self.try_adjust_strict(replication, &strict).await;
-        if left.is_none() {
-            self.owe_strict(&strict);
-        }
-        left
-    }
-
-    /// [`Self::adjust_strict`] without owing what Redis did not take.
-    async fn try_adjust_strict(&self, replication: &Replication, strict: &Strict) -> Option<Vec<Option<i64>>> {
-        if strict.items.is_empty() {
-            return Some(Vec::new());
-        }
-        let sync = self.engine.sync().filter(|s| s.up())?;
-        let rules = self.engine.rules_full();
-        let items: Vec<Adjust> = strict
-            .items
-            .iter()
-            .map(|(key, units, at_us, _)| Adjust { key: key.clone(), units: *units, at_us: *at_us })
-            .collect();
-        let left = replication.adjust(&rules, &strict.resource, &items).await?;
-        // Redis's figure is this replica's to start an outage from, to
-        // restore an emptied Redis with, and to keep fresh.
-        let now = self.engine.clock().now();
-        for (item, left) in items.iter().zip(&left) {
-            if let Some(left) = left {
-                sync.saw_strict(&item.key, &strict.resource, (*left).max(0) as u64, now);
-            }
-        }
-        Some(left)
-    }
-
-    /// Units Redis did not take: owed, and taken off the figure the next
-    /// outage starts from, as what is admitted during one is.
-    fn owe_strict(&self, strict: &Strict) {
-        let Some(sync) = self.engine.sync() else { return };
-        let now = self.engine.clock().now();
-        for (key, units, _, _) in &strict.items {
-            sync.admitted_here(key, &strict.resource, *units, now);
-        }
     }
 
     /// A resource's limits for these descriptors, consuming nothing; `only`

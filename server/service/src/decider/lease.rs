@@ -86,7 +86,7 @@ impl Decider {
     ) -> Result<bool, RequestError> {
         let settled = self.engine.settle_lease(&self.engine.rules(), previous, resource, used, holder)?;
         if let Some(replication) = &self.replication {
-            self.adjust_strict(replication, settled.strict).await;
+            replication.adjust_strict(&settled.strict).await;
         }
         Ok(settled.settled)
     }
@@ -202,7 +202,7 @@ resources:
 
     fn decider(rules: &str) -> (Decider, Arc<ManualClock>) {
         let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_700_006_400)));
-        let engine = Arc::new(Engine::new(EngineConfig { max_keys: 1000, replicated: false }, clock.clone()));
+        let engine = Arc::new(Engine::new(EngineConfig { max_keys: 1000 }, clock.clone()));
         engine.install(RuleSet::from_yaml(rules, "t").unwrap(), rules.into(), "test".into());
         (Decider::new(engine, None), clock)
     }

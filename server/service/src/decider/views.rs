@@ -42,8 +42,11 @@ impl Decider {
     /// Whether this server replicates, whether Redis answers, and how many
     /// replicas are live.
     pub fn replica_health(&self) -> ReplicaHealth {
-        match self.engine.sync() {
-            Some(sync) => ReplicaHealth { replicated: true, redis_up: sync.up(), live_replicas: sync.live() },
+        match &self.replication {
+            Some(r) => {
+                let (redis_up, live_replicas) = r.health();
+                ReplicaHealth { replicated: true, redis_up, live_replicas }
+            }
             None => ReplicaHealth { replicated: false, redis_up: false, live_replicas: 1 },
         }
     }

@@ -121,7 +121,7 @@ mod tests {
     use crate::time::SystemClock;
 
     fn engine() -> (Arc<Engine>, Arc<Decider>) {
-        let e = Engine::new(EngineConfig { max_keys: 1000, replicated: false }, Arc::new(SystemClock::new()));
+        let e = Engine::new(EngineConfig { max_keys: 1000 }, Arc::new(SystemClock::new()));
         let rules = crate::rules::RuleSet::from_yaml("resources: []", "t").unwrap();
         e.install(rules, String::new(), "test".into());
         let e = Arc::new(e);

@@ -70,7 +70,7 @@ resources:
 
 fn decider(options: RlsOptions) -> (Decider, Arc<ManualClock>) {
     let clock = Arc::new(ManualClock::new(crate::time::Timestamp::from_secs(START)));
-    let engine = Arc::new(Engine::new(EngineConfig { max_keys: usize::MAX, replicated: false }, clock.clone()));
+    let engine = Arc::new(Engine::new(EngineConfig { max_keys: usize::MAX }, clock.clone()));
     engine.install(RuleSet::from_yaml(RULES, "t").unwrap(), RULES.into(), "t".into());
     let envoy = EnvoyConfig::parse(&[("edge.yaml".into(), ENVOY.into())]).unwrap();
     engine.install_envoy(envoy, ENVOY.into(), "t".into(), String::new());

@@ -18,10 +18,7 @@ use crate::rules::RuleSet;
 const RULES: &str = "resources:\n  - name: api\n    limits: [ { name: all, key: [user], algorithm: fixed_window, limit: 1000, window: 1h } ]\n";
 
 fn decider() -> Arc<Decider> {
-    let engine = Arc::new(Engine::new(
-        EngineConfig { max_keys: 1000, replicated: false },
-        Arc::new(crate::time::SystemClock::new()),
-    ));
+    let engine = Arc::new(Engine::new(EngineConfig { max_keys: 1000 }, Arc::new(crate::time::SystemClock::new())));
     engine.install(RuleSet::from_yaml(RULES, "t").unwrap(), RULES.into(), "t".into());
     Arc::new(Decider::new(engine, None))
 }
