@@ -45,6 +45,7 @@ pub const REPORTS_FORWARDED: &str = "floodgate_reports_forwarded_total";
 pub const REDIS_LATE: &str = "floodgate_redis_late_total";
 pub const REDIS_RESTORES: &str = "floodgate_redis_restores_total";
 pub const REDIS_DEBTS_PAID: &str = "floodgate_redis_debts_paid_total";
+pub const REDIS_MESSAGES_UNREADABLE: &str = "floodgate_redis_messages_unreadable_total";
 pub const CONNECTIONS: &str = "floodgate_connections";
 pub const WATCH_STREAMS: &str = "floodgate_watch_streams";
 pub const CONNECTIONS_REJECTED: &str = "floodgate_connections_rejected_total";
@@ -143,6 +144,10 @@ pub fn describe() {
     describe_counter!(
         REDIS_DEBTS_PAID,
         "Strict buckets charged in Redis with what this replica admitted (or was charged) while Redis was away"
+    );
+    describe_counter!(
+        REDIS_MESSAGES_UNREADABLE,
+        "Messages from other replicas that could not be read (a newer version's, or damaged), ignored"
     );
     describe_gauge!(ENVOY_XDS_CONNECTED, "1 while the xDS stream to the control plane (--envoy-xds) is up");
     describe_counter!(

@@ -3,6 +3,7 @@
 //! shared state adopted by every replica and announced on pub/sub.
 
 use super::Replication;
+use super::message::Message;
 use super::scripts::{BreakerOp, EVENTS, breaker_args, breaker_keys};
 use super::wire::{BreakerReply, Grant};
 use floodgate_core::breaker::State;
@@ -32,7 +33,7 @@ impl Replication {
         let shared = SharedBreaker { generation: r.generation, state: r.state, open_until, openings: r.openings };
         self.sync().adopt_breaker(&self.engine, rules, resource, shared);
         if r.changed {
-            self.publish(format!("b {resource}")).await;
+            self.publish(&Message::BreakerChanged { resource: resource.to_string() }).await;
         }
     }
 
@@ -110,11 +111,13 @@ impl Replication {
     /// An operator's state for the shared breaker, announced to every replica.
     pub async fn force_breaker(&self, rules: &Installed, resource: &str, to: State) {
         if self.run_breaker(rules, resource, BreakerOp::Force(to)).await.is_some() {
-            self.publish(format!("b {resource}")).await;
+            self.publish(&Message::BreakerChanged { resource: resource.to_string() }).await;
         }
     }
 
-    pub(super) async fn publish(&self, message: String) {
+    /// Sends `message` to every replica on the events channel.
+    pub(super) async fn publish(&self, message: &Message) {
+        let message = message.encode();
         let _: Option<i64> =
             self.call("publish", |mut h| async move {
                 redis::cmd("PUBLISH").arg(EVENTS).arg(message).query_async(&mut h).await

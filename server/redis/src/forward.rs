@@ -18,11 +18,11 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::Replication;
+use super::message::{ForwardAnswer, Forwarded, Message};
 use super::scripts::replica_channel;
-use floodgate_core::breaker::{Outcome, State};
 use floodgate_engine::guards::PermitId;
-use floodgate_engine::report::{Report, Reported};
-use floodgate_engine::request::{RequestError, check_permit_id};
+use floodgate_engine::report::Report;
+use floodgate_engine::request::check_permit_id;
 
 /// How long a replica waits for the issuer's answer: four Redis timeouts,
 /// within these bounds (two exchanges over Redis, and the issuer's report).
@@ -36,18 +36,6 @@ const MAX_WAITING: usize = 10_000;
 /// Forwarded reports this replica has yet to handle, at most.
 pub const INBOX: usize = 4096;
 
-/// A report another replica passed on, for a permit this one issued.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Forwarded {
-    from: u32,
-    request: u64,
-    pub resource: String,
-    pub permit_id: String,
-    pub outcome: Outcome,
-    pub latency: Option<Duration>,
-    pub actual_cost: Option<u64>,
-}
-
 impl Forwarded {
     pub fn report(&self) -> Report<'_> {
         Report {
@@ -60,7 +48,7 @@ impl Forwarded {
     }
 }
 
-type Answer = Result<Reported, RequestError>;
+type Answer = ForwardAnswer;
 
 /// Reports waiting for an answer, and forwarded ones waiting to be handled.
 pub(super) struct Forwards {
@@ -134,15 +122,16 @@ impl Replication {
         let (tx, rx) = tokio::sync::oneshot::channel();
         forwards.waiting.insert(request, tx);
         let _waiting = Waiting { forwards, request };
-        let outcome = match r.outcome {
-            Outcome::Success => 1,
-            Outcome::Failure => 2,
-            Outcome::Ignored => 3,
-        };
-        let latency = r.latency.map_or("-".to_string(), |l| l.as_micros().to_string());
-        let cost = r.actual_cost.map_or("-".to_string(), |c| c.to_string());
-        let message =
-            format!("q {:08x} {request} {} {outcome} {latency} {cost} {}", PermitId::tag(), r.permit_id, r.resource);
+        let message = Message::Report(Forwarded {
+            from: PermitId::tag(),
+            request,
+            resource: r.resource.to_string(),
+            permit_id: r.permit_id.to_string(),
+            outcome: r.outcome,
+            latency: r.latency,
+            actual_cost: r.actual_cost,
+        })
+        .encode();
         let channel = replica_channel(to);
         let heard: Option<i64> = self
             .call("forward", |mut h| async move {
@@ -170,17 +159,7 @@ impl Replication {
 
     /// Sends the answer to a forwarded report back to the replica that passed it on.
     pub async fn answer_forwarded(&self, f: &Forwarded, answer: &Answer) {
-        let text = match answer {
-            Ok(r) => format!(
-                "a {} {} {} {}",
-                f.request,
-                u8::from(r.counted),
-                u8::from(r.settled),
-                r.breaker_state.map_or("-".to_string(), |s| s.number().to_string())
-            ),
-            Err(RequestError::PermitResourceMismatch { .. }) => format!("a {} m", f.request),
-            Err(_) => format!("a {} 0 0 -", f.request),
-        };
+        let text = Message::ReportAnswer { request: f.request, answer: answer.clone() }.encode();
         let channel = replica_channel(f.from);
         let _: Option<i64> =
             self.call("forward", |mut h| async move {
@@ -189,90 +168,17 @@ impl Replication {
             .await;
     }
 
-    /// A message on this replica's channel: a report to handle, or an answer.
-    pub(super) fn on_replica_message(&self, text: &str) {
-        if let Some(rest) = text.strip_prefix("q ") {
-            match parse_forwarded(rest) {
-                Some(f) => {
-                    if self.forwards.inbox.try_send(f).is_err() {
-                        metrics::counter!(floodgate_engine::metrics::REPORTS_FORWARDED, "result" => "dropped")
-                            .increment(1);
-                    }
-                }
-                None => tracing::debug!(message = text, "an unreadable forwarded report; ignored"),
-            }
-        } else if let Some(rest) = text.strip_prefix("a ") {
-            let Some((request, answer)) = parse_answer(rest) else { return };
-            if let Some((_, tx)) = self.forwards.waiting.remove(&request) {
-                let _ = tx.send(answer);
-            }
+    /// A report another replica passed on, to handle here.
+    pub(super) fn on_forwarded(&self, f: Forwarded) {
+        if self.forwards.inbox.try_send(f).is_err() {
+            metrics::counter!(floodgate_engine::metrics::REPORTS_FORWARDED, "result" => "dropped").increment(1);
         }
     }
-}
 
-fn parse_forwarded(rest: &str) -> Option<Forwarded> {
-    let mut parts = rest.splitn(7, ' ');
-    let from = u32::from_str_radix(parts.next()?, 16).ok()?;
-    let request = parts.next()?.parse().ok()?;
-    let permit_id = parts.next()?.to_string();
-    check_permit_id(&permit_id).ok()?;
-    let outcome = match parts.next()? {
-        "1" => Outcome::Success,
-        "2" => Outcome::Failure,
-        "3" => Outcome::Ignored,
-        _ => return None,
-    };
-    let latency = match parts.next()? {
-        "-" => None,
-        us => Some(Duration::from_micros(us.parse().ok()?)),
-    };
-    let actual_cost = match parts.next()? {
-        "-" => None,
-        c => Some(c.parse().ok()?),
-    };
-    let resource = parts.next().unwrap_or_default().to_string();
-    Some(Forwarded { from, request, resource, permit_id, outcome, latency, actual_cost })
-}
-
-fn parse_answer(rest: &str) -> Option<(u64, Answer)> {
-    let mut parts = rest.split(' ');
-    let request = parts.next()?.parse().ok()?;
-    let counted = parts.next()?;
-    if counted == "m" {
-        return Some((request, Err(RequestError::PermitResourceMismatch { resource: String::new() })));
-    }
-    let settled = parts.next()? == "1";
-    let breaker_state = parts.next()?.parse().ok().and_then(State::from_number);
-    Some((request, Ok(Reported { counted: counted == "1", breaker_state, settled })))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_forwarded_report_reads_back_as_sent() {
-        let id = PermitId::random().to_string();
-        let text = format!("00c0ffee 7 {id} 2 1500 - a resource with spaces");
-        let f = parse_forwarded(&text).unwrap();
-        assert_eq!((f.from, f.request, f.permit_id.as_str()), (0xc0ffee, 7, id.as_str()));
-        assert_eq!((f.outcome, f.latency, f.actual_cost), (Outcome::Failure, Some(Duration::from_micros(1500)), None));
-        assert_eq!(f.resource, "a resource with spaces");
-        assert!(parse_forwarded(&format!("00c0ffee 7 {id} 4 - - r")).is_none(), "no such outcome");
-        assert!(parse_forwarded("00c0ffee 7 not-an-id 1 - - r").is_none());
-    }
-
-    #[test]
-    fn answers_read_back_as_sent() {
-        assert_eq!(
-            parse_answer("9 1 0 2"),
-            Some((9, Ok(Reported { counted: true, breaker_state: Some(State::Open), settled: false })))
-        );
-        assert_eq!(
-            parse_answer("9 0 0 -"),
-            Some((9, Ok(Reported { counted: false, breaker_state: None, settled: false })))
-        );
-        assert!(matches!(parse_answer("3 m"), Some((3, Err(RequestError::PermitResourceMismatch { .. })))));
-        assert_eq!(parse_answer("x 1 1 -"), None);
+    /// The issuer's answer to a report passed on from here.
+    pub(super) fn on_answer(&self, request: u64, answer: Answer) {
+        if let Some((_, tx)) = self.forwards.waiting.remove(&request) {
+            let _ = tx.send(answer);
+        }
     }
 }

@@ -13,12 +13,12 @@
 //!   level the replicas know.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, Weak};
 use std::time::Duration;
 
 use super::Replication;
+use super::message::{LoadReport, Message};
 use floodgate_core::time::Timestamp;
 use floodgate_engine::LevelTarget;
 use floodgate_engine::degradation::Load;
@@ -64,36 +64,27 @@ impl Replication {
         }
     }
 
-    /// Sends what was taken since the last send, in one message:
-    /// `l <tag>` then a line per report: system, instance, cpu, memory,
-    /// in flight, queueing delay (us) and when it was taken (ns), tab-separated
-    /// (names hold no control characters).
+    /// Sends the load reports taken since the last send, in one message.
     async fn send_loads(&self) {
         let taken = std::mem::take(&mut *self.levels.pending.lock().unwrap_or_else(|e| e.into_inner()));
         if taken.is_empty() {
             return;
         }
-        let mut message = format!("l {:08x}", PermitId::tag());
-        for ((system, instance), (l, at)) in &taken {
-            let in_flight = l.in_flight.map_or("-".to_string(), |n| n.to_string());
-            let queue = l.queue_delay.map_or("-".to_string(), |d| d.as_micros().to_string());
-            let at = at.as_nanos();
-            let _ = write!(message, "\n{system}\t{instance}\t{}\t{}\t{in_flight}\t{queue}\t{at}", l.cpu, l.memory);
-        }
-        self.publish(message).await;
+        let reports = taken
+            .into_iter()
+            .map(|((system, instance), (load, taken_at))| LoadReport { system, instance, load, taken_at })
+            .collect();
+        self.publish(&Message::Loads { from: PermitId::tag(), reports }).await;
     }
 
     /// Another replica's load reports: taken as if reported here (those this
     /// replica sent itself are skipped; refusals are not answered to anyone).
-    pub(super) fn on_loads(&self, text: &str) {
-        let mut lines = text.lines();
-        let Some(from) = lines.next().and_then(|l| l.strip_prefix("l ")) else { return };
-        if u32::from_str_radix(from, 16).ok() == Some(PermitId::tag()) {
+    pub(super) fn on_loads(&self, from: u32, reports: Vec<LoadReport>) {
+        if from == PermitId::tag() {
             return;
         }
-        for line in lines {
-            let Some((system, instance, load, at)) = parse_load(line) else { continue };
-            let _ = self.engine.report_load(system, instance, load, Some(at));
+        for r in reports {
+            let _ = self.engine.report_load(&r.system, &r.instance, r.load, Some(r.taken_at));
         }
     }
 
@@ -143,7 +134,7 @@ impl Replication {
         }
         let written: u64 = self.run(super::scripts::ScriptName::Levels, invocation, wire_count).await?;
         if written > 0 {
-            self.publish("v".into()).await;
+            self.publish(&Message::LevelsChanged).await;
         }
         Some(written)
     }
@@ -222,23 +213,6 @@ fn parse_level(name: &str, value: &str) -> Option<Entry> {
     Some((name.to_string(), level, at))
 }
 
-fn parse_load(line: &str) -> Option<(&str, &str, Load, Timestamp)> {
-    let mut f = line.split('\t');
-    let (system, instance) = (f.next()?, f.next()?);
-    let cpu = f.next()?.parse().ok()?;
-    let memory = f.next()?.parse().ok()?;
-    let in_flight = match f.next()? {
-        "-" => None,
-        n => Some(n.parse().ok()?),
-    };
-    let queue_delay = match f.next()? {
-        "-" => None,
-        n => Some(Duration::from_micros(n.parse().ok()?)),
-    };
-    let at = Timestamp::from_nanos(f.next()?.parse().ok()?);
-    Some((system, instance, Load { cpu, memory, in_flight, queue_delay }, at))
-}
-
 /// Sends the load reports taken every 250 ms until the replication is dropped.
 pub(super) async fn send_loop(weak: Weak<Replication>) {
     loop {
@@ -259,20 +233,5 @@ mod tests {
         assert_eq!(parse_level("p", "3"), Some(("p".into(), Some(3), 0)), "a bare level is the oldest");
         assert_eq!(parse_level("p", "7 5"), None);
         assert_eq!(parse_level("p", "x"), None);
-    }
-
-    #[test]
-    fn a_load_line_reads_back_as_written() {
-        let (s, i, l, at) = parse_load("payments\tpod 7 (east)\t0.5\t0.25\t12\t1500\t1700000000123456789").unwrap();
-        assert_eq!((s, i, at), ("payments", "pod 7 (east)", Timestamp::from_nanos(1_700_000_000_123_456_789)));
-        assert_eq!(
-            l,
-            Load { cpu: 0.5, memory: 0.25, in_flight: Some(12), queue_delay: Some(Duration::from_micros(1500)) }
-        );
-        let (_, _, l, _) = parse_load("p\ti\t1\t0\t-\t-\t5").unwrap();
-        assert_eq!((l.in_flight, l.queue_delay), (None, None));
-        assert!(parse_load("p\ti\tx\t0\t-\t-\t5").is_none());
-        assert!(parse_load("p\ti\t1\t0\t-\t-").is_none(), "no time");
-        assert!(parse_load("p\ti\t1").is_none());
     }
 }

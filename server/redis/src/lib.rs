@@ -33,6 +33,7 @@ mod decide;
 mod forward;
 mod levels;
 mod limits;
+mod message;
 mod overrides;
 mod rules;
 mod scripts;
@@ -42,7 +43,7 @@ mod wire;
 pub use adjust::Adjust;
 use conn::{CallError, Conn};
 pub use conn::{Credentials, Target};
-pub use forward::Forwarded;
+pub use message::Forwarded;
 use scripts::{ScriptName, Scripts};
 use wire::ReplyError;
 

@@ -12,7 +12,6 @@ use redis::Script;
 use std::sync::LazyLock;
 
 use super::Replication;
-use super::scripts::EVENTS;
 use floodgate_engine::overrides::{Change, Spec, Table};
 
 /// id -> the spec as JSON.
@@ -125,11 +124,7 @@ impl Replication {
 
     /// Tells the other replicas to read the overrides again.
     async fn announce(&self) {
-        let _: Option<i64> =
-            self.call("publish", |mut h| async move {
-                redis::cmd("PUBLISH").arg(EVENTS).arg("o").query_async(&mut h).await
-            })
-            .await;
+        self.publish(&super::message::Message::OverridesChanged).await;
     }
 
     /// Installs the overrides stored in Redis when their version is not the

@@ -9,6 +9,7 @@ use tokio_stream::StreamExt;
 
 use super::Replication;
 use super::conn::Target;
+use super::message::Message;
 use super::scripts::{EVENTS, RULES};
 use floodgate_rules::RuleSet;
 
@@ -20,7 +21,7 @@ impl Replication {
             .call("rules", |mut h| async move { redis::cmd("SET").arg(RULES).arg(yaml).query_async(&mut h).await })
             .await;
         if stored.is_some() {
-            self.publish("r".into()).await;
+            self.publish(&Message::RulesChanged).await;
         }
     }
 
@@ -65,10 +66,9 @@ pub(super) async fn listen(weak: Weak<Replication>) {
                 while let Some(msg) = messages.next().await {
                     let Some(r) = weak.upgrade() else { return };
                     let text: String = msg.get_payload().unwrap_or_default();
-                    if msg.get_channel_name() == EVENTS {
-                        handle(&r, &text).await;
-                    } else {
-                        r.on_replica_message(&text);
+                    match Message::decode(&text) {
+                        Ok(message) => handle(&r, message).await,
+                        Err(e) => unreadable(&r, msg.get_channel_name(), &text, &e),
                     }
                 }
             }
@@ -87,18 +87,28 @@ async fn subscribe(url: &str, credentials: &super::Credentials) -> anyhow::Resul
     Ok(pubsub)
 }
 
-async fn handle(r: &Replication, text: &str) {
-    if text.starts_with("l ") {
-        return r.on_loads(text);
-    }
-    match text.split_once(' ') {
-        Some(("b", resource)) => {
+async fn handle(r: &Replication, message: Message) {
+    match message {
+        Message::RulesChanged => r.load_shared_rules().await,
+        Message::OverridesChanged => r.poll_overrides().await,
+        Message::LevelsChanged => r.load_levels().await,
+        Message::BreakerChanged { resource } => {
             let rules = r.engine.rules_full();
-            r.refresh_breaker(&rules, resource).await;
+            r.refresh_breaker(&rules, &resource).await;
         }
-        _ if text == "r" => r.load_shared_rules().await,
-        _ if text == "o" => r.poll_overrides().await,
-        _ if text == "v" => r.load_levels().await,
-        _ => {}
+        Message::Loads { from, reports } => r.on_loads(from, reports),
+        Message::Report(forwarded) => r.on_forwarded(forwarded),
+        Message::ReportAnswer { request, answer } => r.on_answer(request, answer),
+    }
+}
+
+/// A message this replica cannot read (sent by a newer version, or
+/// damaged): counted, and logged at most once a second, never acted on.
+fn unreadable(r: &Replication, channel: &str, text: &str, e: &super::message::Unreadable) {
+    static THROTTLE: floodgate_core::time::Throttle = floodgate_core::time::Throttle::new(1);
+    metrics::counter!(floodgate_engine::metrics::REDIS_MESSAGES_UNREADABLE).increment(1);
+    if THROTTLE.due(r.engine.clock().now()) {
+        let start: String = text.chars().take(64).collect();
+        tracing::warn!(channel, message = start.escape_debug().to_string(), error = %e, "a message from another replica could not be read; ignored");
     }
 }
