@@ -63,7 +63,7 @@ fn run(yaml: &str, seconds: u64, critical_every: u64, halve: (u64, u64)) -> Run 
             }
             let Reverse((_, _, permit)) = out.pop().unwrap();
             let latency = Duration::from_millis(done - issued);
-            e.report(&e.rules(), "db", &permit, Outcome::Success, Some(latency)).unwrap();
+            e.outcomes().report(&e.rules(), "db", &permit, Outcome::Success, Some(latency)).unwrap();
         }
         for _ in 0..per_ms {
             n += 1;
@@ -91,10 +91,11 @@ fn run(yaml: &str, seconds: u64, critical_every: u64, halve: (u64, u64)) -> Run 
             }
         }
         if ms % 100 == 0 {
-            e.tick();
+            e.outcomes().tick();
         }
         if ms % 1000 == 999 {
-            let limit = e.concurrency_limit("db", e.rules().rules.find("db").unwrap().concurrency.as_ref().unwrap());
+            let limit =
+                e.views().concurrency_limit("db", e.rules().rules.find("db").unwrap().concurrency.as_ref().unwrap());
             out_run.limits.push(limit);
         }
         clock.set(start.saturating_add(Duration::from_millis(ms + 1)));
@@ -183,13 +184,13 @@ fn expired_permits_and_failures_are_drops() {
     let permits: Vec<String> =
         (0..5).map(|_| e.acquire(&rule, &Request::new("db", &none)).unwrap().permit_id.unwrap().to_string()).collect();
     for p in &permits[..2] {
-        e.report(&rule, "db", p, Outcome::Failure, Some(Duration::from_millis(5))).unwrap();
+        e.outcomes().report(&rule, "db", p, Outcome::Failure, Some(Duration::from_millis(5))).unwrap();
     }
     // Ignored is no sample at all.
-    e.report(&rule, "db", &permits[2], Outcome::Ignored, None).unwrap();
+    e.outcomes().report(&rule, "db", &permits[2], Outcome::Ignored, None).unwrap();
     // The other two never report: they expire after permit_ttl (30 s).
     clock.advance(Duration::from_secs(31));
-    e.tick();
+    e.outcomes().tick();
     // Four drops in the window: floor(10 * 0.9).
-    assert_eq!(e.concurrency_limit("db", &c), 9);
+    assert_eq!(e.views().concurrency_limit("db", &c), 9);
 }

@@ -3,8 +3,9 @@
 //! calls in flight by priority, and for an adaptive limit its inputs and
 //! the windows it closed lately.
 
+use super::Installed;
 use super::request::{self, RequestError};
-use super::{Engine, Installed};
+use crate::Views;
 use crate::adaptive::{Inputs, Point};
 use crate::rules::{Concurrency, Priority};
 
@@ -26,7 +27,7 @@ pub struct ConcurrencyView {
     pub history: Vec<Point>,
 }
 
-impl Engine {
+impl Views<'_> {
     /// One resource's concurrency limit; NOT_FOUND when no rule gives it one.
     pub fn concurrency(&self, rules: &Installed, resource: &str) -> Result<ConcurrencyView, RequestError> {
         request::check_name("resource", resource, false)?;

@@ -69,12 +69,12 @@ fn ask_with(e: &Engine, resource: &str, dry_run: bool) -> Got {
 
 /// The global scope's (level, manual, automatic).
 fn level(e: &Engine) -> (u32, bool, u32) {
-    let l = e.level();
+    let l = e.views().level();
     (l.level, l.manual, l.automatic)
 }
 
 fn report(e: &Engine, resource: &str, permit: &str, outcome: Outcome) -> Reported {
-    e.report(&e.rules(), resource, permit, outcome, Some(Duration::from_millis(5))).unwrap()
+    e.outcomes().report(&e.rules(), resource, permit, outcome, Some(Duration::from_millis(5))).unwrap()
 }
 
 #[test]
@@ -97,11 +97,11 @@ fn an_unreported_permit_frees_its_slot_after_permit_ttl() {
     ask(&e, "db");
     assert_eq!(ask(&e, "db").verdict, Verdict::ConcurrencyLimited);
     clock.advance(Duration::from_millis(4_999));
-    e.tick();
+    e.outcomes().tick();
     assert_eq!(ask(&e, "db").verdict, Verdict::ConcurrencyLimited);
     clock.advance(Duration::from_millis(1));
-    e.tick();
-    assert_eq!(e.permits_in_flight(), 0);
+    e.outcomes().tick();
+    assert_eq!(e.views().permits_in_flight(), 0);
     assert_eq!(ask(&e, "db").verdict, Verdict::Allowed);
     assert!(!report(&e, "db", &crashed, Outcome::Success).counted, "too late: expired");
 }
@@ -143,7 +143,7 @@ fn a_probe_denied_by_a_limit_is_given_back() {
     clock.advance(Duration::from_secs(1));
     let probe = ask(&e, "tight");
     assert_eq!(probe.verdict, Verdict::RateLimited, "half-open, but the limit is spent");
-    let info = e.breaker(&e.rules(), "tight").unwrap();
+    let info = e.views().breaker(&e.rules(), "tight").unwrap();
     assert_eq!((info.state, info.probes_remaining), (State::HalfOpen, 1), "the probe came back");
 }
 
@@ -151,33 +151,37 @@ fn a_probe_denied_by_a_limit_is_given_back() {
 fn report_answers_unknown_malformed_and_mismatched_permits() {
     let (e, _) = engine();
     let rules = e.rules();
-    let unknown = e.report(&rules, "db", "0123456789abcdef0123456789abcdef", Outcome::Success, None).unwrap();
+    let unknown =
+        e.outcomes().report(&rules, "db", "0123456789abcdef0123456789abcdef", Outcome::Success, None).unwrap();
     assert_eq!(unknown, Reported { counted: false, breaker_state: None, settled: false });
-    let err = e.report(&rules, "db", "not-a-permit", Outcome::Success, None).unwrap_err();
+    let err = e.outcomes().report(&rules, "db", "not-a-permit", Outcome::Success, None).unwrap_err();
     assert_eq!(err.to_string(), "permit_id: 'not-a-permit' is not a permit id");
     let p = ask(&e, "db").permit.unwrap();
-    let err = e.report(&rules, "payments", &p, Outcome::Success, None).unwrap_err();
+    let err = e.outcomes().report(&rules, "payments", &p, Outcome::Success, None).unwrap_err();
     assert_eq!(
         err.to_string(),
         "resource: the permit was not issued for 'payments'",
         "and says nothing of whose it is"
     );
-    assert!(e.report(&rules, "", &p, Outcome::Success, None).unwrap().counted, "an empty resource is the permit's");
+    assert!(
+        e.outcomes().report(&rules, "", &p, Outcome::Success, None).unwrap().counted,
+        "an empty resource is the permit's"
+    );
 }
 
 #[test]
 fn shedding_follows_the_degradation_level() {
     let (e, _) = engine();
     assert_eq!(ask(&e, "reports").verdict, Verdict::Allowed);
-    let set = e.set_degradation(LevelTarget::One(""), Some(2)).unwrap();
+    let set = e.control().set_degradation(LevelTarget::One(""), Some(2)).unwrap();
     assert_eq!(set.iter().map(|l| (l.level, l.manual, l.automatic)).collect::<Vec<_>>(), [(2, true, 0)]);
     let shed = ask(&e, "reports");
     assert_eq!(shed.verdict, Verdict::Shed);
     assert_eq!(shed.reason, "shed: degradation level is 2, this resource is shed at 2");
     assert_eq!(ask(&e, "db").verdict, Verdict::Allowed, "not shed: no shed_at_level");
-    e.set_degradation(LevelTarget::One(""), Some(1)).unwrap();
+    e.control().set_degradation(LevelTarget::One(""), Some(1)).unwrap();
     assert_eq!(ask(&e, "reports").verdict, Verdict::Allowed);
-    e.set_degradation(LevelTarget::One(""), None).unwrap();
+    e.control().set_degradation(LevelTarget::One(""), None).unwrap();
     assert_eq!(level(&e), (0, false, 0));
 }
 
@@ -187,11 +191,11 @@ fn breaker_failures_raise_the_automatic_level() {
     let events = subscribe(&e);
     for outcome in [Outcome::Failure; 4].into_iter().chain([Outcome::Success; 16]) {
         // Reset each time so the breaker stays closed and keeps recording.
-        e.set_breaker(&e.rules(), "payments", State::Closed).unwrap();
+        e.control().set_breaker(&e.rules(), "payments", State::Closed).unwrap();
         let p = ask(&e, "payments").permit.unwrap();
         report(&e, "payments", &p, outcome);
     }
-    e.tick();
+    e.outcomes().tick();
     assert_eq!(level(&e), (2, false, 2), "4 of 20 is 20%");
     let changes: Vec<_> = std::iter::from_fn(|| events.try_recv().ok())
         .filter_map(|ev| match &*ev {
@@ -208,7 +212,7 @@ fn a_dry_run_takes_no_slot_and_no_probe() {
     for _ in 0..5 {
         assert_eq!(ask_with(&e, "db", true).verdict, Verdict::Allowed);
     }
-    assert_eq!(e.permits_in_flight(), 0);
+    assert_eq!(e.views().permits_in_flight(), 0);
     let p = ask(&e, "tight").permit.unwrap();
     report(&e, "tight", &p, Outcome::Failure);
     assert_eq!(ask_with(&e, "tight", true).verdict, Verdict::CircuitOpen);
@@ -220,20 +224,20 @@ fn a_dry_run_takes_no_slot_and_no_probe() {
 fn operators_force_and_reset_breakers() {
     let (e, _) = engine();
     let rules = e.rules();
-    assert_eq!(e.set_breaker(&rules, "payments", State::ForcedOpen).unwrap().state, State::ForcedOpen);
+    assert_eq!(e.control().set_breaker(&rules, "payments", State::ForcedOpen).unwrap().state, State::ForcedOpen);
     let denied = ask(&e, "payments");
     assert_eq!(
         (denied.verdict, denied.reason.as_str()),
         (Verdict::CircuitOpen, "circuit breaker of 'payments' is FORCED_OPEN")
     );
-    assert_eq!(e.set_breaker(&rules, "payments", State::Closed).unwrap().state, State::Closed);
+    assert_eq!(e.control().set_breaker(&rules, "payments", State::Closed).unwrap().state, State::Closed);
     assert_eq!(ask(&e, "payments").verdict, Verdict::Allowed);
     assert_eq!(
-        e.set_breaker(&rules, "db", State::Closed).unwrap_err().to_string(),
+        e.control().set_breaker(&rules, "db", State::Closed).unwrap_err().to_string(),
         "resource: no rule gives 'db' a circuit breaker"
     );
-    assert!(e.set_breaker(&rules, "payments", State::Open).is_err());
-    let names: Vec<_> = e.breakers(&rules).into_iter().map(|(r, _)| r).collect();
+    assert!(e.control().set_breaker(&rules, "payments", State::Open).is_err());
+    let names: Vec<_> = e.views().breakers(&rules).into_iter().map(|(r, _)| r).collect();
     assert_eq!(names, ["payments"]);
 }
 
@@ -260,5 +264,5 @@ fn concurrent_callers_never_hold_more_than_max_in_flight() {
         }
     });
     assert!(peak.load(std::sync::atomic::Ordering::SeqCst) <= 2);
-    assert_eq!(e.permits_in_flight(), 0);
+    assert_eq!(e.views().permits_in_flight(), 0);
 }

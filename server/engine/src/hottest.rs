@@ -1,9 +1,10 @@
 //! The hottest keys of the rules in force (see [`crate::hitters`]).
 
+use crate::Views;
 use compact_str::CompactString;
 
+use super::Installed;
 use super::installed::RuleHandles;
-use super::{Engine, Installed};
 use crate::hitters::{Hitters, TOP};
 use crate::rules::{Limit, Rule};
 use crate::store::{BucketKey, LimitId};
@@ -17,7 +18,42 @@ pub struct TopLimit {
     pub admitted: Vec<(String, u64, u64)>,
 }
 
-impl Engine {
+/// An Envoy descriptor's bucket scope (its entries, key then value) as
+/// `user=u42,plan=gold`.
+fn entries_text(scope: CompactString) -> String {
+    let parts = BucketKey { limit: LimitId::default(), scope }.parts();
+    parts
+        .chunks(2)
+        .map(|kv| format!("{}={}", kv[0], kv.get(1).map_or("", String::as_str)))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// A rule's limits and its overrides' (a tier's own), one per name (one per
+/// hottest-keys slot), with their hottest keys.
+fn distinct_limits<'r>(rule: &'r Rule, handles: &'r RuleHandles) -> Vec<(&'r Limit, &'r Hitters)> {
+    let own = rule.limits.iter().enumerate();
+    let extra = rule.overrides.extra_names().iter().enumerate().filter_map(|(j, name)| {
+        let limit = rule.overrides.list().iter().flat_map(|o| o.limits.iter()).find(|l| l.name == *name)?;
+        Some((rule.limits.len() + j, limit))
+    });
+    own.chain(extra).filter_map(|(slot, limit)| Some((limit, handles.hitters(slot)?))).collect()
+}
+
+/// A bucket's scope as `user=u42,tenant=acme`, after the resource for a
+/// template rule.
+fn key_text(rule: &Rule, limit: &Limit, scope: CompactString) -> String {
+    let parts = BucketKey { limit: LimitId::default(), scope }.parts();
+    let mut parts = parts.into_iter();
+    let mut out: Vec<String> = Vec::new();
+    if rule.per_resource() {
+        out.extend(parts.next());
+    }
+    out.extend(limit.key.iter().zip(parts).map(|(k, v)| format!("{k}={v}")));
+    out.join(",")
+}
+
+impl Views<'_> {
     /// Per limit of the rules in force (only `rule`'s when not empty), the
     /// `n` keys it denied and admitted most lately; limits without any left out.
     pub fn top_keys(&self, rules: &Installed, rule: &str, n: usize) -> Vec<TopLimit> {
@@ -56,39 +92,4 @@ impl Engine {
         }
         out
     }
-}
-
-/// An Envoy descriptor's bucket scope (its entries, key then value) as
-/// `user=u42,plan=gold`.
-fn entries_text(scope: CompactString) -> String {
-    let parts = BucketKey { limit: LimitId::default(), scope }.parts();
-    parts
-        .chunks(2)
-        .map(|kv| format!("{}={}", kv[0], kv.get(1).map_or("", String::as_str)))
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-/// A rule's limits and its overrides' (a tier's own), one per name (one per
-/// hottest-keys slot), with their hottest keys.
-fn distinct_limits<'r>(rule: &'r Rule, handles: &'r RuleHandles) -> Vec<(&'r Limit, &'r Hitters)> {
-    let own = rule.limits.iter().enumerate();
-    let extra = rule.overrides.extra_names().iter().enumerate().filter_map(|(j, name)| {
-        let limit = rule.overrides.list().iter().flat_map(|o| o.limits.iter()).find(|l| l.name == *name)?;
-        Some((rule.limits.len() + j, limit))
-    });
-    own.chain(extra).filter_map(|(slot, limit)| Some((limit, handles.hitters(slot)?))).collect()
-}
-
-/// A bucket's scope as `user=u42,tenant=acme`, after the resource for a
-/// template rule.
-fn key_text(rule: &Rule, limit: &Limit, scope: CompactString) -> String {
-    let parts = BucketKey { limit: LimitId::default(), scope }.parts();
-    let mut parts = parts.into_iter();
-    let mut out: Vec<String> = Vec::new();
-    if rule.per_resource() {
-        out.extend(parts.next());
-    }
-    out.extend(limit.key.iter().zip(parts).map(|(k, v)| format!("{k}={v}")));
-    out.join(",")
 }

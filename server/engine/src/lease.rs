@@ -32,14 +32,15 @@
 //! limits hold, and under contention each holder costs about one or two Lease
 //! calls per lease time.
 
+use crate::Leasing;
 use std::time::Duration;
 
 use dashmap::DashMap;
 use smallvec::SmallVec;
 
+use super::Installed;
 use super::decide::{limits_for, matched_in};
 use super::request::{self, Descriptors, RequestError};
-use super::{Engine, Installed};
 use crate::rules::LeaseShare;
 use crate::store::BucketKey;
 use crate::time::Timestamp;
@@ -430,7 +431,26 @@ impl<K> Default for Book<K> {
     }
 }
 
-impl Engine {
+/// A holder name: 1 to 256 bytes, no control characters.
+pub fn check_holder(holder: &str) -> Result<(), RequestError> {
+    let why = if holder.is_empty() {
+        "is required (a name stable for the client process)".to_string()
+    } else if holder.len() > 256 {
+        format!("is {} bytes; at most 256", holder.len())
+    } else if let Some(c) = holder.chars().find(|c| c.is_control()) {
+        format!("control character U+{:04X} is not allowed", u32::from(c))
+    } else {
+        return Ok(());
+    };
+    Err(RequestError::BadHolder(why))
+}
+
+pub(super) fn holder_hash(holder: &str) -> u64 {
+    // Fixed keys: the same holder is the same entry on every call.
+    ahash::RandomState::with_seeds(1, 2, 3, 4).hash_one(holder)
+}
+
+impl Leasing<'_> {
     /// How much `holder` may lease of `resource`'s limits for `d` now, given
     /// that it wants `want` for a lease time (0: not said) and that its
     /// previous lease was just settled at `settled` used (if it was); `Err`
@@ -587,26 +607,6 @@ impl Engine {
         }
     }
 }
-
-/// A holder name: 1 to 256 bytes, no control characters.
-pub fn check_holder(holder: &str) -> Result<(), RequestError> {
-    let why = if holder.is_empty() {
-        "is required (a name stable for the client process)".to_string()
-    } else if holder.len() > 256 {
-        format!("is {} bytes; at most 256", holder.len())
-    } else if let Some(c) = holder.chars().find(|c| c.is_control()) {
-        format!("control character U+{:04X} is not allowed", u32::from(c))
-    } else {
-        return Ok(());
-    };
-    Err(RequestError::BadHolder(why))
-}
-
-pub(super) fn holder_hash(holder: &str) -> u64 {
-    // Fixed keys: the same holder is the same entry on every call.
-    ahash::RandomState::with_seeds(1, 2, 3, 4).hash_one(holder)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

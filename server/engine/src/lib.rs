@@ -73,6 +73,66 @@ pub struct Engine {
     coordination: Arc<dyn Coordination>,
 }
 
+/// The engine seen for one job. Each job's methods live on its own type, so
+/// that the engine's own methods are the decisions: [`Engine::control`]
+/// changes what is in force (rules, overrides, breaker states, levels),
+/// [`Engine::views`] reads what the console, Admin and the CLI show, and
+/// [`Engine::leasing`] hands out and takes back leases,
+/// [`Engine::outcomes`] takes the outcomes of admitted calls, and
+/// [`Engine::charges`] counts usage after the call. A job handle only
+/// borrows the engine; it dereferences to it for the state they share.
+macro_rules! job {
+    ($(#[$doc:meta])* $name:ident, $method:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy)]
+        pub struct $name<'e>(&'e Engine);
+
+        impl std::ops::Deref for $name<'_> {
+            type Target = Engine;
+
+            fn deref(&self) -> &Engine {
+                self.0
+            }
+        }
+
+        impl Engine {
+            $(#[$doc])*
+            pub fn $method(&self) -> $name<'_> {
+                $name(self)
+            }
+        }
+    };
+}
+
+job!(
+    /// What is in force: rules, overrides, breaker states, degradation levels.
+    Control,
+    control
+);
+job!(
+    /// What the console, Admin and the CLI read: breakers, levels, concurrency
+    /// limits, permits, the hottest keys.
+    Views,
+    views
+);
+job!(
+    /// Leases: planned, taken and given back.
+    Leasing,
+    leasing
+);
+job!(
+    /// Usage counted after the call: charges, and estimates settled with the
+    /// actual cost.
+    Charges,
+    charges
+);
+job!(
+    /// What comes back after a decision: outcomes reported, permits expired,
+    /// and the tick that moves breakers and levels on.
+    Outcomes,
+    outcomes
+);
+
 /// How the engine is built.
 #[derive(Clone, Copy, Debug)]
 pub struct EngineConfig {
@@ -121,11 +181,77 @@ impl Engine {
         self.rules.load_full()
     }
 
+    pub fn buckets(&self) -> &Buckets {
+        &self.buckets
+    }
+
+    pub fn clock(&self) -> &SharedClock {
+        &self.clock
+    }
+
+    pub fn events(&self) -> &Events {
+        &self.events
+    }
+
+    /// Forgets idle buckets and buckets of limits no longer in force.
+    pub fn sweep(&self) -> usize {
+        let rules = self.rules.load_full();
+        let now = self.clock.now();
+        self.expire_estimates(now);
+        self.leases.forget(now);
+        self.buckets.sweep(now, |id| rules.algorithm(id))
+    }
+}
+
+impl Views<'_> {
     /// The series of upstream's per-descriptor stats (Envoy's RLS).
     pub fn upstream_stats(&self) -> &Arc<crate::metrics::upstream::Registry> {
         self.rules.upstream()
     }
+}
 
+impl Views<'_> {
+    /// Permits handed out and not yet returned or expired.
+    pub fn permits_in_flight(&self) -> usize {
+        self.permits.len()
+    }
+
+    /// The guarded state of a prepared item's resource (made for its rule).
+    pub fn guarded(&self, p: &Prepared<'_>) -> Option<Arc<guards::Guarded>> {
+        let (rule, _) = p.rule?;
+        Some(self.guards.get_or_create(p.resource(), rule))
+    }
+
+    /// The permits issued here that hold a strict slot, by resource (those
+    /// of a limit made strict since they were issued included).
+    pub fn strict_slots(&self, rules: &Installed) -> std::collections::HashMap<String, Vec<(PermitId, Timestamp)>> {
+        let strict =
+            |resource: &str| rules.rules.find(resource).and_then(|r| r.concurrency).is_some_and(|c| c.sync.is_strict());
+        self.permits.strict_slots(strict)
+    }
+
+    /// Every guarded resource, sorted by name.
+    pub fn guards_all(&self) -> Vec<(String, Arc<guards::Guarded>)> {
+        self.guards.all()
+    }
+
+    /// When a concurrency slot of `resource` is likely to come back.
+    pub fn slot_free_in(&self, resource: &str, max: u32) -> Duration {
+        self.guards.get(resource).map_or(Duration::from_millis(50), |g| g.slot_free_in(max))
+    }
+
+    /// Every resource's guards (breaker, concurrency), sorted by name.
+    pub fn all_guarded(&self) -> Vec<(String, Arc<guards::Guarded>)> {
+        self.guards.all()
+    }
+
+    /// A resource's concurrency limit now (an adaptive one moves).
+    pub fn concurrency_limit(&self, resource: &str, c: &crate::rules::Concurrency) -> u32 {
+        self.guards.get(resource).map_or_else(|| c.initial_limit(), |g| g.limit(c))
+    }
+}
+
+impl Control<'_> {
     /// Swaps in a new rule set atomically and returns its version. Limits that
     /// keep their resource, name and algorithm keep their buckets.
     pub fn install(&self, rules: RuleSet, yaml: String, source: String) -> u64 {
@@ -171,66 +297,6 @@ impl Engine {
         let patterns = self.rules.load().rules.patterns().into();
         self.events.publish(Event::Rules { version, source: format!("envoy:{source}"), patterns });
         version
-    }
-
-    pub fn buckets(&self) -> &Buckets {
-        &self.buckets
-    }
-
-    pub fn clock(&self) -> &SharedClock {
-        &self.clock
-    }
-
-    pub fn events(&self) -> &Events {
-        &self.events
-    }
-
-    /// Permits handed out and not yet returned or expired.
-    pub fn permits_in_flight(&self) -> usize {
-        self.permits.len()
-    }
-
-    /// The guarded state of a prepared item's resource (made for its rule).
-    pub fn guarded(&self, p: &Prepared<'_>) -> Option<Arc<guards::Guarded>> {
-        let (rule, _) = p.rule?;
-        Some(self.guards.get_or_create(p.resource(), rule))
-    }
-
-    /// The permits issued here that hold a strict slot, by resource (those
-    /// of a limit made strict since they were issued included).
-    pub fn strict_slots(&self, rules: &Installed) -> std::collections::HashMap<String, Vec<(PermitId, Timestamp)>> {
-        let strict =
-            |resource: &str| rules.rules.find(resource).and_then(|r| r.concurrency).is_some_and(|c| c.sync.is_strict());
-        self.permits.strict_slots(strict)
-    }
-
-    /// Every guarded resource, sorted by name.
-    pub fn guards_all(&self) -> Vec<(String, Arc<guards::Guarded>)> {
-        self.guards.all()
-    }
-
-    /// When a concurrency slot of `resource` is likely to come back.
-    pub fn slot_free_in(&self, resource: &str, max: u32) -> Duration {
-        self.guards.get(resource).map_or(Duration::from_millis(50), |g| g.slot_free_in(max))
-    }
-
-    /// Every resource's guards (breaker, concurrency), sorted by name.
-    pub fn all_guarded(&self) -> Vec<(String, Arc<guards::Guarded>)> {
-        self.guards.all()
-    }
-
-    /// A resource's concurrency limit now (an adaptive one moves).
-    pub fn concurrency_limit(&self, resource: &str, c: &crate::rules::Concurrency) -> u32 {
-        self.guards.get(resource).map_or_else(|| c.initial_limit(), |g| g.limit(c))
-    }
-
-    /// Forgets idle buckets and buckets of limits no longer in force.
-    pub fn sweep(&self) -> usize {
-        let rules = self.rules.load_full();
-        let now = self.clock.now();
-        self.expire_estimates(now);
-        self.leases.forget(now);
-        self.buckets.sweep(now, |id| rules.algorithm(id))
     }
 }
 

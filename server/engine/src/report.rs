@@ -1,13 +1,14 @@
 //! After the call: outcomes, permit expiry, time-driven transitions, and the
 //! operator's controls over breakers and the degradation level.
 
+use crate::{Control, Outcomes, Views};
 use std::time::Duration;
 
+use super::Installed;
 use super::guards::{Guarded, Permit, PermitId};
 use super::request::{self, RequestError};
 use super::sync::RemoteOutcome;
 use super::sync::SlotOp;
-use super::{Engine, Installed};
 use crate::breaker::{Info, Outcome, State};
 use crate::degradation::{Level, LevelChange, Load, Scope};
 use crate::events::Event;
@@ -49,7 +50,14 @@ pub struct Snapshot {
     pub patterns: Vec<String>,
 }
 
-impl Engine {
+/// Publishes a change of degradation level, if there was one.
+fn level_changed(events: &crate::events::Events, change: Option<LevelChange>) {
+    if let Some(change) = change {
+        events.publish(Event::Degradation(change));
+    }
+}
+
+impl Outcomes<'_> {
     /// Takes a permit back with the call's outcome. `resource` may be empty; if
     /// given it must be the permit's. `latency` defaults to the permit's age.
     pub fn report(
@@ -205,43 +213,14 @@ impl Engine {
         }
         for scope in rules.systems.all() {
             let change = scope.evaluate(now);
-            self.level_changed(change);
+            level_changed(&self.events, change);
         }
         self.guards.sweep(now);
         self.coordination.retain_breakers(&|resource| self.guards.contains(resource));
     }
+}
 
-    /// What a Watch stream starts with.
-    pub fn snapshot(&self) -> Snapshot {
-        let rules = self.rules();
-        let patterns = rules.rules.patterns();
-        let systems = rules.systems.named().iter().map(|s| s.get()).collect();
-        let level = rules.systems.global().get();
-        Snapshot { breakers: self.breakers(&rules), level, systems, rules_version: rules.version, patterns }
-    }
-
-    /// Every breaker in use, by resource.
-    pub fn breakers(&self, rules: &Installed) -> Vec<(String, Info)> {
-        let now = self.clock.now();
-        self.guards
-            .all()
-            .into_iter()
-            .filter_map(|(resource, g)| {
-                let cfg = rules.rules.find(&resource)?.breaker.as_ref()?;
-                let info = g.breaker(Some(cfg)).as_mut()?.info(cfg, now);
-                Some((resource, info))
-            })
-            .collect()
-    }
-
-    /// One resource's breaker; an error when its rule has none.
-    pub fn breaker(&self, rules: &Installed, resource: &str) -> Result<Info, RequestError> {
-        let (rule, cfg) = breaker_config(rules, resource)?;
-        let guarded = self.guards.get_or_create(resource, rule);
-        let mut slot = guarded.breaker(Some(cfg));
-        Ok(slot.as_mut().expect("configured").info(cfg, self.clock.now()))
-    }
-
+impl Control<'_> {
     /// CLOSED (reset), FORCED_OPEN, DISABLED or METRICS_ONLY.
     pub fn set_breaker(&self, rules: &Installed, resource: &str, to: State) -> Result<Info, RequestError> {
         if !to.settable() {
@@ -275,7 +254,7 @@ impl Engine {
         Ok(scopes
             .into_iter()
             .map(|scope| {
-                self.level_changed(scope.set_manual(level));
+                level_changed(&self.events, scope.set_manual(level));
                 scope.get()
             })
             .collect())
@@ -287,19 +266,9 @@ impl Engine {
         for scope in self.rules().systems.all() {
             let want = levels.get(&**scope.name()).copied();
             if scope.manual() != want {
-                self.level_changed(scope.set_manual(want));
+                level_changed(&self.events, scope.set_manual(want));
             }
         }
-    }
-
-    /// The global scope's level.
-    pub fn level(&self) -> Level {
-        self.rules().systems.global().get()
-    }
-
-    /// Every scope's level: the global one first, then each system in file order.
-    pub fn levels(&self) -> Vec<Level> {
-        self.rules().systems.all().map(|s| s.get()).collect()
     }
 
     /// One instance's load (`ReportLoad`), taken at `taken_at` (here, now:
@@ -332,11 +301,48 @@ impl Engine {
         })?;
         Ok((scope.level(), live))
     }
+}
 
-    fn level_changed(&self, change: Option<LevelChange>) {
-        if let Some(change) = change {
-            self.events.publish(Event::Degradation(change));
-        }
+impl Views<'_> {
+    /// What a Watch stream starts with.
+    pub fn snapshot(&self) -> Snapshot {
+        let rules = self.rules();
+        let patterns = rules.rules.patterns();
+        let systems = rules.systems.named().iter().map(|s| s.get()).collect();
+        let level = rules.systems.global().get();
+        Snapshot { breakers: self.breakers(&rules), level, systems, rules_version: rules.version, patterns }
+    }
+
+    /// Every breaker in use, by resource.
+    pub fn breakers(&self, rules: &Installed) -> Vec<(String, Info)> {
+        let now = self.clock.now();
+        self.guards
+            .all()
+            .into_iter()
+            .filter_map(|(resource, g)| {
+                let cfg = rules.rules.find(&resource)?.breaker.as_ref()?;
+                let info = g.breaker(Some(cfg)).as_mut()?.info(cfg, now);
+                Some((resource, info))
+            })
+            .collect()
+    }
+
+    /// One resource's breaker; an error when its rule has none.
+    pub fn breaker(&self, rules: &Installed, resource: &str) -> Result<Info, RequestError> {
+        let (rule, cfg) = breaker_config(rules, resource)?;
+        let guarded = self.guards.get_or_create(resource, rule);
+        let mut slot = guarded.breaker(Some(cfg));
+        Ok(slot.as_mut().expect("configured").info(cfg, self.clock.now()))
+    }
+
+    /// The global scope's level.
+    pub fn level(&self) -> Level {
+        self.rules().systems.global().get()
+    }
+
+    /// Every scope's level: the global one first, then each system in file order.
+    pub fn levels(&self) -> Vec<Level> {
+        self.rules().systems.all().map(|s| s.get()).collect()
     }
 }
 

@@ -23,7 +23,7 @@ fn engine(s: &SentinelRules) -> (Engine, Arc<ManualClock>) {
     let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_700_000_000)));
     let engine = Engine::new(EngineConfig { max_keys: usize::MAX }, clock.clone());
     let set = RuleSet::from_rules(s.rules.clone(), s.system.iter().cloned().collect());
-    engine.install(set, String::new(), "sentinel".into());
+    engine.control().install(set, String::new(), "sentinel".into());
     (engine, clock)
 }
 

@@ -17,6 +17,7 @@
 //! estimate a strict limit took in an outage, or a charge Redis could not
 //! take, is owed and paid when Redis answers again.
 
+use crate::{Charges, Leasing};
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 use smallvec::SmallVec;
@@ -138,6 +139,15 @@ impl Engine {
         }
     }
 
+    /// Forgets estimates whose permits expired: they stand as taken.
+    pub(super) fn expire_estimates(&self, now: Timestamp) -> usize {
+        let before = self.settlements.len();
+        self.settlements.map.retain(|_, p| p.expires > now);
+        before - self.settlements.len()
+    }
+}
+
+impl Charges<'_> {
     /// Settles permit `id` at `actual` (or, `None`, lets its estimate stand
     /// and forgets it). Not settled when it holds no estimate (unknown,
     /// expired, already settled, or not from an Acquire with `settle`).
@@ -190,39 +200,6 @@ impl Engine {
         Ok(Settled { settled: true, strict })
     }
 
-    /// A lease returned or renewed (see `decider::lease`): its estimate
-    /// settled at what its holder says it used, never more than the lease
-    /// granted (a holder cannot have admitted more); errors name the
-    /// lease's fields.
-    pub fn settle_lease(
-        &self,
-        rules: &Installed,
-        id: &str,
-        resource: &str,
-        used: u64,
-        holder: &str,
-    ) -> Result<Settled, RequestError> {
-        let key = request::check_permit_id(id).map_err(|_| RequestError::MalformedLease(request::preview(id)))?;
-        if used > u64::from(u32::MAX) {
-            return Err(RequestError::CostTooLarge { field: "used", value: used });
-        }
-        // Only its holder settles a lease: nobody else may give back (or
-        // charge) what it took.
-        if self
-            .settlements
-            .map
-            .get(&key)
-            .is_some_and(|p| p.holder != 0 && p.holder != super::lease::holder_hash(holder))
-        {
-            return Err(RequestError::LeaseHolderMismatch);
-        }
-        let used = self.settlements.map.get(&key).map_or(used, |p| used.min(p.cost));
-        self.settle_estimate(rules, id, resource, Some(used)).map_err(|e| match e {
-            RequestError::PermitResourceMismatch { resource } => RequestError::LeaseResourceMismatch { resource },
-            e => e,
-        })
-    }
-
     /// `Charge`: takes `cost` from every limit the request matches, beyond
     /// the limit if need be; the limits' state afterwards. Strict limits are
     /// for the caller to take in Redis (`Charged::strict`).
@@ -263,7 +240,9 @@ impl Engine {
         charged.strict.resource = resource.to_string();
         Ok(charged)
     }
+}
 
+impl Leasing<'_> {
     /// Keeps the estimate of permit `id` until `expires` (a lease's time).
     /// Estimate `id` is a lease of `holder`'s, kept until `expires`.
     pub fn hold_lease(&self, id: &str, expires: Timestamp, holder: &str) {
@@ -275,11 +254,37 @@ impl Engine {
         }
     }
 
-    /// Forgets estimates whose permits expired: they stand as taken.
-    pub(super) fn expire_estimates(&self, now: Timestamp) -> usize {
-        let before = self.settlements.len();
-        self.settlements.map.retain(|_, p| p.expires > now);
-        before - self.settlements.len()
+    /// A lease returned or renewed (see `decider::lease`): its estimate
+    /// settled at what its holder says it used, never more than the lease
+    /// granted (a holder cannot have admitted more); errors name the
+    /// lease's fields.
+    pub fn settle_lease(
+        &self,
+        rules: &Installed,
+        id: &str,
+        resource: &str,
+        used: u64,
+        holder: &str,
+    ) -> Result<Settled, RequestError> {
+        let key = request::check_permit_id(id).map_err(|_| RequestError::MalformedLease(request::preview(id)))?;
+        if used > u64::from(u32::MAX) {
+            return Err(RequestError::CostTooLarge { field: "used", value: used });
+        }
+        // Only its holder settles a lease: nobody else may give back (or
+        // charge) what it took.
+        if self
+            .settlements
+            .map
+            .get(&key)
+            .is_some_and(|p| p.holder != 0 && p.holder != super::lease::holder_hash(holder))
+        {
+            return Err(RequestError::LeaseHolderMismatch);
+        }
+        let used = self.settlements.map.get(&key).map_or(used, |p| used.min(p.cost));
+        self.charges().settle_estimate(rules, id, resource, Some(used)).map_err(|e| match e {
+            RequestError::PermitResourceMismatch { resource } => RequestError::LeaseResourceMismatch { resource },
+            e => e,
+        })
     }
 }
 
@@ -311,7 +316,7 @@ resources:
     fn engine() -> (Engine, Arc<ManualClock>) {
         let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_700_006_400)));
         let e = Engine::new(EngineConfig { max_keys: usize::MAX }, clock.clone());
-        e.install(RuleSet::from_yaml(RULES, "t").unwrap(), RULES.into(), "t".into());
+        e.control().install(RuleSet::from_yaml(RULES, "t").unwrap(), RULES.into(), "t".into());
         (e, clock)
     }
 
@@ -345,10 +350,10 @@ resources:
         assert!(ok);
         assert_eq!(left, [40, 940]);
         let permit = permit.expect("a permit to settle with, though the rule has no breaker");
-        assert_eq!(e.settle_estimate(&e.rules(), &permit, "llm", Some(15)).map(|s| s.settled), Ok(true));
+        assert_eq!(e.charges().settle_estimate(&e.rules(), &permit, "llm", Some(15)).map(|s| s.settled), Ok(true));
         assert_eq!(remaining(&e, "llm").iter().map(|r| r.0).collect::<Vec<_>>(), [85, 985]);
         assert_eq!(
-            e.settle_estimate(&e.rules(), &permit, "llm", Some(0)).map(|s| s.settled),
+            e.charges().settle_estimate(&e.rules(), &permit, "llm", Some(0)).map(|s| s.settled),
             Ok(false),
             "settled once"
         );
@@ -358,7 +363,10 @@ resources:
     fn a_higher_actual_cost_is_a_debt_later_callers_wait_out() {
         let (e, clock) = engine();
         let (_, permit, _) = estimate(&e, "llm", 50);
-        assert_eq!(e.settle_estimate(&e.rules(), &permit.unwrap(), "", Some(180)).map(|s| s.settled), Ok(true));
+        assert_eq!(
+            e.charges().settle_estimate(&e.rules(), &permit.unwrap(), "", Some(180)).map(|s| s.settled),
+            Ok(true)
+        );
         // 100 - 180 = 80 tokens owed; at 10/s the bucket is empty for 8 s.
         let r = remaining(&e, "llm");
         assert_eq!(r[0], (0, Duration::ZERO), "peek asks for nothing: no retry time");
@@ -378,9 +386,9 @@ resources:
         assert!(ok);
         let permit = permit.unwrap();
         // The concurrency permit is the settle permit: one report does both.
-        let reported = e.report(&e.rules(), "db", &permit, crate::breaker::Outcome::Success, None).unwrap();
+        let reported = e.outcomes().report(&e.rules(), "db", &permit, crate::breaker::Outcome::Success, None).unwrap();
         assert!(reported.counted);
-        assert_eq!(e.settle_estimate(&e.rules(), &permit, "db", Some(150)).map(|s| s.settled), Ok(true));
+        assert_eq!(e.charges().settle_estimate(&e.rules(), &permit, "db", Some(150)).map(|s| s.settled), Ok(true));
         // 150 in a burst of 100 at 100/s: 0.5 s over, then 10 ms per row.
         assert!(!estimate(&e, "db", 1).0);
         clock.advance(Duration::from_millis(510));
@@ -391,21 +399,24 @@ resources:
     fn bad_or_foreign_permits_and_windows_that_moved_on() {
         let (e, clock) = engine();
         let rules = e.rules();
-        assert!(matches!(e.settle_estimate(&rules, "nope", "", Some(1)), Err(RequestError::MalformedPermit(_))));
+        assert!(matches!(
+            e.charges().settle_estimate(&rules, "nope", "", Some(1)),
+            Err(RequestError::MalformedPermit(_))
+        ));
         assert_eq!(
-            e.settle_estimate(&rules, &format!("{:032x}", 7), "", Some(1)).map(|s| s.settled),
+            e.charges().settle_estimate(&rules, &format!("{:032x}", 7), "", Some(1)).map(|s| s.settled),
             Ok(false),
             "unknown"
         );
         let (_, permit, _) = estimate(&e, "llm", 30);
         let permit = permit.unwrap();
         assert!(matches!(
-            e.settle_estimate(&rules, &permit, "db", Some(1)),
+            e.charges().settle_estimate(&rules, &permit, "db", Some(1)),
             Err(RequestError::PermitResourceMismatch { .. })
         ));
         clock.advance(Duration::from_secs(60));
         assert_eq!(
-            e.settle_estimate(&rules, &permit, "llm", Some(0)).map(|s| s.settled),
+            e.charges().settle_estimate(&rules, &permit, "llm", Some(0)).map(|s| s.settled),
             Ok(false),
             "expired after the permit's 60 s"
         );
@@ -415,9 +426,9 @@ resources:
         clock.advance(Duration::from_secs(10));
         let (_, new, left) = estimate(&e, "short", 3);
         assert_eq!(left, [2]);
-        assert_eq!(e.settle_estimate(&rules, &old.unwrap(), "short", Some(0)).map(|s| s.settled), Ok(true));
+        assert_eq!(e.charges().settle_estimate(&rules, &old.unwrap(), "short", Some(0)).map(|s| s.settled), Ok(true));
         assert_eq!(remaining(&e, "short")[0].0, 2, "the new window keeps its 3");
-        assert_eq!(e.settle_estimate(&rules, &new.unwrap(), "short", Some(1)).map(|s| s.settled), Ok(true));
+        assert_eq!(e.charges().settle_estimate(&rules, &new.unwrap(), "short", Some(1)).map(|s| s.settled), Ok(true));
         assert_eq!(remaining(&e, "short")[0].0, 4, "its own estimate comes back");
     }
 
@@ -425,14 +436,14 @@ resources:
     fn charge_takes_usage_beyond_the_limit() {
         let (e, _) = engine();
         let rules = e.rules();
-        let charged = e.charge(&rules, "llm", &user(), 130).unwrap();
+        let charged = e.charges().charge(&rules, "llm", &user(), 130).unwrap();
         let after: Vec<_> =
             charged.limits.iter().map(|l| (l.limit.name.as_str(), l.status.remaining, l.exceeded)).collect();
         assert_eq!(after, [("tokens", 0, true), ("daily", 870, false)]);
         assert!(!estimate(&e, "llm", 1).0, "30 tokens owed");
-        assert_eq!(e.charge(&rules, "nothing-matches", &user(), 5).unwrap().limits.len(), 0);
-        assert!(matches!(e.charge(&rules, "", &user(), 5), Err(RequestError::Empty { .. })));
-        let huge = e.charge(&rules, "llm", &user(), u64::MAX).err().map(|e| e.to_string());
+        assert_eq!(e.charges().charge(&rules, "nothing-matches", &user(), 5).unwrap().limits.len(), 0);
+        assert!(matches!(e.charges().charge(&rules, "", &user(), 5), Err(RequestError::Empty { .. })));
+        let huge = e.charges().charge(&rules, "llm", &user(), u64::MAX).err().map(|e| e.to_string());
         assert_eq!(huge.as_deref(), Some("cost: 18446744073709551615 is larger than the largest cost, 4294967295"));
     }
 }

@@ -42,7 +42,7 @@ fn ask(e: &Engine, resource: &str, priority: Priority) -> (Verdict, u32, String)
 }
 
 fn set(e: &Engine, system: &str, level: Option<u32>) {
-    e.set_degradation(LevelTarget::One(system), level).unwrap();
+    e.control().set_degradation(LevelTarget::One(system), level).unwrap();
 }
 
 #[test]
@@ -53,7 +53,7 @@ fn each_system_has_its_own_level_and_answers_carry_it() {
     assert_eq!(ask(&e, "search.web", Priority::Sheddable).1, 0, "search stays at 0");
     assert_eq!(ask(&e, "search.web", Priority::Sheddable).0, Verdict::Allowed);
     assert_eq!(ask(&e, "elsewhere", Priority::Sheddable), (Verdict::Allowed, 0, String::new()), "the global scope");
-    let levels: Vec<_> = e.levels().iter().map(|l| (l.system.to_string(), l.level)).collect();
+    let levels: Vec<_> = e.views().levels().iter().map(|l| (l.system.to_string(), l.level)).collect();
     assert_eq!(levels, [("".into(), 0), ("payments".into(), 3), ("search".into(), 0)]);
 }
 
@@ -95,10 +95,10 @@ fn the_global_scope_sheds_by_shed_at_level_only() {
 #[test]
 fn every_system_at_once_and_unknown_systems() {
     let (e, _) = engine();
-    let set = e.set_degradation(LevelTarget::Every, Some(2)).unwrap();
+    let set = e.control().set_degradation(LevelTarget::Every, Some(2)).unwrap();
     assert_eq!(set.len(), 3);
     assert!(set.iter().all(|l| l.level == 2 && l.manual));
-    let err = e.set_degradation(LevelTarget::One("billing"), Some(1)).unwrap_err();
+    let err = e.control().set_degradation(LevelTarget::One("billing"), Some(1)).unwrap_err();
     assert_eq!(err.to_string(), "system: 'billing' is not a system of the rules in force");
     assert_eq!(err.kind(), ErrorKind::BadInput);
 }
@@ -112,13 +112,13 @@ fn reported_outcomes_raise_their_system_only() {
         let req = Request::new("payments.charge", &none);
         let p = e.acquire(&rules, &req).unwrap().permit_id.unwrap().to_string();
         let outcome = if i % 2 == 0 { Outcome::Failure } else { Outcome::Success };
-        e.report(&rules, "", &p, outcome, Some(Duration::from_millis(3))).unwrap();
+        e.outcomes().report(&rules, "", &p, outcome, Some(Duration::from_millis(3))).unwrap();
     }
     clock.advance(Duration::from_millis(100));
-    e.tick();
-    let levels: Vec<_> = e.levels().iter().map(|l| l.level).collect();
+    e.outcomes().tick();
+    let levels: Vec<_> = e.views().levels().iter().map(|l| l.level).collect();
     assert_eq!(levels, [0, 3, 0], "50% errors in payments; search and the global scope untouched");
-    assert_eq!(e.levels()[1].signals.error_rate, Some(0.5));
+    assert_eq!(e.views().levels()[1].signals.error_rate, Some(0.5));
 }
 
 #[test]
@@ -126,11 +126,11 @@ fn load_reports_move_a_system_and_bad_ones_change_nothing() {
     let (e, clock) = engine();
     let load = |cpu| Load { cpu, memory: 0.2, in_flight: Some(3), queue_delay: None };
     for i in 0..3 {
-        assert_eq!(e.report_load("payments", &format!("pod-{i}"), load(0.8), None).unwrap(), (0, i + 1));
+        assert_eq!(e.control().report_load("payments", &format!("pod-{i}"), load(0.8), None).unwrap(), (0, i + 1));
     }
-    e.tick();
-    assert_eq!(e.levels()[1].level, 2, "80% CPU");
-    assert_eq!(e.levels()[1].signals.in_flight, 9);
+    e.outcomes().tick();
+    assert_eq!(e.views().levels()[1].level, 2, "80% CPU");
+    assert_eq!(e.views().levels()[1].signals.in_flight, 9);
     let bad = [
         ("payments", "p", 1.5, "cpu: 1.5 is not a utilization between 0 and 1"),
         ("payments", "p", f64::NAN, "cpu: NaN is not a utilization between 0 and 1"),
@@ -140,15 +140,15 @@ fn load_reports_move_a_system_and_bad_ones_change_nothing() {
         ("payments", "", 0.5, "instance: must not be empty"),
     ];
     for (system, instance, cpu, want) in bad {
-        assert_eq!(e.report_load(system, instance, load(cpu), None).unwrap_err().to_string(), want);
+        assert_eq!(e.control().report_load(system, instance, load(cpu), None).unwrap_err().to_string(), want);
     }
-    assert!(e.report_load("payments", &"x".repeat(300), load(0.1), None).is_err(), "a long instance id");
-    e.tick();
-    assert_eq!(e.levels()[1].signals.instances, 3, "nothing bad was counted");
+    assert!(e.control().report_load("payments", &"x".repeat(300), load(0.1), None).is_err(), "a long instance id");
+    e.outcomes().tick();
+    assert_eq!(e.views().levels()[1].signals.instances, 3, "nothing bad was counted");
     // Silent for the 5 s timeout: they leave, and the level falls.
     clock.advance(Duration::from_secs(6));
-    e.tick();
-    assert_eq!((e.levels()[1].level, e.levels()[1].signals.instances), (0, 0));
+    e.outcomes().tick();
+    assert_eq!((e.views().levels()[1].level, e.views().levels()[1].signals.instances), (0, 0));
 }
 
 #[test]
@@ -160,8 +160,8 @@ fn a_reload_keeps_a_system_state_and_drops_removed_systems() {
         "systems:\n  - name: payments\n    resources: [\"payments.*\"]\n    min_time_at_level: 0s\n",
         "systems:\n  - name: payments\n    resources: [\"payments.*\"]\n    cpu: [0.5, 0.6, 0.7]\n",
     );
-    e.install(RuleSet::from_yaml(&other, "t").unwrap(), other.clone(), "t".into());
-    let levels: Vec<_> = e.levels().iter().map(|l| (l.system.to_string(), l.level, l.manual)).collect();
+    e.control().install(RuleSet::from_yaml(&other, "t").unwrap(), other.clone(), "t".into());
+    let levels: Vec<_> = e.views().levels().iter().map(|l| (l.system.to_string(), l.level, l.manual)).collect();
     assert_eq!(levels, [("".into(), 0, false), ("payments".into(), 2, true)]);
     assert_eq!(ask(&e, "search.web", Priority::Sheddable).1, 0, "search.* is global now");
 }

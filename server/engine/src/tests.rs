@@ -21,7 +21,7 @@ resources:
 pub(super) fn engine(yaml: &str) -> (Engine, Arc<ManualClock>) {
     let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_700_006_400)));
     let engine = Engine::new(EngineConfig { max_keys: usize::MAX }, clock.clone());
-    engine.install(RuleSet::from_yaml(yaml, "test.yaml").unwrap(), yaml.into(), "test".into());
+    engine.control().install(RuleSet::from_yaml(yaml, "test.yaml").unwrap(), yaml.into(), "test".into());
     (engine, clock)
 }
 
@@ -140,12 +140,12 @@ fn a_reload_keeps_buckets_of_unchanged_limits() {
     for _ in 0..5 {
         ask(&e, "orders", &none, 1).unwrap();
     }
-    let v = e.install(RuleSet::from_yaml(RULES, "t").unwrap(), RULES.into(), "t".into());
+    let v = e.control().install(RuleSet::from_yaml(RULES, "t").unwrap(), RULES.into(), "t".into());
     assert_eq!(v, 2);
     assert_eq!(ask(&e, "orders", &none, 1).unwrap().0, Verdict::RateLimited, "the bucket survived the reload");
     // A bigger capacity applies at once to the same bucket.
     let bigger = RULES.replace("capacity: 5", "capacity: 50");
-    e.install(RuleSet::from_yaml(&bigger, "t").unwrap(), bigger, "t".into());
+    e.control().install(RuleSet::from_yaml(&bigger, "t").unwrap(), bigger, "t".into());
     clock.advance(Duration::from_secs(2));
     assert_eq!(ask(&e, "orders", &none, 1).unwrap(), (Verdict::Allowed, vec![1]));
 }
@@ -225,7 +225,7 @@ fn a_run_time_override_applies_before_the_files_and_ends_at_its_expiry_exactly()
     let mut block = runtime_spec("block-k-big", &[("api_key", "k-big")], Do::Block { retry_after_ms: 5_000 });
     block.expires_at = Some(now + 10_000_000_000);
     let v1 = e.rules().version;
-    let v2 = e.install_overrides(Arc::new(Table::from_specs([block])), Change::default());
+    let v2 = e.control().install_overrides(Arc::new(Table::from_specs([block])), Change::default());
     assert_eq!(v2, v1 + 1, "an override change is an install");
     let k_big = d(&[("api_key", "k-big")]);
     let (v, _) = ask(&e, "api", &k_big, 1).unwrap();
@@ -248,23 +248,23 @@ fn buckets_survive_run_time_override_changes_that_do_not_touch_them() {
     assert_eq!(ask(&e, "api", &k_big, 1).unwrap(), (Verdict::Allowed, vec![3]));
     assert_eq!(ask(&e, "api", &plain, 1).unwrap(), (Verdict::Allowed, vec![1]));
     let one = Table::from_specs([runtime_spec("acme-x2", &[("tenant", "acme")], Do::Factor(2.0))]);
-    e.install_overrides(Arc::new(one.clone()), Change::default());
+    e.control().install_overrides(Arc::new(one.clone()), Change::default());
     // acme: twice the rule's 2, from a bucket of its own.
     assert_eq!(ask(&e, "api", &acme, 1).unwrap(), (Verdict::Allowed, vec![3]));
     // A second override set: the first's bucket and the file's are kept.
     let two = one.with(&[runtime_spec("u9", &[("api_key", "u9")], Do::Limits(vec![("per-key".into(), 7)]))]);
-    e.install_overrides(Arc::new(two.clone()), Change::default());
+    e.control().install_overrides(Arc::new(two.clone()), Change::default());
     assert_eq!(ask(&e, "api", &acme, 1).unwrap(), (Verdict::Allowed, vec![2]));
     assert_eq!(ask(&e, "api", &k_big, 1).unwrap(), (Verdict::Allowed, vec![2]), "the file's override's bucket");
     assert_eq!(ask(&e, "api", &plain, 1).unwrap(), (Verdict::Allowed, vec![0]), "the rule's own bucket");
     assert_eq!(ask(&e, "api", &d(&[("api_key", "u9")]), 1).unwrap(), (Verdict::Allowed, vec![6]));
     // A reload of the same file keeps the run-time overrides and their buckets.
-    e.install(RuleSet::from_yaml(TIERED, "t").unwrap(), TIERED.into(), "test".into());
+    e.control().install(RuleSet::from_yaml(TIERED, "t").unwrap(), TIERED.into(), "test".into());
     assert_eq!(ask(&e, "api", &acme, 1).unwrap(), (Verdict::Allowed, vec![1]));
     // A rules file without the rule: kept, inactive, and back with the rule.
-    e.install(RuleSet::from_yaml(RULES, "t").unwrap(), RULES.into(), "test".into());
+    e.control().install(RuleSet::from_yaml(RULES, "t").unwrap(), RULES.into(), "test".into());
     assert_eq!(e.rules().problems.len(), 2, "{:?}", e.rules().problems);
-    e.install(RuleSet::from_yaml(TIERED, "t").unwrap(), TIERED.into(), "test".into());
+    e.control().install(RuleSet::from_yaml(TIERED, "t").unwrap(), TIERED.into(), "test".into());
     assert!(e.rules().problems.is_empty());
     assert_eq!(ask(&e, "api", &acme, 1).unwrap(), (Verdict::Allowed, vec![0]));
 }

@@ -28,7 +28,7 @@ impl Replication {
     pub(super) async fn sync_adaptive(&self, rules: &Installed) -> bool {
         let now = self.engine.clock().now();
         let mut ok = true;
-        for (resource, g) in self.engine.all_guarded() {
+        for (resource, g) in self.engine.views().all_guarded() {
             let Some(c) = rules.rules.find(&resource).and_then(|r| r.concurrency) else { continue };
             let Some(a) = c.adaptive.filter(|_| c.sync.is_shared()) else { continue };
             let due = g.current_controller().as_mut().is_some_and(|c| c.push_due(now));

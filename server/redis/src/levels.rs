@@ -84,7 +84,7 @@ impl Replication {
             return;
         }
         for r in reports {
-            let _ = self.engine.report_load(&r.system, &r.instance, r.load, Some(r.taken_at));
+            let _ = self.engine.control().report_load(&r.system, &r.instance, r.load, Some(r.taken_at));
         }
     }
 
@@ -94,7 +94,7 @@ impl Replication {
     pub async fn set_level(&self, target: LevelTarget<'_>, level: Option<u32>) {
         let names: Vec<String> = match target {
             LevelTarget::One(name) => vec![name.to_string()],
-            LevelTarget::Every => self.engine.levels().into_iter().map(|l| l.system.to_string()).collect(),
+            LevelTarget::Every => self.engine.views().levels().into_iter().map(|l| l.system.to_string()).collect(),
         };
         let at = self.engine.clock().now().as_nanos();
         let writes: Vec<Entry> = names.into_iter().map(|n| (n, level, at)).collect();
@@ -184,7 +184,7 @@ impl Replication {
         self.know(&entries);
         let levels: HashMap<String, u32> =
             entries.into_iter().filter_map(|(name, level, _)| Some((name, level?))).collect();
-        self.engine.apply_manual_levels(&levels);
+        self.engine.control().apply_manual_levels(&levels);
         self.levels.seen.store(version, Ordering::Relaxed);
         self.levels.rules_seen.store(rules, Ordering::Relaxed);
     }

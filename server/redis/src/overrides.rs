@@ -193,7 +193,9 @@ impl Replication {
 /// up the decisions queued behind it.
 async fn install(engine: &std::sync::Arc<floodgate_engine::Engine>, table: Table, change: Change) -> u64 {
     let engine = engine.clone();
-    match tokio::task::spawn_blocking(move || engine.install_overrides(std::sync::Arc::new(table), change)).await {
+    match tokio::task::spawn_blocking(move || engine.control().install_overrides(std::sync::Arc::new(table), change))
+        .await
+    {
         Ok(version) => version,
         Err(e) => std::panic::resume_unwind(e.into_panic()),
     }

@@ -35,7 +35,7 @@ impl Replication {
         }
         match RuleSet::from_yaml(&yaml, "redis") {
             Ok(rules) => {
-                let version = self.engine.install(rules, yaml, "redis".into());
+                let version = self.engine.control().install(rules, yaml, "redis".into());
                 floodgate_engine::metrics::rule_reload("redis", true, version);
                 tracing::info!(version, "rules applied on another replica installed");
             }

@@ -73,7 +73,7 @@ impl Replication {
         let clock = self.engine.clock();
         let started = clock.now();
         let [set, _] = slot_keys(&resource);
-        let max = self.engine.concurrency_limit(&resource, &c);
+        let max = self.engine.views().concurrency_limit(&resource, &c);
         loop {
             let deadline = self.sync().redis_time(clock.now().saturating_add(self.config.timeout));
             let mut invocation = self.scripts.get(ScriptName::Slot).prepare_invoke();
@@ -84,7 +84,7 @@ impl Replication {
                     return Some(RemoteSlot::Taken(Box::new(self.sync().slot_granted(&resource, id))));
                 }
                 Some(Answered::Done(Err(first_expiry))) => {
-                    let guess = self.engine.slot_free_in(&resource, max);
+                    let guess = self.engine.views().slot_free_in(&resource, max);
                     return Some(RemoteSlot::Full { retry_after: guess.min(first_expiry) });
                 }
                 Some(Answered::TooLate) if clock.now().saturating_since(started) < self.slow_limit() => {
@@ -129,7 +129,7 @@ impl Replication {
         let _one = self.slot_flush.lock().await;
         if reassert {
             let rules = self.engine.rules_full();
-            for (resource, held) in self.engine.strict_slots(&rules) {
+            for (resource, held) in self.engine.views().strict_slots(&rules) {
                 for chunk in held.chunks(500) {
                     if !self.add_slots(&resource, chunk).await {
                         return;
@@ -203,7 +203,7 @@ impl Replication {
             .iter()
             .filter_map(|p| {
                 let c = p.concurrency().filter(|c| c.sync.is_replicated())?;
-                let g = self.engine.guarded(p)?;
+                let g = self.engine.views().guarded(p)?;
                 let short = g.lease_at(now).is_none_or(|lease| g.in_flight() >= lease);
                 short.then(|| (p.resource().to_string(), g, *c))
             })
@@ -217,7 +217,7 @@ impl Replication {
     /// Every sync: the lease of each replicated concurrency limit in use
     /// here, renewed at what it holds plus a little room if calls came.
     pub(super) async fn sync_leases(&self, rules: &Installed) {
-        for (resource, g) in self.engine.guards_all() {
+        for (resource, g) in self.engine.views().guards_all() {
             let Some(c) = rules.rules.find(&resource).and_then(|r| r.concurrency) else { continue };
             if !c.sync.is_replicated() || (g.reserved() == 0 && g.in_flight() == 0 && !g.wanted()) {
                 continue;

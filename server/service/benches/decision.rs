@@ -40,7 +40,7 @@ const ALGORITHMS: &[(&str, &str)] = &[
 
 fn engine(yaml: &str) -> Engine {
     let engine = Engine::new(EngineConfig { max_keys: 10_000_000 }, Arc::new(SystemClock::new()));
-    engine.install(RuleSet::from_yaml(yaml, "bench").unwrap(), yaml.to_string(), "bench".into());
+    engine.control().install(RuleSet::from_yaml(yaml, "bench").unwrap(), yaml.to_string(), "bench".into());
     engine
 }
 
@@ -158,7 +158,7 @@ fn overrides(c: &mut Criterion) {
         let list = (0..n).map(|i| Override::factor(vec![("user".into(), format!("vip-{i}"))], 10.0, &base)).collect();
         assert!(rules.set_overrides("api", list));
         let e = Engine::new(EngineConfig { max_keys: 10_000_000 }, Arc::new(SystemClock::new()));
-        e.install(rules, yaml, "bench".into());
+        e.control().install(rules, yaml, "bench".into());
         let plain = descriptors("u42");
         group.bench_function(BenchmarkId::new("no_match", n), |b| b.iter(|| black_box(decide(&e, &plain))));
         if n > 0 {
@@ -181,7 +181,7 @@ fn overrides(c: &mut Criterion) {
             created_by: "bench".into(),
             reason: String::new(),
         });
-        e.install_overrides(Arc::new(Table::from_specs(specs)), Change::default());
+        e.control().install_overrides(Arc::new(Table::from_specs(specs)), Change::default());
         let (plain, vip) = (descriptors("u42"), descriptors(&format!("vip-{}", n - 1)));
         group.bench_function(BenchmarkId::new("run_time_no_match", n), |b| b.iter(|| black_box(decide(&e, &plain))));
         group.bench_function(BenchmarkId::new("run_time_match", n), |b| b.iter(|| black_box(decide(&e, &vip))));

@@ -108,7 +108,7 @@ fn run(scenario: &str, decisions: u64, in_system: bool) {
         yaml.push_str(SYSTEMS);
     }
     let engine = Arc::new(Engine::new(EngineConfig { max_keys: 10_000_000 }, Arc::new(SystemClock::new())));
-    engine.install(RuleSet::from_yaml(&yaml, "bench").unwrap(), yaml.clone(), "bench".into());
+    engine.control().install(RuleSet::from_yaml(&yaml, "bench").unwrap(), yaml.clone(), "bench".into());
     let decider = Decider::new(engine, None);
     if let Some(rpc) = scenario.strip_prefix("rpc_") {
         return rpc::run(decider, rpc, decisions);

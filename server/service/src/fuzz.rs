@@ -69,9 +69,13 @@ fn engine() -> &'static (Arc<Engine>, Decider) {
     ENGINE.get_or_init(|| {
         let config = EngineConfig { max_keys: 10_000 };
         let e = Arc::new(Engine::new(config, Arc::new(SystemClock::new())));
-        e.install(RuleSet::from_yaml(RULES, "fuzz").expect("the fuzz rules are valid"), RULES.into(), "fuzz".into());
+        e.control().install(
+            RuleSet::from_yaml(RULES, "fuzz").expect("the fuzz rules are valid"),
+            RULES.into(),
+            "fuzz".into(),
+        );
         let envoy = EnvoyConfig::parse(&[("edge.yaml".into(), ENVOY.into())]).expect("the fuzz Envoy config is valid");
-        e.install_envoy(envoy, ENVOY.into(), "fuzz".into(), String::new());
+        e.control().install_envoy(envoy, ENVOY.into(), "fuzz".into(), String::new());
         let options = RlsOptions { headers: Some(RlsHeaders::RateLimit.into()), ..RlsOptions::default() };
         let decider = Decider::new(e.clone(), None).with_rls(options);
         (e, decider)
@@ -128,7 +132,7 @@ pub fn requests(data: &[u8]) {
         }
         4 => {
             if let Ok(r) = pb::ChargeRequest::decode(body) {
-                let _ = e.charge(&rules, &r.resource, &r.descriptors, r.cost);
+                let _ = e.charges().charge(&rules, &r.resource, &r.descriptors, r.cost);
             }
         }
         1 => {
@@ -144,8 +148,8 @@ pub fn requests(data: &[u8]) {
             if let Ok(r) = pb::ReportOutcomeRequest::decode(body)
                 && let Ok(report) = Report::from_wire(&r)
             {
-                let _ = e.report(&rules, report.resource, report.permit_id, report.outcome, report.latency);
-                let _ = e.settle_estimate(&rules, report.permit_id, report.resource, report.actual_cost);
+                let _ = e.outcomes().report(&rules, report.resource, report.permit_id, report.outcome, report.latency);
+                let _ = e.charges().settle_estimate(&rules, report.permit_id, report.resource, report.actual_cost);
             }
         }
         5 => {
@@ -155,7 +159,7 @@ pub fn requests(data: &[u8]) {
         }
         6 => {
             if let Ok(r) = pb::LeaseRequest::decode(body) {
-                let _ = ready(decider.lease(&crate::grpc::convert::floodgate::lease_ask(&r, &r.descriptors)));
+                let _ = ready(decider.leasing().lease(&crate::grpc::convert::floodgate::lease_ask(&r, &r.descriptors)));
             }
         }
         _ => {
@@ -174,14 +178,14 @@ pub fn requests(data: &[u8]) {
             }
         }
     }
-    e.tick();
+    e.outcomes().tick();
 }
 
 /// Sets the overrides, decides a call under each, deletes them.
 fn overrides(e: &Engine, decider: &Decider, r: &pb::SetOverridesRequest) {
     let new = r.overrides.iter().take(16).map(crate::grpc::convert::overrides::new_override);
     let Ok(new) = new.collect::<Result<Vec<_>, _>>() else { return };
-    let Ok(set) = ready(decider.set_overrides(new, "fuzz")) else { return };
+    let Ok(set) = ready(decider.control().set_overrides(new, "fuzz")) else { return };
     let rules = e.rules();
     for s in &set.specs {
         let d: std::collections::HashMap<String, String> = s.when.iter().cloned().collect();
@@ -189,7 +193,7 @@ fn overrides(e: &Engine, decider: &Decider, r: &pb::SetOverridesRequest) {
         let _ = e.acquire(&rules, &req);
     }
     let ids = set.specs.iter().map(|s| s.id.clone()).collect();
-    ready(decider.delete_overrides(ids)).expect("deleting what was just set");
+    ready(decider.control().delete_overrides(ids)).expect("deleting what was just set");
 }
 
 /// Polls `f` once: memory only, nothing here ever waits.

@@ -76,7 +76,7 @@ async fn reload(path: &Path, decider: &Decider, last: &mut String) {
     let text = match crate::files::read_bounded(path, bounds::MAX_BYTES).await {
         Ok(t) => t,
         Err(e) => {
-            decider.refused(&origin);
+            decider.control().refused(&origin);
             tracing::error!(file, error = %e, "cannot read the rules file; keeping the rules in force");
             return;
         }
@@ -88,15 +88,15 @@ async fn reload(path: &Path, decider: &Decider, last: &mut String) {
     let parsed = tokio::task::spawn_blocking(move || RuleSet::from_yaml(&body, &name)).await;
     match parsed {
         Ok(Ok(rules)) => {
-            let version = decider.install(rules, text.clone(), origin);
+            let version = decider.control().install(rules, text.clone(), origin);
             tracing::info!(file, version, "rules reloaded");
         }
         Ok(Err(errors)) => {
-            decider.refused(&origin);
+            decider.control().refused(&origin);
             tracing::error!(file, "invalid rules file ignored; keeping the rules in force\n{errors}");
         }
         Err(e) => {
-            decider.refused(&origin);
+            decider.control().refused(&origin);
             tracing::error!(file, error = %e, "parsing the rules file failed; keeping the rules in force");
         }
     }
@@ -164,16 +164,16 @@ async fn reload_sentinel(
             if text == *last {
                 return;
             }
-            let version = decider.install_sentinel(rules, text.clone(), &dir);
+            let version = decider.control().install_sentinel(rules, text.clone(), &dir);
             tracing::info!(dir = name, version, "Sentinel's rules reloaded");
             *last = text;
         }
         Ok(Err(errors)) => {
-            decider.refused(&Origin::Sentinel);
+            decider.control().refused(&Origin::Sentinel);
             tracing::error!(dir = name, "invalid Sentinel rules ignored; keeping the ones in force\n{errors}");
         }
         Err(e) => {
-            decider.refused(&Origin::Sentinel);
+            decider.control().refused(&Origin::Sentinel);
             tracing::error!(dir = name, error = %e, "reading Sentinel's rules failed");
         }
     }
@@ -190,19 +190,19 @@ async fn reload_envoy(dir: PathBuf, decider: &Decider, last: &mut String, option
             if text == *last {
                 return;
             }
-            let version = decider.install_envoy(config, text.clone(), &dir);
+            let version = decider.control().install_envoy(config, text.clone(), &dir);
             tracing::info!(dir = name, version, "envoyproxy/ratelimit configuration reloaded");
             *last = text;
         }
         Ok(Err(errors)) => {
-            decider.refused(&Origin::Envoy);
+            decider.control().refused(&Origin::Envoy);
             tracing::error!(
                 dir = name,
                 "invalid envoyproxy/ratelimit configuration ignored; keeping the one in force\n{errors}"
             );
         }
         Err(e) => {
-            decider.refused(&Origin::Envoy);
+            decider.control().refused(&Origin::Envoy);
             tracing::error!(dir = name, error = %e, "reading the envoyproxy/ratelimit configuration failed");
         }
     }

@@ -44,7 +44,7 @@ where
 /// Runs the engine's tick (permit expiry, breaker and level checks) every
 /// `every` until the engine is dropped.
 pub fn spawn_ticker(engine: &Arc<Engine>, every: Duration) -> JoinHandle<()> {
-    self::every(every, engine, |engine| async move { engine.tick() })
+    self::every(every, engine, |engine| async move { engine.outcomes().tick() })
 }
 
 /// Forgets idle buckets every `every` (off the async workers: it walks every

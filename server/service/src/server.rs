@@ -111,7 +111,7 @@ pub async fn run(
             .with_overrides(opts.overrides.clone())
             .with_origin_key(origin_key),
     );
-    if !decider.overrides_persisted() {
+    if !decider.views().overrides_persisted() {
         tracing::info!("overrides set through Admin are kept in memory only (see --overrides-file)");
     }
     let (_background, gate) = spawn_background(&opts, &engine, &decider, sources, prometheus.clone())?;
@@ -213,7 +213,7 @@ fn install_sources(opts: &Options, engine: &Engine) -> anyhow::Result<Sources> {
     };
     if let Some(path) = &opts.overrides.file {
         let table = decider::read_overrides_file(path, opts.overrides.max).context("reading the overrides file")?;
-        let (count, version) = (table.len(), engine.install_overrides(Arc::new(table), Default::default()));
+        let (count, version) = (table.len(), engine.control().install_overrides(Arc::new(table), Default::default()));
         tracing::info!(file = %path.display(), count, version, "overrides set at run time restored");
     }
     Ok(Sources { rules, envoy, sentinel })
@@ -298,7 +298,7 @@ fn spawn_background(
         crate::runtime::spawn_ticker(engine, Duration::from_millis(100)),
         // Overrides that have ended stopped applying at their expiry
         // already; this removes them within a second.
-        crate::runtime::every(Duration::from_secs(1), decider, |d| async move { d.expire_overrides().await }),
+        crate::runtime::every(Duration::from_secs(1), decider, |d| async move { d.control().expire_overrides().await }),
     ]);
     tasks.extend(decider.spawn_forwarded_reports());
     if let Some(handle) = prometheus {

@@ -14,7 +14,7 @@ fn replicated_engine(yaml: &str) -> (Arc<ManualClock>, Engine, Arc<Replica>) {
     let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_700_006_400)));
     let replica = Arc::new(Replica::new());
     let e = Engine::new(EngineConfig { max_keys: 1000 }, clock.clone()).with_coordination(replica.clone());
-    e.install(RuleSet::from_yaml(yaml, "t").unwrap(), yaml.into(), "t".into());
+    e.control().install(RuleSet::from_yaml(yaml, "t").unwrap(), yaml.into(), "t".into());
     (clock, e, replica)
 }
 
@@ -88,7 +88,7 @@ fn a_bucket_has_one_sync_out_and_its_merged_state_counts_what_was_taken_since_it
 fn a_memory_only_engine_notes_nothing_for_the_fleet() {
     let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_700_006_400)));
     let e = Engine::new(EngineConfig { max_keys: 1000 }, clock);
-    e.install(RuleSet::from_yaml(RULES, "t").unwrap(), RULES.into(), "t".into());
+    e.control().install(RuleSet::from_yaml(RULES, "t").unwrap(), RULES.into(), "t".into());
     let d: HashMap<String, String> = [("user".to_string(), "u1".to_string())].into();
     let rules = e.rules_full();
     let p = e.prepare(&rules, &Request::new("r", &d)).unwrap();
@@ -205,10 +205,10 @@ fn a_replicated_concurrency_limit_admits_within_its_fresh_lease_only() {
     let verdict = || e.decide(e.prepare(&rules, &req).unwrap(), clock.now()).verdict;
     assert_eq!(verdict(), Verdict::ConcurrencyLimited, "no lease yet: nothing, not the outage share");
     let prepared = e.prepare(&rules, &req).unwrap();
-    e.guarded(&prepared).unwrap().set_lease(2, clock.now().saturating_add(Duration::from_secs(1)), 2);
+    e.views().guarded(&prepared).unwrap().set_lease(2, clock.now().saturating_add(Duration::from_secs(1)), 2);
     assert_eq!((verdict(), verdict(), verdict()), (Verdict::Allowed, Verdict::Allowed, Verdict::ConcurrencyLimited));
     clock.advance(Duration::from_secs(1));
-    e.guarded(&prepared).unwrap().set_lease(5, clock.now(), 5);
+    e.views().guarded(&prepared).unwrap().set_lease(5, clock.now(), 5);
     assert_eq!(verdict(), Verdict::ConcurrencyLimited, "a stale lease takes no call");
     // Redis away: this replica's share of the limit (10 / 1 live), counting
     // the two it holds.

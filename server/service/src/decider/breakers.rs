@@ -1,11 +1,11 @@
 //! Breakers and the degradation level: read, set by an operator (on every
 //! replica), and their events for Watch.
 
+use super::{Control, Views};
 use std::sync::Arc;
 
 use tokio::sync::broadcast;
 
-use super::Decider;
 use crate::breaker::{Info, State};
 use crate::degradation::{Level, Load};
 use crate::engine::{LevelTarget, RequestError, Snapshot};
@@ -18,22 +18,27 @@ pub struct BreakerView {
     pub info: Info,
 }
 
-impl Decider {
+impl Views<'_> {
     /// Every breaker in use, by resource.
     pub fn breakers(&self) -> Vec<BreakerView> {
         let rules = self.engine.rules();
-        self.engine.breakers(&rules).into_iter().map(|(resource, info)| BreakerView { resource, info }).collect()
+        self.engine
+            .views()
+            .breakers(&rules)
+            .into_iter()
+            .map(|(resource, info)| BreakerView { resource, info })
+            .collect()
     }
 
     /// One resource's breaker; an error when its rule has none.
     pub fn breaker(&self, resource: &str) -> Result<BreakerView, RequestError> {
-        let info = self.engine.breaker(&self.engine.rules(), resource)?;
+        let info = self.engine.views().breaker(&self.engine.rules(), resource)?;
         Ok(BreakerView { resource: resource.into(), info })
     }
 
     /// One resource's concurrency limit; an error when its rule has none.
     pub fn concurrency(&self, resource: &str) -> Result<crate::engine::concurrency::ConcurrencyView, RequestError> {
-        self.engine.concurrency(&self.engine.rules(), resource)
+        self.engine.views().concurrency(&self.engine.rules(), resource)
     }
 
     /// At most `max` concurrency limits in memory, by resource name, those
@@ -43,16 +48,28 @@ impl Decider {
         keep: impl Fn(&str, &str) -> bool,
         max: usize,
     ) -> Vec<crate::engine::concurrency::ConcurrencyView> {
-        self.engine.concurrency_views(&self.engine.rules(), keep, max)
+        self.engine.views().concurrency_views(&self.engine.rules(), keep, max)
     }
 
+    /// What a Watch stream starts with.
+    pub fn snapshot(&self) -> Snapshot {
+        self.engine.views().snapshot()
+    }
+
+    /// Every event from now on, in order.
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Event>> {
+        self.events.subscribe()
+    }
+}
+
+impl Control<'_> {
     /// CLOSED (reset), FORCED_OPEN, DISABLED or METRICS_ONLY, on every replica.
     pub async fn set_breaker(&self, resource: &str, to: State) -> Result<BreakerView, RequestError> {
         let rules = self.engine.rules_full();
-        let mut info = self.engine.set_breaker(&rules, resource, to)?;
+        let mut info = self.engine.control().set_breaker(&rules, resource, to)?;
         if let Some(replication) = &self.replication {
             replication.force_breaker(&rules, resource, to).await;
-            info = self.engine.breaker(&rules, resource)?;
+            info = self.engine.views().breaker(&rules, resource)?;
         }
         tracing::info!(resource, state = to.name(), "breaker state set through Admin");
         Ok(BreakerView { resource: resource.into(), info })
@@ -65,7 +82,7 @@ impl Decider {
         if let Some(level) = level.filter(|&l| l > crate::rules::systems::MAX_LEVEL) {
             return Err(RequestError::BadLevel(level));
         }
-        let levels = self.engine.set_degradation(target, level)?;
+        let levels = self.engine.control().set_degradation(target, level)?;
         if let Some(replication) = &self.replication {
             replication.set_level(target, level).await;
         }
@@ -76,20 +93,10 @@ impl Decider {
     /// With Redis, passed on to every replica.
     pub fn report_load(&self, system: &str, instance: &str, load: Load) -> Result<(u32, usize), RequestError> {
         let taken_at = self.engine.clock().now();
-        let answer = self.engine.report_load(system, instance, load, Some(taken_at))?;
+        let answer = self.engine.control().report_load(system, instance, load, Some(taken_at))?;
         if let Some(replication) = &self.replication {
             replication.share_load(system, instance, load, taken_at);
         }
         Ok(answer)
-    }
-
-    /// What a Watch stream starts with.
-    pub fn snapshot(&self) -> Snapshot {
-        self.engine.snapshot()
-    }
-
-    /// Every event from now on, in order.
-    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Event>> {
-        self.events.subscribe()
     }
 }

@@ -163,10 +163,10 @@ impl Decider {
 
     fn report_here(&self, r: &Report<'_>) -> Result<(Reported, Strict), RequestError> {
         let rules = self.engine.rules();
-        let mut reported = self.engine.report(&rules, r.resource, r.permit_id, r.outcome, r.latency)?;
+        let mut reported = self.engine.outcomes().report(&rules, r.resource, r.permit_id, r.outcome, r.latency)?;
         // A permit of an Acquire with `settle`: its estimate is settled (or,
         // without an actual cost, stands) whether or not it also guarded a call.
-        match self.engine.settle_estimate(&rules, r.permit_id, r.resource, r.actual_cost) {
+        match self.engine.charges().settle_estimate(&rules, r.permit_id, r.resource, r.actual_cost) {
             Ok(settled) => {
                 reported.settled = settled.settled;
                 reported.counted |= settled.settled;
@@ -186,7 +186,7 @@ impl Decider {
         R: for<'r> FromAnswer<Charged<'r>>,
     {
         let rules = self.engine.rules_full();
-        let mut charged = self.engine.charge(&rules, resource, descriptors, cost)?;
+        let mut charged = self.engine.charges().charge(&rules, resource, descriptors, cost)?;
         if let Some(replication) = &self.replication {
             let strict = std::mem::take(&mut charged.strict);
             match replication.try_adjust_strict(&strict).await {

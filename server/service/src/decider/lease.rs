@@ -3,9 +3,10 @@
 //! any cost), and a renewal or return settles the previous lease at what was
 //! used (see `engine::lease` and `engine::settle`).
 
+use super::Leasing;
 use std::time::Duration;
 
-use super::{Decider, FromAnswer};
+use super::FromAnswer;
 use smallvec::SmallVec;
 
 use crate::engine::lease::{Empty, Left, NotLeasable, Plan};
@@ -75,7 +76,7 @@ impl Granted {
     }
 }
 
-impl Decider {
+impl Leasing<'_> {
     /// Settles lease `previous` at `used`; whether it held an estimate.
     async fn return_lease(
         &self,
@@ -84,7 +85,7 @@ impl Decider {
         used: u64,
         holder: &str,
     ) -> Result<bool, RequestError> {
-        let settled = self.engine.settle_lease(&self.engine.rules(), previous, resource, used, holder)?;
+        let settled = self.engine.leasing().settle_lease(&self.engine.rules(), previous, resource, used, holder)?;
         if let Some(replication) = &self.replication {
             replication.adjust_strict(&settled.strict).await;
         }
@@ -102,12 +103,19 @@ impl Decider {
             out.returned = self.return_lease(ask.resource, ask.previous, ask.used, ask.holder).await?;
         }
         if ask.release {
-            self.engine.lease_released(&self.engine.rules(), ask.resource, ask.descriptors, ask.holder);
+            self.engine.leasing().lease_released(&self.engine.rules(), ask.resource, ask.descriptors, ask.holder);
             return Ok(out);
         }
         let rules = self.engine.rules_full();
         let settled = out.returned.then_some(ask.used);
-        let plan = match self.engine.lease_plan(&rules, ask.resource, ask.descriptors, ask.want, ask.holder, settled)? {
+        let plan = match self.engine.leasing().lease_plan(
+            &rules,
+            ask.resource,
+            ask.descriptors,
+            ask.want,
+            ask.holder,
+            settled,
+        )? {
             Ok(plan) => plan,
             Err(why) => {
                 ::metrics::counter!(crate::metrics::LEASES, "result" => "not_leasable").increment(1);
@@ -146,8 +154,8 @@ impl Decider {
             match (granted.verdict, granted.permit_id) {
                 (Verdict::Allowed, Some(id)) => {
                     let until = self.engine.clock().now().saturating_add(plan.ttl + GRACE);
-                    self.engine.hold_lease(&id, until, ask.holder);
-                    self.engine.lease_taken(plan, u64::from(cost));
+                    self.engine.leasing().hold_lease(&id, until, ask.holder);
+                    self.engine.leasing().lease_taken(plan, u64::from(cost));
                     for (left, remaining) in out.limits.iter_mut().zip(&granted.remaining) {
                         left.remaining = *remaining;
                     }
@@ -174,13 +182,13 @@ impl Decider {
         }
     }
 }
-
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
     use std::sync::Arc;
 
     use super::*;
+    use crate::decider::Decider;
     use crate::engine::{Engine, EngineConfig};
     use crate::rules::RuleSet;
     use crate::time::{ManualClock, Timestamp};
@@ -203,7 +211,7 @@ resources:
     fn decider(rules: &str) -> (Decider, Arc<ManualClock>) {
         let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_700_006_400)));
         let engine = Arc::new(Engine::new(EngineConfig { max_keys: 1000 }, clock.clone()));
-        engine.install(RuleSet::from_yaml(rules, "t").unwrap(), rules.into(), "test".into());
+        engine.control().install(RuleSet::from_yaml(rules, "t").unwrap(), rules.into(), "test".into());
         (Decider::new(engine, None), clock)
     }
 
@@ -214,7 +222,7 @@ resources:
     async fn lease(d: &Decider, holder: &str, want: u64, previous: &str, used: u64) -> Leased {
         let descriptors = user("u1");
         let ask = LeaseAsk { resource: "api", descriptors: &descriptors, want, previous, used, holder, release: false };
-        d.lease(&ask).await.unwrap()
+        d.leasing().lease(&ask).await.unwrap()
     }
 
     async fn remaining(d: &Decider) -> u64 {
@@ -246,7 +254,7 @@ resources:
             holder: "a",
             release: true,
         };
-        let done = d.lease(&ask).await.unwrap();
+        let done = d.leasing().lease(&ask).await.unwrap();
         assert!(done.returned && done.lease_id.is_empty());
         assert_eq!(remaining(&d).await, 100 - 10 - 5);
         // A second return of the same lease gives nothing back.
@@ -257,7 +265,7 @@ resources:
         let descriptors = user("u1");
         let ask =
             LeaseAsk { resource: "api", descriptors: &descriptors, want: 0, previous, used, holder, release: true };
-        d.lease(&ask).await.unwrap().returned
+        d.leasing().lease(&ask).await.unwrap().returned
     }
 
     #[tokio::test]
@@ -330,7 +338,7 @@ resources:
                     holder,
                     release: false,
                 };
-                d.lease(&ask).await.unwrap()
+                d.leasing().lease(&ask).await.unwrap()
             }
         };
         // Alone, a takes what it finds: nobody else wants any.
@@ -381,7 +389,7 @@ resources:
                 let want = self.demand * 5 / 4;
                 let (previous, used) = (&self.lease, self.used);
                 let ask = LeaseAsk { resource: "tb", descriptors: &none, want, previous, used, holder, release: false };
-                let got = d.lease(&ask).await.unwrap();
+                let got = d.leasing().lease(&ask).await.unwrap();
                 self.rpcs += u64::from(measuring);
                 (self.lease, self.left, self.used) = (got.lease_id, got.granted, 0);
                 self.renew_at = t + got.ttl.as_millis() as u64 * 6 / 10;
@@ -491,21 +499,21 @@ resources:
             holder: "h",
             release: false,
         };
-        let mixed = d.lease(&ask("mixed")).await.unwrap();
+        let mixed = d.leasing().lease(&ask("mixed")).await.unwrap();
         assert_eq!(mixed.not_leasable, Some(NotLeasable::NotMarked("exact".into())));
         assert_eq!(
             mixed.not_leasable.unwrap().to_string(),
             "limit 'exact' may not be leased (no `lease:` in the rules)"
         );
-        assert_eq!(d.lease(&ask("guarded")).await.unwrap().not_leasable, Some(NotLeasable::Breaker));
-        assert_eq!(d.lease(&ask("nothing")).await.unwrap().not_leasable, Some(NotLeasable::NoRule));
-        assert_eq!(d.lease(&ask("api")).await.unwrap().not_leasable, Some(NotLeasable::NoLimit));
+        assert_eq!(d.leasing().lease(&ask("guarded")).await.unwrap().not_leasable, Some(NotLeasable::Breaker));
+        assert_eq!(d.leasing().lease(&ask("nothing")).await.unwrap().not_leasable, Some(NotLeasable::NoRule));
+        assert_eq!(d.leasing().lease(&ask("api")).await.unwrap().not_leasable, Some(NotLeasable::NoLimit));
 
         // A lease out, then the rule loses `lease:`: the return still settles
         // (the limit kept its buckets), and no new lease is granted.
         let out = lease(&d, "a", 30, "", 0).await;
         let unleased = RULES.replace(", lease: 2s }", " }");
-        d.install(RuleSet::from_yaml(&unleased, "t").unwrap(), unleased.clone(), super::super::Origin::Admin);
+        d.control().install(RuleSet::from_yaml(&unleased, "t").unwrap(), unleased.clone(), super::super::Origin::Admin);
         let after = lease(&d, "a", 10, &out.lease_id, 5).await;
         assert!(after.returned, "{after:?}");
         assert!(after.not_leasable.is_some());
@@ -531,24 +539,33 @@ resources:
             release: true,
         };
         let err = |e: Result<Leased, RequestError>| e.unwrap_err().to_string();
-        assert_eq!(err(d.lease(&bad("zzz", 1, "api")).await), "previous_lease_id: 'zzz' is not a lease id");
+        assert_eq!(err(d.leasing().lease(&bad("zzz", 1, "api")).await), "previous_lease_id: 'zzz' is not a lease id");
         let b = lease(&d, "b", 5, "", 0).await;
         let used = 5_000_000_000;
         let too_many = LeaseAsk { previous: &b.lease_id, used, ..bad("", 0, "api") };
-        assert_eq!(err(d.lease(&too_many).await), "used: 5000000000 is larger than the largest cost, 4294967295");
+        assert_eq!(
+            err(d.leasing().lease(&too_many).await),
+            "used: 5000000000 is larger than the largest cost, 4294967295"
+        );
         let elsewhere = LeaseAsk { previous: &b.lease_id, holder: "b", ..bad("", 1, "mixed") };
-        assert_eq!(err(d.lease(&elsewhere).await), "resource: the lease was not granted for 'mixed'");
+        assert_eq!(err(d.leasing().lease(&elsewhere).await), "resource: the lease was not granted for 'mixed'");
         // Only its holder settles a lease: another name cannot give b's
         // units back (nor keep b from being charged them).
         let before = remaining(&d).await;
         let mallory = LeaseAsk { previous: &b.lease_id, used: 0, holder: "mallory", ..bad("", 0, "api") };
-        assert_eq!(err(d.lease(&mallory).await), "previous_lease_id: the lease was granted to another holder");
+        assert_eq!(
+            err(d.leasing().lease(&mallory).await),
+            "previous_lease_id: the lease was granted to another holder"
+        );
         assert_eq!(remaining(&d).await, before, "nothing given back");
         assert!(release(&d, "b", &b.lease_id, 5).await, "b settles its own");
         let nameless = LeaseAsk { holder: "", ..bad("", 0, "api") };
-        assert_eq!(err(d.lease(&nameless).await), "holder: is required (a name stable for the client process)");
+        assert_eq!(
+            err(d.leasing().lease(&nameless).await),
+            "holder: is required (a name stable for the client process)"
+        );
         let unsettled = LeaseAsk { used: u64::MAX, ..bad("", 0, "api") };
-        assert!(err(d.lease(&unsettled).await).starts_with("used: 18446744073709551615 is larger"));
+        assert!(err(d.leasing().lease(&unsettled).await).starts_with("used: 18446744073709551615 is larger"));
     }
 
     #[test]
@@ -601,7 +618,7 @@ resources:
         for holder in ["a", "b", "a", "b", "a", "b"] {
             let ask =
                 LeaseAsk { resource: "tb", descriptors: &none, want: 0, previous: "", used: 0, holder, release: false };
-            granted += d.lease(&ask).await.unwrap().granted;
+            granted += d.leasing().lease(&ask).await.unwrap().granted;
             clock.advance(Duration::from_secs(2));
         }
         assert!(granted >= 40, "{granted} granted in 12 s of a 6/s bucket of 12");
@@ -632,7 +649,7 @@ resources:
                     holder: &holder,
                     release: false,
                 };
-                let l = d.lease(&ask).await.unwrap();
+                let l = d.leasing().lease(&ask).await.unwrap();
                 got[i] += l.granted;
                 if l.granted > 0 {
                     held[i] = (l.lease_id, l.granted);

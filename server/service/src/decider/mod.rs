@@ -48,6 +48,52 @@ pub trait FromAnswer<A> {
     fn from_answer(answer: A) -> Self;
 }
 
+/// The decider seen for one job. Each job's methods live on its own type,
+/// so that the decider's own methods are the decisions (Acquire, reports,
+/// Charge, Peek, Envoy's RLS): [`Decider::control`] changes what is in force
+/// (rules, overrides, breaker states, levels), [`Decider::views`] reads what
+/// the console, Admin and the CLI show, and [`Decider::leasing`] serves
+/// leases. A job handle only borrows the decider and dereferences to it.
+macro_rules! job {
+    ($(#[$doc:meta])* $name:ident, $method:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy)]
+        pub struct $name<'d>(&'d Decider);
+
+        impl std::ops::Deref for $name<'_> {
+            type Target = Decider;
+
+            fn deref(&self) -> &Decider {
+                self.0
+            }
+        }
+
+        impl Decider {
+            $(#[$doc])*
+            pub fn $method(&self) -> $name<'_> {
+                $name(self)
+            }
+        }
+    };
+}
+
+job!(
+    /// What is in force: rules (ApplyRules, the what-if), overrides, breaker
+    /// states, degradation levels and load reports.
+    Control,
+    control
+);
+job!(
+    /// What the console, Admin and the CLI read.
+    Views,
+    views
+);
+job!(
+    /// Leases: granted and given back.
+    Leasing,
+    leasing
+);
+
 pub struct Decider {
     engine: Arc<Engine>,
     replication: Option<Arc<Replication>>,
@@ -147,7 +193,7 @@ impl Decider {
 
     /// How Envoy's RLS answers (global shadow mode, response headers).
     pub fn with_rls(mut self, rls: RlsOptions) -> Self {
-        self.engine.upstream_stats().set_max(rls.stat_series);
+        self.engine.views().upstream_stats().set_max(rls.stat_series);
         self.rls = rls;
         self
     }
@@ -179,6 +225,6 @@ impl Decider {
 
     /// Upstream's per-descriptor stats in Prometheus's text format.
     pub fn render_upstream_stats(&self, out: &mut String) {
-        self.engine.upstream_stats().render(out);
+        self.engine.views().upstream_stats().render(out);
     }
 }

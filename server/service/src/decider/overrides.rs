@@ -2,11 +2,11 @@
 //! replicates, else `--overrides-file` when set, else memory only), then
 //! installed beside the rules; one change at a time.
 
+use super::{Control, Views};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::Decider;
 use crate::engine::RequestError;
 use crate::overrides::{self, Change, Spec, Table};
 
@@ -51,57 +51,7 @@ pub struct OverridesPage {
 /// The most a page lists.
 pub const MAX_PAGE: usize = 1000;
 
-impl Decider {
-    /// Sets overrides, all or none.
-    pub async fn set_overrides(&self, new: Vec<NewOverride>, who: &str) -> Result<OverridesSet, RequestError> {
-        check_count("overrides", new.len())?;
-        let _one_at_a_time = self.changing.lock().await;
-        let installed = self.engine.rules_full();
-        let now = self.engine.clock().now();
-        let mut specs = Vec::with_capacity(new.len());
-        let mut ids = std::collections::HashSet::new();
-        for (i, NewOverride { mut spec, ttl }) in new.into_iter().enumerate() {
-            let at = |field: &'static str, message: String| {
-                RequestError::BadOverride { field, message }.in_batch("overrides", i)
-            };
-            if spec.id.is_empty() {
-                spec.id = format!("ov-{:016x}", rand::random::<u64>());
-            }
-            spec.created_at = now.as_nanos();
-            spec.created_by = who.to_string();
-            spec.expires_at = ttl.map(|t| now.saturating_add(t).as_nanos());
-            spec.check().map_err(|(field, why)| at(field, why))?;
-            spec.build(&installed.file).map_err(|(field, why)| at(field, why))?;
-            if !ids.insert(spec.id.clone()) {
-                return Err(at("id", format!("'{}' appears twice in this call", spec.id)));
-            }
-            specs.push(spec);
-        }
-        let (runtime, added) = (installed.runtime.clone(), specs.clone());
-        let next = off_workers(move || runtime.with(&added)).await;
-        if next.len() > self.override_options.max {
-            return Err(RequestError::TooManyOverrides { count: next.len(), max: self.override_options.max });
-        }
-        let change = Change { set: specs.iter().map(|s| s.id.clone()).collect(), ..Change::default() };
-        let rules_version = self.keep_and_install(next, &specs, &[], change).await?;
-        Ok(OverridesSet { specs, rules_version, persisted: self.overrides_persisted() })
-    }
-
-    /// Deletes overrides; the ids that existed, and the rules version.
-    pub async fn delete_overrides(&self, ids: Vec<String>) -> Result<(Vec<String>, u64), RequestError> {
-        check_count("ids", ids.len())?;
-        let _one_at_a_time = self.changing.lock().await;
-        let installed = self.engine.rules_full();
-        let runtime = installed.runtime.clone();
-        let (next, gone) = off_workers(move || runtime.without(&ids)).await;
-        if gone.is_empty() {
-            return Ok((gone, installed.version));
-        }
-        let change = Change { deleted: gone.clone(), ..Change::default() };
-        let version = self.keep_and_install(next, &[], &gone, change).await?;
-        Ok((gone, version))
-    }
-
+impl Views<'_> {
     /// A page of the overrides, by id after `after`; only `rule`'s when given.
     pub fn list_overrides(&self, rule: &str, after: &str, limit: usize) -> OverridesPage {
         let installed = self.engine.rules_full();
@@ -123,65 +73,9 @@ impl Decider {
         OverridesPage { items, next_after, total }
     }
 
-    /// Removes the overrides that have ended (they stopped applying at their
-    /// expiry already; this frees them and tells Watch).
-    pub async fn expire_overrides(&self) {
-        let now = self.engine.clock().now().as_nanos();
-        if self.engine.rules().runtime.ended(now).is_empty() {
-            return;
-        }
-        let _one_at_a_time = self.changing.lock().await;
-        let installed = self.engine.rules_full();
-        let ended: Vec<Spec> = installed.runtime.ended(now).into_iter().cloned().collect();
-        if ended.is_empty() {
-            return;
-        }
-        if let Some(replication) = &self.replication {
-            // Another replica may have removed some, or set them again.
-            let _ = replication.expire_overrides(&ended).await;
-            return;
-        }
-        let ids: Vec<String> = ended.iter().map(|s| s.id.clone()).collect();
-        let (runtime, gone) = (installed.runtime.clone(), ids.clone());
-        let (next, _) = off_workers(move || runtime.without(&gone)).await;
-        let change = Change { expired: ids, ..Change::default() };
-        if let Err(e) = self.keep_and_install(next, &[], &[], change).await {
-            tracing::warn!(error = %e, "removing ended overrides; they no longer apply, and removal is tried again");
-        }
-    }
-
     /// Whether overrides outlive a restart of this server.
     pub fn overrides_persisted(&self) -> bool {
         self.replication.is_some() || self.override_options.file.is_some()
-    }
-
-    /// Keeps `next` (Redis: by setting `set` and removing `delete`), then
-    /// installs it; the rules version. Nothing changes when keeping fails.
-    async fn keep_and_install(
-        &self,
-        next: Table,
-        set: &[Spec],
-        delete: &[String],
-        change: Change,
-    ) -> Result<u64, RequestError> {
-        if let Some(replication) = &self.replication {
-            return replication.change_overrides(set, delete, change).await.ok_or(RequestError::OverridesNotKept(
-                "Redis did not answer, so it is not in force; if Redis stored it late, every replica installs it at its next sync".into(),
-            ));
-        }
-        let next = Arc::new(next);
-        if let Some(path) = &self.override_options.file {
-            // Written whole off the workers: 100,000 lines take a while.
-            let (path, table) = (path.clone(), next.clone());
-            tokio::task::spawn_blocking(move || write_atomically(&path, &table.to_lines()))
-                .await
-                .map_err(|e| RequestError::OverridesNotKept(e.to_string()))?
-                .map_err(|e| {
-                    RequestError::OverridesNotKept(format!("writing the overrides file: {e}; nothing changed"))
-                })?;
-        }
-        let engine = self.engine.clone();
-        Ok(crate::runtime::off_workers(move || engine.install_overrides(next, change)).await)
     }
 }
 
@@ -235,4 +129,112 @@ fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
     file.write_all(text.as_bytes())?;
     file.sync_all()?;
     std::fs::rename(&tmp, path)
+}
+
+impl Control<'_> {
+    /// Sets overrides, all or none.
+    pub async fn set_overrides(&self, new: Vec<NewOverride>, who: &str) -> Result<OverridesSet, RequestError> {
+        check_count("overrides", new.len())?;
+        let _one_at_a_time = self.changing.lock().await;
+        let installed = self.engine.rules_full();
+        let now = self.engine.clock().now();
+        let mut specs = Vec::with_capacity(new.len());
+        let mut ids = std::collections::HashSet::new();
+        for (i, NewOverride { mut spec, ttl }) in new.into_iter().enumerate() {
+            let at = |field: &'static str, message: String| {
+                RequestError::BadOverride { field, message }.in_batch("overrides", i)
+            };
+            if spec.id.is_empty() {
+                spec.id = format!("ov-{:016x}", rand::random::<u64>());
+            }
+            spec.created_at = now.as_nanos();
+            spec.created_by = who.to_string();
+            spec.expires_at = ttl.map(|t| now.saturating_add(t).as_nanos());
+            spec.check().map_err(|(field, why)| at(field, why))?;
+            spec.build(&installed.file).map_err(|(field, why)| at(field, why))?;
+            if !ids.insert(spec.id.clone()) {
+                return Err(at("id", format!("'{}' appears twice in this call", spec.id)));
+            }
+            specs.push(spec);
+        }
+        let (runtime, added) = (installed.runtime.clone(), specs.clone());
+        let next = off_workers(move || runtime.with(&added)).await;
+        if next.len() > self.override_options.max {
+            return Err(RequestError::TooManyOverrides { count: next.len(), max: self.override_options.max });
+        }
+        let change = Change { set: specs.iter().map(|s| s.id.clone()).collect(), ..Change::default() };
+        let rules_version = self.keep_and_install(next, &specs, &[], change).await?;
+        Ok(OverridesSet { specs, rules_version, persisted: self.views().overrides_persisted() })
+    }
+
+    /// Deletes overrides; the ids that existed, and the rules version.
+    pub async fn delete_overrides(&self, ids: Vec<String>) -> Result<(Vec<String>, u64), RequestError> {
+        check_count("ids", ids.len())?;
+        let _one_at_a_time = self.changing.lock().await;
+        let installed = self.engine.rules_full();
+        let runtime = installed.runtime.clone();
+        let (next, gone) = off_workers(move || runtime.without(&ids)).await;
+        if gone.is_empty() {
+            return Ok((gone, installed.version));
+        }
+        let change = Change { deleted: gone.clone(), ..Change::default() };
+        let version = self.keep_and_install(next, &[], &gone, change).await?;
+        Ok((gone, version))
+    }
+
+    /// Removes the overrides that have ended (they stopped applying at their
+    /// expiry already; this frees them and tells Watch).
+    pub async fn expire_overrides(&self) {
+        let now = self.engine.clock().now().as_nanos();
+        if self.engine.rules().runtime.ended(now).is_empty() {
+            return;
+        }
+        let _one_at_a_time = self.changing.lock().await;
+        let installed = self.engine.rules_full();
+        let ended: Vec<Spec> = installed.runtime.ended(now).into_iter().cloned().collect();
+        if ended.is_empty() {
+            return;
+        }
+        if let Some(replication) = &self.replication {
+            // Another replica may have removed some, or set them again.
+            let _ = replication.expire_overrides(&ended).await;
+            return;
+        }
+        let ids: Vec<String> = ended.iter().map(|s| s.id.clone()).collect();
+        let (runtime, gone) = (installed.runtime.clone(), ids.clone());
+        let (next, _) = off_workers(move || runtime.without(&gone)).await;
+        let change = Change { expired: ids, ..Change::default() };
+        if let Err(e) = self.keep_and_install(next, &[], &[], change).await {
+            tracing::warn!(error = %e, "removing ended overrides; they no longer apply, and removal is tried again");
+        }
+    }
+
+    /// Keeps `next` (Redis: by setting `set` and removing `delete`), then
+    /// installs it; the rules version. Nothing changes when keeping fails.
+    async fn keep_and_install(
+        &self,
+        next: Table,
+        set: &[Spec],
+        delete: &[String],
+        change: Change,
+    ) -> Result<u64, RequestError> {
+        if let Some(replication) = &self.replication {
+            return replication.change_overrides(set, delete, change).await.ok_or(RequestError::OverridesNotKept(
+                "Redis did not answer, so it is not in force; if Redis stored it late, every replica installs it at its next sync".into(),
+            ));
+        }
+        let next = Arc::new(next);
+        if let Some(path) = &self.override_options.file {
+            // Written whole off the workers: 100,000 lines take a while.
+            let (path, table) = (path.clone(), next.clone());
+            tokio::task::spawn_blocking(move || write_atomically(&path, &table.to_lines()))
+                .await
+                .map_err(|e| RequestError::OverridesNotKept(e.to_string()))?
+                .map_err(|e| {
+                    RequestError::OverridesNotKept(format!("writing the overrides file: {e}; nothing changed"))
+                })?;
+        }
+        let engine = self.engine.clone();
+        Ok(crate::runtime::off_workers(move || engine.control().install_overrides(next, change)).await)
+    }
 }

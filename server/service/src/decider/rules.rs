@@ -2,10 +2,10 @@
 //! replicas), installed from a file or an Envoy configuration, and tried as a
 //! what-if beside the rules in force.
 
+use super::{Control, Views};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use super::Decider;
 use crate::engine::what_if::{self, WhatIf};
 use crate::engine::{Engine, Installed};
 use crate::rules::envoy::EnvoyConfig;
@@ -109,7 +109,7 @@ impl Origin {
 
 // === impl Decider ===
 
-impl Decider {
+impl Views<'_> {
     pub fn rules(&self) -> RulesInForce {
         let installed = self.engine.rules();
         RulesInForce {
@@ -149,6 +149,51 @@ impl Decider {
         self.engine.rules_full()
     }
 
+    /// What the last what-if started found, if one was.
+    pub fn what_if(&self) -> Option<what_if::Findings> {
+        Some(self.what_if.load_full()?.findings(self.engine.clock().now()))
+    }
+}
+
+/// A rules upload parsed on a blocking thread: parsing is bounded, but a
+/// large file takes long enough to hold up the decisions on a worker.
+async fn parse_off_the_workers(yaml: &str) -> Result<RuleSet, RuleErrors> {
+    let text = yaml.to_string();
+    tokio::task::spawn_blocking(move || RuleSet::from_yaml(&text, "ApplyRules"))
+        .await
+        .unwrap_or_else(|e| Err(RuleErrors::one("ApplyRules", format!("the parser failed: {e}"))))
+}
+
+/// Installs an envoyproxy/ratelimit configuration read from `dir` and counts
+/// the reload; the version.
+pub fn install_envoy(engine: &Engine, config: EnvoyConfig, text: String, dir: &std::path::Path) -> u64 {
+    let version = engine.control().install_envoy(config, text, dir.display().to_string(), String::new());
+    crate::metrics::rule_reload(Origin::Envoy.label(), true, version);
+    version
+}
+
+/// Installs Sentinel's rules read from `dir` and counts the reload; the
+/// version. What is listed as ignored is logged.
+pub fn install_sentinel(engine: &Engine, rules: SentinelRules, text: String, dir: &std::path::Path) -> u64 {
+    for why in &rules.ignored {
+        tracing::warn!(dir = %dir.display(), "a Sentinel rule is not enforced: {why}");
+    }
+    let version = engine.control().install_sentinel(rules, text, dir.display().to_string());
+    crate::metrics::rule_reload(Origin::Sentinel.label(), true, version);
+    for name in engine.rules().sentinel.left_out(&engine.rules().file) {
+        tracing::warn!(dir = %dir.display(), "Sentinel's rules for {name} are not in force: the rules file has its own");
+    }
+    version
+}
+
+/// Installs rules in `engine` and counts the reload; the version.
+pub fn install(engine: &Engine, rules: RuleSet, yaml: String, origin: Origin) -> u64 {
+    let version = engine.control().install(rules, yaml, origin.name());
+    crate::metrics::rule_reload(origin.label(), true, version);
+    version
+}
+
+impl Control<'_> {
     /// Validates a rules file and, unless `validate_only`, swaps it in and
     /// shares it with the other replicas. Invalid rules are refused whole.
     /// One at a time, parsed off the async workers, so that a rules upload
@@ -190,11 +235,6 @@ impl Decider {
         Ok(Applied { version: self.engine.rules().version, resources, applied: false, what_if_until: Some(until) })
     }
 
-    /// What the last what-if started found, if one was.
-    pub fn what_if(&self) -> Option<what_if::Findings> {
-        Some(self.what_if.load_full()?.findings(self.engine.clock().now()))
-    }
-
     /// Installs rules read here (the file, or the embedded default), for this
     /// replica only. Returns the version.
     pub fn install(&self, rules: RuleSet, yaml: String, origin: Origin) -> u64 {
@@ -209,7 +249,7 @@ impl Decider {
     /// Installs an envoyproxy/ratelimit configuration an xDS control plane
     /// at `source` served as `version`.
     pub fn install_envoy_from(&self, config: EnvoyConfig, text: String, source: String, version: String) -> u64 {
-        let installed = self.engine.install_envoy(config, text, source, version);
+        let installed = self.engine.control().install_envoy(config, text, source, version);
         self.envoy_waiting.store(false, std::sync::atomic::Ordering::Release);
         crate::metrics::rule_reload(Origin::Envoy.label(), true, installed);
         installed
@@ -224,42 +264,4 @@ impl Decider {
     pub fn refused(&self, origin: &Origin) {
         crate::metrics::rule_reload(origin.label(), false, self.engine.rules().version);
     }
-}
-
-/// A rules upload parsed on a blocking thread: parsing is bounded, but a
-/// large file takes long enough to hold up the decisions on a worker.
-async fn parse_off_the_workers(yaml: &str) -> Result<RuleSet, RuleErrors> {
-    let text = yaml.to_string();
-    tokio::task::spawn_blocking(move || RuleSet::from_yaml(&text, "ApplyRules"))
-        .await
-        .unwrap_or_else(|e| Err(RuleErrors::one("ApplyRules", format!("the parser failed: {e}"))))
-}
-
-/// Installs an envoyproxy/ratelimit configuration read from `dir` and counts
-/// the reload; the version.
-pub fn install_envoy(engine: &Engine, config: EnvoyConfig, text: String, dir: &std::path::Path) -> u64 {
-    let version = engine.install_envoy(config, text, dir.display().to_string(), String::new());
-    crate::metrics::rule_reload(Origin::Envoy.label(), true, version);
-    version
-}
-
-/// Installs Sentinel's rules read from `dir` and counts the reload; the
-/// version. What is listed as ignored is logged.
-pub fn install_sentinel(engine: &Engine, rules: SentinelRules, text: String, dir: &std::path::Path) -> u64 {
-    for why in &rules.ignored {
-        tracing::warn!(dir = %dir.display(), "a Sentinel rule is not enforced: {why}");
-    }
-    let version = engine.install_sentinel(rules, text, dir.display().to_string());
-    crate::metrics::rule_reload(Origin::Sentinel.label(), true, version);
-    for name in engine.rules().sentinel.left_out(&engine.rules().file) {
-        tracing::warn!(dir = %dir.display(), "Sentinel's rules for {name} are not in force: the rules file has its own");
-    }
-    version
-}
-
-/// Installs rules in `engine` and counts the reload; the version.
-pub fn install(engine: &Engine, rules: RuleSet, yaml: String, origin: Origin) -> u64 {
-    let version = engine.install(rules, yaml, origin.name());
-    crate::metrics::rule_reload(origin.label(), true, version);
-    version
 }

@@ -1,7 +1,7 @@
 //! What the console, the metrics and Admin's read calls see: use of global
 //! limits, replication health, the hottest keys, figures read at scrape time.
 
-use super::Decider;
+use super::Views;
 use crate::engine::Installed;
 use crate::engine::hottest::TopLimit;
 use crate::rules::Rule;
@@ -26,7 +26,7 @@ pub struct Figures {
     pub levels: Vec<crate::degradation::Level>,
 }
 
-impl Decider {
+impl Views<'_> {
     /// What an exact rule of `rules` (the rules in force) has in its
     /// global (keyless) limits now: (name, limit, remaining); empty for a
     /// template rule, whose buckets are per resource.
@@ -58,7 +58,7 @@ impl Decider {
 
     /// Per limit, the keys denied and admitted most lately.
     pub fn top_keys(&self, rule: &str, n: usize) -> Vec<TopLimit> {
-        self.engine.top_keys(&self.engine.rules(), rule, n)
+        self.engine.views().top_keys(&self.engine.rules(), rule, n)
     }
 
     pub fn figures(&self) -> Figures {
@@ -66,8 +66,8 @@ impl Decider {
             keys: self.engine.buckets().len(),
             key_bytes: self.engine.buckets().bytes(),
             evicted: self.engine.buckets().evicted(),
-            permits_in_flight: self.engine.permits_in_flight(),
-            levels: self.engine.levels(),
+            permits_in_flight: self.engine.views().permits_in_flight(),
+            levels: self.engine.views().levels(),
         }
     }
 }

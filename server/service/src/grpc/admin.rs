@@ -35,7 +35,7 @@ impl Admin for ControlPlane {
         &self,
         _request: Request<pb::GetRulesRequest>,
     ) -> Result<Response<pb::GetRulesResponse>, Status> {
-        Ok(Response::new(self.decider.rules().into_wire()))
+        Ok(Response::new(self.decider.views().rules().into_wire()))
     }
 
     async fn apply_rules(
@@ -48,13 +48,13 @@ impl Admin for ControlPlane {
         }
         if let Some(length) = &req.what_if {
             let length = super::convert::what_if_length(length).or_status()?;
-            let started = self.decider.start_what_if(&req.yaml, length).await.or_status()?;
+            let started = self.decider.control().start_what_if(&req.yaml, length).await.or_status()?;
             let (who, resources) = (who(&request), started.resources.len());
             tracing::info!(target: "floodgate::audit", who, change = "ApplyRules what_if", resources, seconds = length.as_secs_f64(), "admin change");
             return Ok(Response::new(started.into_wire()));
         }
-        let before = self.decider.rules().version;
-        let applied = self.decider.apply_rules(&req.yaml, req.validate_only).await.or_status()?;
+        let before = self.decider.views().rules().version;
+        let applied = self.decider.control().apply_rules(&req.yaml, req.validate_only).await.or_status()?;
         if applied.applied {
             let (who, after, resources) = (who(&request), applied.version, applied.resources.len());
             tracing::info!(target: "floodgate::audit", who, change = "ApplyRules", resources, version_before = before, version_after = after, "admin change");
@@ -66,12 +66,12 @@ impl Admin for ControlPlane {
         &self,
         _request: Request<pb::ListBreakersRequest>,
     ) -> Result<Response<pb::ListBreakersResponse>, Status> {
-        let breakers = self.decider.breakers().into_iter().map(IntoWire::into_wire).collect();
+        let breakers = self.decider.views().breakers().into_iter().map(IntoWire::into_wire).collect();
         Ok(Response::new(pb::ListBreakersResponse { breakers }))
     }
 
     async fn get_breaker(&self, request: Request<pb::GetBreakerRequest>) -> Result<Response<pb::BreakerInfo>, Status> {
-        Ok(Response::new(self.decider.breaker(&request.get_ref().resource).or_status()?.into_wire()))
+        Ok(Response::new(self.decider.views().breaker(&request.get_ref().resource).or_status()?.into_wire()))
     }
 
     async fn get_concurrency(
@@ -79,7 +79,7 @@ impl Admin for ControlPlane {
         request: Request<pb::GetConcurrencyRequest>,
     ) -> Result<Response<pb::ConcurrencyInfo>, Status> {
         Ok(Response::new(super::convert::concurrency::info(
-            &self.decider.concurrency(&request.get_ref().resource).or_status()?,
+            &self.decider.views().concurrency(&request.get_ref().resource).or_status()?,
         )))
     }
 
@@ -89,8 +89,8 @@ impl Admin for ControlPlane {
     ) -> Result<Response<pb::BreakerInfo>, Status> {
         let req = request.get_ref();
         let state = breaker_state_request(req.state).or_status()?;
-        let version = self.decider.rules().version;
-        let view = self.decider.set_breaker(&req.resource, state).await.or_status()?;
+        let version = self.decider.views().rules().version;
+        let view = self.decider.control().set_breaker(&req.resource, state).await.or_status()?;
         let (who, resource, to) = (who(&request), req.resource.as_str(), state.name());
         tracing::info!(target: "floodgate::audit", who, change = "SetBreakerState", resource, to, version_before = version, version_after = version, "admin change");
         Ok(Response::new(view.into_wire()))
@@ -100,9 +100,9 @@ impl Admin for ControlPlane {
         &self,
         request: Request<pb::SetDegradationLevelRequest>,
     ) -> Result<Response<pb::SetDegradationLevelResponse>, Status> {
-        let version = self.decider.rules().version;
+        let version = self.decider.views().rules().version;
         let (target, level) = level_request(request.get_ref()).or_status()?;
-        let levels = self.decider.set_level(target, level).await.or_status()?;
+        let levels = self.decider.control().set_level(target, level).await.or_status()?;
         let who = who(&request);
         for l in &levels {
             let (system, to, manual) = (crate::metrics::system_label(&l.system), l.level, l.manual);
@@ -115,7 +115,7 @@ impl Admin for ControlPlane {
         &self,
         _request: Request<pb::GetWhatIfRequest>,
     ) -> Result<Response<pb::GetWhatIfResponse>, Status> {
-        let report = self.decider.what_if().ok_or(crate::engine::RequestError::NoWhatIf).or_status()?;
+        let report = self.decider.views().what_if().ok_or(crate::engine::RequestError::NoWhatIf).or_status()?;
         Ok(Response::new(report.into_wire()))
     }
 
@@ -140,8 +140,8 @@ impl Admin for ControlPlane {
             .collect::<Result<Vec<_>, RequestError>>()
             .or_status()?;
         let who = who(&request);
-        let before = self.decider.rules().version;
-        let set = self.decider.set_overrides(new, &who).await.or_status()?;
+        let before = self.decider.views().rules().version;
+        let set = self.decider.control().set_overrides(new, &who).await.or_status()?;
         let ids: Vec<&str> = set.specs.iter().map(|s| s.id.as_str()).collect();
         let (count, ids, after) = (ids.len(), ids.join(","), set.rules_version);
         tracing::info!(target: "floodgate::audit", who, change = "SetOverrides", count, ids, version_before = before, version_after = after, "admin change");
@@ -157,7 +157,7 @@ impl Admin for ControlPlane {
         request: Request<pb::ListOverridesRequest>,
     ) -> Result<Response<pb::ListOverridesResponse>, Status> {
         let req = request.get_ref();
-        let page = self.decider.list_overrides(&req.rule, &req.after, req.limit as usize);
+        let page = self.decider.views().list_overrides(&req.rule, &req.after, req.limit as usize);
         Ok(Response::new(pb::ListOverridesResponse {
             overrides: page.items.into_iter().map(|(s, problem)| overrides::to_pb(&s, problem)).collect(),
             next_after: page.next_after,
@@ -171,8 +171,8 @@ impl Admin for ControlPlane {
     ) -> Result<Response<pb::DeleteOverridesResponse>, Status> {
         let ids = request.get_ref().ids.clone();
         let who = who(&request);
-        let before = self.decider.rules().version;
-        let (deleted, after) = self.decider.delete_overrides(ids).await.or_status()?;
+        let before = self.decider.views().rules().version;
+        let (deleted, after) = self.decider.control().delete_overrides(ids).await.or_status()?;
         let (count, ids) = (deleted.len(), deleted.join(","));
         tracing::info!(target: "floodgate::audit", who, change = "DeleteOverrides", count, ids, version_before = before, version_after = after, "admin change");
         Ok(Response::new(pb::DeleteOverridesResponse { deleted, rules_version: after }))
@@ -184,12 +184,13 @@ impl Admin for ControlPlane {
     ) -> Result<Response<pb::GetTopKeysResponse>, Status> {
         let req = request.get_ref();
         let n = if req.count == 0 { 10 } else { req.count as usize };
-        if !req.rule.is_empty() && !self.decider.has_rule(&req.rule) {
+        if !req.rule.is_empty() && !self.decider.views().has_rule(&req.rule) {
             return Err(crate::engine::RequestError::NoSuchRule(req.rule.clone()).into_status());
         }
         let key = |(key, count, error): (String, u64, u64)| pb::TopKey { key, count, error };
         let limits = self
             .decider
+            .views()
             .top_keys(&req.rule, n)
             .into_iter()
             .map(|t| pb::LimitTopKeys {

@@ -67,7 +67,12 @@ impl Floodgate for DataPlane {
         let set = self.decider.origin_of(request.extensions().get());
         let req = request.get_ref();
         let overlaid = engine::request::Overlaid { inner: &req.descriptors, set };
-        let l = self.decider.lease(&crate::grpc::convert::floodgate::lease_ask(req, &overlaid)).await.or_status()?;
+        let l = self
+            .decider
+            .leasing()
+            .lease(&crate::grpc::convert::floodgate::lease_ask(req, &overlaid))
+            .await
+            .or_status()?;
         Ok(Response::new(pb::LeaseResponse {
             leasable: l.not_leasable.is_none(),
             reason: l.not_leasable.map(|why| why.to_string()).unwrap_or_default(),
@@ -93,7 +98,7 @@ impl Floodgate for DataPlane {
     ) -> Result<Response<pb::ReportLoadResponse>, Status> {
         let req = request.get_ref();
         let answer = crate::grpc::convert::floodgate::load(req)
-            .and_then(|load| self.decider.report_load(&req.system, &req.instance, load));
+            .and_then(|load| self.decider.control().report_load(&req.system, &req.instance, load));
         let result = match &answer {
             Ok(_) => "counted",
             Err(e) if e.kind() == engine::ErrorKind::TooMany => "refused_full",

@@ -198,7 +198,8 @@ async fn renew(
         holder,
         release: false,
     };
-    let leased = decider.lease(&ask).await.inspect_err(|e| tracing::debug!(error = %e, "RLQS bucket refused")).ok()?;
+    let leased =
+        decider.leasing().lease(&ask).await.inspect_err(|e| tracing::debug!(error = %e, "RLQS bucket refused")).ok()?;
     if let Some(why) = leased.not_leasable {
         if why != NotLeasable::NoRule {
             let resource = resource.escape_debug().to_string();

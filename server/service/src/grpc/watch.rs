@@ -30,7 +30,7 @@ const BUFFER: usize = 64;
 /// streams) is held until the stream ends.
 pub fn stream(decider: Arc<Decider>, resources: Vec<String>, slot: OwnedSemaphorePermit) -> EventStream {
     let (tx, rx) = mpsc::channel(BUFFER);
-    let mut events = decider.subscribe();
+    let mut events = decider.views().subscribe();
     let only: HashSet<String> = resources.into_iter().collect();
     let drained = decider.drained();
     tokio::spawn(async move {
@@ -97,7 +97,7 @@ impl Drop for Open {
 }
 
 fn snapshot(decider: &Decider, only: &HashSet<String>, resync: bool) -> Kind {
-    let mut s = decider.snapshot();
+    let mut s = decider.views().snapshot();
     s.breakers.retain(|(r, _)| only.is_empty() || only.contains(r));
     Kind::Snapshot(pb::Snapshot { resync, ..s.into_wire() })
 }
@@ -123,7 +123,7 @@ mod tests {
     fn engine() -> (Arc<Engine>, Arc<Decider>) {
         let e = Engine::new(EngineConfig { max_keys: 1000 }, Arc::new(SystemClock::new()));
         let rules = crate::rules::RuleSet::from_yaml("resources: []", "t").unwrap();
-        e.install(rules, String::new(), "test".into());
+        e.control().install(rules, String::new(), "test".into());
         let e = Arc::new(e);
         (e.clone(), Arc::new(Decider::new(e, None)))
     }

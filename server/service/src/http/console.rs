@@ -87,7 +87,7 @@ impl Console {
             streams: Arc::default(),
             callers: Arc::default(),
         };
-        let mut events = decider.subscribe();
+        let mut events = decider.views().subscribe();
         let timeline = Arc::downgrade(&console.timeline);
         let series = Arc::downgrade(&console.series);
         tokio::spawn(async move {
@@ -128,8 +128,8 @@ impl Console {
 
 /// One second of the charts: every rule's decisions, every breaker, every level.
 fn sample(decider: &Decider, series: &Mutex<Series>, now: u64) -> String {
-    let installed = decider.installed();
-    let snapshot = decider.snapshot();
+    let installed = decider.views().installed();
+    let snapshot = decider.views().snapshot();
     let breakers = snapshot
         .breakers
         .iter()
@@ -297,8 +297,8 @@ impl ResourcePage {
 
 /// Everything the page shows.
 fn snapshot(decider: &Decider, timeline: Vec<Value>, page: &ResourcePage) -> Value {
-    let installed = decider.installed();
-    let top = decider.top_keys("", 5);
+    let installed = decider.views().installed();
+    let top = decider.views().top_keys("", 5);
     let all = installed.rules.rules();
     let matching: Vec<&Rule> =
         all.iter().filter(|r| page.filter.is_empty() || r.name.to_lowercase().contains(&page.filter)).collect();
@@ -308,9 +308,9 @@ fn snapshot(decider: &Decider, timeline: Vec<Value>, page: &ResourcePage) -> Val
         .take(page.count)
         .map(|rule| resource_json(decider, &installed, rule, &top))
         .collect();
-    let breakers: Vec<Value> = decider.breakers().iter().map(breaker_json).collect();
-    let snapshot = decider.snapshot();
-    let health = decider.replica_health();
+    let breakers: Vec<Value> = decider.views().breakers().iter().map(breaker_json).collect();
+    let snapshot = decider.views().snapshot();
+    let health = decider.views().replica_health();
     json!({
         "rules": {
             "version": installed.version,
@@ -342,7 +342,7 @@ fn snapshot(decider: &Decider, timeline: Vec<Value>, page: &ResourcePage) -> Val
             "live_replicas": health.live_replicas,
         },
         "overrides": installed.runtime.len(),
-        "concurrency": decider.concurrency_views(|_, _| true, CONCURRENCY_SHOWN).iter().map(concurrency_json).collect::<Vec<_>>(),
+        "concurrency": decider.views().concurrency_views(|_, _| true, CONCURRENCY_SHOWN).iter().map(concurrency_json).collect::<Vec<_>>(),
         "now": rfc3339(SystemTime::now()),
     })
 }
@@ -453,7 +453,7 @@ fn percent_decoded(v: &str) -> Option<String> {
 
 /// One rule: its limits (with the use of global ones) and hottest keys.
 fn resource_json(decider: &Decider, installed: &Installed, rule: &Rule, top: &[TopLimit]) -> Value {
-    let used = decider.global_use(installed, rule);
+    let used = decider.views().global_use(installed, rule);
     let limits: Vec<Value> = rule
         .limits
         .iter()
@@ -565,7 +565,7 @@ async fn events(State(s): State<HttpState>, req: Request) -> Response {
     };
     let bearer = crate::access::bearer(req.headers()).map(str::to_string);
     let access = s.access.clone();
-    let mut rx = s.decider.subscribe();
+    let mut rx = s.decider.views().subscribe();
     let mut ticks = s.console.ticks.subscribe();
     let drained = s.decider.drained();
     let stream = async_stream(move |tx| async move {
@@ -746,9 +746,9 @@ async fn set_breaker(
             format!("state: {given} is not CLOSED, FORCED_OPEN, DISABLED or METRICS_ONLY"),
         );
     };
-    match s.decider.set_breaker(&resource, to).await {
+    match s.decider.control().set_breaker(&resource, to).await {
         Ok(view) => {
-            let (resource, version) = (resource.escape_debug().to_string(), s.decider.rules().version);
+            let (resource, version) = (resource.escape_debug().to_string(), s.decider.views().rules().version);
             tracing::info!(target: "floodgate::audit", who, change = "SetBreakerState (console)", resource, to = to.name(), version_before = version, version_after = version, "admin change");
             json_response(StatusCode::OK, json!({ "resource": view.resource, "state": view.info.state.name() }))
         }
@@ -801,7 +801,7 @@ async fn set_level(State(s): State<HttpState>, req: Request) -> Response {
         true => return refused(RequestError::SystemWithEverySystem(system)),
         false => LevelTarget::One(&system),
     };
-    match s.decider.set_level(target, level).await {
+    match s.decider.control().set_level(target, level).await {
         Ok(levels) => {
             for l in &levels {
                 let system = crate::metrics::system_label(&l.system);

@@ -102,7 +102,7 @@ async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
     // kept here rather than in the recorder (which keeps every series
     // forever), so that they go when it does.
     state.decider.render_upstream_stats(&mut text);
-    let installed = state.decider.installed();
+    let installed = state.decider.views().installed();
     crate::metrics::render_envoy_config_info(&installed.envoy.source, &installed.envoy.version, &mut text);
     (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }
@@ -114,7 +114,7 @@ fn concurrency_gauges(decider: &Decider) {
     use crate::metrics::*;
     use ::metrics::gauge;
     // An exact rule's resource is its rule's name.
-    for v in decider.concurrency_views(|resource, rule| resource == rule, usize::MAX) {
+    for v in decider.views().concurrency_views(|resource, rule| resource == rule, usize::MAX) {
         let resource = v.resource.clone();
         gauge!(CONCURRENCY_LIMIT, "resource" => resource.clone()).set(f64::from(v.limit));
         for (p, (_, n)) in crate::rules::Priority::ALL.iter().zip(v.partitions) {
@@ -135,12 +135,12 @@ fn concurrency_gauges(decider: &Decider) {
 fn scrape(decider: &Decider) {
     use crate::metrics::*;
     use ::metrics::{counter, gauge};
-    let figures = decider.figures();
+    let figures = decider.views().figures();
     scrape_time(figures.keys, figures.key_bytes, figures.evicted);
-    let installed = decider.installed();
+    let installed = decider.views().installed();
     let mut by_rule: std::collections::BTreeMap<&str, [u64; 6]> =
         installed.rules.rules().iter().filter(|r| r.breaker.is_some()).map(|r| (r.name.as_str(), [0; 6])).collect();
-    for b in decider.breakers() {
+    for b in decider.views().breakers() {
         let Some(rule) = installed.rules.find(&b.resource) else { continue };
         if let Some(counts) = by_rule.get_mut(rule.name.as_str()) {
             counts[usize::from(b.info.state.number() - 1)] += 1;

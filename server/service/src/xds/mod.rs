@@ -265,13 +265,14 @@ impl Client {
         match parsed {
             Ok(Ok((config, text))) => {
                 let domains = config.domains().count();
-                let installed = self.decider.install_envoy_from(config, text, self.config.url.clone(), version.into());
+                let installed =
+                    self.decider.control().install_envoy_from(config, text, self.config.url.clone(), version.into());
                 self.status.applied.store(true, Ordering::Release);
                 tracing::info!(url = %self.config.url, version = %shown(version), domains, rules_version = installed, "Envoy configuration from xDS installed");
                 Ok(())
             }
             Ok(Err(errors)) => {
-                self.decider.refused(&crate::decider::Origin::Envoy);
+                self.decider.control().refused(&crate::decider::Origin::Envoy);
                 Err(errors.to_string())
             }
             Err(e) => Err(format!("reading the configuration failed: {e}")),

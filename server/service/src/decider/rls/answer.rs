@@ -64,12 +64,12 @@ impl Decider {
                         Some(stats) => record(stats, report, d.hits, shadow, ratio),
                         None => {
                             let key = rules.envoy.config.stat_key(req.domain, d.entries, l);
-                            record(&self.engine.upstream_stats().get(&key), report, d.hits, shadow, ratio);
+                            record(&self.engine.views().upstream_stats().get(&key), report, d.hits, shadow, ratio);
                         }
                     }
                 }
                 Target::Override { .. } => record(
-                    &self.engine.upstream_stats().get(&descriptor_key(req.domain, d.entries)),
+                    &self.engine.views().upstream_stats().get(&descriptor_key(req.domain, d.entries)),
                     report,
                     d.hits,
                     false,

@@ -71,9 +71,9 @@ resources:
 fn decider(options: RlsOptions) -> (Decider, Arc<ManualClock>) {
     let clock = Arc::new(ManualClock::new(crate::time::Timestamp::from_secs(START)));
     let engine = Arc::new(Engine::new(EngineConfig { max_keys: usize::MAX }, clock.clone()));
-    engine.install(RuleSet::from_yaml(RULES, "t").unwrap(), RULES.into(), "t".into());
+    engine.control().install(RuleSet::from_yaml(RULES, "t").unwrap(), RULES.into(), "t".into());
     let envoy = EnvoyConfig::parse(&[("edge.yaml".into(), ENVOY.into())]).unwrap();
-    engine.install_envoy(envoy, ENVOY.into(), "t".into(), String::new());
+    engine.control().install_envoy(envoy, ENVOY.into(), "t".into(), String::new());
     (Decider::new(engine, None).with_rls(options), clock)
 }
 
@@ -235,14 +235,14 @@ fn our_rules_charge_a_bucket_once_per_request() {
 fn a_concurrency_limit_only_gates_and_never_leaks() {
     let (dec, _) = decider(RlsOptions::default());
     assert_eq!(overs(&dec, "db", &[("k", "v")], 10), [false; 10], "max_in_flight 1, and no permit is taken");
-    assert_eq!(dec.figures().permits_in_flight, 0);
+    assert_eq!(dec.views().figures().permits_in_flight, 0);
     let rules = dec.engine.rules();
     let none = HashMap::<String, String>::new();
     let held = dec.engine.acquire(&rules, &Request::new("db", &none));
     let permit = held.unwrap().permit_id.expect("a permit");
     drop(rules);
     assert_eq!(overs(&dec, "db", &[("k", "v")], 2), [true, true], "the slot is held by an Acquire caller");
-    dec.engine.report(&dec.engine.rules(), "db", &permit.to_string(), Outcome::Success, None).unwrap();
+    dec.engine.outcomes().report(&dec.engine.rules(), "db", &permit.to_string(), Outcome::Success, None).unwrap();
     assert_eq!(overs(&dec, "db", &[("k", "v")], 1), [false]);
 }
 
@@ -256,16 +256,16 @@ fn a_breaker_lets_rls_through_only_when_closed_and_never_takes_a_probe() {
         a.unwrap().permit_id
     };
     let permit = acquire().unwrap();
-    dec.engine.report(&dec.engine.rules(), "pay", &permit.to_string(), Outcome::Failure, None).unwrap();
+    dec.engine.outcomes().report(&dec.engine.rules(), "pay", &permit.to_string(), Outcome::Failure, None).unwrap();
     let open = call(&dec, "pay", vec![d(&[("k", "v")])]);
     assert!(open.over, "OPEN");
     assert_eq!(open.statuses[0].reset, Some(Duration::from_secs(5)), "retry when the breaker may probe");
     clock.advance(Duration::from_secs(6));
     assert_eq!(overs(&dec, "pay", &[("k", "v")], 3), [true; 3], "the probe is kept for a caller that reports");
     let probe = acquire().expect("an Acquire caller still gets the probe");
-    dec.engine.report(&dec.engine.rules(), "pay", &probe.to_string(), Outcome::Success, None).unwrap();
+    dec.engine.outcomes().report(&dec.engine.rules(), "pay", &probe.to_string(), Outcome::Success, None).unwrap();
     assert_eq!(overs(&dec, "pay", &[("k", "v")], 3), [false; 3], "CLOSED again");
-    assert_eq!(dec.figures().permits_in_flight, 0);
+    assert_eq!(dec.views().figures().permits_in_flight, 0);
 }
 
 #[test]

@@ -36,7 +36,7 @@ fn decider(options: RlsOptions) -> Decider {
     let clock = Arc::new(ManualClock::new(crate::time::Timestamp::from_secs(START)));
     let engine = Arc::new(Engine::new(EngineConfig { max_keys: usize::MAX }, clock));
     let envoy = EnvoyConfig::parse(&[("edge.yaml".into(), ENVOY.into())]).unwrap();
-    engine.install_envoy(envoy, ENVOY.into(), "t".into(), String::new());
+    engine.control().install_envoy(envoy, ENVOY.into(), "t".into(), String::new());
     Decider::new(engine, None).with_rls(options)
 }
 

@@ -19,7 +19,7 @@ const RULES: &str = "resources:\n  - name: api\n    limits: [ { name: all, key: 
 
 fn decider() -> Arc<Decider> {
     let engine = Arc::new(Engine::new(EngineConfig { max_keys: 1000 }, Arc::new(crate::time::SystemClock::new())));
-    engine.install(RuleSet::from_yaml(RULES, "t").unwrap(), RULES.into(), "t".into());
+    engine.control().install(RuleSet::from_yaml(RULES, "t").unwrap(), RULES.into(), "t".into());
     Arc::new(Decider::new(engine, None))
 }
 
