@@ -30,7 +30,7 @@ fn start(extra: &[&str]) -> (TempDir, Floodgate) {
     let rules = dir.write("rules.yaml", RULES);
     let mut args = vec!["--config", path_str(&rules)];
     args.extend_from_slice(extra);
-    let fg = Floodgate::start(&args);
+    let fg = floodgate().args(&args).start();
     (dir, fg)
 }
 

@@ -22,7 +22,7 @@ resources:
 fn start() -> (Floodgate, TempDir) {
     let dir = TempDir::new();
     let file = dir.write("rules.yaml", RULES);
-    (Floodgate::start(&["--config", path_str(&file)]), dir)
+    (floodgate().args(["--config", path_str(&file)]).start(), dir)
 }
 
 async fn remaining(fg: &Floodgate, user: &str) -> Vec<u64> {
@@ -203,7 +203,7 @@ async fn sigterm_stops_the_server_cleanly() {
 async fn a_calendar_day_in_a_time_zone_resets_at_its_local_midnight() {
     let dir = TempDir::new();
     let rules = "resources:\n  - name: daily\n    limits: [ { name: per-day, key: [user], algorithm: fixed_window, limit: 2, calendar: day, time_zone: Asia/Kolkata } ]\n";
-    let fg = Floodgate::start(&["--config", path_str(&dir.write("rules.yaml", rules))]);
+    let fg = floodgate().args(["--config", path_str(&dir.write("rules.yaml", rules))]).start();
     let mut c = fg.client().await;
     let ask = || pb::AcquireRequest {
         resource: "daily".into(),

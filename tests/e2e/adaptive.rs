@@ -117,7 +117,7 @@ async fn one_replica_finds_the_capacity_and_says_so() {
     let _one = ONE.lock().await;
     let dir = TempDir::new();
     let file = dir.write("rules.yaml", RULES);
-    let fg = Floodgate::start(&["--config", path_str(&file)]);
+    let fg = floodgate().args(["--config", path_str(&file)]).start();
     let dep = Dependency::new();
     let capacity = C as f64 / SERVICE.as_secs_f64();
     let (admitted, denied) = offer(client(&fg), dep.clone(), 2.0 * capacity, Duration::from_secs(20)).await;
@@ -150,7 +150,7 @@ async fn get_concurrency_refuses_what_is_not_there() {
     let _one = ONE.lock().await;
     let dir = TempDir::new();
     let file = dir.write("rules.yaml", RULES);
-    let fg = Floodgate::start(&["--config", path_str(&file)]);
+    let fg = floodgate().args(["--config", path_str(&file)]).start();
     let mut admin = fg.admin().await;
     for (resource, code) in [("nothing", tonic::Code::NotFound), ("", tonic::Code::InvalidArgument)] {
         let err = admin.get_concurrency(pb::GetConcurrencyRequest { resource: resource.into() }).await.unwrap_err();
@@ -176,7 +176,7 @@ async fn two_replicas_compute_one_limit_for_the_fleet_through_a_redis_that_dies(
     let file = dir.write("rules.yaml", RULES);
     let args =
         ["--config", path_str(&file), "--redis", &redis.url(), "--sync-interval", "100ms", "--redis-timeout", "300ms"];
-    let (a, b) = (Floodgate::start(&args), Floodgate::start(&args));
+    let (a, b) = (floodgate().args(args).start(), floodgate().args(args).start());
     wait_live(&a, 2);
     let dep = Dependency::new();
     let capacity = C as f64 / SERVICE.as_secs_f64();

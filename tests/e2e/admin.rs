@@ -49,7 +49,7 @@ async fn admin_needs_a_token_with_the_right_role_and_every_change_is_audited() {
     let dir = TempDir::new();
     let tokens =
         dir.write("tokens", "# ops\nadmin-token-0123456789 admin alice\nreader-token-0123456789 read grafana\n");
-    let fg = Floodgate::start(&["--admin-token-file", path_str(&tokens)]);
+    let fg = floodgate().args(["--admin-token-file", path_str(&tokens)]).start();
     let ch = fg.channel().await;
     let apply = || pb::ApplyRulesRequest { yaml: RULES.into(), validate_only: false, ..Default::default() };
 
@@ -127,7 +127,7 @@ async fn admin_needs_a_token_with_the_right_role_and_every_change_is_audited() {
 async fn read_only_calls_can_be_opened_to_anyone() {
     let dir = TempDir::new();
     let tokens = dir.write("tokens", "admin-token-0123456789\n");
-    let fg = Floodgate::start(&["--admin-token-file", path_str(&tokens), "--admin-read-open"]);
+    let fg = floodgate().args(["--admin-token-file", path_str(&tokens), "--admin-read-open"]).start();
     let mut anonymous = with_token(fg.channel().await, None);
     assert_eq!(code_of(anonymous.get_rules(pb::GetRulesRequest {}).await).await, Code::Ok);
     let peek = pb::PeekRequest { resource: "demo".into(), ..Default::default() };
@@ -138,7 +138,7 @@ async fn read_only_calls_can_be_opened_to_anyone() {
 
 #[tokio::test]
 async fn without_a_credential_admin_answers_on_loopback_and_says_so() {
-    let fg = Floodgate::start(&[]);
+    let fg = floodgate().start();
     let mut admin = fg.admin().await;
     assert_eq!(code_of(admin.get_rules(pb::GetRulesRequest {}).await).await, Code::Ok);
     assert!(fg.logs().contains("Admin answers only on loopback"), "{}", fg.logs());
@@ -149,7 +149,7 @@ async fn an_empty_token_file_leaves_loopback_working_until_a_token_is_added() {
     let dir = TempDir::new();
     // As a Kubernetes Secret ships it: the file is there, with no token yet.
     let tokens = dir.write("tokens", "# add TOKEN [ROLE [NAME]] lines\n");
-    let fg = Floodgate::start(&["--admin-token-file", path_str(&tokens)]);
+    let fg = floodgate().args(["--admin-token-file", path_str(&tokens)]).start();
     let ch = fg.channel().await;
     let mut anonymous = with_token(ch.clone(), None);
     assert_eq!(code_of(anonymous.get_rules(pb::GetRulesRequest {}).await).await, Code::Ok, "{}", fg.logs());
@@ -185,18 +185,20 @@ async fn client_certificate_identities_carry_admin_roles_under_mtls() {
     let ops = pki.client("ops", "ops-admin");
     let dashboards = pki.client("dashboards", "dashboards");
     let service = pki.client("service", "payments-service");
-    let fg = Floodgate::start(&[
-        "--tls-cert",
-        path_str(&server.cert),
-        "--tls-key",
-        path_str(&server.key),
-        "--tls-client-ca",
-        path_str(&pki.ca_path()),
-        "--admin-identity",
-        "ops-admin",
-        "--admin-identity",
-        "dashboards=read",
-    ]);
+    let fg = floodgate()
+        .args([
+            "--tls-cert",
+            path_str(&server.cert),
+            "--tls-key",
+            path_str(&server.key),
+            "--tls-client-ca",
+            path_str(&pki.ca_path()),
+            "--admin-identity",
+            "ops-admin",
+            "--admin-identity",
+            "dashboards=read",
+        ])
+        .start();
     let channel = |pair: &support::pki::Pair| {
         let tls = ClientTlsConfig::new()
             .ca_certificate(Certificate::from_pem(pki.ca_pem()))

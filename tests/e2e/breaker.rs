@@ -28,7 +28,7 @@ resources:
 fn start() -> (Floodgate, TempDir) {
     let dir = TempDir::new();
     let file = dir.write("rules.yaml", RULES);
-    (Floodgate::start(&["--config", path_str(&file)]), dir)
+    (floodgate().args(["--config", path_str(&file)]).start(), dir)
 }
 
 fn transitions(events: &[pb::WatchEvent]) -> Vec<(pb::BreakerState, pb::BreakerState)> {

@@ -23,16 +23,18 @@ async fn a_guarded_strict_call_cut_off_during_a_redis_stall_frees_its_slot_at_on
     let dir = TempDir::new();
     let rules = dir.write("rules.yaml", RULES);
     // A long Redis timeout: the call waits on the stalled Redis until it is cut off.
-    let fg = Floodgate::start(&[
-        "--config",
-        path_str(&rules),
-        "--redis",
-        &redis.url(),
-        "--sync-interval",
-        "100ms",
-        "--redis-timeout",
-        "2s",
-    ]);
+    let fg = floodgate()
+        .args([
+            "--config",
+            path_str(&rules),
+            "--redis",
+            &redis.url(),
+            "--sync-interval",
+            "100ms",
+            "--redis-timeout",
+            "2s",
+        ])
+        .start();
     wait_live(&fg, 1);
     let mut client = fg.client().await;
     let ask = || acquire("db", &[], 1);
@@ -144,14 +146,9 @@ async fn probes_are_not_lost_to_a_stall_or_a_cut() {
         let redis = RedisServer::start();
         let dir = TempDir::new();
         let rules = dir.write("rules.yaml", BREAKER);
-        let fg = Floodgate::start(&[
-            "--config",
-            path_str(&rules),
-            "--redis",
-            &redis.url(),
-            "--redis-timeout",
-            redis_timeout,
-        ]);
+        let fg = floodgate()
+            .args(["--config", path_str(&rules), "--redis", &redis.url(), "--redis-timeout", redis_timeout])
+            .start();
         wait_live(&fg, 1);
         let mut client = fg.client().await;
         opened(&mut client).await;

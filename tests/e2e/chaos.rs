@@ -38,16 +38,9 @@ fn replica(dir: &TempDir, url: &str) -> Floodgate {
 /// A replica of the rules file `rules` on the Redis at `url`, syncing every
 /// 100 ms and waiting at most 50 ms on Redis.
 fn replica_of(rules: &std::path::Path, url: &str) -> Floodgate {
-    Floodgate::start(&[
-        "--config",
-        path_str(rules),
-        "--redis",
-        url,
-        "--sync-interval",
-        "100ms",
-        "--redis-timeout",
-        "50ms",
-    ])
+    floodgate()
+        .args(["--config", path_str(rules), "--redis", url, "--sync-interval", "100ms", "--redis-timeout", "50ms"])
+        .start()
 }
 
 /// Two replicas of `rules`, each seeing the other live.
@@ -300,7 +293,8 @@ fn a_replica_stopped_with_sigterm_pushes_what_it_took_before_it_exits() {
         "resources:\n  - name: deploy\n    limits: [ { name: hourly, algorithm: fixed_window, limit: 1000, window: 1h } ]\n",
     );
     // A sync every 10 s: none runs between the calls and the SIGTERM.
-    let mut a = Floodgate::start(&["--config", path_str(&rules), "--redis", &redis.url(), "--sync-interval", "10s"]);
+    let mut a =
+        floodgate().args(["--config", path_str(&rules), "--redis", &redis.url(), "--sync-interval", "10s"]).start();
     wait_live(&a, 1);
     let report = bench(&a.grpc, &["--resource", "deploy", "-n", "40", "-c", "1"]);
     assert_eq!(verdict(&report, "ALLOWED"), 40);

@@ -33,7 +33,7 @@ systems:
 fn start() -> (Floodgate, TempDir) {
     let dir = TempDir::new();
     let file = dir.write("rules.yaml", RULES);
-    (Floodgate::start(&["--config", path_str(&file)]), dir)
+    (floodgate().args(["--config", path_str(&file)]).start(), dir)
 }
 
 fn client(fg: &Floodgate) -> Client {
@@ -178,7 +178,7 @@ async fn fail_open_and_fail_closed_within_the_deadline_and_recovery_when_the_ser
     let listen = format!("127.0.0.1:{port}");
     let dir = TempDir::new();
     let file = dir.write("rules.yaml", RULES);
-    let start = || Floodgate::start_on(&listen, &["--config", path_str(&file)]);
+    let start = || floodgate().listen(&listen).args(["--config", path_str(&file)]).start();
     let mut fg = start();
     let deadline = Duration::from_millis(50);
     let build = |mode| Client::builder().endpoint(fg.url()).request_timeout(deadline).fail_mode(mode).build().unwrap();

@@ -4,14 +4,13 @@
 
 use crate::support;
 
-use std::path::Path;
 use std::process::Command;
 
 use serde_yaml_ng::Value;
 use support::BIN;
 
 fn compose() -> Value {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let root = support::repo_root();
     serde_yaml_ng::from_str(&std::fs::read_to_string(root.join("docker-compose.yml")).unwrap()).unwrap()
 }
 
@@ -44,7 +43,7 @@ fn every_floodgate_command_uses_known_flags() {
 #[test]
 fn the_mounted_rules_are_valid() {
     let compose = compose();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let root = support::repo_root();
     let volumes = compose["services"]["floodgate-a"]["volumes"].as_sequence().unwrap();
     let source = volumes[0].as_str().unwrap().split(':').next().unwrap();
     let out = Command::new(BIN).arg("check-config").arg(root.join(source)).output().unwrap();

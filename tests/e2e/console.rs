@@ -58,7 +58,7 @@ fn start_with(args: &[&str]) -> (Floodgate, TempDir) {
     let tokens = dir.write("tokens", &tokens_file(true));
     let mut all = vec!["--config", path_str(&rules), "--admin-token-file", path_str(&tokens)];
     all.extend_from_slice(args);
-    let fg = Floodgate::start(&all);
+    let fg = floodgate().args(&all).start();
     (fg, dir)
 }
 
@@ -289,7 +289,7 @@ async fn another_sites_page_in_a_real_browser_cannot_act_through_the_console_or_
     // No token file: loopback is the credential, as by default.
     let dir = TempDir::new();
     let rules = dir.write("rules.yaml", RULES);
-    let fg = Floodgate::start(&["--config", path_str(&rules), "--http-host", "floodgate.test"]);
+    let fg = floodgate().args(["--config", path_str(&rules), "--http-host", "floodgate.test"]).start();
     let port = fg.http.rsplit(':').next().unwrap().to_string();
     let mut browser = Browser::start("cross_site.cjs", &[&port]);
     let next = |browser: &Browser| browser.line(&fg);
@@ -324,7 +324,7 @@ fn raw(addr: &str, head: &str, body: &str) -> (u16, String) {
 async fn actions_must_be_json_from_the_consoles_own_site_and_requests_must_name_a_host_it_answers_to() {
     let dir = TempDir::new();
     let rules = dir.write("rules.yaml", RULES);
-    let fg = Floodgate::start(&["--config", path_str(&rules), "--http-host", "*.floodgate.test"]);
+    let fg = floodgate().args(["--config", path_str(&rules), "--http-host", "*.floodgate.test"]).start();
     let a = fg.http.as_str();
     let level = r#"{"level":3}"#;
     let post = |lines: &str| format!("POST /api/v1/level HTTP/1.1\r\n{lines}");

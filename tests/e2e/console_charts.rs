@@ -45,7 +45,7 @@ fn start(rules: &str) -> (Floodgate, TempDir) {
     let dir = TempDir::new();
     let rules = dir.write("rules.yaml", rules);
     let tokens = dir.write("tokens", &format!("{ADMIN} admin alice\n"));
-    let fg = Floodgate::start(&["--config", path_str(&rules), "--admin-token-file", path_str(&tokens)]);
+    let fg = floodgate().args(["--config", path_str(&rules), "--admin-token-file", path_str(&tokens)]).start();
     (fg, dir)
 }
 

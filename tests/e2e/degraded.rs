@@ -34,7 +34,7 @@ resources:
 
 fn start() -> (Floodgate, TempDir) {
     let dir = TempDir::new();
-    (Floodgate::start(&["--config", path_str(&dir.write("rules.yaml", RULES))]), dir)
+    (floodgate().args(["--config", path_str(&dir.write("rules.yaml", RULES))]).start(), dir)
 }
 
 fn local(fg: &Floodgate, share: f64, leases: bool) -> Client {

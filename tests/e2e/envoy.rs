@@ -159,7 +159,7 @@ async fn should_rate_limit(fg: &Floodgate, body: Bytes) -> Result<Vec<(u32, Valu
 #[tokio::test]
 async fn envoy_rls_answers_ok_over_limit_and_descriptor_statuses() {
     let dir = TempDir::new();
-    let fg = Floodgate::start(&["--config", path_str(&dir.write("rules.yaml", RULES))]);
+    let fg = floodgate().args(["--config", path_str(&dir.write("rules.yaml", RULES))]).start();
 
     // One descriptor, default hits: OK, 2 of 3 left, reset within the minute.
     let r = should_rate_limit(&fg, request("edge", &[descriptor(&[("remote_address", "10.0.0.1")], None)], 0))
@@ -299,7 +299,7 @@ async fn an_rlqs_bucket_named_twice_in_one_report_gets_one_assignment_for_its_su
     use envoy_types::pb::envoy::service::rate_limit_quota::v3 as rlqs;
     let dir = TempDir::new();
     let rules = "resources:\n  - name: api\n    limits:\n      - { name: per-tenant, key: [tenant], algorithm: fixed_window, limit: 40, window: 1h, lease: 10s }\n";
-    let fg = Floodgate::start(&["--config", path_str(&dir.write("rules.yaml", rules))]);
+    let fg = floodgate().args(["--config", path_str(&dir.write("rules.yaml", rules))]).start();
     let mut client = rlqs::rate_limit_quota_service_client::RateLimitQuotaServiceClient::new(fg.channel().await);
     let bucket = |tenant: &str, allowed: u64| rlqs::rate_limit_quota_usage_reports::BucketQuotaUsage {
         bucket_id: Some(rlqs::BucketId {
@@ -378,7 +378,7 @@ async fn an_rlqs_bucket_named_twice_in_one_report_gets_one_assignment_for_its_su
 async fn a_descriptor_entry_carries_the_priority_a_shedding_system_reads() {
     let rules = "resources:\n  - name: edge\n    limits: [ { name: all, algorithm: fixed_window, limit: 1000, window: 1m } ]\nsystems:\n  - { name: web, resources: [edge] }\n";
     let dir = TempDir::new();
-    let fg = Floodgate::start(&["--config", path_str(&dir.write("rules.yaml", rules))]);
+    let fg = floodgate().args(["--config", path_str(&dir.write("rules.yaml", rules))]).start();
     let set = floodgate_proto::v1::SetDegradationLevelRequest { system: "web".into(), level: 1, ..Default::default() };
     fg.admin().await.set_degradation_level(set).await.unwrap();
     let ask = |priority: &str| {
@@ -394,7 +394,8 @@ async fn a_descriptor_entry_carries_the_priority_a_shedding_system_reads() {
     let no_priority = request("edge", &[descriptor(&[("remote_address", "10.0.0.1")], None)], 0);
     assert_eq!(code(should_rate_limit(&fg, no_priority).await.unwrap()), OK);
     // Another key, named by --envoy-priority-key.
-    let fg = Floodgate::start(&["--config", path_str(&dir.path("rules.yaml")), "--envoy-priority-key", "x-class"]);
+    let fg =
+        floodgate().args(["--config", path_str(&dir.path("rules.yaml")), "--envoy-priority-key", "x-class"]).start();
     fg.admin()
         .await
         .set_degradation_level(floodgate_proto::v1::SetDegradationLevelRequest {

@@ -54,13 +54,13 @@ resources:
     limits: [ { name: all, algorithm: fixed_window, limit: 1000, window: 1d } ]
 "#;
 
-fn floodgate(dir: &TempDir, extra: &[&str]) -> Floodgate {
+fn start(dir: &TempDir, extra: &[&str]) -> Floodgate {
     let envoy_dir = dir.path("envoy");
     std::fs::create_dir_all(&envoy_dir).unwrap();
     std::fs::write(envoy_dir.join("edge.yaml"), EDGE).unwrap();
     let mut args = vec!["--envoy-config", path_str(&envoy_dir)];
     args.extend_from_slice(extra);
-    Floodgate::start(&args)
+    floodgate().args(&args).start()
 }
 
 fn envoy(fg: &Floodgate, domain: &str, failure_mode_deny: bool) -> Envoy {
@@ -79,7 +79,7 @@ fn metric(fg: &Floodgate, prefix: &str) -> f64 {
 #[test]
 fn two_hundreds_turn_into_429s_at_the_exact_count_with_envoys_headers() {
     let dir = TempDir::new();
-    let fg = floodgate(&dir, &[]);
+    let fg = start(&dir, &[]);
     let envoy = envoy(&fg, "edge", false);
     let mut last = String::new();
     within_one_day(|| {
@@ -107,7 +107,7 @@ fn two_hundreds_turn_into_429s_at_the_exact_count_with_envoys_headers() {
 #[test]
 fn upstream_config_values_unlimited_nesting_replaces_and_shadow_mode() {
     let dir = TempDir::new();
-    let fg = floodgate(&dir, &[]);
+    let fg = start(&dir, &[]);
     let envoy = envoy(&fg, "edge", false);
     within_one_day(|| {
         assert_eq!(statuses(&envoy, &[("x-user", "vip")], 8), [200; 8], "unlimited");
@@ -132,7 +132,7 @@ fn upstream_config_values_unlimited_nesting_replaces_and_shadow_mode() {
 #[test]
 fn a_cost_above_capacity_is_denied_and_takes_nothing() {
     let dir = TempDir::new();
-    let fg = floodgate(&dir, &[]);
+    let fg = start(&dir, &[]);
     let envoy = envoy(&fg, "edge", false);
     within_one_day(|| {
         let bulk = fresh("export");
@@ -149,7 +149,7 @@ fn a_cost_above_capacity_is_denied_and_takes_nothing() {
 fn a_concurrency_limit_behind_envoy_never_leaks_permits() {
     let dir = TempDir::new();
     let rules = dir.write("rules.yaml", RULES);
-    let fg = Floodgate::start(&["--config", path_str(&rules)]);
+    let fg = floodgate().args(["--config", path_str(&rules)]).start();
     let envoy = envoy(&fg, "db", false);
     let user = fresh("u");
     assert_eq!(statuses(&envoy, &[("x-user", &user)], 10), [200; 10], "max_in_flight 1, no permit taken");
@@ -159,7 +159,7 @@ fn a_concurrency_limit_behind_envoy_never_leaks_permits() {
 #[test]
 fn shadow_mode_for_the_whole_server_lets_everything_through_and_counts_it() {
     let dir = TempDir::new();
-    let fg = floodgate(&dir, &["--envoy-shadow-mode", "--envoy-response-headers", "ratelimit"]);
+    let fg = start(&dir, &["--envoy-shadow-mode", "--envoy-response-headers", "ratelimit"]);
     let envoy = envoy(&fg, "edge", false);
     within_one_day(|| {
         let user = fresh("dee");
@@ -175,7 +175,7 @@ fn shadow_mode_for_the_whole_server_lets_everything_through_and_counts_it() {
 #[test]
 fn when_floodgate_is_gone_failure_mode_deny_decides() {
     let dir = TempDir::new();
-    let mut fg = floodgate(&dir, &[]);
+    let mut fg = start(&dir, &[]);
     let open = envoy(&fg, "edge", false);
     let closed = envoy(&fg, "edge", true);
     let user = fresh("eve");
@@ -190,7 +190,7 @@ fn when_floodgate_is_gone_failure_mode_deny_decides() {
 #[test]
 fn the_envoy_config_reloads_while_serving() {
     let dir = TempDir::new();
-    let fg = floodgate(&dir, &["--reload-debounce", "100ms"]);
+    let fg = start(&dir, &["--reload-debounce", "100ms"]);
     let envoy = envoy(&fg, "edge", false);
     let user = fresh("fay");
     assert_eq!(envoy.get("/", &[("x-user", &user)]).status, 200);
@@ -232,7 +232,7 @@ resources:
 /// buckets named `api`, reporting every second.
 fn two_rlqs_envoys(rules: &str) -> (TempDir, Floodgate, Envoy, Envoy) {
     let dir = TempDir::new();
-    let fg = Floodgate::start(&["--config", path_str(&dir.write("rules.yaml", rules))]);
+    let fg = floodgate().args(["--config", path_str(&dir.write("rules.yaml", rules))]).start();
     let (a, b) = (Envoy::start_rlqs(&fg.grpc, "edge", "api", "1s"), Envoy::start_rlqs(&fg.grpc, "edge", "api", "1s"));
     (dir, fg, a, b)
 }

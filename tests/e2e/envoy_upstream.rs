@@ -83,19 +83,21 @@ fn upstreams_example_behind_a_real_envoy_with_its_settings_and_its_stats() {
     let config = dir.path("config");
     std::fs::create_dir_all(&config).unwrap();
     std::fs::write(config.join("shop.yaml"), SHOP).unwrap();
-    let fg = Floodgate::start(&[
-        "--envoy-config",
-        path_str(&config),
-        "--envoy-response-headers",
-        "ratelimit",
-        "--envoy-limit-header",
-        "x-shop-limit",
-        "--envoy-remaining-header",
-        "x-shop-remaining",
-        "--envoy-reset-header",
-        "x-shop-reset",
-        "--envoy-response-dynamic-metadata",
-    ]);
+    let fg = floodgate()
+        .args([
+            "--envoy-config",
+            path_str(&config),
+            "--envoy-response-headers",
+            "ratelimit",
+            "--envoy-limit-header",
+            "x-shop-limit",
+            "--envoy-remaining-header",
+            "x-shop-remaining",
+            "--envoy-reset-header",
+            "x-shop-reset",
+            "--envoy-response-dynamic-metadata",
+        ])
+        .start();
     let envoy =
         Envoy::start(Setup { domain: "shop", rate_limits: RATE_LIMITS, failure_mode_deny: true, floodgate: &fg.grpc });
     let ip_last = std::process::id() % 250;

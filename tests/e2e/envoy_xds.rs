@@ -80,7 +80,7 @@ fn start(cp: &ControlPlane, extra: &[&str]) -> Floodgate {
     let mut args =
         vec!["--envoy-xds", url.as_str(), "--envoy-xds-backoff-initial", "200ms", "--envoy-xds-backoff-max", "1s"];
     args.extend_from_slice(extra);
-    Floodgate::start(&args)
+    floodgate().args(&args).start()
 }
 
 async fn envoy_version(fg: &Floodgate) -> Option<String> {
@@ -240,9 +240,12 @@ async fn over_mtls_the_control_plane_and_the_server_check_each_other() {
     let url = format!("https://localhost:{}", cp.addr.port());
     let ca = pki.ca_path();
     let base = ["--envoy-xds", url.as_str(), "--envoy-xds-ca", path_str(&ca), "--envoy-xds-backoff-initial", "200ms"];
-    let fg = Floodgate::start(
-        &[&base[..], &["--envoy-xds-cert", path_str(&client.cert), "--envoy-xds-key", path_str(&client.key)]].concat(),
-    );
+    let fg = floodgate()
+        .args(
+            [&base[..], &["--envoy-xds-cert", path_str(&client.cert), "--envoy-xds-key", path_str(&client.key)]]
+                .concat(),
+        )
+        .start();
     cp.answer_where("ACK over mTLS", |a| a.version == "tls-1").await;
     assert_eq!(overs(&fg, "edge", "user", &fresh("u"), 2).await, [false, true]);
 
@@ -250,14 +253,9 @@ async fn over_mtls_the_control_plane_and_the_server_check_each_other() {
     let cp = ControlPlane::start_tls(&server, Some(&pki.ca_pem())).await;
     cp.push("tls-2", one(config("edge", "user", 1)));
     let url = format!("https://localhost:{}", cp.addr.port());
-    let fg = Floodgate::start(&[
-        "--envoy-xds",
-        url.as_str(),
-        "--envoy-xds-ca",
-        path_str(&ca),
-        "--envoy-xds-backoff-initial",
-        "200ms",
-    ]);
+    let fg = floodgate()
+        .args(["--envoy-xds", url.as_str(), "--envoy-xds-ca", path_str(&ca), "--envoy-xds-backoff-initial", "200ms"])
+        .start();
     eventually("a refused handshake in the log", Duration::from_secs(15), || async {
         fg.logs().contains("xDS stream ended").then_some(())
     })
@@ -269,14 +267,9 @@ async fn over_mtls_the_control_plane_and_the_server_check_each_other() {
     let cp = ControlPlane::start_tls(&other.server("impostor", "impostor"), None).await;
     cp.push("tls-3", one(config("edge", "user", 1)));
     let url = format!("https://localhost:{}", cp.addr.port());
-    let fg = Floodgate::start(&[
-        "--envoy-xds",
-        url.as_str(),
-        "--envoy-xds-ca",
-        path_str(&ca),
-        "--envoy-xds-backoff-initial",
-        "200ms",
-    ]);
+    let fg = floodgate()
+        .args(["--envoy-xds", url.as_str(), "--envoy-xds-ca", path_str(&ca), "--envoy-xds-backoff-initial", "200ms"])
+        .start();
     eventually("an untrusted certificate in the log", Duration::from_secs(15), || async {
         fg.logs().contains("xDS stream ended").then_some(())
     })
@@ -326,7 +319,7 @@ async fn a_silent_control_plane_is_asked_again_and_ready_without_config_answers_
         "--envoy-xds-backoff-max",
         "1s",
     ];
-    let fg = Floodgate::start(&args);
+    let fg = floodgate().args(args).start();
     eventually("three connections to the black hole", Duration::from_secs(15), || async {
         (accepted.load(std::sync::atomic::Ordering::SeqCst) >= 3).then_some(())
     })

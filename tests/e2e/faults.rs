@@ -382,7 +382,7 @@ impl World {
             level: Mutex::new((None, 0, false)),
         };
         let args = world.args();
-        let replicas: Vec<Floodgate> = (0..REPLICAS).map(|_| Floodgate::start(&strs(&args))).collect();
+        let replicas: Vec<Floodgate> = (0..REPLICAS).map(|_| floodgate().args(strs(&args)).start()).collect();
         for fg in &replicas {
             wait_live(fg, REPLICAS as u32);
         }
@@ -429,7 +429,7 @@ impl World {
                     replicas[*i].terminate();
                 }
                 std::thread::sleep(*d);
-                let next = Floodgate::start_on(&self.grpc[*i], &strs(&args));
+                let next = floodgate().listen(&self.grpc[*i]).args(strs(&args)).start();
                 let dead = std::mem::replace(&mut replicas[*i], next);
                 self.dead_logs.lock().unwrap().push_str(&dead.logs());
             }

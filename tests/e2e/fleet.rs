@@ -57,7 +57,7 @@ fn fleet(n: usize, dir: &TempDir, redis: &[&str]) -> Vec<Floodgate> {
     let file = dir.write("rules.yaml", RULES);
     let mut args = vec!["--config", path_str(&file), "--sync-interval", "100ms", "--redis-timeout", "500ms"];
     args.extend_from_slice(redis);
-    let replicas: Vec<Floodgate> = (0..n).map(|_| Floodgate::start(&args)).collect();
+    let replicas: Vec<Floodgate> = (0..n).map(|_| floodgate().args(&args).start()).collect();
     for r in &replicas {
         wait_live(r, n as u32);
     }

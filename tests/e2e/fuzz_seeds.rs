@@ -3,8 +3,6 @@
 //! the suite, so a fixed crash stays fixed. A local fuzzing corpus
 //! (fuzz/corpus/, not committed) is replayed too when present.
 
-use std::path::Path;
-
 type Target = fn(&[u8]);
 
 const TARGETS: &[(&str, Target)] = &[
@@ -15,7 +13,7 @@ const TARGETS: &[(&str, Target)] = &[
 
 #[test]
 fn every_seed_runs_through_its_target_without_a_panic() {
-    let fuzz = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz");
+    let fuzz = crate::support::repo_path("fuzz");
     for &(target, run) in TARGETS {
         let mut replayed = 0;
         for dir in ["seeds", "corpus"] {

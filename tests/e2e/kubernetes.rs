@@ -8,7 +8,7 @@
 
 use crate::support;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
@@ -19,7 +19,7 @@ use support::*;
 const DIRS: &[&str] = &["base", "overlays/redis", "overlays/external-redis", "monitoring", "examples/envoy"];
 
 fn deploy() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/kubernetes")
+    support::repo_path("deploy/kubernetes")
 }
 
 fn kubectl() -> String {
@@ -155,7 +155,7 @@ fn every_mounted_rules_file_passes_check_config_and_envoys_config_is_envoys() {
 
 #[test]
 fn the_readmes_rendering_of_the_base_is_the_files() {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md")).unwrap();
+    let readme = std::fs::read_to_string(support::repo_path("README.md")).unwrap();
     let start = "<!-- kubectl kustomize deploy/kubernetes/base -->\n```yaml\n";
     let at = readme.find(start).expect("the README shows the base's rendering") + start.len();
     let block = &readme[at..at + readme[at..].find("```").unwrap()];
@@ -184,7 +184,7 @@ fn a_configmaps_data_swap_reloads_the_rules() {
     let first = version(1, 2);
     std::os::unix::fs::symlink(&first, dir.path("..data")).unwrap();
     std::os::unix::fs::symlink("..data/rules.yaml", dir.path("rules.yaml")).unwrap();
-    let fg = Floodgate::start(&["--config", path_str(&dir.path("rules.yaml")), "--reload-debounce", "100ms"]);
+    let fg = floodgate().args(["--config", path_str(&dir.path("rules.yaml")), "--reload-debounce", "100ms"]).start();
     let allowed = |user: &str, n: usize| {
         let out = Command::new(BIN)
             .args(["acquire", "--server", &fg.grpc, "api", "-d", &format!("user={user}"), "-n", &n.to_string()])

@@ -6,7 +6,7 @@
 
 use crate::support;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use support::*;
@@ -24,7 +24,7 @@ resources:
 "#;
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    support::repo_root()
 }
 
 /// A program `scripts/test` installs into the test cache.
@@ -107,7 +107,7 @@ fn python_stubs_from_our_protos_work_beside_xds_protos() {
     );
 
     let dir = TempDir::new();
-    let fg = Floodgate::start(&["--config", path_str(&dir.write("rules.yaml", RULES))]);
+    let fg = floodgate().args(["--config", path_str(&dir.write("rules.yaml", RULES))]).start();
     let out = run(
         Command::new(&python)
             .env("PYTHONPATH", stubs.path(""))
@@ -136,7 +136,7 @@ fn the_typescript_example_compiles_strict_and_runs_on_node() {
         "tsc",
     );
     let dir = TempDir::new();
-    let fg = Floodgate::start(&["--config", path_str(&dir.write("rules.yaml", RULES))]);
+    let fg = floodgate().args(["--config", path_str(&dir.write("rules.yaml", RULES))]).start();
     let out = run(
         Command::new("node")
             .current_dir(build.path(""))

@@ -29,7 +29,7 @@ resources:
 
 fn start() -> (Floodgate, TempDir) {
     let dir = TempDir::new();
-    (Floodgate::start(&["--config", path_str(&dir.write("rules.yaml", RULES))]), dir)
+    (floodgate().args(["--config", path_str(&dir.write("rules.yaml", RULES))]).start(), dir)
 }
 
 fn client(fg: &Floodgate, mode: FailMode) -> Client {
@@ -151,7 +151,7 @@ resources:
 "#;
     let (_redis, _dir, args) = replicated(rules);
     let args = strs(&args);
-    let (a, b) = (Floodgate::start(&args), Floodgate::start(&args));
+    let (a, b) = (floodgate().args(&args).start(), floodgate().args(&args).start());
     wait_live(&a, 2);
     wait_live(&b, 2);
     let allowed = Arc::new(AtomicU64::new(0));

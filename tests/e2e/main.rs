@@ -1,14 +1,33 @@
 //! Floodgate's end-to-end tests: one test binary, one module per feature.
 //!
 //! Each module starts the real `floodgate` binary (built by the same `cargo
-//! test`; see `support` below), real `redis-server` processes, Envoy,
+//! test; see `support` below), real `redis-server` processes, Envoy,
 //! Prometheus or a browser on free loopback ports, and checks what a user of
 //! that feature sees. A new file in tests/e2e/ must be named by a `mod` line
 //! here: `every_file_is_a_module` fails otherwise, so that no file is left
 //! uncompiled.
 
-#[path = "../support/mod.rs"]
-mod support;
+/// The support crate (tests/support), with this package's binary bound in.
+/// Only an integration test of the `floodgate` package is compiled with
+/// `CARGO_BIN_EXE_floodgate`, so this is where its path is known; the
+/// support crate's starter takes it as an argument, and every module here
+/// starts the binary with `support::floodgate()...start()`.
+mod support {
+    pub use floodgate_test_support::*;
+
+    /// The binary under test, built by cargo for this test run.
+    pub const BIN: &str = env!("CARGO_BIN_EXE_floodgate");
+
+    /// A `floodgate serve` of the binary under test, to set up and start.
+    pub fn floodgate() -> FloodgateBuilder {
+        Floodgate::builder(BIN)
+    }
+
+    /// Runs `floodgate bench` against `grpc` and returns its JSON report.
+    pub fn bench(grpc: &str, args: &[&str]) -> serde_json::Value {
+        floodgate_test_support::bench(BIN.as_ref(), grpc, args)
+    }
+}
 
 mod abuse;
 mod acquire;
@@ -51,7 +70,7 @@ mod what_if;
 #[test]
 fn every_file_is_a_module() {
     use std::collections::BTreeSet;
-    let here = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2e");
+    let here = support::repo_path("tests/e2e");
     let files: BTreeSet<String> = std::fs::read_dir(&here)
         .unwrap_or_else(|e| panic!("listing {}: {e}", here.display()))
         .map(|entry| entry.unwrap().path())

@@ -26,7 +26,7 @@ resources:
 fn start() -> (Floodgate, TempDir) {
     let dir = TempDir::new();
     let file = dir.write("rules.yaml", RULES);
-    (Floodgate::start(&["--config", path_str(&file)]), dir)
+    (floodgate().args(["--config", path_str(&file)]).start(), dir)
 }
 
 /// The value of the sample whose name and labels are exactly `series`.
@@ -149,7 +149,7 @@ fn bench_text_shows_the_latency_distribution() {
 
 #[tokio::test]
 async fn logs_are_json_when_asked_and_quiet_per_request_at_info() {
-    let fg = Floodgate::start(&["--log-format", "json"]);
+    let fg = floodgate().args(["--log-format", "json"]).start();
     let mut client = fg.client().await;
     for _ in 0..20 {
         client.acquire(acquire("demo", &[], 1)).await.unwrap();

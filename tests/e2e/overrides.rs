@@ -54,7 +54,7 @@ async fn admitted(c: &mut Client, pairs: &[(&str, &str)], n: usize) -> usize {
 #[tokio::test]
 async fn tiers_factors_absolute_limits_and_blocks_from_the_rules_file() {
     let dir = TempDir::new();
-    let fg = Floodgate::start(&["--config", path_str(&dir.write("rules.yaml", RULES))]);
+    let fg = floodgate().args(["--config", path_str(&dir.write("rules.yaml", RULES))]).start();
     let mut c = fg.client().await;
     assert_eq!(admitted(&mut c, &[("api_key", "plain")], 5).await, 2, "the resource's own limit");
     assert_eq!(admitted(&mut c, &[("api_key", "k-big")], 6).await, 4, "an absolute limit");
@@ -116,7 +116,7 @@ async fn run_time_overrides_are_kept_in_a_file_announced_on_watch_and_end_at_the
     let rules = dir.write("rules.yaml", RULES);
     let file = dir.path("overrides.jsonl");
     let args = ["--config", path_str(&rules), "--overrides-file", path_str(&file)];
-    let mut fg = Floodgate::start(&args);
+    let mut fg = floodgate().args(args).start();
     let mut watch = fg.client().await.watch(pb::WatchRequest::default()).await.unwrap().into_inner();
     let first = watch.message().await.unwrap().unwrap();
     assert!(matches!(first.event, Some(pb::watch_event::Event::Snapshot(_))));
@@ -223,7 +223,7 @@ async fn run_time_overrides_are_kept_in_a_file_announced_on_watch_and_end_at_the
     let status = fg.terminate();
     assert!(status.success(), "{status:?}");
     drop(fg);
-    let fg = Floodgate::start(&args);
+    let fg = floodgate().args(args).start();
     assert_eq!(list(&fg).await.total, 2);
     assert_eq!(limit_of(&fg, &[("api_key", "k1"), ("tenant", "acme")]).await, Some(6));
     let out =
@@ -237,7 +237,7 @@ async fn run_time_overrides_are_kept_in_a_file_announced_on_watch_and_end_at_the
 async fn run_time_overrides_are_shared_by_replicas_through_redis_and_outlive_them() {
     let (redis, _dir, args) = replicated(RULES);
     let args = strs(&args);
-    let (a, b) = (Floodgate::start(&args), Floodgate::start(&args));
+    let (a, b) = (floodgate().args(&args).start(), floodgate().args(&args).start());
     // Both talk to Redis before the override (only then is it persisted).
     wait_live(&a, 2);
     let mut admin_a = a.admin().await;
@@ -265,7 +265,7 @@ async fn run_time_overrides_are_shared_by_replicas_through_redis_and_outlive_the
 
     // Both replicas gone; a new one reads them from Redis before it serves.
     drop((a, b));
-    let c = Floodgate::start(&args);
+    let c = floodgate().args(&args).start();
     assert_eq!(limit_of(&c, &[("api_key", "k"), ("tenant", "t8")]).await, Some(1));
     let listed = list(&c).await;
     assert_eq!(listed.overrides.iter().map(|o| o.id.as_str()).collect::<Vec<_>>(), ["t8"]);
@@ -286,7 +286,7 @@ async fn an_override_cannot_lift_a_limit_past_what_its_algorithm_allows() {
         "rules.yaml",
         "resources:\n  - name: api\n    limits:\n      - { name: log, key: [tenant], algorithm: sliding_window_log, limit: 100, window: 1s }\n",
     );
-    let fg = Floodgate::start(&["--config", path_str(&rules)]);
+    let fg = floodgate().args(["--config", path_str(&rules)]).start();
     let mut admin = fg.admin().await;
     // A sliding log keeps one entry a unit: 10,000 is its cap in a rules
     // file, and so it is through an override (before: 10^12 was accepted,

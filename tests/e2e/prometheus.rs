@@ -8,7 +8,7 @@
 
 use crate::support;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -30,7 +30,7 @@ resources:
 "#;
 
 fn deploy(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy").join(path)
+    support::repo_path("deploy").join(path)
 }
 
 fn promtool(args: &[&str]) -> String {
@@ -72,7 +72,7 @@ fn start_prometheus(dir: &TempDir, floodgate_http: &str) -> Prometheus {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_prometheus_scrapes_the_binary_and_fires_the_breaker_alert() {
     let dir = TempDir::new();
-    let fg = Floodgate::start(&["--config", path_str(&dir.write("rules.yaml", RULES))]);
+    let fg = floodgate().args(["--config", path_str(&dir.write("rules.yaml", RULES))]).start();
     let prom = start_prometheus(&dir, &fg.http);
 
     // Three failures open the payments breaker; two calls to api, one denied.

@@ -66,7 +66,7 @@ fn replica(dir: &TempDir, redis: &[&str]) -> Floodgate {
     let mut args = vec!["--config", path_str(&file)];
     args.extend_from_slice(redis);
     args.extend_from_slice(&["--sync-interval", "100ms", "--redis-timeout", "50ms"]);
-    Floodgate::start(&args)
+    floodgate().args(&args).start()
 }
 
 /// Two replicas sharing one Redis (or cluster), each counting both as live.

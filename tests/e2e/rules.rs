@@ -31,7 +31,7 @@ async fn limit_of(fg: &Floodgate) -> Option<u64> {
 async fn a_changed_file_applies_and_an_invalid_one_keeps_the_old_rules() {
     let dir = TempDir::new();
     let file = dir.write("rules.yaml", &rules_with_limit(3));
-    let fg = Floodgate::start(&["--config", path_str(&file)]);
+    let fg = floodgate().args(["--config", path_str(&file)]).start();
     let mut client = fg.client().await;
 
     // Three admitted, the fourth denied: the file's limit is enforced.
@@ -96,7 +96,7 @@ fn file_reloads(fg: &Floodgate) -> u64 {
 async fn a_file_written_in_chunks_is_installed_whole_never_half_written() {
     let dir = TempDir::new();
     let file = dir.write("rules.yaml", &rules_with_limit(3));
-    let fg = Floodgate::start(&["--config", path_str(&file)]);
+    let fg = floodgate().args(["--config", path_str(&file)]).start();
     assert_eq!(file_reloads(&fg), 1);
     // The first chunk is valid YAML on its own: "orders" with no limits at
     // all. Installing it would leave the resource unlimited.
@@ -125,7 +125,7 @@ async fn an_edit_of_a_symlink_target_in_another_directory_is_seen() {
     let target = targets.write("real-rules.yaml", &rules_with_limit(3));
     let link = links.path("rules.yaml");
     std::os::unix::fs::symlink(&target, &link).unwrap();
-    let fg = Floodgate::start(&["--config", path_str(&link)]);
+    let fg = floodgate().args(["--config", path_str(&link)]).start();
     assert_eq!(limit_of(&fg).await, Some(3));
     std::fs::write(&target, rules_with_limit(9)).unwrap();
     eventually("the new limit of 9", Duration::from_secs(10), || async {
@@ -136,7 +136,7 @@ async fn an_edit_of_a_symlink_target_in_another_directory_is_seen() {
 
 #[tokio::test]
 async fn apply_rules_refuses_a_bad_set_whole_and_lists_every_error() {
-    let fg = Floodgate::start(&[]);
+    let fg = floodgate().start();
     let mut admin = fg.admin().await;
     let before = admin.get_rules(pb::GetRulesRequest {}).await.unwrap().into_inner();
     assert_eq!(before.source, "embedded");
@@ -281,7 +281,7 @@ fn files_that_are_not_files_are_refused_at_start_without_waiting_on_them() {
 async fn a_rules_file_swapped_for_a_fifo_or_dev_zero_keeps_the_old_rules_and_the_server_lean() {
     let dir = TempDir::new();
     let file = dir.write("rules.yaml", &rules_with_limit(3));
-    let fg = Floodgate::start(&["--config", path_str(&file)]);
+    let fg = floodgate().args(["--config", path_str(&file)]).start();
     let before = rss_kib(fg.pid());
     let fifo = dir.path("fifo");
     mkfifo(&fifo);

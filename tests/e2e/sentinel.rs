@@ -63,7 +63,7 @@ fn allowed(v: &[pb::Verdict]) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dashboard_export_decides_reloads_and_is_refused_whole_when_a_file_is_bad() {
     let dir = dashboard_dir();
-    let fg = Floodgate::start(&["--sentinel-rules", path_str(dir.0.path()), "--reload-debounce", "100ms"]);
+    let fg = floodgate().args(["--sentinel-rules", path_str(dir.0.path()), "--reload-debounce", "100ms"]).start();
 
     // What is in force, and what is not enforced, named.
     let rules = fg.admin().await.get_rules(pb::GetRulesRequest {}).await.unwrap().into_inner();
@@ -202,16 +202,18 @@ async fn under_mtls_the_callers_certificate_is_its_origin_whatever_it_says() {
     let dir = TempDir::new();
     dir.write("authority-rules.json", AUTHORITY);
     dir.write("flow-rules.json", r#"[{"resource":"metered","grade":1,"count":100,"limitApp":"good-app"}]"#);
-    let fg = Floodgate::start(&[
-        "--sentinel-rules",
-        path_str(dir.0.path()),
-        "--tls-cert",
-        path_str(&server.cert),
-        "--tls-key",
-        path_str(&server.key),
-        "--tls-client-ca",
-        path_str(&pki.ca_path()),
-    ]);
+    let fg = floodgate()
+        .args([
+            "--sentinel-rules",
+            path_str(dir.0.path()),
+            "--tls-cert",
+            path_str(&server.cert),
+            "--tls-key",
+            path_str(&server.key),
+            "--tls-client-ca",
+            path_str(&pki.ca_path()),
+        ])
+        .start();
     let connect = |who: &support::pki::Pair| {
         let tls = ClientTlsConfig::new()
             .ca_certificate(Certificate::from_pem(pki.ca_pem()))
@@ -283,7 +285,7 @@ async fn the_directory_is_followed_by_its_path_and_sighup_reads_it_again() {
     // The directory Floodgate is given is a symlink, swapped as deployments do.
     let current = root.path("current");
     std::os::unix::fs::symlink("v1", &current).unwrap();
-    let fg = Floodgate::start(&["--sentinel-rules", path_str(&current)]);
+    let fg = floodgate().args(["--sentinel-rules", path_str(&current)]).start();
     until_admits(&fg, "r2", 2, "r2's limit").await;
 
     let v2 = root.path("v2");

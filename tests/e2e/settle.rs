@@ -54,7 +54,7 @@ async fn tokens_left(fg: &Floodgate, user: &str) -> u64 {
 #[tokio::test]
 async fn estimates_are_settled_charged_and_carried_as_debt() {
     let dir = TempDir::new();
-    let fg = Floodgate::start(&["--config", path_str(&dir.write("rules.yaml", RULES))]);
+    let fg = floodgate().args(["--config", path_str(&dir.write("rules.yaml", RULES))]).start();
     let mut c = fg.client().await;
 
     // An LLM call estimated at 800 tokens used 300: 500 come back.
@@ -128,7 +128,7 @@ async fn eventually_verdict(fg: &Floodgate, user: &str, want: pb::Verdict) {
 async fn settlements_reach_the_other_replica_through_redis() {
     let (redis, _dir, args) = replicated(RULES);
     let args = strs(&args);
-    let (a, b) = (Floodgate::start(&args), Floodgate::start(&args));
+    let (a, b) = (floodgate().args(&args).start(), floodgate().args(&args).start());
     let mut ca = a.client().await;
 
     // A debt settled on A empties the bucket for B too.
@@ -165,7 +165,7 @@ async fn the_client_crate_settles_from_a_guard_and_from_an_http_response() {
     use tower::ServiceExt;
 
     let dir = TempDir::new();
-    let fg = Floodgate::start(&["--config", path_str(&dir.write("rules.yaml", RULES))]);
+    let fg = floodgate().args(["--config", path_str(&dir.write("rules.yaml", RULES))]).start();
     let client = Client::builder().endpoint(fg.url()).watch(false).build().unwrap();
 
     // A guard: estimated at 500, the call says it used 120.
@@ -221,7 +221,7 @@ resources:
 #[tokio::test]
 async fn a_sliding_log_gives_back_only_the_settled_callers_entries() {
     let dir = TempDir::new();
-    let fg = Floodgate::start(&["--config", path_str(&dir.write("rules.yaml", LOG))]);
+    let fg = floodgate().args(["--config", path_str(&dir.write("rules.yaml", LOG))]).start();
     let mut c = fg.client().await;
     let call =
         |cost: u32, settle: bool| pb::AcquireRequest { resource: "log".into(), cost, settle, ..Default::default() };
@@ -282,7 +282,7 @@ fn settled_at(resource: &str, permit: &str, actual: u64) -> pb::ReportOutcomeReq
 async fn charge_and_settle_reach_strict_limits_in_redis() {
     let (_redis, _dir, args) = replicated(STRICT);
     let args = strs(&args);
-    let (a, b) = (Floodgate::start(&args), Floodgate::start(&args));
+    let (a, b) = (floodgate().args(&args).start(), floodgate().args(&args).start());
     wait_live(&a, 2);
     let (mut ca, mut cb) = (a.client().await, b.client().await);
 
@@ -326,7 +326,7 @@ async fn charge_and_settle_reach_strict_limits_in_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_strict_charge_into_a_debt_of_one_or_two_is_taken_once() {
     let (redis, _dir, args) = replicated(STRICT);
-    let fg = Floodgate::start(&strs(&args));
+    let fg = floodgate().args(strs(&args)).start();
     // Redis answers before the charges (while it is away they are owed).
     wait_redis_up(&fg);
     let mut c = fg.client().await;
@@ -352,7 +352,7 @@ async fn a_strict_charge_into_a_debt_of_one_or_two_is_taken_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_strict_charge_while_redis_is_away_is_owed_and_paid() {
     let (mut redis, _dir, args) = replicated(STRICT);
-    let fg = Floodgate::start(&strs(&args));
+    let fg = floodgate().args(strs(&args)).start();
     wait_live(&fg, 1);
     let mut c = fg.client().await;
     let charge = |user: &str, cost: u64| pb::ChargeRequest {
@@ -404,7 +404,7 @@ async fn a_strict_charge_while_redis_is_away_is_owed_and_paid() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_huge_charge_on_a_strict_sliding_log_is_taken_once_and_bounded() {
     let (redis, _dir, args) = replicated(STRICT);
-    let fg = Floodgate::start(&strs(&args));
+    let fg = floodgate().args(strs(&args)).start();
     wait_live(&fg, 1);
     let mut c = fg.client().await;
     let charge = pb::ChargeRequest {
@@ -430,7 +430,7 @@ async fn a_huge_charge_on_a_strict_sliding_log_is_taken_once_and_bounded() {
 async fn a_replicated_debt_is_waited_out_on_every_replica() {
     let (_redis, _dir, args) = replicated(STRICT);
     let args = strs(&args);
-    let (a, b) = (Floodgate::start(&args), Floodgate::start(&args));
+    let (a, b) = (floodgate().args(&args).start(), floodgate().args(&args).start());
     wait_live(&a, 2);
     let (mut ca, mut cb) = (a.client().await, b.client().await);
     // B knows the bucket before the charge.
@@ -472,7 +472,7 @@ async fn the_http_layer_estimates_a_metered_route_beside_its_convenience_setting
     use tower::ServiceExt;
 
     let dir = TempDir::new();
-    let fg = Floodgate::start(&["--config", path_str(&dir.write("rules.yaml", RULES))]);
+    let fg = floodgate().args(["--config", path_str(&dir.write("rules.yaml", RULES))]).start();
     let client = Client::builder().endpoint(fg.url()).watch(false).build().unwrap();
     let app = Router::new().route("/v1/complete", post(|| async { ([("x-tokens-used", "250")], "ok") })).layer(
         FloodgateLayer::new(client.clone())

@@ -43,7 +43,7 @@ systems:
 fn start() -> (Floodgate, TempDir) {
     let dir = TempDir::new();
     let file = dir.write("rules.yaml", RULES);
-    (Floodgate::start(&["--config", path_str(&file)]), dir)
+    (floodgate().args(["--config", path_str(&file)]).start(), dir)
 }
 
 fn load(system: &str, instance: &str, cpu: f64) -> pb::ReportLoadRequest {
@@ -409,7 +409,7 @@ async fn the_client_crate_reports_its_process_load_as_a_share_of_its_cores() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_share_load_reports_and_operators_levels_and_keep_them_when_redis_comes_back_empty() {
     let (mut redis, _dir, args) = replicated(RULES);
-    let (a, b) = (Floodgate::start(&strs(&args)), Floodgate::start(&strs(&args)));
+    let (a, b) = (floodgate().args(strs(&args)).start(), floodgate().args(strs(&args)).start());
     wait_live(&a, 2);
     // Every instance reports to replica A only.
     let mut to_a = a.client().await;
@@ -445,7 +445,7 @@ async fn two_replicas_share_load_reports_and_operators_levels_and_keep_them_when
         (level(&a, "search").await == 3).then_some(())
     })
     .await;
-    let c = Floodgate::start(&strs(&args));
+    let c = floodgate().args(strs(&args)).start();
     eventually("a new replica to take it", Duration::from_secs(5), || async {
         (level(&c, "search").await == 3).then_some(())
     })
@@ -458,7 +458,7 @@ async fn two_replicas_share_load_reports_and_operators_levels_and_keep_them_when
     for fg in [&a, &b, &c] {
         assert_eq!(level(fg, "search").await, 3, "the override outlived an empty Redis");
     }
-    let d = Floodgate::start(&strs(&args));
+    let d = floodgate().args(strs(&args)).start();
     eventually("a replica started after it to take it", Duration::from_secs(5), || async {
         (level(&d, "search").await == 3).then_some(())
     })
@@ -516,7 +516,7 @@ async fn a_system_a_replica_learns_later_takes_the_level_stored_for_it() {
     let b_rules = dir.write("b.yaml", &old);
     let mut b_args = args.clone();
     b_args[1] = path_str(&b_rules).to_string();
-    let (a, b) = (Floodgate::start(&strs(&args)), Floodgate::start(&strs(&b_args)));
+    let (a, b) = (floodgate().args(strs(&args)).start(), floodgate().args(strs(&b_args)).start());
     wait_live(&a, 2);
     let set = pb::SetDegradationLevelRequest { system: "search".into(), level: 3, ..Default::default() };
     a.admin().await.set_degradation_level(set).await.unwrap();
@@ -584,7 +584,7 @@ async fn a_level_set_on_a_replica_cut_off_from_redis_loses_to_a_newer_one_set_el
     let mut cut_args = args.clone();
     let at = cut_args.iter().position(|a| a == "--redis").unwrap() + 1;
     cut_args[at] = format!("redis://127.0.0.1:{}", proxy.port);
-    let (a, b) = (Floodgate::start(&strs(&args)), Floodgate::start(&strs(&cut_args)));
+    let (a, b) = (floodgate().args(strs(&args)).start(), floodgate().args(strs(&cut_args)).start());
     wait_live(&a, 2);
     let set = |system: &str, level: u32| pb::SetDegradationLevelRequest {
         system: system.into(),

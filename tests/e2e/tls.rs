@@ -57,7 +57,7 @@ use rustls::pki_types::pem::PemObject;
 async fn tls_serves_both_ports_refuses_plaintext_and_reloads_a_renewed_certificate() {
     let pki = Pki::new("floodgate");
     let server = pki.server("server", "floodgate-1");
-    let fg = Floodgate::start(&["--tls-cert", path_str(&server.cert), "--tls-key", path_str(&server.key)]);
+    let fg = floodgate().args(["--tls-cert", path_str(&server.cert), "--tls-key", path_str(&server.key)]).start();
     let ca = pki.ca_pem();
 
     assert_eq!(health(tls_channel(&fg.grpc, &ca, None).await.unwrap()).await.unwrap(), 1, "SERVING over TLS");
@@ -88,14 +88,16 @@ async fn mtls_needs_a_client_certificate_from_the_ca() {
     let server = pki.server("server", "floodgate");
     let client = pki.client("client", "payments-service");
     let stranger = Pki::new("other").client("stranger", "mallory");
-    let fg = Floodgate::start(&[
-        "--tls-cert",
-        path_str(&server.cert),
-        "--tls-key",
-        path_str(&server.key),
-        "--tls-client-ca",
-        path_str(&pki.ca_path()),
-    ]);
+    let fg = floodgate()
+        .args([
+            "--tls-cert",
+            path_str(&server.cert),
+            "--tls-key",
+            path_str(&server.key),
+            "--tls-client-ca",
+            path_str(&pki.ca_path()),
+        ])
+        .start();
     let ca = pki.ca_pem();
     let with_cert = tls_channel(&fg.grpc, &ca, Some((&client.cert_pem, &client.key_pem))).await.unwrap();
     let mut data = pb::floodgate_client::FloodgateClient::new(with_cert);
@@ -115,14 +117,16 @@ async fn the_client_crate_and_the_cli_speak_tls() {
     let pki = Pki::new("floodgate");
     let server = pki.server("server", "floodgate");
     let client = pki.client("client", "cli");
-    let fg = Floodgate::start(&[
-        "--tls-cert",
-        path_str(&server.cert),
-        "--tls-key",
-        path_str(&server.key),
-        "--tls-client-ca",
-        path_str(&pki.ca_path()),
-    ]);
+    let fg = floodgate()
+        .args([
+            "--tls-cert",
+            path_str(&server.cert),
+            "--tls-key",
+            path_str(&server.key),
+            "--tls-client-ca",
+            path_str(&pki.ca_path()),
+        ])
+        .start();
     let tls = floodgate_client::Tls::new()
         .ca_pem(pki.ca_pem())
         .identity_pem(client.cert_pem.clone(), client.key_pem.clone())

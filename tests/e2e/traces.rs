@@ -73,7 +73,8 @@ async fn a_call_with_a_traceparent_is_a_span_of_the_callers_trace() {
 
     let dir = TempDir::new();
     let endpoint = format!("http://{addr}");
-    let fg = Floodgate::start(&["--config", path_str(&dir.write("rules.yaml", RULES)), "--otlp-endpoint", &endpoint]);
+    let fg =
+        floodgate().args(["--config", path_str(&dir.write("rules.yaml", RULES)), "--otlp-endpoint", &endpoint]).start();
     let mut c = fg.client().await;
 
     // Not traced: no traceparent, and the default ratio traces no new trace.

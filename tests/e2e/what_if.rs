@@ -40,7 +40,7 @@ fn seconds(s: i64) -> Option<prost_types::Duration> {
 #[tokio::test]
 async fn candidate_rules_are_observed_in_shadow_and_report_whom_they_would_deny() {
     let dir = TempDir::new();
-    let fg = Floodgate::start(&["--config", path_str(&dir.write("rules.yaml", LIVE))]);
+    let fg = floodgate().args(["--config", path_str(&dir.write("rules.yaml", LIVE))]).start();
     let (mut admin, mut data) = (fg.admin().await, fg.client().await);
     let version = admin.get_rules(pb::GetRulesRequest {}).await.unwrap().into_inner().version;
 

@@ -1,8 +1,6 @@
 //! Real `redis-server` processes on free loopback ports, started and stopped
 //! by PID: one standalone server, or a three-master cluster.
 
-#![allow(dead_code)]
-
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

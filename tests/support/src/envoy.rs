@@ -3,8 +3,6 @@
 //! `envoy.filters.http.ratelimit`; started on free loopback ports and stopped
 //! by PID.
 
-#![allow(dead_code)]
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;

@@ -20,7 +20,7 @@ impl Browser {
     /// Runs `node tests/browser/SCRIPT ARGS...`.
     pub fn start(script: &str, args: &[&str]) -> Browser {
         let mut child = Command::new("node")
-            .arg(format!("{}/../../tests/browser/{script}", env!("CARGO_MANIFEST_DIR")))
+            .arg(crate::repo_path("tests/browser").join(script))
             .args(args)
             .env("NODE_PATH", test_cache().join("npm/node_modules"))
             .stdin(Stdio::piped())

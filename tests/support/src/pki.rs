@@ -1,8 +1,6 @@
 //! Test certificates made on the spot (rcgen): a CA, server certificates for
 //! localhost and 127.0.0.1, and client certificates by common name.
 
-#![allow(dead_code)]
-
 use std::path::PathBuf;
 
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};

@@ -1,23 +1,43 @@
-//! Shared by the end-to-end tests: start the real `floodgate` binary on free
-//! loopback ports, talk to it, stop it by PID.
-
-#![allow(dead_code)]
+//! Shared by Floodgate's end-to-end tests (tests/e2e): start the real
+//! `floodgate` binary on free loopback ports ([`Floodgate::builder`]), talk
+//! to it over HTTP ([`http`]) and read its metrics ([`metrics`]), run real
+//! Redis, Envoy, Prometheus and a browser beside it, stop them all by PID.
+//!
+//! The binary's path: only an integration test of the `floodgate` package
+//! is compiled with `CARGO_BIN_EXE_floodgate`, so the test crate passes it
+//! in ([`Floodgate::builder`]`(env!("CARGO_BIN_EXE_floodgate"))`, [`bench`]);
+//! tests/e2e/main.rs binds it once for all its modules. Nothing here reads it
+//! from the environment.
 
 pub mod browser;
 pub mod envoy;
+mod floodgate;
 pub mod pki;
 pub mod prometheus;
 pub mod redis;
 pub mod xds;
 
-use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use floodgate_proto::v1 as pb;
-use tonic::transport::Channel;
+
+pub use floodgate::{Floodgate, FloodgateBuilder, bench, http_get};
+
+/// The repository's root (where deploy/, fuzz/, bench/ and README.md are),
+/// for the files the tests read.
+pub fn repo_root() -> PathBuf {
+    // This crate is tests/support in the repository.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    root.canonicalize().unwrap_or_else(|e| panic!("the repository's root {}: {e}", root.display()))
+}
+
+/// `path` (relative to the repository's root) as an absolute path.
+pub fn repo_path(path: &str) -> PathBuf {
+    repo_root().join(path)
+}
 
 /// Where `scripts/test` keeps the third-party programs the tests run for real
 /// (Envoy, a Python virtualenv, npm packages): `FLOODGATE_TEST_CACHE`, else
@@ -57,7 +77,7 @@ pub fn replicated(rules: &str) -> (redis::RedisServer, TempDir, Vec<String>) {
     (redis, dir, args.map(String::from).to_vec())
 }
 
-/// `args` as `Floodgate::start` takes them.
+/// `args` as `&str`s.
 pub fn strs(args: &[String]) -> Vec<&str> {
     args.iter().map(String::as_str).collect()
 }
@@ -106,116 +126,6 @@ pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     ONE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The binary under test, built by cargo for this test run.
-pub const BIN: &str = env!("CARGO_BIN_EXE_floodgate");
-
-/// A running `floodgate serve`, stopped (SIGTERM, then SIGKILL) when dropped.
-pub struct Floodgate {
-    child: Child,
-    pub grpc: String,
-    pub http: String,
-    logs: Arc<Mutex<String>>,
-    log_reader: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Floodgate {
-    /// Starts `floodgate serve` with `args` on port 0 and waits until it listens.
-    pub fn start(args: &[&str]) -> Floodgate {
-        Self::start_on("127.0.0.1:0", args)
-    }
-
-    /// The same with gRPC on `listen` (to restart a server where it was).
-    pub fn start_on(listen: &str, args: &[&str]) -> Floodgate {
-        let mut child = Command::new(BIN)
-            .arg("serve")
-            .args(["--listen", listen, "--http-listen", "127.0.0.1:0"])
-            .args(args)
-            .env("FLOODGATE_LOG", "info")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("starting floodgate");
-        let logs = Arc::new(Mutex::new(String::new()));
-        let mut stderr = child.stderr.take().unwrap();
-        let sink = logs.clone();
-        let log_reader = std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = stderr.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        stdout.read_line(&mut line).expect("reading floodgate's stdout");
-        let field = |name: &str| {
-            line.split_whitespace()
-                .find_map(|w| w.strip_prefix(&format!("{name}=")))
-                .unwrap_or_else(|| panic!("no {name}= in {line:?}; logs:\n{}", logs.lock().unwrap()))
-                .to_string()
-        };
-        let (grpc, http) = (field("grpc"), field("http"));
-        std::thread::spawn(move || for _ in stdout.lines() {});
-        Floodgate { child, grpc, http, logs, log_reader: Some(log_reader) }
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    pub fn logs(&self) -> String {
-        self.logs.lock().unwrap().clone()
-    }
-
-    pub fn url(&self) -> String {
-        format!("http://{}", self.grpc)
-    }
-
-    pub async fn channel(&self) -> Channel {
-        Channel::from_shared(self.url()).unwrap().connect().await.expect("connecting to floodgate")
-    }
-
-    pub async fn client(&self) -> pb::floodgate_client::FloodgateClient<Channel> {
-        pb::floodgate_client::FloodgateClient::new(self.channel().await)
-    }
-
-    pub async fn admin(&self) -> pb::admin_client::AdminClient<Channel> {
-        pb::admin_client::AdminClient::new(self.channel().await)
-    }
-
-    /// GETs a path on the HTTP port: (status, body).
-    pub fn http_get(&self, path: &str) -> (u16, String) {
-        http_get(&self.http, path)
-    }
-
-    /// Sends SIGTERM and waits for the process to exit; its exit status.
-    pub fn terminate(&mut self) -> std::process::ExitStatus {
-        signal(self.child.id(), "TERM");
-        let status = wait_exit(&mut self.child, Duration::from_secs(30)).expect("floodgate did not stop on SIGTERM");
-        // Every line it logged has been read once its stderr is closed.
-        if let Some(reader) = self.log_reader.take() {
-            let _ = reader.join();
-        }
-        status
-    }
-
-    /// Whether the process is still running.
-    pub fn is_running(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_none()
-    }
-}
-
-impl Drop for Floodgate {
-    fn drop(&mut self) {
-        if self.is_running() {
-            signal(self.child.id(), "KILL");
-            let _ = self.child.wait();
-        }
-    }
-}
-
 /// Sends signal `name` to `pid`; after `STOP`, returns once the process is
 /// stopped (the kernel stops it asynchronously), after `CONT` once it runs.
 pub fn signal(pid: u32, name: &str) {
@@ -237,46 +147,6 @@ pub fn signal(pid: u32, name: &str) {
         assert!(Instant::now() < deadline, "pid {pid} did not take SIG{name}: state {state:?}");
         std::thread::sleep(Duration::from_millis(5));
     }
-}
-
-fn wait_exit(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if let Some(status) = child.try_wait().unwrap() {
-            return Some(status);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    None
-}
-
-/// A minimal HTTP/1.1 GET, enough for /healthz, /readyz and /metrics: reads
-/// the headers, then exactly Content-Length bytes of body.
-pub fn http_get(addr: &str, path: &str) -> (u16, String) {
-    use std::io::Write;
-    let mut s = std::net::TcpStream::connect(addr).expect("connecting to the HTTP port");
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut reader = BufReader::new(s);
-    let mut status_line = String::new();
-    reader.read_line(&mut status_line).unwrap();
-    let status = status_line.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let mut length = 0;
-    loop {
-        let mut line = String::new();
-        reader.read_line(&mut line).unwrap();
-        if line.trim().is_empty() {
-            break;
-        }
-        if let Some((name, value)) = line.split_once(':')
-            && name.eq_ignore_ascii_case("content-length")
-        {
-            length = value.trim().parse().unwrap();
-        }
-    }
-    let mut body = vec![0; length];
-    reader.read_exact(&mut body).unwrap();
-    (status, String::from_utf8(body).unwrap())
 }
 
 /// A value not used before: every test counts from zero, whatever ran
@@ -319,6 +189,12 @@ where
 
 /// A temporary directory holding files for one test.
 pub struct TempDir(pub tempfile::TempDir);
+
+impl Default for TempDir {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 impl TempDir {
     pub fn new() -> Self {
@@ -367,17 +243,6 @@ pub fn acquire(resource: &str, descriptors: &[(&str, &str)], cost: u32) -> pb::A
         cost,
         ..Default::default()
     }
-}
-
-/// Runs `floodgate bench` against `grpc` and returns its JSON report.
-pub fn bench(grpc: &str, args: &[&str]) -> serde_json::Value {
-    let out = Command::new(BIN)
-        .args(["bench", "--server", grpc, "--format", "json", "--quiet"])
-        .args(args)
-        .output()
-        .expect("running floodgate bench");
-    assert!(out.status.success(), "bench failed: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).expect("bench's JSON report")
 }
 
 /// A count from a bench report's verdicts (0 when absent).

@@ -1,0 +1,269 @@
+//! The one way the tests start the `floodgate` binary: [`Floodgate::builder`],
+//! then arguments, environment, a rules file, then [`FloodgateBuilder::start`],
+//! which waits until it listens. It is stopped by PID when dropped.
+
+use std::ffi::{OsStr, OsString};
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use floodgate_proto::v1 as pb;
+use tonic::transport::Channel;
+
+use crate::TempDir;
+
+/// What to start: see [`Floodgate::builder`].
+#[must_use = "nothing starts until .start()"]
+pub struct FloodgateBuilder {
+    bin: PathBuf,
+    listen: String,
+    http_listen: String,
+    args: Vec<OsString>,
+    env: Vec<(OsString, OsString)>,
+    rules: Option<String>,
+}
+
+impl FloodgateBuilder {
+    /// Adds one argument of `serve`.
+    pub fn arg(mut self, arg: impl AsRef<OsStr>) -> Self {
+        self.args.push(arg.as_ref().to_os_string());
+        self
+    }
+
+    /// Adds arguments of `serve` (`&["--config", path]`, a `Vec<String>`...).
+    pub fn args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        self.args.extend(args.into_iter().map(|a| a.as_ref().to_os_string()));
+        self
+    }
+
+    /// Sets an environment variable of the process (it also gets
+    /// `FLOODGATE_LOG=info` unless this sets it).
+    pub fn env(mut self, name: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> Self {
+        self.env.push((name.as_ref().to_os_string(), value.as_ref().to_os_string()));
+        self
+    }
+
+    /// Writes `yaml` as `rules.yaml` in a directory of the server's own
+    /// ([`Floodgate::dir`], kept while it lives) and passes `--config` to it.
+    pub fn rules(mut self, yaml: &str) -> Self {
+        self.rules = Some(yaml.to_string());
+        self
+    }
+
+    /// The gRPC port's address: `127.0.0.1:0` (a free port) unless given,
+    /// as when a test starts a server again where it was.
+    pub fn listen(mut self, addr: &str) -> Self {
+        self.listen = addr.to_string();
+        self
+    }
+
+    /// The HTTP port's address: `127.0.0.1:0` (a free port) unless given.
+    pub fn http_listen(mut self, addr: &str) -> Self {
+        self.http_listen = addr.to_string();
+        self
+    }
+
+    /// Starts `floodgate serve` and waits until it listens: it prints
+    /// `grpc=ADDR http=ADDR` on its first line of stdout once both ports
+    /// are bound. Panics, with its logs, if it exits first.
+    pub fn start(self) -> Floodgate {
+        let dir = self.rules.as_ref().map(|rules| {
+            let dir = TempDir::new();
+            dir.write("rules.yaml", rules);
+            dir
+        });
+        let mut cmd = Command::new(&self.bin);
+        cmd.arg("serve").args(["--listen", &self.listen, "--http-listen", &self.http_listen]);
+        if let Some(dir) = &dir {
+            cmd.arg("--config").arg(dir.path("rules.yaml"));
+        }
+        cmd.args(&self.args).env("FLOODGATE_LOG", "info");
+        for (name, value) in &self.env {
+            cmd.env(name, value);
+        }
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", self.bin.display()));
+        let logs = Arc::new(Mutex::new(String::new()));
+        let mut stderr = child.stderr.take().unwrap();
+        let sink = logs.clone();
+        let log_reader = std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stderr.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).expect("reading floodgate's stdout");
+        let field =
+            |name: &str| line.split_whitespace().find_map(|w| w.strip_prefix(&format!("{name}="))).map(str::to_string);
+        let (Some(grpc), Some(http)) = (field("grpc"), field("http")) else {
+            // It exited (or said something else): kill it if it still runs,
+            // and show what it logged.
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = log_reader.join();
+            panic!("floodgate never said it listens ({line:?}); logs:\n{}", logs.lock().unwrap());
+        };
+        std::thread::spawn(move || for _ in stdout.lines() {});
+        Floodgate { child, grpc, http, logs, log_reader: Some(log_reader), dir }
+    }
+}
+
+/// A running `floodgate serve`, stopped (SIGKILL by PID) when dropped.
+pub struct Floodgate {
+    child: Child,
+    /// The gRPC port's address (host:port).
+    pub grpc: String,
+    /// The HTTP port's address (host:port).
+    pub http: String,
+    logs: Arc<Mutex<String>>,
+    log_reader: Option<std::thread::JoinHandle<()>>,
+    dir: Option<TempDir>,
+}
+
+impl Floodgate {
+    /// A server of the binary at `bin` to start. Only a test of the
+    /// `floodgate` package knows where cargo built it
+    /// (`env!("CARGO_BIN_EXE_floodgate")`), so the test passes it in.
+    pub fn builder(bin: impl Into<PathBuf>) -> FloodgateBuilder {
+        FloodgateBuilder {
+            bin: bin.into(),
+            listen: "127.0.0.1:0".into(),
+            http_listen: "127.0.0.1:0".into(),
+            args: Vec::new(),
+            env: Vec::new(),
+            rules: None,
+        }
+    }
+
+    /// The directory holding the rules file given by
+    /// [`FloodgateBuilder::rules`]; panics if none was.
+    pub fn dir(&self) -> &TempDir {
+        self.dir.as_ref().expect("a Floodgate started without .rules() has no directory")
+    }
+
+    /// The rules file given by [`FloodgateBuilder::rules`] (rewrite it to reload).
+    pub fn rules_file(&self) -> PathBuf {
+        self.dir().path("rules.yaml")
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn logs(&self) -> String {
+        self.logs.lock().unwrap().clone()
+    }
+
+    /// The gRPC port's URL, `http://host:port`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.grpc)
+    }
+
+    pub async fn channel(&self) -> Channel {
+        Channel::from_shared(self.url()).unwrap().connect().await.expect("connecting to floodgate")
+    }
+
+    pub async fn client(&self) -> pb::floodgate_client::FloodgateClient<Channel> {
+        pb::floodgate_client::FloodgateClient::new(self.channel().await)
+    }
+
+    pub async fn admin(&self) -> pb::admin_client::AdminClient<Channel> {
+        pb::admin_client::AdminClient::new(self.channel().await)
+    }
+
+    /// GETs a path on the HTTP port: (status, body).
+    pub fn http_get(&self, path: &str) -> (u16, String) {
+        http_get(&self.http, path)
+    }
+
+    /// Sends SIGTERM and waits for the process to exit; its exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        crate::signal(self.child.id(), "TERM");
+        let status = wait_exit(&mut self.child, Duration::from_secs(30)).expect("floodgate did not stop on SIGTERM");
+        // Every line it logged has been read once its stderr is closed.
+        if let Some(reader) = self.log_reader.take() {
+            let _ = reader.join();
+        }
+        status
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+}
+
+impl Drop for Floodgate {
+    fn drop(&mut self) {
+        if self.is_running() {
+            crate::signal(self.child.id(), "KILL");
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn wait_exit(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+/// Runs `floodgate bench` (the binary at `bin`) against `grpc` and returns
+/// its JSON report.
+pub fn bench(bin: &Path, grpc: &str, args: &[&str]) -> serde_json::Value {
+    let out = Command::new(bin)
+        .args(["bench", "--server", grpc, "--format", "json", "--quiet"])
+        .args(args)
+        .output()
+        .expect("running floodgate bench");
+    assert!(out.status.success(), "bench failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("bench's JSON report")
+}
+
+/// A minimal HTTP/1.1 GET, enough for /healthz, /readyz and /metrics: reads
+/// the headers, then exactly Content-Length bytes of body.
+pub fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(addr).expect("connecting to the HTTP port");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut reader = BufReader::new(s);
+    let mut status_line = String::new();
+    reader.read_line(&mut status_line).unwrap();
+    let status = status_line.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        if line.trim().is_empty() {
+            break;
+        }
+        if let Some((name, value)) = line.split_once(':')
+            && name.eq_ignore_ascii_case("content-length")
+        {
+            length = value.trim().parse().unwrap();
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).unwrap();
+    (status, String::from_utf8(body).unwrap())
+}
