@@ -25,15 +25,6 @@ resources:
     breaker: { window: { kind: count, size: 10 }, minimum_calls: 5, wait_in_open: 30s }
 "#;
 
-fn start(extra: &[&str]) -> (TempDir, Floodgate) {
-    let dir = TempDir::new();
-    let rules = dir.write("rules.yaml", RULES);
-    let mut args = vec!["--config", path_str(&rules)];
-    args.extend_from_slice(extra);
-    let fg = floodgate().args(&args).start();
-    (dir, fg)
-}
-
 /// Sends raw bytes as the request of `path`; the status code.
 async fn raw_call(fg: &Floodgate, path: &'static str, body: Vec<u8>) -> Code {
     let mut grpc = tonic::client::Grpc::new(fg.channel().await);
@@ -65,7 +56,7 @@ fn traffic_p99(grpc: &str, seconds: u32) -> (f64, serde_json::Value) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rules_upload_cannot_freeze_the_server() {
-    let (_dir, fg) = start(&["--threads", "2"]);
+    let fg = floodgate().rules(RULES).args(["--threads", "2"]).start();
     // The same traffic alone first: on a machine busy with other work the
     // bound is relative to what it does there without the attack.
     let grpc = fg.grpc.clone();
@@ -127,7 +118,7 @@ async fn a_rules_upload_cannot_freeze_the_server() {
 
 #[tokio::test]
 async fn undecodable_messages_and_control_characters_are_invalid_arguments() {
-    let (_dir, fg) = start(&[]);
+    let fg = floodgate().rules(RULES).start();
     let acquire_path = "/floodgate.v1.Floodgate/Acquire";
     // Field 1 (resource), length 2, bytes that are not UTF-8.
     assert_eq!(raw_call(&fg, acquire_path, vec![0x0a, 0x02, 0xff, 0xfe]).await, Code::InvalidArgument);
@@ -145,7 +136,7 @@ async fn undecodable_messages_and_control_characters_are_invalid_arguments() {
 
 #[tokio::test]
 async fn permits_cannot_be_guessed_and_errors_do_not_name_their_owner() {
-    let (_dir, fg) = start(&[]);
+    let fg = floodgate().rules(RULES).start();
     let mut data = fg.client().await;
     let mut permits = Vec::new();
     for _ in 0..2 {
@@ -178,7 +169,7 @@ fn gauge(fg: &Floodgate, series: &str) -> f64 {
 
 #[tokio::test]
 async fn long_keys_are_bounded_by_their_bytes_not_only_their_number() {
-    let (_dir, fg) = start(&["--max-key-bytes", "64KiB"]);
+    let fg = floodgate().rules(RULES).args(["--max-key-bytes", "64KiB"]).start();
     let mut c = fg.client().await;
     // 2,000 users with 200-byte names: 400 KB of keys, six times the bound.
     let mut batch = Vec::new();
@@ -199,7 +190,7 @@ async fn long_keys_are_bounded_by_their_bytes_not_only_their_number() {
 
 #[tokio::test]
 async fn cancelled_watch_streams_end_at_once_and_their_number_is_capped() {
-    let (_dir, fg) = start(&["--max-watchers", "20"]);
+    let fg = floodgate().rules(RULES).args(["--max-watchers", "20"]).start();
     let channel = fg.channel().await;
     for _ in 0..300 {
         let mut c = pb::floodgate_client::FloodgateClient::new(channel.clone());
@@ -224,7 +215,7 @@ async fn cancelled_watch_streams_end_at_once_and_their_number_is_capped() {
 
 #[tokio::test]
 async fn breakers_of_a_glob_rule_are_capped_and_labelled_by_rule() {
-    let (_dir, fg) = start(&[]);
+    let fg = floodgate().rules(RULES).start();
     let mut data = fg.client().await;
     for i in 0..500 {
         data.acquire(acquire(&format!("svc.{i}"), &[], 1)).await.unwrap();
@@ -239,8 +230,10 @@ async fn breakers_of_a_glob_rule_are_capped_and_labelled_by_rule() {
 
 #[test]
 fn connections_are_capped_and_silent_ones_closed() {
-    let (_dir, fg) =
-        start(&["--max-connections", "20", "--handshake-timeout", "500ms", "--header-read-timeout", "500ms"]);
+    let fg = floodgate()
+        .rules(RULES)
+        .args(["--max-connections", "20", "--handshake-timeout", "500ms", "--header-read-timeout", "500ms"])
+        .start();
     // 30 connections that never send a byte: the cap holds 20 of them for the
     // handshake timeout at most; the rest are closed at once.
     let silent: Vec<TcpStream> = (0..30).map(|_| TcpStream::connect(&fg.grpc).unwrap()).collect();
@@ -307,8 +300,10 @@ async fn unfinished(fg: &Floodgate, streams: usize, part: &Bytes) -> (Vec<http::
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unfinished_requests_hold_no_more_than_their_budgets() {
-    let (_dir, fg) =
-        start(&["--max-unfinished-request-bytes", "20MiB", "--max-unfinished-request-bytes-per-connection", "9MiB"]);
+    let fg = floodgate()
+        .rules(RULES)
+        .args(["--max-unfinished-request-bytes", "20MiB", "--max-unfinished-request-bytes-per-connection", "9MiB"])
+        .start();
     let before = rss(fg.pid());
     // A message declared 1,000,000 bytes long, 600,000 of them sent.
     let mut part = vec![0u8];
@@ -357,7 +352,7 @@ async fn unfinished_requests_hold_no_more_than_their_budgets() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_in_flight_on_the_whole_port_are_capped() {
-    let (_dir, fg) = start(&["--max-streams", "50"]);
+    let fg = floodgate().rules(RULES).args(["--max-streams", "50"]).start();
     // 60 calls each holding its stream open (a message never finished).
     let mut part = vec![0u8];
     part.extend(100u32.to_be_bytes());
@@ -387,7 +382,7 @@ async fn calls_in_flight_on_the_whole_port_are_capped() {
 /// one of those in flight, not one more: every call was refused).
 #[tokio::test]
 async fn one_stream_in_flight_is_one_call_served() {
-    let (_dir, fg) = start(&["--max-streams", "1"]);
+    let fg = floodgate().rules(RULES).args(["--max-streams", "1"]).start();
     let mut data = fg.client().await;
     for _ in 0..3 {
         data.acquire(acquire("demo", &[("user", "u")], 1)).await.expect("served");
@@ -400,7 +395,7 @@ async fn one_stream_in_flight_is_one_call_served() {
 /// such callers cannot hold --max-streams for as long as they like.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_that_never_arrives_whole_frees_its_stream() {
-    let (_dir, fg) = start(&["--max-streams", "4", "--request-timeout", "1s"]);
+    let fg = floodgate().rules(RULES).args(["--max-streams", "4", "--request-timeout", "1s"]).start();
     let mut part = vec![0u8];
     part.extend(100u32.to_be_bytes());
     part.push(b'x');
@@ -426,7 +421,7 @@ async fn a_request_that_never_arrives_whole_frees_its_stream() {
 
 #[tokio::test]
 async fn the_grpc_port_advertises_max_concurrent_streams() {
-    let (_dir, fg) = start(&["--max-concurrent-streams", "77"]);
+    let fg = floodgate().rules(RULES).args(["--max-concurrent-streams", "77"]).start();
     let tcp = tokio::net::TcpStream::connect(&fg.grpc).await.unwrap();
     let (mut client, connection) = h2::client::handshake(tcp).await.unwrap();
     tokio::spawn(connection);

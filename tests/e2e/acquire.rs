@@ -19,12 +19,6 @@ resources:
       - { name: pace, algorithm: leaky_bucket, capacity: 10, leak_per_second: 10, mode: shape, max_wait: 250ms }
 "#;
 
-fn start() -> (Floodgate, TempDir) {
-    let dir = TempDir::new();
-    let file = dir.write("rules.yaml", RULES);
-    (floodgate().args(["--config", path_str(&file)]).start(), dir)
-}
-
 async fn remaining(fg: &Floodgate, user: &str) -> Vec<u64> {
     let mut admin = fg.admin().await;
     let peek = pb::PeekRequest {
@@ -37,7 +31,7 @@ async fn remaining(fg: &Floodgate, user: &str) -> Vec<u64> {
 
 #[tokio::test]
 async fn every_bad_input_is_invalid_argument_naming_field_and_value_and_changes_nothing() {
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let mut client = fg.client().await;
     client.acquire(acquire("orders", &[("user", "u1")], 1)).await.unwrap();
     let before = remaining(&fg, "u1").await;
@@ -93,7 +87,7 @@ async fn every_bad_input_is_invalid_argument_naming_field_and_value_and_changes_
 
 #[tokio::test]
 async fn a_batch_is_answered_in_order_and_each_item_decided_on_its_own() {
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let mut client = fg.client().await;
     let requests =
         (0..5).map(|_| acquire("orders", &[("user", "u2")], 1)).chain([acquire("unknown", &[], 1)]).collect();
@@ -110,7 +104,7 @@ async fn a_batch_is_answered_in_order_and_each_item_decided_on_its_own() {
 
 #[tokio::test]
 async fn dry_run_and_shaping_waits_come_back_over_the_wire() {
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let mut client = fg.client().await;
     let mut dry = acquire("orders", &[("user", "u3")], 2);
     dry.dry_run = true;
@@ -132,7 +126,7 @@ async fn dry_run_and_shaping_waits_come_back_over_the_wire() {
 
 #[tokio::test]
 async fn reflection_v1_and_v1alpha_and_health_are_served() {
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient as V1;
     use tonic_reflection::pb::v1::{
         ServerReflectionRequest, server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
@@ -167,7 +161,7 @@ async fn reflection_v1_and_v1alpha_and_health_are_served() {
 
 #[tokio::test]
 async fn the_acquire_command_prints_the_decision_and_exits_by_verdict() {
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let run =
         || Command::new(BIN).args(["acquire", "--server", &fg.grpc, "orders", "-d", "user=cli"]).output().unwrap();
     for left in [2, 1, 0] {
@@ -190,7 +184,7 @@ async fn the_acquire_command_prints_the_decision_and_exits_by_verdict() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_stops_the_server_cleanly() {
-    let (mut fg, _dir) = start();
+    let mut fg = floodgate().rules(RULES).start();
     let mut client = fg.client().await;
     client.acquire(acquire("orders", &[], 1)).await.unwrap();
     // The client's connection stays open: the server drains it and exits.

@@ -25,12 +25,6 @@ resources:
     shed_at_level: 2
 "#;
 
-fn start() -> (Floodgate, TempDir) {
-    let dir = TempDir::new();
-    let file = dir.write("rules.yaml", RULES);
-    (floodgate().args(["--config", path_str(&file)]).start(), dir)
-}
-
 fn transitions(events: &[pb::WatchEvent]) -> Vec<(pb::BreakerState, pb::BreakerState)> {
     events
         .iter()
@@ -44,7 +38,7 @@ fn transitions(events: &[pb::WatchEvent]) -> Vec<(pb::BreakerState, pb::BreakerS
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_open_the_breaker_probes_run_across_clients_and_close_it() {
     use pb::BreakerState::{Closed, HalfOpen, Open};
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let mut watch = fg.client().await.watch(pb::WatchRequest::default()).await.unwrap().into_inner();
     let first = watch.message().await.unwrap().unwrap();
     assert!(matches!(first.event, Some(Kind::Snapshot(_))), "{first:?}");
@@ -127,7 +121,7 @@ async fn failures_open_the_breaker_probes_run_across_clients_and_close_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrency_limits_hold_under_load_and_unreported_permits_expire() {
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let held = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
     let peak = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
     let mut tasks = Vec::new();
@@ -186,7 +180,7 @@ async fn concurrency_limits_hold_under_load_and_unreported_permits_expire() {
 
 #[tokio::test]
 async fn bad_reports_and_admin_calls_are_refused_with_the_field_named() {
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let mut c = fg.client().await;
     let err = c.report_outcome(report("db", "nope", pb::Outcome::Success)).await.unwrap_err();
     assert_eq!((err.code(), err.message()), (tonic::Code::InvalidArgument, "permit_id: 'nope' is not a permit id"));
@@ -232,7 +226,7 @@ async fn bad_reports_and_admin_calls_are_refused_with_the_field_named() {
 
 #[tokio::test]
 async fn shedding_follows_the_level_and_every_answer_carries_it() {
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let mut c = fg.client().await;
     let mut admin = fg.admin().await;
     let mut watch = c.watch(pb::WatchRequest { resources: vec!["payments".into()] }).await.unwrap().into_inner();
@@ -262,7 +256,7 @@ async fn shedding_follows_the_level_and_every_answer_carries_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watcher_that_does_not_read_never_slows_the_server() {
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     // Opened and not read while thousands of events are published. (What it
     // is sent when it falls behind, a fresh snapshot, is tested in-process in
     // grpc::watch, where falling behind can be forced deterministically.)
@@ -293,7 +287,7 @@ async fn a_watcher_that_does_not_read_never_slows_the_server() {
 
 #[test]
 fn bench_runs_acquire_then_report_pairs() {
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let out = std::process::Command::new(BIN)
         .args([
             "bench",

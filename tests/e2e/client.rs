@@ -30,12 +30,6 @@ systems:
   - { name: shop, resources: ["GET /shop/*"] }
 "#;
 
-fn start() -> (Floodgate, TempDir) {
-    let dir = TempDir::new();
-    let file = dir.write("rules.yaml", RULES);
-    (floodgate().args(["--config", path_str(&file)]).start(), dir)
-}
-
 fn client(fg: &Floodgate) -> Client {
     Client::builder().endpoint(fg.url()).request_timeout(Duration::from_millis(500)).build().unwrap()
 }
@@ -81,7 +75,7 @@ fn header<'a>(hs: &'a [(String, String)], name: &str) -> Option<&'a str> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_protected_axum_app_answers_429_with_the_rate_limit_fields() {
     use axum::{Router, routing::get as route};
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let app = Router::new().route("/api/orders/{id}", route(|| async { "an order" })).layer(
         FloodgateLayer::new(client(&fg)).routes(["/api/orders/:id"]).descriptor_header("x-user-id", "user").unwrap(),
     );
@@ -133,7 +127,7 @@ fn acquire_rpcs(fg: &Floodgate) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_circuit_stops_calls_to_the_downstream_and_costs_no_round_trip() {
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let client = client(&fg);
     let calls = Arc::new(AtomicU64::new(0));
     let downstream = || {
@@ -176,9 +170,7 @@ async fn an_open_circuit_stops_calls_to_the_downstream_and_costs_no_round_trip()
 async fn fail_open_and_fail_closed_within_the_deadline_and_recovery_when_the_server_returns() {
     let port = support::redis::free_port(false);
     let listen = format!("127.0.0.1:{port}");
-    let dir = TempDir::new();
-    let file = dir.write("rules.yaml", RULES);
-    let start = || floodgate().listen(&listen).args(["--config", path_str(&file)]).start();
+    let start = || floodgate().listen(&listen).rules(RULES).start();
     let mut fg = start();
     let deadline = Duration::from_millis(50);
     let build = |mode| Client::builder().endpoint(fg.url()).request_timeout(deadline).fail_mode(mode).build().unwrap();
@@ -216,7 +208,7 @@ async fn fail_open_and_fail_closed_within_the_deadline_and_recovery_when_the_ser
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reports_are_delivered_under_concurrent_load() {
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let client = client(&fg);
     let mut tasks = Vec::new();
     for t in 0..8u64 {
@@ -247,7 +239,7 @@ async fn reports_are_delivered_under_concurrent_load() {
 async fn the_grpc_layer_answers_resource_exhausted() {
     use floodgate_client::grpc::FloodgateGrpcLayer;
     use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let (_reporter, health) = tonic_health::server::health_reporter();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -278,7 +270,7 @@ async fn the_grpc_layer_answers_resource_exhausted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_layer_reads_each_request_priority_and_a_shedding_system_drops_the_least_important() {
     use axum::{Router, routing::get as route};
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let set = pb::SetDegradationLevelRequest { system: "shop".into(), level: 2, ..Default::default() };
     fg.admin().await.set_degradation_level(set).await.unwrap();
     let by_header = FloodgateLayer::new(client(&fg)).priority_header("x-priority").unwrap();

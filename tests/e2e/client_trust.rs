@@ -31,19 +31,13 @@ resources:
     limits: [ { name: all, algorithm: fixed_window, limit: 2, window: 1h } ]
 "#;
 
-fn start() -> (Floodgate, TempDir) {
-    let dir = TempDir::new();
-    let file = dir.write("rules.yaml", RULES);
-    (floodgate().args(["--config", path_str(&file)]).start(), dir)
-}
-
 fn client(fg: &Floodgate) -> Client {
     Client::builder().endpoint(fg.url()).request_timeout(Duration::from_secs(2)).build().unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_probe_does_not_cut_the_client_off() {
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let c =
         Client::builder().endpoint(fg.url()).request_timeout(Duration::from_millis(30)).watch(false).build().unwrap();
     let ask = Acquire::new("items").descriptor("user", "probe");
@@ -73,7 +67,7 @@ async fn a_cancelled_probe_does_not_cut_the_client_off() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sequential_worker_never_sees_its_own_permits_in_flight() {
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let c = client(&fg);
     let mut limited = 0;
     let started = Instant::now();
@@ -93,7 +87,7 @@ async fn a_sequential_worker_never_sees_its_own_permits_in_flight() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_open_the_breaker_after_minimum_calls_not_after_a_batch() {
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let c = client(&fg);
     let mut went_through = 0;
     for _ in 0..30 {
@@ -110,7 +104,7 @@ async fn failures_open_the_breaker_after_minimum_calls_not_after_a_batch() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_guarded_calls_free_their_slots_at_once_and_count_against_the_breaker() {
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let c = client(&fg);
     let slow = || async {
         tokio::time::sleep(Duration::from_secs(30)).await;
@@ -154,7 +148,7 @@ async fn cancelled_guarded_calls_free_their_slots_at_once_and_count_against_the_
 async fn the_grpc_layer_frees_a_cancelled_calls_slot() {
     use floodgate_client::grpc::FloodgateGrpcLayer;
     use tower::{Layer, ServiceExt};
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let c = client(&fg);
     let slow = tower::service_fn(|_req: http::Request<()>| async {
         tokio::time::sleep(Duration::from_secs(30)).await;
@@ -175,7 +169,7 @@ async fn the_grpc_layer_frees_a_cancelled_calls_slot() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn last_good_values_never_cross_users_and_fallbacks_say_why() {
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let c = client(&fg);
     let fallback = Fallback::<String, &str>::LastGood;
     let item = |user: &str| Acquire::new("items").descriptor("user", user);
@@ -206,7 +200,7 @@ async fn last_good_values_never_cross_users_and_fallbacks_say_why() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_local_fail_mode_holds_its_share_while_the_server_is_down() {
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let c = Client::builder()
         .endpoint(fg.url())
         .request_timeout(Duration::from_millis(30))
@@ -232,7 +226,7 @@ async fn the_local_fail_mode_holds_its_share_while_the_server_is_down() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resource_without_a_rule_costs_no_round_trip() {
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let c = client(&fg);
     eventually("the rules from Watch", Duration::from_secs(5), || async {
         let d = c.acquire(&Acquire::new("no-such-resource")).await.unwrap();
@@ -252,7 +246,7 @@ async fn the_http_layer_uses_axum_routes_a_describe_closure_and_a_custom_denial(
     use axum::{Router, routing::get};
     use floodgate_client::http::FloodgateLayer;
     use tower::ServiceExt;
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let failures = Arc::new(AtomicU64::new(0));
     let seen = failures.clone();
     let app = Router::new()
@@ -299,7 +293,7 @@ fn route_of(req: &http::request::Parts) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_asks_once_and_answers_in_order() {
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let c = client(&fg);
     let reqs: Vec<Acquire> = (0..5).map(|i| Acquire::new("items").descriptor("user", format!("b{}", i % 2))).collect();
     let before = c.stats().rpcs;

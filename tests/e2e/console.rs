@@ -52,18 +52,9 @@ fn tokens_file(with_grafana: bool) -> String {
     text
 }
 
-fn start_with(args: &[&str]) -> (Floodgate, TempDir) {
-    let dir = TempDir::new();
-    let rules = dir.write("rules.yaml", RULES);
-    let tokens = dir.write("tokens", &tokens_file(true));
-    let mut all = vec!["--config", path_str(&rules), "--admin-token-file", path_str(&tokens)];
-    all.extend_from_slice(args);
-    let fg = floodgate().args(&all).start();
-    (fg, dir)
-}
-
-fn start() -> (Floodgate, TempDir) {
-    start_with(&[])
+/// The console's server: its rules and its tokens file (`tokens`, in `fg.dir()`).
+fn server() -> FloodgateBuilder {
+    floodgate().rules(RULES).file("--admin-token-file", "tokens", &tokens_file(true))
 }
 
 /// One call to payments and its outcome; false when the breaker refused it.
@@ -95,7 +86,8 @@ async fn breaker_state(fg: &Floodgate) -> pb::BreakerState {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_shows_a_breaker_open_live_and_resets_it_only_with_an_admin_token() {
-    let (fg, dir) = start();
+    let fg = server().start();
+    let dir = fg.dir();
     let mut c = fg.client().await;
     assert!(report(&mut c, pb::Outcome::Success).await);
     for u in ["u1", "u1", "u2"] {
@@ -176,7 +168,7 @@ fn http(addr: &str, method: &str, path: &str, token: Option<&str>, body: &str) -
 
 #[tokio::test]
 async fn the_console_api_asks_for_the_admin_roles_and_the_page_keeps_to_itself() {
-    let (fg, _dir) = start();
+    let fg = server().start();
     let (status, head, page) = http(&fg.http, "GET", "/", None, "");
     assert_eq!(status, 200);
     assert!(page.contains("<title>Floodgate</title>"));
@@ -441,7 +433,7 @@ fn ends_within(mut s: std::net::TcpStream, limit: Duration) -> Option<Duration> 
 
 #[tokio::test]
 async fn event_streams_are_capped_per_caller_and_in_all_and_a_client_that_went_frees_its_place_at_once() {
-    let (fg, _dir) = start();
+    let fg = server().start();
     let a = &fg.http;
     // One caller holds at most 32.
     let mut open: Vec<_> = (0..32)
@@ -482,12 +474,12 @@ async fn event_streams_are_capped_per_caller_and_in_all_and_a_client_that_went_f
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_tokens_event_stream_ends_and_a_draining_server_ends_every_stream() {
-    let (mut fg, dir) = start_with(&["--shutdown-grace", "60s"]);
+    let mut fg = server().args(["--shutdown-grace", "60s"]).start();
     let (status, revoked) = open_events(&fg.http);
     assert_eq!(status, 200);
     let (status, kept) = open_events_as(&fg.http, &readers()[0]);
     assert_eq!(status, 200);
-    dir.replace("tokens", &tokens_file(false));
+    fg.dir().replace("tokens", &tokens_file(false));
     let took = ends_within(revoked, Duration::from_secs(20));
     assert!(took.is_some(), "grafana's stream outlived its token by 20 s");
     // The other reader's stream is still live (ticks keep coming).
@@ -526,7 +518,7 @@ async fn a_revoked_tokens_event_stream_ends_and_a_draining_server_ends_every_str
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_client_that_stops_reading_does_not_hold_the_drain() {
-    let (mut fg, _dir) = start_with(&["--shutdown-grace", "60s"]);
+    let mut fg = server().args(["--shutdown-grace", "60s"]).start();
     // `floodgate watch` printing into a pipe nobody reads: once the pipe is
     // full it stops reading its connection, whose buffers fill in turn.
     let mut stuck = std::process::Command::new(BIN)

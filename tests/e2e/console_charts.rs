@@ -41,17 +41,15 @@ systems:
   - { name: checkout-service.eu-west-1.production.internal.orders-reservatio, resources: [payments] }
 "#;
 
-fn start(rules: &str) -> (Floodgate, TempDir) {
-    let dir = TempDir::new();
-    let rules = dir.write("rules.yaml", rules);
-    let tokens = dir.write("tokens", &format!("{ADMIN} admin alice\n"));
-    let fg = floodgate().args(["--config", path_str(&rules), "--admin-token-file", path_str(&tokens)]).start();
-    (fg, dir)
+/// A server of `rules` whose one token is ADMIN's.
+fn server(rules: &str) -> FloodgateBuilder {
+    floodgate().rules(rules).file("--admin-token-file", "tokens", &format!("{ADMIN} admin alice\n"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_charts_move_with_traffic_mark_a_breaker_opening_and_fit_at_1280_and_800_px() {
-    let (fg, dir) = start(RULES);
+    let fg = server(RULES).start();
+    let dir = fg.dir();
     let mut c = fg.client().await;
     c.acquire(acquire("payments", &[], 1)).await.unwrap();
     // A long name with no space in it is in the breaker table and its chart:
@@ -123,7 +121,7 @@ async fn five_thousand_resources_and_a_thousand_breakers_render_in_under_two_sec
             "  - {{ name: r{i:04}, limits: [{{ name: l, algorithm: fixed_window, limit: 100, window: 1m }}]{breaker} }}\n"
         ));
     }
-    let (fg, _dir) = start(&rules);
+    let fg = server(&rules).start();
     // Every breaker used once, so that the console lists it.
     let c = fg.client().await;
     let calls = futures_util::stream::iter(0..1000).map(|i| {
@@ -163,7 +161,7 @@ fn get(fg: &Floodgate, path: &str, token: Option<&str>) -> (u16, serde_json::Val
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_series_api_needs_a_token_names_what_it_refuses_and_holds_the_last_fifteen_minutes() {
-    let (fg, _dir) = start(RULES);
+    let fg = server(RULES).start();
     let mut c = fg.client().await;
     for _ in 0..30 {
         c.acquire(acquire("burst", &[], 1)).await.unwrap();

@@ -32,11 +32,6 @@ resources:
     limits: [ { name: tokens, key: [user], algorithm: token_bucket, capacity: 100000, refill_per_second: 0.001 } ]
 "#;
 
-fn start() -> (Floodgate, TempDir) {
-    let dir = TempDir::new();
-    (floodgate().args(["--config", path_str(&dir.write("rules.yaml", RULES))]).start(), dir)
-}
-
 fn local(fg: &Floodgate, share: f64, leases: bool) -> Client {
     Client::builder()
         .endpoint(fg.url())
@@ -66,7 +61,7 @@ async fn hammer(c: Client, until: Instant) -> (u64, u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_with_the_local_fail_mode_keep_to_the_limits_once_the_server_is_gone() {
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let (a, b) = (local(&fg, 0.5, true), local(&fg, 0.5, true));
     // Both lease for a while: the leases carry the limit and what is left.
     let warm = Instant::now() + Duration::from_millis(1500);
@@ -93,7 +88,7 @@ async fn leases_with_the_local_fail_mode_keep_to_the_limits_once_the_server_is_g
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_concurrency_denial_erases_none_of_the_limits_learned() {
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let c = local(&fg, 1.0, false);
     let ask = Acquire::new("guarded").descriptor("user", "ann");
     let held = c.acquire(&ask).await.unwrap();
@@ -116,7 +111,7 @@ async fn a_concurrency_denial_erases_none_of_the_limits_learned() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_local_fail_mode_keeps_to_the_concurrency_limit() {
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let c = local(&fg, 1.0, false);
     let ask = Acquire::new("pool");
     let d = c.acquire(&ask).await.unwrap();
@@ -137,7 +132,7 @@ async fn the_local_fail_mode_keeps_to_the_concurrency_limit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_last_good_key_adds_to_the_question_and_never_serves_another_users_value() {
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let c = Client::builder().endpoint(fg.url()).watch(false).build().unwrap();
     let fallback = Fallback::<String, &str>::LastGood;
     let ask = |resource: &str, user: &str| Acquire::new(resource).descriptor("user", user);
@@ -162,7 +157,7 @@ async fn a_last_good_key_adds_to_the_question_and_never_serves_another_users_val
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_cut_short_by_a_timeout_gives_its_slot_back_at_once() {
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let c = Client::builder().endpoint(fg.url()).request_timeout(Duration::from_secs(2)).watch(false).build().unwrap();
     let ask = Acquire::new("pool");
     // 400 guarded calls, each under a timeout of 0 to 2 ms: many are cut
@@ -202,7 +197,7 @@ async fn held_at_once(c: &Client, ask: &Acquire, n: usize) -> Vec<floodgate_clie
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_estimate_cut_short_before_its_answer_goes_back_whole() {
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let c = Client::builder().endpoint(fg.url()).request_timeout(Duration::from_secs(2)).watch(false).build().unwrap();
     let ask = Acquire::new("metered").descriptor("user", "est").cost(100).settle();
     let (mut seed, mut kept) = (0x2545_f491_u64, 0u64);

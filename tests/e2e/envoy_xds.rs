@@ -75,12 +75,16 @@ async fn refused(fg: &Floodgate, domain: &str) -> tonic::Status {
     rls.should_rate_limit(request).await.expect_err("an error")
 }
 
-fn start(cp: &ControlPlane, extra: &[&str]) -> Floodgate {
-    let url = cp.url();
-    let mut args =
-        vec!["--envoy-xds", url.as_str(), "--envoy-xds-backoff-initial", "200ms", "--envoy-xds-backoff-max", "1s"];
-    args.extend_from_slice(extra);
-    floodgate().args(&args).start()
+/// A server taking its Envoy configuration from `cp`, retrying fast.
+fn server(cp: &ControlPlane) -> FloodgateBuilder {
+    floodgate().args([
+        "--envoy-xds",
+        &cp.url(),
+        "--envoy-xds-backoff-initial",
+        "200ms",
+        "--envoy-xds-backoff-max",
+        "1s",
+    ])
 }
 
 async fn envoy_version(fg: &Floodgate) -> Option<String> {
@@ -91,7 +95,7 @@ async fn envoy_version(fg: &Floodgate) -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pushed_config_decides_a_bad_one_is_nacked_and_a_lost_control_plane_is_found_again() {
     let cp = ControlPlane::start().await;
-    let fg = start(&cp, &[]);
+    let fg = server(&cp).start();
     // Nothing pushed yet: not ready, and a call is UNAVAILABLE (Envoy's
     // failure mode decides it), not OK as if there were no limit.
     let (code, body) = fg.http_get("/readyz");
@@ -172,7 +176,7 @@ async fn a_pushed_config_decides_a_bad_one_is_nacked_and_a_lost_control_plane_is
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_delta_protocol_adds_replaces_and_removes_resources_by_name() {
     let cp = ControlPlane::start().await;
-    let fg = start(&cp, &["--envoy-xds-delta", "--envoy-xds-node-id", "rls-7"]);
+    let fg = server(&cp).args(["--envoy-xds-delta", "--envoy-xds-node-id", "rls-7"]).start();
     cp.push("1", vec![("edge".into(), config("edge", "user", 1)), ("api".into(), config("api", "key", 2))]);
     cp.answer_where("ACK of the first update", |a| a.error.is_none()).await;
     assert_eq!(cp.hellos()[0].0, "rls-7");
@@ -282,7 +286,8 @@ async fn over_mtls_the_control_plane_and_the_server_check_each_other() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_control_plane_is_asked_again_and_ready_without_config_answers_meanwhile() {
     let cp = ControlPlane::start().await;
-    let fg = start(&cp, &["--envoy-xds-initial-fetch-timeout", "300ms", "--envoy-xds-ready-without-config"]);
+    let fg =
+        server(&cp).args(["--envoy-xds-initial-fetch-timeout", "300ms", "--envoy-xds-ready-without-config"]).start();
     // Ready at once, and calls answered (no limit yet) rather than refused.
     assert_eq!(fg.http_get("/readyz").0, 200);
     assert_eq!(overs(&fg, "edge", "user", &fresh("u"), 3).await, [false; 3]);
@@ -331,7 +336,7 @@ async fn a_silent_control_plane_is_asked_again_and_ready_without_config_answers_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_delta_updates_is_validated_once_and_a_bad_one_is_nacked_alone() {
     let cp = ControlPlane::start().await;
-    let fg = start(&cp, &["--envoy-xds-delta"]);
+    let fg = server(&cp).args(["--envoy-xds-delta"]).start();
     cp.push("base", vec![("edge".into(), config("edge", "user", 1))]);
     cp.answer_where("ACK of the base", |a| a.error.is_none()).await;
     let installs = || fg.logs().matches("Envoy configuration from xDS installed").count();

@@ -27,11 +27,6 @@ resources:
       - { name: all, algorithm: token_bucket, capacity: 200, refill_per_second: 100, lease: 500ms }
 "#;
 
-fn start() -> (Floodgate, TempDir) {
-    let dir = TempDir::new();
-    (floodgate().args(["--config", path_str(&dir.write("rules.yaml", RULES))]).start(), dir)
-}
-
 fn client(fg: &Floodgate, mode: FailMode) -> Client {
     Client::builder()
         .endpoint(fg.url())
@@ -49,7 +44,7 @@ fn leases_granted(fg: &Floodgate) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_are_decided_from_a_lease_exactly_within_the_limit_and_unmarked_limits_are_asked() {
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let c = client(&fg, FailMode::Closed);
     let hot = Acquire::new("hot").descriptor("user", "u1");
     let mut allowed = 0;
@@ -90,7 +85,7 @@ async fn calls_are_decided_from_a_lease_exactly_within_the_limit_and_unmarked_li
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_server_gone_a_lease_runs_out_and_the_fail_mode_decides() {
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let c = client(&fg, FailMode::Closed);
     let hot = Acquire::new("hot").descriptor("user", "u3");
     assert_eq!(c.acquire(&hot).await.unwrap().source, Source::Lease);
@@ -111,7 +106,7 @@ async fn with_the_server_gone_a_lease_runs_out_and_the_fail_mode_decides() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_holders_at_once_stay_within_what_the_bucket_holds() {
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let allowed = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let length = Duration::from_secs(2);

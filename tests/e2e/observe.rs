@@ -23,12 +23,6 @@ resources:
       - { name: per-tenant, key: [tenant], algorithm: fixed_window, limit: 1, window: 1h }
 "#;
 
-fn start() -> (Floodgate, TempDir) {
-    let dir = TempDir::new();
-    let file = dir.write("rules.yaml", RULES);
-    (floodgate().args(["--config", path_str(&file)]).start(), dir)
-}
-
 /// The value of the sample whose name and labels are exactly `series`.
 fn sample(page: &str, series: &str) -> Option<f64> {
     page.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
@@ -36,7 +30,7 @@ fn sample(page: &str, series: &str) -> Option<f64> {
 
 #[tokio::test]
 async fn metrics_count_decisions_by_resource_limit_and_verdict() {
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let mut client = fg.client().await;
     for _ in 0..3 {
         client.acquire(acquire("orders", &[("user", "u1")], 1)).await.unwrap();
@@ -70,8 +64,8 @@ async fn metrics_count_decisions_by_resource_limit_and_verdict() {
 
 #[tokio::test]
 async fn a_rejected_reload_is_counted_as_a_failure() {
-    let (fg, dir) = start();
-    dir.replace("rules.yaml", "resources: [ { name: '' } ]\n");
+    let fg = floodgate().rules(RULES).start();
+    fg.dir().replace("rules.yaml", "resources: [ { name: '' } ]\n");
     let series = r#"floodgate_rule_reloads_total{source="file",result="failure"}"#;
     eventually("a failed reload on /metrics", std::time::Duration::from_secs(10), || async {
         (sample(&fg.http_get("/metrics").1, series) == Some(1.0)).then_some(())
@@ -90,7 +84,7 @@ fn bench(fg: &Floodgate, args: &[&str]) -> serde_json::Value {
 
 #[tokio::test]
 async fn bench_reports_counts_verdicts_and_percentiles_as_json() {
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let r = bench(&fg, &["--rpc", "acquire", "-n", "400", "-c", "8", "--keys", "50"]);
     assert_eq!(r["count"], 400);
     assert_eq!(r["statusCodeDistribution"]["OK"], 400);
@@ -127,7 +121,7 @@ async fn bench_reports_counts_verdicts_and_percentiles_as_json() {
 
 #[test]
 fn bench_text_shows_the_latency_distribution() {
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let out =
         Command::new(BIN).args(["bench", "--server", &fg.grpc, "--rpc", "health", "-n", "100", "-q"]).output().unwrap();
     assert!(out.status.success());
@@ -166,7 +160,7 @@ async fn logs_are_json_when_asked_and_quiet_per_request_at_info() {
 
 #[tokio::test]
 async fn top_keys_name_who_is_denied_most_through_admin_and_the_cli() {
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let mut client = fg.client().await;
     // greedy asks 12 times (2 admitted, 10 denied); polite-0..4 once each.
     for _ in 0..12 {

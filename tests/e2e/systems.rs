@@ -40,12 +40,6 @@ systems:
     load: { max_instances: 50, instance_timeout: 1h }
 "#;
 
-fn start() -> (Floodgate, TempDir) {
-    let dir = TempDir::new();
-    let file = dir.write("rules.yaml", RULES);
-    (floodgate().args(["--config", path_str(&file)]).start(), dir)
-}
-
 fn load(system: &str, instance: &str, cpu: f64) -> pb::ReportLoadRequest {
     pb::ReportLoadRequest { system: system.into(), instance: instance.into(), cpu, memory: 0.2, ..Default::default() }
 }
@@ -133,7 +127,7 @@ async fn stays(fg: &Floodgate, system: &str, want: u32, span: Duration) {
 async fn cpu_moves_a_system_level_by_level_sheds_by_priority_and_leaves_other_systems_alone() {
     use pb::Priority::{Critical, CriticalPlus, Sheddable, SheddablePlus};
     use pb::Verdict::{Allowed, Shed};
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let mut watch = fg.client().await.watch(pb::WatchRequest::default()).await.unwrap().into_inner();
     watch.message().await.unwrap();
     let mut c = fg.client().await;
@@ -202,7 +196,7 @@ async fn cpu_moves_a_system_level_by_level_sheds_by_priority_and_leaves_other_sy
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_busy_instance_and_two_idle_ones_follow_the_aggregation_and_a_silent_one_leaves() {
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let mut c = fg.client().await;
     // The idle instances report first: the level rises at once, so a tick
     // that saw "hot" alone would rightly put `half` at level 3 (one of one).
@@ -248,7 +242,7 @@ async fn one_busy_instance_and_two_idle_ones_follow_the_aggregation_and_a_silent
 
 #[tokio::test]
 async fn a_manual_level_per_system_wins_until_cleared() {
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let mut admin = fg.admin().await;
     let mut c = fg.client().await;
     c.report_load(load("payments", "pod", 0.05)).await.unwrap();
@@ -294,7 +288,7 @@ async fn a_manual_level_per_system_wins_until_cleared() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_load_reports_are_refused_and_a_flood_of_instances_is_bounded() {
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let mut c = fg.client().await;
     let bad = [
         (load("payments", "p", 1.5), "cpu: 1.5 is not a utilization between 0 and 1"),
@@ -377,7 +371,7 @@ fn load_burner_child() {
 
 #[tokio::test]
 async fn the_client_crate_reports_its_process_load_as_a_share_of_its_cores() {
-    let (fg, _dir) = start();
+    let fg = floodgate().rules(RULES).start();
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "systems::load_burner_child", "--ignored", "--nocapture", "--test-threads", "1"])
         .env("FG_BURN_URL", fg.url())

@@ -22,7 +22,7 @@ pub struct FloodgateBuilder {
     http_listen: String,
     args: Vec<OsString>,
     env: Vec<(OsString, OsString)>,
-    rules: Option<String>,
+    files: Vec<(String, String, String)>,
 }
 
 impl FloodgateBuilder {
@@ -51,8 +51,15 @@ impl FloodgateBuilder {
 
     /// Writes `yaml` as `rules.yaml` in a directory of the server's own
     /// ([`Floodgate::dir`], kept while it lives) and passes `--config` to it.
-    pub fn rules(mut self, yaml: &str) -> Self {
-        self.rules = Some(yaml.to_string());
+    pub fn rules(self, yaml: &str) -> Self {
+        self.file("--config", "rules.yaml", yaml)
+    }
+
+    /// Writes `text` as `name` in the server's own directory
+    /// ([`Floodgate::dir`]) and passes `flag PATH` to it: an admin token
+    /// file, say, that the test may rewrite while the server runs.
+    pub fn file(mut self, flag: &str, name: &str, text: &str) -> Self {
+        self.files.push((flag.to_string(), name.to_string(), text.to_string()));
         self
     }
 
@@ -73,15 +80,12 @@ impl FloodgateBuilder {
     /// `grpc=ADDR http=ADDR` on its first line of stdout once both ports
     /// are bound. Panics, with its logs, if it exits first.
     pub fn start(self) -> Floodgate {
-        let dir = self.rules.as_ref().map(|rules| {
-            let dir = TempDir::new();
-            dir.write("rules.yaml", rules);
-            dir
-        });
+        let dir = (!self.files.is_empty()).then(TempDir::new);
         let mut cmd = Command::new(&self.bin);
         cmd.arg("serve").args(["--listen", &self.listen, "--http-listen", &self.http_listen]);
-        if let Some(dir) = &dir {
-            cmd.arg("--config").arg(dir.path("rules.yaml"));
+        for (flag, name, text) in &self.files {
+            let path = dir.as_ref().unwrap().write(name, text);
+            cmd.arg(flag).arg(path);
         }
         cmd.args(&self.args).env("FLOODGATE_LOG", "info");
         for (name, value) in &self.env {
@@ -145,14 +149,14 @@ impl Floodgate {
             http_listen: "127.0.0.1:0".into(),
             args: Vec::new(),
             env: Vec::new(),
-            rules: None,
+            files: Vec::new(),
         }
     }
 
-    /// The directory holding the rules file given by
-    /// [`FloodgateBuilder::rules`]; panics if none was.
+    /// The directory holding the files given by [`FloodgateBuilder::rules`]
+    /// and [`FloodgateBuilder::file`]; panics if none was.
     pub fn dir(&self) -> &TempDir {
-        self.dir.as_ref().expect("a Floodgate started without .rules() has no directory")
+        self.dir.as_ref().expect("a Floodgate started without .rules() or .file() has no directory")
     }
 
     /// The rules file given by [`FloodgateBuilder::rules`] (rewrite it to reload).
