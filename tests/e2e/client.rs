@@ -36,36 +36,8 @@ fn client(fg: &Floodgate) -> Client {
 
 /// A GET with headers: (status, headers, body).
 fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> (u16, Vec<(String, String)>, String) {
-    use std::io::{BufRead, BufReader, Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    let mut req = format!("GET {path} HTTP/1.1\r\nHost: test\r\n");
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    s.write_all(req.as_bytes()).unwrap();
-    let mut r = BufReader::new(s);
-    let mut line = String::new();
-    r.read_line(&mut line).unwrap();
-    let status = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let mut hs = Vec::new();
-    let mut length = 0;
-    loop {
-        line.clear();
-        r.read_line(&mut line).unwrap();
-        if line.trim().is_empty() {
-            break;
-        }
-        let (k, v) = line.split_once(':').unwrap();
-        let (k, v) = (k.trim().to_ascii_lowercase(), v.trim().to_string());
-        if k == "content-length" {
-            length = v.parse().unwrap();
-        }
-        hs.push((k, v));
-    }
-    let mut body = vec![0; length];
-    r.read_exact(&mut body).unwrap();
-    (status, hs, String::from_utf8(body).unwrap())
+    let answer = web::get(web::url(&addr.to_string(), path)).header("host", "test").headers(headers).send();
+    (answer.status, answer.headers.clone(), answer.text())
 }
 
 fn header<'a>(hs: &'a [(String, String)], name: &str) -> Option<&'a str> {

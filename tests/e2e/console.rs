@@ -7,7 +7,6 @@
 
 use crate::support;
 
-use std::io::Write;
 use std::time::Duration;
 
 use floodgate_proto::v1 as pb;
@@ -147,23 +146,15 @@ async fn the_console_shows_a_breaker_open_live_and_resets_it_only_with_an_admin_
     assert!(logs.contains("console action refused"), "the read token's attempt is in the audit log");
 }
 
-/// A raw HTTP/1.1 exchange: (status, headers, body).
+/// An HTTP/1.1 exchange with a JSON body: (status, head lower-cased, body).
 fn http(addr: &str, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, String, String) {
-    use std::io::Read;
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap();
-    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    (status, head.to_ascii_lowercase(), body.to_string())
+    let answer = web::Request::new(method, web::url(addr, path))
+        .bearer(token)
+        .header("content-type", "application/json")
+        .header("connection", "close")
+        .body(body)
+        .send();
+    (answer.status, answer.head().to_ascii_lowercase(), answer.text())
 }
 
 #[tokio::test]
@@ -300,16 +291,19 @@ async fn another_sites_page_in_a_real_browser_cannot_act_through_the_console_or_
     browser.finish();
 }
 
-/// A raw HTTP/1.1 request with the given head lines: (status, body).
+/// A request written as its head: the request line, then header lines as
+/// given (the same name twice, or no Host, included): (status, body).
 fn raw(addr: &str, head: &str, body: &str) -> (u16, String) {
-    use std::io::Read;
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(s, "{head}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap();
-    (head.split_whitespace().nth(1).unwrap().parse().unwrap(), body.to_string())
+    let mut lines = head.split("\r\n");
+    let mut request_line = lines.next().unwrap().split_whitespace();
+    let (method, path) = (request_line.next().unwrap(), request_line.next().unwrap());
+    let mut request = web::Request::new(method, web::url(addr, path)).without_host();
+    for line in lines {
+        let (name, value) = line.split_once(':').unwrap();
+        request = request.header(name.trim(), value.trim());
+    }
+    let answer = request.header("connection", "close").body(body).send();
+    (answer.status, answer.text())
 }
 
 #[tokio::test]
@@ -388,47 +382,20 @@ async fn actions_must_be_json_from_the_consoles_own_site_and_requests_must_name_
 }
 
 /// Opens the event stream with `token` and reads its reply's head; the
-/// stream stays open while the returned connection lives.
-fn open_events_as(addr: &str, token: &str) -> (u16, std::net::TcpStream) {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(s, "GET /api/v1/events HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\r\n").unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        use std::io::Read;
-        assert_eq!(
-            s.read(&mut byte).unwrap(),
-            1,
-            "the stream closed before its head: {:?}",
-            String::from_utf8_lossy(&head)
-        );
-        head.push(byte[0]);
-    }
-    let head = String::from_utf8_lossy(&head);
-    (head.split_whitespace().nth(1).unwrap().parse().unwrap(), s)
+/// stream stays open while the returned stream lives.
+fn open_events_as(addr: &str, token: &str) -> (u16, web::Stream) {
+    let stream = web::get(web::url(addr, "/api/v1/events")).bearer(Some(token)).timeout(Duration::from_secs(10)).open();
+    (stream.status, stream)
 }
 
-fn open_events(addr: &str) -> (u16, std::net::TcpStream) {
+fn open_events(addr: &str) -> (u16, web::Stream) {
     open_events_as(addr, READER)
 }
 
 /// Reads the stream until the server ends it; how long that took, or
 /// `None` if it was still open after `limit`.
-fn ends_within(mut s: std::net::TcpStream, limit: Duration) -> Option<Duration> {
-    use std::io::Read;
-    let start = std::time::Instant::now();
-    s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
-    let mut buf = [0u8; 4096];
-    while start.elapsed() < limit {
-        match s.read(&mut buf) {
-            Ok(0) => return Some(start.elapsed()),
-            Ok(_) => {}
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
-            Err(_) => return Some(start.elapsed()),
-        }
-    }
-    None
+fn ends_within(s: web::Stream, limit: Duration) -> Option<Duration> {
+    s.ends_within(limit)
 }
 
 #[tokio::test]
@@ -483,10 +450,8 @@ async fn a_revoked_tokens_event_stream_ends_and_a_draining_server_ends_every_str
     let took = ends_within(revoked, Duration::from_secs(20));
     assert!(took.is_some(), "grafana's stream outlived its token by 20 s");
     // The other reader's stream is still live (ticks keep coming).
-    let mut kept = kept;
-    kept.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let mut buf = [0u8; 256];
-    assert!(std::io::Read::read(&mut kept, &mut buf).unwrap() > 0, "the other stream still sends");
+    let tick = kept.next(Duration::from_secs(5)).unwrap();
+    assert!(tick.is_some_and(|bytes| !bytes.is_empty()), "the other stream still sends");
     // SIGTERM: the stream ends at once, and so does a gRPC Watch, and the
     // server stops well before its 60 s grace.
     let mut watch = fg.client().await.watch(pb::WatchRequest::default()).await.unwrap().into_inner();

@@ -7,7 +7,6 @@
 
 use crate::support;
 
-use std::io::Write;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -148,15 +147,8 @@ async fn five_thousand_resources_and_a_thousand_breakers_render_in_under_two_sec
 
 /// GETs `path` on the HTTP port with a token: (status, body).
 fn get(fg: &Floodgate, path: &str, token: Option<&str>) -> (u16, serde_json::Value) {
-    use std::io::Read;
-    let mut s = std::net::TcpStream::connect(&fg.http).unwrap();
-    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {}\r\n{auth}Connection: close\r\n\r\n", fg.http).unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let status = out.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let body = out.split_once("\r\n\r\n").unwrap().1;
-    (status, serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}")))
+    let answer = fg.request("GET", path).bearer(token).header("connection", "close").send();
+    (answer.status, answer.json())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

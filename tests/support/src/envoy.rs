@@ -3,13 +3,14 @@
 //! `envoy.filters.http.ratelimit`; started on free loopback ports and stopped
 //! by PID.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::redis::free_port;
+use super::web;
 
 /// The Envoy binary: `FLOODGATE_ENVOY`, else where `scripts/test` installs it.
 pub fn binary() -> PathBuf {
@@ -199,14 +200,12 @@ static_resources:
             if let Some(status) = self.child.try_wait().unwrap() {
                 panic!("envoy exited ({status}):\n{}", self.logs());
             }
-            if let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.admin)) {
-                let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-                let _ = write!(s, "GET /ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-                let mut out = String::new();
-                let _ = s.read_to_string(&mut out);
-                if out.starts_with("HTTP/1.1 200") {
-                    return;
-                }
+            let ready = web::get(web::url(&format!("127.0.0.1:{}", self.admin), "/ready"))
+                .header("connection", "close")
+                .timeout(Duration::from_secs(2))
+                .try_send();
+            if ready.is_ok_and(|r| r.status == 200) {
+                return;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -236,57 +235,17 @@ impl Drop for Envoy {
     }
 }
 
-/// An HTTP response: status and headers (names lower-cased).
-#[derive(Debug)]
-pub struct Response {
-    pub status: u16,
-    pub headers: Vec<(String, String)>,
-}
+/// An answer through Envoy: status and headers (names lower-cased).
+pub use crate::web::Response;
 
-impl Response {
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
-    }
-}
-
-/// One HTTP/1.1 GET on a new connection.
+/// One HTTP/1.1 GET through Envoy's listener on `port`, on a new
+/// connection: status and headers (and body).
 pub fn get(port: u16, path: &str, headers: &[(&str, &str)]) -> Response {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connecting to envoy");
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let mut req = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n");
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    s.write_all(req.as_bytes()).unwrap();
-    let mut reader = BufReader::new(s);
-    let mut line = String::new();
-    reader.read_line(&mut line).unwrap();
-    let status = line.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let mut headers = Vec::new();
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap() == 0 || line.trim().is_empty() {
-            break;
-        }
-        if let Some((n, v)) = line.split_once(':') {
-            headers.push((n.trim().to_ascii_lowercase(), v.trim().to_string()));
-        }
-    }
-    // The body's length when given: Envoy may keep a closing connection open
-    // for its delayed-close time after a local reply.
-    let length = headers.iter().find(|(n, _)| n == "content-length").and_then(|(_, v)| v.parse::<usize>().ok());
-    match length {
-        Some(n) => {
-            let mut body = vec![0; n];
-            let _ = reader.read_exact(&mut body);
-        }
-        None => {
-            let mut rest = Vec::new();
-            let _ = reader.read_to_end(&mut rest);
-        }
-    }
-    Response { status, headers }
+    web::get(web::url(&format!("127.0.0.1:{port}"), path))
+        .header("host", "test")
+        .header("connection", "close")
+        .headers(headers)
+        .send()
 }
 
 /// A tiny HTTP/1.1 upstream answering 200 "ok" to everything, keep-alive,

@@ -13,6 +13,7 @@ use floodgate_proto::v1 as pb;
 use tonic::transport::Channel;
 
 use crate::TempDir;
+use crate::web::{self, Request};
 
 /// What to start: see [`Floodgate::builder`].
 #[must_use = "nothing starts until .start()"]
@@ -189,9 +190,20 @@ impl Floodgate {
         pb::admin_client::AdminClient::new(self.channel().await)
     }
 
+    /// The URL of `path` on the HTTP port.
+    pub fn http_url(&self, path: &str) -> String {
+        web::url(&self.http, path)
+    }
+
+    /// A request of `method` to `path` on the HTTP port, to add to and send.
+    pub fn request(&self, method: &str, path: &str) -> Request {
+        Request::new(method, self.http_url(path))
+    }
+
     /// GETs a path on the HTTP port: (status, body).
     pub fn http_get(&self, path: &str) -> (u16, String) {
-        http_get(&self.http, path)
+        let answer = web::get(self.http_url(path)).send();
+        (answer.status, answer.text())
     }
 
     /// Sends SIGTERM and waits for the process to exit; its exit status.
@@ -241,33 +253,4 @@ pub fn bench(bin: &Path, grpc: &str, args: &[&str]) -> serde_json::Value {
         .expect("running floodgate bench");
     assert!(out.status.success(), "bench failed: {}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).expect("bench's JSON report")
-}
-
-/// A minimal HTTP/1.1 GET, enough for /healthz, /readyz and /metrics: reads
-/// the headers, then exactly Content-Length bytes of body.
-pub fn http_get(addr: &str, path: &str) -> (u16, String) {
-    use std::io::Write;
-    let mut s = std::net::TcpStream::connect(addr).expect("connecting to the HTTP port");
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut reader = BufReader::new(s);
-    let mut status_line = String::new();
-    reader.read_line(&mut status_line).unwrap();
-    let status = status_line.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let mut length = 0;
-    loop {
-        let mut line = String::new();
-        reader.read_line(&mut line).unwrap();
-        if line.trim().is_empty() {
-            break;
-        }
-        if let Some((name, value)) = line.split_once(':')
-            && name.eq_ignore_ascii_case("content-length")
-        {
-            length = value.trim().parse().unwrap();
-        }
-    }
-    let mut body = vec![0; length];
-    reader.read_exact(&mut body).unwrap();
-    (status, String::from_utf8(body).unwrap())
 }

@@ -1,6 +1,6 @@
 //! Shared by Floodgate's end-to-end tests (tests/e2e): start the real
 //! `floodgate` binary on free loopback ports ([`Floodgate::builder`]), talk
-//! to it over HTTP ([`http`]) and read its metrics ([`metrics`]), run real
+//! to it over HTTP ([`web`], the one HTTP client), run real
 //! Redis, Envoy, Prometheus and a browser beside it, stop them all by PID.
 //!
 //! The binary's path: only an integration test of the `floodgate` package
@@ -15,6 +15,7 @@ mod floodgate;
 pub mod pki;
 pub mod prometheus;
 pub mod redis;
+pub mod web;
 pub mod xds;
 
 use std::path::{Path, PathBuf};
@@ -24,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use floodgate_proto::v1 as pb;
 
-pub use floodgate::{Floodgate, FloodgateBuilder, bench, http_get};
+pub use floodgate::{Floodgate, FloodgateBuilder, bench};
 
 /// The repository's root (where deploy/, fuzz/, bench/ and README.md are),
 /// for the files the tests read.

@@ -1,12 +1,11 @@
 //! A real Prometheus (Debian's, installed by `scripts/test`) scraping a
 //! server every second, queried over its HTTP API; stopped when dropped.
 
-use std::io::{Read, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::TempDir;
+use super::{TempDir, web};
 
 /// A Prometheus process, killed when dropped.
 pub struct Prometheus {
@@ -50,15 +49,10 @@ impl Prometheus {
     }
 }
 
-/// GET over HTTP/1.0 (so no chunked encoding): the body.
+/// A GET of Prometheus' HTTP API: the body of a 200 answer.
 pub fn get(addr: &str, path_and_query: &str) -> Option<String> {
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(s, "GET {path_and_query} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    head.starts_with("HTTP/1.0 200").then(|| body.to_string())
+    let answer = web::get(web::url(addr, path_and_query)).timeout(Duration::from_secs(10)).try_send().ok()?;
+    (answer.status == 200).then(|| answer.text())
 }
 
 fn encode(q: &str) -> String {
