@@ -163,8 +163,9 @@ async fn permits_cannot_be_guessed_and_errors_do_not_name_their_owner() {
     );
 }
 
+/// The value of one series of /metrics (0 when absent).
 fn gauge(fg: &Floodgate, series: &str) -> f64 {
-    fg.http_get("/metrics").1.lines().find_map(|l| l.strip_prefix(series)?.trim().parse().ok()).unwrap_or(0.0)
+    fg.metrics().series(series).unwrap_or(0.0)
 }
 
 #[tokio::test]
@@ -181,11 +182,11 @@ async fn long_keys_are_bounded_by_their_bytes_not_only_their_number() {
             c.acquire_batch(pb::AcquireBatchRequest { requests: items }).await.unwrap();
         }
     }
-    let (bytes, keys) = (gauge(&fg, "floodgate_key_bytes "), gauge(&fg, "floodgate_keys "));
+    let (bytes, keys) = (gauge(&fg, "floodgate_key_bytes"), gauge(&fg, "floodgate_keys"));
     assert!(bytes > 0.0 && bytes <= 65536.0, "{bytes} bytes of keys held for a bound of 64 KiB");
     assert!(keys >= 200.0, "{keys} keys: the bound is on bytes, so about 300 of these fit");
-    assert!(gauge(&fg, "floodgate_evictions_total ") >= 1000.0, "the least recently used went");
-    assert_eq!(gauge(&fg, "floodgate_max_key_bytes "), 65536.0);
+    assert!(gauge(&fg, "floodgate_evictions_total") >= 1000.0, "the least recently used went");
+    assert_eq!(gauge(&fg, "floodgate_max_key_bytes"), 65536.0);
 }
 
 #[tokio::test]
@@ -199,7 +200,7 @@ async fn cancelled_watch_streams_end_at_once_and_their_number_is_capped() {
         drop(stream);
     }
     eventually("every cancelled Watch stream to end", Duration::from_secs(10), || async {
-        (gauge(&fg, "floodgate_watch_streams ") == 0.0).then_some(())
+        (gauge(&fg, "floodgate_watch_streams") == 0.0).then_some(())
     })
     .await;
     let mut open = Vec::new();
@@ -254,7 +255,7 @@ fn connections_are_capped_and_silent_ones_closed() {
     assert!(!String::from_utf8_lossy(&answer).contains("200 OK"), "the half request was answered");
     // The server still serves.
     assert_eq!(fg.http_get("/healthz").0, 200);
-    assert!(gauge(&fg, "floodgate_connections_rejected_total{port=\"grpc\"} ") >= 10.0);
+    assert!(gauge(&fg, "floodgate_connections_rejected_total{port=\"grpc\"}") >= 10.0);
 }
 
 /// The server's resident memory, from /proc.

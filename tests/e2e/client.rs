@@ -91,10 +91,8 @@ async fn a_protected_axum_app_answers_429_with_the_rate_limit_fields() {
 }
 
 fn acquire_rpcs(fg: &Floodgate) -> u64 {
-    let page = fg.http_get("/metrics").1;
-    page.lines()
-        .find_map(|l| l.strip_prefix(r#"floodgate_rpc_requests_total{method="Floodgate/Acquire",code="OK"} "#))
-        .map_or(0, |v| v.parse().unwrap())
+    let rpcs = fg.metrics().value("floodgate_rpc_requests_total", &[("method", "Floodgate/Acquire"), ("code", "OK")]);
+    rpcs.map_or(0, |n| n as u64)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -73,8 +73,7 @@ fn statuses(envoy: &Envoy, headers: &[(&str, &str)], n: usize) -> Vec<u16> {
 
 /// A counter of /metrics by its full series (`name{labels}`); 0 when absent.
 fn counter(metrics: &str, series: &str) -> f64 {
-    let line = metrics.lines().find(|l| l.rsplit_once(' ').is_some_and(|(s, _)| s == series));
-    line.and_then(|l| l.rsplit(' ').next()).map_or(0.0, |v| v.parse().unwrap())
+    Metrics::parse(metrics).series(series).unwrap_or(0.0)
 }
 
 #[test]

@@ -79,10 +79,7 @@ async fn on_one_redis(n: usize) -> (RedisServer, TempDir, Vec<Floodgate>, Vec<Cl
 async fn rewrite_rules(dir: &TempDir, replicas: &[Floodgate], from: &str, to: &str, syncs: u64) {
     let rules = RULES.replace(from, to);
     assert_ne!(rules, RULES, "{from:?} is in the rules");
-    let version = |r: &Floodgate| {
-        let metrics = r.http_get("/metrics").1;
-        metrics.lines().find(|l| l.starts_with("floodgate_rules_version ")).map(str::to_string)
-    };
+    let version = |r: &Floodgate| r.metrics().series("floodgate_rules_version");
     let before: Vec<_> = replicas.iter().map(version).collect();
     dir.replace("rules.yaml", &rules);
     for (r, before) in replicas.iter().zip(before) {

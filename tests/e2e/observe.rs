@@ -25,7 +25,7 @@ resources:
 
 /// The value of the sample whose name and labels are exactly `series`.
 fn sample(page: &str, series: &str) -> Option<f64> {
-    page.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+    Metrics::parse(page).series(series)
 }
 
 #[tokio::test]

@@ -333,12 +333,8 @@ fn redis_stopped_mid_load_fails_no_call_and_the_replicas_catch_up_when_it_return
     // No call into Redis waited past --redis-timeout (50 ms), by the servers' own clocks.
     for fg in [&a, &b] {
         let page = fg.http_get("/metrics").1;
-        let sum = |le: &str| -> f64 {
-            page.lines()
-                .filter(|l| l.starts_with("floodgate_redis_rtt_seconds_bucket") && l.contains(&format!("le=\"{le}\"")))
-                .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-                .sum()
-        };
+        let metrics = Metrics::parse(&page);
+        let sum = |le: &str| metrics.sum("floodgate_redis_rtt_seconds_bucket", &[("le", le)]);
         // 50 ms plus the scheduling slack of a loaded 2-core machine.
         assert_eq!(sum("0.25"), sum("+Inf"), "a Redis call outlasted the timeout:\n{page}");
         assert!(page.lines().any(|l| l.starts_with("floodgate_redis_errors_total")), "the outage was seen");

@@ -84,12 +84,8 @@ async fn a_changed_file_applies_and_an_invalid_one_keeps_the_old_rules() {
 
 /// Rule versions installed from the file so far, by the reload counter.
 fn file_reloads(fg: &Floodgate) -> u64 {
-    let metrics = fg.http_get("/metrics").1;
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("floodgate_rule_reloads_total{source=\"file\",result=\"success\"} "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
+    let reloads = fg.metrics().value("floodgate_rule_reloads_total", &[("source", "file"), ("result", "success")]);
+    reloads.map_or(0, |n| n as u64)
 }
 
 #[tokio::test]

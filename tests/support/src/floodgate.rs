@@ -13,6 +13,7 @@ use floodgate_proto::v1 as pb;
 use tonic::transport::Channel;
 
 use crate::TempDir;
+use crate::scrape::Metrics;
 use crate::web::{self, Request};
 
 /// What to start: see [`Floodgate::builder`].
@@ -204,6 +205,13 @@ impl Floodgate {
     pub fn http_get(&self, path: &str) -> (u16, String) {
         let answer = web::get(self.http_url(path)).send();
         (answer.status, answer.text())
+    }
+
+    /// /metrics, parsed.
+    pub fn metrics(&self) -> Metrics {
+        let (status, text) = self.http_get("/metrics");
+        assert_eq!(status, 200, "/metrics: {text}");
+        Metrics::parse(&text)
     }
 
     /// Sends SIGTERM and waits for the process to exit; its exit status.

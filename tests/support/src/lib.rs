@@ -1,6 +1,7 @@
 //! Shared by Floodgate's end-to-end tests (tests/e2e): start the real
 //! `floodgate` binary on free loopback ports ([`Floodgate::builder`]), talk
-//! to it over HTTP ([`web`], the one HTTP client), run real
+//! to it over HTTP ([`web`], the one HTTP client), read its metrics
+//! ([`scrape`], the one reader of Prometheus' text format), run real
 //! Redis, Envoy, Prometheus and a browser beside it, stop them all by PID.
 //!
 //! The binary's path: only an integration test of the `floodgate` package
@@ -15,6 +16,7 @@ mod floodgate;
 pub mod pki;
 pub mod prometheus;
 pub mod redis;
+pub mod scrape;
 pub mod web;
 pub mod xds;
 
@@ -26,6 +28,7 @@ use std::time::{Duration, Instant};
 use floodgate_proto::v1 as pb;
 
 pub use floodgate::{Floodgate, FloodgateBuilder, bench};
+pub use scrape::{Metrics, Sample};
 
 /// The repository's root (where deploy/, fuzz/, bench/ and README.md are),
 /// for the files the tests read.
@@ -88,8 +91,7 @@ pub fn strs(args: &[String]) -> Vec<&str> {
 /// the round that pays what was owed and turns strict decisions to Redis).
 pub fn wait_live(fg: &Floodgate, n: u32) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    let series = format!("floodgate_live_replicas {n}");
-    while !fg.http_get("/metrics").1.lines().any(|l| l == series) {
+    while fg.metrics().series("floodgate_live_replicas") != Some(f64::from(n)) {
         assert!(Instant::now() < deadline, "never saw {n} live replicas");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -109,9 +111,9 @@ pub fn wait_redis_up(fg: &Floodgate) {
 /// had when called.
 pub fn wait_syncs(fg: &Floodgate, n: u64) {
     let rounds = || {
-        let metrics = fg.http_get("/metrics").1;
-        let line = metrics.lines().find(|l| l.starts_with("floodgate_redis_sync_duration_seconds_count"));
-        line.and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok()).unwrap_or(0)
+        let metrics = fg.metrics();
+        let first = metrics.matching("floodgate_redis_sync_duration_seconds_count", &[]).next();
+        first.map_or(0, |s| s.value as u64)
     };
     let (start, deadline) = (rounds(), Instant::now() + Duration::from_secs(10));
     while rounds() < start + n {
