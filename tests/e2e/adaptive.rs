@@ -5,6 +5,10 @@
 //! dies and comes back empty. (scripts/overload-bench runs the full
 //! experiment on release builds.)
 
+// The tests that measure on the two cores hold `one_at_a_time()` across
+// their awaits: one such test at a time in the whole binary.
+#![allow(clippy::await_holding_lock)]
+
 use crate::support;
 
 use std::sync::Arc;
@@ -15,9 +19,6 @@ use floodgate_client::{Acquire, Client, FailMode, GuardError};
 use floodgate_proto::v1 as pb;
 use support::redis::RedisServer;
 use support::*;
-
-/// One test at a time: each measures latency on the two cores.
-static ONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The dependency: C at once, SERVICE each.
 const C: usize = 20;
@@ -114,7 +115,7 @@ fn client(fg: &Floodgate) -> Client {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_replica_finds_the_capacity_and_says_so() {
-    let _one = ONE.lock().await;
+    let _one = one_at_a_time();
     let dir = TempDir::new();
     let file = dir.write("rules.yaml", RULES);
     let fg = floodgate().args(["--config", path_str(&file)]).start();
@@ -147,7 +148,7 @@ async fn one_replica_finds_the_capacity_and_says_so() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_concurrency_refuses_what_is_not_there() {
-    let _one = ONE.lock().await;
+    let _one = one_at_a_time();
     let dir = TempDir::new();
     let file = dir.write("rules.yaml", RULES);
     let fg = floodgate().args(["--config", path_str(&file)]).start();
@@ -170,7 +171,7 @@ async fn get_concurrency_refuses_what_is_not_there() {
 /// calls let in across both stay near C.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_compute_one_limit_for_the_fleet_through_a_redis_that_dies() {
-    let _one = ONE.lock().await;
+    let _one = one_at_a_time();
     let mut redis = RedisServer::start();
     let dir = TempDir::new();
     let file = dir.write("rules.yaml", RULES);

@@ -2,6 +2,10 @@
 //! through the real binary, three replicas on one real `redis-server` (and a
 //! real 3-node Redis Cluster).
 
+// The tests that measure on the two cores hold `one_at_a_time()` across
+// their awaits: one such test at a time in the whole binary.
+#![allow(clippy::await_holding_lock)]
+
 use crate::support;
 
 use std::sync::Arc;
@@ -48,9 +52,6 @@ resources:
 "#;
 
 type Client = pb::floodgate_client::FloodgateClient<Channel>;
-
-/// One fleet at a time: each measures admissions on the two cores.
-static ONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// `n` replicas of `rules` on Redis (`redis` holds the `--redis...` arguments).
 fn fleet(n: usize, dir: &TempDir, redis: &[&str]) -> Vec<Floodgate> {
@@ -251,7 +252,7 @@ async fn idle_leases_move_to_the_replica_that_needs_them(clients: &[Client]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn strict_and_replicated_concurrency_hold_across_three_replicas() {
-    let _one = ONE.lock().await;
+    let _one = one_at_a_time();
     let (_redis, _dir, _replicas, clients) = on_one_redis(3).await;
     ten_in_flight_fleet_wide(&clients).await;
     idle_leases_move_to_the_replica_that_needs_them(&clients).await;
@@ -270,7 +271,7 @@ async fn strict_and_replicated_concurrency_hold_across_three_replicas() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn strict_and_replicated_concurrency_hold_on_a_redis_cluster() {
-    let _one = ONE.lock().await;
+    let _one = one_at_a_time();
     let cluster = RedisCluster::start();
     let dir = TempDir::new();
     let seeds = cluster.seeds();
@@ -281,7 +282,7 @@ async fn strict_and_replicated_concurrency_hold_on_a_redis_cluster() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_reported_to_any_replica_open_the_breaker_after_exactly_minimum_calls() {
-    let _one = ONE.lock().await;
+    let _one = one_at_a_time();
     let (_redis, _dir, replicas, clients) = on_one_redis(3).await;
     let fail_once = |i: usize| {
         let (mut from, mut to) = (clients[i % 3].clone(), clients[(i + 1) % 3].clone());
@@ -323,7 +324,7 @@ async fn failures_reported_to_any_replica_open_the_breaker_after_exactly_minimum
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_forged_to_name_another_replica_frees_nothing() {
-    let _one = ONE.lock().await;
+    let _one = one_at_a_time();
     let (_redis, _dir, replicas, clients) = on_one_redis(2).await;
     let (mut a, mut b) = (clients[0].clone(), clients[1].clone());
     let mut held = Vec::new();
@@ -372,7 +373,7 @@ async fn a_permit_forged_to_name_another_replica_frees_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_replica_s_slots_come_back_within_permit_ttl() {
-    let _one = ONE.lock().await;
+    let _one = one_at_a_time();
     let (_redis, _dir, mut replicas, clients) = on_one_redis(3).await;
     for resource in ["db-strict", "db-replicated"] {
         let mut got = 0;
@@ -412,7 +413,7 @@ async fn a_killed_replica_s_slots_come_back_within_permit_ttl() {
 /// stall, or started again empty after a kill), the strict set counts what
 /// the outage admitted.
 async fn outage_policies(kill: bool) {
-    let _one = ONE.lock().await;
+    let _one = one_at_a_time();
     let (mut redis, _dir, replicas, clients) = on_one_redis(3).await;
     if kill {
         redis.kill();
@@ -470,7 +471,7 @@ async fn a_killed_redis_admits_what_each_policy_says() {
 /// them put them back, so the fleet still counts them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slots_in_flight_survive_a_redis_that_comes_back_empty() {
-    let _one = ONE.lock().await;
+    let _one = one_at_a_time();
     let (mut redis, _dir, _replicas, clients) = on_one_redis(2).await;
     let (mut a, mut b) = (clients[0].clone(), clients[1].clone());
     for i in 0..10 {
@@ -495,7 +496,7 @@ async fn slots_in_flight_survive_a_redis_that_comes_back_empty() {
 /// skip Redis: 11-12 of 10 in flight.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn strict_stays_exact_under_long_holds() {
-    let _one = ONE.lock().await;
+    let _one = one_at_a_time();
     let (_redis, _dir, _replicas, clients) = on_one_redis(3).await;
     let load = Load {
         holders: 150,
@@ -516,7 +517,7 @@ async fn strict_stays_exact_under_long_holds() {
 /// the calls of the outage end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicated_is_exact_again_after_a_stall() {
-    let _one = ONE.lock().await;
+    let _one = one_at_a_time();
     let (redis, _dir, _replicas, clients) = on_one_redis(3).await;
     let load = Load {
         holders: 150,
@@ -543,7 +544,7 @@ async fn replicated_is_exact_again_after_a_stall() {
 /// were reported: 10 in flight under a limit of 3).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_limit_lowered_while_permits_are_held_counts_them() {
-    let _one = ONE.lock().await;
+    let _one = one_at_a_time();
     let (_redis, dir, replicas, clients) = on_one_redis(3).await;
     let mut held = Vec::new();
     for _ in 0..10 {
@@ -585,7 +586,7 @@ async fn a_limit_lowered_while_permits_are_held_counts_them() {
 /// the round (here, close the breaker everywhere).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probes_reported_to_other_replicas_decide_the_round() {
-    let _one = ONE.lock().await;
+    let _one = one_at_a_time();
     let (_redis, _dir, _replicas, clients) = on_one_redis(3).await;
     for i in 0..2 {
         let r = clients[i].clone().acquire(acquire("probe", &[], 1)).await.unwrap().into_inner();
@@ -627,7 +628,7 @@ async fn probes_reported_to_other_replicas_decide_the_round() {
 /// renewing what they held and the third admitted nothing for the whole run).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_starved_replica_gets_its_share_of_busy_replicated_slots() {
-    let _one = ONE.lock().await;
+    let _one = one_at_a_time();
     let (_redis, _dir, _replicas, clients) = on_one_redis(3).await;
     let busy = Load {
         holders: 100,
@@ -655,7 +656,7 @@ async fn a_starved_replica_gets_its_share_of_busy_replicated_slots() {
 /// fleet admitted 10 more: 16-20 of 10 in flight under load).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_limit_made_strict_while_permits_are_held_counts_them() {
-    let _one = ONE.lock().await;
+    let _one = one_at_a_time();
     let (_redis, dir, replicas, clients) = on_one_redis(3).await;
     let mut held = Vec::new();
     while held.len() < 10 {

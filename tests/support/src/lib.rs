@@ -122,8 +122,9 @@ pub fn wait_syncs(fg: &Floodgate, n: u64) {
     }
 }
 
-/// Tests of one file that measure admissions under load take this, so that
-/// they do not share the two cores with each other.
+/// Tests that measure admissions, latency or timing under load take this,
+/// so that they do not share the two cores with each other: one lock for
+/// the whole e2e binary, whichever module the test is in.
 pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     static ONE: Mutex<()> = Mutex::new(());
     ONE.lock().unwrap_or_else(|e| e.into_inner())
