@@ -477,23 +477,7 @@ fn flags_that_cannot_work_are_refused_before_anything_starts() {
         (&["--overrides-file", overrides, "--redis", "redis://127.0.0.1:1"], "--overrides-file"),
     ];
     for (args, flag) in cases {
-        let mut child = std::process::Command::new(BIN)
-            .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
-            .args(*args)
-            .env_remove("RUST_LOG")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while child.try_wait().unwrap().is_none() {
-            if Instant::now() > deadline {
-                child.kill().unwrap();
-                panic!("{args:?}: the server started instead of refusing");
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let out = child.wait_with_output().unwrap();
+        let out = floodgate().args(*args).env_remove("RUST_LOG").run_to_exit(Duration::from_secs(10));
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{args:?} was accepted");
         assert!(out.stdout.is_empty(), "{args:?}: the server said it listens");

@@ -285,11 +285,7 @@ fn check_config_validates_an_envoy_directory_naming_file_domain_and_path() {
     assert!(err.contains("twice.yaml: domain 'edge': is also defined in"), "{err}");
 
     // `serve` refuses to start on it, listing the same errors.
-    let out = Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--envoy-config"])
-        .arg(&bad)
-        .output()
-        .unwrap();
+    let out = floodgate().arg("--envoy-config").arg(&bad).run_to_exit(std::time::Duration::from_secs(30));
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("'fortnight' is not second"));
 }

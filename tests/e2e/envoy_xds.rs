@@ -222,12 +222,7 @@ async fn flags_that_cannot_work_are_refused_before_anything_starts() {
         (vec!["--envoy-limit-header", "x-l"], "--envoy-response-headers"),
         (vec!["--envoy-response-headers", "ratelimit", "--envoy-limit-header", "bad header"], "is not a header name"),
     ] {
-        let out = std::process::Command::new(BIN)
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
-            .args(&args)
-            .output()
-            .unwrap();
+        let out = floodgate().args(&args).run_to_exit(Duration::from_secs(30));
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{args:?} started");
         assert!(err.contains(want), "{args:?}: {err}");

@@ -206,11 +206,7 @@ fn check_config_lists_every_error_and_exits_non_zero() {
 fn serve_refuses_to_start_with_an_invalid_file() {
     let dir = TempDir::new();
     let bad = dir.write("bad.yaml", "resources: [ { name: '' } ]\n");
-    let out = Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--config"])
-        .arg(&bad)
-        .output()
-        .unwrap();
+    let out = floodgate().arg("--config").arg(&bad).run_to_exit(Duration::from_secs(30));
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("name: must not be empty"));
 }
@@ -218,22 +214,8 @@ fn serve_refuses_to_start_with_an_invalid_file() {
 /// Runs `floodgate serve` with `args`; it must exit within 10 s, refusing,
 /// and say `says`.
 fn refuses_to_start(args: &[&str], says: &str) {
-    let mut child = Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
-        .args(args)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while child.try_wait().unwrap().is_none() {
-        if std::time::Instant::now() > deadline {
-            child.kill().unwrap();
-            panic!("{args:?}: still running after 10 s (waiting on the file, or reading it without end)");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().unwrap();
+    // Still running after 10 s: waiting on the file, or reading it without end.
+    let out = floodgate().args(args).run_to_exit(Duration::from_secs(10));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
     assert!(stderr.contains(says), "{args:?}: {stderr}");

@@ -163,11 +163,7 @@ fn check_config_reads_a_sentinel_directory_and_names_what_is_wrong() {
     assert!(!out.status.success());
     assert!(err.contains("flow-rules.json: cannot read:") && err.contains("4194304"), "{err}");
     // The server refuses to start on them, naming the flag.
-    let out = std::process::Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--sentinel-rules"])
-        .arg(bad.0.path())
-        .output()
-        .unwrap();
+    let out = floodgate().arg("--sentinel-rules").arg(bad.0.path()).run_to_exit(Duration::from_secs(30));
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("--sentinel-rules"),

@@ -24,6 +24,7 @@ pub struct FloodgateBuilder {
     http_listen: String,
     args: Vec<OsString>,
     env: Vec<(OsString, OsString)>,
+    env_removed: Vec<OsString>,
     files: Vec<(String, String, String)>,
 }
 
@@ -48,6 +49,12 @@ impl FloodgateBuilder {
     /// `FLOODGATE_LOG=info` unless this sets it).
     pub fn env(mut self, name: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> Self {
         self.env.push((name.as_ref().to_os_string(), value.as_ref().to_os_string()));
+        self
+    }
+
+    /// Removes an environment variable from the process's environment.
+    pub fn env_remove(mut self, name: impl AsRef<OsStr>) -> Self {
+        self.env_removed.push(name.as_ref().to_os_string());
         self
     }
 
@@ -82,14 +89,8 @@ impl FloodgateBuilder {
     /// `grpc=ADDR http=ADDR` on its first line of stdout once both ports
     /// are bound. Panics, with its logs, if it exits first.
     pub fn start(self) -> Floodgate {
-        let dir = (!self.files.is_empty()).then(TempDir::new);
-        let mut cmd = Command::new(&self.bin);
-        cmd.arg("serve").args(["--listen", &self.listen, "--http-listen", &self.http_listen]);
-        for (flag, name, text) in &self.files {
-            let path = dir.as_ref().unwrap().write(name, text);
-            cmd.arg(flag).arg(path);
-        }
-        cmd.args(&self.args).env("FLOODGATE_LOG", "info");
+        let (mut cmd, dir) = self.command();
+        cmd.env("FLOODGATE_LOG", "info");
         for (name, value) in &self.env {
             cmd.env(name, value);
         }
@@ -128,6 +129,61 @@ impl FloodgateBuilder {
     }
 }
 
+impl FloodgateBuilder {
+    /// `floodgate serve` with its ports, files and arguments, the
+    /// environment's removals applied; and the directory of its files.
+    fn command(&self) -> (Command, Option<TempDir>) {
+        let dir = (!self.files.is_empty()).then(TempDir::new);
+        let mut cmd = Command::new(&self.bin);
+        cmd.arg("serve").args(["--listen", &self.listen, "--http-listen", &self.http_listen]);
+        for (flag, name, text) in &self.files {
+            let path = dir.as_ref().unwrap().write(name, text);
+            cmd.arg(flag).arg(path);
+        }
+        cmd.args(&self.args);
+        for name in &self.env_removed {
+            cmd.env_remove(name);
+        }
+        (cmd, dir)
+    }
+
+    /// Runs `floodgate serve` where it must refuse to start: waits at most
+    /// `limit` for it to exit and returns what it wrote and its status;
+    /// kills it and panics if it still runs then. Unlike
+    /// [`start`](FloodgateBuilder::start) it sets no `FLOODGATE_LOG`: the
+    /// process has the test's environment and what [`env`](FloodgateBuilder::env) adds.
+    pub fn run_to_exit(self, limit: Duration) -> std::process::Output {
+        let (mut cmd, _dir) = self.command();
+        for (name, value) in &self.env {
+            cmd.env(name, value);
+        }
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", self.bin.display()));
+        // Read both pipes while waiting, so a chatty process cannot block.
+        let mut stdout = child.stdout.take().unwrap();
+        let mut stderr = child.stderr.take().unwrap();
+        let out = std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = stdout.read_to_end(&mut buf);
+            buf
+        });
+        let err = std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = stderr.read_to_end(&mut buf);
+            buf
+        });
+        let Some(status) = wait_exit(&mut child, limit) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{:?}: still running after {limit:?}: it started instead of refusing", self.args);
+        };
+        std::process::Output { status, stdout: out.join().unwrap(), stderr: err.join().unwrap() }
+    }
+}
+
 /// A running `floodgate serve`, stopped (SIGKILL by PID) when dropped.
 pub struct Floodgate {
     child: Child,
@@ -151,6 +207,7 @@ impl Floodgate {
             http_listen: "127.0.0.1:0".into(),
             args: Vec::new(),
             env: Vec::new(),
+            env_removed: Vec::new(),
             files: Vec::new(),
         }
     }
