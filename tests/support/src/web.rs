@@ -333,3 +333,68 @@ impl Drop for Stream {
         self.task.abort();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server on a free loopback port answering every request, HTTP/1.1
+    /// or h2c, with its version, method, headers and body.
+    fn echo() -> String {
+        let listener = RUNTIME.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        RUNTIME.spawn(async move {
+            loop {
+                let (tcp, _) = listener.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(|req: http::Request<Incoming>| async move {
+                        let head = format!(
+                            "{:?} {} {:?}",
+                            req.version(),
+                            req.method(),
+                            req.headers().get_all("x-twice").iter().collect::<Vec<_>>()
+                        );
+                        let host = req.headers().get("host").map(|h| h.to_str().unwrap().to_string());
+                        let body = req.into_body().collect().await?.to_bytes();
+                        let text = format!("{head} host={host:?} body={}", String::from_utf8_lossy(&body));
+                        Ok::<_, hyper::Error>(
+                            http::Response::builder().header("x-echo", "1").body(Full::new(Bytes::from(text))).unwrap(),
+                        )
+                    });
+                    let io = hyper_util::rt::TokioIo::new(tcp);
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(io, service)
+                        .await;
+                });
+            }
+        });
+        addr
+    }
+
+    #[test]
+    fn http1_and_h2c_with_headers_bodies_and_no_host() {
+        let addr = echo();
+        let answer = post(url(&addr, "/x"), "hello").header("x-twice", "a").header("x-twice", "b").send();
+        assert_eq!(answer.status, 200);
+        assert_eq!(answer.header("X-Echo"), Some("1"));
+        let text = answer.text();
+        assert!(text.starts_with(r#"HTTP/1.1 POST ["a", "b"]"#), "{text}");
+        assert!(text.ends_with(&format!(r#"host=Some("{addr}") body=hello"#)), "{text}");
+        let text = get(url(&addr, "/")).without_host().send().text();
+        assert!(text.contains("host=None"), "{text}");
+        let text = get(url(&addr, "/")).h2c().send().text();
+        assert!(text.starts_with("HTTP/2.0 GET"), "{text}");
+        let text = RUNTIME.block_on(async { tokio::spawn(get(url(&addr, "/")).send_async()).await.unwrap().text() });
+        assert!(text.starts_with("HTTP/1.1 GET"), "{text}");
+    }
+
+    #[test]
+    fn a_stream_is_read_as_it_comes_and_a_dead_port_is_an_error() {
+        let addr = echo();
+        let stream = get(url(&addr, "/")).open();
+        assert_eq!(stream.status, 200);
+        assert!(stream.ends_within(Duration::from_secs(5)).is_some());
+        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        assert!(get(url(&free.to_string(), "/")).try_send().is_err());
+    }
+}
