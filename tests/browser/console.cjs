@@ -1,5 +1,5 @@
 // Drives Floodgate's console in a real Chromium (playwright-core), for
-// tests/e2e_console.rs: prints one word per step on stdout, and waits for a
+// tests/e2e/console.rs: prints one word per step on stdout, and waits for a
 // line on stdin where the Rust side checks the server in between.
 //
 //   node console.cjs URL READ_TOKEN ADMIN_TOKEN SCREENSHOT

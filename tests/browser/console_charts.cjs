@@ -1,5 +1,5 @@
 // Drives Floodgate's console charts in a real Chromium (playwright-core),
-// for tests/e2e_console.rs. One word (and a figure) per step on stdout;
+// for tests/e2e/console.rs. One word (and a figure) per step on stdout;
 // waits for a line on stdin where the Rust side acts in between.
 //
 //   node console_charts.cjs charts URL TOKEN SHOTS_DIR

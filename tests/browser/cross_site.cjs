@@ -1,5 +1,5 @@
 // Another site's page against Floodgate's console in a real Chromium
-// (playwright-core), for tests/e2e_console.rs. The server runs without a
+// (playwright-core), for tests/e2e/console.rs. The server runs without a
 // token file (loopback is the credential) and with `--http-host
 // floodgate.test`; Chromium resolves floodgate.test and evil.test to
 // 127.0.0.1, as a DNS rebinding attacker would make it.

@@ -1,0 +1,923 @@
+//! The fault checker: two real replicas and a real `redis-server` (and, for
+//! one schedule, a real three-master Redis Cluster) under seeded random
+//! schedules of faults while clients send traffic, and after each schedule
+//! the invariants the README states.
+//!
+//! A schedule is a list of faults, one after another with gaps between them,
+//! drawn from its seed: Redis stalled (SIGSTOP) or killed and back empty or
+//! with its data, a replica killed (SIGKILL) and started again on its port,
+//! the rules file rewritten (reloaded by both), overrides set and deleted,
+//! and bursts of calls the client gives up on after a few milliseconds
+//! (cancelled at whatever `.await` the server is in). Meanwhile each replica
+//! gets 20 calls a second on every limit below, some of them cancelled too.
+//!
+//! After each schedule, once Redis is back and leases have expired, what is
+//! left is drained and the totals checked:
+//!
+//! - `strict`, `on_redis_error: deny`: never more than the limit.
+//! - `strict`, `on_redis_error: local`: at most the limit plus, per outage,
+//!   what the replicas admit in one sync interval (the README's bound).
+//! - `replicated`: at most the limit plus R x rate x sync interval per fault.
+//! - nothing lost: what was admitted, drained or cancelled covers the limit,
+//!   less the same slack (a lease lost for good would show here).
+//! - concurrency slots (`replicated` and `strict`, fleet-wide): once
+//!   `permit_ttl` has passed, the replicas together grant exactly all the
+//!   slots again (none lost to a cancelled call, a dead client, a dead
+//!   replica or an empty Redis; none granted twice).
+//! - a breaker whose calls all fail admits at most what it needs to open
+//!   and then its probes, counted across the replicas.
+//! - settle and Charge (a `strict`, `deny` window taking estimates of 4
+//!   settled at 0-4, and charges of 1): what Redis counts is what the
+//!   clients know was taken, within what they cannot know, and at most the
+//!   limit but for charges.
+//! - every replica is ready at the end, and no log has a panic.
+//!
+//! On the cluster, Redis faults are stalls of one master at a time (the
+//! resources on the others go on), with the same replica faults.
+//!
+//! `FLOODGATE_CHAOS_SECONDS` (default 100) bounds the run;
+//! `FLOODGATE_CHAOS_SEED=N` replays one schedule (`FLOODGATE_CHAOS_FAULTS=0,2`
+//! keeps only those of its faults, to narrow a failure down); `FLOODGATE_CHAOS_BASE`
+//! picks the first seed (CI's is fixed, `scripts/chaos` draws one);
+//! `FLOODGATE_CHAOS_CLUSTER_SEED=N` replays a cluster schedule.
+
+// Each test runs on its own thread and runtime; the lock held across awaits
+// only makes them take turns.
+#![allow(clippy::await_holding_lock)]
+
+use crate::support;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use floodgate_proto::v1 as pb;
+use support::redis::{RedisCluster, RedisServer};
+use support::*;
+use tonic::transport::{Channel, Endpoint};
+
+/// Per window limit, per schedule.
+const LIMIT: u64 = 400;
+/// Concurrency slots of the fleet, and their permits' TTL.
+const SLOTS: usize = 4;
+const PERMIT_TTL: Duration = Duration::from_secs(2);
+/// Calls a second per replica and limit.
+const RATE: u64 = 20;
+const SYNC: Duration = Duration::from_millis(100);
+const REPLICAS: usize = 2;
+/// The `br-` breaker: calls it needs to open, and probes per half-open
+/// period (it waits 1 s open). Every call it admits fails.
+const BREAKER_MINIMUM: u64 = 4;
+const HALF_OPEN_CALLS: u64 = 2;
+/// Faults happen within this much of a schedule's start.
+const FAULT_SPAN: Duration = Duration::from_secs(12);
+
+fn rules(noise: u64) -> String {
+    format!(
+        r#"
+resources:
+  - name: "sd-*"
+    limits: [ {{ name: hourly, algorithm: fixed_window, limit: {LIMIT}, window: 1h, sync: strict, on_redis_error: deny }} ]
+  - name: "sl-*"
+    limits: [ {{ name: hourly, algorithm: fixed_window, limit: {LIMIT}, window: 1h, sync: strict, on_redis_error: local }} ]
+  - name: "rp-*"
+    limits: [ {{ name: hourly, algorithm: fixed_window, limit: {LIMIT}, window: 1h }} ]
+  - name: "st-*"
+    limits: [ {{ name: hourly, algorithm: fixed_window, limit: {LIMIT}, window: 1h, sync: strict, on_redis_error: deny }} ]
+  - name: "cc-*"
+    concurrency: {{ max_in_flight: {SLOTS}, permit_ttl: 2s }}
+  - name: "cs-*"
+    concurrency: {{ max_in_flight: {SLOTS}, permit_ttl: 2s, sync: strict }}
+  - name: "br-*"
+    breaker:
+      window: {{ kind: count, size: 10 }}
+      minimum_calls: {BREAKER_MINIMUM}
+      failure_rate_threshold: 0.5
+      wait_in_open: 1s
+      half_open_calls: {HALF_OPEN_CALLS}
+      max_wait_in_half_open: 2s
+  - name: ov
+    limits: [ {{ name: per-tenant, key: [tenant], algorithm: token_bucket, capacity: 1000, refill_per_second: 100 }} ]
+  # reload {noise}
+  - name: noise-{noise}
+    limits: [ {{ name: n, algorithm: fixed_window, limit: 5, window: 1m }} ]
+systems:
+  - {{ name: chaos, resources: ["lv-*"] }}
+"#
+    )
+}
+
+/// splitmix64: small, seeded, the same on every machine.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn millis(&mut self, from: u64, to: u64) -> Duration {
+        Duration::from_millis(from + self.below(to - from + 1))
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Fault {
+    /// SIGSTOP (of Redis, or of one master of a cluster) for this long, then
+    /// SIGCONT.
+    Stall(Duration),
+    /// SIGKILL; down this long; back with nothing.
+    RedisEmpty(Duration),
+    /// SHUTDOWN SAVE; down this long; back with its data.
+    RedisRestart(Duration),
+    /// SIGKILL replica i; down this long; started again on its port.
+    KillReplica(usize, Duration),
+    /// SIGTERM replica i (it drains and syncs a last time); down this long;
+    /// started again on its port.
+    StopReplica(usize, Duration),
+    /// The rules file rewritten (same limits, another unrelated rule).
+    Reload,
+    /// An override set (or the last one deleted) through replica i.
+    Override(usize, bool),
+    /// This many calls through replica i, each given up on after 1-20 ms.
+    Cancels(usize, u32),
+    /// An operator's level for system `chaos` (`None`: back to automatic)
+    /// set through replica i.
+    Level(usize, Option<u32>),
+}
+
+impl Fault {
+    /// Whether Redis is away for part of it.
+    fn is_outage(&self) -> bool {
+        matches!(self, Fault::Stall(_) | Fault::RedisEmpty(_) | Fault::RedisRestart(_))
+    }
+}
+
+/// A schedule: (start offset, fault), in order. On a cluster, Redis is only
+/// stalled (a master at a time), not restarted.
+fn schedule(seed: u64, cluster: bool) -> Vec<(Duration, Fault)> {
+    let mut rng = Rng(seed);
+    let mut at = rng.millis(300, 2000);
+    let mut out = Vec::new();
+    while at < FAULT_SPAN {
+        let fault = match rng.below(10) {
+            9 => Fault::Level(rng.below(REPLICAS as u64) as usize, Some(rng.below(5) as u32).filter(|&l| l <= 3)),
+            0 | 1 => Fault::Stall(rng.millis(200, 3000)),
+            2 | 3 if cluster => Fault::Stall(rng.millis(100, 2000)),
+            2 => Fault::RedisEmpty(rng.millis(100, 2000)),
+            3 => Fault::RedisRestart(rng.millis(100, 1500)),
+            4 => Fault::KillReplica(rng.below(REPLICAS as u64) as usize, rng.millis(100, 1000)),
+            5 => Fault::Reload,
+            8 => Fault::StopReplica(rng.below(REPLICAS as u64) as usize, rng.millis(100, 1000)),
+            6 => Fault::Override(rng.below(REPLICAS as u64) as usize, rng.below(3) != 0),
+            _ => Fault::Cancels(rng.below(REPLICAS as u64) as usize, 20 + rng.below(80) as u32),
+        };
+        let length = match &fault {
+            Fault::Stall(d)
+            | Fault::RedisEmpty(d)
+            | Fault::RedisRestart(d)
+            | Fault::KillReplica(_, d)
+            | Fault::StopReplica(_, d) => *d,
+            _ => Duration::ZERO,
+        };
+        out.push((at, fault));
+        at += length + rng.millis(200, 2000);
+    }
+    // To narrow a failure down: FLOODGATE_CHAOS_FAULTS=0,2 keeps only those.
+    if let Ok(keep) = std::env::var("FLOODGATE_CHAOS_FAULTS") {
+        let keep: Vec<usize> = keep.split(',').filter_map(|i| i.trim().parse().ok()).collect();
+        out = out.into_iter().enumerate().filter(|(i, _)| keep.contains(i)).map(|(_, f)| f).collect();
+    }
+    out
+}
+
+/// What clients saw of one limit in one schedule.
+#[derive(Default)]
+struct Seen {
+    allowed: AtomicU64,
+    denied: AtomicU64,
+    /// Given up on by the client: the server may have admitted them.
+    cancelled: AtomicU64,
+    errors: AtomicU64,
+    /// Settled estimates (`st-`): the units they came to, where the report
+    /// said so (`settled` true, or false: the estimate stands).
+    settled_units: AtomicU64,
+    /// Reports with no answer: between their actual cost and the estimate.
+    unsure_low: AtomicU64,
+    unsure_high: AtomicU64,
+    /// Charges answered, and charges with no answer (0 or 1 unit each).
+    charged: AtomicU64,
+    charged_unsure: AtomicU64,
+}
+
+impl Seen {
+    fn count(&self, r: Option<Result<pb::Verdict, tonic::Status>>) {
+        match r {
+            None => self.cancelled.fetch_add(1, Ordering::Relaxed),
+            Some(Ok(pb::Verdict::Allowed)) => self.allowed.fetch_add(1, Ordering::Relaxed),
+            Some(Ok(_)) => self.denied.fetch_add(1, Ordering::Relaxed),
+            Some(Err(_)) => self.errors.fetch_add(1, Ordering::Relaxed),
+        };
+    }
+}
+
+fn channel(grpc: &str) -> Channel {
+    Endpoint::from_shared(format!("http://{grpc}")).unwrap().connect_timeout(Duration::from_millis(500)).connect_lazy()
+}
+
+/// One Acquire, given up on after `patience`: `None` when it was.
+async fn ask(
+    channel: &Channel,
+    resource: &str,
+    patience: Duration,
+) -> Option<Result<pb::AcquireResponse, tonic::Status>> {
+    ask_for(channel, acquire(resource, &[("tenant", "t1")], 1), patience).await
+}
+
+async fn ask_for(
+    channel: &Channel,
+    req: pb::AcquireRequest,
+    patience: Duration,
+) -> Option<Result<pb::AcquireResponse, tonic::Status>> {
+    let mut c = pb::floodgate_client::FloodgateClient::new(channel.clone());
+    tokio::time::timeout(patience, c.acquire(req)).await.ok().map(|r| r.map(|r| r.into_inner()))
+}
+
+/// What a settled estimate on `st-` limits takes.
+const ESTIMATE: u64 = 4;
+
+/// One call on a `st-` limit: every eighth a Charge of 1, the others an
+/// estimate of [`ESTIMATE`] with `settle`, reported at 0 to 4 once admitted.
+async fn settle_once(channel: &Channel, resource: &str, rng: &mut Rng, patience: Duration, seen: &Seen) {
+    let mut c = pb::floodgate_client::FloodgateClient::new(channel.clone());
+    if rng.below(8) == 0 {
+        let charge = pb::ChargeRequest { resource: resource.into(), cost: 1, ..Default::default() };
+        match tokio::time::timeout(patience, c.charge(charge)).await {
+            Ok(Ok(_)) => seen.charged.fetch_add(1, Ordering::Relaxed),
+            // An error may still have charged (Redis took it, the answer was lost).
+            _ => seen.charged_unsure.fetch_add(1, Ordering::Relaxed),
+        };
+        return;
+    }
+    let req = pb::AcquireRequest { settle: true, ..acquire(resource, &[], ESTIMATE as u32) };
+    let r = ask_for(channel, req, patience).await;
+    if let Some(Ok(p)) = &r
+        && p.verdict() == pb::Verdict::Allowed
+    {
+        let actual = rng.below(ESTIMATE + 1);
+        let report = pb::ReportOutcomeRequest {
+            resource: resource.into(),
+            permit_id: p.permit_id.clone(),
+            outcome: pb::Outcome::Success as i32,
+            actual_cost: Some(actual),
+            ..Default::default()
+        };
+        match tokio::time::timeout(Duration::from_secs(2), c.report_outcome(report)).await {
+            Ok(Ok(done)) => {
+                let units = if done.into_inner().settled { actual } else { ESTIMATE };
+                seen.settled_units.fetch_add(units, Ordering::Relaxed);
+            }
+            _ => {
+                seen.unsure_low.fetch_add(actual, Ordering::Relaxed);
+                seen.unsure_high.fetch_add(ESTIMATE, Ordering::Relaxed);
+            }
+        }
+    }
+    seen.count(r.map(|r| r.map(|r| r.verdict())));
+}
+
+/// Where the replicas keep their shared state.
+enum Backend {
+    One(RedisServer),
+    Cluster(RedisCluster),
+}
+
+impl Backend {
+    /// The replicas' arguments to reach it.
+    fn args(&self) -> [String; 2] {
+        match self {
+            Backend::One(r) => ["--redis".into(), r.url()],
+            Backend::Cluster(c) => ["--redis-cluster".into(), c.seeds()],
+        }
+    }
+
+    fn nodes(&self) -> &[RedisServer] {
+        match self {
+            Backend::One(r) => std::slice::from_ref(r),
+            Backend::Cluster(c) => &c.nodes,
+        }
+    }
+
+    /// The server to restart (a single one: a cluster's are only stalled).
+    fn single(&mut self) -> &mut RedisServer {
+        match self {
+            Backend::One(r) => r,
+            Backend::Cluster(_) => unreachable!("a cluster's nodes are stalled, not restarted"),
+        }
+    }
+
+    /// The value of the first key matching `pattern` on whichever node has it.
+    fn first_value(&self, pattern: &str, skip: impl Fn(&str) -> bool) -> Option<String> {
+        self.nodes().iter().find_map(|node| {
+            let found = node.cli(&["--scan", "--pattern", pattern]).unwrap_or_default();
+            let key = found.lines().find(|k| !skip(k))?.to_string();
+            node.cli(&["GET", &key])
+        })
+    }
+}
+
+/// The replicas, their Redis and their rules file, kept across schedules.
+struct World {
+    redis: Mutex<Backend>,
+    /// Schedules for a cluster: Redis is stalled a master at a time.
+    cluster: bool,
+    /// Which master the next stall stops.
+    stalls: AtomicU64,
+    replicas: Mutex<Vec<Floodgate>>,
+    grpc: Vec<String>,
+    dir: TempDir,
+    /// Logs of replicas killed so far, for the panic check.
+    dead_logs: Mutex<String>,
+    reloads: AtomicU64,
+    override_ids: Mutex<Vec<String>>,
+    /// The last operator's level set for system `chaos`, the replica it was
+    /// set through, and whether that replica was killed or stopped since
+    /// (a level it could not store yet may be lost with it).
+    level: Mutex<(Option<u32>, usize, bool)>,
+}
+
+impl World {
+    fn args(&self) -> Vec<String> {
+        let rules = self.dir.path("rules.yaml");
+        let mut args: Vec<String> =
+            ["--config", path_str(&rules), "--sync-interval", "100ms", "--redis-timeout", "50ms"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+        args.extend(self.redis.lock().unwrap().args());
+        args
+    }
+
+    fn start(cluster: bool) -> World {
+        let redis = if cluster { Backend::Cluster(RedisCluster::start()) } else { Backend::One(RedisServer::start()) };
+        let dir = TempDir::new();
+        dir.write("rules.yaml", &rules(0));
+        let mut world = World {
+            redis: Mutex::new(redis),
+            cluster,
+            stalls: AtomicU64::new(0),
+            replicas: Mutex::new(Vec::new()),
+            grpc: Vec::new(),
+            dir,
+            dead_logs: Mutex::default(),
+            reloads: AtomicU64::new(0),
+            override_ids: Mutex::default(),
+            level: Mutex::new((None, 0, false)),
+        };
+        let args = world.args();
+        let replicas: Vec<Floodgate> = (0..REPLICAS).map(|_| floodgate().args(strs(&args)).start()).collect();
+        for fg in &replicas {
+            wait_live(fg, REPLICAS as u32);
+        }
+        world.grpc = replicas.iter().map(|f| f.grpc.clone()).collect();
+        *world.replicas.lock().unwrap() = replicas;
+        world
+    }
+
+    /// Runs one fault to its end (blocking: call off the traffic's threads).
+    fn inflict(&self, fault: &Fault, rt: &tokio::runtime::Handle, burst: &(String, Arc<Seen>)) {
+        match fault {
+            Fault::Stall(d) => {
+                let backend = self.redis.lock().unwrap();
+                let nodes = backend.nodes();
+                let redis = &nodes[self.stalls.fetch_add(1, Ordering::Relaxed) as usize % nodes.len()];
+                redis.signal("STOP");
+                std::thread::sleep(*d);
+                redis.signal("CONT");
+            }
+            Fault::RedisEmpty(d) => {
+                let mut backend = self.redis.lock().unwrap();
+                let redis = backend.single();
+                redis.kill();
+                std::thread::sleep(*d);
+                redis.restart_empty();
+            }
+            Fault::RedisRestart(d) => {
+                let mut backend = self.redis.lock().unwrap();
+                let redis = backend.single();
+                redis.shutdown_save();
+                std::thread::sleep(*d);
+                redis.restart();
+            }
+            Fault::KillReplica(i, d) | Fault::StopReplica(i, d) => {
+                let args = self.args();
+                let mut replicas = self.replicas.lock().unwrap();
+                {
+                    let mut level = self.level.lock().unwrap();
+                    level.2 |= level.1 == *i;
+                }
+                if matches!(fault, Fault::KillReplica(..)) {
+                    signal(replicas[*i].pid(), "KILL");
+                } else {
+                    replicas[*i].terminate();
+                }
+                std::thread::sleep(*d);
+                let next = floodgate().listen(&self.grpc[*i]).args(strs(&args)).start();
+                let dead = std::mem::replace(&mut replicas[*i], next);
+                self.dead_logs.lock().unwrap().push_str(&dead.logs());
+            }
+            Fault::Reload => {
+                let n = self.reloads.fetch_add(1, Ordering::Relaxed) + 1;
+                self.dir.replace("rules.yaml", &rules(n));
+            }
+            Fault::Override(i, set) => {
+                let channel = channel(&self.grpc[*i]);
+                let mut ids = self.override_ids.lock().unwrap();
+                rt.block_on(async {
+                    let mut admin = pb::admin_client::AdminClient::new(channel);
+                    let call = async {
+                        if *set || ids.is_empty() {
+                            let id = format!("chaos-{}", ids.len());
+                            let o = pb::Override {
+                                id: id.clone(),
+                                rule: "ov".into(),
+                                when: [("tenant".to_string(), "t1".to_string())].into(),
+                                action: Some(pb::r#override::Action::Factor(2.0)),
+                                ..Default::default()
+                            };
+                            if admin.set_overrides(pb::SetOverridesRequest { overrides: vec![o] }).await.is_ok() {
+                                ids.push(id);
+                            }
+                        } else {
+                            let id = ids.pop().unwrap();
+                            let _ = admin.delete_overrides(pb::DeleteOverridesRequest { ids: vec![id] }).await;
+                        }
+                    };
+                    // Redis may be away: an override not kept is an error, not a hang.
+                    let _ = tokio::time::timeout(Duration::from_secs(10), call).await;
+                });
+            }
+            Fault::Level(i, to) => {
+                let channel = channel(&self.grpc[*i]);
+                let req = pb::SetDegradationLevelRequest {
+                    system: "chaos".into(),
+                    level: to.unwrap_or(0),
+                    automatic: to.is_none(),
+                    ..Default::default()
+                };
+                let set = rt.block_on(async {
+                    let mut admin = pb::admin_client::AdminClient::new(channel);
+                    tokio::time::timeout(Duration::from_secs(10), admin.set_degradation_level(req)).await
+                });
+                if matches!(set, Ok(Ok(_))) {
+                    *self.level.lock().unwrap() = (*to, *i, false);
+                }
+            }
+            Fault::Cancels(i, n) => {
+                let channel = channel(&self.grpc[*i]);
+                rt.block_on(async {
+                    let mut calls = Vec::new();
+                    for k in 0..*n {
+                        let (channel, resource, seen) = (channel.clone(), burst.0.clone(), burst.1.clone());
+                        let patience = Duration::from_millis(1 + u64::from(k % 20));
+                        calls.push(tokio::spawn(async move {
+                            let r = ask(&channel, &resource, patience).await;
+                            seen.count(r.map(|r| r.map(|r| r.verdict())));
+                        }));
+                    }
+                    for c in calls {
+                        let _ = c.await;
+                    }
+                });
+            }
+        }
+    }
+
+    fn logs(&self) -> String {
+        let mut all = self.dead_logs.lock().unwrap().clone();
+        for fg in self.replicas.lock().unwrap().iter() {
+            all.push_str(&fg.logs());
+        }
+        all
+    }
+}
+
+/// 20 calls a second through each replica on `resource` until `stop`; one
+/// in ten is given up on after 1-30 ms.
+async fn traffic(grpc: Vec<String>, resource: String, seen: Arc<Seen>, stop: Arc<AtomicBool>, seed: u64) {
+    let mut tasks = Vec::new();
+    for (i, addr) in grpc.into_iter().enumerate() {
+        let (resource, seen, stop) = (resource.clone(), seen.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let channel = channel(&addr);
+            let mut rng = Rng(seed ^ (i as u64 + 1));
+            let mut tick = tokio::time::interval(Duration::from_millis(1000 / RATE));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            while !stop.load(Ordering::Relaxed) {
+                tick.tick().await;
+                let patience =
+                    if rng.below(10) == 0 { Duration::from_millis(1 + rng.below(30)) } else { Duration::from_secs(5) };
+                if resource.starts_with("st-") {
+                    settle_once(&channel, &resource, &mut rng, patience, &seen).await;
+                    continue;
+                }
+                let r = ask(&channel, &resource, patience).await;
+                let slot = resource.starts_with("cc-") || resource.starts_with("cs-");
+                let breaker = resource.starts_with("br-");
+                if (slot || breaker)
+                    && let Some(Ok(p)) = &r
+                {
+                    // Half the slots' permits are reported; the rest are left
+                    // to expire. Every call the breaker admits fails.
+                    if p.verdict() == pb::Verdict::Allowed && (breaker || rng.below(2) == 0) {
+                        let mut c = pb::floodgate_client::FloodgateClient::new(channel.clone());
+                        let outcome = if breaker { pb::Outcome::Failure } else { pb::Outcome::Success };
+                        let report = pb::ReportOutcomeRequest {
+                            resource: resource.clone(),
+                            permit_id: p.permit_id.clone(),
+                            outcome: outcome as i32,
+                            ..Default::default()
+                        };
+                        let _ = tokio::time::timeout(Duration::from_secs(2), c.report_outcome(report)).await;
+                    }
+                }
+                seen.count(r.map(|r| r.map(|r| r.verdict())));
+            }
+        }));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+}
+
+/// Asks through every replica, alternately, until each has denied 20 in a
+/// row: what was still admitted.
+/// Every replica's operator's level for system `chaos` (`None`: automatic),
+/// from a fresh Watch snapshot.
+async fn levels(grpc: &[String]) -> Vec<Option<Option<u32>>> {
+    let mut out = Vec::new();
+    for g in grpc {
+        let mut c = pb::floodgate_client::FloodgateClient::new(channel(g));
+        let snapshot = async {
+            let mut watch = c.watch(pb::WatchRequest::default()).await.ok()?.into_inner();
+            match watch.message().await.ok()??.event? {
+                pb::watch_event::Event::Snapshot(s) => {
+                    let l = s.systems.into_iter().find(|l| l.system == "chaos")?;
+                    Some(l.manual.then_some(l.level))
+                }
+                _ => None,
+            }
+        };
+        out.push(tokio::time::timeout(Duration::from_secs(5), snapshot).await.ok().flatten());
+    }
+    out
+}
+
+/// Waits up to 5 s for every replica to hold `want` (or, when it may have
+/// been lost, the same level as each other).
+async fn eventually_levels(grpc: &[String], want: Option<u32>, may_be_lost: bool) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let seen = levels(grpc).await;
+        let agree = seen.iter().all(|l| l.is_some() && *l == seen[0]);
+        if agree && (may_be_lost || seen[0] == Some(want)) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("operators' level of 'chaos': the last set was {want:?}; the replicas hold {seen:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn drain(grpc: &[String], resource: &str) -> u64 {
+    let channels: Vec<Channel> = grpc.iter().map(|g| channel(g)).collect();
+    let mut admitted = 0;
+    let mut denied_in_a_row = vec![0; channels.len()];
+    for round in 0..(LIMIT * 4) {
+        let i = (round as usize) % channels.len();
+        match ask(&channels[i], resource, Duration::from_secs(5)).await {
+            Some(Ok(r)) if r.verdict() == pb::Verdict::Allowed => {
+                admitted += 1;
+                denied_in_a_row.iter_mut().for_each(|d| *d = 0);
+            }
+            _ => denied_in_a_row[i] += 1,
+        }
+        if denied_in_a_row.iter().all(|&d| d >= 20) {
+            break;
+        }
+        // Leases move at every sync: give them time to.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    admitted
+}
+
+/// The replicas, asked in turn, grant all the fleet's slots on `resource`,
+/// and no more.
+async fn slots_all_free(grpc: &[String], resource: &str) -> Result<(), String> {
+    let channels: Vec<Channel> = grpc.iter().map(|g| channel(g)).collect();
+    let mut granted = vec![0; channels.len()];
+    for round in 0..(SLOTS + 2) * channels.len() {
+        let i = round % channels.len();
+        if let Some(Ok(r)) = ask(&channels[i], resource, Duration::from_secs(5)).await {
+            granted[i] += usize::from(r.verdict() == pb::Verdict::Allowed);
+        }
+    }
+    if granted.iter().sum::<usize>() != SLOTS {
+        return Err(format!("the replicas granted {granted:?} of {SLOTS} slots of {resource} after their TTL"));
+    }
+    Ok(())
+}
+
+/// The settle and Charge arithmetic of a `st-` limit (strict, `deny`): what
+/// Redis counted is what the clients know was taken (settled estimates at
+/// what they came to, charges, the drain; and what it counts), within what they cannot know
+/// (reports and charges with no answer, calls given up on), and never more
+/// than the limit but for charges, which take beyond it. Where Redis lost
+/// its data, the count is what the replicas put back, and is not checked
+/// from below; where a replica was killed owing (the README's exception), it
+/// is not checked from above.
+fn settle_arithmetic(
+    world: &World,
+    name: &str,
+    seen: &Seen,
+    drained: u64,
+    lost_data: bool,
+    killed_owing: bool,
+) -> (u64, Vec<String>) {
+    let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let pattern = format!("fg:b:{{{name}}}:hourly:fixed_window:*");
+    let value = world
+        .redis
+        .lock()
+        .unwrap()
+        .first_value(&pattern, |k| k.ends_with(":l") || k.ends_with(":r") || k.ends_with(":p"));
+    let counted: u64 = value.and_then(|v| v.parse().ok()).unwrap_or(0);
+    let charges = n(&seen.charged) + n(&seen.charged_unsure);
+    let known = n(&seen.settled_units) + n(&seen.charged) + drained;
+    let low = known + n(&seen.unsure_low);
+    let high =
+        known + n(&seen.unsure_high) + n(&seen.charged_unsure) + ESTIMATE * (n(&seen.cancelled) + n(&seen.errors));
+    let mut broken = Vec::new();
+    if counted > LIMIT + charges {
+        broken.push(format!("{name}: Redis counts {counted} of {LIMIT} with {charges} charged: deny is exact"));
+    }
+    if !lost_data && counted < low {
+        broken.push(format!(
+            "{name}: Redis counts {counted}, the clients know of at least {low}: units given back twice"
+        ));
+    }
+    if !killed_owing && counted > high {
+        broken.push(format!("{name}: Redis counts {counted}, the clients know of at most {high}: a settlement lost"));
+    }
+    (counted, broken)
+}
+
+/// Runs one schedule; the invariants it broke (empty: none), and its figures.
+async fn run_schedule(world: &Arc<World>, seed: u64) -> (Vec<String>, String) {
+    // The window limits are hourly: a schedule (and its drain) must not
+    // cross the hour, where every window starts afresh.
+    let into_hour = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() % 3600;
+    if into_hour > 3600 - 60 {
+        tokio::time::sleep(Duration::from_secs(3600 - into_hour + 1)).await;
+    }
+    let plan = schedule(seed, world.cluster);
+    let tag = format!("{seed:x}");
+    // Fresh resources of each glob: every schedule starts from full limits.
+    let limits: Vec<(String, Arc<Seen>)> = ["sd", "sl", "rp", "cc", "cs", "st", "br"]
+        .iter()
+        .map(|kind| (format!("{kind}-{tag}"), Arc::new(Seen::default())))
+        .collect();
+    // Cancel bursts go to the strict, local limit, and count in its totals.
+    let burst = limits[1].clone();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut traffic_tasks = Vec::new();
+    for (name, seen) in &limits {
+        traffic_tasks.push(tokio::spawn(traffic(world.grpc.clone(), name.clone(), seen.clone(), stop.clone(), seed)));
+    }
+    // The faults, in order, on a thread of their own.
+    let started = Instant::now();
+    let (w, p, b) = (world.clone(), plan.clone(), burst.clone());
+    let rt = tokio::runtime::Handle::current();
+    let faults = tokio::task::spawn_blocking(move || {
+        for (at, fault) in &p {
+            if let Some(wait) = at.checked_sub(started.elapsed()) {
+                std::thread::sleep(wait);
+            }
+            w.inflict(fault, &rt, &b);
+        }
+    });
+    faults.await.unwrap();
+    tokio::time::sleep((FAULT_SPAN + Duration::from_secs(2)).saturating_sub(started.elapsed())).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in traffic_tasks {
+        t.await.unwrap();
+    }
+    let traffic_time = started.elapsed();
+    // Redis back, debts paid, leases of the dead expired (3 syncs), permits
+    // past their TTL.
+    tokio::time::sleep(PERMIT_TTL + Duration::from_millis(1500)).await;
+
+    let outages = plan.iter().filter(|(_, f)| f.is_outage()).count() as u64;
+    let kills =
+        plan.iter().filter(|(_, f)| matches!(f, Fault::KillReplica(..) | Fault::StopReplica(..))).count() as u64;
+    // The README's exception: a replica killed (SIGKILL) before it saw Redis
+    // back and paid loses what it admitted on its own: up to the outage's
+    // length of its calls (it notices Redis back within 0.5 s + one sync).
+    let unpaid: u64 = plan
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, f))| matches!(f, Fault::KillReplica(..)))
+        .filter_map(|(k, (kill_at, _))| {
+            // The last outage before the kill, if the kill came within 0.8 s
+            // of its end.
+            let (at, length) = plan[..k].iter().rev().find_map(|(at, f)| match f {
+                Fault::Stall(d) | Fault::RedisEmpty(d) | Fault::RedisRestart(d) => Some((*at, *d)),
+                _ => None,
+            })?;
+            let exposed = length + Duration::from_millis(800);
+            (*kill_at < at + length + Duration::from_millis(800)).then(|| RATE * exposed.as_millis() as u64 / 1000 + 1)
+        })
+        .sum();
+    // What the replicas admit in one sync interval, both together.
+    let per_sync = REPLICAS as u64 * (RATE * SYNC.as_millis() as u64 / 1000).max(1);
+    let mut broken = Vec::new();
+    let mut figures = Vec::new();
+    for (name, seen) in &limits {
+        let allowed = seen.allowed.load(Ordering::Relaxed);
+        let cancelled = seen.cancelled.load(Ordering::Relaxed);
+        let errors = seen.errors.load(Ordering::Relaxed);
+        if name.starts_with("br-") {
+            // Calls failing all along: the breaker admits, per replica, the
+            // calls it needs to open (again after a replica starts afresh or
+            // Redis loses the shared state) and a sync interval's more, then
+            // per second open at most its probes, counted across replicas
+            // (per replica while Redis is away).
+            let restarts = kills + plan.iter().filter(|(_, f)| matches!(f, Fault::RedisEmpty(_))).count() as u64;
+            let opening = REPLICAS as u64 * (BREAKER_MINIMUM + RATE / 2);
+            let seconds = traffic_time.as_secs() + 1;
+            let upper = (1 + restarts) * opening + seconds * HALF_OPEN_CALLS * REPLICAS as u64;
+            if allowed > upper {
+                broken.push(format!(
+                    "{name}: a breaker fed only failures admitted {allowed} calls in {seconds} s; at most {upper}"
+                ));
+            }
+            figures.push(format!("{name}: {allowed} admitted of calls that all fail (at most {upper})"));
+            continue;
+        }
+        if name.starts_with("cc-") || name.starts_with("cs-") {
+            if let Err(e) = slots_all_free(&world.grpc, name).await {
+                broken.push(e);
+            }
+            figures.push(format!("{name}: {allowed} admitted, {cancelled} cancelled, {errors} errors"));
+            continue;
+        }
+        let drained = drain(&world.grpc, name).await;
+        if name.starts_with("st-") {
+            let (lost_data, killed_owing) = (plan.iter().any(|(_, f)| matches!(f, Fault::RedisEmpty(_))), unpaid > 0);
+            let (counted, wrong) = settle_arithmetic(world, name, seen, drained, lost_data, killed_owing);
+            broken.extend(wrong);
+            figures.push(format!(
+                "{name}: {allowed} estimates admitted, {} units after settling, {} charged, {drained} drained; \
+                 Redis counts {counted}",
+                seen.settled_units.load(Ordering::Relaxed),
+                seen.charged.load(Ordering::Relaxed)
+            ));
+            continue;
+        }
+        let total = allowed + drained;
+        let (upper, what) = match &name[..2] {
+            "sd" => (LIMIT, "strict, deny: exact"),
+            "sl" => (
+                LIMIT + outages * per_sync + unpaid,
+                "strict, local: the limit + one sync's calls per outage (+ a debt killed unpaid)",
+            ),
+            _ => (
+                LIMIT + (outages + kills + 1) * per_sync + unpaid,
+                "replicated: the limit + R x rate x sync per fault (+ takes killed unpushed)",
+            ),
+        };
+        if total > upper {
+            broken.push(format!(
+                "{name}: {total} admitted ({allowed} + {drained} drained) of {LIMIT}; {what} allows {upper}"
+            ));
+        }
+        let lower = LIMIT.saturating_sub((outages + kills + 1) * per_sync);
+        if total + cancelled < lower {
+            broken.push(format!(
+                "{name}: only {total} admitted and {cancelled} cancelled of {LIMIT} (at least {lower}): units lost"
+            ));
+        }
+        figures.push(format!(
+            "{name}: {total} of {LIMIT} ({allowed} + {drained} drained, {cancelled} cancelled, {errors} errors)"
+        ));
+    }
+    // Operators' levels: every replica holds the last one set (unless the
+    // replica it was set through died since: then they only agree).
+    let (want, _, may_be_lost) = *world.level.lock().unwrap();
+    let held = eventually_levels(&world.grpc, want, may_be_lost).await;
+    if let Err(e) = held {
+        broken.push(e);
+    }
+    figures.push(format!("chaos system: operator's level {want:?} (may be lost: {may_be_lost})"));
+    for (i, fg) in world.replicas.lock().unwrap().iter().enumerate() {
+        let (status, _) = fg.http_get("/readyz");
+        if status != 200 {
+            broken.push(format!("replica {i} is not ready at the end: {status}"));
+        }
+    }
+    let logs = world.logs();
+    // To look into a failure: FLOODGATE_CHAOS_LOGS=DIR keeps each schedule's logs.
+    if let Ok(dir) = std::env::var("FLOODGATE_CHAOS_LOGS") {
+        let _ = std::fs::write(std::path::Path::new(&dir).join(format!("{seed}.log")), &logs);
+    }
+    if logs.contains("panicked") {
+        let line = logs.lines().find(|l| l.contains("panicked")).unwrap_or_default();
+        broken.push(format!("a replica panicked: {line}"));
+    }
+    let faults: Vec<String> = plan.iter().map(|(at, f)| format!("{:.1}s {f:?}", at.as_secs_f64())).collect();
+    let text = format!("seed {seed}: {} faults [{}]\n  {}", plan.len(), faults.join(", "), figures.join("\n  "));
+    (broken, text)
+}
+
+/// Runs schedules from `first` (only that one when `only_one`) for about
+/// `seconds`, on one Redis or a cluster, and fails on any broken invariant.
+async fn run_schedules(cluster: bool, first: u64, only_one: bool, seconds: u64) {
+    let world = Arc::new(tokio::task::block_in_place(|| World::start(cluster)));
+    let begun = Instant::now();
+    let (mut schedules, mut faults, mut checks) = (0u64, 0u64, 0u64);
+    let mut failures = Vec::new();
+    let mut seed = first;
+    let (what, replay) =
+        if cluster { ("on a cluster", "FLOODGATE_CHAOS_CLUSTER_SEED") } else { ("", "FLOODGATE_CHAOS_SEED") };
+    loop {
+        let (broken, text) = run_schedule(&world, seed).await;
+        schedules += 1;
+        faults += schedule(seed, cluster).len() as u64;
+        // Per window limit: upper and lower bound; slots; settling (three);
+        // the breaker; readiness per replica; the logs.
+        checks += 3 * 2 + 1 + 3 + 1 + REPLICAS as u64 + 1;
+        println!("{text}");
+        for b in &broken {
+            println!("  BROKEN: {b}");
+            failures.push(format!(
+                "seed {seed} {what}: {b}\n  replay: {replay}={seed} cargo test --test e2e_faults -- --nocapture"
+            ));
+        }
+        seed = Rng(seed).next();
+        // The next schedule must fit in what is left (one takes about 25 s).
+        if only_one || begun.elapsed() + Duration::from_secs(25) > Duration::from_secs(seconds) {
+            break;
+        }
+    }
+    println!(
+        "fault checker{}: {schedules} schedules, {faults} faults, {checks} invariants checked in {:.0} s; {} broken",
+        if cluster { " (cluster)" } else { "" },
+        begun.elapsed().as_secs_f64(),
+        failures.len()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+fn env(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_fault_schedules_keep_every_stated_invariant() {
+    let _serial = one_at_a_time();
+    let seconds = env("FLOODGATE_CHAOS_SECONDS").unwrap_or(100);
+    let (first, only_one) = match env("FLOODGATE_CHAOS_SEED") {
+        Some(seed) => (seed, true),
+        None => (env("FLOODGATE_CHAOS_BASE").unwrap_or(0x5eed_0001), false),
+    };
+    if env("FLOODGATE_CHAOS_CLUSTER_SEED").is_some() {
+        println!("not run: FLOODGATE_CHAOS_CLUSTER_SEED replays a cluster schedule");
+        return;
+    }
+    run_schedules(false, first, only_one, seconds).await;
+}
+
+/// The same on a three-master Redis Cluster, one schedule (a master stalled
+/// at a time; replicas killed and stopped; reloads, overrides, cancels):
+/// `FLOODGATE_CHAOS_CLUSTER_SEED` replays another, and `scripts/chaos` runs
+/// one after its single-Redis schedules.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fault_schedule_on_a_redis_cluster_keeps_every_stated_invariant() {
+    let _serial = one_at_a_time();
+    if env("FLOODGATE_CHAOS_SEED").is_some() {
+        println!("not run: FLOODGATE_CHAOS_SEED replays a single-Redis schedule");
+        return;
+    }
+    // A seed of its own, not the single-Redis run's first.
+    let base = env("FLOODGATE_CHAOS_BASE").map(|b| Rng(b ^ 0xc105_7e25).next());
+    let seed = env("FLOODGATE_CHAOS_CLUSTER_SEED").or(base).unwrap_or(0x5eed_c105);
+    run_schedules(true, seed, true, 0).await;
+}

@@ -1,0 +1,150 @@
+//! TLS and mTLS on both ports of the real binary, with certificates made on
+//! the spot: plaintext is refused, a client without a certificate is refused
+//! under mTLS, a renewed certificate is served without a restart, and the
+//! client crate and the CLI speak TLS.
+
+use crate::support;
+
+use std::time::Duration;
+
+use floodgate_proto::v1 as pb;
+use support::pki::Pki;
+use support::*;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+async fn tls_channel(addr: &str, ca: &str, client: Option<(&str, &str)>) -> Result<Channel, tonic::transport::Error> {
+    let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)).domain_name("localhost");
+    if let Some((cert, key)) = client {
+        tls = tls.identity(Identity::from_pem(cert, key));
+    }
+    Endpoint::from_shared(format!("https://{addr}"))
+        .unwrap()
+        .tls_config(tls)?
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+}
+
+async fn health(channel: Channel) -> Result<i32, tonic::Status> {
+    let mut h = tonic_health::pb::health_client::HealthClient::new(channel);
+    Ok(h.check(tonic_health::pb::HealthCheckRequest::default()).await?.into_inner().status)
+}
+
+/// The certificate the server presents on a new connection (its common name).
+async fn served_name(addr: &str, ca: &str) -> String {
+    use rustls::pki_types::ServerName;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls::pki_types::CertificateDer::pem_slice_iter(ca.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let tls = connector.connect(ServerName::try_from("localhost").unwrap(), tcp).await.unwrap();
+    let der = tls.get_ref().1.peer_certificates().unwrap()[0].clone();
+    let (_, cert) = x509_parser::parse_x509_certificate(der.as_ref()).unwrap();
+    cert.subject().iter_common_name().next().unwrap().as_str().unwrap().to_string()
+}
+
+use rustls::pki_types::pem::PemObject;
+
+#[tokio::test]
+async fn tls_serves_both_ports_refuses_plaintext_and_reloads_a_renewed_certificate() {
+    let pki = Pki::new("floodgate");
+    let server = pki.server("server", "floodgate-1");
+    let fg = floodgate().args(["--tls-cert", path_str(&server.cert), "--tls-key", path_str(&server.key)]).start();
+    let ca = pki.ca_pem();
+
+    assert_eq!(health(tls_channel(&fg.grpc, &ca, None).await.unwrap()).await.unwrap(), 1, "SERVING over TLS");
+    let plain = Endpoint::from_shared(fg.url()).unwrap().connect_timeout(Duration::from_secs(3)).connect().await;
+    let refused = match plain {
+        Ok(channel) => health(channel).await.is_err(),
+        Err(_) => true,
+    };
+    assert!(refused, "plaintext gRPC must not be served on a TLS port");
+    assert_eq!(served_name(&fg.http, &ca).await, "floodgate-1", "the HTTP port speaks TLS too");
+
+    // Renew the certificate in place: new connections get the new one.
+    let renewed = pki.server("renewed", "floodgate-2");
+    std::fs::copy(&renewed.key, &server.key).unwrap();
+    std::fs::copy(&renewed.cert, &server.cert).unwrap();
+    let name = eventually("the renewed certificate", Duration::from_secs(15), || async {
+        let name = served_name(&fg.grpc, &ca).await;
+        (name == "floodgate-2").then_some(name)
+    })
+    .await;
+    assert_eq!(name, "floodgate-2");
+    assert!(fg.logs().contains("TLS certificate reloaded"));
+}
+
+#[tokio::test]
+async fn mtls_needs_a_client_certificate_from_the_ca() {
+    let pki = Pki::new("floodgate");
+    let server = pki.server("server", "floodgate");
+    let client = pki.client("client", "payments-service");
+    let stranger = Pki::new("other").client("stranger", "mallory");
+    let fg = floodgate()
+        .args([
+            "--tls-cert",
+            path_str(&server.cert),
+            "--tls-key",
+            path_str(&server.key),
+            "--tls-client-ca",
+            path_str(&pki.ca_path()),
+        ])
+        .start();
+    let ca = pki.ca_pem();
+    let with_cert = tls_channel(&fg.grpc, &ca, Some((&client.cert_pem, &client.key_pem))).await.unwrap();
+    let mut data = pb::floodgate_client::FloodgateClient::new(with_cert);
+    let r = data.acquire(acquire("demo", &[("user", "u1")], 1)).await.unwrap().into_inner();
+    assert_eq!(r.verdict(), pb::Verdict::Allowed);
+    for who in [None, Some((&stranger.cert_pem, &stranger.key_pem))] {
+        let refused = match tls_channel(&fg.grpc, &ca, who.map(|(c, k)| (c.as_str(), k.as_str()))).await {
+            Ok(channel) => health(channel).await.is_err(),
+            Err(_) => true,
+        };
+        assert!(refused, "a client without a certificate from the CA must be refused");
+    }
+}
+
+#[tokio::test]
+async fn the_client_crate_and_the_cli_speak_tls() {
+    let pki = Pki::new("floodgate");
+    let server = pki.server("server", "floodgate");
+    let client = pki.client("client", "cli");
+    let fg = floodgate()
+        .args([
+            "--tls-cert",
+            path_str(&server.cert),
+            "--tls-key",
+            path_str(&server.key),
+            "--tls-client-ca",
+            path_str(&pki.ca_path()),
+        ])
+        .start();
+    let tls = floodgate_client::Tls::new()
+        .ca_pem(pki.ca_pem())
+        .identity_pem(client.cert_pem.clone(), client.key_pem.clone())
+        .domain("localhost");
+    let c = floodgate_client::Client::builder()
+        .endpoint(format!("https://{}", fg.grpc))
+        .tls(tls)
+        .request_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let d = c.acquire(&floodgate_client::Acquire::new("demo").descriptor("user", "u9")).await.unwrap();
+    assert_eq!(d.source, floodgate_client::decision::Source::Server, "answered by the server, not failed open");
+
+    let out = std::process::Command::new(BIN)
+        .args(["acquire", "--server", &format!("https://{}", fg.grpc), "demo", "-d", "user=u8"])
+        .args(["--ca", path_str(&pki.ca_path()), "--cert", path_str(&client.cert), "--key", path_str(&client.key)])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("ALLOWED"));
+}

@@ -1,0 +1,155 @@
+//! Real `redis-server` processes on free loopback ports, started and stopped
+//! by PID: one standalone server, or a three-master cluster.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct RedisServer {
+    child: Option<Child>,
+    pub port: u16,
+    dir: tempfile::TempDir,
+    cluster: bool,
+}
+
+/// A port nobody listens on now (and, for cluster nodes, its bus port too).
+pub fn free_port(with_bus: bool) -> u16 {
+    loop {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        if !with_bus {
+            return port;
+        }
+        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}
+
+impl RedisServer {
+    pub fn start() -> RedisServer {
+        Self::start_on(free_port(false), false)
+    }
+
+    fn start_on(port: u16, cluster: bool) -> RedisServer {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = RedisServer { child: None, port, dir, cluster };
+        s.spawn();
+        s
+    }
+
+    fn spawn(&mut self) {
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(["--protected-mode", "no", "--dir"])
+            .arg(self.dir.path());
+        if self.cluster {
+            cmd.args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000", "--cluster-config-file"])
+                .arg(self.dir.path().join("nodes.conf"));
+        }
+        let child =
+            cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("redis-server (scripts/test installs it)");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while cli(self.port, &["PING"]).as_deref() != Some("PONG") {
+            assert!(Instant::now() < deadline, "redis-server on {} did not answer", self.port);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Stops it (SIGKILL by PID): everything it held is gone.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts it again on the same port (with what it saved, if anything).
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// Kills it and starts it again with nothing: it lost every key.
+    pub fn restart_empty(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_file(self.dir.path().join("dump.rdb"));
+        self.spawn();
+    }
+
+    /// SIGSTOP or SIGCONT: a Redis that stalls (it neither answers nor refuses).
+    pub fn signal(&self, name: &str) {
+        if let Some(c) = &self.child {
+            let _ = Command::new("kill").arg(format!("-{name}")).arg(c.id().to_string()).status();
+        }
+    }
+
+    /// Stops it as an operator would: SHUTDOWN SAVE, so a restart has the data.
+    pub fn shutdown_save(&mut self) {
+        let _ = cli(self.port, &["SHUTDOWN", "SAVE"]);
+        if let Some(mut c) = self.child.take() {
+            let _ = c.wait();
+        }
+    }
+
+    pub fn cli(&self, args: &[&str]) -> Option<String> {
+        cli(self.port, args)
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// redis-cli's answer, trimmed; `None` when it could not connect.
+pub fn cli(port: u16, args: &[&str]) -> Option<String> {
+    let out = Command::new("redis-cli").args(["-p", &port.to_string()]).args(args).output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    (out.status.success() && !text.starts_with("Could not connect")).then_some(text)
+}
+
+/// Three masters, slots spread by `redis-cli --cluster create`.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start() -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_on(free_port(true), true)).collect();
+        let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let status = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success(), "redis-cli --cluster create failed");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for n in &nodes {
+            while !n.cli(&["CLUSTER", "INFO"]).unwrap_or_default().contains("cluster_state:ok") {
+                assert!(Instant::now() < deadline, "the cluster did not become ok");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        RedisCluster { nodes }
+    }
+
+    /// `--redis-cluster`'s argument.
+    pub fn seeds(&self) -> String {
+        self.nodes.iter().map(|n| n.url()).collect::<Vec<_>>().join(",")
+    }
+}
+
+pub fn temp_path(dir: &tempfile::TempDir, name: &str) -> PathBuf {
+    dir.path().join(name)
+}
