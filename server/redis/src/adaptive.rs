@@ -9,9 +9,9 @@
 //! samples (`Engine::adapts_alone`), and what it found is where the fleet
 //! goes on from should Redis come back empty.
 
+use super::Breakers;
 use std::time::Duration;
 
-use super::Replication;
 use super::scripts::{ScriptName, adaptive_key};
 use super::wire::{self, AdaptiveReply};
 use floodgate_core::adaptive::Estimator;
@@ -22,7 +22,7 @@ use floodgate_rules::AdaptiveConfig;
 /// A resource without calls this long is not pushed (its limit stays).
 const QUIET: Duration = Duration::from_secs(10);
 
-impl Replication {
+impl Breakers<'_> {
     /// Pushes every active adaptive limit's window; closes the fleet's
     /// windows that are over. False when Redis did not answer one.
     pub(super) async fn sync_adaptive(&self, rules: &Installed) -> bool {

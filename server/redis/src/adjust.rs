@@ -88,6 +88,7 @@ impl Replication {
             return Some(vec![None; items.len()]);
         }
         let left = self
+            .limits()
             .until_done(rules, resource, true, || async {
                 let now = clock.now();
                 let deadline = self.sync().redis_time(now.saturating_add(self.config.timeout));
@@ -162,7 +163,7 @@ impl Replication {
         } else {
             tracing::info!("connected to Redis");
         }
-        self.sync().end_outage(&self.engine);
+        self.sync().on(&self.engine).end_outage();
         rest.is_empty() || self.pay(rules, rest).await
     }
 

@@ -2,6 +2,7 @@
 //! cluster-wide, probe outcomes decided there, operators' states stored; the
 //! shared state adopted by every replica and announced on pub/sub.
 
+use super::Breakers;
 use super::Replication;
 use super::message::Message;
 use super::scripts::{BreakerOp, EVENTS, breaker_args, breaker_keys};
@@ -11,6 +12,18 @@ use floodgate_engine::Installed;
 use floodgate_engine::sync::{BreakerNews, RemoteBreaker, SharedBreaker};
 
 impl Replication {
+    /// Sends `message` to every replica on the events channel.
+    pub(super) async fn publish(&self, message: &Message) {
+        let message = message.encode();
+        let _: Option<i64> =
+            self.call("publish", |mut h| async move {
+                redis::cmd("PUBLISH").arg(EVENTS).arg(message).query_async(&mut h).await
+            })
+            .await;
+    }
+}
+
+impl Breakers<'_> {
     /// Runs one breaker script for `resource`, whose rule has a breaker.
     async fn run_breaker(&self, rules: &Installed, resource: &str, op: BreakerOp) -> Option<BreakerReply> {
         let cfg = rules.rules.find(resource)?.breaker.as_ref()?;
@@ -31,7 +44,7 @@ impl Replication {
     async fn adopt_reply(&self, rules: &Installed, resource: &str, r: &BreakerReply) {
         let open_until = self.engine.clock().now().saturating_add(r.open_for());
         let shared = SharedBreaker { generation: r.generation, state: r.state, open_until, openings: r.openings };
-        self.sync().adopt_breaker(&self.engine, rules, resource, shared);
+        self.sync().on(&self.engine).adopt_breaker(rules, resource, shared);
         if r.changed {
             self.publish(&Message::BreakerChanged { resource: resource.to_string() }).await;
         }
@@ -72,7 +85,7 @@ impl Replication {
             self.flush_outbox(&self.engine.rules_full()).await;
         }
         if self.sync().up() && self.sync().slot_ops_waiting() {
-            self.flush_slot_ops().await;
+            self.limits().flush_slot_ops().await;
         }
     }
 
@@ -95,7 +108,7 @@ impl Replication {
     /// One round: every breaker's window news pushed, its shared state adopted.
     pub(super) async fn sync_breakers(&self, rules: &Installed) -> bool {
         let mut ok = true;
-        for BreakerNews { resource, calls, tripped } in self.sync().breaker_news(&self.engine, rules) {
+        for BreakerNews { resource, calls, tripped } in self.sync().on(&self.engine).breaker_news(rules) {
             let op = BreakerOp::Sync { calls: calls.calls, failures: calls.failures, slow: calls.slow, tripped };
             ok &= self.run_breaker(rules, &resource, op).await.is_some();
         }
@@ -113,15 +126,5 @@ impl Replication {
         if self.run_breaker(rules, resource, BreakerOp::Force(to)).await.is_some() {
             self.publish(&Message::BreakerChanged { resource: resource.to_string() }).await;
         }
-    }
-
-    /// Sends `message` to every replica on the events channel.
-    pub(super) async fn publish(&self, message: &Message) {
-        let message = message.encode();
-        let _: Option<i64> =
-            self.call("publish", |mut h| async move {
-                redis::cmd("PUBLISH").arg(EVENTS).arg(message).query_async(&mut h).await
-            })
-            .await;
     }
 }

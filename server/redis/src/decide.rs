@@ -24,15 +24,15 @@ impl Replication {
         if self.sync().up() {
             self.pull_missing(&prepared).await;
             self.ask_probes(&mut prepared).await;
-            self.ask_slots(&mut prepared).await;
-            self.ensure_leases(&prepared).await;
+            self.limits().ask_slots(&mut prepared).await;
+            self.limits().ensure_leases(&prepared).await;
         }
         let mut answers = self.decide_steps(prepared).await;
         if self.sync().up() {
             self.escalate(again, &mut answers).await;
         }
         if self.sync().up() && !self.sync().outbox_is_empty() {
-            self.flush_outbox(&self.engine.rules_full()).await;
+            self.breakers().flush_outbox(&self.engine.rules_full()).await;
         }
         answers
     }
@@ -50,7 +50,7 @@ impl Replication {
             }
         }
         if !missing.is_empty() {
-            self.lease_now(missing, 0).await;
+            self.limits().lease_now(missing, 0).await;
         }
     }
 
@@ -59,7 +59,7 @@ impl Replication {
         let wanted: Vec<usize> = (0..prepared.len())
             .filter(|&i| {
                 !prepared[i].dry_run()
-                    && self.sync().needs_remote_probe(&self.engine, &prepared[i], prepared[i].resource())
+                    && self.sync().on(&self.engine).needs_remote_probe(&prepared[i], prepared[i].resource())
             })
             .collect();
         if wanted.is_empty() {
@@ -79,7 +79,7 @@ impl Replication {
     async fn probe_detached(&self, resource: String) -> Option<RemoteBreaker> {
         self.detached(|me| async move {
             let rules = me.engine.rules_full();
-            me.probe(&rules, &resource).await
+            me.breakers().probe(&rules, &resource).await
         })
         .await
         .flatten()
@@ -104,7 +104,7 @@ impl Replication {
             let pending: Vec<&Pending<'r>> = remote.items.iter().map(|(_, p)| &**p).collect();
             // Cancelled here (the caller went away), `remote` gives back
             // what the decisions took as it drops.
-            let decisions = self.strict(&pending).await;
+            let decisions = self.limits().strict(&pending).await;
             for ((i, pending), decisions) in std::mem::take(&mut remote.items).into_iter().zip(decisions) {
                 answers[i] = Some(self.engine.finish(*pending, decisions));
             }
@@ -131,7 +131,7 @@ impl Replication {
                 continue;
             }
             let Some(p) = again_for(i) else { continue };
-            if self.sync().worth_escalating(&p) {
+            if self.sync().on(&self.engine).worth_escalating(&p) {
                 want = want.max(p.cost());
                 again.push((i, p));
             }
@@ -143,7 +143,7 @@ impl Replication {
             return;
         }
         metrics::counter!(floodgate_engine::metrics::REDIS_ESCALATIONS).increment(again.len() as u64);
-        self.lease_now(keys, want).await;
+        self.limits().lease_now(keys, want).await;
         let (index, prepared): (Vec<usize>, Vec<Prepared<'r>>) = again.into_iter().unzip();
         for (i, answer) in index.into_iter().zip(self.decide_steps(prepared).await) {
             answers[i] = answer;

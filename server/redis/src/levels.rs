@@ -12,6 +12,7 @@
 //!   one was set meanwhile; a Redis that came back empty gets back every
 //!   level the replicas know.
 
+use super::Settings;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, Weak};
@@ -54,7 +55,39 @@ pub(super) struct Levels {
 /// A system's operator's level (`None`: automatic) and when it was set (ns).
 type Entry = (String, Option<u32>, u64);
 
-impl Replication {
+/// `levels.lua`'s reply: how many it wrote.
+fn wire_count(v: redis::Value) -> Result<u64, super::wire::ReplyError> {
+    match v {
+        redis::Value::Int(n) => Ok(n.max(0) as u64),
+        other => Err(super::wire::ReplyError {
+            script: super::scripts::ScriptName::Levels,
+            what: format!("expected a count, got {other:?}"),
+        }),
+    }
+}
+
+/// One field of `{fg}:levels`: "<level|-> <ns>" (or a bare level, as
+/// written before levels carried their time: the oldest).
+fn parse_level(name: &str, value: &str) -> Option<Entry> {
+    let (level, at) = value.split_once(' ').unwrap_or((value, "0"));
+    let at = at.parse().ok()?;
+    let level = match level {
+        "-" => None,
+        l => Some(l.parse::<u32>().ok().filter(|&l| l <= 3)?),
+    };
+    Some((name.to_string(), level, at))
+}
+
+/// Sends the load reports taken every 250 ms until the replication is dropped.
+pub(super) async fn send_loop(weak: Weak<Replication>) {
+    loop {
+        tokio::time::sleep(SEND_EVERY).await;
+        let Some(r) = weak.upgrade() else { return };
+        r.settings().send_loads().await;
+    }
+}
+
+impl Settings<'_> {
     /// A load report this replica took, to pass on to the others.
     pub fn share_load(&self, system: &str, instance: &str, load: Load, taken_at: Timestamp) {
         let mut pending = self.levels.pending.lock().unwrap_or_else(|e| e.into_inner());
@@ -189,39 +222,6 @@ impl Replication {
         self.levels.rules_seen.store(rules, Ordering::Relaxed);
     }
 }
-
-/// `levels.lua`'s reply: how many it wrote.
-fn wire_count(v: redis::Value) -> Result<u64, super::wire::ReplyError> {
-    match v {
-        redis::Value::Int(n) => Ok(n.max(0) as u64),
-        other => Err(super::wire::ReplyError {
-            script: super::scripts::ScriptName::Levels,
-            what: format!("expected a count, got {other:?}"),
-        }),
-    }
-}
-
-/// One field of `{fg}:levels`: "<level|-> <ns>" (or a bare level, as
-/// written before levels carried their time: the oldest).
-fn parse_level(name: &str, value: &str) -> Option<Entry> {
-    let (level, at) = value.split_once(' ').unwrap_or((value, "0"));
-    let at = at.parse().ok()?;
-    let level = match level {
-        "-" => None,
-        l => Some(l.parse::<u32>().ok().filter(|&l| l <= 3)?),
-    };
-    Some((name.to_string(), level, at))
-}
-
-/// Sends the load reports taken every 250 ms until the replication is dropped.
-pub(super) async fn send_loop(weak: Weak<Replication>) {
-    loop {
-        tokio::time::sleep(SEND_EVERY).await;
-        let Some(r) = weak.upgrade() else { return };
-        r.send_loads().await;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

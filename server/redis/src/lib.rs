@@ -58,6 +58,54 @@ pub struct Config {
     pub replica_id: String,
 }
 
+/// The replication seen for one job. Each job's methods live on its own
+/// type, so that `Replication`'s own are the connection, the decisions that
+/// ask Redis, strict adjustments and forwarded reports:
+/// [`Replication::limits`] syncs replicated buckets, runs strict scripts and
+/// keeps concurrency slots, [`Replication::breakers`] shares breakers and
+/// adaptive windows, and [`Replication::settings`] shares what operators set
+/// (rules, overrides, levels) and load reports. A job handle only borrows
+/// the replication and dereferences to it.
+macro_rules! job {
+    ($(#[$doc:meta])* $name:ident, $method:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy)]
+        pub struct $name<'r>(&'r Replication);
+
+        impl std::ops::Deref for $name<'_> {
+            type Target = Replication;
+
+            fn deref(&self) -> &Replication {
+                self.0
+            }
+        }
+
+        impl Replication {
+            $(#[$doc])*
+            pub fn $method(&self) -> $name<'_> {
+                $name(self)
+            }
+        }
+    };
+}
+
+job!(
+    /// Replicated buckets, strict scripts and concurrency slots in Redis.
+    Limits,
+    limits
+);
+job!(
+    /// Shared breakers, and adaptive limits' windows.
+    Breakers,
+    breakers
+);
+job!(
+    /// What operators set, shared by every replica (rules, overrides,
+    /// degradation levels), and load reports.
+    Settings,
+    settings
+);
+
 pub struct Replication {
     engine: Arc<Engine>,
     /// What the engine keeps for the fleet, shared with it.
@@ -130,9 +178,9 @@ impl Replication {
             rules_seen: std::sync::atomic::AtomicU64::new(0),
             levels: levels::Levels::default(),
         });
-        r.load_shared_rules().await;
-        r.poll_overrides().await;
-        r.load_levels().await;
+        r.settings().load_shared_rules().await;
+        r.settings().poll_overrides().await;
+        r.settings().load_levels().await;
         tokio::spawn(sync_loop(Arc::downgrade(&r)));
         tokio::spawn(levels::send_loop(Arc::downgrade(&r)));
         tokio::spawn(rules::listen(Arc::downgrade(&r)));
@@ -267,31 +315,31 @@ impl Replication {
         if !self.come_back(&rules).await {
             return false;
         }
-        self.poll_overrides().await;
+        self.settings().poll_overrides().await;
         // Strict concurrency slots: given back and added; every second (and
         // first when Redis is back) those held here put back, should Redis
         // have lost them.
         // New rules may have made a limit strict: its calls in flight join the set now.
-        if self.rules_changed(rules.version) {
+        if self.limits().rules_changed(rules.version) {
             self.rounds.store(0, std::sync::atomic::Ordering::Relaxed);
         }
         let round = self.rounds.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // Operators' levels, should an announcement have been missed: every 10 rounds.
         if round.is_multiple_of(10) {
-            self.load_levels().await;
+            self.settings().load_levels().await;
         }
         let every_second = (Duration::from_secs(1).as_nanos() / self.config.sync_interval.as_nanos().max(1)).max(1);
         if u128::from(round) % every_second == 0 {
-            self.reassert_slots().await;
+            self.limits().reassert_slots().await;
         } else {
-            self.flush_slot_ops().await;
+            self.limits().flush_slot_ops().await;
         }
         self.refresh_strict(&rules).await;
-        let buckets = self.sync_buckets(&rules).await;
-        let breakers = self.sync_breakers(&rules).await;
-        self.flush_outbox(&rules).await;
-        self.sync_leases(&rules).await;
-        let adaptive = self.sync_adaptive(&rules).await;
+        let buckets = self.limits().sync_buckets(&rules).await;
+        let breakers = self.breakers().sync_breakers(&rules).await;
+        self.breakers().flush_outbox(&rules).await;
+        self.limits().sync_leases(&rules).await;
+        let adaptive = self.breakers().sync_adaptive(&rules).await;
         buckets && breakers && adaptive
     }
 }

@@ -2,6 +2,7 @@
 //! nothing), and the replicated sync (push what was taken, adopt the merged
 //! state).
 
+use super::Limits;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -93,7 +94,7 @@ impl TakeJob {
     }
 }
 
-impl Replication {
+impl Limits<'_> {
     /// Redis's decisions over the strict limits of these pending decisions,
     /// in order; `None` for those it could not answer. Decisions on one
     /// resource (one slot) go in one script, up to [`DECISIONS_PER_SCRIPT`];
@@ -130,9 +131,9 @@ impl Replication {
         let (tx, rx) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
             let rules = me.engine.rules_full();
-            let taken = me.take(&rules, &job).await;
+            let taken = me.limits().take(&rules, &job).await;
             if let Err(Some(unwanted)) = tx.send(taken) {
-                me.give_back_unwanted(&rules, &job, &unwanted).await;
+                me.limits().give_back_unwanted(&rules, &job, &unwanted).await;
             }
         });
         rx.await.ok().flatten()
@@ -333,14 +334,14 @@ impl Replication {
             let mut items = Vec::new();
             let mut flying = Vec::new();
             for (resource, key) in waiting {
-                match self.sync().sync_item(&self.engine, &rules, resource, &key) {
+                match self.sync().on(&self.engine).sync_item(&rules, resource, &key) {
                     Some(item) => items.push(item),
                     None => flying.push((resource, key)),
                 }
             }
             if !items.is_empty() {
                 let (me, rules) = (me.clone(), rules.clone());
-                tasks.push(tokio::spawn(async move { me.push_and_adopt(&rules, items, want).await }));
+                tasks.push(tokio::spawn(async move { me.limits().push_and_adopt(&rules, items, want).await }));
             }
             if flying.is_empty() || tokio::time::timeout_at(deadline, landed).await.is_err() {
                 break;
@@ -356,7 +357,7 @@ impl Replication {
     /// consumption and adopt the merged state. What could not be pushed is
     /// kept for the next round.
     pub(super) async fn sync_buckets(&self, rules: &Installed) -> bool {
-        let items = self.sync().sync_items(&self.engine, rules, self.engine.clock().now(), ACTIVE);
+        let items = self.sync().on(&self.engine).sync_items(rules, self.engine.clock().now(), ACTIVE);
         self.push_and_adopt(rules, items, 0).await
     }
 
@@ -384,9 +385,9 @@ impl Replication {
                             // from a full bucket).
                             let held = self.engine.buckets().contains_key(&item.key);
                             if held && self.sync().recovering(&item.resource, now) {
-                                self.sync().note_common(&self.engine, &item.resource, &item.key, &shared);
+                                self.sync().on(&self.engine).note_common(&item.resource, &item.key, &shared);
                             } else {
-                                self.sync().adopt(&self.engine, rules, item, &shared);
+                                self.sync().on(&self.engine).adopt(rules, item, &shared);
                             }
                         }
                     }

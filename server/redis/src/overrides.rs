@@ -8,10 +8,10 @@
 //! Expiry is decided by each replica's clock, and a removal only removes the
 //! spec it saw end: one set again meanwhile (same id, new expiry) stays.
 
+use super::Settings;
 use redis::Script;
 use std::sync::LazyLock;
 
-use super::Replication;
 use floodgate_engine::overrides::{Change, Spec, Table};
 
 /// id -> the spec as JSON.
@@ -52,7 +52,20 @@ return {version, removed}
     )
 });
 
-impl Replication {
+/// Installs `table` off the async workers: with 100,000 overrides a change
+/// re-merges the rules for about half a second, which on a worker would hold
+/// up the decisions queued behind it.
+async fn install(engine: &std::sync::Arc<floodgate_engine::Engine>, table: Table, change: Change) -> u64 {
+    let engine = engine.clone();
+    match tokio::task::spawn_blocking(move || engine.control().install_overrides(std::sync::Arc::new(table), change))
+        .await
+    {
+        Ok(version) => version,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
+}
+
+impl Settings<'_> {
     /// Stores `set` and removes `delete` in one step, then installs the
     /// result here; the rules version in force after, or `None` when Redis
     /// did not answer (then nothing changed, there or here).
@@ -185,18 +198,5 @@ impl Replication {
                 return Some(Table::from_specs(specs));
             }
         }
-    }
-}
-
-/// Installs `table` off the async workers: with 100,000 overrides a change
-/// re-merges the rules for about half a second, which on a worker would hold
-/// up the decisions queued behind it.
-async fn install(engine: &std::sync::Arc<floodgate_engine::Engine>, table: Table, change: Change) -> u64 {
-    let engine = engine.clone();
-    match tokio::task::spawn_blocking(move || engine.control().install_overrides(std::sync::Arc::new(table), change))
-        .await
-    {
-        Ok(version) => version,
-        Err(e) => std::panic::resume_unwind(e.into_panic()),
     }
 }

@@ -2,6 +2,7 @@
 //! Redis (for replicas that start later) and announced on pub/sub. The same
 //! channel carries breaker transitions.
 
+use super::Settings;
 use std::sync::Weak;
 use std::time::Duration;
 
@@ -12,40 +13,6 @@ use super::conn::Target;
 use super::message::Message;
 use super::scripts::{EVENTS, RULES};
 use floodgate_rules::RuleSet;
-
-impl Replication {
-    /// Stores rules just applied here, and tells the other replicas.
-    pub async fn share_rules(&self, yaml: &str) {
-        let yaml = yaml.to_string();
-        let stored: Option<()> = self
-            .call("rules", |mut h| async move { redis::cmd("SET").arg(RULES).arg(yaml).query_async(&mut h).await })
-            .await;
-        if stored.is_some() {
-            self.publish(&Message::RulesChanged).await;
-        }
-    }
-
-    /// Installs the rules stored in Redis, if any and if they differ.
-    pub(super) async fn load_shared_rules(&self) {
-        let yaml: Option<Option<String>> =
-            self.call("rules", |mut h| async move { redis::cmd("GET").arg(RULES).query_async(&mut h).await }).await;
-        let Some(Some(yaml)) = yaml else { return };
-        if self.engine.rules().yaml == yaml {
-            return;
-        }
-        match RuleSet::from_yaml(&yaml, "redis") {
-            Ok(rules) => {
-                let version = self.engine.control().install(rules, yaml, "redis".into());
-                floodgate_engine::metrics::rule_reload("redis", true, version);
-                tracing::info!(version, "rules applied on another replica installed");
-            }
-            Err(errors) => {
-                floodgate_engine::metrics::rule_reload("redis", false, self.engine.rules().version);
-                tracing::error!("rules stored in Redis are invalid; keeping the rules in force\n{errors}");
-            }
-        }
-    }
-}
 
 /// Listens on the events channel; reconnects with backoff.
 pub(super) async fn listen(weak: Weak<Replication>) {
@@ -89,14 +56,14 @@ async fn subscribe(url: &str, credentials: &super::Credentials) -> anyhow::Resul
 
 async fn handle(r: &Replication, message: Message) {
     match message {
-        Message::RulesChanged => r.load_shared_rules().await,
-        Message::OverridesChanged => r.poll_overrides().await,
-        Message::LevelsChanged => r.load_levels().await,
+        Message::RulesChanged => r.settings().load_shared_rules().await,
+        Message::OverridesChanged => r.settings().poll_overrides().await,
+        Message::LevelsChanged => r.settings().load_levels().await,
         Message::BreakerChanged { resource } => {
             let rules = r.engine.rules_full();
-            r.refresh_breaker(&rules, &resource).await;
+            r.breakers().refresh_breaker(&rules, &resource).await;
         }
-        Message::Loads { from, reports } => r.on_loads(from, reports),
+        Message::Loads { from, reports } => r.settings().on_loads(from, reports),
         Message::Report(forwarded) => r.on_forwarded(forwarded),
         Message::ReportAnswer { request, answer } => r.on_answer(request, answer),
     }
@@ -110,5 +77,39 @@ fn unreadable(r: &Replication, channel: &str, text: &str, e: &super::message::Un
     if THROTTLE.due(r.engine.clock().now()) {
         let start: String = text.chars().take(64).collect();
         tracing::warn!(channel, message = start.escape_debug().to_string(), error = %e, "a message from another replica could not be read; ignored");
+    }
+}
+
+impl Settings<'_> {
+    /// Stores rules just applied here, and tells the other replicas.
+    pub async fn share_rules(&self, yaml: &str) {
+        let yaml = yaml.to_string();
+        let stored: Option<()> = self
+            .call("rules", |mut h| async move { redis::cmd("SET").arg(RULES).arg(yaml).query_async(&mut h).await })
+            .await;
+        if stored.is_some() {
+            self.publish(&Message::RulesChanged).await;
+        }
+    }
+
+    /// Installs the rules stored in Redis, if any and if they differ.
+    pub(super) async fn load_shared_rules(&self) {
+        let yaml: Option<Option<String>> =
+            self.call("rules", |mut h| async move { redis::cmd("GET").arg(RULES).query_async(&mut h).await }).await;
+        let Some(Some(yaml)) = yaml else { return };
+        if self.engine.rules().yaml == yaml {
+            return;
+        }
+        match RuleSet::from_yaml(&yaml, "redis") {
+            Ok(rules) => {
+                let version = self.engine.control().install(rules, yaml, "redis".into());
+                floodgate_engine::metrics::rule_reload("redis", true, version);
+                tracing::info!(version, "rules applied on another replica installed");
+            }
+            Err(errors) => {
+                floodgate_engine::metrics::rule_reload("redis", false, self.engine.rules().version);
+                tracing::error!("rules stored in Redis are invalid; keeping the rules in force\n{errors}");
+            }
+        }
     }
 }

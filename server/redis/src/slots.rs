@@ -11,13 +11,13 @@
 //!   at once; every sync shrinks an idle replica's lease to what it holds.
 //! - While Redis cannot answer, `on_redis_error` decides (engine side).
 
+use super::Limits;
 use floodgate_engine::Coordination;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
 
-use super::Replication;
 use super::limits::lease_ttl;
 use super::scripts::{ScriptName, slot_keys};
 use super::wire::{self, Answered};
@@ -26,7 +26,36 @@ use floodgate_engine::sync::{RemoteSlot, SlotOp};
 use floodgate_engine::{Installed, Prepared};
 use floodgate_rules::Concurrency;
 
-impl Replication {
+/// Strict permits this close to their expiry are not put back.
+const REASSERT_MARGIN: Duration = Duration::from_millis(250);
+
+/// Why a lease is renewed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Renewal {
+    /// A call found no free slot under it.
+    Short,
+    /// The periodic sync.
+    Sync,
+}
+
+/// A renewal over, whatever became of it: the next may go out.
+struct LeaseLanding<'a> {
+    g: &'a Guarded,
+    landed: &'a tokio::sync::Notify,
+}
+
+impl Drop for LeaseLanding<'_> {
+    fn drop(&mut self) {
+        self.g.end_lease_sync();
+        self.landed.notify_waiters();
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    d.as_millis().min(u128::from(u64::MAX)) as u64
+}
+
+impl Limits<'_> {
     /// Takes a strict slot in Redis for every item that needs one,
     /// concurrently. An item left without an answer (Redis is away, or
     /// permits issued without it are not counted there yet) follows its
@@ -63,7 +92,7 @@ impl Replication {
     /// On a task of its own: a slot whose caller went away is given back as
     /// its grant drops there.
     async fn take_slot_detached(&self, resource: String, c: Concurrency) -> Option<RemoteSlot> {
-        self.detached(move |me| async move { me.take_slot(resource, c).await }).await.flatten()
+        self.detached(move |me| async move { me.limits().take_slot(resource, c).await }).await.flatten()
     }
 
     /// A script that ran past its deadline (a slow Redis: it took nothing)
@@ -122,7 +151,7 @@ impl Replication {
     }
 
     async fn slot_work(&self, reassert: bool) {
-        self.detached(move |me| async move { me.slot_work_here(reassert).await }).await;
+        self.detached(move |me| async move { me.limits().slot_work_here(reassert).await }).await;
     }
 
     async fn slot_work_here(&self, reassert: bool) {
@@ -227,7 +256,7 @@ impl Replication {
     }
 
     async fn renew_detached(&self, resource: String, g: Arc<Guarded>, c: Concurrency, why: Renewal) {
-        self.detached(move |me| async move { me.renew_lease(&resource, &g, c, why).await }).await;
+        self.detached(move |me| async move { me.limits().renew_lease(&resource, &g, c, why).await }).await;
     }
 
     /// One renewal of a lease; one at a time per resource. A call short of
@@ -280,33 +309,4 @@ impl Replication {
             g.set_lease(granted, sent.saturating_add(life), granted.max(floor));
         }
     }
-}
-
-/// Strict permits this close to their expiry are not put back.
-const REASSERT_MARGIN: Duration = Duration::from_millis(250);
-
-/// Why a lease is renewed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Renewal {
-    /// A call found no free slot under it.
-    Short,
-    /// The periodic sync.
-    Sync,
-}
-
-/// A renewal over, whatever became of it: the next may go out.
-struct LeaseLanding<'a> {
-    g: &'a Guarded,
-    landed: &'a tokio::sync::Notify,
-}
-
-impl Drop for LeaseLanding<'_> {
-    fn drop(&mut self) {
-        self.g.end_lease_sync();
-        self.landed.notify_waiters();
-    }
-}
-
-fn millis(d: Duration) -> u64 {
-    d.as_millis().min(u128::from(u64::MAX)) as u64
 }

@@ -454,44 +454,64 @@ impl Coordination for Replica {
 
 // === The replication task's view of the engine ===
 
-/// What the replication task reads from and writes to the engine's state.
-/// Methods of the replica, given the engine, so that the engine itself needs
+/// The replica and the engine together: what the replication task reads
+/// from and writes to the engine's state, so that the engine itself needs
 /// no method that only a replicating server calls.
+#[derive(Clone, Copy)]
+pub struct OnEngine<'a> {
+    replica: &'a Replica,
+    engine: &'a Engine,
+}
+
 impl Replica {
+    /// This replica's state together with `engine`'s.
+    pub fn on<'a>(&'a self, engine: &'a Engine) -> OnEngine<'a> {
+        OnEngine { replica: self, engine }
+    }
+}
+
+impl OnEngine<'_> {
     /// Whether the next call on this resource needs Redis to grant a probe
     /// (the rule `p` matched has a breaker, in OPEN past its wait or HALF_OPEN).
-    pub fn needs_remote_probe(&self, engine: &Engine, p: &Prepared<'_>, resource: &str) -> bool {
-        if !self.up() || !p.has_breaker() || p.gate() {
+    pub fn needs_remote_probe(&self, p: &Prepared<'_>, resource: &str) -> bool {
+        if !self.replica.up() || !p.has_breaker() || p.gate() {
             return false;
         }
-        let now = engine.clock.now();
-        engine.guards.get(resource).is_some_and(|g| g.current_breaker().as_ref().is_some_and(|b| b.needs_probe(now)))
+        let now = self.engine.clock.now();
+        self.engine
+            .guards
+            .get(resource)
+            .is_some_and(|g| g.current_breaker().as_ref().is_some_and(|b| b.needs_probe(now)))
     }
 
     /// Takes the shared state of a resource's breaker when it is newer than
     /// the last one taken.
-    pub fn adopt_breaker(&self, engine: &Engine, rules: &Installed, resource: &str, shared: SharedBreaker) {
+    pub fn adopt_breaker(&self, rules: &Installed, resource: &str, shared: SharedBreaker) {
         let Some(rule) = rules.rules.find(resource) else { return };
         let Some(cfg) = rule.breaker.as_ref() else { return };
-        if !self.newer(resource, shared.generation) {
+        if !self.replica.newer(resource, shared.generation) {
             return;
         }
-        let g = engine.guards.get_or_create(resource, rule);
-        let now = engine.clock.now();
+        let g = self.engine.guards.get_or_create(resource, rule);
+        let now = self.engine.clock.now();
         let transition = g
             .breaker(Some(cfg))
             .as_mut()
             .and_then(|b| b.adopt(cfg, now, shared.state, shared.open_until, shared.openings));
         if let Some(transition) = transition {
-            engine.events.publish(Event::Breaker { resource: resource.into(), rule: rule.name.clone(), transition });
+            self.engine.events.publish(Event::Breaker {
+                resource: resource.into(),
+                rule: rule.name.clone(),
+                transition,
+            });
         }
     }
 
     /// Records what the replicas have in common after a sync, without taking
     /// a lease of it (a resource recovering from a loss): the next loss is
     /// restored from this figure, not from one older than the last loss.
-    pub fn note_common(&self, engine: &Engine, resource: &str, key: &BucketKey, shared: &Shared) {
-        self.dirty.synced(key, resource, shared.available, engine.clock.now());
+    pub fn note_common(&self, resource: &str, key: &BucketKey, shared: &Shared) {
+        self.replica.dirty.synced(key, resource, shared.available, self.engine.clock.now());
     }
 
     /// Every replicated bucket active within `active`, with its consumption
@@ -499,11 +519,11 @@ impl Replica {
     /// so that it is pushed and the merged state pulled. The buckets of
     /// those no longer active go: the lease they hold is no longer kept for
     /// this replica in Redis, so their next use pulls the merged state.
-    pub fn sync_items(&self, engine: &Engine, rules: &Installed, now: Timestamp, active: Duration) -> Vec<SyncItem> {
+    pub fn sync_items(&self, rules: &Installed, now: Timestamp, active: Duration) -> Vec<SyncItem> {
         let mut forgotten = Vec::new();
-        let items = self.dirty.drain(now, active, |key| self.holding(engine, rules, key, now), &mut forgotten);
+        let items = self.replica.dirty.drain(now, active, |key| self.holding(rules, key, now), &mut forgotten);
         for key in forgotten {
-            engine.buckets.remove(&key);
+            self.engine.buckets.remove(&key);
         }
         items
     }
@@ -511,16 +531,18 @@ impl Replica {
     /// One replicated bucket's sync item, its consumption now reset (to push
     /// it now); `None` while another sync of it is out (see
     /// [`Replica::landed`]).
-    pub fn sync_item(&self, engine: &Engine, rules: &Installed, resource: &str, key: &BucketKey) -> Option<SyncItem> {
-        let now = engine.clock.now();
-        let hold = self.holding(engine, rules, key, now);
-        self.dirty.take(key, resource, hold, now)
+    pub fn sync_item(&self, rules: &Installed, resource: &str, key: &BucketKey) -> Option<SyncItem> {
+        let now = self.engine.clock.now();
+        let hold = self.holding(rules, key, now);
+        self.replica.dirty.take(key, resource, hold, now)
     }
 
     /// What this replica could still admit from the bucket at `key`.
-    fn holding(&self, engine: &Engine, rules: &Installed, key: &BucketKey, now: Timestamp) -> u64 {
+    fn holding(&self, rules: &Installed, key: &BucketKey, now: Timestamp) -> u64 {
         match rules.algorithm(key.limit) {
-            Some(alg) if engine.buckets.contains_key(key) => engine.buckets.check(key, alg, now, 0).status.remaining,
+            Some(alg) if self.engine.buckets.contains_key(key) => {
+                self.engine.buckets.check(key, alg, now, 0).status.remaining
+            }
             _ => 0,
         }
     }
@@ -529,39 +551,39 @@ impl Replica {
     /// re-applies what was taken here since the sync of `item` went out. A
     /// state older than one adopted already is left alone (replies to
     /// concurrent syncs may arrive in any order).
-    pub fn adopt(&self, engine: &Engine, rules: &Installed, item: &SyncItem, shared: &Shared) {
+    pub fn adopt(&self, rules: &Installed, item: &SyncItem, shared: &Shared) {
         let Some(alg) = rules.algorithm(item.key.limit) else { return };
-        let now = engine.clock.now();
+        let now = self.engine.clock.now();
         let key = &item.key;
-        if !self.dirty.newer(key, &item.resource, shared.seq, now) {
+        if !self.replica.dirty.newer(key, &item.resource, shared.seq, now) {
             return;
         }
-        let mut bucket = Bucket::adopt(alg, now, shared, self.share());
-        let since = self.dirty.since(key, item.mark);
+        let mut bucket = Bucket::adopt(alg, now, shared, self.replica.share());
+        let since = self.replica.dirty.since(key, item.mark);
         if since > 0 {
             bucket.force(alg, now, since.unsigned_abs());
         } else if since < 0 {
             bucket.refund(alg, now, since.unsigned_abs());
         }
-        engine.buckets.put(key.clone(), bucket, now);
+        self.engine.buckets.put(key.clone(), bucket, now);
         // Decisions note what they take before taking it: one that took from
         // the old bucket while it was replaced is counted now (one that took
         // from the new bucket is counted twice until the next sync, which
         // errs on the side of the limit).
-        let later = self.dirty.since(key, item.mark).wrapping_sub(since);
+        let later = self.replica.dirty.since(key, item.mark).wrapping_sub(since);
         if later > 0 {
-            engine.buckets.force(key.clone(), alg, now, later.unsigned_abs());
+            self.engine.buckets.force(key.clone(), alg, now, later.unsigned_abs());
         } else if later < 0 {
-            engine.buckets.refund(key, alg, now, later.unsigned_abs());
+            self.engine.buckets.refund(key, alg, now, later.unsigned_abs());
         }
-        self.dirty.synced(key, &item.resource, shared.available, now);
+        self.replica.dirty.synced(key, &item.resource, shared.available, now);
     }
 
     /// Redis is back: the buckets strict limits used during the outage go, so
     /// the next outage starts again from what Redis last said.
-    pub fn end_outage(&self, engine: &Engine) {
-        for key in self.take_outage() {
-            engine.buckets.remove(&key);
+    pub fn end_outage(&self) {
+        for key in self.replica.take_outage() {
+            self.engine.buckets.remove(&key);
         }
     }
 
@@ -569,18 +591,18 @@ impl Replica {
     /// the replicas have in common (more than this replica's lease).
     pub fn worth_escalating(&self, p: &Prepared<'_>) -> bool {
         let cost = p.cost() as f64;
-        p.replicated_keys().any(|(_, k)| self.dirty.available(k).is_some_and(|a| a >= cost))
+        p.replicated_keys().any(|(_, k)| self.replica.dirty.available(k).is_some_and(|a| a >= cost))
     }
 
     /// Every guarded breaker's calls since the last sync (now reset), also
     /// those with none: each sync brings back the shared state of all.
-    pub fn breaker_news(&self, engine: &Engine, rules: &Installed) -> Vec<BreakerNews> {
-        engine
+    pub fn breaker_news(&self, rules: &Installed) -> Vec<BreakerNews> {
+        self.engine
             .guards
             .all()
             .into_iter()
             .filter(|(resource, _)| rules.rules.find(resource).is_some_and(|r| r.breaker.is_some()))
-            .map(|(resource, _)| self.take_news(resource))
+            .map(|(resource, _)| self.replica.take_news(resource))
             .collect()
     }
 }

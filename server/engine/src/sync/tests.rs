@@ -29,21 +29,21 @@ fn replicated_buckets_are_synced_while_used_and_dropped_when_idle() {
         e.acquire(&rules, &Request::new("r", &d)).unwrap();
     }
     let active = Duration::from_secs(10);
-    let items = replica.sync_items(&e, &rules, clock.now(), active);
+    let items = replica.on(&e).sync_items(&rules, clock.now(), active);
     // Pushed: 3 taken; held: the 7 left in the bucket.
     assert_eq!(items.iter().map(|i| (i.resource.as_str(), i.delta, i.hold)).collect::<Vec<_>>(), [("r", 3, 7)]);
     // The merged state leases 2 of 7 available; a sync is not a use.
     let shared = Shared { available: 7.0, lease: 2.0, seq: 1, ..Shared::default() };
-    replica.adopt(&e, &rules, &items[0], &shared);
+    replica.on(&e).adopt(&rules, &items[0], &shared);
     replica.landed(&items[0]);
     let alg = rules.algorithm(items[0].key.limit).unwrap();
     assert_eq!(e.buckets().check(&items[0].key, alg, clock.now(), 0).status.remaining, 2);
-    let again = replica.sync_items(&e, &rules, clock.now(), active);
+    let again = replica.on(&e).sync_items(&rules, clock.now(), active);
     assert_eq!(again.len(), 1, "still active");
     clock.advance(Duration::from_secs(11));
-    replica.adopt(&e, &rules, &again[0], &Shared { seq: 2, ..shared });
+    replica.on(&e).adopt(&rules, &again[0], &Shared { seq: 2, ..shared });
     replica.landed(&again[0]);
-    assert!(replica.sync_items(&e, &rules, clock.now(), active).is_empty(), "idle for 11 s: no longer synced");
+    assert!(replica.on(&e).sync_items(&rules, clock.now(), active).is_empty(), "idle for 11 s: no longer synced");
     assert!(!e.buckets().contains_key(&items[0].key), "and its lease is gone: the next use pulls the merged state");
 }
 
@@ -61,25 +61,25 @@ fn a_bucket_has_one_sync_out_and_its_merged_state_counts_what_was_taken_since_it
     };
     assert_eq!(take(2), 2);
     let active = Duration::from_secs(10);
-    let first = replica.sync_items(&e, &rules, clock.now(), active).remove(0);
+    let first = replica.on(&e).sync_items(&rules, clock.now(), active).remove(0);
     assert_eq!((first.delta, first.hold), (2, 8));
     // While it is out, neither the next round nor an escalation sends another.
     assert_eq!(take(1), 1);
-    assert!(replica.sync_items(&e, &rules, clock.now(), active).is_empty());
-    assert!(replica.sync_item(&e, &rules, "r", &first.key).is_none());
+    assert!(replica.on(&e).sync_items(&rules, clock.now(), active).is_empty());
+    assert!(replica.on(&e).sync_item(&rules, "r", &first.key).is_none());
     // Its reply: a lease of 5, less the 1 taken since it went out.
-    replica.adopt(&e, &rules, &first, &Shared { available: 8.0, lease: 5.0, seq: 10, ..Shared::default() });
+    replica.on(&e).adopt(&rules, &first, &Shared { available: 8.0, lease: 5.0, seq: 10, ..Shared::default() });
     sync.landed(&first);
     assert_eq!(remaining(&first.key), 4);
     // Landed: the next goes, with what was taken since the first.
-    let second = replica.sync_item(&e, &rules, "r", &first.key).expect("the first landed");
+    let second = replica.on(&e).sync_item(&rules, "r", &first.key).expect("the first landed");
     assert_eq!((second.delta, second.hold), (1, 4));
     assert_eq!(take(1), 1);
-    replica.adopt(&e, &rules, &second, &Shared { available: 7.0, lease: 4.0, seq: 11, ..Shared::default() });
+    replica.on(&e).adopt(&rules, &second, &Shared { available: 7.0, lease: 4.0, seq: 11, ..Shared::default() });
     sync.landed(&second);
     assert_eq!(remaining(&first.key), 3);
     // A reply older than one adopted (a retried script) changes nothing.
-    replica.adopt(&e, &rules, &first, &Shared { available: 8.0, lease: 5.0, seq: 10, ..Shared::default() });
+    replica.on(&e).adopt(&rules, &first, &Shared { available: 8.0, lease: 5.0, seq: 10, ..Shared::default() });
     assert_eq!(remaining(&first.key), 3);
     assert_eq!(take(5), 3, "the lease admits what it has left, no more");
 }
@@ -134,7 +134,7 @@ fn while_redis_is_down_every_strict_decision_follows_its_policy() {
     // perhaps not yet): an outage right after takes off the 9 the other may
     // have admitted too, unpaid: a share of 13 - 9.
     assert!(sync.set_up(true), "it came back");
-    replica.end_outage(&e);
+    replica.on(&e).end_outage();
     assert!(!sync.set_up(true), "already up");
     clock.advance(Duration::from_millis(100));
     sync.saw_strict(&key, "local", 13, clock.now());
@@ -143,7 +143,7 @@ fn while_redis_is_down_every_strict_decision_follows_its_policy() {
     // Once every replica has paid (3 s), an outage starts again from what
     // Redis then says.
     assert!(sync.set_up(true));
-    replica.end_outage(&e);
+    replica.on(&e).end_outage();
     clock.advance(Duration::from_secs(4));
     sync.saw_strict(&key, "local", 4, clock.now());
     sync.set_up(false);

@@ -68,7 +68,7 @@ impl Control<'_> {
         let rules = self.engine.rules_full();
         let mut info = self.engine.control().set_breaker(&rules, resource, to)?;
         if let Some(replication) = &self.replication {
-            replication.force_breaker(&rules, resource, to).await;
+            replication.breakers().force_breaker(&rules, resource, to).await;
             info = self.engine.views().breaker(&rules, resource)?;
         }
         tracing::info!(resource, state = to.name(), "breaker state set through Admin");
@@ -84,7 +84,7 @@ impl Control<'_> {
         }
         let levels = self.engine.control().set_degradation(target, level)?;
         if let Some(replication) = &self.replication {
-            replication.set_level(target, level).await;
+            replication.settings().set_level(target, level).await;
         }
         Ok(levels)
     }
@@ -95,7 +95,7 @@ impl Control<'_> {
         let taken_at = self.engine.clock().now();
         let answer = self.engine.control().report_load(system, instance, load, Some(taken_at))?;
         if let Some(replication) = &self.replication {
-            replication.share_load(system, instance, load, taken_at);
+            replication.settings().share_load(system, instance, load, taken_at);
         }
         Ok(answer)
     }

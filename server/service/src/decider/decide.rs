@@ -82,7 +82,7 @@ impl Decider {
         let (reported, strict) = self.report_here(r)?;
         if let Some(replication) = &self.replication {
             replication.adjust_strict(&strict).await;
-            replication.after_report().await;
+            replication.breakers().after_report().await;
             if !reported.counted {
                 return self.forward(replication, r).await.unwrap_or(Ok(reported));
             }
@@ -148,7 +148,7 @@ impl Decider {
             for adjust in strict {
                 replication.adjust_strict(&adjust).await;
             }
-            replication.after_report().await;
+            replication.breakers().after_report().await;
             // Reports of other replicas' permits, passed on. One the issuer
             // refuses (another resource) is answered `counted: false` here:
             // the rest of the batch was applied already.

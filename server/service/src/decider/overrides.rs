@@ -197,7 +197,7 @@ impl Control<'_> {
         }
         if let Some(replication) = &self.replication {
             // Another replica may have removed some, or set them again.
-            let _ = replication.expire_overrides(&ended).await;
+            let _ = replication.settings().expire_overrides(&ended).await;
             return;
         }
         let ids: Vec<String> = ended.iter().map(|s| s.id.clone()).collect();
@@ -219,7 +219,7 @@ impl Control<'_> {
         change: Change,
     ) -> Result<u64, RequestError> {
         if let Some(replication) = &self.replication {
-            return replication.change_overrides(set, delete, change).await.ok_or(RequestError::OverridesNotKept(
+            return replication.settings().change_overrides(set, delete, change).await.ok_or(RequestError::OverridesNotKept(
                 "Redis did not answer, so it is not in force; if Redis stored it late, every replica installs it at its next sync".into(),
             ));
         }

@@ -216,7 +216,7 @@ impl Control<'_> {
         }
         let version = self.install(rules, yaml.to_string(), Origin::Admin);
         if let Some(replication) = &self.replication {
-            replication.share_rules(yaml).await;
+            replication.settings().share_rules(yaml).await;
         }
         tracing::info!(version, "rules applied through Admin");
         Ok(Applied { version, resources, applied: true, what_if_until: None })
