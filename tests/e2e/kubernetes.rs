@@ -3,7 +3,7 @@
 //! schemas (`kubernetes-validate`, strict), every `floodgate` flag and
 //! environment variable in them against the binary's own `serve --help`,
 //! every mounted rules file by `check-config`, the Envoy example by Envoy
-//! itself (`--mode validate`), and the README's rendering against the files.
+//! itself (`--mode validate`).
 //! A ConfigMap's `..data` swap, as the kubelet makes it, reloads the rules.
 
 use crate::support;
@@ -151,20 +151,6 @@ fn every_mounted_rules_file_passes_check_config_and_envoys_config_is_envoys() {
     let names: Vec<String> = rules["resources"].as_sequence().unwrap().iter().map(|r| s(&r["name"])).collect();
     let matched = names.iter().any(|n| n == &domain || n.strip_suffix('*').is_some_and(|p| domain.starts_with(p)));
     assert!(matched, "the Envoy example's domain {domain} matches none of {names:?}");
-}
-
-#[test]
-fn the_readmes_rendering_of_the_base_is_the_files() {
-    let readme = std::fs::read_to_string(support::repo_path("README.md")).unwrap();
-    let start = "<!-- kubectl kustomize deploy/kubernetes/base -->\n```yaml\n";
-    let at = readme.find(start).expect("the README shows the base's rendering") + start.len();
-    let block = &readme[at..at + readme[at..].find("```").unwrap()];
-    let (_, docs) = render("base");
-    assert_eq!(
-        documents(block),
-        docs,
-        "the README's rendering is stale: paste `kubectl kustomize deploy/kubernetes/base`"
-    );
 }
 
 #[test]
