@@ -10,11 +10,11 @@ use crate::metrics::{DECISIONS, ENVOY, LIMIT_DECISIONS, UNMATCHED};
 use crate::rules::Rule;
 
 /// The `verdict` label values, in the order `record` numbers them.
-pub const VERDICTS: [&str; 5] = ["ALLOWED", "RATE_LIMITED", "CIRCUIT_OPEN", "CONCURRENCY_LIMITED", "SHED"];
+pub(crate) const VERDICTS: [&str; 5] = ["ALLOWED", "RATE_LIMITED", "CIRCUIT_OPEN", "CONCURRENCY_LIMITED", "SHED"];
 
 /// One rule's decision counters.
 #[derive(Debug)]
-pub struct RuleMetrics {
+pub(crate) struct RuleMetrics {
     /// By verdict (index `verdict_index`), with an empty `limit` label.
     verdicts: [Counter; 5],
     /// RATE_LIMITED, by the index of the limit that denied.

@@ -14,11 +14,11 @@ use super::request::{self, Descriptors, Request, RequestError};
 use super::sync::{RemoteBreaker, RemoteSlot};
 use super::{Engine, Installed};
 use crate::breaker;
-use crate::coordination::decided_by_store;
 use crate::degradation::Scope;
 use crate::limiter::{Decision, Status};
 use crate::rules::{Limit, Priority, Rule, duration};
 use crate::store::{BucketKey, LimitId};
+use crate::sync::decided_by_store;
 use crate::time::{SharedClock, Timestamp};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -128,7 +128,7 @@ impl Prepared<'_> {
     }
 
     /// Whether the matched rule has a circuit breaker.
-    pub fn has_breaker(&self) -> bool {
+    pub(crate) fn has_breaker(&self) -> bool {
         self.rule.is_some_and(|(r, _)| r.breaker.is_some())
     }
 

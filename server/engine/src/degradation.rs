@@ -208,7 +208,7 @@ impl Scope {
     }
 
     /// A call a breaker counted (the global scope's signal).
-    pub fn record_call(&self, now: Timestamp, call: Call) {
+    pub(crate) fn record_call(&self, now: Timestamp, call: Call) {
         let mut c = self.lock();
         let slot = c.slot(now);
         slot.calls += 1;
@@ -217,7 +217,7 @@ impl Scope {
     }
 
     /// A reported outcome of one of the system's calls.
-    pub fn record_outcome(&self, now: Timestamp, failed: bool, latency: Duration) {
+    pub(crate) fn record_outcome(&self, now: Timestamp, failed: bool, latency: Duration) {
         let mut c = self.lock();
         let slow = latency > c.cfg.slow_call_duration;
         let slot = c.slot(now);
@@ -264,7 +264,7 @@ impl Scope {
     }
 
     /// Recomputes the automatic level at `now`.
-    pub fn evaluate(&self, now: Timestamp) -> Option<LevelChange> {
+    pub(crate) fn evaluate(&self, now: Timestamp) -> Option<LevelChange> {
         self.update(|c| {
             c.prune(now);
             c.evaluate(now);
@@ -273,7 +273,7 @@ impl Scope {
     }
 
     /// An operator's level (`Some`, at most 3), or back to automatic (`None`).
-    pub fn set_manual(&self, level: Option<u32>) -> Option<LevelChange> {
+    pub(crate) fn set_manual(&self, level: Option<u32>) -> Option<LevelChange> {
         self.update(|c| {
             c.manual = level.map(|l| l.min(MAX_LEVEL));
             Some(match c.manual {
@@ -579,7 +579,7 @@ impl Systems {
     }
 
     /// A scope by name; the empty name is the global scope.
-    pub fn by_name(&self, name: &str) -> Option<&Arc<Scope>> {
+    pub(crate) fn by_name(&self, name: &str) -> Option<&Arc<Scope>> {
         if name.is_empty() {
             return Some(&self.global);
         }

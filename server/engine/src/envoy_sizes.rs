@@ -13,9 +13,9 @@ use crate::rules::envoy::{self, Unit};
 use crate::store::LimitId;
 
 /// The most distinct override sizes one process keeps.
-pub const MAX_SIZES: usize = 256;
+pub(crate) const MAX_SIZES: usize = 256;
 
-pub struct EnvoySizes {
+pub(crate) struct EnvoySizes {
     slots: Box<[OnceLock<(Rule, RuleHandles)>]>,
     index: RwLock<HashMap<(u32, Unit), usize>>,
 }

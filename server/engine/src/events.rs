@@ -37,7 +37,7 @@ pub enum Event {
 
 /// Where events go once published: called on the publisher's thread, so it
 /// must return at once (a bounded channel's `send`, not a wait).
-pub type Listener = Box<dyn Fn(Arc<Event>) + Send + Sync>;
+pub(crate) type Listener = Box<dyn Fn(Arc<Event>) + Send + Sync>;
 
 /// The engine's events, handed to a listener attached once.
 #[derive(Clone, Default)]

@@ -127,7 +127,7 @@ enum Place {
 }
 
 /// Where the rules in force live.
-pub struct RulesSlot {
+pub(crate) struct RulesSlot {
     current: ArcSwap<Installed>,
     /// Limit ids. Also serialises installs.
     ids: Mutex<Ids>,
@@ -201,12 +201,12 @@ impl Installed {
 
     /// The degradation scope of `resource`: its system's, else the global one.
     #[inline]
-    pub fn scope_of(&self, resource: &str) -> &Arc<Scope> {
+    pub(crate) fn scope_of(&self, resource: &str) -> &Arc<Scope> {
         self.systems.scope(self.rules.membership().system_of(resource))
     }
 
     /// The `i`th rule of [`Installed::rules`] with its handles.
-    pub fn rule_at(&self, i: usize) -> (&Rule, &RuleHandles) {
+    pub(crate) fn rule_at(&self, i: usize) -> (&Rule, &RuleHandles) {
         (&self.rules.rules()[i], &self.handles.rules[i])
     }
 
@@ -302,7 +302,7 @@ impl RulesSlot {
 
     /// Swaps in other overrides set at run time, keeping the rules; returns
     /// the version.
-    pub fn install_runtime(&self, runtime: Arc<Table>) -> u64 {
+    pub(crate) fn install_runtime(&self, runtime: Arc<Table>) -> u64 {
         let mut ids = self.ids.lock().unwrap_or_else(|e| e.into_inner());
         let current = self.current.load_full();
         let parts = Parts {

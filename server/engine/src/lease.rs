@@ -46,7 +46,7 @@ use crate::store::BucketKey;
 use crate::time::Timestamp;
 
 /// Holders remembered per bucket; beyond, the one seen longest ago goes.
-pub const MAX_HOLDERS: usize = 64;
+pub(crate) const MAX_HOLDERS: usize = 64;
 /// Buckets with holders remembered; beyond, a holder on a new bucket is
 /// planned as if alone (its share comes out larger, never past what is
 /// available) until the sweep frees some.

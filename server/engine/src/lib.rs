@@ -4,12 +4,19 @@
 //! (time comes from the injected [`Clock`](crate::time::Clock)), no generated
 //! code.
 //!
-//! - [`installed`]: the rules in force, swapped atomically.
-//! - [`request`]: what a caller may ask, checked before anything is decided.
-//! - [`decide`]: one decision (and its two-step form for strict limits).
-//! - [`guards`]: breakers, concurrency slots and permits per resource.
-//! - [`report`]: outcomes, expiry, the operator's controls.
-//! - [`sync`]: what replication keeps, present only with Redis.
+//! - [`Engine`]: prepare and decide (one step, or two when Redis decides
+//!   strict limits); its other jobs are handles: [`Engine::control`] (what is
+//!   in force), [`Engine::views`] (what is shown), [`Engine::leasing`],
+//!   [`Engine::charges`] and [`Engine::outcomes`].
+//! - [`Coordination`]: what a decision asks of the other replicas;
+//!   [`Alone`] without a shared store, [`sync::Replica`] with Redis.
+//! - [`request`]: what a caller may ask, checked before anything is decided;
+//!   [`guards`]: breakers, concurrency slots and permits per resource;
+//!   [`report`], [`settle`], [`lease`]: what comes back after a decision.
+//! - [`degradation`]: levels per system; [`events`]: transitions for Watch;
+//!   [`overrides`]: limits set at run time; [`metrics`]: every metric's name.
+//! - [`concurrency`], [`hottest`], [`what_if`]: views for Admin and the
+//!   console.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,16 +26,15 @@ use arc_swap::Guard;
 use floodgate_core::{adaptive, breaker, digest, hitters, limiter, store, time};
 use floodgate_rules as rules;
 
-pub use crate::coordination::{Alone, Coordination};
 use crate::events::{Event, Events};
 use crate::rules::RuleSet;
 use crate::store::Buckets;
+pub use crate::sync::{Alone, Coordination};
 use crate::time::{SharedClock, Timestamp};
 
 pub mod concurrency;
-pub mod coordination;
 mod counters;
-pub mod decide;
+mod decide;
 pub mod degradation;
 mod envoy_sizes;
 pub mod events;
@@ -39,10 +45,10 @@ mod installed;
 pub mod lease;
 pub mod metrics;
 pub mod overrides;
-pub mod permit_id;
+mod permit_id;
 pub mod report;
 pub mod request;
-pub mod rls;
+mod rls;
 pub mod settle;
 pub mod sync;
 pub mod what_if;

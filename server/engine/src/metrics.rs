@@ -10,27 +10,27 @@
 
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge};
 
-pub const DECISIONS: &str = "floodgate_decisions_total";
-pub const LIMIT_DECISIONS: &str = "floodgate_limit_decisions_total";
+pub(crate) const DECISIONS: &str = "floodgate_decisions_total";
+pub(crate) const LIMIT_DECISIONS: &str = "floodgate_limit_decisions_total";
 pub const RPC_DURATION: &str = "floodgate_rpc_duration_seconds";
 pub const RPC_REQUESTS: &str = "floodgate_rpc_requests_total";
 pub const KEYS: &str = "floodgate_keys";
 pub const MAX_KEYS: &str = "floodgate_max_keys";
-pub const KEY_BYTES: &str = "floodgate_key_bytes";
+pub(crate) const KEY_BYTES: &str = "floodgate_key_bytes";
 pub const MAX_KEY_BYTES: &str = "floodgate_max_key_bytes";
-pub const EVICTIONS: &str = "floodgate_evictions_total";
-pub const RULE_RELOADS: &str = "floodgate_rule_reloads_total";
-pub const RULES_VERSION: &str = "floodgate_rules_version";
+pub(crate) const EVICTIONS: &str = "floodgate_evictions_total";
+pub(crate) const RULE_RELOADS: &str = "floodgate_rule_reloads_total";
+pub(crate) const RULES_VERSION: &str = "floodgate_rules_version";
 pub const RESIDENT_MEMORY: &str = "floodgate_process_resident_memory_bytes";
 pub const BREAKER_STATE: &str = "floodgate_breaker_state";
 pub const BREAKERS: &str = "floodgate_breakers";
-pub const BREAKER_TRANSITIONS: &str = "floodgate_breaker_transitions_total";
+pub(crate) const BREAKER_TRANSITIONS: &str = "floodgate_breaker_transitions_total";
 pub const BREAKER_FAILURE_RATE: &str = "floodgate_breaker_failure_rate";
 pub const BREAKER_SLOW_CALL_RATE: &str = "floodgate_breaker_slow_call_rate";
 pub const BREAKER_NOT_PERMITTED: &str = "floodgate_breaker_not_permitted_total";
-pub const OUTCOMES: &str = "floodgate_outcomes_total";
+pub(crate) const OUTCOMES: &str = "floodgate_outcomes_total";
 pub const PERMITS_IN_FLIGHT: &str = "floodgate_permits_in_flight";
-pub const PERMITS_EXPIRED: &str = "floodgate_permits_expired_total";
+pub(crate) const PERMITS_EXPIRED: &str = "floodgate_permits_expired_total";
 pub const DEGRADATION_LEVEL: &str = "floodgate_degradation_level";
 pub const SYSTEM_SIGNAL: &str = "floodgate_system_signal";
 pub const SYSTEM_INSTANCES: &str = "floodgate_system_instances";
@@ -51,7 +51,7 @@ pub const WATCH_STREAMS: &str = "floodgate_watch_streams";
 pub const CONNECTIONS_REJECTED: &str = "floodgate_connections_rejected_total";
 pub const REQUESTS_TIMED_OUT: &str = "floodgate_requests_timed_out_total";
 pub const RLS_GLOBAL_SHADOW: &str = "floodgate_rls_global_shadow_total";
-pub const RLS_OVERRIDES_REFUSED: &str = "floodgate_rls_overrides_refused_total";
+pub(crate) const RLS_OVERRIDES_REFUSED: &str = "floodgate_rls_overrides_refused_total";
 pub const OVERRIDES: &str = "floodgate_overrides";
 pub const LEASES: &str = "floodgate_leases_total";
 pub const LEASED_UNITS: &str = "floodgate_leased_units_total";
@@ -61,11 +61,11 @@ pub const ADAPTIVE_LATENCY: &str = "floodgate_adaptive_latency_seconds";
 pub const ADAPTIVE_GRADIENT: &str = "floodgate_adaptive_gradient";
 pub const ADAPTIVE_QUEUE: &str = "floodgate_adaptive_queue";
 pub const ENVOY_XDS_CONNECTED: &str = "floodgate_envoy_xds_connected";
-pub const ENVOY_XDS_UPDATES: &str = "floodgate_envoy_xds_updates_total";
-pub const ENVOY_CONFIG_INFO: &str = "floodgate_envoy_config_info";
+pub(crate) const ENVOY_XDS_UPDATES: &str = "floodgate_envoy_xds_updates_total";
+pub(crate) const ENVOY_CONFIG_INFO: &str = "floodgate_envoy_config_info";
 
 /// The resource label of requests that no rule matched.
-pub const UNMATCHED: &str = "_unmatched";
+pub(crate) const UNMATCHED: &str = "_unmatched";
 /// The resource (and limit) label of decisions of the Envoy configuration's
 /// limits.
 pub const ENVOY: &str = "_envoy";
@@ -214,7 +214,7 @@ pub fn scrape_time(keys: usize, key_bytes: usize, evicted: u64) {
 }
 
 /// The process's resident set size, from /proc (Linux only).
-pub fn resident_memory() -> Option<u64> {
+pub(crate) fn resident_memory() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
     let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
     Some(pages * 4096)

@@ -23,9 +23,9 @@ use crate::rules::overrides::{Action, NEVER, Override};
 use crate::rules::{MAX_NAME_BYTES, RuleSet};
 
 /// The longest id.
-pub const MAX_ID_BYTES: usize = 128;
+pub(crate) const MAX_ID_BYTES: usize = 128;
 /// The longest reason.
-pub const MAX_REASON_BYTES: usize = 256;
+pub(crate) const MAX_REASON_BYTES: usize = 256;
 /// The most descriptor values one override names.
 pub const MAX_WHEN: usize = 8;
 /// The most overrides one call sets or deletes.
@@ -36,7 +36,7 @@ pub const DEFAULT_MAX: usize = 250_000;
 pub const MIN_TTL: Duration = Duration::from_secs(1);
 pub const MAX_TTL: Duration = Duration::from_secs(366 * 86_400);
 /// The longest `retry_after` a block gives.
-pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(30 * 86_400);
+pub(crate) const MAX_RETRY_AFTER: Duration = Duration::from_secs(30 * 86_400);
 
 /// One override set at run time.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -37,7 +37,7 @@ impl PermitId {
         (raw >> 96) as u32
     }
 
-    pub fn from_raw(raw: u128) -> Option<PermitId> {
+    pub(crate) fn from_raw(raw: u128) -> Option<PermitId> {
         std::num::NonZeroU128::new(raw).map(PermitId)
     }
 

@@ -266,7 +266,7 @@ pub fn validate<D: Descriptors + ?Sized>(resource: &str, descriptors: &D) -> Res
 /// by its digest), as upstream takes it. A request is never refused for a
 /// value: Envoy would let its failure mode decide the whole call, every
 /// other descriptor included.
-pub fn validate_rls(domain: &str, entries: &[(&str, &str)]) -> Result<(), RequestError> {
+pub(crate) fn validate_rls(domain: &str, entries: &[(&str, &str)]) -> Result<(), RequestError> {
     if domain.is_empty() {
         return Err(RequestError::Empty { field: "domain".into() });
     }

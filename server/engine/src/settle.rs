@@ -78,17 +78,13 @@ struct Pending {
 }
 
 #[derive(Debug, Default)]
-pub struct Settlements {
+pub(crate) struct Settlements {
     map: DashMap<u128, Pending, ahash::RandomState>,
 }
 
 impl Settlements {
     pub fn len(&self) -> usize {
         self.map.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
     }
 }
 

@@ -6,7 +6,7 @@
 pub const MAX_BYTES: usize = 1 << 20;
 /// The deepest nesting accepted (indentation, sequence dashes and brackets
 /// together): far beyond any real rules file.
-pub const MAX_DEPTH: usize = 100;
+pub(crate) const MAX_DEPTH: usize = 100;
 
 /// Why a text is refused before parsing.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -179,7 +179,7 @@ enum Step<'c> {
 
 /// At most this many files in the directory, and bytes in all.
 pub const MAX_FILES: usize = 1000;
-pub const MAX_TOTAL_BYTES: u64 = 16 << 20;
+pub(crate) const MAX_TOTAL_BYTES: u64 = 16 << 20;
 
 // === impl EnvoyConfig ===
 
@@ -225,7 +225,7 @@ impl EnvoyConfig {
 
     /// Files as (name, text): validated whole; every error names the file,
     /// the domain and the descriptor path.
-    pub fn parse_with(files: &[(String, String)], options: &EnvoyOptions) -> Result<EnvoyConfig, RuleErrors> {
+    pub(crate) fn parse_with(files: &[(String, String)], options: &EnvoyOptions) -> Result<EnvoyConfig, RuleErrors> {
         let mut errors = Vec::new();
         let documents = files
             .iter()

@@ -8,7 +8,7 @@ pub struct Glob {
 
 impl Glob {
     /// Whether `name` is written as a glob rather than an exact name.
-    pub fn is_glob(name: &str) -> bool {
+    pub(crate) fn is_glob(name: &str) -> bool {
         name.contains(['*', '?'])
     }
 

@@ -19,12 +19,12 @@ use crate::limiter::Algorithm;
 
 pub mod bounds;
 mod breaker;
-pub mod concurrency;
+mod concurrency;
 pub mod duration;
 pub mod envoy;
 mod fields;
 pub mod files;
-pub mod glob;
+mod glob;
 pub mod overrides;
 mod parse;
 pub mod sentinel;

@@ -17,9 +17,9 @@ use crate::limiter::{Algorithm, sliding_window_log};
 
 /// The largest capacity, burst or window limit: far beyond any real use, and
 /// small enough that no arithmetic on it can overflow.
-pub const MAX_AMOUNT: u64 = 1_000_000_000_000;
+pub(crate) const MAX_AMOUNT: u64 = 1_000_000_000_000;
 /// The largest factor an override may give.
-pub const MAX_FACTOR: f64 = 1_000_000.0;
+pub(crate) const MAX_FACTOR: f64 = 1_000_000.0;
 /// `until` of an override that never ends.
 pub const NEVER: u64 = u64::MAX;
 

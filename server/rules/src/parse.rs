@@ -220,7 +220,7 @@ fn check_name(f: &Fields<'_>, key: &str, name: &str) {
 }
 
 /// At most this many overrides per resource, and values in one's `when`.
-pub const MAX_OVERRIDES: usize = 1_000_000;
+pub(crate) const MAX_OVERRIDES: usize = 1_000_000;
 const MAX_WHEN: usize = 8;
 
 /// `tiers: { gold: [limits...] }`: named sets of limits overrides can pick.

@@ -36,11 +36,11 @@ pub const MAX_FILES: usize = 64;
 /// The largest file, in bytes.
 pub const MAX_FILE_BYTES: usize = 4 << 20;
 /// The most bytes of every file together.
-pub const MAX_TOTAL_BYTES: usize = 16 << 20;
+pub(crate) const MAX_TOTAL_BYTES: usize = 16 << 20;
 /// The most rules of every file together.
-pub const MAX_RULES: usize = 50_000;
+pub(crate) const MAX_RULES: usize = 50_000;
 /// Errors reported at most: past them, one line says how many more.
-pub const MAX_ERRORS: usize = 100;
+pub(crate) const MAX_ERRORS: usize = 100;
 
 /// How Sentinel's notions meet requests: the descriptors that carry the
 /// caller's origin, the entrance context and each hot parameter.

@@ -23,9 +23,9 @@ use super::fields::{Collector, Fields, kind, show};
 use super::glob::Glob;
 
 /// The most systems one rules file may name.
-pub const MAX_SYSTEMS: usize = 64;
+pub(crate) const MAX_SYSTEMS: usize = 64;
 /// The most resource patterns one system may list.
-pub const MAX_SYSTEM_PATTERNS: usize = 1000;
+pub(crate) const MAX_SYSTEM_PATTERNS: usize = 1000;
 /// The highest degradation level.
 pub const MAX_LEVEL: u32 = 3;
 
@@ -88,9 +88,9 @@ const NEVER: u8 = MAX_LEVEL as u8 + 1;
 
 impl PriorityShedding {
     /// Level 1 sheds SHEDDABLE, 2 also SHEDDABLE_PLUS, 3 everything but CRITICAL_PLUS.
-    pub const DEFAULT: PriorityShedding = PriorityShedding([NEVER, 3, 2, 1]);
+    pub(crate) const DEFAULT: PriorityShedding = PriorityShedding([NEVER, 3, 2, 1]);
     /// Nothing is shed by priority (the global scope, unless a rule asks).
-    pub const NONE: PriorityShedding = PriorityShedding([NEVER; 4]);
+    pub(crate) const NONE: PriorityShedding = PriorityShedding([NEVER; 4]);
 
     /// The level from which `p` is shed, when it is shed at `level`.
     #[inline]
@@ -170,9 +170,9 @@ pub struct SystemConfig {
     pub shed_priority: PriorityShedding,
 }
 
-pub const DEFAULT_ERROR_RATE: [f64; 3] = [0.05, 0.15, 0.30];
-pub const DEFAULT_CPU: [f64; 3] = [0.60, 0.75, 0.90];
-pub const DEFAULT_MEMORY: [f64; 3] = [0.70, 0.80, 0.90];
+pub(crate) const DEFAULT_ERROR_RATE: [f64; 3] = [0.05, 0.15, 0.30];
+pub(crate) const DEFAULT_CPU: [f64; 3] = [0.60, 0.75, 0.90];
+pub(crate) const DEFAULT_MEMORY: [f64; 3] = [0.70, 0.80, 0.90];
 const DEFAULT_LOAD: LoadConfig = LoadConfig {
     aggregate: Aggregate::Mean,
     share: 0.5,

@@ -22,7 +22,7 @@ use crate::listen::Peer;
 /// not the log (each line logged says how many were not since the last).
 const REFUSALS_LOGGED_PER_SECOND: u32 = 10;
 /// The shortest token accepted.
-pub const MIN_TOKEN_LEN: usize = 16;
+pub(crate) const MIN_TOKEN_LEN: usize = 16;
 /// The largest token file read.
 const MAX_FILE_BYTES: usize = 1 << 20;
 
@@ -187,13 +187,13 @@ impl Access {
     /// on loopback. A token file with no token in it configures none, so a
     /// file shipped empty (a Kubernetes Secret) leaves loopback working until
     /// a token is added; emptying it again opens loopback again.
-    pub fn credentials_configured(&self) -> bool {
+    pub(crate) fn credentials_configured(&self) -> bool {
         !self.tokens.load().is_empty() || !self.config.identities.is_empty()
     }
 
     /// Says so when no credential is configured (none given, or a token
     /// file with no token): Admin then answers only on loopback.
-    pub fn warn_if_loopback_only(&self) {
+    pub(crate) fn warn_if_loopback_only(&self) {
         if self.credentials_configured() {
             return;
         }
@@ -210,7 +210,7 @@ impl Access {
 
     /// Whether a refusal may be logged now: `Some(refusals not logged since
     /// the last one logged)`, or `None` past the bound this second.
-    pub fn refusal_logged(&self) -> Option<u64> {
+    pub(crate) fn refusal_logged(&self) -> Option<u64> {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         self.refusals.admit(now)
     }

@@ -41,9 +41,6 @@ where
     Ok(tokio::spawn(run(dirs, paths, quiet, rx, changed)))
 }
 
-/// A sender that makes the watcher read the files now (SIGHUP).
-pub type Poke = mpsc::Sender<()>;
-
 async fn run<F, Fut>(mut dirs: Dirs, paths: Vec<PathBuf>, quiet: Duration, mut rx: mpsc::Receiver<()>, changed: F)
 where
     F: Fn() -> Fut,
@@ -127,7 +124,7 @@ fn parent(p: &Path) -> Option<PathBuf> {
 pub use floodgate_rules::files::{read_file, read_text};
 
 /// [`read_text`] off the async threads.
-pub async fn read_bounded(path: &Path, max: usize) -> std::io::Result<String> {
+pub(crate) async fn read_bounded(path: &Path, max: usize) -> std::io::Result<String> {
     let path = path.to_path_buf();
     tokio::task::spawn_blocking(move || read_text(&path, max)).await.map_err(std::io::Error::other)?
 }

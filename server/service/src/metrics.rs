@@ -36,7 +36,7 @@ pub fn install() -> Option<PrometheusHandle> {
 
 /// One gRPC method's handles.
 #[derive(Clone)]
-pub struct RpcMetrics {
+pub(crate) struct RpcMetrics {
     duration: Histogram,
     ok: Counter,
     method: &'static str,
@@ -56,7 +56,7 @@ impl RpcMetrics {
 
     /// Also counted in envoyproxy/ratelimit's `total_requests` and
     /// `response_time` under `grpc_method`.
-    pub fn with_upstream(mut self, grpc_method: &'static str) -> Self {
+    pub(crate) fn with_upstream(mut self, grpc_method: &'static str) -> Self {
         let response_time = histogram!(upstream::RESPONSE_TIME, "grpc_method" => grpc_method);
         self.upstream = Some((response_time, counter!(upstream::TOTAL_REQUESTS, "grpc_method" => grpc_method)));
         self

@@ -65,7 +65,7 @@ where
 fn spawn_sighup<F>(_read: F) {}
 
 /// SIGHUP with no file to read again (the embedded rules): said, not fatal.
-pub fn ignore_sighup() {
+pub(crate) fn ignore_sighup() {
     spawn_sighup(|| async { tracing::info!("SIGHUP: the rules are the embedded ones; nothing to read again") });
 }
 
@@ -106,7 +106,7 @@ async fn reload(path: &Path, decider: &Decider, last: &mut String) {
 /// Watches an envoyproxy/ratelimit configuration directory and installs
 /// every valid change (the files are read whole, once quiet); an invalid one
 /// is logged and ignored. `loaded` is the text already in force.
-pub fn spawn_envoy(
+pub(crate) fn spawn_envoy(
     dir: PathBuf,
     decider: Arc<Decider>,
     loaded: String,
@@ -129,7 +129,7 @@ pub fn spawn_envoy(
 }
 
 /// Watches a directory of Sentinel's rules like `spawn_envoy`.
-pub fn spawn_sentinel(
+pub(crate) fn spawn_sentinel(
     dir: PathBuf,
     decider: Arc<Decider>,
     loaded: String,

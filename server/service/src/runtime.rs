@@ -43,13 +43,13 @@ where
 
 /// Runs the engine's tick (permit expiry, breaker and level checks) every
 /// `every` until the engine is dropped.
-pub fn spawn_ticker(engine: &Arc<Engine>, every: Duration) -> JoinHandle<()> {
+pub(crate) fn spawn_ticker(engine: &Arc<Engine>, every: Duration) -> JoinHandle<()> {
     self::every(every, engine, |engine| async move { engine.outcomes().tick() })
 }
 
 /// Forgets idle buckets every `every` (off the async workers: it walks every
 /// bucket) until the engine is dropped.
-pub fn spawn_sweeper(engine: &Arc<Engine>, every: Duration) -> JoinHandle<()> {
+pub(crate) fn spawn_sweeper(engine: &Arc<Engine>, every: Duration) -> JoinHandle<()> {
     self::every(every, engine, |engine| async move {
         let removed = tokio::task::spawn_blocking(move || engine.sweep()).await.unwrap_or(0);
         tracing::debug!(removed, "swept idle buckets");
@@ -61,7 +61,7 @@ pub fn spawn_sweeper(engine: &Arc<Engine>, every: Duration) -> JoinHandle<()> {
 /// 100,000 overrides re-merges the rules for about half a second). A panic
 /// in `work` is the caller's. Outside a runtime (the fuzzers poll futures
 /// by hand) `work` runs here.
-pub async fn off_workers<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+pub(crate) async fn off_workers<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
     if tokio::runtime::Handle::try_current().is_err() {
         return work();
     }

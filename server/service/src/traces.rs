@@ -86,7 +86,7 @@ pub fn enabled() -> bool {
 
 /// The span of one gRPC call: named by its path, a child of the caller's
 /// span when the metadata carries one.
-pub fn rpc_span(headers: &http::HeaderMap, path: &str) -> tracing::Span {
+pub(crate) fn rpc_span(headers: &http::HeaderMap, path: &str) -> tracing::Span {
     if !enabled() {
         return tracing::debug_span!("rpc", path = %path);
     }
@@ -109,14 +109,14 @@ pub fn rpc_span(headers: &http::HeaderMap, path: &str) -> tracing::Span {
 }
 
 /// Notes the call's gRPC status code on its span.
-pub fn record_status(code: i32) {
+pub(crate) fn record_status(code: i32) {
     if enabled() {
         tracing::Span::current().record("rpc.grpc.status_code", code);
     }
 }
 
 /// Notes a decision's verdict on its call's span.
-pub fn record_verdict(verdict: &str) {
+pub(crate) fn record_verdict(verdict: &str) {
     if enabled() {
         tracing::Span::current().record("floodgate.verdict", verdict);
     }

@@ -33,7 +33,7 @@ pub use vegas::Vegas;
 
 /// How many closed windows a limit remembers, for the console's chart
 /// (two minutes of one-second windows).
-pub const HISTORY: usize = 120;
+pub(crate) const HISTORY: usize = 120;
 
 /// What one window gathered. Latencies in microseconds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -323,8 +323,10 @@ impl Controller {
     }
 
     /// Closes the window if it is over: the new limit, when it changed
-    /// anything (a window short of `min_samples` does not).
-    pub fn close_if_due(&mut self, now: Timestamp) -> Option<u32> {
+    /// anything (a window short of `min_samples` does not). The engine
+    /// composes the same steps itself; the tests use this shorthand.
+    #[cfg(test)]
+    pub(crate) fn close_if_due(&mut self, now: Timestamp) -> Option<u32> {
         if !self.due(now) {
             return None;
         }

@@ -32,7 +32,7 @@ pub struct Vegas {
 
 /// Netflix's `Log10RootFunction`: log10 of the limit as a whole number, at
 /// least 1, and the square root from 1000 on.
-pub fn log10_root(limit: f64) -> f64 {
+pub(crate) fn log10_root(limit: f64) -> f64 {
     let n = limit.max(0.0) as u64;
     if n < 1000 { ((n as f64).log10().floor() as i64).max(1) as f64 } else { (n as f64).sqrt().floor() }
 }

@@ -50,7 +50,7 @@ impl Config {
     }
 
     /// Where the window that starts at `start` ends.
-    pub fn window_end(&self, start: Timestamp) -> Timestamp {
+    pub(crate) fn window_end(&self, start: Timestamp) -> Timestamp {
         match &self.calendar {
             None => start.add_nanos(self.window),
             Some(c) => Timestamp::from_nanos(c.end_of(start.as_nanos())),
@@ -61,7 +61,7 @@ impl Config {
 impl FixedWindow {
     /// The window starting at `start` with `count` taken; a later window
     /// starts from `carry` taken.
-    pub fn with_count(start: Timestamp, count: u64, carry: u64) -> Self {
+    pub(crate) fn with_count(start: Timestamp, count: u64, carry: u64) -> Self {
         FixedWindow { start, count, carry }
     }
 

@@ -35,7 +35,7 @@ impl Config {
 
 impl Gcra {
     /// A state where `available` units (a fraction allowed) can be taken at `now`.
-    pub fn with_available(cfg: &Config, now: Timestamp, available: f64) -> Self {
+    pub(crate) fn with_available(cfg: &Config, now: Timestamp, available: f64) -> Self {
         let owed = (cfg.burst as f64 - available).max(0.0);
         Gcra { tat: now.add_nanos((owed * cfg.emission_interval as f64) as u64) }
     }

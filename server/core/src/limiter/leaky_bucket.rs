@@ -60,7 +60,7 @@ impl LeakyBucket {
 
 impl LeakyBucket {
     /// A bucket with room for `room` units (a fraction allowed) at `now`.
-    pub fn with_room(cfg: &Config, now: Timestamp, room: f64) -> Self {
+    pub(crate) fn with_room(cfg: &Config, now: Timestamp, room: f64) -> Self {
         let level = (cfg.capacity as f64 - room).max(0.0);
         let mut b = LeakyBucket { drain_ns: 0, frac: 0 };
         b.set_drain(cfg, now.as_nanos() as u128 * cfg.m() + (level * rate::PICO as f64) as u128);

@@ -52,7 +52,7 @@ pub struct Decision {
 }
 
 /// A limiter algorithm's per-key state.
-pub trait Limiter: Sized {
+pub(crate) trait Limiter: Sized {
     type Config;
 
     /// The state of a key seen for the first time.
@@ -374,7 +374,7 @@ impl Bucket {
     }
 
     /// Back to its initial state: the key can be forgotten without changing any answer.
-    pub fn is_idle(&self, alg: &Algorithm, now: Timestamp) -> bool {
+    pub(crate) fn is_idle(&self, alg: &Algorithm, now: Timestamp) -> bool {
         self.status(alg, now).reset_after.is_zero()
     }
 

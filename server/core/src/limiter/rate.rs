@@ -8,7 +8,7 @@
 use std::fmt;
 
 /// Picounits per unit.
-pub const PICO: u128 = 1_000_000_000_000;
+pub(crate) const PICO: u128 = 1_000_000_000_000;
 
 /// A rate in units per second, exact to a thousandth of a unit per second.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,7 +20,7 @@ pub struct Rate {
 /// An amount in whole units plus picounits, without the 16-byte alignment a
 /// `u128` field would force on every bucket.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Amount {
+pub(crate) struct Amount {
     whole: u64,
     pico: u64,
 }
@@ -83,7 +83,7 @@ impl Rate {
     }
 
     /// Picounits per nanosecond, for callers that keep time in 1/rate units.
-    pub fn pico_per_nano(self) -> u64 {
+    pub(crate) fn pico_per_nano(self) -> u64 {
         self.milli
     }
 }
@@ -101,22 +101,23 @@ impl Amount {
         Amount { whole: n, pico: 0 }
     }
 
-    pub fn from_pico(p: u128) -> Amount {
+    pub(crate) fn from_pico(p: u128) -> Amount {
         let whole = u64::try_from(p / PICO).unwrap_or(u64::MAX);
         Amount { whole, pico: (p % PICO) as u64 }
     }
 
-    pub fn to_pico(self) -> u128 {
+    pub(crate) fn to_pico(self) -> u128 {
         self.whole as u128 * PICO + self.pico as u128
     }
 
-    pub fn whole(self) -> u64 {
+    #[cfg(test)]
+    fn whole(self) -> u64 {
         self.whole
     }
 }
 
 /// Whole units in a picounit amount, rounded down.
-pub fn floor_units(pico: u128) -> u64 {
+pub(crate) fn floor_units(pico: u128) -> u64 {
     u64::try_from(pico / PICO).unwrap_or(u64::MAX)
 }
 

@@ -39,7 +39,7 @@ impl Config {
 
 impl SlidingWindow {
     /// The counters of the window starting at `start` (aligned to the epoch).
-    pub fn with_counts(cfg: &Config, start: Timestamp, prev: u64, cur: u64) -> Self {
+    pub(crate) fn with_counts(cfg: &Config, start: Timestamp, prev: u64, cur: u64) -> Self {
         let n = start.as_nanos();
         SlidingWindow { start: Timestamp::from_nanos(n - n % cfg.window), prev, cur }
     }

@@ -96,7 +96,7 @@ impl Config {
     }
 
     /// The rate a cold key admits (`rate / cold_factor`, as Sentinel computes it at `M`).
-    pub fn cold_rate(&self) -> f64 {
+    pub(crate) fn cold_rate(&self) -> f64 {
         self.rate_in_force(self.max)
     }
 }
@@ -357,7 +357,7 @@ impl Limiter for WarmUp {
 
 impl WarmUp {
     /// A replica's bucket with Redis: `lease` units to admit until its next sync.
-    pub fn with_lease(cfg: &Config, now: Timestamp, lease: f64) -> WarmUp {
+    pub(crate) fn with_lease(cfg: &Config, now: Timestamp, lease: f64) -> WarmUp {
         WarmUp { leased: Some(lease.max(0.0).floor() as u64), ..WarmUp::new(cfg, now) }
     }
 }

@@ -8,12 +8,13 @@ use smallvec::SmallVec;
 
 use super::{Answer, Matched, Prepared, Verdict, fill_limits};
 use crate::Engine;
-use crate::guards::{Admitted, Ask, Denial, Guarded, Slots};
+use crate::guards::{Admitted, Ask, Denial, Guarded};
 use crate::installed::RuleHandles;
 use crate::limiter::Algorithm;
 use crate::limiter::{Decision, Status};
 use crate::rules::{Limit, OnRedisError, Rule};
 use crate::store::BucketKey;
+use crate::sync::Slots;
 use crate::sync::{RemoteBreaker, RemoteSlot, SlotOp};
 use crate::time::Timestamp;
 

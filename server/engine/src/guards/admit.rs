@@ -13,7 +13,7 @@ use super::{Guarded, Guards};
 use crate::breaker::{Admission, State};
 use crate::events::{Event, Events};
 use crate::rules::{Priority, Rule, duration};
-use crate::sync::{ProbeGrant, RemoteBreaker, SlotGrant};
+use crate::sync::{ProbeGrant, RemoteBreaker, SlotGrant, Slots};
 use crate::time::Timestamp;
 
 /// A permit's time to live when the rule sets none (no concurrency limit).
@@ -48,25 +48,6 @@ enum Strict {
     Granted(Box<SlotGrant>),
     /// Taken here while Redis could not be asked: added once it answers.
     Owed,
-}
-
-/// How many calls a resource's concurrency limit lets this replica hold,
-/// as the decision path worked it out from the rule's `sync`.
-#[derive(Debug)]
-pub enum Slots {
-    /// At most this many here (`None`: no cap): a `local` limit, a server
-    /// without Redis, or `on_redis_error` while Redis cannot answer.
-    Here(Option<u32>),
-    /// A `replicated` limit while Redis answers: this replica's lease while
-    /// it is fresh, else nothing (the lease is renewed before deciding).
-    Leased,
-    /// A `strict` limit Redis could not be asked about: the outage policy's
-    /// cap; a permit given holds a slot Redis is told of once it answers.
-    Owed(Option<u32>),
-    /// A `strict` limit: Redis took a slot for this call.
-    Taken(Box<SlotGrant>),
-    /// A `strict` limit: every slot of the fleet is held.
-    Full(Duration),
 }
 
 /// A denial before the limits were looked at.
@@ -269,7 +250,7 @@ impl Guards {
     }
 
     /// The state of a resource's breaker, if its rule has one.
-    pub fn state_for(&self, rule: &Rule, resource: &str) -> Option<State> {
+    pub(crate) fn state_for(&self, rule: &Rule, resource: &str) -> Option<State> {
         rule.breaker.as_ref()?;
         Some(self.get(resource)?.current_breaker().as_ref().map_or(State::Closed, |b| b.state()))
     }
@@ -280,7 +261,7 @@ impl Permits {
     /// (a probe's, after `max_wait_in_half_open` at the latest).
     /// A permit that holds a strict slot taken without Redis also answers
     /// when it expires: Redis is told of it once it answers.
-    pub fn issue_for(
+    pub(crate) fn issue_for(
         &self,
         rule: &Rule,
         resource: String,

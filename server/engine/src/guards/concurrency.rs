@@ -33,7 +33,7 @@ impl Guarded {
 
     /// Takes a slot for a call of `class` if the cap allows it (`None`: no
     /// cap), keeping the partitions' guarantees.
-    pub fn try_take_for(&self, cap: Option<u32>, class: Priority, partitions: &Partitions) -> bool {
+    pub(crate) fn try_take_for(&self, cap: Option<u32>, class: Priority, partitions: &Partitions) -> bool {
         let cap = cap.map(|cap| match partitions.guaranteed(cap, class) {
             0 => cap,
             g if self.in_flight_of(class) < g => cap.saturating_add(g),
@@ -48,12 +48,12 @@ impl Guarded {
     }
 
     /// A slot of `class` came back (with [`Guarded::release_slot`]).
-    pub fn release_class(&self, class: Priority) {
+    pub(crate) fn release_class(&self, class: Priority) {
         let _ = self.by_class[class.index()].fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
     }
 
     /// Calls of `class` in flight here.
-    pub fn in_flight_of(&self, class: Priority) -> u32 {
+    pub(crate) fn in_flight_of(&self, class: Priority) -> u32 {
         self.by_class[class.index()].load(Ordering::Acquire)
     }
 
@@ -85,7 +85,7 @@ impl Guarded {
 
     /// Closes the window if it is over, this replica deciding alone: the
     /// new limit, when the window had samples enough.
-    pub fn close_window(&self, cfg: &AdaptiveConfig, now: Timestamp) -> Option<u32> {
+    pub(crate) fn close_window(&self, cfg: &AdaptiveConfig, now: Timestamp) -> Option<u32> {
         let mut slot = self.controller(cfg, now);
         let c = slot.as_mut()?;
         if !c.due(now) {

@@ -15,11 +15,11 @@ mod admit;
 mod concurrency;
 mod permits;
 
-pub use admit::{Admitted, Ask, DEFAULT_PERMIT_TTL, Denial, Slots};
+pub use admit::{Admitted, Ask, DEFAULT_PERMIT_TTL, Denial};
 pub use permits::{Permit, PermitId, Permits};
 
 /// A closed breaker untouched this long is forgotten (its history with it).
-pub const IDLE_TTL: Duration = Duration::from_secs(600);
+pub(crate) const IDLE_TTL: Duration = Duration::from_secs(600);
 
 #[derive(Debug, Default)]
 pub struct Guarded {
@@ -80,7 +80,7 @@ impl Guarded {
     }
 
     /// The breaker as it is, without reconfiguring.
-    pub fn current_breaker(&self) -> MutexGuard<'_, Option<Breaker>> {
+    pub(crate) fn current_breaker(&self) -> MutexGuard<'_, Option<Breaker>> {
         self.breaker.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -135,7 +135,7 @@ impl Guarded {
     }
 
     /// Takes a concurrency slot if fewer than `max` are held (`None`: no cap).
-    pub fn try_take_slot_within(&self, max: Option<u32>) -> bool {
+    pub(crate) fn try_take_slot_within(&self, max: Option<u32>) -> bool {
         self.wanted.store(true, Ordering::Relaxed);
         match max {
             Some(max) => self.try_take_slot(max),
@@ -147,16 +147,16 @@ impl Guarded {
     }
 
     /// Takes a concurrency slot if fewer than `max` are held.
-    pub fn try_take_slot(&self, max: u32) -> bool {
+    pub(crate) fn try_take_slot(&self, max: u32) -> bool {
         self.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)).is_ok()
     }
 
-    pub fn release_slot(&self) {
+    pub(crate) fn release_slot(&self) {
         let _ = self.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
     }
 
     /// Gives a slot back after it was held for `held`.
-    pub fn release_slot_after(&self, held: Duration) {
+    pub(crate) fn release_slot_after(&self, held: Duration) {
         self.release_slot();
         let held = held.as_micros().min(u128::from(u64::MAX / 8)) as u64;
         let _ = self.hold_us.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |avg| {
@@ -189,7 +189,7 @@ impl Guarded {
 
 impl Guards {
     /// The state of `resource`, made for `rule` the first time.
-    pub fn get_or_create(&self, resource: &str, rule: &Rule) -> Arc<Guarded> {
+    pub(crate) fn get_or_create(&self, resource: &str, rule: &Rule) -> Arc<Guarded> {
         if let Some(g) = self.map.get(resource) {
             return g.clone();
         }

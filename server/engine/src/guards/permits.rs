@@ -47,7 +47,7 @@ pub struct Permits {
 impl Permits {
     /// Issues `permit` under `id` (a strict slot taken in Redis under it);
     /// under a fresh id should `id` be in use (96 random bits: never).
-    pub fn issue_as(&self, id: PermitId, permit: Permit) -> PermitId {
+    pub(crate) fn issue_as(&self, id: PermitId, permit: Permit) -> PermitId {
         match self.map.entry(id.get()) {
             Entry::Vacant(slot) => {
                 slot.insert(permit);

@@ -25,16 +25,16 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use metrics::{counter, describe_counter, describe_histogram};
 
-pub const TOTAL_HITS: &str = "ratelimit_service_rate_limit_total_hits";
+pub(crate) const TOTAL_HITS: &str = "ratelimit_service_rate_limit_total_hits";
 pub const OVER_LIMIT: &str = "ratelimit_service_rate_limit_over_limit";
-pub const NEAR_LIMIT: &str = "ratelimit_service_rate_limit_near_limit";
-pub const WITHIN_LIMIT: &str = "ratelimit_service_rate_limit_within_limit";
+pub(crate) const NEAR_LIMIT: &str = "ratelimit_service_rate_limit_near_limit";
+pub(crate) const WITHIN_LIMIT: &str = "ratelimit_service_rate_limit_within_limit";
 pub const SHADOW_MODE: &str = "ratelimit_service_rate_limit_shadow_mode";
 pub const TOTAL_REQUESTS: &str = "ratelimit_service_total_requests";
 pub const RESPONSE_TIME: &str = "ratelimit_service_response_time_seconds";
 pub const SHOULD_RATE_LIMIT_ERROR: &str = "ratelimit_service_should_rate_limit_error";
-pub const CONFIG_LOAD_SUCCESS: &str = "ratelimit_service_config_load_success";
-pub const CONFIG_LOAD_ERROR: &str = "ratelimit_service_config_load_error";
+pub(crate) const CONFIG_LOAD_SUCCESS: &str = "ratelimit_service_config_load_success";
+pub(crate) const CONFIG_LOAD_ERROR: &str = "ratelimit_service_config_load_error";
 
 /// statsd_exporter's default histogram buckets (Prometheus's), which the
 /// mapping's timers get.
@@ -57,12 +57,12 @@ pub fn labels(key: &str) -> Vec<(&'static str, String)> {
 }
 
 /// The `domain` label of a domain's stat keys.
-pub fn domain_label(domain: &str) -> String {
+pub(crate) fn domain_label(domain: &str) -> String {
     labels(domain).swap_remove(0).1
 }
 
 /// Upstream's `SanitizeStatName`.
-pub fn sanitize(key: &str) -> String {
+pub(crate) fn sanitize(key: &str) -> String {
     let mut out: Vec<u8> = key.bytes().map(|b| if b == b':' || b == b'|' { b'_' } else { b }).collect();
     let mut i = 0;
     while i < out.len() {
@@ -145,7 +145,7 @@ pub const MAX_SERIES: usize = 10_000;
 type Sample = (Vec<(&'static str, String)>, [u64; 5]);
 
 /// The `key1` of the series that takes what the bound keeps out.
-pub const OVERFLOW: &str = "_overflow";
+pub(crate) const OVERFLOW: &str = "_overflow";
 
 /// Every series of the per-descriptor stats, rendered by [`Registry::render`]
 /// (not through the `metrics` recorder, which keeps a series forever): the
@@ -295,7 +295,7 @@ impl Registry {
 }
 
 /// `{name="value",...}`, values escaped as the text format asks.
-pub fn write_labels<'a>(out: &mut String, labels: impl Iterator<Item = (&'a str, &'a str)>) {
+pub(crate) fn write_labels<'a>(out: &mut String, labels: impl Iterator<Item = (&'a str, &'a str)>) {
     out.push('{');
     for (i, (name, value)) in labels.enumerate() {
         if i > 0 {
@@ -318,7 +318,7 @@ pub fn write_labels<'a>(out: &mut String, labels: impl Iterator<Item = (&'a str,
 
 /// How one descriptor's hits count.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Split {
+pub(crate) struct Split {
     pub over: u64,
     pub near: u64,
     pub within: u64,

@@ -12,18 +12,21 @@ use dashmap::DashMap;
 
 use super::{Engine, Installed, Prepared};
 use crate::breaker::Call;
-use crate::coordination::{Coordination, decided_by_store, shared_slots};
 use crate::events::Event;
-use crate::guards::Slots;
+
 use crate::limiter::{Bucket, Shared};
 use crate::rules::{Concurrency, Limit};
 use crate::store::BucketKey;
 use crate::time::Timestamp;
 
+mod coordination;
 mod dirty;
 mod shared;
 mod slots;
 
+pub(crate) use coordination::decided_by_store;
+use coordination::shared_slots;
+pub use coordination::{Alone, Coordination, Slots};
 pub use dirty::{Known, SyncItem};
 pub use shared::{BreakerNews, ProbeGrant, RemoteBreaker, RemoteOutcome, SharedBreaker};
 use shared::{Outbox, Unsynced};

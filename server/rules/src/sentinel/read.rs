@@ -42,7 +42,7 @@ pub struct Flow {
 }
 
 #[derive(Clone, Debug, PartialEq)]
-pub struct Degrade {
+pub(crate) struct Degrade {
     pub at: At,
     pub resource: String,
     pub grade: i64,
@@ -55,7 +55,7 @@ pub struct Degrade {
 }
 
 #[derive(Clone, Debug, PartialEq)]
-pub struct System {
+pub(crate) struct System {
     pub at: At,
     pub load: f64,
     pub cpu: f64,

@@ -43,7 +43,7 @@ impl Views<'_> {
 
     /// At most `max` concurrency limits in memory, by resource name, those
     /// `keep` (the resource, its rule's name) chooses.
-    pub fn concurrency_views(
+    pub(crate) fn concurrency_views(
         &self,
         keep: impl Fn(&str, &str) -> bool,
         max: usize,
@@ -64,7 +64,7 @@ impl Views<'_> {
 
 impl Control<'_> {
     /// CLOSED (reset), FORCED_OPEN, DISABLED or METRICS_ONLY, on every replica.
-    pub async fn set_breaker(&self, resource: &str, to: State) -> Result<BreakerView, RequestError> {
+    pub(crate) async fn set_breaker(&self, resource: &str, to: State) -> Result<BreakerView, RequestError> {
         let rules = self.engine.rules_full();
         let mut info = self.engine.control().set_breaker(&rules, resource, to)?;
         if let Some(replication) = &self.replication {

@@ -102,7 +102,7 @@ impl Decider {
 
     /// Handles the reports other replicas pass on for permits this one
     /// issued, until the server stops; `None` without Redis.
-    pub fn spawn_forwarded_reports(self: &Arc<Self>) -> Option<tokio::task::JoinHandle<()>> {
+    pub(crate) fn spawn_forwarded_reports(self: &Arc<Self>) -> Option<tokio::task::JoinHandle<()>> {
         let mut inbox = self.replication.as_ref()?.forwarded_reports()?;
         let weak = Arc::downgrade(self);
         // A few at a time: each may wait on Redis (a strict settle).
@@ -123,7 +123,7 @@ impl Decider {
     }
 
     /// Many outcomes, in order; the first that cannot be taken stops the batch.
-    pub async fn report_many(
+    pub(crate) async fn report_many(
         &self,
         field: &'static str,
         reports: &[Report<'_>],

@@ -14,7 +14,7 @@ use crate::engine::{Answer, Descriptors, Request, RequestError, Verdict};
 
 /// Extra time the server keeps a lease's estimate past its end, for a
 /// return that arrives late.
-pub const GRACE: Duration = Duration::from_secs(5);
+pub(crate) const GRACE: Duration = Duration::from_secs(5);
 
 /// A lease asked for.
 pub struct LeaseAsk<'a, D: ?Sized> {

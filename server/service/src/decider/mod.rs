@@ -122,7 +122,7 @@ pub struct Decider {
 }
 
 /// Events kept for slow readers before they fall behind.
-pub const EVENTS_KEPT: usize = 1024;
+pub(crate) const EVENTS_KEPT: usize = 1024;
 
 // === impl Decider ===
 
@@ -149,7 +149,7 @@ impl Decider {
     }
 
     /// Ends every open stream: the server is draining.
-    pub fn drain_streams(&self) {
+    pub(crate) fn drain_streams(&self) {
         self.draining.send_replace(true);
     }
 
@@ -168,14 +168,14 @@ impl Decider {
 
     /// Where overrides set at run time are kept (a server with Redis keeps
     /// them there whatever `file` says), and how many.
-    pub fn with_overrides(mut self, options: OverrideOptions) -> Self {
+    pub(crate) fn with_overrides(mut self, options: OverrideOptions) -> Self {
         self.override_options = options;
         self
     }
 
     /// A caller with a client certificate has its name as this descriptor
     /// (Sentinel's origin), whatever it sends.
-    pub fn with_origin_key(mut self, key: Option<String>) -> Self {
+    pub(crate) fn with_origin_key(mut self, key: Option<String>) -> Self {
         self.origin_key = key;
         self
     }
@@ -187,32 +187,32 @@ impl Decider {
 
     /// The descriptor a caller's mTLS identity sets, and the identity, when
     /// both are.
-    pub fn origin_of<'p>(&'p self, peer: Option<&'p crate::listen::Peer>) -> Option<(&'p str, &'p str)> {
+    pub(crate) fn origin_of<'p>(&'p self, peer: Option<&'p crate::listen::Peer>) -> Option<(&'p str, &'p str)> {
         Some((self.origin_key.as_deref()?, peer?.identity.as_deref()?))
     }
 
     /// How Envoy's RLS answers (global shadow mode, response headers).
-    pub fn with_rls(mut self, rls: RlsOptions) -> Self {
+    pub(crate) fn with_rls(mut self, rls: RlsOptions) -> Self {
         self.engine.views().upstream_stats().set_max(rls.stat_series);
         self.rls = rls;
         self
     }
 
     /// How Envoy's RLS answers.
-    pub fn rls_options(&self) -> &RlsOptions {
+    pub(crate) fn rls_options(&self) -> &RlsOptions {
         &self.rls
     }
 
     /// Until an Envoy configuration is installed, RLS calls for domains our
     /// rules do not have are UNAVAILABLE (Envoy's failure mode decides
     /// them), rather than answered OK as if no limit existed.
-    pub fn await_envoy_config(&self, from: String) {
+    pub(crate) fn await_envoy_config(&self, from: String) {
         let _ = self.envoy_awaited.set(from);
         self.envoy_waiting.store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// Why an RLS call for `domain` cannot be decided yet, if it cannot.
-    pub fn rls_waiting(&self, domain: &str) -> Option<String> {
+    pub(crate) fn rls_waiting(&self, domain: &str) -> Option<String> {
         if !self.envoy_waiting.load(std::sync::atomic::Ordering::Acquire) {
             return None;
         }
@@ -224,7 +224,7 @@ impl Decider {
     }
 
     /// Upstream's per-descriptor stats in Prometheus's text format.
-    pub fn render_upstream_stats(&self, out: &mut String) {
+    pub(crate) fn render_upstream_stats(&self, out: &mut String) {
         self.engine.views().upstream_stats().render(out);
     }
 }

@@ -74,7 +74,7 @@ impl Views<'_> {
     }
 
     /// Whether overrides outlive a restart of this server.
-    pub fn overrides_persisted(&self) -> bool {
+    pub(crate) fn overrides_persisted(&self) -> bool {
         self.replication.is_some() || self.override_options.file.is_some()
     }
 }

@@ -224,7 +224,7 @@ impl Control<'_> {
 
     /// `ApplyRules` with `what_if`: validates `yaml` and runs it in shadow
     /// beside the rules in force for `length`, replacing a what-if running.
-    pub async fn start_what_if(&self, yaml: &str, length: std::time::Duration) -> Result<Applied, RuleErrors> {
+    pub(crate) async fn start_what_if(&self, yaml: &str, length: std::time::Duration) -> Result<Applied, RuleErrors> {
         let _one_at_a_time = self.applying.lock().await;
         let rules = parse_off_the_workers(yaml).await?;
         let resources = rules.rules().iter().map(|r| r.name.clone()).collect();
@@ -248,7 +248,7 @@ impl Control<'_> {
 
     /// Installs an envoyproxy/ratelimit configuration an xDS control plane
     /// at `source` served as `version`.
-    pub fn install_envoy_from(&self, config: EnvoyConfig, text: String, source: String, version: String) -> u64 {
+    pub(crate) fn install_envoy_from(&self, config: EnvoyConfig, text: String, source: String, version: String) -> u64 {
         let installed = self.engine.control().install_envoy(config, text, source, version);
         self.envoy_waiting.store(false, std::sync::atomic::Ordering::Release);
         crate::metrics::rule_reload(Origin::Envoy.label(), true, installed);

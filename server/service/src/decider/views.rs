@@ -30,7 +30,7 @@ impl Views<'_> {
     /// What an exact rule of `rules` (the rules in force) has in its
     /// global (keyless) limits now: (name, limit, remaining); empty for a
     /// template rule, whose buckets are per resource.
-    pub fn global_use(&self, rules: &Installed, rule: &Rule) -> Vec<(String, u64, u64)> {
+    pub(crate) fn global_use(&self, rules: &Installed, rule: &Rule) -> Vec<(String, u64, u64)> {
         if rule.per_resource() || rule.limits.iter().all(|l| !l.key.is_empty()) {
             return Vec::new();
         }
@@ -41,7 +41,7 @@ impl Views<'_> {
 
     /// Whether this server replicates, whether Redis answers, and how many
     /// replicas are live.
-    pub fn replica_health(&self) -> ReplicaHealth {
+    pub(crate) fn replica_health(&self) -> ReplicaHealth {
         match &self.replication {
             Some(r) => {
                 let (redis_up, live_replicas) = r.health();
@@ -52,12 +52,12 @@ impl Views<'_> {
     }
 
     /// Whether a rule in force is named (or patterned) `name`, as written.
-    pub fn has_rule(&self, name: &str) -> bool {
+    pub(crate) fn has_rule(&self, name: &str) -> bool {
         self.engine.rules().rules.rules().iter().any(|r| r.name == name)
     }
 
     /// Per limit, the keys denied and admitted most lately.
-    pub fn top_keys(&self, rule: &str, n: usize) -> Vec<TopLimit> {
+    pub(crate) fn top_keys(&self, rule: &str, n: usize) -> Vec<TopLimit> {
         self.engine.views().top_keys(&self.engine.rules(), rule, n)
     }
 

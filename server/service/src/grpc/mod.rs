@@ -10,7 +10,7 @@ use crate::access::Access;
 use crate::decider::Decider;
 
 mod admin;
-pub(crate) mod convert;
+pub mod convert;
 mod data;
 mod envoy;
 mod gate;

@@ -31,9 +31,9 @@ use crate::decider::{Decider, LeaseAsk};
 use crate::engine::lease::{Book, Booked, NotLeasable, want_from_demand};
 
 /// Streams open at once.
-pub const MAX_STREAMS: usize = 1024;
+pub(crate) const MAX_STREAMS: usize = 1024;
 
-pub struct Rlqs {
+pub(crate) struct Rlqs {
     decider: Arc<Decider>,
     streams: Arc<AtomicUsize>,
     next: AtomicU64,

@@ -11,7 +11,7 @@ const KIB: usize = 1024;
 const MIB: usize = 1024 * KIB;
 
 /// The cap of a request that carries one small question.
-pub const SMALL: usize = 64 * KIB;
+pub(crate) const SMALL: usize = 64 * KIB;
 
 /// Who may make a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,7 +63,7 @@ macro_rules! rpcs {
             }
 
             /// The RPC at `path`, if the port serves one there.
-            pub fn from_path(path: &str) -> Option<Rpc> {
+            pub(crate) fn from_path(path: &str) -> Option<Rpc> {
                 match path {
                     $($path => Some(Rpc::$rpc),)*
                     _ => None,
@@ -110,13 +110,13 @@ rpcs! {
 impl Rpc {
     /// Whether the client sends a stream of messages (the size cap is then
     /// per message).
-    pub fn client_streaming(self) -> bool {
+    pub(crate) fn client_streaming(self) -> bool {
         matches!(self, Rpc::Reflection | Rpc::ReflectionAlpha | Rpc::StreamRateLimitQuotas)
     }
 }
 
 /// The cap for a path the table does not know: the smallest.
-pub const UNKNOWN_CAP: usize = SMALL;
+pub(crate) const UNKNOWN_CAP: usize = SMALL;
 
 /// The largest cap of any RPC: tonic's own decoding limit sits above it, as
 /// a backstop.

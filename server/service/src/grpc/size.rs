@@ -76,7 +76,7 @@ impl Budget {
 
 /// A connection's budget, put in each of its requests' extensions.
 #[derive(Clone, Debug)]
-pub struct ConnectionBudget(pub Arc<Budget>);
+pub(crate) struct ConnectionBudget(pub Arc<Budget>);
 
 #[derive(Clone, Debug)]
 pub struct SizeLayer {
@@ -91,7 +91,7 @@ impl SizeLayer {
     }
 
     /// How long a request (but a client stream) may take to arrive whole.
-    pub fn with_request_timeout(self, wait: Duration) -> Self {
+    pub(crate) fn with_request_timeout(self, wait: Duration) -> Self {
         SizeLayer { wait, ..self }
     }
 }

@@ -8,7 +8,7 @@ use crate::rules::RuleErrors;
 
 /// What the transport itself refuses, before or beside a decision.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     #[error("{max} Watch streams are open; the limit is {max} (--max-watchers)")]
     TooManyWatchers { max: usize },
     #[error("{max} RLQS streams are open")]
@@ -38,7 +38,7 @@ pub fn code(kind: ErrorKind) -> tonic::Code {
 
 /// An error of the engine's or the rules', as its status. A local trait: the
 /// orphan rule keeps `From` between two other crates' types out of this one.
-pub trait IntoStatus {
+pub(crate) trait IntoStatus {
     fn into_status(self) -> Status;
 }
 
@@ -55,7 +55,7 @@ impl IntoStatus for RuleErrors {
 }
 
 /// `result.or_status()?` in a handler that answers a [`Status`].
-pub trait OrStatus<T> {
+pub(crate) trait OrStatus<T> {
     fn or_status(self) -> Result<T, Status>;
 }
 
@@ -83,6 +83,6 @@ impl From<Refusal> for Status {
 /// An error reading a client's stream, as the client is told it: a message
 /// over the method's limit is RESOURCE_EXHAUSTED, as for unary calls (tonic
 /// says OUT_OF_RANGE); others as they are.
-pub fn stream_error(e: Status) -> Status {
+pub(crate) fn stream_error(e: Status) -> Status {
     if e.code() == tonic::Code::OutOfRange { Status::resource_exhausted(e.message().to_string()) } else { e }
 }

@@ -23,7 +23,7 @@ use tonic::Status;
 use tonic::body::Body;
 
 /// A message to answer with, written into the response's data frame.
-pub trait Reply {
+pub(crate) trait Reply {
     /// Writes the message (no length prefix).
     fn write(&self, buf: &mut BytesMut);
     /// About how long it is, to size the frame.

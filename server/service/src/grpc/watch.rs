@@ -21,7 +21,7 @@ use super::convert;
 use crate::decider::Decider;
 use crate::events::Event;
 
-pub type EventStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Status>> + Send>>;
+pub(crate) type EventStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Status>> + Send>>;
 
 /// Events buffered per subscriber before it counts as slow.
 const BUFFER: usize = 64;

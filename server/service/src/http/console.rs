@@ -66,7 +66,7 @@ const MAX_BODY: usize = 4096;
 /// What the console keeps besides the Decider: the recent events, the
 /// charts' series and the ticks that move them.
 #[derive(Clone)]
-pub struct Console {
+pub(crate) struct Console {
     timeline: Arc<Mutex<VecDeque<Value>>>,
     series: Arc<Mutex<Series>>,
     /// Each second's sample, as the `tick` event every stream sends.

@@ -39,7 +39,7 @@ pub struct HttpState {
 }
 
 /// A condition of readiness: `Some(why)` while it is not met.
-pub type ReadyGate = Arc<dyn Fn() -> Option<String> + Send + Sync>;
+pub(crate) type ReadyGate = Arc<dyn Fn() -> Option<String> + Send + Sync>;
 
 impl HttpState {
     /// Must be called on the runtime: the console starts keeping events.
@@ -50,21 +50,21 @@ impl HttpState {
     }
 
     /// Readiness also waits for `gate`.
-    pub fn with_gate(mut self, gate: Option<ReadyGate>) -> Self {
+    pub(crate) fn with_gate(mut self, gate: Option<ReadyGate>) -> Self {
         self.gate = gate;
         self
     }
 
-    pub fn set_ready(&self, ready: bool) {
+    pub(crate) fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::Release);
     }
 
     /// The server is draining: Watch and the console's event streams end.
-    pub fn drain_streams(&self) {
+    pub(crate) fn drain_streams(&self) {
         self.decider.drain_streams();
     }
 
-    pub fn is_ready(&self) -> bool {
+    pub(crate) fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
     }
 }

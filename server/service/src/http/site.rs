@@ -107,7 +107,7 @@ fn authority(req: &Request) -> Option<&str> {
 }
 
 /// Refuses a request for a host the server does not answer to.
-pub async fn check_host(State(s): State<HttpState>, req: Request, next: Next) -> Response {
+pub(crate) async fn check_host(State(s): State<HttpState>, req: Request, next: Next) -> Response {
     let path = req.uri().path();
     // Probes and scrapers name the server as their platform knows it (a
     // Service name, a container name): these answer every Host.
@@ -136,7 +136,7 @@ pub async fn check_host(State(s): State<HttpState>, req: Request, next: Next) ->
 
 /// Why an action (a POST to the console's API) is refused before anyone
 /// looks at who sent it: (status, message).
-pub fn check_action(req: &Request) -> Result<(), (StatusCode, String)> {
+pub(crate) fn check_action(req: &Request) -> Result<(), (StatusCode, String)> {
     let headers = req.headers();
     if !is_json(headers) {
         let message = "Content-Type: an action must be sent as application/json".to_string();

@@ -17,17 +17,17 @@ use tokio::sync::watch;
 
 /// How long answers already written have to reach their clients once a
 /// draining connection has no call in progress.
-pub const FLUSH: Duration = Duration::from_secs(1);
+pub(crate) const FLUSH: Duration = Duration::from_secs(1);
 /// How often a draining connection looks at its calls in progress.
 const LOOK: Duration = Duration::from_millis(20);
 
 /// The port's drain: started once, seen by every connection.
 #[derive(Clone)]
-pub struct Drain(watch::Sender<bool>);
+pub(crate) struct Drain(watch::Sender<bool>);
 
 /// One connection's calls in progress.
 #[derive(Clone, Default)]
-pub struct InProgress(Arc<AtomicUsize>);
+pub(crate) struct InProgress(Arc<AtomicUsize>);
 
 /// A call counted in progress until dropped (answered or cancelled).
 pub struct Call(Arc<AtomicUsize>);
@@ -44,7 +44,7 @@ impl Drain {
     /// Completes when a connection with these calls in progress may be
     /// closed: the drain started, none is in progress and [`FLUSH`] passed
     /// with none in progress. Never completes before the drain.
-    pub fn closable(&self, calls: InProgress) -> impl Future<Output = ()> + Send + 'static {
+    pub(crate) fn closable(&self, calls: InProgress) -> impl Future<Output = ()> + Send + 'static {
         let mut started = self.0.subscribe();
         async move {
             if started.wait_for(|d| *d).await.is_err() {

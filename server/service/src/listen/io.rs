@@ -31,7 +31,7 @@ pub struct Peer {
 }
 
 impl Peer {
-    pub fn is_loopback(&self) -> bool {
+    pub(crate) fn is_loopback(&self) -> bool {
         self.addr.is_some_and(|a| a.ip().is_loopback())
     }
 }

@@ -86,7 +86,7 @@ pub fn accept(port: Port) -> mpsc::Receiver<std::io::Result<ServerIo>> {
 
 /// The next connection `accept` handed over, or `None` once `stop` has
 /// completed or the port is closed.
-pub async fn next_until(
+pub(crate) async fn next_until(
     incoming: &mut mpsc::Receiver<std::io::Result<ServerIo>>,
     mut stop: std::pin::Pin<&mut impl Future<Output = ()>>,
 ) -> Option<ServerIo> {

@@ -38,12 +38,8 @@ impl Tls {
         Ok(Arc::new(Tls { files, alpn, current: ArcSwap::from_pointee(config) }))
     }
 
-    pub fn acceptor(&self) -> TlsAcceptor {
+    pub(crate) fn acceptor(&self) -> TlsAcceptor {
         TlsAcceptor::from(self.current.load_full())
-    }
-
-    pub fn mutual(&self) -> bool {
-        self.files.client_ca.is_some()
     }
 
     /// Reads the files again when they change, until the task is aborted.

@@ -13,7 +13,7 @@ use crate::rules::envoy::Document;
 
 /// One resource as a document named `name` (the resource's name, else its
 /// own `name` field, else its domain).
-pub fn document(name: &str, config: &RateLimitConfig) -> Document {
+pub(crate) fn document(name: &str, config: &RateLimitConfig) -> Document {
     let mut root = Mapping::new();
     root.insert("domain".into(), config.domain.clone().into());
     if !config.descriptors.is_empty() {

@@ -15,11 +15,11 @@ use crate::rules::MAX_DESCRIPTORS;
 
 /// The received bytes of one `AcquireRequest`.
 #[derive(Clone, Debug, Default)]
-pub struct AcquireWire(pub Bytes);
+pub(crate) struct AcquireWire(pub Bytes);
 
 /// An `AcquireRequest`, its strings borrowed from the bytes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct WireAcquire<'a> {
+pub(crate) struct WireAcquire<'a> {
     pub resource: &'a str,
     /// Distinct keys, in the order first seen; a key seen again keeps its last value.
     pub descriptors: SmallVec<[(&'a str, &'a str); 4]>,

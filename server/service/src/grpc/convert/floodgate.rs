@@ -84,7 +84,7 @@ fn outcome(n: i32) -> Result<Outcome, RequestError> {
 }
 
 /// The state an operator asks for; UNSPECIFIED and unknown numbers are bad input.
-pub fn breaker_state_request(n: i32) -> Result<State, RequestError> {
+pub(crate) fn breaker_state_request(n: i32) -> Result<State, RequestError> {
     State::from_number(i64::from(n)).ok_or(RequestError::UnknownEnum {
         field: "state",
         value: n,
@@ -93,7 +93,9 @@ pub fn breaker_state_request(n: i32) -> Result<State, RequestError> {
 }
 
 /// `SetDegradationLevel`: a level, or automatic.
-pub fn level_request(r: &pb::SetDegradationLevelRequest) -> Result<(LevelTarget<'_>, Option<u32>), RequestError> {
+pub(crate) fn level_request(
+    r: &pb::SetDegradationLevelRequest,
+) -> Result<(LevelTarget<'_>, Option<u32>), RequestError> {
     let target = match (r.every_system, r.system.as_str()) {
         (true, "") => LevelTarget::Every,
         (true, system) => return Err(RequestError::SystemWithEverySystem(system.to_string())),
@@ -315,7 +317,7 @@ impl FromDomain<BreakerView> for pb::BreakerInfo {
 
 /// `SetDegradationLevel`'s answer: one level set, its fields; several (every
 /// system), the list too.
-pub fn level_response(mut levels: Vec<Level>) -> pb::SetDegradationLevelResponse {
+pub(crate) fn level_response(mut levels: Vec<Level>) -> pb::SetDegradationLevelResponse {
     let systems =
         if levels.len() == 1 { Vec::new() } else { levels.iter().map(pb::SystemLevel::from_domain).collect() };
     let first = if levels.is_empty() { None } else { Some(levels.remove(0)) };
@@ -407,7 +409,7 @@ impl FromDomain<&Event> for Kind {
 
 /// A `Lease` request as the decider takes it, with `descriptors` (the
 /// request's, or those with the caller's proven origin set).
-pub fn lease_ask<'a, D: ?Sized>(r: &'a pb::LeaseRequest, descriptors: &'a D) -> crate::decider::LeaseAsk<'a, D> {
+pub(crate) fn lease_ask<'a, D: ?Sized>(r: &'a pb::LeaseRequest, descriptors: &'a D) -> crate::decider::LeaseAsk<'a, D> {
     crate::decider::LeaseAsk {
         resource: &r.resource,
         descriptors,

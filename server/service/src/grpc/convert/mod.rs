@@ -13,12 +13,12 @@ use std::time::{Duration, SystemTime};
 use crate::time::Timestamp;
 
 /// A wire message made from a domain value (the generated type's `From`).
-pub trait FromDomain<T> {
+pub(crate) trait FromDomain<T> {
     fn from_domain(value: T) -> Self;
 }
 
 /// A domain value as a wire message; implemented for every [`FromDomain`].
-pub trait IntoWire<W> {
+pub(crate) trait IntoWire<W> {
     fn into_wire(self) -> W;
 }
 
@@ -30,7 +30,7 @@ impl<T, W: FromDomain<T>> IntoWire<W> for T {
 
 /// A domain value read from a wire message, or why it cannot be (the
 /// domain type's `TryFrom`).
-pub trait FromWire<W>: Sized {
+pub(crate) trait FromWire<W>: Sized {
     type Error;
     fn from_wire(wire: W) -> Result<Self, Self::Error>;
 }
@@ -51,14 +51,14 @@ pub fn duration(d: Duration) -> Option<prost_types::Duration> {
 }
 
 /// A proto duration as a `Duration`; negative or malformed is `None`.
-pub fn from_duration(d: &prost_types::Duration) -> Option<Duration> {
+pub(crate) fn from_duration(d: &prost_types::Duration) -> Option<Duration> {
     let secs = u64::try_from(d.seconds).ok()?;
     let nanos = u32::try_from(d.nanos).ok().filter(|&n| n < 1_000_000_000)?;
     Some(Duration::new(secs, nanos))
 }
 
 /// A what-if's length: 1 s to 24 h.
-pub fn what_if_length(d: &prost_types::Duration) -> Result<Duration, crate::engine::RequestError> {
+pub(crate) fn what_if_length(d: &prost_types::Duration) -> Result<Duration, crate::engine::RequestError> {
     match from_duration(d) {
         Some(l) if (Duration::from_secs(1)..=Duration::from_secs(86_400)).contains(&l) => Ok(l),
         _ => Err(crate::engine::RequestError::WhatIfLength(format!("{}s {}ns", d.seconds, d.nanos))),

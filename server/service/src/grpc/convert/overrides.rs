@@ -17,7 +17,7 @@ fn bad(field: &'static str, message: impl Into<String>) -> RequestError {
 
 /// One override of a `SetOverridesRequest`, checked for its shape; the rest
 /// is checked against the rules by the Decider.
-pub fn new_override(o: &pb::Override) -> Result<NewOverride, RequestError> {
+pub(crate) fn new_override(o: &pb::Override) -> Result<NewOverride, RequestError> {
     let action = match &o.action {
         None => return Err(bad("action", "needs exactly one of block, factor, limits or tier")),
         Some(PbAction::Block(b)) => {
@@ -60,7 +60,7 @@ pub fn new_override(o: &pb::Override) -> Result<NewOverride, RequestError> {
 }
 
 /// A spec for an answer, with why it does not apply when it does not.
-pub fn to_pb(spec: &Spec, problem: Option<String>) -> pb::Override {
+pub(crate) fn to_pb(spec: &Spec, problem: Option<String>) -> pb::Override {
     let action = match &spec.action {
         Do::Block { retry_after_ms } => {
             PbAction::Block(pb::Block { retry_after: duration(Duration::from_millis(*retry_after_ms)) })

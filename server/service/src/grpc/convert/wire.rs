@@ -24,7 +24,7 @@ pub enum WireError {
 }
 
 /// prost's recursion limit, at a message's top level.
-pub const RECURSION_LIMIT: u32 = 100;
+pub(crate) const RECURSION_LIMIT: u32 = 100;
 
 /// A length-delimited field's bytes.
 pub fn nested<'a>(wire: WireType, buf: &mut &'a [u8]) -> Result<&'a [u8], WireError> {

@@ -22,11 +22,11 @@ use serde_json::{Value, json};
 use crate::engine::Tally;
 
 /// Seconds kept: 15 minutes.
-pub const SECONDS: usize = 900;
+pub(crate) const SECONDS: usize = 900;
 /// Resources with rings of their own.
-pub const RESOURCES: usize = 256;
+pub(crate) const RESOURCES: usize = 256;
 /// Breakers with rings of their own.
-pub const BREAKERS: usize = 256;
+pub(crate) const BREAKERS: usize = 256;
 /// Degradation scopes with rings of their own (the global scope included).
 pub const SYSTEMS: usize = 64;
 /// Transitions kept per breaker.
@@ -116,7 +116,7 @@ struct Transition {
 
 /// A breaker as one tick sees it.
 #[derive(Clone, Debug, PartialEq)]
-pub struct BreakerNow {
+pub(crate) struct BreakerNow {
     pub resource: String,
     pub state: &'static str,
     pub calls: u64,
@@ -176,7 +176,7 @@ impl Default for Series {
 }
 
 /// The name under which resources without rings of their own are summed.
-pub const OTHER: &str = "other";
+pub(crate) const OTHER: &str = "other";
 
 impl Series {
     /// Samples second `now`: `tallies` calls back with every tally in force

@@ -15,10 +15,10 @@
 use std::time::Duration;
 
 use crate::breaker::Call;
-use crate::guards::Slots;
 use crate::limiter::Algorithm;
 use crate::rules::{Concurrency, Limit, OnRedisError, SyncMode};
 use crate::store::BucketKey;
+use crate::sync::SlotGrant;
 use crate::sync::{RemoteOutcome, RemoteSlot, SlotOp};
 use crate::time::Timestamp;
 
@@ -123,7 +123,7 @@ impl Coordination for Alone {
 /// Whether the store decides `limit` when limits are shared: strict limits,
 /// and replicated sliding logs. A shadow limit never is: it enforces
 /// nothing, and a strict script enforces all it is given.
-pub fn decided_by_store(limit: &Limit) -> bool {
+pub(crate) fn decided_by_store(limit: &Limit) -> bool {
     if limit.shadow {
         return false;
     }
@@ -157,4 +157,23 @@ pub(crate) fn shared_slots(c: &Concurrency, limit: u32, slot: Option<RemoteSlot>
         SyncMode::Replicated if up => Slots::Leased,
         SyncMode::Replicated => Slots::Here(outage),
     }
+}
+
+/// How many calls a resource's concurrency limit lets this replica hold,
+/// as the decision path worked it out from the rule's `sync`.
+#[derive(Debug)]
+pub enum Slots {
+    /// At most this many here (`None`: no cap): a `local` limit, a server
+    /// without Redis, or `on_redis_error` while Redis cannot answer.
+    Here(Option<u32>),
+    /// A `replicated` limit while Redis answers: this replica's lease while
+    /// it is fresh, else nothing (the lease is renewed before deciding).
+    Leased,
+    /// A `strict` limit Redis could not be asked about: the outage policy's
+    /// cap; a permit given holds a slot Redis is told of once it answers.
+    Owed(Option<u32>),
+    /// A `strict` limit: Redis took a slot for this call.
+    Taken(Box<SlotGrant>),
+    /// A `strict` limit: every slot of the fleet is held.
+    Full(Duration),
 }
