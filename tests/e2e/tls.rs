@@ -148,3 +148,66 @@ async fn the_client_crate_and_the_cli_speak_tls() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("ALLOWED"));
 }
+
+const ORIGIN_RULES: &str = r#"
+resources:
+  - name: metered
+    limits: [ { name: per-origin, key: [origin], algorithm: fixed_window, limit: 2, window: 1h } ]
+  - name: guarded
+    origins: { key: origin, deny: [app-b] }
+"#;
+
+/// A server under mTLS with `ORIGIN_RULES`, and a Floodgate client for a
+/// certificate named `name` (made by `pki`).
+async fn origin_server(extra: &[&str]) -> (Pki, Floodgate) {
+    let pki = Pki::new("floodgate");
+    let server = pki.server("server", "floodgate");
+    let mut args = vec![
+        "--tls-cert".to_string(),
+        server.cert.display().to_string(),
+        "--tls-key".to_string(),
+        server.key.display().to_string(),
+        "--tls-client-ca".to_string(),
+        pki.ca_path().display().to_string(),
+    ];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    let fg = floodgate().rules(ORIGIN_RULES).args(args).start();
+    (pki, fg)
+}
+
+async fn as_caller(pki: &Pki, fg: &Floodgate, name: &str) -> pb::floodgate_client::FloodgateClient<Channel> {
+    let who = pki.client(name, name);
+    let channel = tls_channel(&fg.grpc, &pki.ca_pem(), Some((&who.cert_pem, &who.key_pem))).await.unwrap();
+    pb::floodgate_client::FloodgateClient::new(channel)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_mtls_a_caller_cannot_spend_another_origins_quota_or_pass_its_deny_list() {
+    let (pki, fg) = origin_server(&[]).await;
+    let mut app_a = as_caller(&pki, &fg, "app-a").await;
+    let mut app_b = as_caller(&pki, &fg, "app-b").await;
+    // app-a names app-b twice: its own quota (2) is what it spends.
+    for expected in [pb::Verdict::Allowed, pb::Verdict::Allowed, pb::Verdict::RateLimited] {
+        let answer = app_a.acquire(acquire("metered", &[("origin", "app-b")], 1)).await.unwrap().into_inner();
+        assert_eq!(answer.verdict(), expected, "{answer:?}");
+    }
+    let answer = app_b.acquire(acquire("metered", &[("origin", "app-b")], 1)).await.unwrap().into_inner();
+    assert_eq!((answer.verdict(), answer.limits[0].remaining), (pb::Verdict::Allowed, 1), "app-b's own quota: {answer:?}");
+    // app-b is denied however it names itself, or if it names nothing.
+    for descriptors in [&[][..], &[("origin", "app-a")][..], &[("origin", "")][..]] {
+        let answer = app_b.acquire(acquire("guarded", descriptors, 1)).await.unwrap().into_inner();
+        assert_ne!(answer.verdict(), pb::Verdict::Allowed, "app-b passed its deny list with {descriptors:?}");
+    }
+    let answer = app_a.acquire(acquire("guarded", &[("origin", "app-b")], 1)).await.unwrap().into_inner();
+    assert_eq!(answer.verdict(), pb::Verdict::Allowed, "app-a is not app-b, whatever it says");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_insecure_flag_lets_callers_name_their_origin() {
+    let (pki, fg) = origin_server(&["--insecure-callers-name-their-origin"]).await;
+    let mut app_a = as_caller(&pki, &fg, "app-a").await;
+    let answer = app_a.acquire(acquire("metered", &[("origin", "app-b")], 2)).await.unwrap().into_inner();
+    assert_eq!(answer.verdict(), pb::Verdict::Allowed);
+    let answer = app_a.acquire(acquire("metered", &[("origin", "app-b")], 1)).await.unwrap().into_inner();
+    assert_eq!(answer.verdict(), pb::Verdict::RateLimited, "app-b's quota, spent by app-a as the flag allows");
+}

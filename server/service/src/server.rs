@@ -35,6 +35,9 @@ pub struct Options {
     pub envoy: EnvoySources,
     /// A directory of Sentinel's rules to load and watch, and how they meet requests.
     pub sentinel: Option<(PathBuf, crate::rules::sentinel::SentinelOptions)>,
+    /// Under mTLS, the descriptor the caller's certificate name sets on
+    /// every request; `None` lets callers name their own origin.
+    pub origin: Option<String>,
     /// How Envoy's RLS answers.
     pub rls: crate::decider::RlsOptions,
     /// How long the rules file must stay unchanged before it is read again.
@@ -104,12 +107,14 @@ pub async fn run(
     let sources = install_sources(&opts, &engine)?;
     let replication = start_replication(&opts, &engine, replica).await?;
     let last_sync = replication.clone();
-    let origin_key = opts.sentinel.as_ref().map(|(_, o)| o.origin_key.clone());
+    if opts.origin.is_none() && opts.tls.as_ref().is_some_and(|t| t.client_ca.is_some()) {
+        tracing::warn!("--insecure-callers-name-their-origin: under mTLS, callers name their own origin");
+    }
     let decider = Arc::new(
         Decider::new(engine.clone(), replication)
             .with_rls(opts.rls)
             .with_overrides(opts.overrides.clone())
-            .with_origin_key(origin_key),
+            .with_origin_key(opts.origin.clone()),
     );
     if !decider.views().overrides_persisted() {
         tracing::info!("overrides set through Admin are kept in memory only (see --overrides-file)");

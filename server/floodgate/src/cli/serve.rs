@@ -191,6 +191,19 @@ struct TlsArgs {
     /// Require client certificates signed by this CA (PEM): mTLS.
     #[arg(long, env = "FLOODGATE_TLS_CLIENT_CA", requires = "tls_cert")]
     tls_client_ca: Option<PathBuf>,
+    /// Under mTLS, the descriptor that the caller's certificate name sets
+    /// on every request (Acquire, AcquireBatch, Charge, Lease), whatever
+    /// the caller sends: a caller cannot spend another origin's quota or
+    /// pass an origin deny list. With --sentinel-rules it is also the
+    /// descriptor Sentinel's limitApp and authority rules read.
+    #[arg(long, alias = "sentinel-origin-key", env = "FLOODGATE_ORIGIN_KEY", default_value = "origin", value_parser = super::descriptor_key)]
+    origin_key: String,
+    /// Under mTLS, do NOT set the origin descriptor from the certificate:
+    /// callers name their own origin, so any caller can spend another
+    /// origin's quota and pass its deny lists. Only for callers that are
+    /// all trusted.
+    #[arg(long, env = "FLOODGATE_INSECURE_CALLERS_NAME_THEIR_ORIGIN")]
+    insecure_callers_name_their_origin: bool,
 }
 
 /// Who may call Admin.
@@ -310,7 +323,8 @@ fn options(args: ServeArgs) -> anyhow::Result<Options> {
         replication,
         config: args.config,
         envoy,
-        sentinel: args.sentinel.sources(),
+        sentinel: args.sentinel.sources(&args.tls.origin_key),
+        origin: (!args.tls.insecure_callers_name_their_origin).then(|| args.tls.origin_key.clone()),
         rls,
         reload_quiet: args.reload_debounce,
         max_keys: args.max_keys,

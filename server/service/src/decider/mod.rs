@@ -174,7 +174,7 @@ impl Decider {
     }
 
     /// A caller with a client certificate has its name as this descriptor
-    /// (Sentinel's origin), whatever it sends.
+    /// (its origin), whatever it sends; `None` lets callers name their own.
     pub(crate) fn with_origin_key(mut self, key: Option<String>) -> Self {
         self.origin_key = key;
         self
@@ -185,10 +185,16 @@ impl Decider {
         self.origin_key.as_deref()
     }
 
-    /// The descriptor a caller's mTLS identity sets, and the identity, when
-    /// both are.
+    /// The descriptor a caller's mTLS certificate sets, and its value (the
+    /// certificate's name), for a caller that presented a certificate.
     pub(crate) fn origin_of<'p>(&'p self, peer: Option<&'p crate::listen::Peer>) -> Option<(&'p str, &'p str)> {
-        Some((self.origin_key.as_deref()?, peer?.identity.as_deref()?))
+        let key = self.origin_key.as_deref()?;
+        let peer = peer?;
+        // Only a certificate proves who calls: without mTLS the caller's
+        // descriptor stands. A certificate without a name proves no origin,
+        // and claims none either.
+        peer.certs.as_ref()?;
+        Some((key, peer.identity.as_deref().unwrap_or("")))
     }
 
     /// How Envoy's RLS answers (global shadow mode, response headers).

@@ -19,11 +19,6 @@ pub(super) struct SentinelArgs {
     /// --config), no embedded rules are loaded.
     #[arg(long, env = "FLOODGATE_SENTINEL_RULES")]
     pub sentinel_rules: Option<PathBuf>,
-    /// The descriptor holding the caller's origin (Sentinel's `limitApp` and
-    /// authority rules). A caller with a client certificate (mTLS) has its
-    /// certificate's name as origin, whatever it sends.
-    #[arg(long, default_value = "origin", requires = "sentinel_rules", value_parser = super::super::descriptor_key)]
-    pub sentinel_origin_key: String,
     /// The descriptor holding the entrance context (`strategy: 2`, chain).
     #[arg(long, default_value = "context", requires = "sentinel_rules", value_parser = super::super::descriptor_key)]
     pub sentinel_context_key: String,
@@ -36,9 +31,11 @@ pub(super) struct SentinelArgs {
 }
 
 impl SentinelArgs {
-    pub(super) fn sources(self) -> Option<(PathBuf, SentinelOptions)> {
+    /// Sentinel's rules and how they meet requests; `origin_key` is the
+    /// descriptor holding the caller's origin (`--origin-key`).
+    pub(super) fn sources(self, origin_key: &str) -> Option<(PathBuf, SentinelOptions)> {
         let options = SentinelOptions {
-            origin_key: self.sentinel_origin_key,
+            origin_key: origin_key.to_string(),
             context_key: self.sentinel_context_key,
             param_prefix: self.sentinel_param_prefix,
             cold_factor: self.sentinel_cold_factor,
