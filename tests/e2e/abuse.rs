@@ -114,6 +114,18 @@ async fn a_rules_upload_cannot_freeze_the_server() {
     };
     let err = data.acquire(fat).await.unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted, "a 100 KB Acquire is over its 64 KiB cap: {err:?}");
+    // A batch over its 4 MiB cap, and one over every cap (tonic's own
+    // limit sits above them): RESOURCE_EXHAUSTED both, as documented.
+    for mib in [5, 17] {
+        let item = pb::AcquireRequest {
+            resource: "demo".into(),
+            descriptors: [("user".into(), "u".repeat(200))].into(),
+            ..Default::default()
+        };
+        let requests = vec![item; mib * 1024 * 1024 / 210];
+        let err = data.acquire_batch(pb::AcquireBatchRequest { requests }).await.unwrap_err();
+        assert_eq!(err.code(), Code::ResourceExhausted, "a {mib} MiB AcquireBatch: {err:?}");
+    }
 }
 
 #[tokio::test]

@@ -3,9 +3,9 @@
 //!
 //! - A cap per RPC: one Acquire is a few kilobytes at most, a rules upload
 //!   up to a mebibyte. A unary call's whole body counts (its messages after
-//!   the first are read too); a stream's cap is per message, read from each
-//!   message's length prefix, so a message declared over the cap is refused
-//!   before its bytes arrive, and a stream that lives for days is not cut
+//!   the first are read too); a stream's cap is per message. Every message's
+//!   length prefix is read, so a message declared over the cap is refused
+//!   before its bytes arrive; and a stream that lives for days is not cut
 //!   off by the sum of what it sent. Over the cap: RESOURCE_EXHAUSTED,
 //!   naming it.
 //! - A byte budget for unfinished messages, per connection and for the
@@ -260,7 +260,11 @@ impl<B> Capped<B> {
                 }
                 let len = u32::from_be_bytes([self.prefix[1], self.prefix[2], self.prefix[3], self.prefix[4]]);
                 let len = len as usize;
-                if !self.whole && len.saturating_add(5) > self.cap {
+                // A message declared over the cap is refused before its
+                // bytes arrive, in a unary call too: the decoder behind
+                // would refuse a message over its own, larger limit with
+                // another code (OUT_OF_RANGE) as soon as it read the prefix.
+                if len.saturating_add(5) > self.cap {
                     return Err(Refusal::TooLarge { cap: self.cap });
                 }
                 self.left = len;
