@@ -210,6 +210,19 @@ fn what_sentinel_could_not_read_is_refused_not_read_as_something_else() {
         "flow.json: resource 'r': [1].count: 1e308 a second is above the largest supported rate (1000000000 a second)",
     ];
     assert_eq!(got, expected);
+    // A QPS count past the largest window limit, or below one call but above
+    // none, is refused naming the count (0 is a kill switch, kept).
+    let got = errors(&[(
+        "flow.json",
+        r#"[{"resource":"q","count":1e308},{"resource":"z","count":0.0001},{"resource":"w","count":0.5,"controlBehavior":1}]"#,
+    )]);
+    let expected = [
+        "flow.json: resource 'q': [0].count: 1e308 a second is above the largest supported limit (1000000000000 a second)",
+        "flow.json: resource 'z': [1].count: 0.0001 a second admits no call at all (write 0 to refuse every call on purpose)",
+        "flow.json: resource 'w': [2].count: 0.5 a second admits no call at all (write 0 to refuse every call on purpose)",
+    ];
+    assert_eq!(got, expected);
+    assert!(read(&[("flow.json", r#"[{"resource":"k","count":0}]"#)]).is_ok(), "0: every call refused, on purpose");
     // A count written 100.0 or "100.0" is 100, as fastjson reads it.
     let read = read(&[(
         "param.json",

@@ -267,6 +267,28 @@ fn flow(out: &mut Out<'_>, f: &Flow, others: &[String]) {
             ),
         );
     }
+    // A count below one call but above none would refuse every call, as in
+    // Sentinel: written 0 it says so; written 0.0001 it is most likely a
+    // mistake, refused rather than kept without a word. A count past the
+    // largest limit a window keeps is refused, as in the rules file.
+    if (behavior == 0 || behavior == 1) && f.count > 0.0 && f.count < 1.0 {
+        return out.flow_error(
+            f,
+            "count",
+            format!("{} a second admits no call at all (write 0 to refuse every call on purpose)", f.count),
+        );
+    }
+    if behavior == 0 && f.count > crate::overrides::MAX_AMOUNT as f64 {
+        return out.flow_error(
+            f,
+            "count",
+            format!(
+                "{} a second is above the largest supported limit ({} a second)",
+                if f.count < 1e15 { f.count.to_string() } else { format!("{:e}", f.count) },
+                crate::overrides::MAX_AMOUNT
+            ),
+        );
+    }
     let (kind, algorithm, sync) = match behavior {
         0 | 1 if f.count < 1.0 => ("qps", deny_all(), SyncMode::Local),
         0 => (
