@@ -409,3 +409,35 @@ async fn a_descriptor_entry_carries_the_priority_a_shedding_system_reads() {
         "'priority' is just a descriptor now"
     );
 }
+
+#[tokio::test]
+async fn an_rlqs_stream_past_its_bucket_limit_is_told_to_abandon_new_buckets() {
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3 as rlqs;
+    use rlqs::rate_limit_quota_response::bucket_action::BucketAction as Action;
+    let dir = TempDir::new();
+    let rules = "resources:\n  - name: api\n    limits:\n      - { name: per-user, key: [user], algorithm: fixed_window, limit: 40, window: 1h, lease: 10s }\n";
+    let fg = floodgate().args(["--config", path_str(&dir.write("rules.yaml", rules))]).start();
+    let mut client = rlqs::rate_limit_quota_service_client::RateLimitQuotaServiceClient::new(fg.channel().await);
+    let bucket = |user: usize| rlqs::rate_limit_quota_usage_reports::BucketQuotaUsage {
+        bucket_id: Some(rlqs::BucketId {
+            bucket: [("name".to_string(), "api".to_string()), ("user".to_string(), format!("u{user}"))].into(),
+        }),
+        ..Default::default()
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let mut answers =
+        client.stream_rate_limit_quotas(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
+    // The book holds 10,000 buckets a stream; the 10,001st and after are
+    // abandoned, each one answered (none left waiting).
+    let usages: Vec<_> = (0..10_003).map(bucket).collect();
+    tx.send(rlqs::RateLimitQuotaUsageReports { domain: "edge".into(), bucket_quota_usages: usages }).await.unwrap();
+    let answer =
+        tokio::time::timeout(std::time::Duration::from_secs(60), answers.message()).await.unwrap().unwrap().unwrap();
+    assert_eq!(answer.bucket_action.len(), 10_003, "every bucket answered");
+    let abandoned =
+        |a: &rlqs::rate_limit_quota_response::BucketAction| matches!(a.bucket_action, Some(Action::AbandonAction(_)));
+    assert!(answer.bucket_action[..10_000].iter().all(|a| !abandoned(a)));
+    assert!(answer.bucket_action[10_000..].iter().all(abandoned), "{:?}", &answer.bucket_action[10_000..]);
+    let abandoned = fg.metrics().value("floodgate_rlqs_buckets_abandoned_total", &[]);
+    assert_eq!(abandoned, Some(3.0), "the abandoned buckets are counted");
+}

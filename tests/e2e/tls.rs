@@ -192,7 +192,11 @@ async fn under_mtls_a_caller_cannot_spend_another_origins_quota_or_pass_its_deny
         assert_eq!(answer.verdict(), expected, "{answer:?}");
     }
     let answer = app_b.acquire(acquire("metered", &[("origin", "app-b")], 1)).await.unwrap().into_inner();
-    assert_eq!((answer.verdict(), answer.limits[0].remaining), (pb::Verdict::Allowed, 1), "app-b's own quota: {answer:?}");
+    assert_eq!(
+        (answer.verdict(), answer.limits[0].remaining),
+        (pb::Verdict::Allowed, 1),
+        "app-b's own quota: {answer:?}"
+    );
     // app-b is denied however it names itself, or if it names nothing.
     for descriptors in [&[][..], &[("origin", "app-a")][..], &[("origin", "")][..]] {
         let answer = app_b.acquire(acquire("guarded", descriptors, 1)).await.unwrap().into_inner();

@@ -52,6 +52,7 @@ pub const CONNECTIONS_REJECTED: &str = "floodgate_connections_rejected_total";
 pub const REQUESTS_TIMED_OUT: &str = "floodgate_requests_timed_out_total";
 pub const RLS_GLOBAL_SHADOW: &str = "floodgate_rls_global_shadow_total";
 pub(crate) const RLS_OVERRIDES_REFUSED: &str = "floodgate_rls_overrides_refused_total";
+pub const RLQS_BUCKETS_ABANDONED: &str = "floodgate_rlqs_buckets_abandoned_total";
 pub const OVERRIDES: &str = "floodgate_overrides";
 pub const LEASES: &str = "floodgate_leases_total";
 pub const LEASED_UNITS: &str = "floodgate_leased_units_total";
@@ -79,6 +80,10 @@ pub fn describe() {
     describe_counter!(
         RLS_OVERRIDES_REFUSED,
         "RLS descriptor limits (overrides) not honoured: too many distinct sizes; the configured limit applied"
+    );
+    describe_counter!(
+        RLQS_BUCKETS_ABANDONED,
+        "RLQS buckets Envoy was told to abandon (it then applies its no_assignment_behavior): the stream held as many as it may"
     );
     describe_counter!(RPC_REQUESTS, "gRPC calls by method and status code");
     describe_gauge!(KEYS, "Buckets held in memory");

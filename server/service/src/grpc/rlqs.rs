@@ -160,9 +160,12 @@ async fn answer(
     rlqs::RateLimitQuotaResponse { bucket_action: actions }
 }
 
+/// Logs of abandoned buckets, at most one a minute.
+static ABANDON_LOG: crate::time::Throttle = crate::time::Throttle::new(60);
+
 /// One bucket's previous lease settled at what Envoy allowed, and its next
-/// assignment; `None` when the bucket is refused (bad input, or the stream
-/// holds as many buckets as it may).
+/// assignment (abandoned when the stream holds as many buckets as it may);
+/// `None` when the bucket is refused (bad input).
 async fn renew(
     decider: &Decider,
     holder: &str,
@@ -175,7 +178,20 @@ async fn renew(
     let resource = pairs.iter().find(|(k, _)| k == "name").map_or(domain, |(_, v)| v.as_str());
     let descriptors: Vec<(&str, &str)> =
         pairs.iter().filter(|(k, _)| k != "name").map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let last = buckets.book.lease_of(pairs)?.cloned();
+    let Some(last) = buckets.book.lease_of(pairs) else {
+        // The stream holds as many buckets as it may: Envoy is told to
+        // abandon this one, so that it applies its no_assignment_behavior
+        // rather than wait for an answer that never comes.
+        metrics::counter!(crate::metrics::RLQS_BUCKETS_ABANDONED).increment(1);
+        if ABANDON_LOG.due(decider.now()) {
+            tracing::warn!(
+                max = Book::<Pairs>::MAX,
+                "an RLQS stream holds as many buckets as it may: new buckets are abandoned"
+            );
+        }
+        return Some(bucket_action::BucketAction::AbandonAction(bucket_action::AbandonAction {}));
+    };
+    let last = last.cloned();
     let now = decider.now();
     let previous = last.as_ref().map(|b| b.id.clone()).unwrap_or_default();
     // Envoy counts in 64 bits; a lease is at most u32::MAX units, and a
