@@ -496,3 +496,34 @@ fn flags_that_cannot_work_are_refused_before_anything_starts() {
         assert!(stderr.contains(flag), "{args:?}: {stderr}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_with_no_call_open_is_closed_whatever_pings_it_answers() {
+    let fg = floodgate().args(["--idle-timeout", "2s"]).start();
+    let open = |fg: &Floodgate| fg.metrics().value("floodgate_connections", &[("port", "grpc")]).unwrap_or(0.0);
+    // Both clients answer the server's pings and send their own, every 300 ms.
+    let connect = || async {
+        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", fg.grpc))
+            .unwrap()
+            .http2_keep_alive_interval(Duration::from_millis(300))
+            .keep_alive_while_idle(true);
+        pb::floodgate_client::FloodgateClient::new(endpoint.connect().await.unwrap())
+    };
+    let mut quiet = connect().await;
+    quiet.acquire(acquire("demo", &[("user", "a")], 1)).await.unwrap();
+    let mut watching = connect().await;
+    let mut events = watching.watch(pb::WatchRequest::default()).await.unwrap().into_inner();
+    events.message().await.unwrap().expect("the snapshot");
+    assert_eq!(open(&fg), 2.0);
+    // The quiet one is closed 2 s after its call; the Watch stream is a
+    // call open for as long as it lasts, so its connection stays.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while open(&fg) > 1.0 {
+        assert!(std::time::Instant::now() < deadline, "the idle connection was not closed: {} open", open(&fg));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(open(&fg), 1.0, "the Watch stream's connection stays open");
+    // The closed connection's client reconnects on its next call.
+    assert!(quiet.acquire(acquire("demo", &[("user", "a")], 1)).await.is_ok());
+}

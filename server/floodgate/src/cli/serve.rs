@@ -143,7 +143,9 @@ struct LimitArgs {
     /// From accept to a finished TLS handshake, or to a plaintext first byte.
     #[arg(long, default_value = "10s", value_parser = super::at_least_100ms)]
     handshake_timeout: Duration,
-    /// A connection with no traffic this long is closed.
+    /// A connection with no call open this long is closed (a Watch stream is
+    /// a call open while it lasts; HTTP/2 pings do not count), and so is one
+    /// with no traffic at all this long.
     #[arg(long, default_value = "5m", value_parser = super::at_least_1s)]
     idle_timeout: Duration,
     /// HTTP/1: the request head must arrive within this.

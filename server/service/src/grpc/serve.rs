@@ -24,17 +24,19 @@ use hyper_util::service::TowerToHyperService;
 use tower::ServiceExt;
 use tracing::Instrument;
 
-use crate::listen::drain::{Drain, InProgress};
+use crate::listen::drain::{Activity, Drain, InProgress};
 use crate::listen::{self, Peer, Port};
 
 type Stream = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// The streams one connection has opened and not yet finished, and those
-/// of the whole port (`open`), each counted for as long as it lives.
+/// of the whole port (`open`), each counted for as long as it lives, also
+/// in the connection's `activity` (for --idle-timeout).
 #[derive(Clone)]
 struct Streams {
     new: Arc<Mutex<Vec<Stream>>>,
     open: Arc<std::sync::atomic::AtomicUsize>,
+    activity: Activity,
 }
 
 impl<F> hyper::rt::Executor<F> for Streams
@@ -43,7 +45,7 @@ where
 {
     fn execute(&self, stream: F) {
         self.open.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        let counted = Counted(self.open.clone());
+        let counted = (Counted(self.open.clone()), self.activity.open());
         let stream = async move {
             let _counted = counted;
             stream.await
@@ -170,7 +172,8 @@ where
                 })
                 .instrument(span)
         });
-        let streams = Streams { new: Default::default(), open: streams.clone() };
+        let activity = Activity::new();
+        let streams = Streams { new: Default::default(), open: streams.clone(), activity: activity.clone() };
         let mut builder = hyper::server::conn::http2::Builder::new(streams.clone());
         builder
             .timer(TokioTimer::new())
@@ -181,7 +184,7 @@ where
         let conn = graceful.watch(conn);
         let driven =
             Driven { conn: Box::pin(conn), conn_done: None, new: streams.new, running: FuturesUnordered::new() };
-        drain.spawn("grpc", driven, calls);
+        drain.spawn("grpc", driven, calls, (activity, limits.idle_timeout));
     }
     drain.start();
     graceful.shutdown().await;

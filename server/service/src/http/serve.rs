@@ -12,7 +12,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tower::ServiceExt;
 
-use crate::listen::drain::{Drain, InProgress};
+use crate::listen::drain::{Activity, Drain, InProgress, Open};
 use crate::listen::{self, Peer, Port};
 
 /// Serves `router` on `port` until `stop` completes; then waits for the
@@ -35,17 +35,54 @@ pub async fn serve(port: Port, router: Router, stop: impl Future<Output = ()>) {
         let peer: Peer = io.peer().clone();
         let calls = InProgress::default();
         let in_progress = calls.clone();
+        let activity = Activity::new();
+        let open = activity.clone();
         let service = router.clone().map_request(move |mut req: http::Request<hyper::body::Incoming>| {
             req.extensions_mut().insert(peer.clone());
             req
         });
         let service = tower::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-            in_progress.count(service.clone().oneshot(req))
+            // Open from the request until the answer's last byte (an event
+            // stream for as long as it lasts).
+            let guard = open.open();
+            let answered = in_progress.count(service.clone().oneshot(req));
+            async move {
+                let response = answered.await?;
+                Ok::<_, std::convert::Infallible>(
+                    response.map(|body| axum::body::Body::new(Tracked { body, _open: guard })),
+                )
+            }
         });
         let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), TowerToHyperService::new(service));
         let connection = graceful.watch(connection.into_owned());
-        drain.spawn("http", connection, calls);
+        drain.spawn("http", connection, calls, (activity, limits.idle_timeout));
     }
     drain.start();
     graceful.shutdown().await;
+}
+
+/// An answer's body, counted open on its connection until it ends.
+struct Tracked {
+    body: axum::body::Body,
+    _open: Open,
+}
+
+impl http_body::Body for Tracked {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
 }

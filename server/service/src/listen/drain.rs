@@ -7,6 +7,11 @@
 //! holds has [`FLUSH`] to reach a client that reads, then the connection is
 //! closed. Streams of events (Watch, the console's) end by themselves when
 //! the drain starts.
+//!
+//! The same task closes a connection that has had no call open for
+//! `--idle-timeout` ([`Activity`]): a call is open from its request until
+//! its answer's last byte (a Watch stream for as long as it lasts), and
+//! HTTP/2 pings, which every live client answers, do not count.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -31,6 +36,21 @@ pub(crate) struct InProgress(Arc<AtomicUsize>);
 
 /// A call counted in progress until dropped (answered or cancelled).
 pub struct Call(Arc<AtomicUsize>);
+
+/// One connection's calls open (request received, answer not yet wholly
+/// sent), and when the last one ended.
+#[derive(Clone)]
+pub(crate) struct Activity(Arc<ActivityState>);
+
+struct ActivityState {
+    open: AtomicUsize,
+    /// When the connection was last busy: when its last open call ended,
+    /// or when it was accepted.
+    since: std::sync::Mutex<tokio::time::Instant>,
+}
+
+/// A call counted open on its connection until dropped.
+pub struct Open(Arc<ActivityState>);
 
 impl Drain {
     pub fn new() -> Self {
@@ -64,12 +84,14 @@ impl Drain {
     }
 
     /// Runs a connection of port `port` in a task of its own until it ends,
-    /// or until the drain may close it (see [`closable`](Self::closable)).
+    /// until the drain may close it (see [`closable`](Self::closable)), or
+    /// until it has had no call open for `idle_for`.
     pub fn spawn<E: std::fmt::Display>(
         &self,
         port: &'static str,
         connection: impl Future<Output = Result<(), E>> + Send + 'static,
         calls: InProgress,
+        (activity, idle_for): (Activity, std::time::Duration),
     ) {
         let closable = self.closable(calls);
         tokio::spawn(async move {
@@ -78,6 +100,7 @@ impl Drain {
                     tracing::debug!(port, error = %e, "connection ended");
                 },
                 () = closable => tracing::debug!(port, "draining: a connection with no call in progress closed"),
+                () = activity.idle(idle_for) => tracing::debug!(port, "a connection with no call open for --idle-timeout closed"),
             }
         });
     }
@@ -102,6 +125,48 @@ impl InProgress {
             let _counted = counted;
             call.await
         }
+    }
+}
+
+impl Activity {
+    pub fn new() -> Self {
+        Activity(Arc::new(ActivityState {
+            open: AtomicUsize::new(0),
+            since: std::sync::Mutex::new(tokio::time::Instant::now()),
+        }))
+    }
+
+    /// A call open from now until the returned guard is dropped.
+    pub fn open(&self) -> Open {
+        self.0.open.fetch_add(1, Ordering::AcqRel);
+        Open(self.0.clone())
+    }
+
+    /// Completes once the connection has had no call open for `idle_for`.
+    pub(crate) fn idle(&self, idle_for: Duration) -> impl Future<Output = ()> + Send + 'static {
+        let state = self.0.clone();
+        async move {
+            loop {
+                let since = *state.since.lock().unwrap_or_else(|e| e.into_inner());
+                let quiet_until = since + idle_for;
+                if state.open.load(Ordering::Acquire) > 0 {
+                    tokio::time::sleep(idle_for.min(Duration::from_secs(1))).await;
+                } else if tokio::time::Instant::now() >= quiet_until {
+                    return;
+                } else {
+                    tokio::time::sleep_until(quiet_until).await;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        // The time is set before the count falls, so that an idle check that
+        // sees no call open also sees when the last one ended.
+        *self.0.since.lock().unwrap_or_else(|e| e.into_inner()) = tokio::time::Instant::now();
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -131,6 +196,27 @@ mod tests {
         closable.await.unwrap();
         let waited = answered.elapsed();
         assert!(waited >= FLUSH && waited < FLUSH + 2 * LOOK, "{waited:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_is_idle_only_with_no_call_open_for_the_whole_timeout() {
+        let idle_for = Duration::from_secs(300);
+        let activity = Activity::new();
+        let idle = tokio::spawn(activity.idle(idle_for));
+        // A call open far longer than the timeout (a Watch stream).
+        let call = activity.open();
+        tokio::time::sleep(Duration::from_secs(1000)).await;
+        assert!(!idle.is_finished(), "not while a call is open");
+        drop(call);
+        let ended = tokio::time::Instant::now();
+        tokio::time::sleep(Duration::from_secs(299)).await;
+        assert!(!idle.is_finished(), "not before the timeout since the last call ended");
+        idle.await.unwrap();
+        assert!(
+            ended.elapsed() >= idle_for && ended.elapsed() < idle_for + Duration::from_secs(2),
+            "{:?}",
+            ended.elapsed()
+        );
     }
 
     #[tokio::test(start_paused = true)]

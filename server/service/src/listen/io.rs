@@ -1,10 +1,12 @@
 //! One accepted connection: TCP or TLS, with the peer it came from, its slot
 //! under the connection cap, and an idle timeout.
 //!
-//! The idle timeout is enforced by the reads: a connection with neither a read
-//! nor a write for `idle` fails its next pending read, which ends it. HTTP/2
-//! keepalive pings (answered by every live client) count as reads, so a quiet
-//! Watch stream stays open and a dead or silent peer does not.
+//! The idle timeout is enforced here by the reads: a connection with neither
+//! a read nor a write for `idle` fails its next pending read, which ends it
+//! (a dead or silent peer). HTTP/2 keepalive pings count as reads here; a
+//! connection that only answers pings is closed by the drain's
+//! [`Activity`](super::drain::Activity) instead, once it has had no call open
+//! for `idle`.
 
 use std::io;
 use std::net::SocketAddr;
