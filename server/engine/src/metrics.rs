@@ -44,6 +44,8 @@ pub const REDIS_ESCALATIONS: &str = "floodgate_redis_escalations_total";
 pub const REPORTS_FORWARDED: &str = "floodgate_reports_forwarded_total";
 pub const REDIS_LATE: &str = "floodgate_redis_late_total";
 pub const REDIS_RESTORES: &str = "floodgate_redis_restores_total";
+pub const REMEMBERED_BUCKETS: &str = "floodgate_redis_remembered_buckets";
+pub const REDIS_IDENTITY_CHANGES: &str = "floodgate_redis_identity_changes_total";
 pub const REDIS_DEBTS_PAID: &str = "floodgate_redis_debts_paid_total";
 pub const REDIS_MESSAGES_UNREADABLE: &str = "floodgate_redis_messages_unreadable_total";
 pub const CONNECTIONS: &str = "floodgate_connections";
@@ -146,6 +148,14 @@ pub fn describe() {
     );
     describe_counter!(REDIS_LATE, "Strict decisions Redis ran after their deadline (changing nothing) and asked again");
     describe_counter!(REDIS_RESTORES, "Resources whose state Redis had lost, restored from what this replica knew");
+    describe_gauge!(
+        REMEMBERED_BUCKETS,
+        "Buckets no longer in use whose last figure this replica keeps, to restore them should Redis lose its data"
+    );
+    describe_counter!(
+        REDIS_IDENTITY_CHANGES,
+        "Times Redis answered as another process (a restart or a failover): every known resource is checked"
+    );
     describe_counter!(
         REDIS_DEBTS_PAID,
         "Strict buckets charged in Redis with what this replica admitted (or was charged) while Redis was away"

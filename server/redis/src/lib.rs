@@ -33,6 +33,7 @@ mod decide;
 mod forward;
 mod levels;
 mod limits;
+mod markers;
 mod message;
 mod overrides;
 mod rules;
@@ -145,6 +146,12 @@ pub struct Replication {
     rules_seen: std::sync::atomic::AtomicU64,
     /// Load reports taken here for the other replicas, and the operators' levels.
     levels: levels::Levels,
+    /// The run id of the Redis process that answered the last heartbeat.
+    identity: std::sync::Mutex<String>,
+    /// When the heartbeat met another Redis process: every resource's marker
+    /// found before then is checked in the rounds that follow, not only
+    /// idle ones. `None` once all are checked.
+    identity_changed: std::sync::Mutex<Option<Timestamp>>,
 }
 
 impl Replication {
@@ -177,6 +184,8 @@ impl Replication {
             rounds: std::sync::atomic::AtomicU64::new(0),
             rules_seen: std::sync::atomic::AtomicU64::new(0),
             levels: levels::Levels::default(),
+            identity: std::sync::Mutex::new(String::new()),
+            identity_changed: std::sync::Mutex::new(None),
         });
         r.settings().load_shared_rules().await;
         r.settings().poll_overrides().await;
@@ -270,10 +279,13 @@ impl Replication {
         let ttl = (self.config.sync_interval * 5).max(Duration::from_secs(1));
         let mut invocation = self.scripts.get(ScriptName::Heartbeat).prepare_invoke();
         invocation.key(scripts::REPLICAS).arg(&self.instance).arg(ttl.as_millis() as u64);
-        let Some((live, redis_now, names)) = self.run(ScriptName::Heartbeat, invocation, wire::parse_live).await else {
+        let Some(wire::Live { live, now_us: redis_now, identity, names }) =
+            self.run(ScriptName::Heartbeat, invocation, wire::parse_live).await
+        else {
             return false;
         };
         self.learn_live(&names);
+        self.learn_identity(identity);
         let now = self.engine.clock().now();
         let sync = self.sync();
         if !sync.up() && self.connected.load(std::sync::atomic::Ordering::Acquire) {
@@ -287,9 +299,33 @@ impl Replication {
         let live = if returning { live.max(sync.live()) } else { live };
         sync.set_live(live);
         sync.set_redis_clock(redis_now, now);
-        sync.forget_idle(now);
+        let rules = self.engine.rules_full();
+        sync.forget_idle(now, |limit| rules.algorithm(limit).map(|a| a.window().saturating_mul(2)));
+        metrics::gauge!(floodgate_engine::metrics::REMEMBERED_BUCKETS).set(sync.remembered() as f64);
         metrics::gauge!(floodgate_engine::metrics::LIVE_REPLICAS).set(f64::from(live));
         true
+    }
+
+    /// Notes the run id of the Redis that answered a heartbeat. Another one
+    /// than before means Redis restarted or failed over, and may hold older
+    /// counts than the replicas saw: every known resource is checked.
+    fn learn_identity(&self, identity: String) {
+        let mut known = self.identity.lock().unwrap_or_else(|e| e.into_inner());
+        if *known == identity {
+            return;
+        }
+        if !known.is_empty() {
+            tracing::warn!(
+                before = %known,
+                now = %identity,
+                "Redis is another process than before (a restart or a failover): checking every resource this \
+                 replica knows, and restoring what Redis lost"
+            );
+            metrics::counter!(floodgate_engine::metrics::REDIS_IDENTITY_CHANGES).increment(1);
+            let now = self.engine.clock().now();
+            *self.identity_changed.lock().unwrap_or_else(|e| e.into_inner()) = Some(now);
+        }
+        *known = identity;
     }
 
     /// The last sync of a replica shutting down: what it took and what it
@@ -315,6 +351,26 @@ impl Replication {
         if !self.come_back(&rules).await {
             return false;
         }
+        // Resources nobody uses here: did Redis lose them or go back in time?
+        // After Redis changed identity, every resource known before, a batch
+        // each round until none is left.
+        let every_second = (Duration::from_secs(1).as_nanos() / self.config.sync_interval.as_nanos().max(1)).max(1);
+        let changed = *self.identity_changed.lock().unwrap_or_else(|e| e.into_inner());
+        let round = self.rounds.load(std::sync::atomic::Ordering::Relaxed);
+        if changed.is_some() || u128::from(round) % every_second == 0 {
+            match self.limits().check_markers(&rules, changed).await {
+                markers::Checked::Failed => return false,
+                markers::Checked::More => {}
+                markers::Checked::All => {
+                    // Only the change checked here is done: another one may
+                    // have come in the meantime.
+                    let mut slot = self.identity_changed.lock().unwrap_or_else(|e| e.into_inner());
+                    if *slot == changed {
+                        *slot = None;
+                    }
+                }
+            }
+        }
         self.settings().poll_overrides().await;
         // Strict concurrency slots: given back and added; every second (and
         // first when Redis is back) those held here put back, should Redis
@@ -328,7 +384,6 @@ impl Replication {
         if round.is_multiple_of(10) {
             self.settings().load_levels().await;
         }
-        let every_second = (Duration::from_secs(1).as_nanos() / self.config.sync_interval.as_nanos().max(1)).max(1);
         if u128::from(round) % every_second == 0 {
             self.limits().reassert_slots().await;
         } else {

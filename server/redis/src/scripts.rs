@@ -91,6 +91,8 @@ pub enum ScriptName {
     Heartbeat,
     /// Puts back what a replica knew of a resource Redis lost.
     Restore,
+    /// Whether a resource's marker is still the one a replica knows.
+    Marker,
     /// Takes units beyond the limit, or gives some back, on strict buckets.
     Adjust,
     BreakerSync,
@@ -112,6 +114,7 @@ pub struct Scripts {
     sync: Script,
     heartbeat: Script,
     restore: Script,
+    marker: Script,
     adjust: Script,
     breaker_sync: Script,
     breaker_probe: Script,
@@ -144,6 +147,7 @@ impl ScriptName {
             ScriptName::Sync => "sync",
             ScriptName::Heartbeat => "heartbeat",
             ScriptName::Restore => "restore",
+            ScriptName::Marker => "marker",
             ScriptName::Adjust => "adjust",
             ScriptName::BreakerSync => "breaker_sync",
             ScriptName::BreakerProbe => "breaker_probe",
@@ -164,6 +168,7 @@ impl Scripts {
             ScriptName::Sync => &self.sync,
             ScriptName::Heartbeat => &self.heartbeat,
             ScriptName::Restore => &self.restore,
+            ScriptName::Marker => &self.marker,
             ScriptName::Adjust => &self.adjust,
             ScriptName::BreakerSync => &self.breaker_sync,
             ScriptName::BreakerProbe => &self.breaker_probe,
@@ -218,6 +223,7 @@ impl Default for Scripts {
             sync: limits(include_str!("lua/sync.lua")),
             heartbeat: Script::new(include_str!("lua/heartbeat.lua")),
             restore: limits(include_str!("lua/restore.lua")),
+            marker: limits(include_str!("lua/marker.lua")),
             adjust: limits(include_str!("lua/adjust.lua")),
             breaker_sync: breaker(include_str!("lua/breaker_sync.lua")),
             breaker_probe: breaker(include_str!("lua/breaker_probe.lua")),

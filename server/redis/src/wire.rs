@@ -62,7 +62,7 @@ pub enum Grant {
     Denied,
 }
 
-fn error(script: ScriptName, what: impl Into<String>) -> ReplyError {
+pub(crate) fn error(script: ScriptName, what: impl Into<String>) -> ReplyError {
     ReplyError { script, what: what.into() }
 }
 
@@ -221,23 +221,37 @@ fn shared(v: Value, buckets: usize) -> Result<Vec<Shared>, ReplyError> {
         .collect()
 }
 
-/// heartbeat.lua: how many replicas are alive, Redis's clock in us, and
-/// the live replicas' names.
-pub fn parse_live(v: Value) -> Result<(u32, i64, Vec<String>), ReplyError> {
+/// heartbeat.lua's answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Live {
+    /// How many replicas are alive, this one included.
+    pub live: u32,
+    /// Redis's clock, us.
+    pub now_us: i64,
+    /// The run id of the Redis process that answered: another one means
+    /// Redis restarted or failed over, and may have gone back in time.
+    pub identity: String,
+    /// The live replicas' names.
+    pub names: Vec<String>,
+}
+
+/// heartbeat.lua: how many replicas are alive, Redis's clock in us, its run
+/// id, and the live replicas' names.
+pub fn parse_live(v: Value) -> Result<Live, ReplyError> {
     let script = ScriptName::Heartbeat;
     let Value::Array(mut items) = v else { return Err(error(script, "not an array")) };
-    let names = items.split_off(items.len().min(2));
+    let mut texts = items.split_off(items.len().min(2)).into_iter().map(|n| match n {
+        Value::BulkString(b) => String::from_utf8(b).map_err(|_| error(script, "a name is not UTF-8")),
+        other => Err(error(script, format!("a name is not text: {other:?}"))),
+    });
     let r = integers(script, Value::Array(items))?;
-    let names = names
-        .into_iter()
-        .map(|n| match n {
-            Value::BulkString(b) => String::from_utf8(b).map_err(|_| error(script, "a name is not UTF-8")),
-            other => Err(error(script, format!("a name is not text: {other:?}"))),
-        })
-        .collect::<Result<Vec<String>, ReplyError>>()?;
+    let identity = texts.next().ok_or_else(|| error(script, "no run id"))??;
+    let names = texts.collect::<Result<Vec<String>, ReplyError>>()?;
     match r[..] {
-        [live, now] if live >= 0 && now > 0 => Ok((u32::try_from(live).unwrap_or(u32::MAX), now, names)),
-        _ => Err(error(script, format!("not {{live, now, names...}}: {r:?}"))),
+        [live, now] if live >= 0 && now > 0 => {
+            Ok(Live { live: u32::try_from(live).unwrap_or(u32::MAX), now_us: now, identity, names })
+        }
+        _ => Err(error(script, format!("not {{live, now, run id, names...}}: {r:?}"))),
     }
 }
 
@@ -412,7 +426,15 @@ mod tests {
         let bad = Value::Array(vec![Value::Nil; 6]);
         assert!(parse_sync(bad, 1).is_err());
         assert_eq!(parse_sync(word("lost"), 1), Ok(Answered::Lost));
-        assert_eq!(parse_live(ints(&[3, 1_700_000_000_000_000])), Ok((3, 1_700_000_000_000_000, Vec::new())));
+        let reply = Value::Array(vec![
+            Value::Int(3),
+            Value::Int(1_700_000_000_000_000),
+            Value::BulkString(b"abc".to_vec()),
+            Value::BulkString(b"id#1".to_vec()),
+        ]);
+        let live = Live { live: 3, now_us: 1_700_000_000_000_000, identity: "abc".into(), names: vec!["id#1".into()] };
+        assert_eq!(parse_live(reply), Ok(live));
+        assert!(parse_live(ints(&[3, 1_700_000_000_000_000])).is_err(), "a reply without a run id is refused");
         assert!(parse_live(Value::Int(3)).is_err());
     }
 }

@@ -78,6 +78,16 @@ pub struct Known {
     pub at: Timestamp,
 }
 
+/// A replicated bucket no longer in use, dropped from the ones synced.
+#[derive(Clone, Debug)]
+pub(super) struct Forgotten {
+    pub key: BucketKey,
+    pub resource: String,
+    /// What the replicas had available in common at its last sync, and
+    /// when; `None` if it was never synced.
+    pub last: Option<(f64, Timestamp)>,
+}
+
 /// One bucket to sync.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SyncItem {
@@ -127,14 +137,14 @@ impl DirtyBuckets {
 
     /// Every bucket active within `active` of `now`, with its consumption
     /// (now reset) and what `hold` says it could still admit (asked before
-    /// the consumption is taken); the others are forgotten, their keys put
-    /// in `forgotten`.
+    /// the consumption is taken); the others are forgotten, and put in
+    /// `forgotten`.
     pub(super) fn drain(
         &self,
         now: Timestamp,
         active: Duration,
         hold: impl Fn(&BucketKey) -> u64,
-        forgotten: &mut Vec<BucketKey>,
+        forgotten: &mut Vec<Forgotten>,
     ) -> Vec<SyncItem> {
         let mut items = Vec::new();
         self.map.retain(|key, d| {
@@ -145,7 +155,8 @@ impl DirtyBuckets {
             if keep {
                 items.push(d.item(key, hold(key)));
             } else {
-                forgotten.push(key.clone());
+                let last = (d.synced_at != Timestamp::ZERO).then_some((d.available, d.synced_at));
+                forgotten.push(Forgotten { key: key.clone(), resource: d.resource.clone(), last });
             }
             keep
         });

@@ -16,11 +16,12 @@ use crate::events::Event;
 
 use crate::limiter::{Bucket, Shared};
 use crate::rules::{Concurrency, Limit};
-use crate::store::BucketKey;
+use crate::store::{BucketKey, LimitId};
 use crate::time::Timestamp;
 
 mod coordination;
 mod dirty;
+mod memory;
 mod shared;
 mod slots;
 
@@ -28,6 +29,7 @@ pub(crate) use coordination::decided_by_store;
 use coordination::shared_slots;
 pub use coordination::{Alone, Coordination, Slots};
 pub use dirty::{Known, SyncItem};
+pub use memory::MAX_REMEMBERED;
 pub use shared::{BreakerNews, ProbeGrant, RemoteBreaker, RemoteOutcome, SharedBreaker};
 use shared::{Outbox, Unsynced};
 pub use slots::{RemoteSlot, SlotGrant, SlotOp};
@@ -52,6 +54,9 @@ pub struct Replica {
     /// What Redis last said a strict bucket had left: where an outage's
     /// local share starts, and what is restored if Redis loses its data.
     strict_seen: DashMap<BucketKey, Seen, ahash::RandomState>,
+    /// What this replica last knew of buckets it no longer keeps, until they
+    /// would be full again: restored too if Redis loses its data.
+    memory: memory::Memory,
     /// Resources whose marker this replica has seen in Redis: when, and its
     /// token (see limits.lua).
     marked: DashMap<String, (Timestamp, String), ahash::RandomState>,
@@ -260,22 +265,64 @@ impl Replica {
         })
     }
 
-    /// Everything this replica knows of `resource`'s buckets, to restore them.
+    /// Everything this replica knows of `resource`'s buckets, to restore
+    /// them: those in use, then those it remembers.
     pub fn known_of(&self, resource: &str) -> Vec<Known> {
         let mut out = Vec::new();
         self.dirty.known_of(resource, &mut out);
         for e in self.strict_seen.iter().filter(|e| e.resource == resource) {
             out.push(Known { key: e.key().clone(), limit: e.key().limit, available: e.remaining, at: e.at });
         }
+        self.memory.known_of(resource, &mut out);
         out
     }
 
-    /// Forgets what has not been used for a while: markers and strict buckets.
-    pub fn forget_idle(&self, now: Timestamp) {
+    /// Up to `max` resources whose marker this replica knows and no script
+    /// has found since `before`, with the token: the ones to check, since no
+    /// call would notice if Redis lost them. A marker is kept only while the
+    /// resource is in use or something is remembered of it, so these are the
+    /// ones worth it.
+    pub fn markers_to_check(&self, before: Timestamp, max: usize) -> Vec<(String, String)> {
+        self.marked
+            .iter()
+            .filter(|e| e.value().0 < before)
+            .take(max)
+            .map(|e| (e.key().clone(), e.value().1.clone()))
+            .collect()
+    }
+
+    /// Remembers what a bucket no longer kept had available, and when, for
+    /// `horizon` (the time it takes to be full again). False when the
+    /// memory is full.
+    pub fn remember(&self, resource: &str, key: &BucketKey, available: f64, at: Timestamp, horizon: Duration) -> bool {
+        let until = at.saturating_add(horizon);
+        self.memory.remember(resource, key, available, at, until)
+    }
+
+    /// How many buckets are remembered.
+    pub fn remembered(&self) -> usize {
+        self.memory.len()
+    }
+
+    /// Forgets what has not been used for a while: markers of resources
+    /// nothing is known of, and strict buckets (their last figure is then
+    /// remembered for `horizon` of their limit: `None` for a limit gone).
+    pub fn forget_idle(&self, now: Timestamp, horizon: impl Fn(LimitId) -> Option<Duration>) {
         let fresh = |at: Timestamp| now.saturating_since(at) < crate::time::duration_nanos(FORGET_AFTER);
-        self.marked.retain(|_, (at, _)| fresh(*at));
         self.recovering.retain(|_, until| now < *until);
-        self.strict_seen.retain(|_, s| fresh(s.at));
+        self.strict_seen.retain(|key, s| {
+            if fresh(s.at) {
+                return true;
+            }
+            if let Some(horizon) = horizon(key.limit) {
+                self.remember(&s.resource, key, s.remaining, s.at, horizon);
+            }
+            false
+        });
+        self.memory.forget(now);
+        // A marker is kept while something is known of its resource: a
+        // replica that forgot the token could not tell a loss from a first use.
+        self.marked.retain(|resource, (at, _)| fresh(*at) || self.memory.knows(resource));
     }
 
     pub fn set_live(&self, n: u32) {
@@ -525,8 +572,13 @@ impl OnEngine<'_> {
     pub fn sync_items(&self, rules: &Installed, now: Timestamp, active: Duration) -> Vec<SyncItem> {
         let mut forgotten = Vec::new();
         let items = self.replica.dirty.drain(now, active, |key| self.holding(rules, key, now), &mut forgotten);
-        for key in forgotten {
-            self.engine.buckets.remove(&key);
+        for f in forgotten {
+            self.engine.buckets.remove(&f.key);
+            // Should Redis lose the bucket later, what was last known of it is
+            // put back, however long it stays idle.
+            if let (Some((available, at)), Some(alg)) = (f.last, rules.algorithm(f.key.limit)) {
+                self.replica.remember(&f.resource, &f.key, available, at, alg.window().saturating_mul(2));
+            }
         }
         items
     }

@@ -342,20 +342,41 @@ A[CODE.warm_up] = {
   end,
 }
 
--- A resource's marker holds a token, Redis's time when the marker was set
+-- A resource's marker holds a token: Redis's time when the marker was set
 -- (by restore.lua, the first time a replica touches the resource, or after
--- Redis lost it); kept for a week from the last sync. Every other script is
--- given the token its replica learned, and does nothing unless it is the
--- one in Redis: a replica that does not know it yet, and one whose token is
--- gone (Redis lost its data) or replaced (lost, and another replica has
--- touched the resource since), restores what it knows first and learns the
--- token then. So every replica that knew something of a lost resource puts
--- it back, not only the first to notice.
+-- Redis lost it), then a colon and the run id of the Redis process that set
+-- it. The marker is kept for a week from the last sync. Every other script
+-- is given the token its replica learned, and does nothing unless it is the
+-- one in Redis and was set by this very Redis process. A replica that does
+-- not know the token yet, one whose token is gone (Redis lost its data) or
+-- replaced (lost, and another replica has touched the resource since), and
+-- one whose token was set by another process restores what it knows first
+-- and learns the token then. So every replica that knew something of a lost
+-- resource puts it back, not only the first to notice.
+--
+-- The run id matters because Redis can go back in time without losing the
+-- marker: a restart from an older dump file, or a failover to a replica that
+-- had not received the last writes, brings back the marker together with
+-- counts older than what the replicas know. Redis draws a new run id every
+-- time its process starts, and a promoted replica has its own, so a marker
+-- set before such an event never matches the Redis that answers after it.
+-- Asked once per script run: INFO formats a page of text, and a script may
+-- check many markers.
+local run_id
+local function identity()
+  if not run_id then run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') end
+  return run_id
+end
 local MARKER_TTL = 604800
 -- How long Redis remembers what a replica last pushed to a bucket (s): longer
 -- than most outages a replica's unanswered push waits out, short enough that
 -- buckets of many keys do not pile up (one small hash per active bucket).
 local PUSHED_TTL = 3600
 local function marked(key, known)
-  return known ~= '' and redis.call('GET', key) == known
+  if known == '' or redis.call('GET', key) ~= known then return false end
+  return string.sub(known, -40) == identity()
+end
+-- A new token for a marker set now by this Redis process.
+local function new_token(now)
+  return int(now) .. ':' .. identity()
 end

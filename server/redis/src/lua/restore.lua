@@ -1,5 +1,6 @@
--- Redis lost a resource's state (its marker is gone, or holds another token
--- than the replica knew), or the replica touches it for the first time: the
+-- Redis lost a resource's state (its marker is gone, holds another token
+-- than the replica knew, or was set by another Redis process: Redis went back
+-- in time), or the replica touches it for the first time: the
 -- replica puts back what it knew, so that the replicas go on from there
 -- rather than from full buckets, and learns the marker's token.
 --
@@ -18,9 +19,11 @@ local now = now_us()
 local lowered = 0
 -- The first restore since Redis lost the resource sets a new token; the
 -- others of the same loss find it, and the targets stored with it.
+-- A token set by another Redis process (this one restarted from a file, or
+-- was promoted from a replica) is as good as gone: counts may be older.
 local token = redis.call('GET', KEYS[1])
-if not token then
-  token = int(now)
+if not token or string.sub(token, -40) ~= identity() then
+  token = new_token(now)
   redis.call('SET', KEYS[1], token, 'EX', MARKER_TTL)
 end
 for i = 2, #KEYS do
@@ -43,8 +46,13 @@ for i = 2, #KEYS do
     elseif target < floor then
       lower = floor - target
     end
+    -- Exactly what the replica knew, not a whole unit more: rounding up
+    -- would take a unit nobody used. Rate limits take fractions; windows
+    -- and logs count whole units, and their figures are whole already. The
+    -- rounding to a millionth only removes floating-point noise.
+    lower = math.floor(lower * 1e6 + 0.5) / 1e6
     if lower > 0 then
-      A[alg].take(KEYS[i], p, now, math.ceil(lower), A[alg].status(KEYS[i], p, now, 0))
+      A[alg].take(KEYS[i], p, now, lower, A[alg].status(KEYS[i], p, now, 0))
       lowered = lowered + 1
     end
     if not floor or target < floor then
