@@ -210,15 +210,19 @@ A[CODE.sliding_log] = {
     -- At most `limit` entries: those past it are all of this instant, so
     -- the log is full until they go whether there are more or not, and a
     -- charge of millions costs Redis what one of the limit does. Added 500
-    -- to a ZADD. Members are unique: within one microsecond the count only
-    -- grows.
+    -- to a ZADD. Members are unique: each is numbered after the highest
+    -- number of this instant (a give-back may have removed lower ones, so
+    -- the count alone could name a member that is still there). The number
+    -- is written with ten digits, so the members of one instant sort by it.
+    local last = redis.call('ZREVRANGEBYSCORE', key, now, now, 'LIMIT', 0, 1)[1]
+    local base = last and tonumber(string.match(last, ':(%d+)$')) or 0
     local n = math.min(cost, p[1])
     local i = 1
     while i <= n do
       local args = {}
       for j = i, math.min(n, i + 499) do
         args[#args + 1] = now
-        args[#args + 1] = int(now) .. ':' .. int(st.used + j)
+        args[#args + 1] = int(now) .. ':' .. string.format('%010d', base + j)
       end
       redis.call('ZADD', key, unpack(args))
       i = i + 500
