@@ -83,26 +83,43 @@ A[CODE.token_bucket] = {
   end,
 }
 
+-- GCRA, as limiter/gcra.rs decides it: the emission interval is 1/rate
+-- rounded up to a whole nanosecond (so it never admits more than the rate),
+-- and the TAT is kept to the nanosecond. A double cannot hold a Unix time in
+-- us with a fraction of a us (its step there is 0.25 us), so the TAT is
+-- stored as text, '<us>.<ns>', and computed in ns from now (exact).
+local function gcra_t(p) return math.ceil(1e12 / math.floor(p[1] * 1000 + 0.5)) end
+local function gcra_tat(key, now)
+  local v = redis.call('GET', key)
+  if not v then return 0 end
+  local us, ns = string.match(v, '^(%d+)%.(%d%d%d)$')
+  if us then return math.max(0, (tonumber(us) - now) * 1000 + tonumber(ns)) end
+  -- A TAT stored by an older version: us, as a number.
+  return math.max(0, (tonumber(v) - now) * 1000)
+end
+local function gcra_set(key, now, ns)
+  local us = math.floor(ns / 1000)
+  redis.call('SET', key, int(now + us) .. '.' .. string.format('%03d', ns - us * 1000))
+  expire(key, ns / 1000)
+end
+
 A[CODE.gcra] = {
   restored = refilled(2, 1),
   status = function(key, p, now, cost)
-    local t = 1e6 / p[1]
-    local tat = math.max(tonumber(redis.call('GET', key) or now), now)
-    local horizon = now + p[2] * t
-    local new_tat = tat + cost * t
+    -- In ns from now: base is the TAT (never before now), horizon now + burst.
+    local t = gcra_t(p)
+    local base = gcra_tat(key, now)
+    local horizon = p[2] * t
+    local new_tat = base + cost * t
     local ok = new_tat <= horizon
-    return { avail = (horizon - tat) / t, ok = ok, tat = tat, reset = (ok and new_tat or tat) - now,
-             retry = ok and 0 or new_tat - horizon, wait = 0 }
+    return { avail = (horizon - base) / t, ok = ok, base = base, reset = (ok and new_tat or base) / 1000,
+             retry = ok and 0 or (new_tat - horizon) / 1000, wait = 0 }
   end,
   take = function(key, p, now, cost, st)
-    local tat = st.tat + cost * 1e6 / p[1]
-    redis.call('SET', key, tat)
-    expire(key, tat - now)
+    gcra_set(key, now, st.base + cost * gcra_t(p))
   end,
   give = function(key, p, now, units, st, at)
-    local tat = math.max(now, st.tat - units * 1e6 / p[1])
-    redis.call('SET', key, tat)
-    expire(key, tat - now)
+    gcra_set(key, now, math.max(0, st.base - units * gcra_t(p)))
   end,
 }
 
