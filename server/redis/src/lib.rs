@@ -41,6 +41,27 @@ mod scripts;
 mod slots;
 mod wire;
 
+/// What the conformance test (tests/conformance.rs) needs to run the
+/// strict scripts as the server does, but on a clock the test sets. It is
+/// public only because an integration test sees nothing else; nothing in
+/// the server uses it.
+#[doc(hidden)]
+pub mod testing {
+    pub use super::scripts::{Code, limit_args, marker_key};
+    pub use super::wire::{Answered, TakeReply, parse_adjusted};
+
+    /// take.lua (a strict decision), whose time is its last argument (us).
+    pub fn take_lua() -> String {
+        super::scripts::lua_with_test_clock(include_str!("lua/take.lua"))
+    }
+
+    /// adjust.lua (units taken beyond the limit, or given back), whose time
+    /// is its last argument (us).
+    pub fn adjust_lua() -> String {
+        super::scripts::lua_with_test_clock(include_str!("lua/adjust.lua"))
+    }
+}
+
 pub use adjust::Adjust;
 use conn::{CallError, Conn};
 pub use conn::{Credentials, Target};

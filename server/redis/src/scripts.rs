@@ -75,6 +75,25 @@ fn limits_lua() -> String {
     format!("local CODE = {{ {} }}\n{LIMITS}", codes.join(", "))
 }
 
+/// The conformance test's clock (server/redis/tests/conformance.rs): a
+/// `now_us` that reads the script's last argument instead of Redis's TIME.
+/// It is declared after limits.lua and before the script's own body, so it
+/// hides limits.lua's `now_us` from that body. The body reads only the
+/// arguments at the places it names (and the decisions or keys it counts),
+/// so the extra last argument changes nothing else. Production scripts never
+/// contain this: a replica always decides on Redis's own clock.
+const TEST_CLOCK: &str = "local function now_us() return tonumber(ARGV[#ARGV]) end";
+
+/// The Lua of a script made of limits.lua and `body`, as `Scripts` builds
+/// it, but with the test clock above. For the conformance test only.
+pub fn lua_with_test_clock(body: &str) -> String {
+    assert!(
+        !body.contains("redis.call('TIME')"),
+        "this script reads Redis's clock itself, so a test cannot set its time"
+    );
+    format!("{}\n{TEST_CLOCK}\n{body}", limits_lua())
+}
+
 /// Keys not tied to a resource share one tag, so they sit together.
 pub const REPLICAS: &str = "{fg}:replicas";
 pub const RULES: &str = "{fg}:rules";

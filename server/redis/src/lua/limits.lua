@@ -83,26 +83,43 @@ A[CODE.token_bucket] = {
   end,
 }
 
+-- GCRA, as limiter/gcra.rs decides it: the emission interval is 1/rate
+-- rounded up to a whole nanosecond (so it never admits more than the rate),
+-- and the TAT is kept to the nanosecond. A double cannot hold a Unix time in
+-- us with a fraction of a us (its step there is 0.25 us), so the TAT is
+-- stored as text, '<us>.<ns>', and computed in ns from now (exact).
+local function gcra_t(p) return math.ceil(1e12 / math.floor(p[1] * 1000 + 0.5)) end
+local function gcra_tat(key, now)
+  local v = redis.call('GET', key)
+  if not v then return 0 end
+  local us, ns = string.match(v, '^(%d+)%.(%d%d%d)$')
+  if us then return math.max(0, (tonumber(us) - now) * 1000 + tonumber(ns)) end
+  -- A TAT stored by an older version: us, as a number.
+  return math.max(0, (tonumber(v) - now) * 1000)
+end
+local function gcra_set(key, now, ns)
+  local us = math.floor(ns / 1000)
+  redis.call('SET', key, int(now + us) .. '.' .. string.format('%03d', ns - us * 1000))
+  expire(key, ns / 1000)
+end
+
 A[CODE.gcra] = {
   restored = refilled(2, 1),
   status = function(key, p, now, cost)
-    local t = 1e6 / p[1]
-    local tat = math.max(tonumber(redis.call('GET', key) or now), now)
-    local horizon = now + p[2] * t
-    local new_tat = tat + cost * t
+    -- In ns from now: base is the TAT (never before now), horizon now + burst.
+    local t = gcra_t(p)
+    local base = gcra_tat(key, now)
+    local horizon = p[2] * t
+    local new_tat = base + cost * t
     local ok = new_tat <= horizon
-    return { avail = (horizon - tat) / t, ok = ok, tat = tat, reset = (ok and new_tat or tat) - now,
-             retry = ok and 0 or new_tat - horizon, wait = 0 }
+    return { avail = (horizon - base) / t, ok = ok, base = base, reset = (ok and new_tat or base) / 1000,
+             retry = ok and 0 or (new_tat - horizon) / 1000, wait = 0 }
   end,
   take = function(key, p, now, cost, st)
-    local tat = st.tat + cost * 1e6 / p[1]
-    redis.call('SET', key, tat)
-    expire(key, tat - now)
+    gcra_set(key, now, st.base + cost * gcra_t(p))
   end,
   give = function(key, p, now, units, st, at)
-    local tat = math.max(now, st.tat - units * 1e6 / p[1])
-    redis.call('SET', key, tat)
-    expire(key, tat - now)
+    gcra_set(key, now, math.max(0, st.base - units * gcra_t(p)))
   end,
 }
 
@@ -210,15 +227,19 @@ A[CODE.sliding_log] = {
     -- At most `limit` entries: those past it are all of this instant, so
     -- the log is full until they go whether there are more or not, and a
     -- charge of millions costs Redis what one of the limit does. Added 500
-    -- to a ZADD. Members are unique: within one microsecond the count only
-    -- grows.
+    -- to a ZADD. Members are unique: each is numbered after the highest
+    -- number of this instant (a give-back may have removed lower ones, so
+    -- the count alone could name a member that is still there). The number
+    -- is written with ten digits, so the members of one instant sort by it.
+    local last = redis.call('ZREVRANGEBYSCORE', key, now, now, 'LIMIT', 0, 1)[1]
+    local base = last and tonumber(string.match(last, ':(%d+)$')) or 0
     local n = math.min(cost, p[1])
     local i = 1
     while i <= n do
       local args = {}
       for j = i, math.min(n, i + 499) do
         args[#args + 1] = now
-        args[#args + 1] = int(now) .. ':' .. int(st.used + j)
+        args[#args + 1] = int(now) .. ':' .. string.format('%010d', base + j)
       end
       redis.call('ZADD', key, unpack(args))
       i = i + 500
