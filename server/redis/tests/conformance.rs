@@ -74,7 +74,6 @@ const OPS: usize = 40;
 const T0_US: u64 = 1_700_006_400_000_000;
 /// The resource of every bucket (the scripts check its marker).
 const RESOURCE: &str = "conformance";
-const TOKEN: &str = "conformance-token";
 
 /// One step of a sequence.
 #[derive(Clone, Debug)]
@@ -200,6 +199,8 @@ struct Lua {
     con: redis::Connection,
     take: redis::Script,
     adjust: redis::Script,
+    /// The marker's token (see `start`).
+    token: String,
     cases: u64,
 }
 
@@ -209,11 +210,20 @@ impl Lua {
         let client = redis::Client::open(server.url()).expect("a Redis URL");
         let mut con = client.get_connection().expect("a connection to the test's redis-server");
         // The scripts decide nothing unless the resource's marker holds the
-        // token the replica knows.
-        let _: () = redis::cmd("SET").arg(marker_key(RESOURCE)).arg(TOKEN).query(&mut con).expect("SET the marker");
+        // token the replica knows, and that token ends with the run id of
+        // the Redis process that answers.
+        let info: String = redis::cmd("INFO").arg("server").query(&mut con).expect("INFO server");
+        let run_id = info
+            .lines()
+            .find_map(|l| l.strip_prefix("run_id:"))
+            .expect("INFO server names the run id")
+            .trim()
+            .to_string();
+        let token = format!("1:{run_id}");
+        let _: () = redis::cmd("SET").arg(marker_key(RESOURCE)).arg(&token).query(&mut con).expect("SET the marker");
         let take = redis::Script::new(&take_lua());
         let adjust = redis::Script::new(&adjust_lua());
-        Lua { _server: server, con, take, adjust, cases: 0 }
+        Lua { _server: server, con, take, adjust, token, cases: 0 }
     }
 
     /// The Redis key of bucket `key` of the current case.
@@ -226,7 +236,7 @@ impl Lua {
         let mut inv = self.take.prepare_invoke();
         inv.key(marker_key(RESOURCE)).key(self.key(key));
         // No deadline, the marker's token, one decision of one limit.
-        inv.arg(0).arg(TOKEN).arg(1).arg(cost).arg(1);
+        inv.arg(0).arg(&self.token).arg(1).arg(cost).arg(1);
         inv.arg(&limit_args(alg, at(now_us))[..]);
         inv.arg(now_us);
         let v: redis::Value = inv.invoke(&mut self.con).map_err(|e| format!("take.lua failed: {e}"))?;
@@ -244,7 +254,7 @@ impl Lua {
     fn adjust(&mut self, alg: &Algorithm, key: usize, units: i64, at_us: i64, now_us: u64) -> Result<i64, String> {
         let mut inv = self.adjust.prepare_invoke();
         inv.key(marker_key(RESOURCE)).key(self.key(key));
-        inv.arg(0).arg(TOKEN).arg(units).arg(at_us);
+        inv.arg(0).arg(&self.token).arg(units).arg(at_us);
         inv.arg(&limit_args(alg, at(now_us))[..]);
         inv.arg(now_us);
         let v: redis::Value = inv.invoke(&mut self.con).map_err(|e| format!("adjust.lua failed: {e}"))?;
