@@ -56,6 +56,7 @@ mod observe;
 mod overrides;
 mod prometheus;
 mod redis;
+mod reference;
 mod rules;
 mod sentinel;
 mod settle;
