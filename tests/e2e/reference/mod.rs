@@ -10,6 +10,7 @@
 //! ```
 
 mod cli;
+mod metrics;
 
 use crate::support;
 
@@ -50,6 +51,23 @@ fn check_page(path: &str, generated: &str) {
         line(&committed),
         line(generated),
     );
+}
+
+/// Text for one cell of a Markdown table: as [`inline`], and a `|` in a
+/// code span escaped too (a table would end the cell there).
+fn cell(text: &str) -> String {
+    let mut out = String::new();
+    let mut in_code = false;
+    for c in inline(text).chars() {
+        if c == '`' {
+            in_code = !in_code;
+        }
+        if c == '|' && in_code {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// Text for one line of Markdown: no line breaks, and the
@@ -100,4 +118,5 @@ fn inside_word(out: &str, next: Option<char>) -> bool {
 fn escape_leaves_code_spans_alone() {
     assert_eq!(escape("a_b `c_d` <e> _f_"), "a_b `c_d` \\<e\\> \\_f\\_");
     assert_eq!(inline("one\n  two"), "one two");
+    assert_eq!(cell("`a|b` c|d"), "`a\\|b` c\\|d");
 }
