@@ -9,6 +9,7 @@
 //! FLOODGATE_BLESS=1 cargo test -p floodgate --test e2e reference
 //! ```
 
+mod api;
 mod cli;
 mod metrics;
 
