@@ -42,6 +42,7 @@ mod compose;
 mod console;
 mod console_charts;
 mod degraded;
+mod doc_rules;
 mod envoy;
 mod envoy_proxy;
 mod envoy_upstream;
