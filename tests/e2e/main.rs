@@ -64,6 +64,7 @@ mod settle;
 mod systems;
 mod tls;
 mod traces;
+mod tutorial;
 mod what_if;
 
 /// Every `.rs` file beside this one is a module of this binary, and every
