@@ -42,6 +42,7 @@ mod compose;
 mod console;
 mod console_charts;
 mod degraded;
+mod doc_rules;
 mod envoy;
 mod envoy_proxy;
 mod envoy_upstream;
@@ -56,6 +57,7 @@ mod observe;
 mod overrides;
 mod prometheus;
 mod redis;
+mod reference;
 mod rollback;
 mod rules;
 mod sentinel;
@@ -63,6 +65,7 @@ mod settle;
 mod systems;
 mod tls;
 mod traces;
+mod tutorial;
 mod what_if;
 
 /// Every `.rs` file beside this one is a module of this binary, and every

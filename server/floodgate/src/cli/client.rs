@@ -65,6 +65,7 @@ enum RulesAction {
     Get,
     /// Validate a rules file on the server and swap it in atomically.
     Apply {
+        /// The rules file to send to the server.
         file: PathBuf,
         /// Validate only; change nothing.
         #[arg(long)]
@@ -73,6 +74,7 @@ enum RulesAction {
     /// Run a rules file in shadow beside the rules in force on real traffic
     /// (changing nothing), then print whom it would have denied.
     WhatIf {
+        /// The rules file to run in shadow.
         file: PathBuf,
         /// How long to observe (1s to 24h).
         #[arg(long = "for", value_parser = super::parse_duration)]

@@ -33,6 +33,8 @@ pub struct ReportArgs {
     server: Server,
     /// The permit from an admitted acquire.
     permit_id: String,
+    /// How the call went: `failure` counts against the breaker, `ignored`
+    /// only frees the permit (a call its own caller cancelled).
     #[arg(long, value_enum)]
     outcome: OutcomeArg,
     /// How long the call took (default: the permit's age).

@@ -29,6 +29,7 @@ enum OverridesCommand {
     Set(SetArgs),
     /// Delete some by id.
     Delete {
+        /// The ids of the overrides to delete (`floodgate overrides` lists them).
         #[arg(required = true)]
         ids: Vec<String>,
     },
