@@ -6,9 +6,10 @@
 --
 -- Several replicas restore the same bucket, before and after others pushed
 -- what they took since: each restore lowers what is available by what it
--- knows beyond the restores before it (`key:r` keeps the lowest target so
--- far, refilled since for rate limits), never adds, so the result is the
--- lowest knowledge less every push, in whatever order they arrive.
+-- knows beyond the restores before it (`key:r` keeps the lowest figure so
+-- far, Redis's own at the first restore included, refilled since for rate
+-- limits), never adds, so the result is the lowest knowledge less every
+-- push, in whatever order they arrive.
 --
 -- KEYS[1]: the resource's marker; then the buckets. Per bucket in ARGV, seven
 -- numbers: the limit's five, what was available, and when that was seen (us,
@@ -39,12 +40,21 @@ for i = 2, #KEYS do
     if before[1] and before[3] == token then
       floor = A[alg].restored(p, tonumber(before[1]), tonumber(before[2]), now)
     end
-    local lower = 0
+    -- `stored` is where this restore leaves the bucket, before the pushes
+    -- that come after it: the floor the next restore of this loss starts
+    -- from. The first restore of a loss finds Redis's own figure, which may
+    -- be lower than what this replica knew (Redis restarted from a save of
+    -- its last state, and another replica synced after this one): the
+    -- bucket then stays where it is, and that figure is the floor, so that
+    -- the next restore does not take again what Redis had counted already.
+    local lower, stored = 0, nil
     if not floor then
       local s = A[alg].status(KEYS[i], p, now, 0)
       lower = s.avail - target
+      stored = math.min(target, s.avail)
     elseif target < floor then
       lower = floor - target
+      stored = target
     end
     -- Exactly what the replica knew, not a whole unit more: rounding up
     -- would take a unit nobody used. Rate limits take fractions; windows
@@ -55,8 +65,8 @@ for i = 2, #KEYS do
       A[alg].take(KEYS[i], p, now, lower, A[alg].status(KEYS[i], p, now, 0))
       lowered = lowered + 1
     end
-    if not floor or target < floor then
-      redis.call('HSET', r, 't', target, 'at', now, 'token', token)
+    if stored then
+      redis.call('HSET', r, 't', stored, 'at', now, 'token', token)
       redis.call('EXPIRE', r, MARKER_TTL)
     end
   end
