@@ -62,20 +62,34 @@ async fn metrics_count_decisions_by_resource_limit_and_verdict() {
     assert!(page.contains("# TYPE floodgate_rpc_duration_seconds histogram"), "{page}");
 }
 
+/// A refused reload is counted, and `floodgate_rules_reload_failing` (what
+/// the FloodgateRulesReloadFailing alert watches) stays at 1 for the file
+/// until a good file is installed. A refused Admin apply is told to its
+/// caller and raises no alarm.
 #[tokio::test]
 async fn a_rejected_reload_is_counted_as_a_failure() {
     let fg = floodgate().rules(RULES).start();
+    let failing = r#"floodgate_rules_reload_failing{source="file"}"#;
+    assert_eq!(sample(&fg.http_get("/metrics").1, failing), Some(0.0), "the first load succeeded");
     fg.dir().replace("rules.yaml", "resources: [ { name: '' } ]\n");
     let series = r#"floodgate_rule_reloads_total{source="file",result="failure"}"#;
     eventually("a failed reload on /metrics", std::time::Duration::from_secs(10), || async {
         (sample(&fg.http_get("/metrics").1, series) == Some(1.0)).then_some(())
     })
     .await;
+    assert_eq!(sample(&fg.http_get("/metrics").1, failing), Some(1.0), "the file's rules are refused");
     let mut admin = fg.admin().await;
     let bad = pb::ApplyRulesRequest { yaml: "resources: 7".into(), validate_only: false, ..Default::default() };
     assert!(admin.apply_rules(bad).await.is_err());
     let page = fg.http_get("/metrics").1;
     assert_eq!(sample(&page, r#"floodgate_rule_reloads_total{source="admin",result="failure"}"#), Some(1.0), "{page}");
+    assert_eq!(sample(&page, r#"floodgate_rules_reload_failing{source="admin"}"#), None, "{page}");
+    // A good file clears it.
+    fg.dir().replace("rules.yaml", RULES);
+    eventually("the file's rules installed again", std::time::Duration::from_secs(10), || async {
+        (sample(&fg.http_get("/metrics").1, failing) == Some(0.0)).then_some(())
+    })
+    .await;
 }
 
 fn bench(fg: &Floodgate, args: &[&str]) -> serde_json::Value {

@@ -21,6 +21,7 @@ pub const MAX_KEY_BYTES: &str = "floodgate_max_key_bytes";
 pub(crate) const EVICTIONS: &str = "floodgate_evictions_total";
 pub(crate) const RULE_RELOADS: &str = "floodgate_rule_reloads_total";
 pub(crate) const RULES_VERSION: &str = "floodgate_rules_version";
+pub const RULES_RELOAD_FAILING: &str = "floodgate_rules_reload_failing";
 pub const RESIDENT_MEMORY: &str = "floodgate_process_resident_memory_bytes";
 pub const BREAKER_STATE: &str = "floodgate_breaker_state";
 pub const BREAKERS: &str = "floodgate_breakers";
@@ -101,6 +102,10 @@ pub fn describe() {
     describe_counter!(EVICTIONS, "Buckets evicted: idle ones and least recently used ones beyond --max-keys");
     describe_counter!(RULE_RELOADS, "Rule loads by source and result (success or failure)");
     describe_gauge!(RULES_VERSION, "Version of the rules in force");
+    describe_gauge!(
+        RULES_RELOAD_FAILING,
+        "1 while the last rules a source (file, redis, envoy, sentinel) offered were refused, 0 after one is installed"
+    );
     describe_gauge!(RESIDENT_MEMORY, metrics::Unit::Bytes, "Resident set size of the server process");
     describe_gauge!(
         BREAKER_STATE,
@@ -186,6 +191,14 @@ pub fn describe() {
 pub fn rule_reload(source: &'static str, ok: bool, version: u64) {
     counter!(RULE_RELOADS, "source" => source, "result" => if ok { "success" } else { "failure" }).increment(1);
     gauge!(RULES_VERSION).set(version as f64);
+    // Rules applied through Admin are refused to the operator who sent
+    // them, who sees the error at once. Rules read in the background (a
+    // file, Redis, Envoy's control plane, a Sentinel directory) are refused
+    // with nobody watching: the server keeps the old rules, and this gauge
+    // stays at 1 until that source offers rules that are installed.
+    if source != "admin" {
+        gauge!(RULES_RELOAD_FAILING, "source" => source).set(if ok { 0.0 } else { 1.0 });
+    }
     if source == "envoy" {
         counter!(if ok { upstream::CONFIG_LOAD_SUCCESS } else { upstream::CONFIG_LOAD_ERROR }).increment(1);
     }
