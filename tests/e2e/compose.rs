@@ -1,5 +1,5 @@
 //! docker-compose.yml, checked without a Docker engine: every floodgate
-//! command in it uses flags the binary has, and the rules it mounts are valid.
+//! command in it uses flags the binary has, and the demo runs the default rules.
 //! (.ci/run also runs `docker-compose config` from PyPI on it.)
 
 use crate::support;
@@ -40,12 +40,26 @@ fn every_floodgate_command_uses_known_flags() {
     assert_eq!(checked, 3);
 }
 
+/// The demo runs the embedded default rules: the benchmark's rules (limits of
+/// a billion) would show a newcomer a limiter that never says no.
 #[test]
-fn the_mounted_rules_are_valid() {
+fn the_replicas_run_the_embedded_default_rules() {
     let compose = compose();
-    let root = support::repo_root();
-    let volumes = compose["services"]["floodgate-a"]["volumes"].as_sequence().unwrap();
-    let source = volumes[0].as_str().unwrap().split(':').next().unwrap();
-    let out = Command::new(BIN).arg("check-config").arg(root.join(source)).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for name in ["floodgate-a", "floodgate-b"] {
+        let service = &compose["services"][name];
+        let command: Vec<&str> = service["command"].as_sequence().unwrap().iter().filter_map(Value::as_str).collect();
+        assert!(!command.iter().any(|w| w.starts_with("--config")), "{name} passes a rules file: {command:?}");
+        assert!(service["volumes"].is_null(), "{name} mounts files: {:?}", service["volumes"]);
+    }
+    // The load generator asks about a resource the default rules have.
+    let bench: Vec<&str> =
+        compose["services"]["bench"]["command"].as_sequence().unwrap().iter().filter_map(Value::as_str).collect();
+    let resource = bench.iter().find_map(|w| w.strip_prefix("--resource=")).expect("bench names its resource");
+    let defaults = floodgate_rules_defaults();
+    assert!(defaults.contains(&format!("- name: {resource}\n")), "the default rules have no resource {resource:?}");
+}
+
+/// The embedded default rules, as the repository holds them.
+fn floodgate_rules_defaults() -> String {
+    std::fs::read_to_string(support::repo_root().join("server/rules/src/default_rules.yaml")).unwrap()
 }
