@@ -38,7 +38,7 @@ fn replica(dir: &TempDir, url: &str) -> Floodgate {
         dir.write("rules.yaml", RULES);
     }
     floodgate()
-        .args(&["--config", path_str(&file), "--redis", url, "--sync-interval", "100ms", "--redis-timeout", "250ms"])
+        .args(["--config", path_str(&file), "--redis", url, "--sync-interval", "100ms", "--redis-timeout", "250ms"])
         .start()
 }
 
