@@ -1,5 +1,5 @@
-// Runs the real Floodgate binary for the tests: $FLOODGATE_BIN (default
-// /work/bin/floodgate) `serve` on free loopback ports with a rules file,
+// Runs the real Floodgate binary for the tests: $FLOODGATE_BIN (default the
+// repository's target/debug/floodgate) `serve` on free loopback ports with a rules file,
 // waited for on /readyz, stopped by its PID. Freezing (SIGSTOP), killing
 // (SIGKILL) and restarting on the same ports are what the fail-mode tests
 // and the scenario need.
@@ -12,7 +12,7 @@ import * as net from "node:net";
 import * as os from "node:os";
 import * as path from "node:path";
 
-export const BIN = process.env.FLOODGATE_BIN || "/work/bin/floodgate";
+export const BIN = process.env.FLOODGATE_BIN || path.resolve(__dirname, "../../../target/debug/floodgate");
 
 export interface ServerTls {
   cert: string;

@@ -15,7 +15,11 @@ from typing import Callable, List, Optional
 
 import pytest
 
-BIN = os.environ.get("FLOODGATE_BIN", "/work/bin/floodgate")
+# The server binary: $FLOODGATE_BIN, else the repository's debug build.
+BIN = os.environ.get(
+    "FLOODGATE_BIN",
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "target", "debug", "floodgate"),
+)
 
 RULES = """
 resources:
