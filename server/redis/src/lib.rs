@@ -60,6 +60,12 @@ pub mod testing {
     pub fn adjust_lua() -> String {
         super::scripts::lua_with_test_clock(include_str!("lua/adjust.lua"))
     }
+
+    /// sync.lua (a replicated push and lease), whose time is its last
+    /// argument (us).
+    pub fn sync_lua() -> String {
+        super::scripts::lua_with_test_clock(include_str!("lua/sync.lua"))
+    }
 }
 
 pub use adjust::Adjust;

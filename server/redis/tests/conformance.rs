@@ -37,12 +37,21 @@
 //!   may differ by a rounding. The decision and `remaining` must not.
 //! - A shaping warm-up: the rules refuse it for `strict` (it queues callers
 //!   in one process), and limits.lua has only the policing one.
-//! - The replicated path (sync.lua): it cannot be compared call for call. A
-//!   replica decides from a lease of what Redis holds (a share of it, renewed
-//!   at each sync), not from Redis's state itself; so its answers depend on
-//!   when syncs happen and on the other replicas' shares, not only on the
-//!   sequence of calls. Its tests are in the engine (`sync`) and the
-//!   end-to-end suite.
+//! - The replicated path's decisions. A replica decides in memory, from a
+//!   lease of what Redis holds (a share of it, renewed at each sync); its
+//!   answers depend on when syncs happen and on the other replicas' shares,
+//!   not only on the sequence of calls. Their tests are in the engine
+//!   (`sync`) and the end-to-end suite. What this harness does compare on
+//!   that path is the arithmetic Redis does for it: sync.lua pushes what a
+//!   replica took, beyond the limit if need be, through limits.lua. So each
+//!   key also has a replicated shadow: every unit the memory side takes (an
+//!   admitted decision, or units forced) is pushed by sync.lua to a second
+//!   Redis key, as a replica that syncs after every call would push it, and
+//!   is forced on a second memory bucket. After every push, what sync.lua
+//!   says is available must be what that memory bucket has remaining.
+//!   Settles lower are not pushed to the shadow: the replicated path gives
+//!   units back "as far as the state allows", without the time of the take,
+//!   which is not what a settle in memory does.
 //! - Concurrency limits (slot.lua): they are not a limiter algorithm (they
 //!   count calls in flight, not units over time), and the script reads
 //!   Redis's clock itself for its permits' expiry.
@@ -58,7 +67,7 @@ use floodgate_core::limiter::{
 };
 use floodgate_core::time::Timestamp;
 use floodgate_redis::testing::{
-    Answered, Code, TakeReply, adjust_lua, limit_args, marker_key, parse_adjusted, take_lua,
+    Answered, Code, TakeReply, adjust_lua, limit_args, marker_key, parse_adjusted, sync_lua, take_lua,
 };
 use floodgate_test_support::redis::RedisServer;
 use proptest::prelude::*;
@@ -199,6 +208,7 @@ struct Lua {
     con: redis::Connection,
     take: redis::Script,
     adjust: redis::Script,
+    sync: redis::Script,
     /// The marker's token (see `start`).
     token: String,
     cases: u64,
@@ -223,12 +233,44 @@ impl Lua {
         let _: () = redis::cmd("SET").arg(marker_key(RESOURCE)).arg(&token).query(&mut con).expect("SET the marker");
         let take = redis::Script::new(&take_lua());
         let adjust = redis::Script::new(&adjust_lua());
-        Lua { _server: server, con, take, adjust, token, cases: 0 }
+        let sync = redis::Script::new(&sync_lua());
+        Lua { _server: server, con, take, adjust, sync, token, cases: 0 }
     }
 
     /// The Redis key of bucket `key` of the current case.
     fn key(&self, key: usize) -> String {
         format!("fg:b:{{{RESOURCE}}}:case{}:k{key}", self.cases)
+    }
+
+    /// The Redis key of the replicated shadow of bucket `key`.
+    fn shadow_key(&self, key: usize) -> String {
+        format!("fg:b:{{{RESOURCE}}}:case{}:r{key}", self.cases)
+    }
+
+    /// sync.lua over the shadow of bucket `key`: one replica that has taken
+    /// `total` units from it since the case began pushes them (Redis applies
+    /// only what it has not applied yet); what is available after, negative
+    /// for a debt.
+    fn push(&mut self, alg: &Algorithm, key: usize, total: u64, now_us: u64) -> Result<f64, String> {
+        let mut inv = self.sync.prepare_invoke();
+        inv.key(marker_key(RESOURCE)).key(self.shadow_key(key));
+        // This replica, alone (a share of 1), a lease of 1 s, no least lease
+        // wanted, no deadline, the marker's token.
+        inv.arg("conformance").arg(1).arg(1_000_000).arg(0).arg(0).arg(&self.token);
+        // Units not pushed yet (read only on the first push), nothing held,
+        // the epoch of this replica's count and its total in that epoch.
+        inv.arg(total).arg(0).arg("e1").arg(total);
+        inv.arg(&limit_args(alg, at(now_us))[..]);
+        inv.arg(now_us);
+        let v: redis::Value = inv.invoke(&mut self.con).map_err(|e| format!("sync.lua failed: {e}"))?;
+        // One bucket: lease, window start, prev, cur, available, sequence.
+        let redis::Value::Array(items) = &v else { return Err(format!("sync.lua answered {v:?}")) };
+        let available = match items.get(4) {
+            Some(redis::Value::BulkString(b)) => std::str::from_utf8(b).ok().and_then(|s| s.parse::<f64>().ok()),
+            Some(redis::Value::Int(n)) => Some(*n as f64),
+            _ => None,
+        };
+        available.ok_or_else(|| format!("sync.lua answered {v:?}"))
     }
 
     /// take.lua over one limit: (admitted, remaining, Redis time of the take).
@@ -284,6 +326,21 @@ fn run(lua: &mut Lua, case: &Case) -> Result<(), TestCaseError> {
     let mut now = case.start_us;
     let mut buckets: HashMap<usize, Bucket> = HashMap::new();
     let mut open: Vec<Taken> = Vec::new();
+    // The replicated shadows: a memory bucket per key and the units pushed.
+    let mut shadows: HashMap<usize, (Bucket, u64)> = HashMap::new();
+    let mut shadow = |lua: &mut Lua, key: usize, units: u64, now: u64| -> Result<(), String> {
+        let (bucket, total) = shadows.entry(key).or_insert_with(|| (alg.new_bucket(at(now)), 0));
+        bucket.force(alg, at(now), units);
+        *total += units;
+        let memory = bucket.status(alg, at(now)).remaining;
+        let available = lua.push(alg, key, *total, now)?;
+        if memory != available.max(0.0).floor() as u64 {
+            return Err(format!(
+                "replicated: {units} pushed ({total} in all); remaining in memory {memory}, sync.lua says {available}"
+            ));
+        }
+        Ok(())
+    };
     for (i, op) in case.ops.iter().enumerate() {
         let t = now - case.start_us;
         let fail = |what: String| TestCaseError::fail(format!("operation {i} ({op:?}) at start + {t} us: {what}"));
@@ -301,6 +358,7 @@ fn run(lua: &mut Lua, case: &Case) -> Result<(), TestCaseError> {
                 }
                 if admitted && cost > 0 {
                     open.push(Taken { key, cost, at_us: now, redis_at_us: redis_at });
+                    shadow(lua, key, cost, now).map_err(fail)?;
                 }
             }
             Op::GiveBack { nth, back } => {
@@ -332,6 +390,7 @@ fn run(lua: &mut Lua, case: &Case) -> Result<(), TestCaseError> {
                 if memory != left.max(0) as u64 {
                     return Err(fail(format!("remaining in memory {memory}, in Lua {left}")));
                 }
+                shadow(lua, key, units, now).map_err(fail)?;
             }
         }
     }
