@@ -41,19 +41,47 @@ pub fn rate_limit_headers(d: &Decision, headers: &mut HeaderMap) {
         }
     };
     if !d.limits.is_empty() {
-        let policies: Vec<String> =
-            d.limits.iter().map(|l| format!("\"{}\";q={};w={}", l.name, l.limit, secs(l.window).max(1))).collect();
+        let policies: Vec<String> = d
+            .limits
+            .iter()
+            .map(|l| {
+                let (quota, window) = policy(l.limit, l.window);
+                format!("\"{}\";q={quota};w={window}", l.name)
+            })
+            .collect();
         put("ratelimit-policy", policies.join(", "));
     }
     if let Some(l) = d.tightest() {
-        put("ratelimit", format!("\"{}\";r={};t={}", l.name, l.remaining, secs(l.reset_after)));
+        // A denied call's limit resets no sooner than the call may be tried
+        // again: a decision made in the client (a local fail mode) knows the
+        // retry time but not the reset time.
+        let reset = match d.is_allowed() {
+            true => secs(l.reset_after),
+            false => secs(l.reset_after).max(secs(d.retry_after).max(1)),
+        };
+        put("ratelimit", format!("\"{}\";r={};t={reset}", l.name, l.remaining));
         put("x-ratelimit-limit", l.limit.to_string());
         put("x-ratelimit-remaining", l.remaining.to_string());
-        put("x-ratelimit-reset", secs(l.reset_after).to_string());
+        put("x-ratelimit-reset", reset.to_string());
     }
     if !d.is_allowed() {
         put("retry-after", secs(d.retry_after).max(1).to_string());
     }
+}
+
+/// A limit's quota and window as `RateLimit-Policy` writes them: the window
+/// in whole seconds, and the quota scaled to it. A window under a second, or
+/// not a whole number of seconds (GCRA 500/s with a burst of 100 reports 100
+/// units per 0.2 s), would otherwise be rounded up and the quota said for a
+/// longer window than it holds for: 100 per second instead of 500.
+fn policy(limit: u64, window: Duration) -> (u64, u64) {
+    let whole = secs(window).max(1);
+    let nanos = window.as_nanos();
+    if nanos == 0 || nanos == u128::from(whole) * 1_000_000_000 {
+        return (limit, whole);
+    }
+    let quota = u128::from(limit) * u128::from(whole) * 1_000_000_000 / nanos;
+    (u64::try_from(quota).unwrap_or(u64::MAX), whole)
 }
 
 /// 429 for rate and concurrency limits, 503 for an open circuit or shedding.
@@ -75,4 +103,39 @@ pub fn denial_body(d: &Decision) -> String {
     };
     let reason = d.reason.replace('\\', "\\\\").replace('"', "\\\"");
     format!(r#"{{"error":"{error}","reason":"{reason}","retry_after_seconds":{}}}"#, secs(d.retry_after).max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decision::Limit;
+
+    fn headers(d: &Decision) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        rate_limit_headers(d, &mut h);
+        h
+    }
+
+    #[test]
+    fn a_window_under_a_second_is_said_per_second_with_its_quota_scaled() {
+        // GCRA 500/s with a burst of 100: 100 units per 0.2 s.
+        let limit = Limit::new("gcra", 100, Duration::from_millis(200)).with_remaining(100);
+        let h = headers(&Decision::new(Verdict::Allowed).with_limit(limit));
+        assert_eq!(h["ratelimit-policy"], r#""gcra";q=500;w=1"#);
+        // 10 per 1.5 s is 13 (rounded down) per 2 s.
+        let limit = Limit::new("odd", 10, Duration::from_millis(1500)).with_remaining(3);
+        let h = headers(&Decision::new(Verdict::Allowed).with_limit(limit));
+        assert_eq!(h["ratelimit-policy"], r#""odd";q=13;w=2"#);
+    }
+
+    #[test]
+    fn a_denial_without_a_reset_time_says_when_to_retry() {
+        // As a local fail mode decides: a retry time, no reset time.
+        let limit = Limit::new("local", 4, Duration::from_secs(1)).with_remaining(0);
+        let d = Decision::new(Verdict::RateLimited).with_retry_after(Duration::from_millis(250)).with_limit(limit);
+        let h = headers(&d);
+        assert_eq!(h["ratelimit"], r#""local";r=0;t=1"#);
+        assert_eq!(h["x-ratelimit-reset"], "1");
+        assert_eq!(h["retry-after"], "1");
+    }
 }

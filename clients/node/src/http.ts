@@ -34,17 +34,34 @@ export function rateLimitHeaders(d: Decision): Record<string, string> {
     if (!invalidHeaderValue(value)) h[name] = value;
   };
   if (d.limits.length > 0) {
-    put("ratelimit-policy", d.limits.map((l) => `"${l.name}";q=${l.limit};w=${Math.max(secs(l.windowMs), 1)}`).join(", "));
+    put("ratelimit-policy", d.limits.map((l) => {
+      const [quota, window] = policy(l.limit, l.windowMs);
+      return `"${l.name}";q=${quota};w=${window}`;
+    }).join(", "));
   }
   const l = d.tightest();
   if (l) {
-    put("ratelimit", `"${l.name}";r=${l.remaining};t=${secs(l.resetAfterMs)}`);
+    // A denied call's limit resets no sooner than the call may be tried
+    // again: a local decision knows the retry time but not the reset time.
+    const reset = d.allowed ? secs(l.resetAfterMs) : Math.max(secs(l.resetAfterMs), Math.max(secs(d.retryAfterMs), 1));
+    put("ratelimit", `"${l.name}";r=${l.remaining};t=${reset}`);
     put("x-ratelimit-limit", String(l.limit));
     put("x-ratelimit-remaining", String(l.remaining));
-    put("x-ratelimit-reset", String(secs(l.resetAfterMs)));
+    put("x-ratelimit-reset", String(reset));
   }
   if (!d.allowed) put("retry-after", String(Math.max(secs(d.retryAfterMs), 1)));
   return h;
+}
+
+/**
+ * A limit's quota and window as `RateLimit-Policy` writes them: the window in
+ * whole seconds, the quota scaled to it (GCRA 500/s with a burst of 100
+ * reports 100 per 0.2 s, which is 500 per second, not 100).
+ */
+function policy(limit: number, windowMs: number): [number, number] {
+  const whole = Math.max(secs(windowMs), 1);
+  if (windowMs <= 0 || windowMs === whole * 1000) return [limit, whole];
+  return [Math.floor((limit * whole * 1000) / windowMs), whole];
 }
 
 /** 429 for rate and concurrency limits, 503 for an open circuit or shedding. */

@@ -37,12 +37,19 @@ test("allowed: every limit in the policy, the tightest in RateLimit, no Retry-Af
     ],
   });
   assert.deepEqual(rateLimitHeaders(d), {
-    "ratelimit-policy": '"global";q=100;w=1, "per-user";q=5;w=60, "burst";q=3;w=1',
+    "ratelimit-policy": '"global";q=100;w=1, "per-user";q=5;w=60, "burst";q=15;w=1',
     ratelimit: '"per-user";r=2;t=37',
     "x-ratelimit-limit": "5",
     "x-ratelimit-remaining": "2",
     "x-ratelimit-reset": "37",
   });
+});
+
+test("a window under a second: the quota is said per second (GCRA 500/s, burst 100)", () => {
+  const d = new Decision({ verdict: Verdict.Allowed, limits: [limit("gcra", 100, 200)] });
+  assert.equal(rateLimitHeaders(d)["ratelimit-policy"], '"gcra";q=500;w=1');
+  const odd = new Decision({ verdict: Verdict.Allowed, limits: [limit("odd", 10, 1500)] });
+  assert.equal(rateLimitHeaders(odd)["ratelimit-policy"], '"odd";q=13;w=2');
 });
 
 test("the exceeded limit wins over the one with the least left", () => {
@@ -52,7 +59,8 @@ test("the exceeded limit wins over the one with the least left", () => {
     limits: [limit("a", 10, 1000, { remaining: 0 }), limit("b", 10, 1000, { remaining: 4, exceeded: true })],
   });
   assert.equal(d.tightest()?.name, "b");
-  assert.equal(rateLimitHeaders(d)["ratelimit"], '"b";r=4;t=0');
+  // Denied, the reset is no sooner than the retry (at least a second).
+  assert.equal(rateLimitHeaders(d)["ratelimit"], '"b";r=4;t=1');
   assert.equal(rateLimitHeaders(d)["retry-after"], "1", "at least a second");
 });
 
