@@ -66,7 +66,7 @@ async fn a_changed_file_applies_and_an_invalid_one_keeps_the_old_rules() {
         fg.logs().contains("invalid rules file ignored").then_some(())
     })
     .await;
-    assert!(fg.logs().contains("limits[0] 'hourly'.limit: must be between 1"), "{}", fg.logs());
+    assert!(fg.logs().contains("limits[0] 'hourly'.limit: must be a whole number between 1"), "{}", fg.logs());
     assert_eq!(limit_of(&fg).await, Some(8));
     let mut admitted = 0;
     for _ in 0..6 {
@@ -149,7 +149,11 @@ async fn apply_rules_refuses_a_bad_set_whole_and_lists_every_error() {
         "{}",
         err.message()
     );
-    assert!(err.message().contains("resource 'b': shed_at_level: must be between 1 and 3, got 9"), "{}", err.message());
+    assert!(
+        err.message().contains("resource 'b': shed_at_level: must be a whole number between 1 and 3, got 9"),
+        "{}",
+        err.message()
+    );
     let after = admin.get_rules(pb::GetRulesRequest {}).await.unwrap().into_inner();
     assert_eq!((after.version, after.yaml), (before.version, before.yaml));
 

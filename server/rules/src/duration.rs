@@ -53,7 +53,10 @@ fn scaled(num: &str, per: u128) -> Option<u128> {
 /// The shortest exact spelling of a duration, as the rules file writes it.
 pub use crate::limiter::rate::duration_text as format;
 
-/// A duration for people: `250ms`, `1.5s`, `11.809s`, `2m3s`, `40us`; `0s` for zero.
+/// A duration for people: `250ms`, `1.5s`, `11.809s`, `2m3s`, `40us`,
+/// `1h`, `2h30m`, `30d`, `26d15h7m`; `0s` for zero. From an hour up, the
+/// larger units are used, so that a calendar window reads as days and not as
+/// thousands of minutes; from a day up, seconds are left out.
 pub fn human(d: Duration) -> String {
     let ms = d.as_millis();
     match ms {
@@ -64,10 +67,21 @@ pub fn human(d: Duration) -> String {
             let text = format!("{:.3}", ms as f64 / 1000.0);
             format!("{}s", text.trim_end_matches('0').trim_end_matches('.'))
         }
-        _ => match (ms / 60_000, (ms % 60_000) / 1000) {
-            (m, 0) => format!("{m}m"),
-            (m, s) => format!("{m}m{s}s"),
-        },
+        _ => {
+            let secs = d.as_secs();
+            let (days, hours, minutes, seconds) =
+                (secs / 86_400, (secs % 86_400) / 3_600, (secs % 3_600) / 60, secs % 60);
+            let mut out = String::new();
+            for (n, unit) in [(days, "d"), (hours, "h"), (minutes, "m")] {
+                if n > 0 {
+                    out.push_str(&format!("{n}{unit}"));
+                }
+            }
+            if seconds > 0 && days == 0 {
+                out.push_str(&format!("{seconds}s"));
+            }
+            out
+        }
     }
 }
 
@@ -108,6 +122,12 @@ mod tests {
         assert_eq!(human(Duration::from_nanos(11_809_133_052)), "11.809s");
         assert_eq!(human(Duration::from_secs(60)), "1m");
         assert_eq!(human(Duration::from_secs(123)), "2m3s");
+        assert_eq!(human(Duration::from_secs(3_600)), "1h");
+        assert_eq!(human(Duration::from_secs(3_600 + 44 * 60 + 16)), "1h44m16s");
+        assert_eq!(human(Duration::from_secs(30 * 86_400)), "30d");
+        // A calendar month's reset: seconds are noise at that scale.
+        assert_eq!(human(Duration::from_secs(38_347 * 60 + 27)), "26d15h7m");
+        assert_eq!(human(Duration::from_secs(86_400 + 5)), "1d");
     }
 
     #[test]

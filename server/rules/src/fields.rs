@@ -202,25 +202,18 @@ impl<'a> Fields<'a> {
         }
     }
 
-    pub(super) fn u64(&self, key: &str) -> Option<u64> {
+    /// A whole number in `min..=max`.
+    /// A value out of range and a value that is not a whole number at all
+    /// (-1, 1.5, "ten") get the same message, which names the range.
+    pub(super) fn u64_in(&self, key: &str, min: u64, max: u64) -> Option<u64> {
         let v = self.get(key)?;
         match v.as_u64() {
-            Some(n) => Some(n),
-            None => {
-                self.error(key, format!("must be a whole number >= 0, got {}", show(v)));
+            Some(n) if (min..=max).contains(&n) => Some(n),
+            _ => {
+                self.error(key, format!("must be a whole number between {min} and {max}, got {}", show(v)));
                 None
             }
         }
-    }
-
-    /// A whole number in `min..=max`.
-    pub(super) fn u64_in(&self, key: &str, min: u64, max: u64) -> Option<u64> {
-        let n = self.u64(key)?;
-        if n < min || n > max {
-            self.error(key, format!("must be between {min} and {max}, got {n}"));
-            return None;
-        }
-        Some(n)
     }
 
     /// A true/false switch; absent is false.

@@ -112,14 +112,14 @@ resources:
 "#,
     );
     let expected = [
-        "rules.yaml: resource 'orders': limits[0] 'a'.capacity: must be between 1 and 1000000000000, got 0",
+        "rules.yaml: resource 'orders': limits[0] 'a'.capacity: must be a whole number between 1 and 1000000000000, got 0",
         "rules.yaml: resource 'orders': limits[0] 'a'.refill_per_second: must be a positive number, got -1",
         "rules.yaml: resource 'orders': limits[1] 'b'.window: is required",
         "rules.yaml: resource 'orders': limits[2] 'c'.algorithm: must be one of token_bucket, gcra, leaky_bucket, fixed_window, sliding_window_log, sliding_window, warm_up, got 'teleport'",
-        "rules.yaml: resource 'users': limits[0] 'd'.limit: must be between 1 and 10000, got 20000",
+        "rules.yaml: resource 'users': limits[0] 'd'.limit: must be a whole number between 1 and 10000, got 20000",
         "rules.yaml: resource 'users': limits[0] 'd'.window: duration '5' needs a unit, e.g. 5s or 5ms",
         "rules.yaml: resource 'users': limits[1] 'd'.capacity: unknown field (expected one of: name, key, algorithm, sync, on_redis_error, shadow, lease, lease_share, when, unless, rate_per_second, burst)",
-        "rules.yaml: resource 'users': shed_at_level: must be between 1 and 3, got 7",
+        "rules.yaml: resource 'users': shed_at_level: must be a whole number between 1 and 3, got 7",
     ];
     for e in expected {
         assert!(errors.iter().any(|got| got == e), "missing {e:?} in {errors:#?}");
@@ -344,7 +344,7 @@ resources:
         "resource 'a': concurrency.max_in_flight: cannot be set beside 'adaptive'",
         "resource 'b': concurrency.adaptive.algorithm: must be one of gradient2, vegas, aimd, got 'bbr'",
         "resource 'c': concurrency.adaptive.min: must be at most max (5), got 10",
-        "resource 'd': concurrency.adaptive.initial: must be between 1 and 10000000, got 0",
+        "resource 'd': concurrency.adaptive.initial: must be a whole number between 1 and 10000000, got 0",
         "resource 'd': concurrency.adaptive.smoothing: must be above 0 and at most 1, got 2",
         "resource 'd': concurrency.adaptive.tolerance: must be at least 1, got 0.5",
         "resource 'd': concurrency.adaptive.window: must be at least 100ms, got 10ms",
@@ -436,7 +436,7 @@ resources:
         errors,
         [
             "rules.yaml: resource 'a': breaker.failure_rate_threshold: every threshold is off: the breaker would never open",
-            "rules.yaml: resource 'b': breaker.failure_count_threshold: must be between 1 and 1000000, got 0",
+            "rules.yaml: resource 'b': breaker.failure_count_threshold: must be a whole number between 1 and 1000000, got 0",
             "rules.yaml: resource 'b': breaker.window.length: must be at most 1h",
         ]
     );

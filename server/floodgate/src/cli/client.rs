@@ -92,10 +92,31 @@ pub fn block_on(f: impl std::future::Future<Output = anyhow::Result<ExitCode>>) 
     match runtime.block_on(f) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("floodgate: {e:#}");
+            eprintln!("floodgate: {}", error_chain(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes on one line, as `{:#}` writes them, but without a
+/// cause that only repeats the text before it: tonic and hyper wrap an error
+/// in another that prints the same words ("tcp connect error: tcp connect
+/// error: Connection refused").
+pub fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    let mut last = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || last.ends_with(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+        last = text;
+    }
+    out
 }
 
 fn parse_pair(s: &str) -> Result<(String, String), String> {
@@ -200,12 +221,18 @@ fn render_what_if(r: &pb::GetWhatIfResponse) -> String {
     use std::fmt::Write;
     let state = if r.running { "running" } else { "finished" };
     let mut out = format!("what-if {state}: {} calls seen, {} matched no candidate rule\n", r.calls, r.unmatched);
-    let _ =
-        writeln!(out, "{:<24} {:<16} {:>10} {:>11} {:>13}", "rule", "limit", "evaluated", "would deny", "newly denied");
+    // As wide as the longest rule and limit names, at least the usual width.
+    let rule_w = r.limits.iter().map(|l| l.rule.chars().count()).max().unwrap_or(0).max(24);
+    let limit_w = r.limits.iter().map(|l| l.limit.chars().count()).max().unwrap_or(0).max(16);
+    let _ = writeln!(
+        out,
+        "{:<rule_w$} {:<limit_w$} {:>10} {:>11} {:>13}",
+        "rule", "limit", "evaluated", "would deny", "newly denied"
+    );
     for l in &r.limits {
         let _ = writeln!(
             out,
-            "{:<24} {:<16} {:>10} {:>11} {:>13}",
+            "{:<rule_w$} {:<limit_w$} {:>10} {:>11} {:>13}",
             l.rule, l.limit, l.evaluated, l.would_deny, l.newly_denied
         );
         for h in &l.top {
@@ -248,9 +275,17 @@ fn render(resource: &str, r: &pb::AcquireResponse) -> String {
     if r.degradation_level > 0 {
         let _ = writeln!(out, "  degradation level: {}", r.degradation_level);
     }
-    for l in &r.limits {
-        let window = l.window.as_ref().map(human).unwrap_or_default();
-        let _ = write!(out, "  {:<16} remaining {:>6}/{:<6} per {window:<6}", l.name, l.remaining, l.limit);
+    // The columns are as wide as the longest name and window, so that a long
+    // limit name does not push its line out of line with the others.
+    let name_width = r.limits.iter().map(|l| l.name.chars().count()).max().unwrap_or(0).max(16);
+    let windows: Vec<String> = r.limits.iter().map(|l| l.window.as_ref().map(human).unwrap_or_default()).collect();
+    let window_width = windows.iter().map(|w| w.len()).max().unwrap_or(0).max(6);
+    for (l, window) in r.limits.iter().zip(&windows) {
+        let _ = write!(
+            out,
+            "  {:<name_width$} remaining {:>6}/{:<6} per {window:<window_width$}",
+            l.name, l.remaining, l.limit
+        );
         if let Some(reset) = l.reset_after.as_ref().map(human).filter(|s| !s.is_empty()) {
             let _ = write!(out, "  reset {reset}");
         }
@@ -273,4 +308,50 @@ fn human(d: &prost_types::Duration) -> String {
 /// A breaker state as people read it: `OPEN`, not `BREAKER_STATE_OPEN`.
 pub(crate) fn state_name(n: i32) -> &'static str {
     pb::BreakerState::try_from(n).map_or("UNKNOWN", |s| s.as_str_name().trim_start_matches("BREAKER_STATE_"))
+}
+
+#[cfg(test)]
+mod error_chain_tests {
+    use super::error_chain;
+
+    #[derive(Debug)]
+    struct Leaf;
+    impl std::fmt::Display for Leaf {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("Connection refused (os error 111)")
+        }
+    }
+    impl std::error::Error for Leaf {}
+
+    #[derive(Debug)]
+    struct Same(Leaf);
+    impl std::fmt::Display for Same {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("tcp connect error")
+        }
+    }
+    impl std::error::Error for Same {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[derive(Debug)]
+    struct Again(Same);
+    impl std::fmt::Display for Again {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("tcp connect error")
+        }
+    }
+    impl std::error::Error for Again {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn a_cause_that_repeats_its_wrapper_is_said_once() {
+        let e = anyhow::Error::new(Again(Same(Leaf))).context("cannot reach floodgate");
+        assert_eq!(error_chain(&e), "cannot reach floodgate: tcp connect error: Connection refused (os error 111)");
+    }
 }

@@ -93,7 +93,7 @@ impl Cli {
         match result {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("floodgate: {e:#}");
+                eprintln!("floodgate: {}", client::error_chain(&e));
                 ExitCode::FAILURE
             }
         }
