@@ -78,9 +78,33 @@ fn every_rendered_manifest_passes_the_kubernetes_schemas() {
     }
     // And a broken one does not pass: the check can fail.
     let (text, _) = render("base");
-    let bad = dir.write("bad.yaml", &text.replacen("replicas: 2", "replicas: two", 1));
+    let bad = dir.write("bad.yaml", &text.replacen("replicas: 1", "replicas: one", 1));
     let out = Command::new(&validate).args(["--strict"]).arg(&bad).output().unwrap();
     assert!(!out.status.success(), "a string for replicas was accepted");
+}
+
+/// Replicas without Redis do not share their limits, so the base runs one,
+/// and only the overlays that give the replicas a Redis run more.
+#[test]
+fn only_replicas_that_share_a_redis_are_more_than_one() {
+    let mut seen = Vec::new();
+    for d in DIRS.iter().filter(|d| !d.starts_with("examples")) {
+        let (_, docs) = render(d);
+        for deployment in of_kind(&docs, "Deployment").iter().filter(|x| s(&x["metadata"]["name"]) == "floodgate") {
+            seen.push(*d);
+            let replicas = deployment["spec"]["replicas"].as_u64().unwrap_or(1);
+            let env = &deployment["spec"]["template"]["spec"]["containers"][0]["env"];
+            let with_redis = env.as_sequence().into_iter().flatten().any(|e| {
+                let name = s(&e["name"]);
+                name == "FLOODGATE_REDIS" || name == "FLOODGATE_REDIS_CLUSTER"
+            });
+            match with_redis {
+                true => assert_eq!(replicas, 2, "{d}: replicas that share a Redis"),
+                false => assert_eq!(replicas, 1, "{d}: replicas without Redis would each admit the whole limit"),
+            }
+        }
+    }
+    assert_eq!(seen, ["base", "overlays/redis", "overlays/external-redis"], "the Floodgate Deployments checked");
 }
 
 #[test]
