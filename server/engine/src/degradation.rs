@@ -14,8 +14,10 @@
 //! at the level, one level at a time (at once, straight down, without a
 //! dwell). An operator's level wins until cleared.
 //!
-//! The global scope keeps the model it always had: the error rate of every
-//! breaker's calls, 5/15/30%, left below four fifths of the threshold.
+//! The global scope has no automatic signal unless the rules' `global:`
+//! section gives one (by default there: the error rate of every breaker's
+//! calls, 5/15/30%, left below four fifths of the threshold). Without it,
+//! one flaky dependency cannot raise the level of every resource.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -556,9 +558,10 @@ impl Default for Systems {
 }
 
 impl Systems {
-    /// The scopes for `configs`: those already here keep their state and
-    /// take the new thresholds.
-    pub fn reconfigure(&self, configs: &[SystemConfig]) -> Systems {
+    /// The scopes for `configs`, and the global scope set as `global` says:
+    /// those already here keep their state and take the new thresholds.
+    pub fn reconfigure(&self, configs: &[SystemConfig], global: &SystemConfig) -> Systems {
+        self.global.configure(global.clone());
         let named = configs
             .iter()
             .map(|cfg| match self.named.iter().find(|s| *s.name == *cfg.name) {

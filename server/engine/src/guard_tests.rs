@@ -10,7 +10,9 @@ use crate::breaker::{Outcome, State};
 use crate::events::Event;
 use crate::time::ManualClock;
 
+// `global: {}`: breakers' error rates move the global level (5/15/30%).
 const RULES: &str = r#"
+global: {}
 resources:
   - name: db
     concurrency: { max_in_flight: 2, permit_ttl: 5s }

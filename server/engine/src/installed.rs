@@ -324,7 +324,8 @@ impl RulesSlot {
             false => parts.runtime.merge(&file.with_extra(&sentinel.rules, sentinel.system.as_ref()).0),
         };
         ids.runtime.retain(|(id, _), _| parts.runtime.get(id).is_some());
-        let systems = Arc::new(current.systems.reconfigure(rules.systems()));
+        // The `global:` section comes from the rules file alone.
+        let systems = Arc::new(current.systems.reconfigure(rules.systems(), &file.global_system()));
         let scope_of = |rule: &Rule| match rule.pattern {
             _ if rules.membership().is_empty() => Some(systems.global().clone()),
             Pattern::Exact => Some(systems.scope(rules.membership().system_of(&rule.name)).clone()),

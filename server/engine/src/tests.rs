@@ -197,7 +197,7 @@ fn overrides_give_tiers_factors_absolute_limits_and_blocks() {
     let a = e.acquire(&rules, &Request::new("api", &ip));
     let a = a.unwrap();
     assert_eq!((a.verdict, a.retry_after), (Verdict::RateLimited, Duration::from_secs(3600)));
-    assert_eq!(a.reason(), "blocked by an override for ip=6.6.6.6, retry in 60m");
+    assert_eq!(a.reason(), "blocked by an override for ip=6.6.6.6, retry in 1h");
     assert!(a.limits.is_empty());
     // An override's buckets are its own: k-big's 4 did not touch plain's.
     assert_eq!(admitted(&[("api_key", "plain")], 1), 0);

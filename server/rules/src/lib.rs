@@ -56,6 +56,10 @@ pub struct RuleSet {
     tiers: HashMap<String, Vec<Limit>>,
     /// The systems the file names, in file order.
     systems: Vec<SystemConfig>,
+    /// The file's `global:` section: automatic levels for the resources no
+    /// system lists. Without it the global scope's level moves only when an
+    /// operator sets it.
+    global: Option<SystemConfig>,
     membership: systems::Membership,
 }
 
@@ -310,7 +314,9 @@ impl RuleSet {
                 false => systems.push(s.clone()),
             }
         }
-        (RuleSet::new(rules, self.tiers.clone(), systems), left_out)
+        let mut set = RuleSet::new(rules, self.tiers.clone(), systems);
+        set.global = self.global.clone();
+        (set, left_out)
     }
 
     /// An extra exact rule as it is merged: a glob or the default of these
@@ -377,6 +383,18 @@ impl RuleSet {
     /// The systems the file names, in file order.
     pub fn systems(&self) -> &[SystemConfig] {
         &self.systems
+    }
+
+    /// How the global scope (the resources no system lists) sets its level:
+    /// the file's `global:` section, else no automatic signal at all.
+    pub fn global_system(&self) -> SystemConfig {
+        self.global.clone().unwrap_or_else(SystemConfig::global)
+    }
+
+    /// These rules with the file's `global:` section.
+    pub(crate) fn with_global(mut self, global: Option<SystemConfig>) -> RuleSet {
+        self.global = global;
+        self
     }
 
     /// Which system each resource belongs to.

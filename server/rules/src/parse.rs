@@ -47,9 +47,10 @@ pub(super) fn rule_set(text: &str, file: &str) -> Result<RuleSet, RuleErrors> {
     let Some(top) = out.fields(&doc, None, "") else {
         return Err(out.into_errors());
     };
-    top.deny_unknown(&["resources", "tiers", "systems"]);
+    top.deny_unknown(&["resources", "tiers", "systems", "global"]);
     let tiers = tiers(&top);
     let systems = super::systems::parse(&out, &top);
+    let global = super::systems::parse_global(&out, &top);
     let items = match top.get("resources") {
         Some(Value::Sequence(items)) => items.as_slice(),
         Some(_) => {
@@ -71,7 +72,10 @@ pub(super) fn rule_set(text: &str, file: &str) -> Result<RuleSet, RuleErrors> {
         }
         rules.extend(resource(&out, item, i, &tiers));
     }
-    if out.is_empty() { Ok(RuleSet::new(rules, tiers, systems)) } else { Err(out.into_errors()) }
+    match out.is_empty() {
+        true => Ok(RuleSet::new(rules, tiers, systems).with_global(global)),
+        false => Err(out.into_errors()),
+    }
 }
 
 fn resource(out: &Collector, item: &Value, index: usize, tiers: &HashMap<String, Vec<Limit>>) -> Option<Rule> {

@@ -181,13 +181,14 @@ const DEFAULT_LOAD: LoadConfig = LoadConfig {
 };
 
 impl SystemConfig {
-    /// The resources no system names: today's model, the error rate of
-    /// every breaker's calls, no dwell, no shedding by priority unless a rule asks.
+    /// The resources no system names, when the rules have no `global:`
+    /// section: no automatic signal (the level moves only when an operator
+    /// sets it), no dwell, no shedding by priority unless a rule asks.
     pub fn global() -> Self {
         SystemConfig {
             name: String::new(),
             resources: Vec::new(),
-            error_rate: Some(DEFAULT_ERROR_RATE),
+            error_rate: None,
             slow_call_rate: None,
             slow_call_duration: Duration::from_secs(1),
             latency: None,
@@ -207,6 +208,7 @@ impl SystemConfig {
     pub fn named(name: &str) -> Self {
         SystemConfig {
             name: name.to_string(),
+            error_rate: Some(DEFAULT_ERROR_RATE),
             cpu: Some(DEFAULT_CPU),
             memory: Some(DEFAULT_MEMORY),
             min_time_at_level: Duration::from_secs(5),
@@ -301,6 +303,35 @@ pub(super) fn parse(out: &Collector, top: &Fields<'_>) -> Vec<SystemConfig> {
     systems
 }
 
+/// The top-level `global:` section: the global scope's automatic level,
+/// from the calls that breakers count on the resources no system lists. Its
+/// error rate is 5%, 15% and 30% unless it says otherwise.
+pub(super) fn parse_global(out: &Collector, top: &Fields<'_>) -> Option<SystemConfig> {
+    let item = top.get("global")?;
+    if !matches!(item, Value::Mapping(_)) {
+        top.error(
+            "global",
+            format!("must be a mapping (for example {{ error_rate: [0.05, 0.15, 0.3] }}), got {}", kind(item)),
+        );
+        return None;
+    }
+    let f = out.fields(item, None, "global")?;
+    f.deny_unknown(&[
+        "error_rate",
+        "slow_call_rate",
+        "slow_call_duration",
+        "latency",
+        "hysteresis",
+        "min_time_at_level",
+        "minimum_calls",
+        "window",
+    ]);
+    let before = f.errors();
+    let mut s = SystemConfig { error_rate: Some(DEFAULT_ERROR_RATE), ..SystemConfig::global() };
+    signals(&f, &mut s);
+    (f.errors() == before).then_some(s)
+}
+
 fn one(f: &Fields<'_>) -> Option<SystemConfig> {
     f.deny_unknown(&[
         "name",
@@ -343,18 +374,28 @@ fn one(f: &Fields<'_>) -> Option<SystemConfig> {
         }
         None => {}
     }
-    s.error_rate = fractions(f, "error_rate", s.error_rate);
-    s.slow_call_rate = fractions(f, "slow_call_rate", s.slow_call_rate);
     s.cpu = fractions(f, "cpu", s.cpu);
     s.memory = fractions(f, "memory", s.memory);
     s.queue_delay = durations(f, "queue_delay", f.get("queue_delay"));
+    if let Some(load) = f.nested("load") {
+        s.load = load_config(&load);
+    }
+    signals(f, &mut s);
+    if f.has("shed_priority") {
+        s.shed_priority = shed_priority(f)?;
+    }
+    (f.errors() == before).then_some(s)
+}
+
+/// The signals from reported calls, and how a level moves: what a system
+/// and the `global:` section both say.
+fn signals(f: &Fields<'_>, s: &mut SystemConfig) {
+    s.error_rate = fractions(f, "error_rate", s.error_rate);
+    s.slow_call_rate = fractions(f, "slow_call_rate", s.slow_call_rate);
     if let Some(d) = f.duration("slow_call_duration", Duration::from_millis(1)) {
         s.slow_call_duration = d;
     }
     s.latency = latency(f);
-    if let Some(load) = f.nested("load") {
-        s.load = load_config(&load);
-    }
     if let Some(h) = f.f64("hysteresis") {
         if (0.1..=1.0).contains(&h) {
             s.hysteresis = h;
@@ -380,10 +421,6 @@ fn one(f: &Fields<'_>) -> Option<SystemConfig> {
         }
         s.window_seconds = d.as_secs().clamp(1, 300) as u32;
     }
-    if f.has("shed_priority") {
-        s.shed_priority = shed_priority(f)?;
-    }
-    (f.errors() == before).then_some(s)
 }
 
 /// `[0.6, 0.75, 0.9]`, `["60%", "75%", "90%"]` or `off`; increasing, in (0, 1].
@@ -579,6 +616,24 @@ mod tests {
         assert_eq!(rules.membership().system_of("payments.charge"), Some(0));
         assert_eq!(rules.membership().system_of("a"), Some(0));
         assert_eq!(rules.membership().system_of("search"), None);
+    }
+
+    #[test]
+    fn the_global_scope_moves_by_itself_only_with_a_global_section() {
+        let none = systems("resources: []\n").unwrap().global_system();
+        assert_eq!((none.error_rate, none.slow_call_rate, none.latency), (None, None, None));
+        let on = systems("resources: []\nglobal: {}\n").unwrap().global_system();
+        assert_eq!(on.error_rate, Some(DEFAULT_ERROR_RATE));
+        assert!(on.is_global());
+        let own = systems("resources: []\nglobal: { error_rate: [0.1, 0.2, 0.5], minimum_calls: 50, window: 30s }\n")
+            .unwrap()
+            .global_system();
+        assert_eq!((own.error_rate, own.minimum_calls, own.window_seconds), (Some([0.1, 0.2, 0.5]), 50, 30));
+        let e = systems("resources: []\nglobal: { cpu: [0.5, 0.6, 0.7], error_rate: [0.5, 0.2, 0.1] }\n").unwrap_err();
+        assert!(e.contains("global.cpu: unknown field"), "{e}");
+        assert!(e.contains("global.error_rate: thresholds must increase"), "{e}");
+        let e = systems("resources: []\nglobal: on\n").unwrap_err();
+        assert!(e.contains("global: must be a mapping"), "{e}");
     }
 
     #[test]

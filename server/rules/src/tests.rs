@@ -150,7 +150,7 @@ fn structural_errors_are_reported() {
     assert!(
         errors_of("limits: []")
             .iter()
-            .any(|e| e == "rules.yaml: limits: unknown field (expected one of: resources, tiers, systems)")
+            .any(|e| e == "rules.yaml: limits: unknown field (expected one of: resources, tiers, systems, global)")
     );
     assert!(errors_of("resources: 5")[0].contains("resources: must be a list"));
     let e = errors_of("resources: [ { limits: [] } ]");

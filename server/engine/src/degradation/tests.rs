@@ -31,6 +31,12 @@ fn system(f: impl FnOnce(&mut SystemConfig)) -> Scope {
     Scope::new(cfg)
 }
 
+/// The global scope as a rules file's `global: {}` section sets it: the
+/// error rate of every breaker's calls, 5%, 15% and 30%.
+fn global_on() -> SystemConfig {
+    SystemConfig { error_rate: Some([0.05, 0.15, 0.30]), ..SystemConfig::global() }
+}
+
 /// Three instances reporting `cpu` at `now`.
 fn three(s: &Scope, now: Timestamp, cpu: [f64; 3]) {
     for (i, c) in cpu.iter().enumerate() {
@@ -39,8 +45,18 @@ fn three(s: &Scope, now: Timestamp, cpu: [f64; 3]) {
 }
 
 #[test]
-fn the_global_scope_follows_the_error_rate_thresholds() {
+fn without_a_global_section_no_error_rate_moves_the_global_level() {
     let s = Scope::new(SystemConfig::global());
+    calls(&s, at(0), 0, 100);
+    assert_eq!(s.evaluate(at(0)), None, "100% errors, and no signal to raise the level");
+    assert_eq!(s.level(), 0);
+    // An operator still sets it.
+    assert_eq!(to(s.set_manual(Some(2))), Some(2));
+}
+
+#[test]
+fn the_global_scope_follows_the_error_rate_thresholds() {
+    let s = Scope::new(global_on());
     calls(&s, at(0), 96, 4);
     assert_eq!(s.evaluate(at(0)), None, "4% is level 0");
     calls(&s, at(0), 0, 1); // 5 of 101 = 4.95%
@@ -58,7 +74,7 @@ fn the_global_scope_follows_the_error_rate_thresholds() {
 
 #[test]
 fn hysteresis_holds_a_level_until_the_rate_falls_well_below_it() {
-    let s = Scope::new(SystemConfig::global());
+    let s = Scope::new(global_on());
     calls(&s, at(0), 84, 16); // 16%
     assert_eq!(to(s.evaluate(at(0))), Some(2));
     calls(&s, at(0), 23, 0); // 16 of 123 = 13%: below 15%, above 12%
@@ -72,7 +88,7 @@ fn hysteresis_holds_a_level_until_the_rate_falls_well_below_it() {
 
 #[test]
 fn a_few_failures_are_not_an_error_rate() {
-    let s = Scope::new(SystemConfig::global());
+    let s = Scope::new(global_on());
     calls(&s, at(0), 0, 19);
     assert_eq!(s.evaluate(at(0)), None);
     calls(&s, at(0), 0, 1);
@@ -81,7 +97,7 @@ fn a_few_failures_are_not_an_error_rate() {
 
 #[test]
 fn a_manual_level_wins_until_cleared() {
-    let s = Scope::new(SystemConfig::global());
+    let s = Scope::new(global_on());
     let change = s.set_manual(Some(2)).unwrap();
     assert_eq!((change.from, change.to, change.manual), (0, 2, true));
     assert_eq!(change.reason, "set to 2 by an operator");
@@ -222,9 +238,10 @@ fn latency_buckets_never_report_less_than_was_measured() {
 #[test]
 fn systems_keep_their_state_across_rule_changes() {
     let systems = Systems::default();
-    let a = systems.reconfigure(&[SystemConfig::named("payments"), SystemConfig::named("search")]);
+    let a =
+        systems.reconfigure(&[SystemConfig::named("payments"), SystemConfig::named("search")], &SystemConfig::global());
     a.by_name("payments").unwrap().set_manual(Some(3));
-    let b = a.reconfigure(&[SystemConfig::named("search"), SystemConfig::named("payments")]);
+    let b = a.reconfigure(&[SystemConfig::named("search"), SystemConfig::named("payments")], &SystemConfig::global());
     assert_eq!(b.by_name("payments").unwrap().level(), 3);
     assert_eq!(b.scope(Some(0)).name().as_ref(), "search");
     assert!(b.by_name("other").is_none());
