@@ -73,6 +73,16 @@ const step = (word) => console.log(word);
     await state.filter({ hasText: /^CLOSED$/ }).waitFor({ timeout: 10000 });
     step("RESET");
 
+    // The Rust side writes a rules file the server refuses: a banner and a
+    // timeline entry say so, and the banner stays until a good file.
+    await nextLine();
+    await page.locator("#rules-refused", { hasText: "Rules refused" }).waitFor({ state: "visible", timeout: 20000 });
+    await page.locator("#timeline li", { hasText: "refused" }).waitFor({ timeout: 10000 });
+    step("SAW_REFUSED");
+    await nextLine();
+    await page.locator("#rules-refused").waitFor({ state: "hidden", timeout: 20000 });
+    step("BANNER_GONE");
+
     await page.screenshot({ path: screenshot, fullPage: true });
     if (errors.length) throw new Error("errors in the page: " + errors.join("; "));
     step("DONE");

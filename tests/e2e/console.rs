@@ -132,6 +132,22 @@ async fn the_console_shows_a_breaker_open_live_and_resets_it_only_with_an_admin_
     assert_eq!(breaker_state(&fg).await, pb::BreakerState::Open, "the refused reset changed nothing");
     browser.go_on();
     expect(&browser, "RESET");
+    // A rules file the server refuses: the page's banner, and the same in
+    // the console's API, until a good file is installed.
+    std::fs::write(fg.rules_file(), RULES.replace("limit: 100, window: 1h", "limit: many, window: 1h")).unwrap();
+    browser.go_on();
+    expect(&browser, "SAW_REFUSED");
+    let (_, _, body) = http(&fg.http, "GET", "/api/v1/console", Some(READER), "");
+    let console: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let refused = &console["rules_refused"][0];
+    assert!(refused["source"].as_str().unwrap_or_default().ends_with("rules.yaml"), "{refused}");
+    assert!(refused["error"].as_str().unwrap_or_default().contains("'global'.limit"), "{refused}");
+    std::fs::write(fg.rules_file(), RULES).unwrap();
+    browser.go_on();
+    expect(&browser, "BANNER_GONE");
+    let (_, _, body) = http(&fg.http, "GET", "/api/v1/console", Some(READER), "");
+    let console: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(console["rules_refused"], serde_json::json!([]), "a good file clears the banner");
     expect(&browser, "DONE");
     browser.finish();
     assert_eq!(breaker_state(&fg).await, pb::BreakerState::Closed, "reset for real, through the console");

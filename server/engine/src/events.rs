@@ -26,6 +26,15 @@ pub enum Event {
         source: String,
         patterns: Arc<[String]>,
     },
+    /// Rules read in the background (a file, a directory, Redis, an xDS
+    /// control plane) were refused; the rules in force keep deciding.
+    /// `source` is named as a good install from there names it (a file's
+    /// path, `sentinel:DIR`, `envoy:DIR`, `redis`); `error` is what was
+    /// wrong, cut to a few kilobytes.
+    RulesRefused {
+        source: String,
+        error: String,
+    },
     /// Overrides set at run time were set, deleted or reached their expiry.
     Overrides {
         version: u64,
@@ -76,7 +85,8 @@ impl Events {
                 );
                 gauge!(metrics::DEGRADATION_LEVEL, "system" => system).set(f64::from(c.to));
             }
-            Event::Rules { .. } => {}
+            // The reader that refused the rules logs why, where it knows the file.
+            Event::Rules { .. } | Event::RulesRefused { .. } => {}
             Event::Overrides { version, set, deleted, expired } => {
                 let (set, deleted, expired) = (set.len(), deleted.len(), expired.len());
                 tracing::info!(version, set, deleted, expired, "overrides changed");

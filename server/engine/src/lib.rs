@@ -268,6 +268,24 @@ impl Control<'_> {
         version
     }
 
+    /// Says that rules read from `source` were refused (`error` is why);
+    /// nothing changes in the rules in force.
+    pub fn refused(&self, source: String, error: &str) {
+        // A refusal lists every error in the file: enough to act on, but
+        // not a whole megabyte of them in every console snapshot.
+        const MOST: usize = 4096;
+        let mut error = error.to_string();
+        if error.len() > MOST {
+            let mut cut = MOST;
+            while !error.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            error.truncate(cut);
+            error.push_str(" ...");
+        }
+        self.events.publish(Event::RulesRefused { source, error });
+    }
+
     /// Installs Sentinel's rules read from `source` beside the file's.
     pub fn install_sentinel(&self, rules: crate::rules::sentinel::SentinelRules, text: String, source: String) -> u64 {
         let version = self.rules.install_sentinel(rules, text, source.clone());

@@ -108,6 +108,7 @@ impl Settings<'_> {
             }
             Err(errors) => {
                 floodgate_engine::metrics::rule_reload("redis", false, self.engine.rules().version);
+                self.engine.control().refused("redis".into(), &errors.to_string());
                 tracing::error!("rules stored in Redis are invalid; keeping the rules in force\n{errors}");
             }
         }

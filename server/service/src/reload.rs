@@ -76,7 +76,7 @@ async fn reload(path: &Path, decider: &Decider, last: &mut String) {
     let text = match crate::files::read_bounded(path, bounds::MAX_BYTES).await {
         Ok(t) => t,
         Err(e) => {
-            decider.control().refused(&origin);
+            decider.control().refused(&origin, file.clone(), &format!("cannot read the rules file: {e}"));
             tracing::error!(file, error = %e, "cannot read the rules file; keeping the rules in force");
             return;
         }
@@ -92,11 +92,11 @@ async fn reload(path: &Path, decider: &Decider, last: &mut String) {
             tracing::info!(file, version, "rules reloaded");
         }
         Ok(Err(errors)) => {
-            decider.control().refused(&origin);
+            decider.control().refused(&origin, file.clone(), &errors.to_string());
             tracing::error!(file, "invalid rules file ignored; keeping the rules in force\n{errors}");
         }
         Err(e) => {
-            decider.control().refused(&origin);
+            decider.control().refused(&origin, file.clone(), &format!("parsing the rules file failed: {e}"));
             tracing::error!(file, error = %e, "parsing the rules file failed; keeping the rules in force");
         }
     }
@@ -169,11 +169,12 @@ async fn reload_sentinel(
             *last = text;
         }
         Ok(Err(errors)) => {
-            decider.control().refused(&Origin::Sentinel);
+            decider.control().refused(&Origin::Sentinel, format!("sentinel:{name}"), &errors.to_string());
             tracing::error!(dir = name, "invalid Sentinel rules ignored; keeping the ones in force\n{errors}");
         }
         Err(e) => {
-            decider.control().refused(&Origin::Sentinel);
+            let why = format!("reading Sentinel's rules failed: {e}");
+            decider.control().refused(&Origin::Sentinel, format!("sentinel:{name}"), &why);
             tracing::error!(dir = name, error = %e, "reading Sentinel's rules failed");
         }
     }
@@ -195,14 +196,15 @@ async fn reload_envoy(dir: PathBuf, decider: &Decider, last: &mut String, option
             *last = text;
         }
         Ok(Err(errors)) => {
-            decider.control().refused(&Origin::Envoy);
+            decider.control().refused(&Origin::Envoy, format!("envoy:{name}"), &errors.to_string());
             tracing::error!(
                 dir = name,
                 "invalid envoyproxy/ratelimit configuration ignored; keeping the one in force\n{errors}"
             );
         }
         Err(e) => {
-            decider.control().refused(&Origin::Envoy);
+            let why = format!("reading the envoyproxy/ratelimit configuration failed: {e}");
+            decider.control().refused(&Origin::Envoy, format!("envoy:{name}"), &why);
             tracing::error!(dir = name, error = %e, "reading the envoyproxy/ratelimit configuration failed");
         }
     }

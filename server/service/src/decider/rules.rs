@@ -260,8 +260,11 @@ impl Control<'_> {
         install_sentinel(&self.engine, rules, text, dir)
     }
 
-    /// Counts a rules file that could not be installed.
-    pub fn refused(&self, origin: &Origin) {
+    /// Counts rules read from `source` that could not be installed, and
+    /// tells the console why (`error`): it shows a banner until rules from
+    /// that source are installed.
+    pub fn refused(&self, origin: &Origin, source: String, error: &str) {
         crate::metrics::rule_reload(origin.label(), false, self.engine.rules().version);
+        self.engine.control().refused(source, error);
     }
 }

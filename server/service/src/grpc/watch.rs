@@ -60,7 +60,10 @@ pub fn stream(decider: Arc<Decider>, resources: Vec<String>, slot: OwnedSemaphor
                 () = &mut drained => return,
             };
             let kind = match received {
-                Ok(event) if wanted(&event, &only) => Kind::from_domain(&*event),
+                Ok(event) if wanted(&event, &only) => match Option::<Kind>::from_domain(&*event) {
+                    Some(kind) => kind,
+                    None => continue,
+                },
                 Ok(_) => continue,
                 Err(RecvError::Lagged(missed)) => {
                     tracing::debug!(missed, "a Watch subscriber fell behind: sending a fresh snapshot");
@@ -107,6 +110,8 @@ fn wanted(event: &Event, only: &HashSet<String>) -> bool {
     match event {
         Event::Breaker { resource, .. } => only.is_empty() || only.contains(resource),
         Event::Degradation(_) | Event::Rules { .. } | Event::Overrides { .. } => true,
+        // The Watch API has no message for it: the console and the logs say it.
+        Event::RulesRefused { .. } => false,
     }
 }
 

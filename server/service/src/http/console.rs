@@ -15,7 +15,7 @@
 //! rebinding. The page is served with a strict Content-Security-Policy and
 //! sets text, never markup.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -68,6 +68,9 @@ const MAX_BODY: usize = 4096;
 #[derive(Clone)]
 pub(crate) struct Console {
     timeline: Arc<Mutex<VecDeque<Value>>>,
+    /// The last refusal of each source of rules (by `source_kind`) whose
+    /// rules have not been installed since: the page's banner.
+    refused: Arc<Mutex<BTreeMap<&'static str, Value>>>,
     series: Arc<Mutex<Series>>,
     /// Each second's sample, as the `tick` event every stream sends.
     ticks: broadcast::Sender<Arc<str>>,
@@ -82,6 +85,7 @@ impl Console {
     pub fn start(decider: &Arc<Decider>) -> Console {
         let console = Console {
             timeline: Arc::default(),
+            refused: Arc::default(),
             series: Arc::default(),
             ticks: broadcast::channel(8).0,
             streams: Arc::default(),
@@ -89,6 +93,7 @@ impl Console {
         };
         let mut events = decider.views().subscribe();
         let timeline = Arc::downgrade(&console.timeline);
+        let refused = Arc::downgrade(&console.refused);
         let series = Arc::downgrade(&console.series);
         tokio::spawn(async move {
             loop {
@@ -97,9 +102,24 @@ impl Console {
                     Err(broadcast::error::RecvError::Lagged(_)) => continue,
                     Err(_) => return,
                 };
-                let (Some(timeline), Some(series)) = (timeline.upgrade(), series.upgrade()) else { return };
-                if let Event::Breaker { resource, transition: t, .. } = &*event {
-                    lock(&series).transition(resource, unix_seconds(), t.from.name(), t.to.name());
+                let (Some(timeline), Some(series), Some(refused)) =
+                    (timeline.upgrade(), series.upgrade(), refused.upgrade())
+                else {
+                    return;
+                };
+                match &*event {
+                    Event::Breaker { resource, transition: t, .. } => {
+                        lock(&series).transition(resource, unix_seconds(), t.from.name(), t.to.name());
+                    }
+                    // A refusal stays on the page until rules from that
+                    // source are installed.
+                    Event::RulesRefused { source, .. } => {
+                        lock(&refused).insert(source_kind(source), event_json(&event));
+                    }
+                    Event::Rules { source, .. } => {
+                        lock(&refused).remove(source_kind(source));
+                    }
+                    Event::Degradation(_) | Event::Overrides { .. } => {}
                 }
                 let mut t = lock(&timeline);
                 if t.len() == TIMELINE {
@@ -250,7 +270,8 @@ async fn state(State(s): State<HttpState>, req: Request) -> Response {
         Err(refused) => return *refused,
     };
     let timeline: Vec<Value> = lock(&s.console.timeline).iter().cloned().collect();
-    json_response(StatusCode::OK, snapshot(&s.decider, timeline, &page))
+    let refused: Vec<Value> = lock(&s.console.refused).values().cloned().collect();
+    json_response(StatusCode::OK, snapshot(&s.decider, timeline, refused, &page))
 }
 
 /// Which resources the page lists: those whose name holds `filter` (any
@@ -295,8 +316,22 @@ impl ResourcePage {
     }
 }
 
+/// Which kind of source rules came from, as `Event::Rules` and
+/// `Event::RulesRefused` name their source: a refusal is cleared by the next
+/// rules installed from the same kind.
+fn source_kind(source: &str) -> &'static str {
+    match source {
+        s if s.starts_with("envoy:") || s == "envoy" => "envoy",
+        s if s.starts_with("sentinel:") || s == "sentinel" => "sentinel",
+        "redis" => "redis",
+        "admin" => "admin",
+        "embedded" => "embedded",
+        _ => "file",
+    }
+}
+
 /// Everything the page shows.
-fn snapshot(decider: &Decider, timeline: Vec<Value>, page: &ResourcePage) -> Value {
+fn snapshot(decider: &Decider, timeline: Vec<Value>, refused: Vec<Value>, page: &ResourcePage) -> Value {
     let installed = decider.views().installed();
     let top = decider.views().top_keys("", 5);
     let all = installed.rules.rules();
@@ -334,6 +369,7 @@ fn snapshot(decider: &Decider, timeline: Vec<Value>, page: &ResourcePage) -> Val
         "resources_listed": { "total": all.len(), "matching": matching.len(), "offset": page.offset },
         "breakers": breakers,
         "timeline": timeline,
+        "rules_refused": refused,
         "level": { "level": snapshot.level.level, "manual": snapshot.level.manual, "automatic": snapshot.level.automatic },
         "systems": snapshot.systems.iter().map(level_json).collect::<Vec<_>>(),
         "replication": {
@@ -853,6 +889,9 @@ fn event_json(e: &Event) -> Value {
         }),
         Event::Rules { version, source, .. } => {
             json!({ "kind": "rules", "at": at, "version": version, "source": source })
+        }
+        Event::RulesRefused { source, error } => {
+            json!({ "kind": "rules_refused", "at": at, "source": source, "error": error })
         }
         Event::Overrides { version, set, deleted, expired } => json!({
             "kind": "overrides", "at": at, "version": version, "set": set.len(), "deleted": deleted.len(), "expired": expired.len(),

@@ -272,8 +272,9 @@ impl Client {
                 Ok(())
             }
             Ok(Err(errors)) => {
-                self.decider.control().refused(&crate::decider::Origin::Envoy);
-                Err(errors.to_string())
+                let (source, why) = (format!("envoy:{}", self.config.url), errors.to_string());
+                self.decider.control().refused(&crate::decider::Origin::Envoy, source, &why);
+                Err(why)
             }
             Err(e) => Err(format!("reading the configuration failed: {e}")),
         }

@@ -375,9 +375,10 @@ impl FromDomain<Snapshot> for pb::Snapshot {
     }
 }
 
-impl FromDomain<&Event> for Kind {
+/// What Watch sends for an event; `None` for an event it has no message for.
+impl FromDomain<&Event> for Option<Kind> {
     fn from_domain(event: &Event) -> Self {
-        match event {
+        Some(match event {
             Event::Breaker { resource, transition: t, .. } => Kind::Breaker(pb::BreakerTransition {
                 resource: resource.clone(),
                 from_state: pb::BreakerState::from_domain(t.from) as i32,
@@ -403,7 +404,8 @@ impl FromDomain<&Event> for Kind {
                 expired: expired.clone(),
                 rules_version: *version,
             }),
-        }
+            Event::RulesRefused { .. } => return None,
+        })
     }
 }
 

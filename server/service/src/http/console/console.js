@@ -249,8 +249,24 @@ function render() {
   for (const e of snap.timeline.slice().reverse()) tl.append(el("li", line(e)));
 }
 
+// Rules that a source offered and the server refused: a banner until rules
+// from that source are installed again.
+function renderRefused() {
+  const box = $("rules-refused");
+  const refused = snap.rules_refused || [];
+  box.replaceChildren();
+  box.hidden = refused.length === 0;
+  for (const r of refused) {
+    const item = el("div");
+    item.append(el("b", "Rules refused"), " from " + r.source + " at " + new Date(r.at).toLocaleTimeString() +
+      ": the rules in force keep deciding until a valid version is installed.", el("pre", r.error));
+    box.append(item);
+  }
+}
+
 function renderOverview() {
   const s = snap;
+  renderRefused();
   $("rules-version").textContent = "rules v" + s.rules.version;
   $("rules-source").textContent = s.rules.source + " (" + count(s.rules.pattern_count) + " patterns, loaded " + when(s.rules.loaded_at) + ")";
   const envoy = s.envoy;
@@ -578,6 +594,7 @@ function line(e) {
     case "breaker": return t + "  breaker " + e.resource + ": " + e.from + " -> " + e.to + " (" + e.reason + ")";
     case "degradation": return t + "  level of " + (e.system || "global") + " " + e.from + " -> " + e.to + (e.manual ? " (manual)" : "") + (e.reason ? ": " + e.reason : "");
     case "rules": return t + "  rules v" + e.version + " from " + e.source;
+    case "rules_refused": return t + "  rules from " + e.source + " refused: " + e.error.split("\n").slice(0, 2).join(" ");
     case "overrides": return t + "  overrides: " + e.set + " set, " + e.deleted + " deleted, " + e.expired + " expired";
     default: return t + "  " + e.kind;
   }
