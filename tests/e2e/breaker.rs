@@ -316,3 +316,53 @@ fn bench_runs_acquire_then_report_pairs() {
         "{page}"
     );
 }
+
+/// The sum of the series of `metric` whose labels hold `labels`.
+fn sum_of(page: &str, metric: &str, labels: &str) -> f64 {
+    page.lines()
+        .filter(|l| l.starts_with(&format!("{metric}{{")) && l.contains(labels))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn bench_sends_the_calls_of_a_data_file_in_turn() {
+    let fg = floodgate().rules(RULES).start();
+    let data = fg.dir().write(
+        "calls.json",
+        r#"[{"resource": "reports", "descriptors": {"user": "a"}}, {"resource": "payments", "cost": 2}, {"resource": "db"}]"#,
+    );
+    let r = bench(&fg.grpc, &["--rpc", "acquire", "--data", path_str(&data), "-n", "30", "-c", "3"]);
+    assert_eq!((r["count"].as_u64(), r["statusCodeDistribution"]["OK"].as_u64()), (Some(30), Some(30)), "{r}");
+    assert_eq!(r["options"]["data"].as_str(), Some(path_str(&data)));
+    let page = fg.http_get("/metrics").1;
+    for resource in ["reports", "payments", "db"] {
+        let label = format!(r#"resource="{resource}""#);
+        assert_eq!(sum_of(&page, "floodgate_decisions_total", &label), 10.0, "{resource}: {page}");
+    }
+    // A file that is not a list of calls is refused before any call.
+    let bad = fg.dir().write("bad.json", r#"[{"resource": "db", "weight": 2}]"#);
+    let out = std::process::Command::new(BIN)
+        .args(["bench", "--server", &fg.grpc, "--data", path_str(&bad), "-n", "1", "-q"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains("not a JSON list of calls"), "{said}");
+}
+
+#[test]
+fn bench_reports_failures_at_a_ratio_and_opens_a_breaker() {
+    let fg = floodgate().rules(RULES).start();
+    let r = bench(
+        &fg.grpc,
+        &["--rpc", "report", "--resource", "payments", "--failure-ratio", "0.5", "-n", "100", "-c", "1"],
+    );
+    assert_eq!(r["statusCodeDistribution"]["OK"].as_u64(), Some(100), "denied calls are answers, not errors: {r}");
+    let counted = r["verdicts"]["COUNTED"].as_u64().unwrap_or(0);
+    let open = r["verdicts"]["CIRCUIT_OPEN"].as_u64().unwrap_or(0);
+    assert!(counted >= 6 && open > 0, "the breaker opened on half of the calls failing: {r}");
+    let page = fg.http_get("/metrics").1;
+    let failures = sum_of(&page, "floodgate_outcomes_total", r#"outcome="FAILURE""#);
+    let successes = sum_of(&page, "floodgate_outcomes_total", r#"outcome="SUCCESS""#);
+    assert!(failures >= 3.0 && (failures - successes).abs() <= 1.0, "every other report a failure: {page}");
+}

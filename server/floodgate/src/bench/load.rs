@@ -23,7 +23,8 @@ pub enum Rpc {
     /// floodgate.v1.Floodgate/AcquireBatch
     Batch,
     /// floodgate.v1.Floodgate/Acquire, then ReportOutcome with its permit
-    /// (the pair is one call; use a resource with a breaker or concurrency limit)
+    /// (the pair is one call; use a resource with a breaker or concurrency
+    /// limit). A denied Acquire is counted by its verdict, not reported.
     Report,
     /// grpc.health.v1.Health/Check
     Health,
@@ -43,6 +44,8 @@ pub struct Plan {
     pub rpc: Rpc,
     /// Builds call number `i`.
     pub payload: Box<dyn Fn(u64) -> Bytes + Send + Sync>,
+    /// With `Rpc::Report`: the share of calls reported as FAILURE.
+    pub failure_ratio: f64,
     pub concurrency: usize,
     pub stop: Stop,
     pub rps: Option<f64>,
@@ -77,15 +80,22 @@ impl Rpc {
             Rpc::Acquire | Rpc::Batch => {
                 &["VERDICT_UNSPECIFIED", "ALLOWED", "RATE_LIMITED", "CIRCUIT_OPEN", "CONCURRENCY_LIMITED", "SHED"]
             }
-            Rpc::Report => &["NOT_COUNTED", "COUNTED"],
+            // Counted or not when reported; by the Acquire's verdict when denied.
+            Rpc::Report => &["NOT_COUNTED", "COUNTED", "RATE_LIMITED", "CIRCUIT_OPEN", "CONCURRENCY_LIMITED", "SHED"],
             Rpc::Health => &["UNKNOWN", "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN"],
             Rpc::Envoy => &["UNKNOWN", "OK", "OVER_LIMIT"],
         };
         names.get(n).map_or_else(|| format!("VALUE_{n}"), |s| s.to_string())
     }
 
-    /// One call; the answers it carried are added to `answers`.
-    async fn call(self, grpc: &mut Grpc<Channel>, payload: Bytes, answers: &mut Answers) -> Result<(), tonic::Status> {
+    /// Call number `i`; the answers it carried are added to `answers`.
+    async fn call(
+        self,
+        grpc: &mut Grpc<Channel>,
+        payload: Bytes,
+        failed: bool,
+        answers: &mut Answers,
+    ) -> Result<(), tonic::Status> {
         grpc.ready().await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
         let request = tonic::Request::new(payload);
         if self == Rpc::Batch {
@@ -96,6 +106,12 @@ impl Rpc {
         } else if self == Rpc::Report {
             let acquire = PathAndQuery::from_static("/floodgate.v1.Floodgate/Acquire");
             let permit = grpc.unary(request, acquire, RawCodec::<PermitView>::default()).await?.into_inner();
+            // Denied (an open breaker, a full concurrency limit): nothing to
+            // report, and counted as what it is.
+            if (2..=5).contains(&permit.verdict) {
+                answers[permit.verdict as usize] += 1;
+                return Ok(());
+            }
             if permit.permit_id.is_empty() {
                 return Err(tonic::Status::failed_precondition(
                     "no permit: --rpc report needs a resource with a breaker or a concurrency limit, and an admitted call",
@@ -103,7 +119,7 @@ impl Rpc {
             }
             let report = pb::ReportOutcomeRequest {
                 permit_id: permit.permit_id,
-                outcome: pb::Outcome::Success as i32,
+                outcome: if failed { pb::Outcome::Failure } else { pb::Outcome::Success } as i32,
                 ..Default::default()
             };
             grpc.ready().await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
@@ -173,7 +189,11 @@ async fn worker(shared: Arc<Shared>, channel: Channel) -> (Samples, Answers) {
             tokio::time::sleep_until(due.into()).await;
         }
         let payload = (plan.payload)(i);
-        let result = tokio::time::timeout(plan.timeout, plan.rpc.call(&mut grpc, payload, &mut answers)).await;
+        // Failures spread evenly: call i fails when i * ratio passes a whole number.
+        let r = plan.failure_ratio;
+        let failed = ((i + 1) as f64 * r).floor() > (i as f64 * r).floor();
+        let call = plan.rpc.call(&mut grpc, payload, failed, &mut answers);
+        let result = tokio::time::timeout(plan.timeout, call).await;
         samples.latencies.push(due.elapsed().as_nanos() as u64);
         match result {
             Ok(Ok(())) => codes[0] += 1,

@@ -83,6 +83,86 @@ pub struct BenchArgs {
     /// Runtime threads for the generator (default: one per core).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// A file of calls to send in turn, as ghz's data files: a JSON list of
+    /// {"resource": NAME, "descriptors": {KEY: VALUE, ..}, "cost": N}
+    /// (descriptors and cost may be left out). It replaces --resource,
+    /// --keys, --key-descriptor and --cost. For --rpc envoy, the resource is
+    /// the domain.
+    #[arg(long, conflicts_with_all = ["resource", "keys", "key_descriptor", "cost"])]
+    pub data: Option<PathBuf>,
+    /// With --rpc report: the share of calls reported as FAILURE, from 0 to
+    /// 1, spread evenly over the run (0.25: every fourth call), so that a
+    /// breaker can be load-tested.
+    #[arg(long, default_value_t = 0.0)]
+    pub failure_ratio: f64,
+}
+
+/// One call of a `--data` file.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Call {
+    resource: String,
+    #[serde(default)]
+    descriptors: std::collections::BTreeMap<String, String>,
+    #[serde(default = "one")]
+    cost: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// The largest `--data` file, and the most calls in it.
+const MAX_DATA_BYTES: u64 = 64 << 20;
+const MAX_DATA_CALLS: usize = 1_000_000;
+
+/// Reads a `--data` file: bounded (a FIFO or /dev/zero ends at the bound),
+/// every call checked.
+fn read_data(path: &std::path::Path) -> anyhow::Result<Vec<Call>> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).with_context(|| format!("opening --data {}", path.display()))?;
+    let mut text = Vec::new();
+    file.take(MAX_DATA_BYTES + 1).read_to_end(&mut text).with_context(|| format!("reading {}", path.display()))?;
+    anyhow::ensure!(text.len() as u64 <= MAX_DATA_BYTES, "--data {}: larger than 64 MiB", path.display());
+    let calls: Vec<Call> = serde_json::from_slice(&text)
+        .with_context(|| format!("--data {}: not a JSON list of calls", path.display()))?;
+    anyhow::ensure!(!calls.is_empty(), "--data {}: no calls", path.display());
+    anyhow::ensure!(calls.len() <= MAX_DATA_CALLS, "--data {}: more than {MAX_DATA_CALLS} calls", path.display());
+    for (i, c) in calls.iter().enumerate() {
+        anyhow::ensure!(!c.resource.is_empty(), "--data {}: call {i} has an empty resource", path.display());
+        anyhow::ensure!(c.cost >= 1, "--data {}: call {i} has a cost of 0", path.display());
+    }
+    Ok(calls)
+}
+
+/// Where the calls come from: one resource over `--keys` values of one
+/// descriptor, or a `--data` file.
+#[derive(Clone)]
+enum Calls {
+    Keys { resource: String, descriptor: String, keys: u64, cost: u32 },
+    Data(std::sync::Arc<[Call]>),
+}
+
+impl Calls {
+    /// How many calls before they repeat.
+    fn period(&self) -> u64 {
+        match self {
+            Calls::Keys { keys, .. } => *keys,
+            Calls::Data(calls) => calls.len() as u64,
+        }
+    }
+
+    /// The `n`th call.
+    fn nth(&self, n: u64) -> Call {
+        match self {
+            Calls::Keys { resource, descriptor, keys, cost } => Call {
+                resource: resource.clone(),
+                descriptors: [(descriptor.clone(), format!("k{}", n % keys))].into(),
+                cost: *cost,
+            },
+            Calls::Data(calls) => calls[(n % calls.len() as u64) as usize].clone(),
+        }
+    }
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -99,6 +179,20 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.keys >= 1, "--keys must be at least 1");
     anyhow::ensure!((1..=1000).contains(&args.batch_size), "--batch-size must be between 1 and 1000");
     anyhow::ensure!(args.rps.is_none_or(|r| r > 0.0), "--rps must be positive");
+    anyhow::ensure!((0.0..=1.0).contains(&args.failure_ratio), "--failure-ratio must be between 0 and 1");
+    anyhow::ensure!(
+        args.failure_ratio == 0.0 || args.rpc == Rpc::Report,
+        "--failure-ratio needs --rpc report (only reports have an outcome)"
+    );
+    let calls = match &args.data {
+        Some(path) => Calls::Data(read_data(path)?.into()),
+        None => Calls::Keys {
+            resource: args.resource.clone(),
+            descriptor: args.key_descriptor.clone(),
+            keys: args.keys,
+            cost: args.cost,
+        },
+    };
     let channels = connect(&args).await?;
     let before = match &args.metrics_url {
         Some(url) => Some(scrape::server_figures(url).await?),
@@ -117,7 +211,8 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     }
     let plan = Plan {
         rpc: args.rpc,
-        payload: payloads(&args),
+        payload: payloads(&args, calls),
+        failure_ratio: args.failure_ratio,
         concurrency: args.concurrency,
         stop,
         rps: args.rps,
@@ -150,20 +245,22 @@ async fn connect(args: &BenchArgs) -> anyhow::Result<Vec<Channel>> {
     Ok(channels)
 }
 
-/// Builds call number `i`: pre-encoded when few keys, encoded per call otherwise.
-fn payloads(args: &BenchArgs) -> Box<dyn Fn(u64) -> Bytes + Send + Sync> {
+/// Builds call number `i`: pre-encoded when few distinct calls, encoded per
+/// call otherwise.
+fn payloads(args: &BenchArgs, calls: Calls) -> Box<dyn Fn(u64) -> Bytes + Send + Sync> {
     const PRE_ENCODED: u64 = 4096;
-    let args = args.clone();
-    // Call i uses key i (batch i, keys i*B..i*B+B): the calls repeat with this period.
-    let distinct = match args.rpc {
-        Rpc::Batch => args.keys / gcd(args.keys, args.batch_size as u64),
-        _ => args.keys,
+    let (rpc, batch) = (args.rpc, args.batch_size as u64);
+    // Call i uses call i (batch i, calls i*B..i*B+B): they repeat with this period.
+    let period = calls.period();
+    let distinct = match rpc {
+        Rpc::Batch => period / gcd(period, batch),
+        _ => period,
     };
     if distinct <= PRE_ENCODED {
-        let all: Vec<Bytes> = (0..distinct).map(|i| encode(&args, i)).collect();
+        let all: Vec<Bytes> = (0..distinct).map(|i| encode(rpc, batch, &calls, i)).collect();
         Box::new(move |i| all[(i % all.len() as u64) as usize].clone())
     } else {
-        Box::new(move |i| encode(&args, i))
+        Box::new(move |i| encode(rpc, batch, &calls, i))
     }
 }
 
@@ -171,39 +268,39 @@ fn gcd(a: u64, b: u64) -> u64 {
     if b == 0 { a } else { gcd(b, a % b) }
 }
 
-fn acquire_item(args: &BenchArgs, key: u64) -> pb::AcquireRequest {
+fn acquire_item(call: Call) -> pb::AcquireRequest {
     pb::AcquireRequest {
         settle: false,
         priority: 0,
-        resource: args.resource.clone(),
-        descriptors: [(args.key_descriptor.clone(), format!("k{key}"))].into(),
-        cost: args.cost,
+        resource: call.resource,
+        descriptors: call.descriptors.into_iter().collect(),
+        cost: call.cost,
         dry_run: false,
     }
 }
 
-fn encode(args: &BenchArgs, i: u64) -> Bytes {
-    let key = |n: u64| n % args.keys;
-    let bytes = match args.rpc {
-        Rpc::Acquire | Rpc::Report => acquire_item(args, key(i)).encode_to_vec(),
+fn encode(rpc: Rpc, batch: u64, calls: &Calls, i: u64) -> Bytes {
+    let bytes = match rpc {
+        Rpc::Acquire | Rpc::Report => acquire_item(calls.nth(i)).encode_to_vec(),
         Rpc::Batch => {
-            let b = args.batch_size as u64;
-            let requests = (0..b).map(|j| acquire_item(args, key(i * b + j))).collect();
+            let requests = (0..batch).map(|j| acquire_item(calls.nth(i * batch + j))).collect();
             pb::AcquireBatchRequest { requests }.encode_to_vec()
         }
         Rpc::Health => Vec::new(),
-        Rpc::Envoy => rls::RateLimitRequest {
-            domain: args.resource.clone(),
-            descriptors: vec![envoy_common::RateLimitDescriptor {
-                entries: vec![envoy_common::rate_limit_descriptor::Entry {
-                    key: args.key_descriptor.clone(),
-                    value: format!("k{}", key(i)),
-                }],
-                ..Default::default()
-            }],
-            hits_addend: args.cost,
+        Rpc::Envoy => {
+            let call = calls.nth(i);
+            let entries = call
+                .descriptors
+                .into_iter()
+                .map(|(key, value)| envoy_common::rate_limit_descriptor::Entry { key, value })
+                .collect();
+            rls::RateLimitRequest {
+                domain: call.resource,
+                descriptors: vec![envoy_common::RateLimitDescriptor { entries, ..Default::default() }],
+                hits_addend: call.cost,
+            }
+            .encode_to_vec()
         }
-        .encode_to_vec(),
     };
     Bytes::from(bytes)
 }
@@ -220,6 +317,8 @@ fn options(args: &BenchArgs) -> serde_json::Value {
         "keys": args.keys,
         "batchSize": args.batch_size,
         "resource": args.resource,
+        "data": args.data.as_ref().map(|p| p.display().to_string()),
+        "failureRatio": args.failure_ratio,
         "timeout": args.timeout.as_nanos() as u64,
     })
 }
