@@ -69,6 +69,24 @@ async fn tls_serves_both_ports_refuses_plaintext_and_reloads_a_renewed_certifica
     assert!(refused, "plaintext gRPC must not be served on a TLS port");
     assert_eq!(served_name(&fg.http, &ca).await, "floodgate-1", "the HTTP port speaks TLS too");
 
+    // A log written beside the certificate, ten times a second: it neither
+    // reloads TLS nor keeps a renewal waiting for a quiet second.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let log = server.cert.parent().unwrap().join("app.log");
+    let writer = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                writeln!(f, "a line of the application's log").unwrap();
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!fg.logs().contains("TLS certificate reloaded"), "a neighbour's writes reloaded TLS: {}", fg.logs());
+
     // Renew the certificate in place: new connections get the new one.
     let renewed = pki.server("renewed", "floodgate-2");
     std::fs::copy(&renewed.key, &server.key).unwrap();
@@ -79,7 +97,14 @@ async fn tls_serves_both_ports_refuses_plaintext_and_reloads_a_renewed_certifica
     })
     .await;
     assert_eq!(name, "floodgate-2");
-    assert!(fg.logs().contains("TLS certificate reloaded"));
+    // Each port reloads once; the log, still written, adds nothing.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let reloads = fg.logs().matches("TLS certificate reloaded").count();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    assert_eq!(fg.logs().matches("TLS certificate reloaded").count(), reloads, "{}", fg.logs());
+    assert!(reloads <= 2, "one reload for each of the two ports: {}", fg.logs());
 }
 
 #[tokio::test]

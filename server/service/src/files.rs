@@ -7,9 +7,15 @@
 //! directory, or a Kubernetes ConfigMap swapping its `..data` link, is seen
 //! too. A change is acted on only after `quiet` without events: a file written
 //! in several chunks is read once, whole.
+//!
+//! Only events about the watched paths count: the path itself, a link or a
+//! directory on its way (a ConfigMap's `..data`), or, for a watched
+//! directory, what is inside it. So a log file written beside a certificate
+//! neither reloads it nor keeps its reload waiting for a quiet second.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
@@ -29,16 +35,39 @@ where
 {
     let (tx, rx) = mpsc::channel::<()>(1);
     let notify_tx = tx.clone();
+    let relevant: Arc<Mutex<Vec<PathBuf>>> = Arc::default();
+    let wanted = relevant.clone();
     let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| match event {
         Ok(e) if matches!(e.kind, EventKind::Access(_)) => {}
-        Ok(_) => {
+        // An event without a path (the kernel's queue overflowed) may be anything.
+        Ok(e) if e.paths.is_empty() || e.paths.iter().any(|p| concerns(p, &lock(&wanted))) => {
             let _ = notify_tx.try_send(());
         }
+        Ok(_) => {}
         Err(e) => tracing::warn!(error = %e, "watching a file failed"),
     })?;
-    let mut dirs = Dirs { watcher, failed: HashSet::new() };
+    let mut dirs = Dirs { watcher, failed: HashSet::new(), relevant };
     dirs.follow(&paths);
     Ok(tokio::spawn(run(dirs, paths, quiet, rx, changed)))
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Whether an event on `path` concerns the watched paths whose chains are
+/// `relevant`: it is one of them or a directory on the way to one (a link
+/// swapped, a directory made again), or it is inside one (a watched
+/// directory's files).
+fn concerns(path: &Path, relevant: &[PathBuf]) -> bool {
+    let path = plain(path);
+    relevant.iter().any(|r| r.starts_with(&path) || path.starts_with(r))
+}
+
+/// `path` without its `.` parts: a file given as `rules.yaml` is watched
+/// through `.`, and its events name `./rules.yaml`.
+fn plain(path: &Path) -> PathBuf {
+    path.components().filter(|c| !matches!(c, std::path::Component::CurDir)).collect()
 }
 
 async fn run<F, Fut>(mut dirs: Dirs, paths: Vec<PathBuf>, quiet: Duration, mut rx: mpsc::Receiver<()>, changed: F)
@@ -62,6 +91,8 @@ struct Dirs {
     watcher: RecommendedWatcher,
     /// Directories that could not be watched, said once.
     failed: HashSet<PathBuf>,
+    /// Every path on the watched paths' chains, as of the last `follow`.
+    relevant: Arc<Mutex<Vec<PathBuf>>>,
 }
 
 impl Dirs {
@@ -70,6 +101,7 @@ impl Dirs {
     /// directory made again may even get its old inode number back; adding
     /// a watch that exists changes nothing.
     fn follow(&mut self, paths: &[PathBuf]) {
+        *lock(&self.relevant) = paths.iter().flat_map(|p| chain(p)).map(|p| plain(&p)).collect();
         let mut seen = HashSet::new();
         for dir in paths.iter().flat_map(|p| chain(p)).filter_map(|p| parent(&p)) {
             // What does not exist now is watched once it does: its parent's
@@ -132,6 +164,24 @@ pub(crate) async fn read_bounded(path: &Path, max: usize) -> std::io::Result<Str
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_events_on_the_way_to_a_watched_path_or_inside_it_concern_it() {
+        let relevant = [PathBuf::from("/etc/tls/tls.crt"), PathBuf::from("/etc/tls/..data/tls.crt")];
+        assert!(concerns(Path::new("/etc/tls/tls.crt"), &relevant));
+        assert!(concerns(Path::new("/etc/tls/..data"), &relevant), "a ConfigMap's link swapped");
+        assert!(concerns(Path::new("/etc/tls"), &relevant), "the directory made again");
+        assert!(!concerns(Path::new("/etc/tls/app.log"), &relevant), "a neighbour");
+        assert!(!concerns(Path::new("/etc/tls/..2026_12_06"), &relevant), "a new folder, until the link moves");
+        // A watched directory: what is written inside it.
+        let dir = [PathBuf::from("/etc/envoy")];
+        assert!(concerns(Path::new("/etc/envoy/config.yaml"), &dir));
+        assert!(!concerns(Path::new("/etc/envoy-old/config.yaml"), &dir));
+        // A relative path, watched through `.`.
+        let here = [plain(Path::new("rules.yaml"))];
+        assert!(concerns(Path::new("./rules.yaml"), &here));
+        assert!(!concerns(Path::new("./other.yaml"), &here));
+    }
 
     #[test]
     fn the_chain_of_a_symlink_reaches_its_target() {
