@@ -686,3 +686,43 @@ async fn a_limit_made_strict_while_permits_are_held_counts_them() {
     }
     assert_eq!(admitted, 5);
 }
+
+/// Two replicas on one Redis with different rules files say so, each of
+/// the other (log, metric, /readyz, console), and stop once the files agree.
+#[tokio::test]
+async fn replicas_whose_rules_differ_say_so_until_they_agree() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let (dir_a, dir_b) = (TempDir::new(), TempDir::new());
+    let file_a = dir_a.write("rules.yaml", RULES);
+    let other = RULES.replace("max_in_flight: 2, sync: local", "max_in_flight: 3, sync: local");
+    let file_b = dir_b.write("rules.yaml", &other);
+    let start = |file: &std::path::Path| {
+        floodgate().args(["--config", path_str(file), "--sync-interval", "100ms", "--redis", &url]).start()
+    };
+    let (a, b) = (start(&file_a), start(&file_b));
+    wait_live(&a, 2);
+    wait_live(&b, 2);
+    for (me, other) in [(&a, "b"), (&b, "a")] {
+        eventually("the difference seen", Duration::from_secs(10), || async {
+            (me.metrics().series("floodgate_rules_differing_replicas") == Some(1.0)).then_some(())
+        })
+        .await;
+        let (status, body) = me.http_get("/readyz");
+        assert_eq!(status, 200, "still ready: {body}");
+        assert!(body.contains("warning: 1 live replicas decide by other rules than this one"), "{other}: {body}");
+        let (_, console) = me.http_get("/api/v1/console");
+        let console: serde_json::Value = serde_json::from_str(&console).unwrap();
+        assert_eq!(console["replication"]["rules_differ"].as_array().map(Vec::len), Some(1), "{console}");
+        assert!(me.logs().contains("live replicas decide by other rules than this one"), "{}", me.logs());
+    }
+    // B gets A's rules: both agree again.
+    dir_b.replace("rules.yaml", RULES);
+    for me in [&a, &b] {
+        eventually("the rules agreeing", Duration::from_secs(10), || async {
+            (me.metrics().series("floodgate_rules_differing_replicas") == Some(0.0)).then_some(())
+        })
+        .await;
+        assert_eq!(me.http_get("/readyz").1, "ready\n");
+    }
+}

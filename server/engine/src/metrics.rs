@@ -49,6 +49,7 @@ pub const REMEMBERED_BUCKETS: &str = "floodgate_redis_remembered_buckets";
 pub const REDIS_IDENTITY_CHANGES: &str = "floodgate_redis_identity_changes_total";
 pub const REDIS_DEBTS_PAID: &str = "floodgate_redis_debts_paid_total";
 pub const REDIS_MESSAGES_UNREADABLE: &str = "floodgate_redis_messages_unreadable_total";
+pub const RULES_DIFFER: &str = "floodgate_rules_differing_replicas";
 pub const CONNECTIONS: &str = "floodgate_connections";
 pub const WATCH_STREAMS: &str = "floodgate_watch_streams";
 pub const CONNECTIONS_REJECTED: &str = "floodgate_connections_rejected_total";
@@ -146,6 +147,10 @@ pub fn describe() {
     describe_histogram!(REDIS_SYNC_DURATION, metrics::Unit::Seconds, "One round of the replication sync");
     describe_gauge!(REDIS_SYNC_LAG, metrics::Unit::Seconds, "Time since the last complete sync with Redis");
     describe_gauge!(LIVE_REPLICAS, "Replicas registered in Redis with a live heartbeat");
+    describe_gauge!(
+        RULES_DIFFER,
+        "Live replicas whose rules (file, Sentinel, Envoy configuration) differ from this replica's"
+    );
     describe_counter!(REDIS_ESCALATIONS, "Replicated decisions sent to Redis because this replica's lease was short");
     describe_counter!(
         REPORTS_FORWARDED,

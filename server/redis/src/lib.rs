@@ -179,6 +179,24 @@ pub struct Replication {
     /// found before then is checked in the rounds that follow, not only
     /// idle ones. `None` once all are checked.
     identity_changed: std::sync::Mutex<Option<Timestamp>>,
+    /// The live replicas whose rules differ from this one's.
+    rules_differ: std::sync::Mutex<Vec<String>>,
+}
+
+/// A digest of the rules a replica decides by: its rules file (or the rules
+/// applied through Admin or shared through Redis), its Sentinel rules and
+/// its envoyproxy/ratelimit configuration. Overrides set at run time are
+/// shared through Redis and left out. FNV-1a, 64 bits: it tells two sets of
+/// rules apart, it does not keep a secret.
+pub fn rules_digest(rules: &floodgate_engine::Installed) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in [rules.yaml.as_str(), rules.sentinel.text.as_str(), rules.envoy.text.as_str()] {
+        for byte in part.bytes().chain([0xff]) {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    format!("{hash:016x}")
 }
 
 impl Replication {
@@ -212,6 +230,7 @@ impl Replication {
             rules_seen: std::sync::atomic::AtomicU64::new(0),
             levels: levels::Levels::default(),
             identity: std::sync::Mutex::new(String::new()),
+            rules_differ: std::sync::Mutex::new(Vec::new()),
             identity_changed: std::sync::Mutex::new(None),
         });
         r.settings().load_shared_rules().await;
@@ -305,12 +324,15 @@ impl Replication {
     async fn heartbeat(&self) -> bool {
         let ttl = (self.config.sync_interval * 5).max(Duration::from_secs(1));
         let mut invocation = self.scripts.get(ScriptName::Heartbeat).prepare_invoke();
-        invocation.key(scripts::REPLICAS).arg(&self.instance).arg(ttl.as_millis() as u64);
-        let Some(wire::Live { live, now_us: redis_now, identity, names }) =
+        let digest = rules_digest(&self.engine.rules_full());
+        invocation.key(scripts::REPLICAS).key(scripts::RULES_DIGESTS);
+        invocation.arg(&self.instance).arg(ttl.as_millis() as u64).arg(&digest);
+        let Some(wire::Live { live, now_us: redis_now, identity, names, digests }) =
             self.run(ScriptName::Heartbeat, invocation, wire::parse_live).await
         else {
             return false;
         };
+        self.learn_rules_of_others(&digest, &names, &digests);
         self.learn_live(&names);
         self.learn_identity(identity);
         let now = self.engine.clock().now();
@@ -331,6 +353,38 @@ impl Replication {
         metrics::gauge!(floodgate_engine::metrics::REMEMBERED_BUCKETS).set(sync.remembered() as f64);
         metrics::gauge!(floodgate_engine::metrics::LIVE_REPLICAS).set(f64::from(live));
         true
+    }
+
+    /// Notes which live replicas decide by other rules than this one (their
+    /// digests differ), and says so when that changes: each replica decides
+    /// by its own rules meanwhile, so one limit may hold different figures.
+    fn learn_rules_of_others(&self, mine: &str, names: &[String], digests: &[String]) {
+        let differ: Vec<String> = names
+            .iter()
+            .zip(digests)
+            .filter(|(name, digest)| **name != self.instance && !digest.is_empty() && digest.as_str() != mine)
+            .map(|(name, _)| name.clone())
+            .collect();
+        metrics::gauge!(floodgate_engine::metrics::RULES_DIFFER).set(differ.len() as f64);
+        let mut known = self.rules_differ.lock().unwrap_or_else(|e| e.into_inner());
+        if *known == differ {
+            return;
+        }
+        match differ.is_empty() {
+            true => tracing::info!("every live replica now decides by the same rules as this one"),
+            false => tracing::warn!(
+                replicas = ?differ,
+                digest = mine,
+                "live replicas decide by other rules than this one: each decides by its own meanwhile"
+            ),
+        }
+        *known = differ;
+    }
+
+    /// The live replicas whose rules differ from this one's, as of the last
+    /// heartbeat (empty when all agree, or without Redis).
+    pub fn rules_differ(&self) -> Vec<String> {
+        self.rules_differ.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Notes the run id of the Redis that answered a heartbeat. Another one

@@ -96,6 +96,8 @@ pub fn lua_with_test_clock(body: &str) -> String {
 
 /// Keys not tied to a resource share one tag, so they sit together.
 pub const REPLICAS: &str = "{fg}:replicas";
+/// The digest of each live replica's rules.
+pub const RULES_DIGESTS: &str = "{fg}:rules-digests";
 pub const RULES: &str = "{fg}:rules";
 pub const EVENTS: &str = "{fg}:events";
 

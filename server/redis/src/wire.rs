@@ -233,6 +233,9 @@ pub struct Live {
     pub identity: String,
     /// The live replicas' names.
     pub names: Vec<String>,
+    /// The digest of each live replica's rules, in the order of `names`
+    /// (empty when a replica did not say).
+    pub digests: Vec<String>,
 }
 
 /// heartbeat.lua: how many replicas are alive, Redis's clock in us, its run
@@ -246,10 +249,17 @@ pub fn parse_live(v: Value) -> Result<Live, ReplyError> {
     });
     let r = integers(script, Value::Array(items))?;
     let identity = texts.next().ok_or_else(|| error(script, "no run id"))??;
-    let names = texts.collect::<Result<Vec<String>, ReplyError>>()?;
+    let entries = texts.collect::<Result<Vec<String>, ReplyError>>()?;
+    let (names, digests) = entries
+        .into_iter()
+        .map(|e| match e.split_once('\n') {
+            Some((name, digest)) => (name.to_string(), digest.to_string()),
+            None => (e, String::new()),
+        })
+        .unzip();
     match r[..] {
         [live, now] if live >= 0 && now > 0 => {
-            Ok(Live { live: u32::try_from(live).unwrap_or(u32::MAX), now_us: now, identity, names })
+            Ok(Live { live: u32::try_from(live).unwrap_or(u32::MAX), now_us: now, identity, names, digests })
         }
         _ => Err(error(script, format!("not {{live, now, run id, names...}}: {r:?}"))),
     }
@@ -430,9 +440,16 @@ mod tests {
             Value::Int(3),
             Value::Int(1_700_000_000_000_000),
             Value::BulkString(b"abc".to_vec()),
-            Value::BulkString(b"id#1".to_vec()),
+            Value::BulkString(b"id#1\n0123abcd".to_vec()),
+            Value::BulkString(b"id#2\n".to_vec()),
         ]);
-        let live = Live { live: 3, now_us: 1_700_000_000_000_000, identity: "abc".into(), names: vec!["id#1".into()] };
+        let live = Live {
+            live: 3,
+            now_us: 1_700_000_000_000_000,
+            identity: "abc".into(),
+            names: vec!["id#1".into(), "id#2".into()],
+            digests: vec!["0123abcd".into(), String::new()],
+        };
         assert_eq!(parse_live(reply), Ok(live));
         assert!(parse_live(ints(&[3, 1_700_000_000_000_000])).is_err(), "a reply without a run id is refused");
         assert!(parse_live(Value::Int(3)).is_err());

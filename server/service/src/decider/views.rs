@@ -7,11 +7,13 @@ use crate::engine::hottest::TopLimit;
 use crate::rules::Rule;
 
 /// See [`Decider::replica_health`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReplicaHealth {
     pub replicated: bool,
     pub redis_up: bool,
     pub live_replicas: u32,
+    /// Live replicas whose rules differ from this one's.
+    pub rules_differ: Vec<String>,
 }
 
 /// Figures read at scrape time.
@@ -45,9 +47,9 @@ impl Views<'_> {
         match &self.replication {
             Some(r) => {
                 let (redis_up, live_replicas) = r.health();
-                ReplicaHealth { replicated: true, redis_up, live_replicas }
+                ReplicaHealth { replicated: true, redis_up, live_replicas, rules_differ: r.rules_differ() }
             }
-            None => ReplicaHealth { replicated: false, redis_up: false, live_replicas: 1 },
+            None => ReplicaHealth { replicated: false, redis_up: false, live_replicas: 1, rules_differ: Vec::new() },
         }
     }
 

@@ -376,6 +376,7 @@ fn snapshot(decider: &Decider, timeline: Vec<Value>, refused: Vec<Value>, page: 
             "mode": if health.replicated { "redis" } else { "memory" },
             "redis_up": health.redis_up,
             "live_replicas": health.live_replicas,
+            "rules_differ": health.rules_differ,
         },
         "overrides": installed.runtime.len(),
         "concurrency": decider.views().concurrency_views(|_, _| true, CONCURRENCY_SHOWN).iter().map(concurrency_json).collect::<Vec<_>>(),

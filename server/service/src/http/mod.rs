@@ -88,7 +88,23 @@ async fn readyz(State(state): State<HttpState>) -> (StatusCode, String) {
     }
     match state.gate.as_ref().and_then(|gate| gate()) {
         Some(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")),
-        None => (StatusCode::OK, "ready\n".into()),
+        None => {
+            // Replicas with other rules are a warning, not a reason to take
+            // this one out of service: during a rollout of new rules, some
+            // replicas have them before the others.
+            let differ = state.decider.views().replica_health().rules_differ;
+            match differ.is_empty() {
+                true => (StatusCode::OK, "ready\n".into()),
+                false => (
+                    StatusCode::OK,
+                    format!(
+                        "ready\nwarning: {} live replicas decide by other rules than this one: {}\n",
+                        differ.len(),
+                        differ.join(", ")
+                    ),
+                ),
+            }
+        }
     }
 }
 

@@ -282,7 +282,10 @@ function renderOverview() {
   $("level").dataset.level = s.level.level;
   const rep = s.replication;
   $("replication").textContent = rep.mode === "redis"
-    ? "Redis " + (rep.redis_up ? "up" : "DOWN") + ", " + rep.live_replicas + " live replicas"
+    ? "Redis " + (rep.redis_up ? "up" : "DOWN") + ", " + rep.live_replicas + " live replicas" +
+      (rep.rules_differ && rep.rules_differ.length
+        ? "; WARNING: " + rep.rules_differ.length + " decide by other rules (" + rep.rules_differ.join(", ") + ")"
+        : "")
     : "memory only (one replica)";
   $("overrides").textContent = s.overrides;
 }
