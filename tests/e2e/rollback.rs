@@ -110,9 +110,11 @@ fn a_redis_restarted_from_an_older_dump_admits_nothing_twice() {
     // Strict limits may admit a little less than 300, never more: a call
     // whose answer from Redis comes after --redis-timeout is denied (the
     // limit says `deny` or decides locally from its share) although Redis
-    // took its unit.
+    // took its unit. On a busy machine there are more of those: each strict
+    // take that failed may have cost one unit.
+    let failed: f64 = [&a, &b].iter().map(|r| r.metrics().sum("floodgate_redis_errors_total", &[("op", "take")])).sum();
     for (r, n) in RESOURCES[..3].iter().zip(admitted) {
-        assert!(n >= 280, "strict {r} admitted only {n} of 300 ({report:?})");
+        assert!(n as f64 >= 280.0 - failed, "strict {r} admitted only {n} of 300, {failed} takes failed ({report:?})");
     }
 }
 

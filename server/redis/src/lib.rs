@@ -181,6 +181,8 @@ pub struct Replication {
     identity_changed: std::sync::Mutex<Option<Timestamp>>,
     /// The live replicas whose rules differ from this one's.
     rules_differ: std::sync::Mutex<Vec<String>>,
+    /// One restore at a time (see `Limits::restore`).
+    restoring: tokio::sync::Mutex<()>,
 }
 
 /// A digest of the rules a replica decides by: its rules file (or the rules
@@ -231,6 +233,7 @@ impl Replication {
             levels: levels::Levels::default(),
             identity: std::sync::Mutex::new(String::new()),
             rules_differ: std::sync::Mutex::new(Vec::new()),
+            restoring: tokio::sync::Mutex::new(()),
             identity_changed: std::sync::Mutex::new(None),
         });
         r.settings().load_shared_rules().await;

@@ -226,6 +226,16 @@ impl Limits<'_> {
         // Without a token, this replica meets the resource's marker for the
         // first time: nothing was lost that it could know of.
         let lost = !seen.is_empty();
+        // A strict call and the marker check may both find the same loss.
+        // Only the first restores: the second would put back this replica's
+        // figure again, now lowered by the takes made since the first, and
+        // Redis would count those takes twice. So restores run one at a
+        // time, and one whose token this replica has replaced meanwhile is
+        // done already.
+        let _one_at_a_time = self.restoring.lock().await;
+        if lost && self.sync().marker(resource) != seen {
+            return true;
+        }
         let known = if lost { self.sync().known_of(resource) } else { Vec::new() };
         let chunks: Vec<&[floodgate_engine::sync::Known]> =
             if known.is_empty() { vec![&[]] } else { known.chunks(KEYS_PER_SCRIPT).collect() };
