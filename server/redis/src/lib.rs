@@ -1,4 +1,5 @@
-//! Replication through Redis: the network side of SPEC section 8. The engine
+//! Replication through Redis: the network side of the `replicated` and
+//! `strict` modes. The engine
 //! keeps the replication state (`engine::sync`); this module carries it to
 //! and from Redis. Only the `Decider` calls in here.
 //!
