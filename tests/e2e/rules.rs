@@ -298,3 +298,26 @@ async fn a_rules_file_swapped_for_a_fifo_or_dev_zero_keeps_the_old_rules_and_the
     })
     .await;
 }
+
+/// The rules file is replaced for a while by a FIFO (refused: never waited
+/// on), then written back with the very text in force: that ends the
+/// refusal (the gauge the alert and the console's banner follow).
+#[tokio::test]
+async fn a_rules_file_that_was_a_fifo_for_a_while_is_read_again_when_it_comes_back() {
+    let dir = TempDir::new();
+    let good = rules_with_limit(3);
+    let file = dir.write("rules.yaml", &good);
+    let fg = floodgate().args(["--config", path_str(&file)]).start();
+    let failing = |fg: &Floodgate| fg.metrics().value("floodgate_rules_reload_failing", &[("source", "file")]);
+    std::fs::remove_file(&file).unwrap();
+    assert!(Command::new("mkfifo").arg(&file).status().unwrap().success());
+    eventually("the FIFO refused", Duration::from_secs(10), || async { (failing(&fg) == Some(1.0)).then_some(()) })
+        .await;
+    assert!(fg.logs().contains("is not a regular file"), "{}", fg.logs());
+    std::fs::remove_file(&file).unwrap();
+    std::fs::write(&file, &good).unwrap();
+    eventually("the good file read again", Duration::from_secs(10), || async {
+        (failing(&fg) == Some(0.0)).then_some(())
+    })
+    .await;
+}

@@ -78,6 +78,9 @@ async fn reload(path: &Path, decider: &Decider, last: &mut String) {
         Err(e) => {
             decider.control().refused(&origin, file.clone(), &format!("cannot read the rules file: {e}"));
             tracing::error!(file, error = %e, "cannot read the rules file; keeping the rules in force");
+            // Whatever is read next is installed, even the text in force:
+            // it ends the refusal (the console's banner, the alert).
+            last.clear();
             return;
         }
     };
@@ -170,11 +173,15 @@ async fn reload_sentinel(
         }
         Ok(Err(errors)) => {
             decider.control().refused(&Origin::Sentinel, format!("sentinel:{name}"), &errors.to_string());
+            // The next good reading is installed even if it is the text in force.
+            last.clear();
             tracing::error!(dir = name, "invalid Sentinel rules ignored; keeping the ones in force\n{errors}");
         }
         Err(e) => {
             let why = format!("reading Sentinel's rules failed: {e}");
             decider.control().refused(&Origin::Sentinel, format!("sentinel:{name}"), &why);
+            // The next good reading is installed even if it is the text in force.
+            last.clear();
             tracing::error!(dir = name, error = %e, "reading Sentinel's rules failed");
         }
     }
@@ -197,6 +204,8 @@ async fn reload_envoy(dir: PathBuf, decider: &Decider, last: &mut String, option
         }
         Ok(Err(errors)) => {
             decider.control().refused(&Origin::Envoy, format!("envoy:{name}"), &errors.to_string());
+            // The next good reading is installed even if it is the text in force.
+            last.clear();
             tracing::error!(
                 dir = name,
                 "invalid envoyproxy/ratelimit configuration ignored; keeping the one in force\n{errors}"
@@ -205,6 +214,8 @@ async fn reload_envoy(dir: PathBuf, decider: &Decider, last: &mut String, option
         Err(e) => {
             let why = format!("reading the envoyproxy/ratelimit configuration failed: {e}");
             decider.control().refused(&Origin::Envoy, format!("envoy:{name}"), &why);
+            // The next good reading is installed even if it is the text in force.
+            last.clear();
             tracing::error!(dir = name, error = %e, "reading the envoyproxy/ratelimit configuration failed");
         }
     }
