@@ -202,7 +202,12 @@ impl Scope {
     /// starts over if its length changed.
     pub fn configure(&self, cfg: SystemConfig) {
         let mut c = self.lock();
-        if cfg.window_seconds != c.cfg.window_seconds {
+        // Calls recorded while no signal read them (the global scope before
+        // the rules gave it a `global:` section) must not raise a level the
+        // moment a signal appears: the window starts empty then.
+        let reads_calls =
+            |c: &SystemConfig| c.error_rate.is_some() || c.slow_call_rate.is_some() || c.latency.is_some();
+        if cfg.window_seconds != c.cfg.window_seconds || (reads_calls(&cfg) && !reads_calls(&c.cfg)) {
             c.ring = (0..cfg.window_seconds).map(|_| Slot::empty(u64::MAX)).collect();
         }
         self.shedding.store(cfg.shed_priority.pack(), Ordering::Relaxed);

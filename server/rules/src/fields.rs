@@ -173,6 +173,12 @@ impl<'a> Fields<'a> {
         self.get(key).is_some()
     }
 
+    /// The key is written with no value (`key:` alone, or `key: null`),
+    /// which [`Fields::get`] reads as absent.
+    pub(super) fn is_null(&self, key: &str) -> bool {
+        self.map.get(key).is_some_and(Value::is_null)
+    }
+
     /// Reports every key that is not in `known`.
     pub(super) fn deny_unknown(&self, known: &[&str]) {
         for key in self.map.keys() {

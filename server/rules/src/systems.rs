@@ -307,6 +307,11 @@ pub(super) fn parse(out: &Collector, top: &Fields<'_>) -> Vec<SystemConfig> {
 /// from the calls that breakers count on the resources no system lists. Its
 /// error rate is 5%, 15% and 30% unless it says otherwise.
 pub(super) fn parse_global(out: &Collector, top: &Fields<'_>) -> Option<SystemConfig> {
+    // `global:` alone looks like "on" and would read as absent: say so.
+    if top.is_null("global") {
+        top.error("global", "has no value; write `global: {}` to turn on the defaults, or leave it out");
+        return None;
+    }
     let item = top.get("global")?;
     if !matches!(item, Value::Mapping(_)) {
         top.error(
@@ -634,6 +639,8 @@ mod tests {
         assert!(e.contains("global.error_rate: thresholds must increase"), "{e}");
         let e = systems("resources: []\nglobal: on\n").unwrap_err();
         assert!(e.contains("global: must be a mapping"), "{e}");
+        let e = systems("resources: []\nglobal:\n").unwrap_err();
+        assert!(e.contains("global: has no value; write `global: {}`"), "{e}");
     }
 
     #[test]

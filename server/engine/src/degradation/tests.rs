@@ -55,6 +55,16 @@ fn without_a_global_section_no_error_rate_moves_the_global_level() {
 }
 
 #[test]
+fn calls_recorded_before_a_global_section_raise_nothing_once_it_appears() {
+    let s = Scope::new(SystemConfig::global());
+    calls(&s, at(0), 0, 100);
+    s.configure(global_on());
+    assert_eq!(s.evaluate(at(0)), None, "the window starts empty when a signal appears");
+    calls(&s, at(1), 0, 30);
+    assert_eq!(to(s.evaluate(at(1))), Some(3), "calls after it count");
+}
+
+#[test]
 fn the_global_scope_follows_the_error_rate_thresholds() {
     let s = Scope::new(global_on());
     calls(&s, at(0), 96, 4);
