@@ -120,6 +120,10 @@ const MAX_DATA_CALLS: usize = 1_000_000;
 /// every call checked.
 fn read_data(path: &std::path::Path) -> anyhow::Result<Vec<Call>> {
     use std::io::Read;
+    // A FIFO would wait for a writer forever, a device never ends: only a
+    // regular file (after symlinks) is read.
+    let meta = std::fs::metadata(path).with_context(|| format!("--data {}", path.display()))?;
+    anyhow::ensure!(meta.is_file(), "--data {}: not a regular file", path.display());
     let file = std::fs::File::open(path).with_context(|| format!("opening --data {}", path.display()))?;
     let mut text = Vec::new();
     file.take(MAX_DATA_BYTES + 1).read_to_end(&mut text).with_context(|| format!("reading {}", path.display()))?;
