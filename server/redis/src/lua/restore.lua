@@ -39,6 +39,14 @@ for i = 2, #KEYS do
     local floor = nil
     if before[1] and before[3] == token then
       floor = A[alg].restored(p, tonumber(before[1]), tonumber(before[2]), now)
+    else
+      -- The first restore of this bucket in this loss. What Redis recorded
+      -- of each replica's pushes (`key:p`, see sync.lua) is as old as the
+      -- rest of its state: measured against it, a replica's next push would
+      -- apply again what it pushed after that record, which the figure
+      -- restored here already counts. Without a record, each replica
+      -- pushes only what it has not pushed yet.
+      redis.call('DEL', KEYS[i] .. ':p')
     end
     -- `stored` is where this restore leaves the bucket, before the pushes
     -- that come after it: the floor the next restore of this loss starts
