@@ -11,7 +11,7 @@ use floodgate_core::time;
 use floodgate_engine::{metrics, overrides};
 use floodgate_redis as replication;
 use floodgate_rules as rules;
-use floodgate_server::{access, decider, files, grpc, http, listen, runtime, server, traces, xds};
+use floodgate_server::{access, decider, errors, files, grpc, http, listen, runtime, server, traces, xds};
 
 pub mod bench;
 pub mod cli;

@@ -26,6 +26,7 @@ use floodgate_rules as rules;
 
 pub mod access;
 pub mod decider;
+pub mod errors;
 pub mod files;
 #[cfg(feature = "fuzzing")]
 pub mod fuzz;
@@ -38,3 +39,4 @@ pub mod runtime;
 pub mod server;
 pub mod traces;
 pub mod xds;
+

@@ -92,31 +92,10 @@ pub fn block_on(f: impl std::future::Future<Output = anyhow::Result<ExitCode>>) 
     match runtime.block_on(f) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("floodgate: {}", error_chain(&e));
+            eprintln!("floodgate: {}", crate::errors::chain(e.as_ref()));
             ExitCode::FAILURE
         }
     }
-}
-
-/// An error and its causes on one line, as `{:#}` writes them, but without a
-/// cause that only repeats the text before it: tonic and hyper wrap an error
-/// in another that prints the same words ("tcp connect error: tcp connect
-/// error: Connection refused").
-pub fn error_chain(e: &anyhow::Error) -> String {
-    let mut out = String::new();
-    let mut last = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if text.is_empty() || last.ends_with(&text) {
-            continue;
-        }
-        if !out.is_empty() {
-            out.push_str(": ");
-        }
-        out.push_str(&text);
-        last = text;
-    }
-    out
 }
 
 fn parse_pair(s: &str) -> Result<(String, String), String> {
@@ -308,50 +287,4 @@ fn human(d: &prost_types::Duration) -> String {
 /// A breaker state as people read it: `OPEN`, not `BREAKER_STATE_OPEN`.
 pub(crate) fn state_name(n: i32) -> &'static str {
     pb::BreakerState::try_from(n).map_or("UNKNOWN", |s| s.as_str_name().trim_start_matches("BREAKER_STATE_"))
-}
-
-#[cfg(test)]
-mod error_chain_tests {
-    use super::error_chain;
-
-    #[derive(Debug)]
-    struct Leaf;
-    impl std::fmt::Display for Leaf {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("Connection refused (os error 111)")
-        }
-    }
-    impl std::error::Error for Leaf {}
-
-    #[derive(Debug)]
-    struct Same(Leaf);
-    impl std::fmt::Display for Same {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("tcp connect error")
-        }
-    }
-    impl std::error::Error for Same {
-        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-            Some(&self.0)
-        }
-    }
-
-    #[derive(Debug)]
-    struct Again(Same);
-    impl std::fmt::Display for Again {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("tcp connect error")
-        }
-    }
-    impl std::error::Error for Again {
-        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-            Some(&self.0)
-        }
-    }
-
-    #[test]
-    fn a_cause_that_repeats_its_wrapper_is_said_once() {
-        let e = anyhow::Error::new(Again(Same(Leaf))).context("cannot reach floodgate");
-        assert_eq!(error_chain(&e), "cannot reach floodgate: tcp connect error: Connection refused (os error 111)");
-    }
 }

@@ -93,7 +93,7 @@ impl Cli {
         match result {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("floodgate: {}", client::error_chain(&e));
+                eprintln!("floodgate: {}", crate::errors::chain(e.as_ref()));
                 ExitCode::FAILURE
             }
         }

@@ -182,7 +182,7 @@ impl Client {
                     self.status.set_connected(false);
                     ended
                 }
-                Ok(Err(e)) => Ended::Failed(format!("cannot connect: {}", chain(&e))),
+                Ok(Err(e)) => Ended::Failed(format!("cannot connect: {}", crate::errors::chain(&e))),
                 Err(_) => Ended::Failed(format!("no HTTP/2 connection within {within:?}")),
             };
             let why = match ended {
@@ -404,19 +404,6 @@ fn nack_message(errors: &str) -> String {
         end -= 1;
     }
     format!("{}... ({} bytes in all)", &errors[..end], errors.len())
-}
-
-/// An error with its causes (a transport error alone says little: the TLS
-/// or socket error under it says what went wrong).
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }
 
 /// `d` give or take half of it.
