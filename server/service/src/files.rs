@@ -16,6 +16,8 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+
+use crate::lock;
 use std::time::Duration;
 
 use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
@@ -49,10 +51,6 @@ where
     let mut dirs = Dirs { watcher, failed: HashSet::new(), relevant };
     dirs.follow(&paths);
     Ok(tokio::spawn(run(dirs, paths, quiet, rx, changed)))
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Whether an event on `path` concerns the watched paths whose chains are

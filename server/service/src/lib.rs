@@ -40,3 +40,9 @@ pub mod server;
 pub mod traces;
 pub mod xds;
 
+/// A mutex's guard, even after a thread panicked while holding it: the
+/// state behind these mutexes (the console's timeline, the paths a watcher
+/// follows) stays usable whatever a panic interrupted.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

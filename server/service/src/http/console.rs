@@ -41,6 +41,7 @@ use crate::engine::hottest::TopLimit;
 use crate::engine::{ErrorKind, LevelTarget, RequestError};
 use crate::events::Event;
 use crate::listen::Peer;
+use crate::lock;
 use crate::rules::Rule;
 
 mod series;
@@ -171,10 +172,6 @@ fn sample(decider: &Decider, series: &Mutex<Series>, now: u64) -> String {
 
 fn unix_seconds() -> u64 {
     SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 pub fn routes() -> Router<HttpState> {
