@@ -113,21 +113,15 @@ fn one() -> u32 {
 }
 
 /// The largest `--data` file, and the most calls in it.
-const MAX_DATA_BYTES: u64 = 64 << 20;
+const MAX_DATA_BYTES: usize = 64 << 20;
 const MAX_DATA_CALLS: usize = 1_000_000;
 
-/// Reads a `--data` file: bounded (a FIFO or /dev/zero ends at the bound),
+/// Reads a `--data` file as the server reads its own files: a regular file
+/// only (a FIFO or /dev/zero is refused, never waited on), at most 64 MiB;
 /// every call checked.
 fn read_data(path: &std::path::Path) -> anyhow::Result<Vec<Call>> {
-    use std::io::Read;
-    // A FIFO would wait for a writer forever, a device never ends: only a
-    // regular file (after symlinks) is read.
-    let meta = std::fs::metadata(path).with_context(|| format!("--data {}", path.display()))?;
-    anyhow::ensure!(meta.is_file(), "--data {}: not a regular file", path.display());
-    let file = std::fs::File::open(path).with_context(|| format!("opening --data {}", path.display()))?;
-    let mut text = Vec::new();
-    file.take(MAX_DATA_BYTES + 1).read_to_end(&mut text).with_context(|| format!("reading {}", path.display()))?;
-    anyhow::ensure!(text.len() as u64 <= MAX_DATA_BYTES, "--data {}: larger than 64 MiB", path.display());
+    let text =
+        crate::rules::files::read_file(path, MAX_DATA_BYTES).with_context(|| format!("--data {}", path.display()))?;
     let calls: Vec<Call> = serde_json::from_slice(&text)
         .with_context(|| format!("--data {}: not a JSON list of calls", path.display()))?;
     anyhow::ensure!(!calls.is_empty(), "--data {}: no calls", path.display());
