@@ -49,7 +49,7 @@ mod wire;
 #[doc(hidden)]
 pub mod testing {
     pub use super::scripts::{Code, limit_args, marker_key};
-    pub use super::wire::{Answered, TakeReply, parse_adjusted};
+    pub use super::wire::{Answered, TakeReply, parse_adjusted, parse_sync};
 
     /// take.lua (a strict decision), whose time is its last argument (us).
     pub fn take_lua() -> String {
@@ -182,6 +182,9 @@ pub struct Replication {
     identity_changed: std::sync::Mutex<Option<Timestamp>>,
     /// The live replicas whose rules differ from this one's.
     rules_differ: std::sync::Mutex<Vec<String>>,
+    /// The digest of this replica's rules, and the rules version it is of:
+    /// computed again only when the rules change, not at every heartbeat.
+    digest: std::sync::Mutex<Option<(u64, String)>>,
     /// One restore at a time (see `Limits::restore`).
     restoring: tokio::sync::Mutex<()>,
 }
@@ -191,7 +194,7 @@ pub struct Replication {
 /// its envoyproxy/ratelimit configuration. Overrides set at run time are
 /// shared through Redis and left out. FNV-1a, 64 bits: it tells two sets of
 /// rules apart, it does not keep a secret.
-pub fn rules_digest(rules: &floodgate_engine::Installed) -> String {
+fn digest_of(rules: &floodgate_engine::Installed) -> String {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for part in [rules.yaml.as_str(), rules.sentinel.text.as_str(), rules.envoy.text.as_str()] {
         for byte in part.bytes().chain([0xff]) {
@@ -234,6 +237,7 @@ impl Replication {
             levels: levels::Levels::default(),
             identity: std::sync::Mutex::new(String::new()),
             rules_differ: std::sync::Mutex::new(Vec::new()),
+            digest: std::sync::Mutex::new(None),
             restoring: tokio::sync::Mutex::new(()),
             identity_changed: std::sync::Mutex::new(None),
         });
@@ -328,7 +332,7 @@ impl Replication {
     async fn heartbeat(&self) -> bool {
         let ttl = (self.config.sync_interval * 5).max(Duration::from_secs(1));
         let mut invocation = self.scripts.get(ScriptName::Heartbeat).prepare_invoke();
-        let digest = rules_digest(&self.engine.rules_full());
+        let digest = self.rules_digest();
         invocation.key(scripts::REPLICAS).key(scripts::RULES_DIGESTS);
         invocation.arg(&self.instance).arg(ttl.as_millis() as u64).arg(&digest);
         let Some(wire::Live { live, now_us: redis_now, identity, names, digests }) =
@@ -383,6 +387,22 @@ impl Replication {
             ),
         }
         *known = differ;
+    }
+
+    /// The digest of the rules in force (see [`digest_of`]), hashed once
+    /// per rules version: the texts may be megabytes, and the heartbeat runs
+    /// every sync interval.
+    fn rules_digest(&self) -> String {
+        let rules = self.engine.rules_full();
+        let mut cached = self.digest.lock().unwrap_or_else(|e| e.into_inner());
+        match &*cached {
+            Some((version, digest)) if *version == rules.version => digest.clone(),
+            _ => {
+                let digest = digest_of(&rules);
+                *cached = Some((rules.version, digest.clone()));
+                digest
+            }
+        }
     }
 
     /// The live replicas whose rules differ from this one's, as of the last

@@ -67,7 +67,7 @@ use floodgate_core::limiter::{
 };
 use floodgate_core::time::Timestamp;
 use floodgate_redis::testing::{
-    Answered, Code, TakeReply, adjust_lua, limit_args, marker_key, parse_adjusted, sync_lua, take_lua,
+    Answered, Code, TakeReply, adjust_lua, limit_args, marker_key, parse_adjusted, parse_sync, sync_lua, take_lua,
 };
 use floodgate_test_support::redis::RedisServer;
 use proptest::prelude::*;
@@ -263,14 +263,10 @@ impl Lua {
         inv.arg(&limit_args(alg, at(now_us))[..]);
         inv.arg(now_us);
         let v: redis::Value = inv.invoke(&mut self.con).map_err(|e| format!("sync.lua failed: {e}"))?;
-        // One bucket: lease, window start, prev, cur, available, sequence.
-        let redis::Value::Array(items) = &v else { return Err(format!("sync.lua answered {v:?}")) };
-        let available = match items.get(4) {
-            Some(redis::Value::BulkString(b)) => std::str::from_utf8(b).ok().and_then(|s| s.parse::<f64>().ok()),
-            Some(redis::Value::Int(n)) => Some(*n as f64),
-            _ => None,
-        };
-        available.ok_or_else(|| format!("sync.lua answered {v:?}"))
+        match parse_sync(v, 1).map_err(|e| e.to_string())? {
+            Answered::Done(shared) => Ok(shared[0].available),
+            other => Err(format!("sync.lua did nothing: {other:?}")),
+        }
     }
 
     /// take.lua over one limit: (admitted, remaining, Redis time of the take).
