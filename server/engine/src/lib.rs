@@ -273,14 +273,8 @@ impl Control<'_> {
     pub fn refused(&self, source: String, error: &str) {
         // A refusal lists every error in the file: enough to act on, but
         // not a whole megabyte of them in every console snapshot.
-        const MOST: usize = 4096;
         let mut error = error.to_string();
-        if error.len() > MOST {
-            let mut cut = MOST;
-            while !error.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            error.truncate(cut);
+        if what_if::truncate(&mut error, 4096) {
             error.push_str(" ...");
         }
         self.events.publish(Event::RulesRefused { source, error });

@@ -178,14 +178,22 @@ fn hitter<D: Descriptors + ?Sized>(rule: &Rule, limit: &crate::rules::Limit, res
         key.push('=');
         key.push_str(d.get(k).unwrap_or_default());
     }
-    if key.len() > MAX_KEY_BYTES {
-        let mut cut = MAX_KEY_BYTES;
-        while !key.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        key.truncate(cut);
-    }
+    truncate(&mut key, MAX_KEY_BYTES);
     key
+}
+
+/// Cuts `text` to at most `max` bytes, at a character's boundary; whether it
+/// was cut.
+pub(crate) fn truncate(text: &mut String, max: usize) -> bool {
+    if text.len() <= max {
+        return false;
+    }
+    let mut cut = max;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    text.truncate(cut);
+    true
 }
 
 /// Space-Saving (Metwally et al.): the `TOP` most frequent keys of a stream
