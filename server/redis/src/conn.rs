@@ -1,9 +1,11 @@
-//! One handle for standalone Redis or Redis Cluster, every call bounded by
-//! `--redis-timeout` and timed.
+//! One handle for standalone Redis, Redis behind Sentinels, or Redis
+//! Cluster, every call bounded by `--redis-timeout` and timed.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+mod sentinel;
 
 use arc_swap::ArcSwapOption;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -16,6 +18,13 @@ pub enum Target {
     Standalone(String),
     /// Seed nodes of a Redis Cluster.
     Cluster(Vec<String>),
+    /// A master found through Redis Sentinel: the Sentinels' URLs and the
+    /// name of the master they watch. The connection follows the master
+    /// the Sentinels name, through every failover.
+    Sentinel {
+        sentinels: Vec<String>,
+        master: String,
+    },
 }
 
 /// How to log in to Redis: an ACL user and password (read from a file or the
@@ -26,6 +35,9 @@ pub struct Credentials {
     pub user: Option<String>,
     pub password: Option<String>,
     pub ca: Option<Vec<u8>>,
+    /// The password of the Sentinels, when they ask for one (Sentinels keep
+    /// their own, apart from the master's).
+    pub sentinel_password: Option<String>,
 }
 
 impl std::fmt::Debug for Credentials {
@@ -34,6 +46,7 @@ impl std::fmt::Debug for Credentials {
             .field("user", &self.user)
             .field("password", &self.password.as_ref().map(|_| "***"))
             .field("ca", &self.ca.as_ref().map(Vec::len))
+            .field("sentinel_password", &self.sentinel_password.as_ref().map(|_| "***"))
             .finish()
     }
 }
@@ -66,6 +79,17 @@ pub fn client(url: &str, credentials: &Credentials) -> anyhow::Result<redis::Cli
     })
 }
 
+/// A connection to one node that reconnects by itself when it drops.
+fn single(url: &str, credentials: &Credentials, timeout: Duration, longest: Duration) -> anyhow::Result<Handle> {
+    let client = client(url, credentials)?;
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(longest))
+        .set_number_of_retries(1)
+        .set_max_delay(Duration::from_secs(2));
+    Ok(Handle::Single(ConnectionManager::new_lazy_with_config(client, config)?))
+}
+
 fn tls_certificates(ca: &[u8]) -> redis::TlsCertificates {
     redis::TlsCertificates { client_tls: None, root_cert: Some(ca.to_vec()) }
 }
@@ -92,6 +116,9 @@ const SLOW_WAITS: u32 = 20;
 
 pub struct Conn {
     handle: ArcSwapOption<Handle>,
+    /// The URL of the node that pub/sub listens on: the standalone Redis,
+    /// the first seed of a cluster, or the master the Sentinels name now.
+    node: ArcSwapOption<String>,
     /// The longest wait for one answer: `--redis-timeout` times [`SLOW_WAITS`].
     longest: Duration,
     /// When Redis last answered anything, in microseconds since `base`.
@@ -133,6 +160,7 @@ impl Conn {
     pub fn open(target: &Target, credentials: &Credentials, timeout: Duration) -> anyhow::Result<Arc<Conn>> {
         let conn = Arc::new(Conn {
             handle: ArcSwapOption::empty(),
+            node: ArcSwapOption::empty(),
             longest: timeout * SLOW_WAITS,
             last_answer: AtomicU64::new(0),
             base: Instant::now(),
@@ -142,16 +170,26 @@ impl Conn {
         let longest = conn.longest;
         match target {
             Target::Standalone(url) => {
-                let client = client(url, credentials)?;
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(timeout))
-                    .set_response_timeout(Some(longest))
-                    .set_number_of_retries(1)
-                    .set_max_delay(Duration::from_secs(2));
-                let manager = ConnectionManager::new_lazy_with_config(client, config)?;
-                conn.handle.store(Some(Arc::new(Handle::Single(manager))));
+                conn.handle.store(Some(Arc::new(single(url, credentials, timeout, longest)?)));
+                conn.node.store(Some(Arc::new(url.clone())));
+            }
+            Target::Sentinel { sentinels, master } => {
+                // Every URL is checked now, so that a mistake stops the
+                // server at start rather than in the background.
+                for url in sentinels {
+                    sentinel::client(url, credentials)?;
+                }
+                let follow = sentinel::Follow {
+                    conn: Arc::downgrade(&conn),
+                    sentinels: sentinels.clone(),
+                    master: master.clone(),
+                    credentials: credentials.clone(),
+                    timeout,
+                };
+                tokio::spawn(follow.run());
             }
             Target::Cluster(nodes) => {
+                conn.node.store(nodes.first().map(|n| Arc::new(n.clone())));
                 let infos = nodes.iter().map(|n| connection_info(n, credentials)).collect::<Result<Vec<_>, _>>()?;
                 let mut builder =
                     redis::cluster::ClusterClient::builder(infos).connection_timeout(timeout).response_timeout(longest);
@@ -228,6 +266,18 @@ impl Conn {
     /// The longest any call may wait for its answer.
     pub fn longest(&self) -> Duration {
         self.longest
+    }
+
+    /// The URL of the node to subscribe to for pub/sub, once it is known.
+    pub fn pubsub_node(&self) -> Option<String> {
+        self.node.load_full().map(|n| (*n).clone())
+    }
+
+    /// Points every later call at another node (the master the Sentinels
+    /// name after a failover). Calls already sent finish on the old one.
+    fn point_at(&self, url: String, handle: Handle) {
+        self.handle.store(Some(Arc::new(handle)));
+        self.node.store(Some(Arc::new(url)));
     }
 
     fn now_us(&self) -> u64 {

@@ -138,8 +138,9 @@ impl Replication {
                 redis::cmd("PUBLISH").arg(channel).arg(message).query_async(&mut h).await
             })
             .await;
-        // A standalone Redis counts the listeners; a cluster node only its own.
-        let nobody = heard == Some(0) && matches!(self.config.target, super::Target::Standalone(_));
+        // A standalone Redis (or a master behind Sentinel) counts the
+        // listeners; a cluster node only its own.
+        let nobody = heard == Some(0) && !matches!(self.config.target, super::Target::Cluster(_));
         if heard.is_none() || nobody {
             metrics::counter!(floodgate_engine::metrics::REPORTS_FORWARDED, "result" => "undelivered").increment(1);
             return None;

@@ -9,7 +9,6 @@ use std::time::Duration;
 use tokio_stream::StreamExt;
 
 use super::Replication;
-use super::conn::Target;
 use super::message::Message;
 use super::scripts::{EVENTS, RULES};
 use floodgate_rules::RuleSet;
@@ -19,13 +18,17 @@ pub(super) async fn listen(weak: Weak<Replication>) {
     let mut backoff = Duration::from_millis(100);
     loop {
         let Some(r) = weak.upgrade() else { return };
-        let url = match &r.config.target {
-            Target::Standalone(url) => url.clone(),
-            // Classic pub/sub reaches every node of a cluster: any seed will do.
-            Target::Cluster(nodes) => nodes.first().cloned().unwrap_or_default(),
-        };
+        // Classic pub/sub reaches every node of a cluster: its first seed
+        // will do. Behind Sentinel it is the master of the moment, so a
+        // failover moves the subscription at the next reconnection.
+        let url = r.conn.pubsub_node();
         let credentials = r.config.credentials.clone();
         drop(r);
+        let Some(url) = url else {
+            // The Sentinels have not named a master yet.
+            tokio::time::sleep(backoff).await;
+            continue;
+        };
         match subscribe(&url, &credentials).await {
             Ok(mut pubsub) => {
                 backoff = Duration::from_millis(100);

@@ -57,12 +57,23 @@ pub struct ServeArgs {
 
     /// Share limits, breakers and rules with other replicas through this Redis
     /// (e.g. redis://127.0.0.1:6379).
-    #[arg(long, env = "FLOODGATE_REDIS", conflicts_with = "redis_cluster")]
+    #[arg(long, env = "FLOODGATE_REDIS", conflicts_with_all = ["redis_cluster", "redis_sentinel"])]
     redis: Option<String>,
 
     /// The same through a Redis Cluster: seed nodes, comma-separated.
-    #[arg(long, env = "FLOODGATE_REDIS_CLUSTER", value_delimiter = ',')]
+    #[arg(long, env = "FLOODGATE_REDIS_CLUSTER", value_delimiter = ',', conflicts_with = "redis_sentinel")]
     redis_cluster: Vec<String>,
+
+    /// The same through the master that these Redis Sentinels name
+    /// (comma-separated URLs, e.g. redis://10.0.0.5:26379); the connection
+    /// follows every failover. Needs --redis-sentinel-master.
+    #[arg(long, env = "FLOODGATE_REDIS_SENTINEL", value_delimiter = ',', requires = "redis_sentinel_master")]
+    redis_sentinel: Vec<String>,
+
+    /// The name of the master the Sentinels watch (their `sentinel monitor`
+    /// name, e.g. mymaster).
+    #[arg(long, env = "FLOODGATE_REDIS_SENTINEL_MASTER", requires = "redis_sentinel")]
+    redis_sentinel_master: Option<String>,
 
     /// How often replicated limits and breakers are synced with Redis.
     #[arg(long, default_value = "100ms", value_parser = super::at_least_10ms)]
@@ -88,7 +99,7 @@ pub struct ServeArgs {
     /// Keep overrides set through Admin in this file (JSON lines, written
     /// atomically, read at start) on a server without Redis; with Redis they
     /// are kept there. Without either they last until the process ends.
-    #[arg(long, env = "FLOODGATE_OVERRIDES_FILE", conflicts_with_all = ["redis", "redis_cluster"])]
+    #[arg(long, env = "FLOODGATE_OVERRIDES_FILE", conflicts_with_all = ["redis", "redis_cluster", "redis_sentinel"])]
     overrides_file: Option<PathBuf>,
 
     /// The most overrides set through Admin that the server keeps.
@@ -237,6 +248,10 @@ struct RedisAuthArgs {
     /// For rediss://: the CA (PEM) to trust when it is not in the system's store.
     #[arg(long, env = "FLOODGATE_REDIS_CA")]
     redis_ca: Option<PathBuf>,
+    /// A file holding the Redis Sentinels' own password, when they ask for
+    /// one (or set FLOODGATE_REDIS_SENTINEL_PASSWORD).
+    #[arg(long, env = "FLOODGATE_REDIS_SENTINEL_PASSWORD_FILE", requires = "redis_sentinel")]
+    redis_sentinel_password_file: Option<PathBuf>,
 }
 
 pub fn run(args: ServeArgs, log_format: super::LogFormat, log_level: String) -> anyhow::Result<()> {
@@ -346,18 +361,32 @@ fn options(args: ServeArgs) -> anyhow::Result<Options> {
 
 /// How this replica uses Redis, if it does.
 fn replication_config(args: &ServeArgs) -> anyhow::Result<Option<replication::Config>> {
-    let target = match (&args.redis, args.redis_cluster.is_empty()) {
-        (Some(url), _) => Target::Standalone(url.clone()),
-        (None, false) => Target::Cluster(args.redis_cluster.clone()),
-        (None, true) => {
+    let target = match (&args.redis, args.redis_cluster.is_empty(), &args.redis_sentinel_master) {
+        (Some(url), _, _) => Target::Standalone(url.clone()),
+        (None, false, _) => Target::Cluster(args.redis_cluster.clone()),
+        (None, true, Some(master)) => {
+            anyhow::ensure!(
+                !master.is_empty()
+                    && master.len() <= 256
+                    && !master.chars().any(|c| c.is_control() || c.is_whitespace()),
+                "--redis-sentinel-master {master:?}: a master name is 1 to 256 printable characters, without spaces"
+            );
+            let sentinels: Vec<String> = args.redis_sentinel.iter().filter(|s| !s.is_empty()).cloned().collect();
+            anyhow::ensure!(!sentinels.is_empty(), "--redis-sentinel: at least one Sentinel URL is needed");
+            Target::Sentinel { sentinels, master: master.clone() }
+        }
+        (None, true, None) => {
             let auth = &args.redis_auth;
             let given = [
                 (auth.redis_user.is_some(), "--redis-user (FLOODGATE_REDIS_USER)"),
                 (auth.redis_password_file.is_some(), "--redis-password-file (FLOODGATE_REDIS_PASSWORD_FILE)"),
                 (auth.redis_ca.is_some(), "--redis-ca (FLOODGATE_REDIS_CA)"),
+                (auth.redis_sentinel_password_file.is_some(), "--redis-sentinel-password-file"),
             ];
             if let Some((_, flag)) = given.iter().find(|(set, _)| *set) {
-                anyhow::bail!("{flag} is for a server with --redis or --redis-cluster; none is given");
+                anyhow::bail!(
+                    "{flag} is for a server with --redis, --redis-cluster or --redis-sentinel; none is given"
+                );
             }
             return Ok(None);
         }
@@ -374,16 +403,12 @@ fn replication_config(args: &ServeArgs) -> anyhow::Result<Option<replication::Co
 /// The Redis user and password, from a file or the environment: a password
 /// on the command line would show in `ps` and shell history.
 fn redis_credentials(args: &RedisAuthArgs) -> anyhow::Result<Credentials> {
-    let password = match (&args.redis_password_file, std::env::var("FLOODGATE_REDIS_PASSWORD")) {
-        (Some(file), _) => Some(
-            crate::files::read_text(file, 64 << 10)
-                .with_context(|| format!("reading the Redis password from {}", file.display()))?
-                .trim_end_matches(['\n', '\r'])
-                .to_string(),
-        ),
-        (None, Ok(p)) if !p.is_empty() => Some(p),
-        _ => None,
-    };
+    let password = secret(&args.redis_password_file, "FLOODGATE_REDIS_PASSWORD", "the Redis password")?;
+    let sentinel_password = secret(
+        &args.redis_sentinel_password_file,
+        "FLOODGATE_REDIS_SENTINEL_PASSWORD",
+        "the Redis Sentinels' password",
+    )?;
     let ca = match &args.redis_ca {
         Some(file) => Some(
             crate::files::read_file(file, 4 << 20)
@@ -391,7 +416,22 @@ fn redis_credentials(args: &RedisAuthArgs) -> anyhow::Result<Credentials> {
         ),
         None => None,
     };
-    Ok(Credentials { user: args.redis_user.clone(), password, ca })
+    Ok(Credentials { user: args.redis_user.clone(), password, ca, sentinel_password })
+}
+
+/// A password from its file (the line ending dropped) or, without a file,
+/// from the environment variable `env`.
+fn secret(file: &Option<PathBuf>, env: &str, what: &str) -> anyhow::Result<Option<String>> {
+    Ok(match (file, std::env::var(env)) {
+        (Some(file), _) => Some(
+            crate::files::read_text(file, 64 << 10)
+                .with_context(|| format!("reading {what} from {}", file.display()))?
+                .trim_end_matches(['\n', '\r'])
+                .to_string(),
+        ),
+        (None, Ok(p)) if !p.is_empty() => Some(p),
+        _ => None,
+    })
 }
 
 /// A replica id: 1 to 128 printable characters, no spaces.
