@@ -57,6 +57,7 @@ mod observe;
 mod overrides;
 mod prometheus;
 mod redis;
+mod redis_failover;
 mod reference;
 mod rollback;
 mod rules;

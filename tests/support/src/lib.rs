@@ -16,6 +16,7 @@ mod floodgate;
 pub mod pki;
 pub mod prometheus;
 pub mod redis;
+pub mod redis_sentinel;
 pub mod scrape;
 pub mod web;
 pub mod xds;

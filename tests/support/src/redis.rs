@@ -11,6 +11,8 @@ pub struct RedisServer {
     pub port: u16,
     dir: tempfile::TempDir,
     cluster: bool,
+    /// More arguments for redis-server (`--replicaof` for a replica).
+    extra: Vec<String>,
 }
 
 /// A port nobody listens on now (and, for cluster nodes, its bus port too).
@@ -32,9 +34,18 @@ impl RedisServer {
         Self::start_on(free_port(false), false)
     }
 
+    /// One started with more arguments for redis-server.
+    pub fn start_with(extra: &[&str]) -> RedisServer {
+        let dir = tempfile::tempdir().unwrap();
+        let extra = extra.iter().map(|a| a.to_string()).collect();
+        let mut s = RedisServer { child: None, port: free_port(false), dir, cluster: false, extra };
+        s.spawn();
+        s
+    }
+
     fn start_on(port: u16, cluster: bool) -> RedisServer {
         let dir = tempfile::tempdir().unwrap();
-        let mut s = RedisServer { child: None, port, dir, cluster };
+        let mut s = RedisServer { child: None, port, dir, cluster, extra: Vec::new() };
         s.spawn();
         s
     }
@@ -43,7 +54,8 @@ impl RedisServer {
         let mut cmd = Command::new("redis-server");
         cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .args(["--protected-mode", "no", "--dir"])
-            .arg(self.dir.path());
+            .arg(self.dir.path())
+            .args(&self.extra);
         if self.cluster {
             cmd.args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000", "--cluster-config-file"])
                 .arg(self.dir.path().join("nodes.conf"));
