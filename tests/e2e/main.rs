@@ -63,6 +63,7 @@ mod rollback;
 mod rules;
 mod sentinel;
 mod settle;
+mod shown;
 mod systems;
 mod tls;
 mod traces;

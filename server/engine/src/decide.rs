@@ -363,10 +363,24 @@ impl Engine {
         descriptors: &D,
         only: Option<&str>,
     ) -> Result<Answer<'r>, RequestError> {
+        self.peek_keys(rules, resource, descriptors, only).map(|(answer, _)| answer)
+    }
+
+    /// [`Engine::peek`], with each reported limit's bucket, in the order of
+    /// `answer.limits`: a replica that shares its limits reads the buckets
+    /// it does not decide alone (strict limits, replicated buckets it does
+    /// not hold) from the store, and restates them.
+    pub fn peek_keys<'r, D: Descriptors + ?Sized>(
+        &self,
+        rules: &'r Installed,
+        resource: &str,
+        descriptors: &D,
+        only: Option<&str>,
+    ) -> Result<(Answer<'r>, PeekedKeys<'r>), RequestError> {
         request::validate(resource, descriptors)?;
         let level = rules.scope_of(resource).level();
         let Some((rule, handles)) = rules.find(resource) else {
-            return Ok(Answer::allowed(level));
+            return Ok((Answer::allowed(level), SmallVec::new()));
         };
         let mut matched = matched(rule, handles, resource, descriptors, &self.clock);
         matched.retain(|(l, _, _)| only.is_none_or(|name| l.name == name));
@@ -376,7 +390,7 @@ impl Engine {
         let mut answer = Answer::of_rule(rule, level);
         fill_limits(&mut answer, &matched, &decisions);
         answer.breaker_state = self.guards.state_for(rule, resource);
-        Ok(answer)
+        Ok((answer, matched.into_iter().map(|(l, _, k)| (l, k)).collect()))
     }
 
     /// Takes `cost` from every matched bucket, or from none: when one denies,
@@ -402,6 +416,9 @@ impl Engine {
         self.coordination.note_take(l, key, resource, units, now);
     }
 }
+
+/// The buckets of the limits a peek reports, in the order of its answer.
+pub type PeekedKeys<'r> = SmallVec<[(&'r Limit, BucketKey); 2]>;
 
 /// How long a caller its origin refuses is told to wait: the answer will not
 /// change until the rules do.

@@ -9,8 +9,8 @@ use futures_util::future::join_all;
 
 use super::Replication;
 use floodgate_core::store::BucketKey;
-use floodgate_engine::sync::RemoteBreaker;
-use floodgate_engine::{Answer, Engine, Pending, Prepared, Step, Verdict};
+use floodgate_engine::sync::{RemoteBreaker, decided_by_store};
+use floodgate_engine::{Answer, Descriptors, Engine, Installed, Pending, Prepared, RequestError, Step, Verdict};
 
 impl Replication {
     /// Decides `prepared` (one per item, in order), asking Redis where it
@@ -37,12 +37,56 @@ impl Replication {
         answers
     }
 
+    /// What Peek shows of a resource's limits: the figures a real call would
+    /// be decided by. A replicated bucket this replica does not hold (it
+    /// never used it, or forgot it after it sat idle) is pulled from Redis
+    /// first, as a call would; the limits Redis decides (strict limits,
+    /// replicated sliding logs) are read from Redis, taking nothing. While
+    /// Redis does not answer, this replica's own figures are shown.
+    pub async fn peek<'r, D: Descriptors + ?Sized>(
+        &self,
+        rules: &'r Installed,
+        resource: &str,
+        descriptors: &D,
+        only: Option<&str>,
+    ) -> Result<Answer<'r>, RequestError> {
+        let (mut answer, keys) = self.engine.peek_keys(rules, resource, descriptors, only)?;
+        if !self.sync().up() {
+            return Ok(answer);
+        }
+        let held = |k| self.engine.buckets().contains_key(k);
+        let missing: Vec<(&str, BucketKey)> = keys
+            .iter()
+            .filter(|(l, k)| l.sync.is_replicated() && !decided_by_store(l) && !held(k))
+            .map(|(_, k)| (resource, k.clone()))
+            .collect();
+        if !missing.is_empty() {
+            self.limits().lease_now(missing, 0).await;
+            answer = self.engine.peek_keys(rules, resource, descriptors, only)?.0;
+        }
+        let remote: Vec<usize> = (0..keys.len()).filter(|&i| decided_by_store(keys[i].0)).collect();
+        if remote.is_empty() {
+            return Ok(answer);
+        }
+        let asked = remote.iter().map(|&i| (keys[i].0, &keys[i].1));
+        if let Some(decisions) = self.limits().peek_strict(resource, asked).await {
+            for (&i, d) in remote.iter().zip(decisions) {
+                let report = &mut answer.limits[i];
+                report.status = d.status;
+                report.exceeded = !d.admitted;
+            }
+        }
+        Ok(answer)
+    }
+
     /// Pulls every replicated bucket this process does not hold yet, all
     /// items' at once, so a restarted replica resumes where the replicas are.
     async fn pull_missing(&self, prepared: &[Prepared<'_>]) {
         let mut seen = HashSet::new();
         let mut missing: Vec<(&str, BucketKey)> = Vec::new();
-        for p in prepared.iter().filter(|p| !p.dry_run()) {
+        // A dry run too: it must be decided from the figure a real call
+        // would find, not from a full bucket.
+        for p in prepared {
             for (_, key) in p.replicated_keys() {
                 if !self.engine.buckets().contains_key(key) && seen.insert(key) {
                     missing.push((p.resource(), key.clone()));

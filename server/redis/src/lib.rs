@@ -269,6 +269,12 @@ impl Replication {
     }
 
     /// Whether Redis answered last time, and how many replicas are live.
+    /// What Redis last said `key` (a bucket it decides) had left, when this
+    /// replica last asked it.
+    pub fn last_from_redis(&self, key: &floodgate_core::store::BucketKey) -> Option<u64> {
+        self.replica.last_from_store(key)
+    }
+
     pub fn health(&self) -> (bool, u32) {
         (self.replica.up(), self.replica.live())
     }

@@ -61,7 +61,15 @@ pub(super) fn lease_ttl(sync_interval: Duration) -> Duration {
 /// decision its cost and its strict limits.
 struct TakeJob {
     resource: String,
-    decisions: Vec<(u64, SmallVec<[StrictLimit; 2]>)>,
+    decisions: Vec<TakeDecision>,
+}
+
+/// One decision of a take script.
+struct TakeDecision {
+    cost: u64,
+    /// Decided and reported, nothing taken: a dry run, or a peek (cost 0).
+    check: bool,
+    limits: SmallVec<[StrictLimit; 2]>,
 }
 
 /// A strict limit of a decision, as the take script needs it.
@@ -87,10 +95,28 @@ impl TakeJob {
                         capacity: limit.algorithm.capacity(),
                     })
                     .collect();
-                (p.cost(), limits)
+                TakeDecision { cost: p.cost(), check: p.dry_run(), limits }
             })
             .collect();
         TakeJob { resource, decisions }
+    }
+
+    /// A check of `limits` (strict limits of `resource`) at no cost: what a
+    /// peek shows.
+    fn peek<'a>(
+        resource: &str,
+        limits: impl Iterator<Item = (&'a floodgate_rules::Limit, &'a BucketKey)>,
+        now: floodgate_core::time::Timestamp,
+    ) -> TakeJob {
+        let limits = limits
+            .map(|(limit, key)| StrictLimit {
+                key: key.clone(),
+                redis_key: bucket_key(resource, limit, key),
+                args: limit_args(&limit.algorithm, now),
+                capacity: limit.algorithm.capacity(),
+            })
+            .collect();
+        TakeJob { resource: resource.to_string(), decisions: vec![TakeDecision { cost: 0, check: true, limits }] }
     }
 }
 
@@ -124,6 +150,18 @@ impl Limits<'_> {
         out
     }
 
+    /// What Redis holds for these limits of `resource` (the ones it
+    /// decides), taking nothing: a peek. `None` when Redis did not answer.
+    pub(super) async fn peek_strict<'a>(
+        &self,
+        resource: &str,
+        limits: impl Iterator<Item = (&'a floodgate_rules::Limit, &'a BucketKey)>,
+    ) -> Option<SmallVec<[Decision; 4]>> {
+        let job = TakeJob::peek(resource, limits, self.engine.clock().now());
+        let mut remote = self.take_detached(job).await?;
+        Some(remote.pop()?.decisions)
+    }
+
     /// Runs a take on a task of its own. If the caller is gone when Redis
     /// answers, what the take admitted is given back in Redis.
     async fn take_detached(&self, job: TakeJob) -> Option<Vec<Remote>> {
@@ -142,10 +180,11 @@ impl Limits<'_> {
     /// A take whose caller went away: what it admitted goes back.
     async fn give_back_unwanted(&self, rules: &Installed, job: &TakeJob, taken: &[Remote]) {
         let mut items = Vec::new();
-        for ((cost, limits), remote) in job.decisions.iter().zip(taken) {
-            if remote.decisions.iter().all(|d| d.admitted) {
-                let units = -i64::try_from(*cost).unwrap_or(i64::MAX);
-                items.extend(limits.iter().map(|l| Adjust { key: l.key.clone(), units, at_us: remote.at_us }));
+        for (d, remote) in job.decisions.iter().zip(taken) {
+            // A check took nothing.
+            if !d.check && remote.decisions.iter().all(|d| d.admitted) {
+                let units = -i64::try_from(d.cost).unwrap_or(i64::MAX);
+                items.extend(d.limits.iter().map(|l| Adjust { key: l.key.clone(), units, at_us: remote.at_us }));
             }
         }
         if !items.is_empty() && self.adjust(rules, &job.resource, &items).await.is_none() {
@@ -162,16 +201,16 @@ impl Limits<'_> {
     async fn take(&self, rules: &Installed, job: &TakeJob) -> Option<Vec<Remote>> {
         let resource = job.resource.as_str();
         let clock = self.engine.clock();
-        let counts: Vec<usize> = job.decisions.iter().map(|(_, limits)| limits.len()).collect();
+        let counts: Vec<usize> = job.decisions.iter().map(|d| d.limits.len()).collect();
         let replies = self
             .until_done(rules, resource, true, || async {
                 let deadline = self.sync().redis_time(clock.now().saturating_add(self.config.timeout));
                 let mut invocation = self.scripts.get(ScriptName::Take).prepare_invoke();
                 invocation.key(marker_key(resource));
                 let mut args: Vec<f64> = Vec::new();
-                for (cost, limits) in &job.decisions {
-                    args.extend([*cost as f64, limits.len() as f64]);
-                    for l in limits {
+                for d in &job.decisions {
+                    args.extend([d.cost as f64, d.limits.len() as f64, f64::from(u8::from(d.check))]);
+                    for l in &d.limits {
                         invocation.key(&l.redis_key);
                         args.extend(l.args);
                     }
@@ -192,12 +231,18 @@ impl Limits<'_> {
         job.decisions
             .iter()
             .zip(replies)
-            .map(|((_, limits), reply)| {
-                let decisions = limits
+            .map(|(d, reply)| {
+                let decisions = d
+                    .limits
                     .iter()
                     .zip(&reply.limits)
                     .map(|(l, r)| {
-                        self.sync().saw_strict(&l.key, resource, r.remaining, now);
+                        // A check of a cost reports what would be left after
+                        // it, not what is left; a check of nothing (a peek)
+                        // is what is left.
+                        if !d.check || d.cost == 0 {
+                            self.sync().saw_strict(&l.key, resource, r.remaining, now);
+                        }
                         Decision {
                             admitted: reply.admitted,
                             status: Status {

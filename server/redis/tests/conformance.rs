@@ -91,6 +91,8 @@ enum Op {
     Wait(u64),
     /// A decision of `cost` on key `key`.
     Take { key: usize, cost: u64 },
+    /// The decision a dry run of `cost` (a peek: 0) would get, taking nothing.
+    Check { key: usize, cost: u64 },
     /// The `nth` admitted take not settled yet (modulo how many there are)
     /// is settled lower: `back` of its cost (modulo, at least 1) comes back.
     GiveBack { nth: usize, back: u64 },
@@ -175,12 +177,14 @@ fn scale_us(alg: &Algorithm) -> u64 {
 
 fn ops(capacity: u64, scale: u64) -> impl Strategy<Value = Vec<Op>> {
     // Never 0: a decision costs at least 1 (the engine reads a cost of 0 as
-    // 1), and only a peek asks with 0, in memory alone.
+    // 1). Only a check (a peek) asks with 0.
     let cost = prop_oneof![Just(1u64), 1..=capacity];
+    let check_cost = prop_oneof![Just(0u64), 1..=capacity];
     let wait =
         prop_oneof![Just(0u64), 1u64..=1_000, (0u64..=40).prop_map(move |k| scale * k / 16), (0u64..=scale * 5 / 2),];
     let op = prop_oneof![
         6 => (0..KEYS, cost).prop_map(|(key, cost)| Op::Take { key, cost }),
+        2 => (0..KEYS, check_cost).prop_map(|(key, cost)| Op::Check { key, cost }),
         4 => wait.prop_map(Op::Wait),
         2 => (any::<usize>(), 1..=capacity).prop_map(|(nth, back)| Op::GiveBack { nth, back }),
         1 => (0..KEYS, 1..=capacity * 2).prop_map(|(key, units)| Op::Force { key, units }),
@@ -269,12 +273,20 @@ impl Lua {
         }
     }
 
-    /// take.lua over one limit: (admitted, remaining, Redis time of the take).
-    fn take(&mut self, alg: &Algorithm, key: usize, cost: u64, now_us: u64) -> Result<(bool, u64, i64), String> {
+    /// take.lua over one limit: (admitted, remaining, Redis time of the
+    /// take). With `check`, as a dry run: nothing is taken.
+    fn take(
+        &mut self,
+        alg: &Algorithm,
+        key: usize,
+        cost: u64,
+        check: bool,
+        now_us: u64,
+    ) -> Result<(bool, u64, i64), String> {
         let mut inv = self.take.prepare_invoke();
         inv.key(marker_key(RESOURCE)).key(self.key(key));
         // No deadline, the marker's token, one decision of one limit.
-        inv.arg(0).arg(&self.token).arg(1).arg(cost).arg(1);
+        inv.arg(0).arg(&self.token).arg(1).arg(cost).arg(1).arg(u8::from(check));
         inv.arg(&limit_args(alg, at(now_us))[..]);
         inv.arg(now_us);
         let v: redis::Value = inv.invoke(&mut self.con).map_err(|e| format!("take.lua failed: {e}"))?;
@@ -345,7 +357,7 @@ fn run(lua: &mut Lua, case: &Case) -> Result<(), TestCaseError> {
             Op::Take { key, cost } => {
                 let bucket = buckets.entry(key).or_insert_with(|| alg.new_bucket(at(now)));
                 let memory = bucket.try_acquire(alg, at(now), cost);
-                let (admitted, remaining, redis_at) = lua.take(alg, key, cost, now).map_err(fail)?;
+                let (admitted, remaining, redis_at) = lua.take(alg, key, cost, false, now).map_err(fail)?;
                 if (memory.admitted, memory.status.remaining) != (admitted, remaining) {
                     return Err(fail(format!(
                         "memory: admitted {} remaining {}; Lua: admitted {admitted} remaining {remaining}",
@@ -355,6 +367,29 @@ fn run(lua: &mut Lua, case: &Case) -> Result<(), TestCaseError> {
                 if admitted && cost > 0 {
                     open.push(Taken { key, cost, at_us: now, redis_at_us: redis_at });
                     shadow(lua, key, cost, now).map_err(fail)?;
+                }
+            }
+            Op::Check { key, cost } => {
+                let memory = match buckets.get(&key) {
+                    Some(bucket) => bucket.check(alg, at(now), cost),
+                    None => alg.new_bucket(at(now)).check(alg, at(now), cost),
+                };
+                let (admitted, remaining, _) = lua.take(alg, key, cost, true, now).map_err(fail)?;
+                // A check of nothing (a peek) is compared by what is left:
+                // whether "nothing" fits a bucket taken beyond its limit is
+                // not kept alike. Redis's sliding log keeps at most `limit`
+                // entries (those past it are all of one instant), so it cannot
+                // tell a log taken beyond its limit from a full one.
+                let same = if cost == 0 {
+                    memory.status.remaining == remaining
+                } else {
+                    (memory.admitted, memory.status.remaining) == (admitted, remaining)
+                };
+                if !same {
+                    return Err(fail(format!(
+                        "a check: memory: admitted {} remaining {}; Lua: admitted {admitted} remaining {remaining}",
+                        memory.admitted, memory.status.remaining
+                    )));
                 }
             }
             Op::GiveBack { nth, back } => {

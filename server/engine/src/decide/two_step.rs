@@ -77,6 +77,11 @@ impl<'r> Pending<'r> {
     pub fn cost(&self) -> u64 {
         self.cost
     }
+
+    /// A dry run: Redis decides its strict limits and takes nothing.
+    pub fn dry_run(&self) -> bool {
+        self.dry_run
+    }
 }
 
 /// Denied before anything is taken: an override blocks the request, or its
@@ -140,9 +145,11 @@ impl Engine {
         if let Some(denial) = shed {
             return Step::Done(denied_before(denial, &p, Some(rule), level));
         }
-        // Limits Redis decides: with Redis up it is asked; while it is down,
-        // each follows its `on_redis_error`, on every request of the outage.
-        let redis_limits = !p.dry_run && p.matched.iter().any(|(l, ..)| self.coordination.decides(l));
+        // Limits Redis decides: with Redis up it is asked (a dry run too:
+        // Redis's figure is the one a real call would be decided by); while
+        // it is down, each follows its `on_redis_error`, on every request of
+        // the outage.
+        let redis_limits = p.matched.iter().any(|(l, ..)| self.coordination.decides(l));
         if !p.guarded && !redis_limits {
             // The common case, without the machinery for guards and Redis.
             let mut answer = Answer::of_rule(rule, level);
@@ -234,7 +241,7 @@ impl Engine {
                 p.redis_at = (!strict.is_empty()).then_some(r.at_us);
                 r.decisions
             }
-            _ => self.without_redis(&strict, &p.request_resource, p.now, p.cost),
+            _ => self.without_redis(&strict, &p.request_resource, p.now, p.cost, p.dry_run),
         };
         let mut from_redis = from_redis.into_iter();
         for (.., d) in p.limits.iter_mut().filter(|(.., d)| d.is_none()) {
@@ -386,13 +393,14 @@ impl Engine {
     /// Strict limits while Redis cannot answer, all or nothing: `local`
     /// decides here with the limit divided among the live replicas, `allow`
     /// admits, `deny` denies. What is admitted is owed to Redis, and paid
-    /// when it answers again.
+    /// when it answers again. A dry run takes and owes nothing.
     fn without_redis(
         &self,
         strict: &Matched<'_>,
         resource: &str,
         now: Timestamp,
         cost: u64,
+        dry_run: bool,
     ) -> SmallVec<[Decision; 4]> {
         let share = self.coordination.share();
         let mut decisions = SmallVec::new();
@@ -408,7 +416,7 @@ impl Engine {
                     admitted: false,
                     status: Status { limit: alg.capacity(), retry_after: Duration::from_secs(1), ..Status::default() },
                 },
-                OnRedisError::Local if denied => self.buckets.check(k, &alg, now, cost),
+                OnRedisError::Local if denied || dry_run => self.buckets.check(k, &alg, now, cost),
                 OnRedisError::Local => {
                     self.outage_bucket(k, &alg, now);
                     let d = self.buckets.acquire(k.clone(), &alg, now, cost);
@@ -426,7 +434,7 @@ impl Engine {
             }
             decisions.push(d);
         }
-        if !denied {
+        if !denied && !dry_run {
             for (_, _, k) in strict {
                 self.coordination.admitted_here(k, resource, i64::try_from(cost).unwrap_or(i64::MAX), now);
             }

@@ -123,7 +123,7 @@ impl Coordination for Alone {
 /// Whether the store decides `limit` when limits are shared: strict limits,
 /// and replicated sliding logs. A shadow limit never is: it enforces
 /// nothing, and a strict script enforces all it is given.
-pub(crate) fn decided_by_store(limit: &Limit) -> bool {
+pub fn decided_by_store(limit: &Limit) -> bool {
     if limit.shadow {
         return false;
     }

@@ -25,7 +25,7 @@ mod memory;
 mod shared;
 mod slots;
 
-pub(crate) use coordination::decided_by_store;
+pub use coordination::decided_by_store;
 use coordination::shared_slots;
 pub use coordination::{Alone, Coordination, Slots};
 pub use dirty::{Known, SyncItem};
@@ -162,6 +162,13 @@ impl Replica {
     }
 
     /// What Redis answered for a strict bucket a decision here used.
+    /// What Redis last said a bucket it decides had left, when this
+    /// replica last asked it: what the console shows of a strict limit
+    /// (another replica's calls since are not in it).
+    pub fn last_from_store(&self, key: &BucketKey) -> Option<u64> {
+        self.strict_seen.get(key).map(|s| s.remaining as u64)
+    }
+
     pub fn saw_strict(&self, key: &BucketKey, resource: &str, remaining: u64, now: Timestamp) {
         if let Some(mut s) = self.strict_seen.get_mut(key) {
             (s.remaining, s.at, s.used) = (remaining as f64, now, now);

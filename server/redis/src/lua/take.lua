@@ -8,8 +8,9 @@
 -- is never applied later. ARGV[2]: the marker's token as this replica knows
 -- it (see limits.lua): unless it is the one in Redis, nothing is decided and
 -- {'lost'} asks the replica to restore what it holds first. ARGV[3]: the number of
--- decisions; then per decision: its cost, its number of limits n, and five
--- numbers per limit.
+-- decisions; then per decision: its cost, its number of limits n, 1 for a
+-- check (a dry run or a peek: decided, reported, nothing taken) or 0, and
+-- five numbers per limit.
 -- Returns Redis's time (us: the instant every decision here took its units,
 -- for giving them back later), then per decision {admitted, then per limit:
 -- ok, floor(avail after), reset us, retry us, wait us}.
@@ -20,8 +21,8 @@ if not marked(KEYS[1], ARGV[2]) then return { 'lost' } end
 local out = { now }
 local a, k = 4, 1
 for _ = 1, tonumber(ARGV[3]) do
-  local cost, n = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-  a = a + 2
+  local cost, n, check = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]) == 1
+  a = a + 3
   local algs, ps, st, all = {}, {}, {}, true
   for i = 1, n do
     algs[i] = tonumber(ARGV[a])
@@ -33,7 +34,7 @@ for _ = 1, tonumber(ARGV[3]) do
   table.insert(out, all and 1 or 0)
   for i = 1, n do
     local s = st[i]
-    if all then A[algs[i]].take(KEYS[k + i], ps[i], now, cost, s) end
+    if all and not check then A[algs[i]].take(KEYS[k + i], ps[i], now, cost, s) end
     local left = (all and s.ok) and s.avail - cost or s.avail
     table.insert(out, s.ok and 1 or 0)
     table.insert(out, math.floor(math.max(left, 0)))

@@ -216,14 +216,19 @@ impl Decider {
     }
 
     /// A resource's limits for these descriptors, consuming nothing; `only`
-    /// keeps one limit by name (an error when it did not match).
-    pub fn peek<D, R>(&self, resource: &str, descriptors: &D, only: Option<&str>) -> Result<R, RequestError>
+    /// keeps one limit by name (an error when it did not match). With Redis,
+    /// the figures a real call would be decided by (see
+    /// [`Replication::peek`]).
+    pub async fn peek<D, R>(&self, resource: &str, descriptors: &D, only: Option<&str>) -> Result<R, RequestError>
     where
         D: Descriptors + ?Sized,
         R: for<'r> FromAnswer<Answer<'r>>,
     {
         let rules = self.engine.rules();
-        let answer = self.engine.peek(&rules, resource, descriptors, only)?;
+        let answer = match &self.replication {
+            Some(replication) => replication.peek(&rules, resource, descriptors, only).await?,
+            None => self.engine.peek(&rules, resource, descriptors, only)?,
+        };
         if let Some(limit) = only
             && answer.limits.is_empty()
         {

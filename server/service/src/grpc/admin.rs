@@ -122,7 +122,7 @@ impl Admin for ControlPlane {
     async fn peek(&self, request: Request<pb::PeekRequest>) -> Result<Response<pb::PeekResponse>, Status> {
         let req = request.get_ref();
         let only = (!req.limit.is_empty()).then_some(req.limit.as_str());
-        let response: pb::PeekResponse = self.decider.peek(&req.resource, &req.descriptors, only).or_status()?;
+        let response: pb::PeekResponse = self.decider.peek(&req.resource, &req.descriptors, only).await.or_status()?;
         Ok(Response::new(response))
     }
 
