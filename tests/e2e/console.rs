@@ -188,7 +188,10 @@ async fn the_console_api_asks_for_the_admin_roles_and_the_page_keeps_to_itself()
     let (status, _, body) = http(&fg.http, "GET", "/api/v1/console", Some(READER), "");
     assert_eq!(status, 200, "{body}");
     let state: serde_json::Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(state["resources"][1]["limits"][0]["global"], serde_json::json!({ "limit": 100, "remaining": 100 }));
+    assert_eq!(
+        state["resources"][1]["limits"][0]["global"],
+        serde_json::json!({ "limit": 100, "remaining": 100, "from_redis": false })
+    );
     assert_eq!(state["replication"]["mode"], "memory");
 
     let reset = r#"{"state":"CLOSED"}"#;

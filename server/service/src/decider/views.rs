@@ -16,6 +16,17 @@ pub struct ReplicaHealth {
     pub rules_differ: Vec<String>,
 }
 
+/// The use of one global limit, as the console shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GlobalUse {
+    pub name: String,
+    pub limit: u64,
+    /// `None`: a limit Redis decides that this replica has not asked yet.
+    pub remaining: Option<u64>,
+    /// The figure is Redis's, as of this replica's last call there.
+    pub from_redis: bool,
+}
+
 /// Figures read at scrape time.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Figures {
@@ -30,15 +41,29 @@ pub struct Figures {
 
 impl Views<'_> {
     /// What an exact rule of `rules` (the rules in force) has in its
-    /// global (keyless) limits now: (name, limit, remaining); empty for a
-    /// template rule, whose buckets are per resource.
-    pub(crate) fn global_use(&self, rules: &Installed, rule: &Rule) -> Vec<(String, u64, u64)> {
+    /// global (keyless) limits now; empty for a template rule, whose buckets
+    /// are per resource. A limit Redis decides shows what Redis said when
+    /// this replica last asked it (the console asks Redis nothing: it
+    /// refreshes every second for every open tab).
+    pub(crate) fn global_use(&self, rules: &Installed, rule: &Rule) -> Vec<GlobalUse> {
         if rule.per_resource() || rule.limits.iter().all(|l| !l.key.is_empty()) {
             return Vec::new();
         }
         let none: std::collections::HashMap<String, String> = std::collections::HashMap::new();
-        let Ok(answer) = self.engine.peek(rules, &rule.name, &none, None) else { return Vec::new() };
-        answer.limits.iter().map(|l| (l.limit.name.clone(), l.status.limit, l.status.remaining)).collect()
+        let Ok((answer, keys)) = self.engine.peek_keys(rules, &rule.name, &none, None) else { return Vec::new() };
+        answer
+            .limits
+            .iter()
+            .zip(keys)
+            .map(|(l, (limit, key))| {
+                let redis = self.replication.as_ref().filter(|_| crate::engine::sync::decided_by_store(limit));
+                let remaining = match redis {
+                    Some(r) => r.last_from_redis(&key),
+                    None => Some(l.status.remaining),
+                };
+                GlobalUse { name: l.limit.name.clone(), limit: l.status.limit, remaining, from_redis: redis.is_some() }
+            })
+            .collect()
     }
 
     /// Whether this server replicates, whether Redis answers, and how many

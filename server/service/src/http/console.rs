@@ -492,7 +492,9 @@ fn resource_json(decider: &Decider, installed: &Installed, rule: &Rule, top: &[T
         .limits
         .iter()
         .map(|l| {
-            let global = used.iter().find(|(name, ..)| *name == l.name).map(|(_, limit, remaining)| json!({ "limit": limit, "remaining": remaining }));
+            let global = used.iter().find(|u| u.name == l.name).map(|u| {
+                json!({ "limit": u.limit, "remaining": u.remaining, "from_redis": u.from_redis })
+            });
             json!({ "name": l.name, "algorithm": l.algorithm.summary(), "key": l.key, "shadow": l.shadow, "global": global })
         })
         .collect();

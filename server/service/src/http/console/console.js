@@ -435,11 +435,17 @@ function renderResources() {
       tr.append(el("td", l.name + (l.shadow ? " (shadow)" : "")), el("td", l.algorithm, "muted"),
         el("td", l.key.length ? "per " + l.key.join(", ") : "global"));
       const use = el("td");
-      if (l.global) {
+      if (l.global && l.global.remaining === null) {
+        // A limit Redis decides, not asked through this replica yet.
+        use.append(el("span", "decided by Redis; not asked through this replica yet", "muted"));
+      } else if (l.global) {
         const m = el("meter");
         m.max = l.global.limit;
         m.value = l.global.limit - l.global.remaining;
         use.append(m, el("span", " " + (l.global.limit - l.global.remaining) + " / " + l.global.limit + " used"));
+        if (l.global.from_redis) {
+          use.append(el("span", " (as Redis said at this replica's last call)", "muted"));
+        }
       }
       tr.append(use);
       t.append(tr);
