@@ -161,12 +161,16 @@ pub struct Limit {
     pub when: Vec<Condition>,
 }
 
-/// `lease: 2s` (and `lease_share:`): how clients may lease a limit.
+/// `lease: 2s` (and `lease_share:`, `lease_start:`): how clients may lease a limit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Lease {
     /// The longest a lease lasts.
     pub ttl: Duration,
     pub share: LeaseShare,
+    /// On a window longer than the lease: whether a holder may take all it
+    /// finds at once (`lease_start: all`, the default), or starts from the
+    /// window's pace and doubles with use (`lease_start: paced`).
+    pub paced: bool,
 }
 
 /// How a leased limit's capacity is divided among the holders that want more

@@ -24,8 +24,19 @@ use super::overrides::MAX_AMOUNT;
 /// The longest window or refill period (about 31 years).
 const MAX_SPAN_NANOS: u64 = 1_000_000_000_000_000_000;
 const MIN_WINDOW: Duration = Duration::from_millis(1);
-const COMMON: &[&str] =
-    &["name", "key", "algorithm", "sync", "on_redis_error", "shadow", "lease", "lease_share", "when", "unless"];
+const COMMON: &[&str] = &[
+    "name",
+    "key",
+    "algorithm",
+    "sync",
+    "on_redis_error",
+    "shadow",
+    "lease",
+    "lease_share",
+    "lease_start",
+    "when",
+    "unless",
+];
 
 pub(super) fn rule_set(text: &str, file: &str) -> Result<RuleSet, RuleErrors> {
     let out = Collector::new(file);
@@ -432,12 +443,16 @@ const MAX_LEASE: Duration = Duration::from_secs(60);
 /// `lease: 2s`: clients may take a share of this limit for up to that long
 /// and decide on their own (see `engine::lease`); `lease_share: fair` (the
 /// default) or `proportional` divides it among holders that want more than
-/// there is.
+/// there is; `lease_start: all` (the default) or `paced` says whether a
+/// holder's lease on a long window starts from the window's pace.
 fn lease(f: &Fields<'_>, algorithm: Option<&Algorithm>) -> Option<Lease> {
     let share = f.choice("lease_share", &[("fair", LeaseShare::Fair), ("proportional", LeaseShare::Proportional)]);
+    let paced = f.choice("lease_start", &[("paced", true), ("all", false)]);
     if !f.has("lease") {
-        if f.has("lease_share") {
-            f.error("lease_share", "only a limit with `lease:` is leased");
+        for field in ["lease_share", "lease_start"] {
+            if f.has(field) {
+                f.error(field, "only a limit with `lease:` is leased");
+            }
         }
         return None;
     }
@@ -452,7 +467,7 @@ fn lease(f: &Fields<'_>, algorithm: Option<&Algorithm>) -> Option<Lease> {
         f.error("lease", "a shaping leaky bucket makes callers wait; it cannot be leased");
         return None;
     }
-    Some(Lease { ttl, share: share.unwrap_or_default() })
+    Some(Lease { ttl, share: share.unwrap_or_default(), paced: paced.unwrap_or(false) })
 }
 
 fn check_key(f: &Fields<'_>, key: &[String]) {

@@ -118,7 +118,7 @@ resources:
         "rules.yaml: resource 'orders': limits[2] 'c'.algorithm: must be one of token_bucket, gcra, leaky_bucket, fixed_window, sliding_window_log, sliding_window, warm_up, got 'teleport'",
         "rules.yaml: resource 'users': limits[0] 'd'.limit: must be a whole number between 1 and 10000, got 20000",
         "rules.yaml: resource 'users': limits[0] 'd'.window: duration '5' needs a unit, e.g. 5s or 5ms",
-        "rules.yaml: resource 'users': limits[1] 'd'.capacity: unknown field (expected one of: name, key, algorithm, sync, on_redis_error, shadow, lease, lease_share, when, unless, rate_per_second, burst)",
+        "rules.yaml: resource 'users': limits[1] 'd'.capacity: unknown field (expected one of: name, key, algorithm, sync, on_redis_error, shadow, lease, lease_share, lease_start, when, unless, rate_per_second, burst)",
         "rules.yaml: resource 'users': shed_at_level: must be a whole number between 1 and 3, got 7",
     ];
     for e in expected {

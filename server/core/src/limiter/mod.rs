@@ -217,6 +217,12 @@ impl Algorithm {
     }
 
     /// The largest cost this limit can ever admit at once; a bigger cost is bad input.
+    /// Whether it counts calls in windows (fixed, sliding, a sliding log,
+    /// calendar windows) rather than refilling at a rate.
+    pub fn is_window(&self) -> bool {
+        matches!(self, Algorithm::FixedWindow(_) | Algorithm::SlidingWindowLog(_) | Algorithm::SlidingWindow(_))
+    }
+
     pub fn capacity(&self) -> u64 {
         match self {
             Algorithm::TokenBucket(c) => c.capacity,
