@@ -136,6 +136,39 @@ async fn four_holders_at_once_stay_within_what_the_bucket_holds() {
     assert!(admitted >= 200, "the holders shared the bucket: {admitted}");
 }
 
+/// `lease_start: paced` on an hour's quota: a holder that calls without
+/// pause is leased the hour's pace (one unit a second here) and then twice
+/// what it used each second, not the whole hour at once; a second holder
+/// that comes later still finds units.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paced_lease_grows_with_use_and_leaves_the_hour_to_later_holders() {
+    let rules = r#"
+resources:
+  - name: hourly
+    limits:
+      - { name: all, algorithm: fixed_window, limit: 600, window: 1h, lease: 1s, lease_start: paced }
+"#;
+    let fg = floodgate().rules(rules).start();
+    let first = client(&fg, FailMode::Closed);
+    let req = Acquire::new("hourly");
+    let started = Instant::now();
+    let mut allowed = 0u64;
+    while started.elapsed() < Duration::from_millis(3500) {
+        if first.acquire(&req).await.unwrap().verdict == Verdict::Allowed {
+            allowed += 1;
+        } else {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    // 1 + 2 + 4 + 8 in four lease times at most (the first lease time may
+    // begin a little before the loop).
+    assert!((3..=15).contains(&allowed), "{allowed} admitted from paced leases in 3.5 s");
+    assert!(first.stats().rpcs < 60, "told when to come back, not asking in a loop: {:?}", first.stats());
+    let second = client(&fg, FailMode::Closed);
+    let d = second.acquire(&req).await.unwrap();
+    assert_eq!(d.verdict, Verdict::Allowed, "a later holder finds units: {d:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_on_two_replicas_share_one_replicated_limit() {
     let rules = r#"

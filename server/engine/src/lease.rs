@@ -106,6 +106,32 @@ struct Holder {
     credit_at: Timestamp,
     /// Its lease time (ns): it is forgotten two of them after it was seen.
     ttl: u64,
+    /// Its ramp on a window limit (see [`ramp`]).
+    ramp: Ramp,
+}
+
+/// What a holder took in its current lease time (less what it gave back
+/// unused) and in the one before: how fast it uses a window limit.
+#[derive(Clone, Copy, Debug, Default)]
+struct Ramp {
+    since: Timestamp,
+    now: u64,
+    before: u64,
+}
+
+impl Ramp {
+    /// Moves to the lease time that holds `now`.
+    fn roll(&mut self, now: Timestamp, ttl: u64) {
+        let elapsed = now.as_nanos().saturating_sub(self.since.as_nanos());
+        if elapsed < ttl {
+            return;
+        }
+        // A holder silent for more than a lease time used nothing in the
+        // one just before.
+        self.before = if elapsed < 2 * ttl { self.now } else { 0 };
+        self.now = 0;
+        self.since = now;
+    }
 }
 
 /// What one bucket's holders allow one of them, in thousandths of a unit
@@ -122,6 +148,8 @@ struct Allotment {
     /// a round trip: when everyone is owed more than there is, each still
     /// gets its turn.
     owed: u64,
+    /// What this holder took in its current lease time, and in the one before.
+    ramp: Ramp,
 }
 
 /// Recent holders per bucket.
@@ -162,7 +190,8 @@ impl Leases {
             }
             if self.holders.len() >= MAX_KEYS {
                 let share = share_of(a.policy, milli(a.available.max(a.refill)), &[milli(a.want), 0], 0);
-                return Allotment { share, credit: share, holders: 2, owed: 0 };
+                let ramp = Ramp { since: a.now, now: 0, before: 0 };
+                return Allotment { share, credit: share, holders: 2, owed: 0, ramp };
             }
         }
         let mut list = self.holders.entry(key.clone()).or_default();
@@ -176,18 +205,28 @@ impl Leases {
                 {
                     list.remove(oldest);
                 }
-                let fresh =
-                    Holder { id: a.who, seen: a.now, want: 0, outstanding: 0, credit: u64::MAX, credit_at: a.now, ttl };
+                let fresh = Holder {
+                    id: a.who,
+                    seen: a.now,
+                    want: 0,
+                    outstanding: 0,
+                    credit: u64::MAX,
+                    credit_at: a.now,
+                    ttl,
+                    ramp: Ramp { since: a.now, now: 0, before: 0 },
+                };
                 list.push(fresh);
                 list.len() - 1
             }
         };
-        if a.settled.is_some() {
+        if let Some(used) = a.settled {
             let h = &mut list[me];
-            let unused = h.outstanding.saturating_sub(a.settled.unwrap_or(0));
+            let unused = h.outstanding.saturating_sub(used);
             h.credit = h.credit.saturating_add(milli(unused));
             h.outstanding = 0;
+            h.ramp.now = h.ramp.now.saturating_sub(unused);
         }
+        list[me].ramp.roll(a.now, ttl);
         list[me].want = a.want;
         list[me].seen = a.now;
         list[me].ttl = ttl;
@@ -236,7 +275,7 @@ impl Leases {
         } else {
             0
         };
-        Allotment { share, credit, holders: list.len(), owed }
+        Allotment { share, credit, holders: list.len(), owed, ramp: list[me].ramp }
     }
 
     /// `units` were granted to `who` on `key`.
@@ -246,6 +285,7 @@ impl Leases {
         {
             h.credit = h.credit.saturating_sub(milli(units));
             h.outstanding = units;
+            h.ramp.now = h.ramp.now.saturating_add(units);
         }
     }
 
@@ -263,6 +303,18 @@ impl Leases {
             !list.is_empty()
         });
     }
+}
+
+/// The most a holder may lease now of a window longer than its lease
+/// time. In each lease time it may take twice what it took (and used) in
+/// the one before, and at least the window's limit spread over the window
+/// (`pace`: what the window would refill in a lease time, at least one
+/// unit). A holder that uses what it leases doubles its rate each lease
+/// time; one lease can no longer take a whole window (an hour's quota in a
+/// one-second lease), so the holders that come later in the window find
+/// their share, while a steady holder soon leases what it uses.
+fn ramp(pace: u64, r: &Ramp) -> u64 {
+    pace.max(1).max(r.before.saturating_mul(2)).saturating_sub(r.now)
 }
 
 /// The least lease worth its round trip for a share of `share_m`
@@ -511,6 +563,9 @@ impl Leasing<'_> {
         let mut held = u64::MAX;
         // This holder's share, in thousandths.
         let mut share_m = u64::MAX;
+        // The most a window limit lets this holder lease now (see `ramp`),
+        // and when it may lease more.
+        let (mut ramp, mut ramp_next) = (u64::MAX, Duration::ZERO);
         for (l, _, k) in &matched {
             let status = self.buckets.check(k, &l.algorithm, now, 0).status;
             let refill = (u128::from(l.algorithm.capacity()) * ttl.as_nanos() / l.algorithm.window().as_nanos().max(1))
@@ -529,6 +584,12 @@ impl Leasing<'_> {
                 at_once: at_once_here,
             };
             let a = self.leases.allot(k, &ask);
+            if l.lease.is_some_and(|lease| lease.paced) && l.algorithm.is_window() && refill < at_once_here {
+                ramp = ramp.min(self::ramp(refill, &a.ramp));
+                // When this holder's next lease time begins: more then.
+                let next = a.ramp.since.as_nanos().saturating_add(ttl.as_nanos() as u64).saturating_sub(now.as_nanos());
+                ramp_next = ramp_next.max(Duration::from_nanos(next));
+            }
             share_m = share_m.min(a.share);
             plan.holders = plan.holders.max(a.holders);
             credit = credit.min(if a.credit == u64::MAX { u64::MAX } else { a.credit / 1000 });
@@ -551,6 +612,8 @@ impl Leasing<'_> {
             Duration::from_nanos((u128::from(milli(units)) * ttl.as_nanos() / u128::from(share_m.max(1))) as u64)
         };
         plan.grant = credit.min(available).min(whole);
+        let ramped = ramp < plan.grant;
+        plan.grant = plan.grant.min(ramp);
         // When the limits would hold `worth` (never, within a lease time: then
         // what they hold is all there is).
         let filled_for = |units: u64| {
@@ -564,7 +627,9 @@ impl Leasing<'_> {
         // Waiting would not help when the limits cannot come to hold `worth`
         // beside what is owed to the others.
         let hopeless = worth.saturating_add(owed) > at_once || filled_for(worth.saturating_add(owed)) >= ttl;
-        if plan.grant >= worth || (plan.grant > 0 && hopeless) {
+        // A grant the ramp cut is all this holder may have now: it is not
+        // held back for being under half a share.
+        if plan.grant >= worth || (plan.grant > 0 && (hopeless || ramped)) {
             // A grant that uses up the holder's share says when the next
             // can be had: a holder that uses it up before then need not ask.
             if plan.grant >= credit {
@@ -582,6 +647,9 @@ impl Leasing<'_> {
         } else {
             (filled(), Empty::NothingLeft)
         };
+        // Paced, and this lease time's part taken: more at the next one.
+        let (retry_after, why) =
+            if ramp == 0 && held > 0 { (ramp_next.max(retry_after), Empty::ShareUsed) } else { (retry_after, why) };
         plan.grant = 0;
         plan.empty = Some(why);
         plan.retry_after = retry_after.clamp(MIN_ASK_AGAIN, ttl);

@@ -583,11 +583,17 @@ resources:
         };
         use crate::rules::{Lease, LeaseShare};
         let ttl = Duration::from_secs(1);
-        assert_eq!(share("lease: 1s"), Ok(Some(Lease { ttl, share: LeaseShare::Fair })));
+        assert_eq!(share("lease: 1s"), Ok(Some(Lease { ttl, share: LeaseShare::Fair, paced: false })));
         assert_eq!(
-            share("lease: 1s, lease_share: proportional"),
-            Ok(Some(Lease { ttl, share: LeaseShare::Proportional }))
+            share("lease: 1s, lease_share: proportional, lease_start: paced"),
+            Ok(Some(Lease { ttl, share: LeaseShare::Proportional, paced: true }))
         );
+        assert!(
+            share("lease: 1s, lease_start: whole")
+                .unwrap_err()
+                .contains("lease_start: must be one of paced, all, got 'whole'")
+        );
+        assert!(share("lease_start: all").unwrap_err().contains("lease_start: only a limit with `lease:` is leased"));
         assert!(
             share("lease: 1s, lease_share: even")
                 .unwrap_err()
@@ -598,8 +604,7 @@ resources:
 
     #[tokio::test]
     async fn a_huge_limit_is_leased_at_most_the_largest_cost_at_once() {
-        let rules =
-            RULES.replace("limit: 100, window: 1h, lease: 2s }", "limit: 1000000000000, window: 1h, lease: 2s }");
+        let rules = RULES.replace("limit: 100, window: 1h, lease: 2s", "limit: 1000000000000, window: 1h, lease: 2s");
         let (d, _) = decider(&rules);
         for want in [0, 10_000_000_000] {
             let l = lease(&d, "a", want, "", 0).await;
@@ -629,13 +634,19 @@ resources:
     /// last grant used; when `obey`, not before their `retry_after`. What
     /// each was granted.
     async fn take_turns(rules: &str, holders: usize, want: u64, poll: u64, obey: bool, seconds: u64) -> Vec<u64> {
+        take_turns_from(rules, &vec![(want, 0); holders], poll, obey, seconds).await
+    }
+
+    /// The same with holders that each want their own (`want`, and come
+    /// first at `from` ms).
+    async fn take_turns_from(rules: &str, holders: &[(u64, u64)], poll: u64, obey: bool, seconds: u64) -> Vec<u64> {
         let (d, clock) = decider(rules);
         let none: HashMap<String, String> = HashMap::new();
-        let (mut got, mut held, mut wait) =
-            (vec![0u64; holders], vec![(String::new(), 0u64); holders], vec![0u64; holders]);
+        let n = holders.len();
+        let (mut got, mut held, mut wait) = (vec![0u64; n], vec![(String::new(), 0u64); n], vec![0u64; n]);
         for t in (0..seconds * 1000).step_by(10) {
-            for i in 0..holders {
-                if (obey && t < wait[i]) || t % poll != 0 {
+            for (i, &(want, from)) in holders.iter().enumerate() {
+                if t < from || (obey && t < wait[i]) || t % poll != 0 {
                     continue;
                 }
                 let (previous, used) = std::mem::take(&mut held[i]);
@@ -659,6 +670,29 @@ resources:
             clock.advance(Duration::from_millis(10));
         }
         got
+    }
+
+    /// An hour's quota and one-second leases, `lease_start: paced`: the
+    /// first holder, alone for a second and using all it gets, cannot take
+    /// the whole hour in one lease. It starts from the hour's pace (600 an
+    /// hour is under one a second: one unit) and doubles with use each lease
+    /// time, so the holders that come after it find their share. With
+    /// `lease_start: all` (the default) it takes all 600 in its first lease
+    /// and the others get nothing for the rest of the hour.
+    #[tokio::test]
+    async fn a_paced_holder_cannot_take_a_long_window_in_one_lease() {
+        let paced = "resources:\n  - name: tb\n    limits:\n      - { name: l, algorithm: fixed_window, limit: 600, window: 1h, lease: 1s, lease_start: paced }\n";
+        let holders = [(1000, 0), (1000, 1000), (10, 1500), (1000, 2000)];
+        let got = take_turns_from(paced, &holders, 100, true, 20).await;
+        assert!(got.iter().sum::<u64>() <= 600, "{got:?}: never more than the window holds");
+        // Seen: [288, 163, 51, 98]. The holders ramp up together; the first
+        // had a head start of one to two lease times.
+        assert!(got[0] < 300, "the first holder took {} of 600: {got:?}", got[0]);
+        assert!(got[1] >= 100 && got[3] >= 50, "the later holders found their share: {got:?}");
+        assert!(got[2] >= 10, "the small holder got what it wants: {got:?}");
+        let all = paced.replace(", lease_start: paced", "");
+        let got = take_turns_from(&all, &holders, 100, true, 20).await;
+        assert_eq!(got, [600, 0, 0, 0], "all at once: the first holder takes the hour");
     }
 
     #[tokio::test]
