@@ -8,7 +8,7 @@
 
 use crate::support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use support::redis::RedisServer;
 use support::*;
@@ -53,17 +53,6 @@ pub(crate) fn admit(replicas: &[&Floodgate], resource: &str, n: u32) -> u64 {
     reports.iter().map(|r| verdict(r, "ALLOWED")).sum()
 }
 
-/// Waits until Redis has written its dump file (BGSAVE is done).
-fn bgsave(redis: &RedisServer) {
-    let before = redis.cli(&["LASTSAVE"]).unwrap();
-    redis.cli(&["BGSAVE"]).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while redis.cli(&["LASTSAVE"]).unwrap() == before {
-        assert!(Instant::now() < deadline, "BGSAVE never finished");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// The scenario of an operator's worst day: Redis saves a dump, the replicas
 /// go on using their limits, Redis is killed and starts again from the dump.
 /// The counts in Redis are now older than what the replicas saw. Every limit
@@ -84,7 +73,7 @@ fn a_redis_restarted_from_an_older_dump_admits_nothing_twice() {
     }
     // Let the replicated limits push what they took before the dump.
     std::thread::sleep(Duration::from_millis(500));
-    bgsave(&redis);
+    redis.bgsave();
     for (i, r) in RESOURCES.iter().enumerate() {
         admitted[i] += admit(&[&a, &b], r, 50);
     }

@@ -110,6 +110,40 @@ impl RedisServer {
         }
     }
 
+    /// BGSAVE, and waits until the dump file is written: `dump.rdb` in its
+    /// directory then holds what Redis holds now. After [`kill`](RedisServer::kill)
+    /// (SIGKILL: nothing is saved at exit), [`restart`](RedisServer::restart)
+    /// loads this dump, so Redis comes back older than it was when it died.
+    pub fn bgsave(&self) {
+        let info = || self.cli(&["INFO", "persistence"]).unwrap_or_default();
+        let field = |info: &str, name: &str| {
+            info.lines().find_map(|l| l.trim().strip_prefix(name)?.strip_prefix(':').map(str::to_string))
+        };
+        // `rdb_saves` (Redis 7) counts the saves since start. `LASTSAVE` has
+        // a resolution of one second and may not change; an older Redis
+        // saves in the foreground instead.
+        let Some(before) = field(&info(), "rdb_saves").and_then(|n| n.parse::<u64>().ok()) else {
+            assert_eq!(self.cli(&["SAVE"]).as_deref(), Some("OK"), "SAVE failed");
+            return;
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut asked = false;
+        loop {
+            let now = info();
+            let saves = field(&now, "rdb_saves").and_then(|n| n.parse::<u64>().ok()).unwrap_or(before);
+            let idle = field(&now, "rdb_bgsave_in_progress").as_deref() == Some("0");
+            if saves > before && idle {
+                return;
+            }
+            // Asked again while another save runs: Redis refuses then.
+            if !asked || idle {
+                asked = self.cli(&["BGSAVE"]).is_some_and(|a| a.starts_with("Background saving"));
+            }
+            assert!(Instant::now() < deadline, "BGSAVE on {} never finished: {now}", self.port);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     pub fn cli(&self, args: &[&str]) -> Option<String> {
         cli(self.port, args)
     }
