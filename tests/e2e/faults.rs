@@ -868,7 +868,7 @@ async fn run_schedules(cluster: bool, first: u64, only_one: bool, seconds: u64) 
         for b in &broken {
             println!("  BROKEN: {b}");
             failures.push(format!(
-                "seed {seed} {what}: {b}\n  replay: {replay}={seed} cargo test --test e2e_faults -- --nocapture"
+                "seed {seed} {what}: {b}\n  replay: {replay}={seed} cargo test -p floodgate --test e2e -- faults:: --nocapture"
             ));
         }
         seed = Rng(seed).next();
