@@ -151,13 +151,17 @@ enum Fault {
     /// An operator's level for system `chaos` (`None`: back to automatic)
     /// set through replica i.
     Level(usize, Option<u32>),
+    /// BGSAVE (until the dump is written); traffic goes on for `gap`; SIGKILL
+    /// (nothing is saved at exit); down for `down`; back from the dump, so
+    /// Redis is older than what the replicas saw (and has another run id).
+    RedisOlderDump { gap: Duration, down: Duration },
 }
 
 impl Fault {
     /// How many times Redis goes away in it (0: it stays up).
     fn outages(&self) -> u64 {
         match self {
-            Fault::Stall(_) | Fault::RedisEmpty(_) | Fault::RedisRestart(_) => 1,
+            Fault::Stall(_) | Fault::RedisEmpty(_) | Fault::RedisRestart(_) | Fault::RedisOlderDump { .. } => 1,
             _ => 0,
         }
     }
@@ -165,6 +169,19 @@ impl Fault {
     /// How many replicas it kills or stops.
     fn kills(&self) -> u64 {
         u64::from(matches!(self, Fault::KillReplica(..) | Fault::StopReplica(..)))
+    }
+
+    /// Whether Redis comes back with nothing: what it counts is then what
+    /// the replicas put back.
+    fn empties_redis(&self) -> bool {
+        matches!(self, Fault::RedisEmpty(_))
+    }
+
+    /// Whether Redis comes back without the breaker state it had: empty, or
+    /// from an older dump. Breaker states are not restored (the README), so
+    /// the shared breaker may have to open again.
+    fn forgets_breakers(&self) -> bool {
+        self.empties_redis() || matches!(self, Fault::RedisOlderDump { .. })
     }
 
     /// How long it lasts, as planned (restarts take a little longer).
@@ -175,6 +192,7 @@ impl Fault {
             | Fault::RedisRestart(d)
             | Fault::KillReplica(_, d)
             | Fault::StopReplica(_, d) => *d,
+            Fault::RedisOlderDump { gap, down } => *gap + *down,
             _ => Duration::ZERO,
         }
     }
@@ -187,16 +205,19 @@ fn schedule(seed: u64, cluster: bool) -> Vec<(Duration, Fault)> {
     let mut at = rng.millis(300, 2000);
     let mut out = Vec::new();
     while at < FAULT_SPAN {
-        let fault = match rng.below(10) {
+        // Ten kinds of one draw in eleven each, as before an older dump was
+        // added.
+        let fault = match rng.below(11) {
             9 => Fault::Level(rng.below(REPLICAS as u64) as usize, Some(rng.below(5) as u32).filter(|&l| l <= 3)),
             0 | 1 => Fault::Stall(rng.millis(200, 3000)),
-            2 | 3 if cluster => Fault::Stall(rng.millis(100, 2000)),
+            2 | 3 | 10 if cluster => Fault::Stall(rng.millis(100, 2000)),
             2 => Fault::RedisEmpty(rng.millis(100, 2000)),
             3 => Fault::RedisRestart(rng.millis(100, 1500)),
             4 => Fault::KillReplica(rng.below(REPLICAS as u64) as usize, rng.millis(100, 1000)),
             5 => Fault::Reload,
             8 => Fault::StopReplica(rng.below(REPLICAS as u64) as usize, rng.millis(100, 1000)),
             6 => Fault::Override(rng.below(REPLICAS as u64) as usize, rng.below(3) != 0),
+            10 => Fault::RedisOlderDump { gap: rng.millis(500, 3000), down: rng.millis(100, 2000) },
             _ => Fault::Cancels(rng.below(REPLICAS as u64) as usize, 20 + rng.below(80) as u32),
         };
         let length = fault.length();
@@ -489,6 +510,19 @@ impl World {
             Fault::KillReplica(i, d) | Fault::StopReplica(i, d) => {
                 let kill = matches!(fault, Fault::KillReplica(..));
                 self.replace_replica(*i, kill, *d, &self.args());
+            }
+            Fault::RedisOlderDump { gap, down } => {
+                let mut backend = self.redis.lock().unwrap();
+                let redis = backend.single();
+                redis.bgsave();
+                // The replicas go on taking and syncing: Redis's figures
+                // move past the dump's.
+                std::thread::sleep(*gap);
+                self.mark(Mark::Away);
+                redis.kill();
+                std::thread::sleep(*down);
+                redis.restart();
+                self.mark(Mark::Back);
             }
             Fault::Reload => {
                 let n = self.reloads.fetch_add(1, Ordering::Relaxed) + 1;
@@ -851,10 +885,11 @@ async fn run_schedule(world: &Arc<World>, seed: u64) -> (Vec<String>, String) {
         if name.starts_with("br-") {
             // Calls failing all along: the breaker admits, per replica, the
             // calls it needs to open (again after a replica starts afresh or
-            // Redis loses the shared state) and a sync interval's more, then
+            // Redis loses the shared state or goes back to an older one: a
+            // breaker state is not restored) and a sync interval's more, then
             // per second open at most its probes, counted across replicas
             // (per replica while Redis is away).
-            let restarts = kills + plan.iter().filter(|(_, f)| matches!(f, Fault::RedisEmpty(_))).count() as u64;
+            let restarts = kills + plan.iter().filter(|(_, f)| f.forgets_breakers()).count() as u64;
             let opening = REPLICAS as u64 * (BREAKER_MINIMUM + RATE / 2);
             let seconds = traffic_time.as_secs() + 1;
             let upper = (1 + restarts) * opening + seconds * HALF_OPEN_CALLS * REPLICAS as u64;
@@ -875,7 +910,10 @@ async fn run_schedule(world: &Arc<World>, seed: u64) -> (Vec<String>, String) {
         }
         let drained = drain(&world.grpc, name).await;
         if name.starts_with("st-") {
-            let (lost_data, killed_owing) = (plan.iter().any(|(_, f)| matches!(f, Fault::RedisEmpty(_))), unpaid > 0);
+            // An older dump is checked from below too: a replica that knew
+            // a bucket puts back at least what it knew (the README), and the
+            // last answer Redis gave before it died counts every take before.
+            let (lost_data, killed_owing) = (plan.iter().any(|(_, f)| f.empties_redis()), unpaid > 0);
             let (counted, wrong) = settle_arithmetic(world, name, seen, drained, lost_data, killed_owing);
             broken.extend(wrong);
             figures.push(format!(
