@@ -348,6 +348,20 @@ fn bench_sends_the_calls_of_a_data_file_in_turn() {
         .unwrap();
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && said.contains("not a JSON list of calls"), "{said}");
+    // Bad numbers name the flag and the value; a negative ratio is read as
+    // a number, not as a flag.
+    for (args, says) in [
+        (vec!["--rpc", "report", "--failure-ratio", "-0.1"], "--failure-ratio must be between 0 and 1, got -0.1"),
+        (vec!["--cost", "0"], "--cost"),
+    ] {
+        let out = std::process::Command::new(BIN)
+            .args(["bench", "--server", &fg.grpc, "-n", "1", "-q"])
+            .args(&args)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && said.contains(says), "{args:?}: {said}");
+    }
 }
 
 #[test]

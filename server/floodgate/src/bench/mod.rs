@@ -61,8 +61,8 @@ pub struct BenchArgs {
     /// The resource (or Envoy domain) to ask about.
     #[arg(long, default_value = "bench")]
     pub resource: String,
-    /// Cost of each decision.
-    #[arg(long, default_value_t = 1)]
+    /// Cost of each decision (at least 1).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub cost: u32,
     /// Per-call deadline.
     #[arg(long, default_value = "20s", value_parser = crate::rules::duration::parse)]
@@ -93,7 +93,7 @@ pub struct BenchArgs {
     /// With --rpc report: the share of calls reported as FAILURE, from 0 to
     /// 1, spread evenly over the run (0.25: every fourth call), so that a
     /// breaker can be load-tested.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub failure_ratio: f64,
 }
 
@@ -177,7 +177,11 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.keys >= 1, "--keys must be at least 1");
     anyhow::ensure!((1..=1000).contains(&args.batch_size), "--batch-size must be between 1 and 1000");
     anyhow::ensure!(args.rps.is_none_or(|r| r > 0.0), "--rps must be positive");
-    anyhow::ensure!((0.0..=1.0).contains(&args.failure_ratio), "--failure-ratio must be between 0 and 1");
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&args.failure_ratio),
+        "--failure-ratio must be between 0 and 1, got {}",
+        args.failure_ratio
+    );
     anyhow::ensure!(
         args.failure_ratio == 0.0 || args.rpc == Rpc::Report,
         "--failure-ratio needs --rpc report (only reports have an outcome)"
