@@ -25,7 +25,12 @@ pub async fn top(args: TopArgs) -> anyhow::Result<ExitCode> {
     let top = admin.get_top_keys(req).await.map_err(status_error)?.into_inner();
     let minutes = top.window.map_or(0, |w| w.seconds / 60);
     if top.limits.is_empty() {
-        println!("(no keyed decision in the last {minutes} minutes)");
+        // Admissions are sampled (one in ADMITTED_SAMPLE, weighted), so a
+        // few admitted calls may leave no trace; every denial is counted.
+        println!(
+            "(no keyed decision seen in the last {minutes} minutes: every denial is counted, admissions one in {})",
+            floodgate_core::hitters::ADMITTED_SAMPLE
+        );
     }
     for l in &top.limits {
         println!("{} / {}  (last {minutes} min)", l.rule, l.limit);
