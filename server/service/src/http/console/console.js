@@ -268,7 +268,7 @@ function renderOverview() {
   const s = snap;
   renderRefused();
   $("rules-version").textContent = "rules v" + s.rules.version;
-  $("rules-source").textContent = s.rules.source + " (" + count(s.rules.pattern_count) + " patterns, loaded " + when(s.rules.loaded_at) + ")";
+  $("rules-source").textContent = s.rules.source + " (" + count(s.rules.pattern_count) + (s.rules.pattern_count === 1 ? " pattern" : " patterns") + ", loaded " + when(s.rules.loaded_at) + ")";
   const envoy = s.envoy;
   $("envoy-source").textContent = envoy
     ? envoy.source + (envoy.version ? " version " + envoy.version : "") + " (" + envoy.domains + " domains, loaded " + when(envoy.loaded_at) + ")"
