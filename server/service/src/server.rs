@@ -155,8 +155,8 @@ struct PortsTls {
 
 fn load_tls(opts: &Options) -> anyhow::Result<PortsTls> {
     let Some(files) = &opts.tls else { return Ok(PortsTls { grpc: None, http: None }) };
-    let grpc = Tls::load(files.clone(), &[b"h2"]).context("TLS for gRPC")?;
-    let http = Tls::load(files.clone(), &[b"h2", b"http/1.1"]).context("TLS for HTTP")?;
+    let grpc = Tls::load("gRPC", files.clone(), &[b"h2"]).context("TLS for gRPC")?;
+    let http = Tls::load("HTTP", files.clone(), &[b"h2", b"http/1.1"]).context("TLS for HTTP")?;
     grpc.watch()?;
     http.watch()?;
     Ok(PortsTls { grpc: Some(grpc), http: Some(http) })

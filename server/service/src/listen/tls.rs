@@ -25,17 +25,20 @@ pub struct TlsFiles {
 
 /// The configuration in force for one port.
 pub struct Tls {
+    /// The port it serves, for the logs: "gRPC" or "HTTP".
+    port: &'static str,
     files: TlsFiles,
     alpn: Vec<Vec<u8>>,
     current: ArcSwap<ServerConfig>,
 }
 
 impl Tls {
-    /// Reads the files; `alpn` names the protocols the port speaks.
-    pub fn load(files: TlsFiles, alpn: &[&[u8]]) -> anyhow::Result<Arc<Tls>> {
+    /// Reads the files for `port` (its name in the logs); `alpn` names the
+    /// protocols the port speaks.
+    pub fn load(port: &'static str, files: TlsFiles, alpn: &[&[u8]]) -> anyhow::Result<Arc<Tls>> {
         let alpn: Vec<Vec<u8>> = alpn.iter().map(|p| p.to_vec()).collect();
         let config = server_config(&files, &alpn)?;
-        Ok(Arc::new(Tls { files, alpn, current: ArcSwap::from_pointee(config) }))
+        Ok(Arc::new(Tls { port, files, alpn, current: ArcSwap::from_pointee(config) }))
     }
 
     pub(crate) fn acceptor(&self) -> TlsAcceptor {
@@ -55,12 +58,14 @@ impl Tls {
                 match tokio::task::spawn_blocking(move || server_config(&files, &alpn)).await {
                     Ok(Ok(config)) => {
                         tls.current.store(Arc::new(config));
-                        tracing::info!(cert = %tls.files.cert.display(), "TLS certificate reloaded");
+                        tracing::info!(port = tls.port, cert = %tls.files.cert.display(), "TLS certificate reloaded");
                     }
-                    Ok(Err(e)) => {
-                        tracing::error!(error = format!("{e:#}"), "TLS files not reloaded; keeping the ones in force")
-                    }
-                    Err(e) => tracing::error!(error = %e, "TLS files not reloaded"),
+                    Ok(Err(e)) => tracing::error!(
+                        port = tls.port,
+                        error = format!("{e:#}"),
+                        "TLS files not reloaded; keeping the ones in force"
+                    ),
+                    Err(e) => tracing::error!(port = tls.port, error = %e, "TLS files not reloaded"),
                 }
             }
         })
