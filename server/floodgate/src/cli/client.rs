@@ -195,24 +195,43 @@ pub async fn rules(args: RulesArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// How many terminal columns `s` takes: a CJK character or an emoji takes
+/// two, so counting characters would misalign a table of such names.
+fn columns(s: &str) -> usize {
+    unicode_width::UnicodeWidthStr::width(s)
+}
+
+/// `s` padded with spaces to `width` terminal columns.
+fn cell(s: &str, width: usize) -> String {
+    format!("{s}{}", " ".repeat(width.saturating_sub(columns(s))))
+}
+
 /// A what-if report, readably.
 fn render_what_if(r: &pb::GetWhatIfResponse) -> String {
     use std::fmt::Write;
     let state = if r.running { "running" } else { "finished" };
     let mut out = format!("what-if {state}: {} calls seen, {} matched no candidate rule\n", r.calls, r.unmatched);
     // As wide as the longest rule and limit names, at least the usual width.
-    let rule_w = r.limits.iter().map(|l| l.rule.chars().count()).max().unwrap_or(0).max(24);
-    let limit_w = r.limits.iter().map(|l| l.limit.chars().count()).max().unwrap_or(0).max(16);
+    let rule_w = r.limits.iter().map(|l| columns(&l.rule)).max().unwrap_or(0).max(24);
+    let limit_w = r.limits.iter().map(|l| columns(&l.limit)).max().unwrap_or(0).max(16);
     let _ = writeln!(
         out,
-        "{:<rule_w$} {:<limit_w$} {:>10} {:>11} {:>13}",
-        "rule", "limit", "evaluated", "would deny", "newly denied"
+        "{} {} {:>10} {:>11} {:>13}",
+        cell("rule", rule_w),
+        cell("limit", limit_w),
+        "evaluated",
+        "would deny",
+        "newly denied"
     );
     for l in &r.limits {
         let _ = writeln!(
             out,
-            "{:<rule_w$} {:<limit_w$} {:>10} {:>11} {:>13}",
-            l.rule, l.limit, l.evaluated, l.would_deny, l.newly_denied
+            "{} {} {:>10} {:>11} {:>13}",
+            cell(&l.rule, rule_w),
+            cell(&l.limit, limit_w),
+            l.evaluated,
+            l.would_deny,
+            l.newly_denied
         );
         for h in &l.top {
             let key = if h.key.is_empty() { "(all)" } else { h.key.as_str() };
@@ -256,14 +275,16 @@ fn render(resource: &str, r: &pb::AcquireResponse) -> String {
     }
     // The columns are as wide as the longest name and window, so that a long
     // limit name does not push its line out of line with the others.
-    let name_width = r.limits.iter().map(|l| l.name.chars().count()).max().unwrap_or(0).max(16);
+    let name_width = r.limits.iter().map(|l| columns(&l.name)).max().unwrap_or(0).max(16);
     let windows: Vec<String> = r.limits.iter().map(|l| l.window.as_ref().map(human).unwrap_or_default()).collect();
     let window_width = windows.iter().map(|w| w.len()).max().unwrap_or(0).max(6);
     for (l, window) in r.limits.iter().zip(&windows) {
         let _ = write!(
             out,
-            "  {:<name_width$} remaining {:>6}/{:<6} per {window:<window_width$}",
-            l.name, l.remaining, l.limit
+            "  {} remaining {:>6}/{:<6} per {window:<window_width$}",
+            cell(&l.name, name_width),
+            l.remaining,
+            l.limit
         );
         if let Some(reset) = l.reset_after.as_ref().map(human).filter(|s| !s.is_empty()) {
             let _ = write!(out, "  reset {reset}");
@@ -287,4 +308,18 @@ fn human(d: &prost_types::Duration) -> String {
 /// A breaker state as people read it: `OPEN`, not `BREAKER_STATE_OPEN`.
 pub(crate) fn state_name(n: i32) -> &'static str {
     pb::BreakerState::try_from(n).map_or("UNKNOWN", |s| s.as_str_name().trim_start_matches("BREAKER_STATE_"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{cell, columns};
+
+    #[test]
+    fn wide_characters_take_two_columns_and_cells_line_up() {
+        assert_eq!(columns("orders"), 6);
+        assert_eq!(columns("注文"), 4);
+        assert_eq!(cell("注文", 6), "注文  ");
+        assert_eq!(columns(&cell("注文", 6)), columns(&cell("orders", 6)));
+        assert_eq!(cell("longer than the cell", 4), "longer than the cell");
+    }
 }
