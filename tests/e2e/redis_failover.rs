@@ -139,4 +139,16 @@ fn sentinels_without_a_master_name_are_refused() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("master name"), "{err}");
+    // A password in any Redis URL is refused before anything is logged, and
+    // never shown.
+    for args in [
+        vec!["--redis-sentinel", "redis://u:topsecret@127.0.0.1:1", "--redis-sentinel-master", "m"],
+        vec!["--redis", "redis://u:topsecret@127.0.0.1:1"],
+        vec!["--redis-cluster", "redis://127.0.0.1:1,redis://u:topsecret@127.0.0.1:2"],
+    ] {
+        let out = std::process::Command::new(support::BIN).arg("serve").args(&args).output().unwrap();
+        let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(!out.status.success(), "{args:?}: {said}");
+        assert!(said.contains("a password in the URL is refused") && !said.contains("topsecret"), "{args:?}: {said}");
+    }
 }

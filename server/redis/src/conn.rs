@@ -27,6 +27,71 @@ pub enum Target {
     },
 }
 
+impl Target {
+    /// Checks every URL before anything is connected or logged: a URL that
+    /// does not parse, or that holds a password (it would show in `ps`, in
+    /// shell history and in logs), is refused naming its flag; a Sentinel
+    /// URL may not name a database (Sentinels have none).
+    pub fn check(&self) -> anyhow::Result<()> {
+        match self {
+            Target::Standalone(url) => check_url(url, "--redis", "--redis-password-file or FLOODGATE_REDIS_PASSWORD"),
+            Target::Cluster(nodes) => nodes
+                .iter()
+                .try_for_each(|u| check_url(u, "--redis-cluster", "--redis-password-file or FLOODGATE_REDIS_PASSWORD")),
+            Target::Sentinel { sentinels, .. } => sentinels.iter().try_for_each(|u| {
+                check_url(
+                    u,
+                    "--redis-sentinel",
+                    "--redis-sentinel-password-file or FLOODGATE_REDIS_SENTINEL_PASSWORD",
+                )?;
+                use redis::IntoConnectionInfo;
+                let db = u.as_str().into_connection_info().map(|i| i.redis_settings().db()).unwrap_or(0);
+                anyhow::ensure!(
+                    db == 0,
+                    "--redis-sentinel {}: a Sentinel has no databases; leave the path (/{db}) out",
+                    redact(u)
+                );
+                Ok(())
+            }),
+        }
+    }
+}
+
+fn check_url(url: &str, flag: &str, password_flags: &str) -> anyhow::Result<()> {
+    use redis::IntoConnectionInfo;
+    let info = url
+        .into_connection_info()
+        .map_err(|e| anyhow::anyhow!("{flag} {}: not a redis:// or rediss:// URL ({e})", redact(url)))?;
+    anyhow::ensure!(
+        info.redis_settings().password().is_none(),
+        "{flag}: a password in the URL is refused: use {password_flags}"
+    );
+    Ok(())
+}
+
+/// A URL with any password in it replaced by `***`, for messages and logs.
+pub fn redact(url: &str) -> String {
+    let Some(start) = url.find("://").map(|i| i + 3) else { return url.to_string() };
+    let Some(at) = url[start..].find('@').map(|i| start + i) else { return url.to_string() };
+    match url[start..at].find(':') {
+        Some(colon) => format!("{}:***{}", &url[..start + colon], &url[at..]),
+        None => url.to_string(),
+    }
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let list = |urls: &[String]| urls.iter().map(|u| redact(u)).collect::<Vec<_>>().join(",");
+        match self {
+            Target::Standalone(url) => write!(f, "{}", redact(url)),
+            Target::Cluster(nodes) => write!(f, "cluster {}", list(nodes)),
+            Target::Sentinel { sentinels, master } => {
+                write!(f, "master {master:?} through Sentinels {}", list(sentinels))
+            }
+        }
+    }
+}
+
 /// How to log in to Redis: an ACL user and password (read from a file or the
 /// environment, never from a URL on the command line), and for `rediss://`
 /// the CA to trust when it is not in the system's store.

@@ -230,7 +230,7 @@ async fn start_replication(
     replica: Option<Arc<Replica>>,
 ) -> anyhow::Result<Option<Arc<Replication>>> {
     let (Some(config), Some(replica)) = (opts.replication.clone(), replica) else { return Ok(None) };
-    tracing::info!(target = ?config.target, sync_interval = ?config.sync_interval, "replicating through Redis");
+    tracing::info!(redis = %config.target, sync_interval = ?config.sync_interval, "replicating through Redis");
     Ok(Some(Replication::start(config, engine.clone(), replica).await?))
 }
 

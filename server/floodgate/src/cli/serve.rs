@@ -248,8 +248,10 @@ struct RedisAuthArgs {
     /// For rediss://: the CA (PEM) to trust when it is not in the system's store.
     #[arg(long, env = "FLOODGATE_REDIS_CA")]
     redis_ca: Option<PathBuf>,
-    /// A file holding the Redis Sentinels' own password, when they ask for
-    /// one (or set FLOODGATE_REDIS_SENTINEL_PASSWORD).
+    /// A file holding the password the Redis Sentinels require
+    /// (`requirepass` in sentinel.conf; or set
+    /// FLOODGATE_REDIS_SENTINEL_PASSWORD). Leave it out for Sentinels
+    /// without one: they refuse any password.
     #[arg(long, env = "FLOODGATE_REDIS_SENTINEL_PASSWORD_FILE", requires = "redis_sentinel")]
     redis_sentinel_password_file: Option<PathBuf>,
 }
@@ -391,6 +393,7 @@ fn replication_config(args: &ServeArgs) -> anyhow::Result<Option<replication::Co
             return Ok(None);
         }
     };
+    target.check()?;
     Ok(Some(replication::Config {
         target,
         credentials: redis_credentials(&args.redis_auth)?,
@@ -423,12 +426,13 @@ fn redis_credentials(args: &RedisAuthArgs) -> anyhow::Result<Credentials> {
 /// from the environment variable `env`.
 fn secret(file: &Option<PathBuf>, env: &str, what: &str) -> anyhow::Result<Option<String>> {
     Ok(match (file, std::env::var(env)) {
-        (Some(file), _) => Some(
-            crate::files::read_text(file, 64 << 10)
-                .with_context(|| format!("reading {what} from {}", file.display()))?
-                .trim_end_matches(['\n', '\r'])
-                .to_string(),
-        ),
+        (Some(file), _) => {
+            let text = crate::files::read_text(file, 64 << 10)
+                .with_context(|| format!("reading {what} from {}", file.display()))?;
+            let password = text.trim_end_matches(['\n', '\r']).to_string();
+            anyhow::ensure!(!password.is_empty(), "{}: {what} is empty", file.display());
+            Some(password)
+        }
         (None, Ok(p)) if !p.is_empty() => Some(p),
         _ => None,
     })

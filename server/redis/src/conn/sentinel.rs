@@ -77,7 +77,18 @@ impl Follow {
                     }
                     Err(e) => {
                         connections[i] = None;
-                        why.push(format!("{}: {e}", self.sentinels[i]));
+                        // A Sentinel without `requirepass` refuses any
+                        // password; one with it refuses a wrong one.
+                        let hint = if e.to_string().contains("uthentication") {
+                            if self.credentials.sentinel_password.is_some() {
+                                " (the Sentinel refused --redis-sentinel-password-file's password: is it the one in requirepass, and does the Sentinel have one?)"
+                            } else {
+                                " (the Sentinel asks for a password: give --redis-sentinel-password-file)"
+                            }
+                        } else {
+                            ""
+                        };
+                        why.push(format!("{}: {e}{hint}", super::redact(&self.sentinels[i])));
                     }
                 }
             }
@@ -151,6 +162,24 @@ impl Follow {
 #[cfg(test)]
 mod tests {
     use super::master_url;
+    use crate::conn::{Target, redact};
+
+    #[test]
+    fn urls_are_checked_and_passwords_never_shown() {
+        assert_eq!(redact("redis://user:secret@h:6379/0"), "redis://user:***@h:6379/0");
+        assert_eq!(redact("redis://user@h:6379"), "redis://user@h:6379");
+        assert_eq!(redact("redis://h:6379"), "redis://h:6379");
+        let sentinel = |u: &str| Target::Sentinel { sentinels: vec![u.to_string()], master: "m".into() };
+        let err = sentinel("redis://u:secret@127.0.0.1:26379").check().unwrap_err().to_string();
+        assert!(err.contains("--redis-sentinel-password-file") && !err.contains("secret"), "{err}");
+        let err = sentinel("redis://127.0.0.1:26379/3").check().unwrap_err().to_string();
+        assert!(err.contains("a Sentinel has no databases"), "{err}");
+        let err = Target::Standalone("http://u:secret@h".into()).check().unwrap_err().to_string();
+        assert!(err.starts_with("--redis http://u:***@h: not a redis://"), "{err}");
+        assert!(sentinel("redis://127.0.0.1:26379").check().is_ok());
+        let shown = sentinel("redis://u:secret@h:1").to_string();
+        assert_eq!(shown, "master \"m\" through Sentinels redis://u:***@h:1");
+    }
 
     #[test]
     fn the_master_speaks_tls_when_the_sentinels_do() {
