@@ -111,6 +111,10 @@ async fn a_dry_run_during_an_outage_owes_nothing() {
     wait_live(&a, 1);
     assert_eq!(decide(&a, "strict-window", 100, false).await.0, pb::Verdict::Allowed);
     redis.signal("STOP");
+    // Peek shows what Redis said last; a dry run decides from the bucket a
+    // real call would make from it (this replica alone: all of the 900).
+    assert_eq!(peek(&a, "strict-window").await, 900, "Redis's last figure while it is away");
+    assert_eq!(decide(&a, "strict-window", 901, true).await.0, pb::Verdict::RateLimited, "901 of 900");
     for _ in 0..5 {
         // The rules say nothing of on_redis_error: `local`, from this
         // replica's share of what Redis last said.

@@ -51,7 +51,21 @@ impl Replication {
         only: Option<&str>,
     ) -> Result<Answer<'r>, RequestError> {
         let (mut answer, keys) = self.engine.peek_keys(rules, resource, descriptors, only)?;
+        // While Redis cannot be asked, a limit it decides shows what Redis
+        // said at this replica's last call there (a real call now follows
+        // the limit's `on_redis_error`).
+        let last_said = |answer: &mut Answer<'r>| {
+            for (report, (limit, key)) in answer.limits.iter_mut().zip(&keys) {
+                if decided_by_store(limit)
+                    && let Some(remaining) = self.last_from_redis(key)
+                {
+                    report.status.remaining = remaining;
+                    report.exceeded = remaining == 0;
+                }
+            }
+        };
         if !self.sync().up() {
+            last_said(&mut answer);
             return Ok(answer);
         }
         let held = |k| self.engine.buckets().contains_key(k);
@@ -69,12 +83,15 @@ impl Replication {
             return Ok(answer);
         }
         let asked = remote.iter().map(|&i| (keys[i].0, &keys[i].1));
-        if let Some(decisions) = self.limits().peek_strict(resource, asked).await {
-            for (&i, d) in remote.iter().zip(decisions) {
-                let report = &mut answer.limits[i];
-                report.status = d.status;
-                report.exceeded = !d.admitted;
+        match self.limits().peek_strict(resource, asked).await {
+            Some(decisions) => {
+                for (&i, d) in remote.iter().zip(decisions) {
+                    let report = &mut answer.limits[i];
+                    report.status = d.status;
+                    report.exceeded = !d.admitted;
+                }
             }
+            None => last_said(&mut answer),
         }
         Ok(answer)
     }

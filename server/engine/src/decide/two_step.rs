@@ -416,7 +416,13 @@ impl Engine {
                     admitted: false,
                     status: Status { limit: alg.capacity(), retry_after: Duration::from_secs(1), ..Status::default() },
                 },
-                OnRedisError::Local if denied || dry_run => self.buckets.check(k, &alg, now, cost),
+                OnRedisError::Local if denied => self.buckets.check(k, &alg, now, cost),
+                // The bucket a real call would decide from (made from what
+                // Redis last said, as a real call would make it), checked.
+                OnRedisError::Local if dry_run => {
+                    self.outage_bucket(k, &alg, now);
+                    self.buckets.check(k, &alg, now, cost)
+                }
                 OnRedisError::Local => {
                     self.outage_bucket(k, &alg, now);
                     let d = self.buckets.acquire(k.clone(), &alg, now, cost);
