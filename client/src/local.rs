@@ -41,10 +41,15 @@ struct Bucket {
     at: Instant,
 }
 
-/// Calls in flight by resource, against the share of its concurrency limit.
+/// Calls in flight by resource, against the share of its concurrency limit:
+/// those this process admitted on its own, and those the server admitted
+/// with a slot that are still running (by permit id). A call the server
+/// admitted goes on running when the server goes away, so the calls decided
+/// locally meanwhile are counted beside it, not from zero.
 #[derive(Default)]
 struct Slots {
     by_resource: Mutex<HashMap<String, InFlight>>,
+    from_server: Mutex<HashMap<String, String>>,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -122,6 +127,18 @@ impl Bucket {
 impl LocalLimits {
     pub(crate) fn new(share: f64) -> Self {
         LocalLimits { share: share.clamp(0.0, 1.0), entries: Mutex::new(HashMap::new()), slots: Arc::default() }
+    }
+
+    /// The server admitted a call of `resource` with a slot of its
+    /// concurrency limit (permit `permit_id`): it counts as in flight here
+    /// until its permit reports.
+    pub(crate) fn server_slot(&self, permit_id: &str, resource: &str) {
+        self.slots.hold(permit_id, resource);
+    }
+
+    /// The call of a permit the server issued ended.
+    pub(crate) fn server_slot_ended(&self, permit_id: &str) {
+        self.slots.release(permit_id);
     }
 
     /// What the server said of a question: its verdict, the limits it
@@ -232,6 +249,32 @@ impl Slots {
         map.entry(resource.to_string()).or_default().cap = cap;
     }
 
+    fn hold(&self, permit_id: &str, resource: &str) {
+        let mut server = self.from_server.lock().unwrap_or_else(|e| e.into_inner());
+        // Bounded like the questions: past it, a call is not counted (the
+        // local share may then admit more while the server is away).
+        if server.len() >= MAX_KEYS * 10 || server.contains_key(permit_id) {
+            return;
+        }
+        server.insert(permit_id.to_string(), resource.to_string());
+        drop(server);
+        let mut map = self.by_resource.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = map.get_mut(resource) {
+            f.now += 1;
+        } else if map.len() < MAX_KEYS {
+            map.insert(resource.to_string(), InFlight { cap: 0, now: 1 });
+        }
+    }
+
+    fn release(&self, permit_id: &str) {
+        let resource = self.from_server.lock().unwrap_or_else(|e| e.into_inner()).remove(permit_id);
+        let Some(resource) = resource else { return };
+        let mut map = self.by_resource.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = map.get_mut(&resource) {
+            f.now = f.now.saturating_sub(1);
+        }
+    }
+
     /// A slot of `resource` (`Ok(true)`), no limit known (`Ok(false)`), or
     /// all of this process's share in use (`Err(cap)`).
     fn take(&self, resource: &str) -> Result<bool, u32> {
@@ -323,6 +366,28 @@ mod tests {
         assert_eq!(denied.verdict, Verdict::ConcurrencyLimited);
         drop(held);
         assert!(local.decide(&key(&req), "db", 1).is_allowed(), "the slots came back");
+    }
+
+    /// Calls the server admitted are still running when it goes away: the
+    /// calls decided here count beside them, so the resource never has more
+    /// in flight than its limit.
+    #[test]
+    fn calls_the_server_admitted_still_hold_their_slots_when_deciding_locally() {
+        let local = LocalLimits::new(1.0);
+        let req = Acquire::new("db");
+        local.learn(key(&req), "db", Verdict::Allowed, &[], 4);
+        for id in ["p1", "p2", "p3"] {
+            local.server_slot(id, "db");
+        }
+        local.server_slot("p3", "db");
+        let first = local.decide(&key(&req), "db", 1);
+        assert!(first.is_allowed(), "3 of 4 in flight: one more");
+        assert_eq!(local.decide(&key(&req), "db", 1).verdict, Verdict::ConcurrencyLimited, "4 of 4");
+        local.server_slot_ended("p1");
+        local.server_slot_ended("p1");
+        let again = local.decide(&key(&req), "db", 1);
+        assert!(again.is_allowed(), "a server call ended (once): one slot");
+        assert_eq!(local.decide(&key(&req), "db", 1).verdict, Verdict::ConcurrencyLimited);
     }
 
     #[test]

@@ -382,11 +382,15 @@ impl Client {
     }
 
     fn decision(&self, r: pb::AcquireResponse, req: &Acquire, endpoint: usize) -> Decision {
+        let holds_slot = r.holds_slot;
         let d = Decision::from_proto(r, |id, urgent, breaker| {
             Permit::new(self.inner.clone(), id, req.resource(), endpoint, urgent, self.cancelled_outcome(breaker))
         });
         if let Some(local) = &self.inner.local {
             local.learn(local::key(req), req.resource(), d.verdict, &d.limits, d.max_in_flight);
+            if let Some(permit) = d.permit.as_ref().filter(|_| holds_slot) {
+                local.server_slot(permit.id(), req.resource());
+            }
         }
         d
     }
@@ -420,6 +424,9 @@ impl Client {
 impl Sink for Inner {
     /// A permit's report, queued for the server that issued it.
     fn send_report(&self, permit: &Permit, outcome: Outcome, latency: Duration, actual_cost: Option<u64>) {
+        if let Some(local) = &self.local {
+            local.server_slot_ended(permit.id());
+        }
         let Some(ep) = self.endpoints.get(permit.endpoint) else { return };
         let report = pb::ReportOutcomeRequest {
             resource: permit.resource().to_string(),
