@@ -21,8 +21,8 @@ pub struct AcquireArgs {
     /// A descriptor, as key=value; repeat for more.
     #[arg(short = 'd', long = "descriptor", value_parser = parse_pair)]
     descriptors: Vec<(String, String)>,
-    /// Units to take.
-    #[arg(long, default_value_t = 1)]
+    /// Units to take (at least 1).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     cost: u32,
     /// Answer without consuming anything.
     #[arg(long)]

@@ -14,8 +14,8 @@ pub struct TopArgs {
     /// Only this rule's limits (its name or pattern as written).
     #[arg(long, default_value = "")]
     rule: String,
-    /// Keys per limit and outcome.
-    #[arg(short = 'n', long, default_value_t = 10)]
+    /// Keys per limit and outcome (at least 1).
+    #[arg(short = 'n', long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
     count: u32,
 }
 
