@@ -55,13 +55,13 @@ impl Replication {
             .iter()
             .map(|(key, units, at_us, _)| Adjust { key: key.clone(), units: *units, at_us: *at_us })
             .collect();
-        let left = self.adjust(&rules, &strict.resource, &items).await?;
+        let (at_us, left) = self.adjust(&rules, &strict.resource, &items).await?;
         // Redis's figure is this replica's to start an outage from, to
         // restore an emptied Redis with, and to keep fresh.
         let now = self.engine.clock().now();
         for (item, left) in items.iter().zip(&left) {
             if let Some(left) = left {
-                sync.saw_strict(&item.key, &strict.resource, (*left).max(0) as u64, now);
+                sync.saw_strict(&item.key, &strict.resource, (*left).max(0) as u64, now, at_us);
             }
         }
         Some(left)
@@ -77,17 +77,17 @@ impl Replication {
         }
     }
 
-    /// Adjusts strict buckets of `resource`, once; what each has available
-    /// after (negative for a debt; `None` for a bucket whose limit is no
-    /// longer in force), or `None` when Redis did not answer in time
-    /// (nothing was changed then: each attempt carries a deadline). A
-    /// resource Redis lost is restored first.
-    pub async fn adjust(&self, rules: &Installed, resource: &str, items: &[Adjust]) -> Option<Vec<Option<i64>>> {
+    /// Adjusts strict buckets of `resource`, once: Redis's time (us), and
+    /// what each has available after (negative for a debt; `None` for a
+    /// bucket whose limit is no longer in force), or `None` when Redis did
+    /// not answer in time (nothing was changed then: each attempt carries a
+    /// deadline). A resource Redis lost is restored first.
+    pub async fn adjust(&self, rules: &Installed, resource: &str, items: &[Adjust]) -> Option<(i64, Vec<Option<i64>>)> {
         let clock = self.engine.clock();
         if items.iter().all(|i| rules.limit(i.key.limit).is_none()) {
-            return Some(vec![None; items.len()]);
+            return Some((0, vec![None; items.len()]));
         }
-        let left = self
+        let (at_us, left) = self
             .limits()
             .until_done(rules, resource, true, || async {
                 let now = clock.now();
@@ -110,7 +110,7 @@ impl Replication {
             .await?;
         self.sync().mark(resource, clock.now());
         let mut left = left.into_iter();
-        Some(items.iter().map(|i| rules.limit(i.key.limit).and_then(|_| left.next())).collect())
+        Some((at_us, items.iter().map(|i| rules.limit(i.key.limit).and_then(|_| left.next())).collect()))
     }
 
     /// Pays what is owed to strict buckets, one script per resource and
@@ -178,11 +178,11 @@ impl Replication {
         }
         for (resource, items) in by_resource {
             for chunk in items.chunks(BUCKETS_PER_SCRIPT) {
-                let Some(left) = self.adjust(rules, &resource, chunk).await else { return };
+                let Some((at_us, left)) = self.adjust(rules, &resource, chunk).await else { return };
                 let now = self.engine.clock().now();
                 for (item, available) in chunk.iter().zip(left) {
                     if let Some(available) = available {
-                        self.sync().refreshed_strict(&item.key, available, now);
+                        self.sync().refreshed_strict(&item.key, available, now, at_us);
                     }
                 }
             }

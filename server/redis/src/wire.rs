@@ -177,16 +177,18 @@ impl TakeReply {
     }
 }
 
-/// adjust.lua: per bucket, what is available after (negative for a debt).
-pub fn parse_adjusted(v: Value, buckets: usize) -> Result<Answered<Vec<i64>>, ReplyError> {
+/// adjust.lua: Redis's time (us), then per bucket what is available after
+/// (negative for a debt).
+pub fn parse_adjusted(v: Value, buckets: usize) -> Result<Answered<(i64, Vec<i64>)>, ReplyError> {
     if let Some(nothing) = did_nothing(&v) {
         return Ok(nothing);
     }
-    let r = integers(ScriptName::Adjust, v)?;
-    if r.len() != buckets {
-        return Err(error(ScriptName::Adjust, format!("{} numbers for {buckets} buckets", r.len())));
+    let mut r = integers(ScriptName::Adjust, v)?;
+    if r.len() != buckets + 1 {
+        return Err(error(ScriptName::Adjust, format!("{} numbers for {buckets} buckets and the time", r.len())));
     }
-    Ok(Answered::Done(r))
+    let at_us = r.remove(0);
+    Ok(Answered::Done((at_us, r)))
 }
 
 /// sync.lua: per bucket `{lease, window start us, prev, cur, available}`.
@@ -366,8 +368,9 @@ mod tests {
         // A debt of 2 on one bucket: before, {-2} read as "Redis lost the
         // resource", so the replica restored a stale figure and adjusted
         // again (Redis counted 693 of a window of 400).
-        assert_eq!(parse_adjusted(ints(&[-2]), 1), Ok(Answered::Done(vec![-2])));
-        assert_eq!(parse_adjusted(ints(&[-1]), 1), Ok(Answered::Done(vec![-1])));
+        assert_eq!(parse_adjusted(ints(&[7, -2]), 1), Ok(Answered::Done((7, vec![-2]))));
+        assert_eq!(parse_adjusted(ints(&[7, -1]), 1), Ok(Answered::Done((7, vec![-1]))));
+        assert!(parse_adjusted(ints(&[-1]), 1).is_err(), "the time is missing");
         assert_eq!(parse_adjusted(word("lost"), 1), Ok(Answered::Lost));
         assert_eq!(parse_adjusted(word("late"), 1), Ok(Answered::TooLate));
     }

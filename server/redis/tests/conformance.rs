@@ -309,7 +309,7 @@ impl Lua {
         inv.arg(now_us);
         let v: redis::Value = inv.invoke(&mut self.con).map_err(|e| format!("adjust.lua failed: {e}"))?;
         match parse_adjusted(v, 1).map_err(|e| e.to_string())? {
-            Answered::Done(left) => Ok(left[0]),
+            Answered::Done((_, left)) => Ok(left[0]),
             other => Err(format!("adjust.lua did nothing: {other:?}")),
         }
     }

@@ -86,6 +86,9 @@ struct Seen {
     resource: String,
     remaining: f64,
     at: Timestamp,
+    /// Redis's time (us) of the figure: answers that arrive out of order
+    /// (two calls in flight) never replace a figure with an older one.
+    redis_at: i64,
     /// When a decision here last used it (a refresh is not a use).
     used: Timestamp,
     /// What this replica admitted on its own lately, times the live
@@ -169,15 +172,23 @@ impl Replica {
         self.strict_seen.get(key).map(|s| s.remaining as u64)
     }
 
-    pub fn saw_strict(&self, key: &BucketKey, resource: &str, remaining: u64, now: Timestamp) {
+    /// What Redis said a strict bucket had left at its time `redis_at` (us),
+    /// in an answer to a decision, a charge or a settle here. An older figure
+    /// than the one kept is not taken: after a loss, this figure is what the
+    /// bucket is restored to, and a stale one would give back units taken.
+    pub fn saw_strict(&self, key: &BucketKey, resource: &str, remaining: u64, now: Timestamp, redis_at: i64) {
         if let Some(mut s) = self.strict_seen.get_mut(key) {
-            (s.remaining, s.at, s.used) = (remaining as f64, now, now);
+            s.used = now;
+            if redis_at >= s.redis_at {
+                (s.remaining, s.at, s.redis_at) = (remaining as f64, now, redis_at);
+            }
             return;
         }
         let seen = Seen {
             resource: resource.to_string(),
             remaining: remaining as f64,
             at: now,
+            redis_at,
             used: now,
             assumed: 0.0,
             assumed_at: Timestamp::ZERO,
@@ -188,10 +199,13 @@ impl Replica {
     /// What Redis says a strict bucket has left now, read by the sync loop
     /// so that an outage starts from a fresh figure, not from this
     /// replica's own last decision.
-    pub fn refreshed_strict(&self, key: &BucketKey, available: i64, now: Timestamp) {
-        if let Some(mut s) = self.strict_seen.get_mut(key) {
+    pub fn refreshed_strict(&self, key: &BucketKey, available: i64, now: Timestamp, redis_at: i64) {
+        if let Some(mut s) = self.strict_seen.get_mut(key)
+            && redis_at >= s.redis_at
+        {
             s.remaining = available.max(0) as f64;
             s.at = now;
+            s.redis_at = redis_at;
         }
     }
 

@@ -126,7 +126,7 @@ fn while_redis_is_down_every_strict_decision_follows_its_policy() {
     // Redis last said 18 were left on "local": this replica's share is 9.
     let rules = e.rules_full();
     let key = crate::store::BucketKey::global(rules.find("local").unwrap().1.ids[0]);
-    sync.saw_strict(&key, "local", 18, clock.now());
+    sync.saw_strict(&key, "local", 18, clock.now(), 1);
     assert_eq!(admitted(&e, "local", 20), 9);
     assert_eq!(admitted(&e, "deny", 20), 0, "every request of the outage, not only the first");
     assert_eq!(admitted(&e, "allow", 20), 20);
@@ -137,7 +137,7 @@ fn while_redis_is_down_every_strict_decision_follows_its_policy() {
     replica.on(&e).end_outage();
     assert!(!sync.set_up(true), "already up");
     clock.advance(Duration::from_millis(100));
-    sync.saw_strict(&key, "local", 13, clock.now());
+    sync.saw_strict(&key, "local", 13, clock.now(), 2);
     sync.set_up(false);
     assert_eq!(admitted(&e, "local", 20), 2, "half of 13 - 9");
     // Once every replica has paid (3 s), an outage starts again from what
@@ -145,7 +145,11 @@ fn while_redis_is_down_every_strict_decision_follows_its_policy() {
     assert!(sync.set_up(true));
     replica.on(&e).end_outage();
     clock.advance(Duration::from_secs(4));
-    sync.saw_strict(&key, "local", 4, clock.now());
+    sync.saw_strict(&key, "local", 4, clock.now(), 3);
+    // An answer Redis gave earlier (a call in flight beside the one above)
+    // arrives last: it does not replace the newer figure.
+    sync.saw_strict(&key, "local", 17, clock.now(), 2);
+    assert_eq!(sync.last_from_store(&key), Some(4), "the newest of Redis's figures");
     sync.set_up(false);
     assert_eq!(admitted(&e, "local", 20), 2, "half of 4");
 }

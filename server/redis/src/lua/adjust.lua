@@ -15,7 +15,8 @@ local now = now_us()
 local deadline = tonumber(ARGV[1])
 if deadline > 0 and now > deadline then return { 'late' } end
 if not marked(KEYS[1], ARGV[2]) then return { 'lost' } end
-local out = {}
+-- Redis's time first: the replica keeps the newest figure it was given.
+local out = { now }
 for i = 2, #KEYS do
   local key, b = KEYS[i], 2 + (i - 2) * 7
   local units, at = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
