@@ -592,7 +592,10 @@ class AdminServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Peek(self, request, context):
-        """A resource's limits for some descriptors, consuming nothing. Role: read.
+        """A resource's limits for some descriptors, consuming nothing: the figures
+        an Acquire would be decided by (with Redis: read from Redis for strict
+        limits, and pulled from it for replicated buckets this replica does not
+        hold). Role: read.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
