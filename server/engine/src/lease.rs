@@ -112,7 +112,7 @@ struct Holder {
 
 /// What a holder took in its current lease time (less what it gave back
 /// unused) and in the one before: how fast it uses a window limit.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 struct Ramp {
     since: Timestamp,
     now: u64,
@@ -120,6 +120,11 @@ struct Ramp {
 }
 
 impl Ramp {
+    /// A holder's first lease time, from `now`: nothing taken yet.
+    fn starting(now: Timestamp) -> Ramp {
+        Ramp { since: now, now: 0, before: 0 }
+    }
+
     /// Moves to the lease time that holds `now`.
     fn roll(&mut self, now: Timestamp, ttl: u64) {
         let elapsed = now.as_nanos().saturating_sub(self.since.as_nanos());
@@ -190,8 +195,7 @@ impl Leases {
             }
             if self.holders.len() >= MAX_KEYS {
                 let share = share_of(a.policy, milli(a.available.max(a.refill)), &[milli(a.want), 0], 0);
-                let ramp = Ramp { since: a.now, now: 0, before: 0 };
-                return Allotment { share, credit: share, holders: 2, owed: 0, ramp };
+                return Allotment { share, credit: share, holders: 2, owed: 0, ramp: Ramp::starting(a.now) };
             }
         }
         let mut list = self.holders.entry(key.clone()).or_default();
@@ -213,7 +217,7 @@ impl Leases {
                     credit: u64::MAX,
                     credit_at: a.now,
                     ttl,
-                    ramp: Ramp { since: a.now, now: 0, before: 0 },
+                    ramp: Ramp::starting(a.now),
                 };
                 list.push(fresh);
                 list.len() - 1

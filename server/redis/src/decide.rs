@@ -42,7 +42,8 @@ impl Replication {
     /// never used it, or forgot it after it sat idle) is pulled from Redis
     /// first, as a call would; the limits Redis decides (strict limits,
     /// replicated sliding logs) are read from Redis, taking nothing. While
-    /// Redis does not answer, this replica's own figures are shown.
+    /// Redis does not answer, those show what Redis said when this replica
+    /// last asked it.
     pub async fn peek<'r, D: Descriptors + ?Sized>(
         &self,
         rules: &'r Installed,

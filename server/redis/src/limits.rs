@@ -80,21 +80,29 @@ struct StrictLimit {
     capacity: u64,
 }
 
+impl StrictLimit {
+    fn new(
+        resource: &str,
+        limit: &floodgate_rules::Limit,
+        key: &BucketKey,
+        now: floodgate_core::time::Timestamp,
+    ) -> Self {
+        StrictLimit {
+            key: key.clone(),
+            redis_key: bucket_key(resource, limit, key),
+            args: limit_args(&limit.algorithm, now),
+            capacity: limit.algorithm.capacity(),
+        }
+    }
+}
+
 impl TakeJob {
     fn new<'p, 'r: 'p>(group: impl Iterator<Item = &'p Pending<'r>>, now: floodgate_core::time::Timestamp) -> TakeJob {
         let mut resource = String::new();
         let decisions = group
             .map(|p| {
                 resource = p.resource().to_string();
-                let limits = p
-                    .strict()
-                    .map(|(limit, key)| StrictLimit {
-                        key: key.clone(),
-                        redis_key: bucket_key(p.resource(), limit, key),
-                        args: limit_args(&limit.algorithm, now),
-                        capacity: limit.algorithm.capacity(),
-                    })
-                    .collect();
+                let limits = p.strict().map(|(limit, key)| StrictLimit::new(p.resource(), limit, key, now)).collect();
                 TakeDecision { cost: p.cost(), check: p.dry_run(), limits }
             })
             .collect();
@@ -108,14 +116,7 @@ impl TakeJob {
         limits: impl Iterator<Item = (&'a floodgate_rules::Limit, &'a BucketKey)>,
         now: floodgate_core::time::Timestamp,
     ) -> TakeJob {
-        let limits = limits
-            .map(|(limit, key)| StrictLimit {
-                key: key.clone(),
-                redis_key: bucket_key(resource, limit, key),
-                args: limit_args(&limit.algorithm, now),
-                capacity: limit.algorithm.capacity(),
-            })
-            .collect();
+        let limits = limits.map(|(limit, key)| StrictLimit::new(resource, limit, key, now)).collect();
         TakeJob { resource: resource.to_string(), decisions: vec![TakeDecision { cost: 0, check: true, limits }] }
     }
 }
