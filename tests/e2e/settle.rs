@@ -397,6 +397,46 @@ async fn a_strict_charge_while_redis_is_away_is_owed_and_paid() {
     }
 }
 
+/// A strict bucket that charges took beyond its limit keeps that debt when
+/// Redis comes back from an older dump: the replica puts back what Redis
+/// last told it, below zero (before, it knew at most 0, and the units
+/// charged beyond the limit were free again after the restore).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_debt_beyond_a_strict_limit_survives_redis_coming_back_older() {
+    let (mut redis, _dir, args) = replicated(STRICT);
+    let fg = floodgate().args(strs(&args)).start();
+    wait_redis_up(&fg);
+    let mut c = fg.client().await;
+    let charge = |user: &str, cost: u64| pb::ChargeRequest {
+        resource: "strict".into(),
+        descriptors: HashMap::from([("user".into(), user.into())]),
+        cost,
+    };
+    // The dump knows "over" with 900 left; then a charge takes it to -300.
+    c.charge(charge("over", 100)).await.unwrap();
+    redis.bgsave();
+    let charged = c.charge(charge("over", 1200)).await.unwrap().into_inner();
+    assert!(charged.limits[0].exceeded, "{charged:?}");
+    // A decision reads the debt back from Redis (it answers 0 left).
+    let denied = c.acquire(on("strict", "over", 1, false)).await.unwrap().into_inner();
+    assert_eq!(denied.verdict(), pb::Verdict::RateLimited, "{denied:?}");
+    redis.restart();
+    // The next decision finds Redis older and restores before it decides.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let asked = c.acquire(on("strict", "over", 1, false)).await;
+        if fg.logs().contains("Redis had lost this resource's state") {
+            assert_eq!(asked.unwrap().into_inner().verdict(), pb::Verdict::RateLimited);
+            break;
+        }
+        assert!(Instant::now() < deadline, "the replica never restored: {}", fg.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let key = "fg:b:{strict}:tokens:token_bucket:over";
+    let tokens: f64 = redis.cli(&["HGET", key, "t"]).and_then(|t| t.parse().ok()).unwrap();
+    assert!((tokens + 300.0).abs() < 1.0, "Redis holds {tokens} after the restore, not the debt of -300");
+}
+
 /// A charge far past a strict sliding log's limit is taken once, and costs
 /// Redis what one of the limit does (before: one entry per unit; a charge
 /// of 50,000 ran past --redis-timeout, was owed, paid again and again, and

@@ -61,7 +61,7 @@ impl Replication {
         let now = self.engine.clock().now();
         for (item, left) in items.iter().zip(&left) {
             if let Some(left) = left {
-                sync.saw_strict(&item.key, &strict.resource, (*left).max(0) as u64, now, at_us);
+                sync.saw_strict(&item.key, &strict.resource, *left, now, at_us);
             }
         }
         Some(left)

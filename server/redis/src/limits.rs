@@ -242,7 +242,7 @@ impl Limits<'_> {
                         // it, not what is left; a check of nothing (a peek)
                         // is what is left.
                         if !d.check || d.cost == 0 {
-                            self.sync().saw_strict(&l.key, resource, r.remaining, now, reply.at_us);
+                            self.sync().saw_strict(&l.key, resource, r.available, now, reply.at_us);
                         }
                         Decision {
                             admitted: reply.admitted,

@@ -34,7 +34,11 @@ pub struct TakeReply {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TakeLimit {
     pub admitted: bool,
+    /// What is left, as a decision reports it (never below 0).
     pub remaining: u64,
+    /// What Redis has available after the decision: negative when charges
+    /// took the bucket beyond its limit.
+    pub available: i64,
     pub reset_after: Duration,
     pub retry_after: Duration,
     pub wait: Duration,
@@ -167,6 +171,7 @@ impl TakeReply {
                 Ok(TakeLimit {
                     admitted: flag(c[0])?,
                     remaining: c[1].max(0) as u64,
+                    available: c[1],
                     reset_after: micros(c[2]),
                     retry_after: micros(c[3]),
                     wait: micros(c[4]),

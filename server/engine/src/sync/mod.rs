@@ -80,10 +80,13 @@ pub struct Debt {
     pub units: i64,
 }
 
-/// A strict bucket's remaining units as Redis last reported them.
+/// A strict bucket's available units as Redis last reported them.
 #[derive(Clone, Debug)]
 struct Seen {
     resource: String,
+    /// Negative when charges took the bucket beyond its limit: that debt is
+    /// restored too if Redis loses it, or the units charged would be free
+    /// again.
     remaining: f64,
     at: Timestamp,
     /// Redis's time (us) of the figure: answers that arrive out of order
@@ -169,24 +172,26 @@ impl Replica {
     /// replica last asked it: what the console shows of a strict limit
     /// (another replica's calls since are not in it).
     pub fn last_from_store(&self, key: &BucketKey) -> Option<u64> {
-        self.strict_seen.get(key).map(|s| s.remaining as u64)
+        self.strict_seen.get(key).map(|s| s.remaining.max(0.0) as u64)
     }
 
-    /// What Redis said a strict bucket had left at its time `redis_at` (us),
-    /// in an answer to a decision, a charge or a settle here. An older figure
-    /// than the one kept is not taken: after a loss, this figure is what the
-    /// bucket is restored to, and a stale one would give back units taken.
-    pub fn saw_strict(&self, key: &BucketKey, resource: &str, remaining: u64, now: Timestamp, redis_at: i64) {
+    /// What Redis said a strict bucket had available at its time `redis_at`
+    /// (us), in an answer to a decision, a charge or a settle here: negative
+    /// when charges took it beyond its limit. An older figure than the one
+    /// kept is not taken: after a loss, this figure is what the bucket is
+    /// restored to, and a stale one would give back units taken.
+    pub fn saw_strict(&self, key: &BucketKey, resource: &str, available: i64, now: Timestamp, redis_at: i64) {
+        let remaining = available as f64;
         if let Some(mut s) = self.strict_seen.get_mut(key) {
             s.used = now;
             if redis_at >= s.redis_at {
-                (s.remaining, s.at, s.redis_at) = (remaining as f64, now, redis_at);
+                (s.remaining, s.at, s.redis_at) = (remaining, now, redis_at);
             }
             return;
         }
         let seen = Seen {
             resource: resource.to_string(),
-            remaining: remaining as f64,
+            remaining,
             at: now,
             redis_at,
             used: now,
@@ -196,14 +201,14 @@ impl Replica {
         self.strict_seen.insert(key.clone(), seen);
     }
 
-    /// What Redis says a strict bucket has left now, read by the sync loop
-    /// so that an outage starts from a fresh figure, not from this
-    /// replica's own last decision.
+    /// What Redis says a strict bucket has available now (negative beyond
+    /// its limit), read by the sync loop so that an outage starts from a
+    /// fresh figure, not from this replica's own last decision.
     pub fn refreshed_strict(&self, key: &BucketKey, available: i64, now: Timestamp, redis_at: i64) {
         if let Some(mut s) = self.strict_seen.get_mut(key)
             && redis_at >= s.redis_at
         {
-            s.remaining = available.max(0) as f64;
+            s.remaining = available as f64;
             s.at = now;
             s.redis_at = redis_at;
         }
@@ -276,7 +281,7 @@ impl Replica {
     fn strict_remaining(&self, key: &BucketKey, now: Timestamp) -> Option<f64> {
         self.strict_seen.get(key).map(|s| {
             if now.saturating_since(s.assumed_at) >= crate::time::duration_nanos(ASSUMED_FOR) {
-                return s.remaining;
+                return s.remaining.max(0.0);
             }
             // A figure Redis gave after this replica's own admits were paid
             // (debts are paid before Redis is asked again) counts them: only

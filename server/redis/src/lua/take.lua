@@ -13,7 +13,9 @@
 -- five numbers per limit.
 -- Returns Redis's time (us: the instant every decision here took its units,
 -- for giving them back later), then per decision {admitted, then per limit:
--- ok, floor(avail after), reset us, retry us, wait us}.
+-- ok, floor(avail after), reset us, retry us, wait us}. What is available
+-- after may be negative: a Charge takes beyond the limit, and the replica
+-- must know that debt to put it back if Redis loses it.
 local now = now_us()
 local deadline = tonumber(ARGV[1])
 if deadline > 0 and now > deadline then return { 'late' } end
@@ -37,7 +39,7 @@ for _ = 1, tonumber(ARGV[3]) do
     if all and not check then A[algs[i]].take(KEYS[k + i], ps[i], now, cost, s) end
     local left = (all and s.ok) and s.avail - cost or s.avail
     table.insert(out, s.ok and 1 or 0)
-    table.insert(out, math.floor(math.max(left, 0)))
+    table.insert(out, math.floor(left))
     table.insert(out, math.ceil(s.reset))
     table.insert(out, math.ceil(s.retry))
     table.insert(out, math.ceil(s.wait))
