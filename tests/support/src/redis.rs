@@ -162,19 +162,32 @@ pub fn cli(port: u16, args: &[&str]) -> Option<String> {
     (out.status.success() && !text.starts_with("Could not connect")).then_some(text)
 }
 
-/// Three masters, slots spread by `redis-cli --cluster create`.
+/// Three masters, slots spread by `redis-cli --cluster create`, and with
+/// `start_with_replicas` one replica for each master.
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
 }
 
 impl RedisCluster {
     pub fn start() -> RedisCluster {
-        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_on(free_port(true), true)).collect();
+        RedisCluster::create(0)
+    }
+
+    /// Three masters and three replicas: `nodes[0..3]` start as masters and
+    /// `nodes[3..6]` as their replicas (which replica follows which master
+    /// is `redis-cli`'s choice: ask `replica_of`).
+    pub fn start_with_replicas() -> RedisCluster {
+        RedisCluster::create(1)
+    }
+
+    fn create(replicas: usize) -> RedisCluster {
+        let count = 3 * (1 + replicas);
+        let nodes: Vec<RedisServer> = (0..count).map(|_| RedisServer::start_on(free_port(true), true)).collect();
         let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
         let status = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(&addrs)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
@@ -193,6 +206,33 @@ impl RedisCluster {
     /// `--redis-cluster`'s argument.
     pub fn seeds(&self) -> String {
         self.nodes.iter().map(|n| n.url()).collect::<Vec<_>>().join(",")
+    }
+
+    /// The index of the node that replicates the master `nodes[master]`, once
+    /// its link to the master is up.
+    pub fn replica_of(&self, master: usize) -> usize {
+        let port = self.nodes[master].port.to_string();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let found = self.nodes.iter().position(|n| {
+                let info = n.cli(&["INFO", "replication"]).unwrap_or_default();
+                info.contains(&format!("master_port:{port}")) && info.contains("master_link_status:up")
+            });
+            if let Some(i) = found {
+                return i;
+            }
+            assert!(Instant::now() < deadline, "no replica of the master on {port} is linked");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The index of the master that holds keys matching `pattern` now.
+    pub fn master_holding(&self, pattern: &str) -> usize {
+        let found = self.nodes.iter().position(|n| {
+            let role = n.cli(&["ROLE"]).unwrap_or_default();
+            role.starts_with("master") && !n.cli(&["KEYS", pattern]).unwrap_or_default().is_empty()
+        });
+        found.unwrap_or_else(|| panic!("no master holds a key matching {pattern}"))
     }
 }
 
