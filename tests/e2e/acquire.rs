@@ -140,9 +140,33 @@ async fn reflection_v1_and_v1alpha_and_health_are_served() {
     let msg = stream.message().await.unwrap().unwrap();
     let Some(MessageResponse::ListServicesResponse(list)) = msg.message_response else { panic!("{msg:?}") };
     let names: Vec<_> = list.service.iter().map(|s| s.name.as_str()).collect();
-    for want in ["floodgate.v1.Floodgate", "floodgate.v1.Admin", "grpc.health.v1.Health"] {
+    for want in [
+        "floodgate.v1.Floodgate",
+        "floodgate.v1.Admin",
+        "grpc.health.v1.Health",
+        "envoy.service.ratelimit.v3.RateLimitService",
+        "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
+    ] {
         assert!(names.contains(&want), "{names:?}");
     }
+    // A client that only has reflection (grpcurl) must be able to build
+    // Envoy's request, so the file that defines it must come back whole.
+    let req = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::FileContainingSymbol(
+            "envoy.service.ratelimit.v3.RateLimitService".into(),
+        )),
+    };
+    let mut stream = v1.server_reflection_info(tokio_stream::iter([req])).await.unwrap().into_inner();
+    let msg = stream.message().await.unwrap().unwrap();
+    let Some(MessageResponse::FileDescriptorResponse(files)) = msg.message_response else { panic!("{msg:?}") };
+    use prost::Message;
+    let names: Vec<String> = files
+        .file_descriptor_proto
+        .iter()
+        .map(|bytes| prost_types::FileDescriptorProto::decode(bytes.as_slice()).unwrap().name().to_string())
+        .collect();
+    assert!(names.iter().any(|n| n == "envoy/service/ratelimit/v3/rls.proto"), "{names:?}");
 
     use tonic_reflection::pb::v1alpha::server_reflection_client::ServerReflectionClient as V1Alpha;
     use tonic_reflection::pb::v1alpha::{

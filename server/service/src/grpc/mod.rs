@@ -31,6 +31,10 @@ pub use observe::ObserveLayer;
 pub use serve::serve;
 pub use size::SizeLayer;
 
+/// Envoy's RLS v3 and RLQS v3 with every file they import, for reflection
+/// (see build.rs; empty when the build did not find Envoy's protos).
+const ENVOY_FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/envoy_descriptor.bin"));
+
 /// Every gRPC service on one port: data plane, control plane (behind its
 /// gate), Envoy's RLS v3, health and reflection (v1 and v1alpha, so grpcurl
 /// and other clients work). The decision services are called straight from
@@ -48,6 +52,7 @@ where
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(floodgate_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(ENVOY_FILE_DESCRIPTOR_SET)
     };
     let mut routes = RoutesBuilder::default();
     // Per-method caps are checked first (SizeLayer); tonic's own limit is
