@@ -50,6 +50,7 @@ mod envoy_xds;
 mod faults;
 mod fleet;
 mod fuzz_seeds;
+mod http_api;
 mod kubernetes;
 mod languages;
 mod leases;

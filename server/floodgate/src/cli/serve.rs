@@ -176,7 +176,8 @@ struct LimitArgs {
     #[arg(long, default_value = "20s", value_parser = super::at_least_1s)]
     keepalive_timeout: Duration,
     /// gRPC: bytes of request messages still arriving that the server holds
-    /// at once; a call that would pass it fails RESOURCE_EXHAUSTED.
+    /// at once; a call that would pass it fails RESOURCE_EXHAUSTED. The
+    /// JSON API's bodies on the HTTP port have a budget of this size too.
     #[arg(long, default_value = "256MiB", value_parser = super::parse_bytes)]
     max_unfinished_request_bytes: usize,
     /// gRPC: the same, per connection (at least the largest request, 8 MiB).

@@ -1,4 +1,5 @@
-//! The HTTP port: `/healthz`, `/readyz`, `/metrics` and the console (`/`),
+//! The HTTP port: `/healthz`, `/readyz`, `/metrics`, the JSON API (`/v1/`)
+//! and the console (`/`),
 //! served (`serve`) with the same connection bounds and TLS as the gRPC port,
 //! to the hosts it answers to (`site`).
 
@@ -15,11 +16,14 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use crate::access::Access;
 use crate::decider::Decider;
 
+mod api;
 mod console;
+mod openapi;
 mod reply;
 mod serve;
 mod site;
 
+pub use api::{Api, GrpcService, calls as api_calls};
 pub use serve::serve;
 pub use site::{Hosts, parse_name as parse_host_name};
 
@@ -36,6 +40,8 @@ pub struct HttpState {
     hosts: Arc<Hosts>,
     /// What else readiness waits for: why it is not ready yet, if it is not.
     gate: Option<ReadyGate>,
+    /// The gRPC calls as JSON (`/v1/`), when served.
+    api: Option<Api>,
 }
 
 /// A condition of readiness: `Some(why)` while it is not met.
@@ -46,12 +52,27 @@ impl HttpState {
     pub fn new(decider: Arc<Decider>, prometheus: Option<PrometheusHandle>, access: Arc<Access>, hosts: Hosts) -> Self {
         let console = console::Console::start(&decider);
         let hosts = Arc::new(hosts);
-        HttpState { ready: Arc::new(AtomicBool::new(false)), decider, prometheus, access, console, hosts, gate: None }
+        HttpState {
+            ready: Arc::new(AtomicBool::new(false)),
+            decider,
+            prometheus,
+            access,
+            console,
+            hosts,
+            gate: None,
+            api: None,
+        }
     }
 
     /// Readiness also waits for `gate`.
     pub(crate) fn with_gate(mut self, gate: Option<ReadyGate>) -> Self {
         self.gate = gate;
+        self
+    }
+
+    /// Serves the gRPC calls as JSON under `/v1/`.
+    pub(crate) fn with_api(mut self, api: Api) -> Self {
+        self.api = Some(api);
         self
     }
 
@@ -74,6 +95,8 @@ pub fn router(state: HttpState) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/v1/openapi.json", get(api::openapi))
+        .route("/v1/{*call}", axum::routing::post(api::call))
         .merge(console::routes())
         .fallback(console::not_found)
         .method_not_allowed_fallback(console::method_not_allowed)

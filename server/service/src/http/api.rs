@@ -1,0 +1,389 @@
+//! The decision API as JSON over HTTP: `POST /v1/acquire` and the other
+//! unary calls of the data plane and Admin, for callers that have an HTTP
+//! client and no gRPC stubs.
+//!
+//! A call here is a gRPC call made inside the server: the JSON body is read
+//! into the gRPC request message (the proto3 JSON mapping), encoded, and sent
+//! through the same layers and services as a call on the gRPC port, with the
+//! caller's `Authorization` header and connection (its mTLS certificate is
+//! its origin). So the decisions, the Admin tokens, the size caps and the
+//! metrics are those of gRPC; only the encoding differs. The answer is the
+//! gRPC response in the same mapping. A gRPC error becomes the HTTP status
+//! that Google's API design gives its code, with `{"code", "message"}`.
+//!
+//! The port is also the console's, which a browser may show. A page of
+//! another site must not spend anyone's quota through a visitor's browser,
+//! so a call must be `application/json` and, when the browser names where it
+//! comes from (`Origin`, `Sec-Fetch-Site`), come from this server itself.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::{BufMut, BytesMut};
+use http_body_util::BodyExt;
+use prost::Message;
+use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor, SerializeOptions};
+use serde_json::json;
+use tower::ServiceExt;
+
+use super::HttpState;
+use crate::grpc::rpc::Rpc;
+use crate::listen::Peer;
+
+/// The gRPC port's service with its layers, as the HTTP API calls it.
+pub type GrpcService =
+    tower::util::BoxCloneSyncService<http::Request<tonic::body::Body>, http::Response<tonic::body::Body>, Infallible>;
+
+/// The data plane's calls, by the name after `/v1/`. Admin's unary calls
+/// are under `/v1/admin/`, named by their method in kebab case.
+const DATA_PLANE: &[(&str, Rpc)] = &[
+    ("acquire", Rpc::Acquire),
+    ("acquire-batch", Rpc::AcquireBatch),
+    ("report", Rpc::ReportOutcome),
+    ("report-batch", Rpc::ReportOutcomeBatch),
+    ("charge", Rpc::Charge),
+    ("lease", Rpc::Lease),
+    ("report-load", Rpc::ReportLoad),
+];
+
+/// A JSON body may be this many times the gRPC cap of its call: JSON spells
+/// out field names and numbers, so the same request is larger.
+const JSON_FACTOR: usize = 2;
+
+/// What the HTTP API needs: the gRPC service it calls, the messages' types,
+/// and a byte budget for the bodies being read and decoded at once.
+#[derive(Clone)]
+pub struct Api {
+    grpc: GrpcService,
+    pool: DescriptorPool,
+    bodies: Arc<tokio::sync::Semaphore>,
+    max_bodies: usize,
+}
+
+impl Api {
+    /// `max_bodies`: bytes of request bodies held at once, across calls.
+    pub fn new(grpc: GrpcService, max_bodies: usize) -> anyhow::Result<Api> {
+        let pool = DescriptorPool::decode(floodgate_proto::FILE_DESCRIPTOR_SET)?;
+        let max_bodies = max_bodies.clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
+        Ok(Api { grpc, pool, bodies: Arc::new(tokio::sync::Semaphore::new(max_bodies)), max_bodies })
+    }
+
+    /// The input and output types of `rpc`.
+    fn types(&self, rpc: Rpc) -> Option<(MessageDescriptor, MessageDescriptor)> {
+        let (service, method) = rpc.path().strip_prefix('/')?.split_once('/')?;
+        let method = self.pool.get_service_by_name(service)?.methods().find(|m| m.name() == method)?;
+        Some((method.input(), method.output()))
+    }
+}
+
+/// Every call the HTTP API serves: its path after `/v1/`, and its RPC.
+pub fn calls() -> Vec<(String, Rpc)> {
+    let mut calls: Vec<(String, Rpc)> = DATA_PLANE.iter().map(|(name, rpc)| (name.to_string(), *rpc)).collect();
+    for rpc in Rpc::ALL {
+        if let Some(method) = rpc.label().strip_prefix("Admin/") {
+            calls.push((format!("admin/{}", kebab(method)), *rpc));
+        }
+    }
+    calls
+}
+
+/// `GetRules` as `get-rules`.
+fn kebab(method: &str) -> String {
+    split_words(method, '-').to_ascii_lowercase()
+}
+
+/// `InvalidArgument` as `INVALID_ARGUMENT`, as gRPC writes its codes.
+fn screaming(code: &str) -> String {
+    split_words(code, '_').to_ascii_uppercase()
+}
+
+/// A CamelCase name with `sep` before each capital but the first.
+fn split_words(name: &str, sep: char) -> String {
+    let mut out = String::with_capacity(name.len() + 4);
+    for (i, c) in name.chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            out.push(sep);
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn call_named(name: &str) -> Option<Rpc> {
+    calls().into_iter().find(|(n, _)| n == name).map(|(_, rpc)| rpc)
+}
+
+/// `POST /v1/{call}`.
+pub(super) async fn call(State(state): State<HttpState>, req: Request) -> Response {
+    let Some(api) = state.api.clone() else {
+        return error(StatusCode::NOT_FOUND, "NOT_FOUND", "the JSON API is not served by this server".into());
+    };
+    let name = req.uri().path().strip_prefix("/v1/").unwrap_or_default().to_string();
+    let Some(rpc) = call_named(&name) else {
+        let shown: String = name.chars().take(100).flat_map(char::escape_default).collect();
+        let known: Vec<String> = calls().into_iter().map(|(n, _)| n).collect();
+        let message = format!("no call '/v1/{shown}'; the calls are /v1/ and one of: {}", known.join(", "));
+        return error(StatusCode::NOT_FOUND, "NOT_FOUND", message);
+    };
+    if let Err((status, message)) = super::site::check_action(&req) {
+        return match status {
+            StatusCode::FORBIDDEN => error(status, "PERMISSION_DENIED", message),
+            _ => error(status, "INVALID_ARGUMENT", "Content-Type: a call must be sent as application/json".into()),
+        };
+    }
+    let Some((input, output)) = api.types(rpc) else {
+        return error(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL", format!("no types for {}", rpc.path()));
+    };
+    let cap = rpc.cap().saturating_mul(JSON_FACTOR);
+    let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > cap) {
+        return too_large(rpc, cap);
+    }
+    // The bytes this call may hold while its body is read and decoded,
+    // taken from the budget of all calls: a flood of large bodies waits for
+    // none of them, it is refused.
+    let want = declared.unwrap_or(cap).clamp(1, api.max_bodies);
+    let Ok(_held) = api.bodies.clone().try_acquire_many_owned(u32::try_from(want).unwrap_or(u32::MAX)) else {
+        let message = format!("the HTTP API is reading {} bytes of bodies at once, its most; retry", api.max_bodies);
+        return error(StatusCode::TOO_MANY_REQUESTS, "RESOURCE_EXHAUSTED", message);
+    };
+    let (parts, body) = req.into_parts();
+    let body = match axum::body::to_bytes(body, cap).await {
+        Ok(body) => body,
+        Err(e) if is_length_limit(&e) => return too_large(rpc, cap),
+        Err(e) => return error(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", format!("body: {e}")),
+    };
+    let message = match from_json(&input, &body) {
+        Ok(message) => message,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", format!("body: {e}")),
+    };
+    let grpc_request = grpc_request(rpc, &parts.headers, parts.extensions.get::<Peer>(), &message.encode_to_vec());
+    let Ok(answer) = api.grpc.oneshot(grpc_request).await;
+    let (head, body) = answer.into_parts();
+    let collected = match body.collect().await {
+        Ok(collected) => collected,
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL", format!("reading the answer: {e}")),
+    };
+    let trailers = collected.trailers().cloned();
+    let status = trailers
+        .as_ref()
+        .and_then(tonic::Status::from_header_map)
+        .or_else(|| tonic::Status::from_header_map(&head.headers));
+    if let Some(status) = status.filter(|s| s.code() != tonic::Code::Ok) {
+        return grpc_error(&status);
+    }
+    let bytes = collected.to_bytes();
+    let Some(payload) = unframe(&bytes) else {
+        return error(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL", "the answer is not one gRPC message".into());
+    };
+    answer_json(rpc, &output, payload)
+}
+
+/// A JSON body as the gRPC message `input`; an empty body is `{}`.
+fn from_json(input: &MessageDescriptor, body: &[u8]) -> Result<DynamicMessage, String> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(DynamicMessage::new(input.clone()));
+    }
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let message = DynamicMessage::deserialize(input.clone(), &mut de).map_err(|e| e.to_string())?;
+    de.end().map_err(|e| e.to_string())?;
+    Ok(message)
+}
+
+/// The gRPC request for `rpc` carrying `message`, with the caller's
+/// credentials and trace context, and its connection.
+fn grpc_request(
+    rpc: Rpc,
+    headers: &HeaderMap,
+    peer: Option<&Peer>,
+    message: &[u8],
+) -> http::Request<tonic::body::Body> {
+    let mut framed = BytesMut::with_capacity(5 + message.len());
+    framed.put_u8(0);
+    framed.put_u32(u32::try_from(message.len()).unwrap_or(u32::MAX));
+    framed.put_slice(message);
+    let mut req = http::Request::new(tonic::body::Body::new(http_body_util::Full::new(framed.freeze())));
+    *req.method_mut() = http::Method::POST;
+    *req.uri_mut() = http::Uri::from_static(rpc.path());
+    *req.version_mut() = http::Version::HTTP_2;
+    let out = req.headers_mut();
+    out.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    out.insert(header::TE, HeaderValue::from_static("trailers"));
+    for name in [header::AUTHORIZATION.as_str(), "traceparent", "tracestate", "grpc-timeout"] {
+        if let Some(value) = headers.get(name) {
+            out.insert(header::HeaderName::from_static(name), value.clone());
+        }
+    }
+    if let Some(peer) = peer {
+        req.extensions_mut().insert(peer.clone());
+    }
+    req
+}
+
+/// The message of a unary gRPC answer, without its 5-byte prefix.
+fn unframe(bytes: &[u8]) -> Option<&[u8]> {
+    let (head, rest) = bytes.split_at_checked(5)?;
+    let len = u32::from_be_bytes(head[1..5].try_into().ok()?) as usize;
+    (head[0] == 0 && rest.len() == len).then_some(rest)
+}
+
+/// The answer as JSON, every field shown (a field at its default too, so a
+/// client need not know proto3's defaults), with an Acquire's rate limit
+/// headers.
+fn answer_json(rpc: Rpc, output: &MessageDescriptor, payload: &[u8]) -> Response {
+    let message = match DynamicMessage::decode(output.clone(), payload) {
+        Ok(message) => message,
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL", format!("decoding the answer: {e}")),
+    };
+    let options = SerializeOptions::new().skip_default_fields(false);
+    let mut text = Vec::with_capacity(payload.len() * 2 + 64);
+    let mut ser = serde_json::Serializer::new(&mut text);
+    if let Err(e) = message.serialize_with_options(&mut ser, &options) {
+        return error(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL", format!("encoding the answer: {e}"));
+    }
+    let mut response = (StatusCode::OK, Body::from(text)).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    if rpc == Rpc::Acquire
+        && let Ok(acquired) = floodgate_proto::v1::AcquireResponse::decode(payload)
+    {
+        rate_limit_headers(&acquired, headers);
+    }
+    response
+}
+
+/// The rate limit fields of an Acquire's answer: `RateLimit-Policy` for
+/// every limit, `RateLimit` for the one with the least left (the one that
+/// denied, when one did), and `Retry-After` on a denial.
+fn rate_limit_headers(r: &floodgate_proto::v1::AcquireResponse, headers: &mut HeaderMap) {
+    use floodgate_proto::v1::Verdict;
+    let secs = |d: &Option<prost_types::Duration>| {
+        d.as_ref().map_or(0, |d| u64::try_from(d.seconds).unwrap_or(0) + u64::from(d.nanos > 0))
+    };
+    let mut put = |name: &'static str, value: String| {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            headers.insert(name, v);
+        }
+    };
+    let quoted = |name: &str| name.replace('\\', "\\\\").replace('"', "\\\"");
+    let counted: Vec<_> = r.limits.iter().filter(|l| !l.shadow).collect();
+    if !counted.is_empty() {
+        let policies: Vec<String> = counted
+            .iter()
+            .map(|l| format!("\"{}\";q={};w={}", quoted(&l.name), l.limit, secs(&l.window).max(1)))
+            .collect();
+        put("ratelimit-policy", policies.join(", "));
+    }
+    let denied = r.verdict() != Verdict::Allowed;
+    let deciding = counted.iter().filter(|l| !denied || l.exceeded).min_by_key(|l| l.remaining);
+    if let Some(l) = deciding.or_else(|| counted.iter().min_by_key(|l| l.remaining)) {
+        let reset = match denied {
+            false => secs(&l.reset_after),
+            true => secs(&l.reset_after).max(secs(&r.retry_after).max(1)),
+        };
+        put("ratelimit", format!("\"{}\";r={};t={reset}", quoted(&l.name), l.remaining));
+    }
+    if denied {
+        put("retry-after", secs(&r.retry_after).max(1).to_string());
+    }
+}
+
+fn is_length_limit(e: &axum::Error) -> bool {
+    let mut source: Option<&dyn std::error::Error> = Some(e);
+    while let Some(s) = source {
+        if s.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        source = s.source();
+    }
+    false
+}
+
+fn too_large(rpc: Rpc, cap: usize) -> Response {
+    let message = format!("the body is over {cap} bytes, the most that /v1/ takes for {}", rpc.label());
+    error(StatusCode::PAYLOAD_TOO_LARGE, "RESOURCE_EXHAUSTED", message)
+}
+
+/// A gRPC error as HTTP, by the mapping of Google's API design guide.
+fn grpc_error(status: &tonic::Status) -> Response {
+    use tonic::Code::*;
+    let http = match status.code() {
+        Ok => StatusCode::OK,
+        Cancelled => StatusCode::from_u16(499).expect("valid"),
+        InvalidArgument | FailedPrecondition | OutOfRange => StatusCode::BAD_REQUEST,
+        DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+        NotFound => StatusCode::NOT_FOUND,
+        AlreadyExists | Aborted => StatusCode::CONFLICT,
+        PermissionDenied => StatusCode::FORBIDDEN,
+        Unauthenticated => StatusCode::UNAUTHORIZED,
+        ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+        Unimplemented => StatusCode::NOT_IMPLEMENTED,
+        Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Unknown | Internal | DataLoss => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    let code = format!("{:?}", status.code());
+    error(http, &screaming(&code), status.message().to_string())
+}
+
+/// `{"code": CODE, "message": message}` with `status`.
+fn error(status: StatusCode, code: &str, message: String) -> Response {
+    super::reply::json_response(status, json!({ "code": code, "message": message }))
+}
+
+/// `GET /v1/openapi.json`: the API described from the protos.
+pub(super) async fn openapi(State(state): State<HttpState>) -> Response {
+    let Some(api) = state.api.as_ref() else {
+        return error(StatusCode::NOT_FOUND, "NOT_FOUND", "the JSON API is not served by this server".into());
+    };
+    let document = super::openapi::document(&api.pool, &calls(), |rpc| api.types(rpc));
+    super::reply::json_response(StatusCode::OK, document)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calls_are_named_in_kebab_case_and_each_names_one_rpc() {
+        let calls = calls();
+        assert!(calls.iter().any(|(n, r)| n == "admin/get-rules" && *r == Rpc::GetRules));
+        assert!(calls.iter().any(|(n, r)| n == "admin/set-degradation-level" && *r == Rpc::SetDegradationLevel));
+        assert!(calls.iter().any(|(n, r)| n == "acquire" && *r == Rpc::Acquire));
+        let mut names: Vec<_> = calls.iter().map(|(n, _)| n.clone()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), calls.len(), "a name is served once");
+        assert!(!calls.iter().any(|(_, r)| *r == Rpc::Watch), "a stream is not a JSON call");
+    }
+
+    #[test]
+    fn every_call_has_types_in_the_protos() {
+        let grpc = tower::util::BoxCloneSyncService::new(tower::service_fn(|_req| async {
+            Ok::<_, Infallible>(http::Response::new(tonic::body::Body::empty()))
+        }));
+        let api = Api::new(grpc, 1 << 20).unwrap();
+        for (name, rpc) in calls() {
+            assert!(api.types(rpc).is_some(), "{name}");
+        }
+    }
+
+    #[test]
+    fn codes_are_written_as_grpc_writes_them() {
+        assert_eq!(screaming("InvalidArgument"), "INVALID_ARGUMENT");
+        assert_eq!(screaming("Ok"), "OK");
+        assert_eq!(screaming("ResourceExhausted"), "RESOURCE_EXHAUSTED");
+    }
+
+    #[test]
+    fn a_message_is_unframed_only_when_whole() {
+        assert_eq!(unframe(&[0, 0, 0, 0, 2, 7, 8]), Some(&[7u8, 8][..]));
+        assert_eq!(unframe(&[0, 0, 0, 0, 3, 7, 8]), None);
+        assert_eq!(unframe(&[1, 0, 0, 0, 2, 7, 8]), None, "compressed");
+        assert_eq!(unframe(&[0, 0]), None);
+    }
+}
