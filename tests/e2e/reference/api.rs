@@ -60,7 +60,10 @@ fn render() -> String {
     out.push_str(
         "The gRPC port (`floodgate serve --listen`, 127.0.0.1:50051 by default) serves Floodgate's own \
          services, described on this page, and the services of other projects listed below. \
-         The server has reflection turned on, so tools such as grpcurl need no proto file.\n\n",
+         The server has reflection turned on, so tools such as grpcurl need no proto file. \
+         The HTTP port answers every unary call of Floodgate and Admin with JSON bodies too \
+         (`POST /v1/acquire`, `/v1/admin/get-rules`, ...): see \
+         [JSON over HTTP](../how-to/other-languages.md#json-over-http).\n\n",
     );
     served(&mut out);
     for file in ours {
