@@ -24,6 +24,10 @@ pub use key::{BucketKey, LimitId};
 /// that a sweep holds each lock only briefly.
 const SHARDS: usize = 64;
 
+/// A table with room for fewer buckets than this is never shrunk: it is
+/// small, and a steady set of keys would otherwise regrow it after each sweep.
+const SHRINK_ABOVE: usize = 16 * 1024;
+
 pub struct Buckets {
     map: DashMap<BucketKey, Slot, ahash::RandomState>,
     len: AtomicUsize,
@@ -195,6 +199,12 @@ impl Buckets {
             keep
         });
         self.forget(removed, bytes);
+        // A table sized for a burst of keys stays that size when they go:
+        // shrink it once it is mostly empty, so that the memory comes back.
+        // Each shard is rehashed under its own lock, one at a time.
+        if removed > 0 && self.map.capacity() > SHRINK_ABOVE.max(4 * self.len()) {
+            self.map.shrink_to_fit();
+        }
         removed
     }
 

@@ -56,6 +56,45 @@ fn sweep_drops_idle_buckets_and_removed_limits() {
 }
 
 #[test]
+fn a_sweep_that_empties_a_large_table_shrinks_it() {
+    let store = Buckets::new(usize::MAX);
+    let alg = tb(2);
+    for i in 0..200_000u64 {
+        store.acquire(key(&i.to_string()), &alg, t(0), 1);
+    }
+    // A few keys stay busy: the table keeps room for them, not the burst.
+    for i in 0..10u64 {
+        store.acquire(key(&format!("busy-{i}")), &alg, t(0), 2);
+    }
+    let grown = store.map.capacity();
+    assert!(grown >= 200_000, "{grown}");
+    let lookup = |id: LimitId| (id == LimitId(1)).then_some(&alg);
+    assert_eq!(store.sweep(t(1), lookup), 200_000);
+    let shrunk = store.map.capacity();
+    assert!(shrunk < SHRINK_ABOVE * 2, "{grown} -> {shrunk}");
+    assert_eq!(store.len(), 10);
+    assert!(store.contains(&key("busy-3")));
+}
+
+#[test]
+fn a_small_table_is_left_as_it_is() {
+    let store = Buckets::new(usize::MAX);
+    let alg = tb(2);
+    for i in 0..1000u64 {
+        store.acquire(key(&i.to_string()), &alg, t(0), 1);
+    }
+    let before = store.map.capacity();
+    let lookup = |id: LimitId| (id == LimitId(1)).then_some(&alg);
+    assert_eq!(store.sweep(t(1), lookup), 1000);
+    // Shrunk to fit, it would have room for next to nothing.
+    let after = store.map.capacity();
+    assert!(
+        after * 10 >= before * 9,
+        "a table under SHRINK_ABOVE is not rehashed after each sweep: {before} -> {after}"
+    );
+}
+
+#[test]
 fn max_keys_evicts_the_least_recently_used_first() {
     let store = Buckets::new(3);
     let alg = tb(10);
