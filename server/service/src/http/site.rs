@@ -122,6 +122,14 @@ pub(crate) async fn check_host(State(s): State<HttpState>, req: Request, next: N
             return super::reply::error(StatusCode::BAD_REQUEST, format!("{name}: sent more than once"));
         }
     }
+    // HTTP/2 names the host twice when a Host header is sent beside
+    // `:authority`: both must name the same one, or a check of one could be
+    // passed while the other is used.
+    if let (Some(a), Some(h)) = (req.uri().authority(), req.headers().get(header::HOST))
+        && !h.to_str().is_ok_and(|h| h.eq_ignore_ascii_case(a.as_str()))
+    {
+        return super::reply::error(StatusCode::BAD_REQUEST, "Host: does not name the host :authority names");
+    }
     match authority(&req) {
         Some(a) if s.hosts.allows(a) => next.run(req).await,
         a => {
