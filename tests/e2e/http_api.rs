@@ -224,3 +224,74 @@ fn the_openapi_document_describes_every_call_it_serves() {
         assert!(r.status < 500, "{path}: {}", r.text());
     }
 }
+
+#[test]
+fn bodies_that_never_arrive_hold_nothing_and_time_out() {
+    // A budget of 16 MiB would be spent by 128 bodies that each declare
+    // 128 KiB, if what a body declares were held rather than what arrived.
+    let fg =
+        floodgate().rules(RULES).args(["--max-unfinished-request-bytes", "16MiB", "--request-timeout", "2s"]).start();
+    let mut stalled = Vec::new();
+    for _ in 0..300 {
+        let mut s = std::net::TcpStream::connect(&fg.http).unwrap();
+        write!(
+            s,
+            "POST /v1/acquire HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\ncontent-length: 131072\r\n\r\n{{",
+            fg.http
+        )
+        .unwrap();
+        stalled.push(s);
+    }
+    let ok = call(&fg, "/v1/acquire", r#"{"resource":"orders","descriptors":{"user":"u1"}}"#);
+    assert_eq!(ok.status, 200, "300 stalled bodies shut out another caller: {}", ok.text());
+
+    // A stalled body ends with 408 once the request timeout has passed.
+    let s = &mut stalled[0];
+    s.set_read_timeout(Some(std::time::Duration::from_secs(20))).unwrap();
+    let mut head = [0u8; 200];
+    let n = s.read(&mut head).unwrap();
+    let head = String::from_utf8_lossy(&head[..n]);
+    assert!(head.starts_with("HTTP/1.1 408"), "{head}");
+    assert!(head.contains("DEADLINE_EXCEEDED"), "{head}");
+}
+
+#[test]
+fn errors_say_where_in_the_body_and_a_key_given_twice_is_refused() {
+    let fg = floodgate().rules(RULES).start();
+    let message = |body: &str| {
+        let r = call(&fg, "/v1/acquire", body);
+        assert_eq!(r.status, 400, "{body}: {}", r.text());
+        r.json()["message"].as_str().unwrap().to_string()
+    };
+    let m = message(r#"{"resource":"orders","descriptors":{"user":null}}"#);
+    assert!(m.starts_with("descriptors.user: "), "{m}");
+    let m = message(r#"{"resource":"orders","cost":-1}"#);
+    assert!(m.starts_with("cost: "), "{m}");
+    let m = message(r#"{"resource":"orders","priority":"PRIORITY_BOGUS"}"#);
+    assert!(m.starts_with("priority: ") && m.contains("PRIORITY_BOGUS"), "{m}");
+    let m = message(r#"{"resource":"orders","dryRun":true,"dryRun":false,"descriptors":{"user":"u1"}}"#);
+    assert!(m.contains("'dryRun' is given twice"), "{m}");
+    let m = message(r#"{"resource":"orders","descriptors":{"user":"a","user":"b"}}"#);
+    assert!(m.starts_with("descriptors") && m.contains("'user' is given twice"), "{m}");
+    let batch =
+        call(&fg, "/v1/acquire-batch", r#"{"requests":[{"resource":"orders"},{"resource":"orders","cost":"x"}]}"#);
+    assert!(batch.json()["message"].as_str().unwrap().starts_with("requests[1].cost: "), "{}", batch.text());
+    // None of them took anything, and each was counted as the gRPC call's error.
+    let left = call(&fg, "/v1/admin/peek", r#"{"resource":"orders","descriptors":{"user":"u1"}}"#).json();
+    assert_eq!(left["limits"][0]["remaining"], "4", "{left}");
+    let invalid = fg
+        .metrics()
+        .value("floodgate_rpc_requests_total", &[("method", "Floodgate/Acquire"), ("code", "INVALID_ARGUMENT")]);
+    assert_eq!(invalid, Some(5.0));
+
+    // A refusal of another site's page is in the audit log.
+    let r = fg
+        .request("POST", "/v1/acquire")
+        .header("content-type", "application/json")
+        .header("origin", "http://evil.test")
+        .body("{}")
+        .send();
+    assert_eq!(r.status, 403);
+    let logs = fg.logs();
+    assert!(logs.contains("JSON call refused") && logs.contains("evil.test"), "{logs}");
+}

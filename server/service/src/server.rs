@@ -337,7 +337,11 @@ async fn serve(
         .layer(grpc::ObserveLayer::new())
         .layer(grpc::SizeLayer::new(unfinished).with_request_timeout(limits.request_timeout))
         .service(routes);
-    let api = http::Api::new(tower::util::BoxCloneSyncService::new(service.clone()), limits.unfinished_bytes)?;
+    let api = http::Api::new(
+        tower::util::BoxCloneSyncService::new(service.clone()),
+        limits.unfinished_bytes,
+        limits.request_timeout,
+    )?;
     let health = health.with_api(api);
     let grpc = grpc::serve(grpc_port, service, stopped(stop_rx.clone()));
     let http = http::serve(http_port, http::router(health.clone()), stopped(stop_rx));

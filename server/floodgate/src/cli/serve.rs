@@ -177,7 +177,8 @@ struct LimitArgs {
     keepalive_timeout: Duration,
     /// gRPC: bytes of request messages still arriving that the server holds
     /// at once; a call that would pass it fails RESOURCE_EXHAUSTED. The
-    /// JSON API's bodies on the HTTP port have a budget of this size too.
+    /// JSON API's bodies on the HTTP port, as they arrive and while they are
+    /// decoded, have a budget of this size too.
     #[arg(long, default_value = "256MiB", value_parser = super::parse_bytes)]
     max_unfinished_request_bytes: usize,
     /// gRPC: the same, per connection (at least the largest request, 8 MiB).
@@ -188,7 +189,8 @@ struct LimitArgs {
     max_watchers: usize,
     /// gRPC: a call's request must arrive whole within this of its headers
     /// (but a client stream's: RLQS), or the call ends DEADLINE_EXCEEDED and
-    /// frees its stream for --max-streams.
+    /// frees its stream for --max-streams. The JSON API's bodies on the
+    /// HTTP port too (408 beyond).
     #[arg(long, default_value = "10s", value_parser = super::at_least_100ms)]
     request_timeout: Duration,
 }

@@ -18,6 +18,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -54,6 +55,12 @@ const DATA_PLANE: &[(&str, Rpc)] = &[
 /// out field names and numbers, so the same request is larger.
 const JSON_FACTOR: usize = 2;
 
+/// Decoding a JSON body into a message takes up to this many times the
+/// body's bytes (the message's fields, maps and strings): held from the
+/// budget too, so that many large bodies at once are refused rather than
+/// decoded together.
+const DECODE_FACTOR: usize = 4;
+
 /// What the HTTP API needs: the gRPC service it calls, the messages' types,
 /// and a byte budget for the bodies being read and decoded at once.
 #[derive(Clone)]
@@ -62,14 +69,19 @@ pub struct Api {
     pool: DescriptorPool,
     bodies: Arc<tokio::sync::Semaphore>,
     max_bodies: usize,
+    /// The longest a body may take to arrive.
+    body_timeout: Duration,
 }
 
 impl Api {
-    /// `max_bodies`: bytes of request bodies held at once, across calls.
-    pub fn new(grpc: GrpcService, max_bodies: usize) -> anyhow::Result<Api> {
+    /// `max_bodies`: bytes of request bodies (and of their decoding) held
+    /// at once, across calls; `body_timeout`: the longest a body may take
+    /// to arrive.
+    pub fn new(grpc: GrpcService, max_bodies: usize, body_timeout: Duration) -> anyhow::Result<Api> {
         let pool = DescriptorPool::decode(floodgate_proto::FILE_DESCRIPTOR_SET)?;
         let max_bodies = max_bodies.clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
-        Ok(Api { grpc, pool, bodies: Arc::new(tokio::sync::Semaphore::new(max_bodies)), max_bodies })
+        let bodies = Arc::new(tokio::sync::Semaphore::new(max_bodies));
+        Ok(Api { grpc, pool, bodies, max_bodies, body_timeout })
     }
 
     /// The input and output types of `rpc`.
@@ -129,10 +141,17 @@ pub(super) async fn call(State(state): State<HttpState>, req: Request) -> Respon
         let message = format!("no call '/v1/{shown}'; the calls are /v1/ and one of: {}", known.join(", "));
         return error(StatusCode::NOT_FOUND, "NOT_FOUND", message);
     };
-    if let Err((status, message)) = super::site::check_action(&req) {
+    if let Err((status, why)) = super::site::check_action(&req) {
+        let peer = req.extensions().get::<Peer>().and_then(|p| p.addr).map(|a| a.to_string()).unwrap_or_default();
+        if let Some(suppressed) = state.access.refusal_logged() {
+            let method = rpc.label();
+            tracing::warn!(target: "floodgate::audit", peer, method, reason = why.as_str(), suppressed, "JSON call refused");
+        }
         return match status {
-            StatusCode::FORBIDDEN => error(status, "PERMISSION_DENIED", message),
-            _ => error(status, "INVALID_ARGUMENT", "Content-Type: a call must be sent as application/json".into()),
+            StatusCode::FORBIDDEN => refuse(rpc, status, "PERMISSION_DENIED", why),
+            _ => {
+                refuse(rpc, status, "INVALID_ARGUMENT", "Content-Type: a call must be sent as application/json".into())
+            }
         };
     }
     let Some((input, output)) = api.types(rpc) else {
@@ -141,26 +160,31 @@ pub(super) async fn call(State(state): State<HttpState>, req: Request) -> Respon
     let cap = rpc.cap().saturating_mul(JSON_FACTOR);
     let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
     if declared.is_some_and(|n| n > cap) {
-        return too_large(rpc, cap);
+        return too_large(rpc, &name, cap);
     }
-    // The bytes this call may hold while its body is read and decoded,
-    // taken from the budget of all calls: a flood of large bodies waits for
-    // none of them, it is refused.
-    let want = declared.unwrap_or(cap).clamp(1, api.max_bodies);
-    let Ok(_held) = api.bodies.clone().try_acquire_many_owned(u32::try_from(want).unwrap_or(u32::MAX)) else {
-        let message = format!("the HTTP API is reading {} bytes of bodies at once, its most; retry", api.max_bodies);
-        return error(StatusCode::TOO_MANY_REQUESTS, "RESOURCE_EXHAUSTED", message);
-    };
     let (parts, body) = req.into_parts();
-    let body = match axum::body::to_bytes(body, cap).await {
+    let mut held = Held { bodies: api.bodies.clone(), permit: None };
+    let body = match read_body(body, cap, &mut held, api.body_timeout).await {
         Ok(body) => body,
-        Err(e) if is_length_limit(&e) => return too_large(rpc, cap),
-        Err(e) => return error(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", format!("body: {e}")),
+        Err(Unread::TooLarge) => return too_large(rpc, &name, cap),
+        Err(Unread::Budget) => return budget_spent(rpc, api.max_bodies),
+        Err(Unread::Late) => {
+            let message = format!("the body did not arrive within {:?}", api.body_timeout);
+            return refuse(rpc, StatusCode::REQUEST_TIMEOUT, "DEADLINE_EXCEEDED", message);
+        }
+        Err(Unread::Broken(e)) => {
+            return refuse(rpc, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", format!("body: {e}"));
+        }
     };
+    // Decoding takes several times the body's size: that is held too.
+    if !held.take(body.len().saturating_mul(DECODE_FACTOR)) {
+        return budget_spent(rpc, api.max_bodies);
+    }
     let message = match from_json(&input, &body) {
         Ok(message) => message,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", format!("body: {e}")),
+        Err(e) => return refuse(rpc, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", e),
     };
+    drop(body);
     let grpc_request = grpc_request(rpc, &parts.headers, parts.extensions.get::<Peer>(), &message.encode_to_vec());
     let Ok(answer) = api.grpc.oneshot(grpc_request).await;
     let (head, body) = answer.into_parts();
@@ -180,18 +204,159 @@ pub(super) async fn call(State(state): State<HttpState>, req: Request) -> Respon
     let Some(payload) = unframe(&bytes) else {
         return error(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL", "the answer is not one gRPC message".into());
     };
-    answer_json(rpc, &output, payload)
+    let answer = answer_json(rpc, &output, payload);
+    drop(held);
+    answer
 }
 
-/// A JSON body as the gRPC message `input`; an empty body is `{}`.
+/// Bytes taken from the API's budget for one call, given back when it ends.
+struct Held {
+    bodies: Arc<tokio::sync::Semaphore>,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Held {
+    /// Takes `n` more bytes, if the budget has them now.
+    fn take(&mut self, n: usize) -> bool {
+        if n == 0 {
+            return true;
+        }
+        let Ok(more) = self.bodies.clone().try_acquire_many_owned(u32::try_from(n).unwrap_or(u32::MAX)) else {
+            return false;
+        };
+        match &mut self.permit {
+            Some(p) => p.merge(more),
+            None => self.permit = Some(more),
+        }
+        true
+    }
+}
+
+/// Why a body was not read whole.
+enum Unread {
+    TooLarge,
+    Budget,
+    Late,
+    Broken(axum::Error),
+}
+
+/// Reads a body of at most `cap` bytes within `timeout`, taking each part
+/// from the budget as it arrives: a body that has not arrived holds only
+/// what did, so slow senders cannot hold the budget with promises.
+async fn read_body(body: Body, cap: usize, held: &mut Held, timeout: Duration) -> Result<Vec<u8>, Unread> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut body = std::pin::pin!(body);
+    let mut out = Vec::new();
+    loop {
+        let frame = match tokio::time::timeout_at(deadline, body.as_mut().frame()).await {
+            Err(_) => return Err(Unread::Late),
+            Ok(None) => return Ok(out),
+            Ok(Some(Err(e))) => return Err(Unread::Broken(e)),
+            Ok(Some(Ok(frame))) => frame,
+        };
+        let Ok(data) = frame.into_data() else { continue };
+        if out.len() + data.len() > cap {
+            return Err(Unread::TooLarge);
+        }
+        if !held.take(data.len()) {
+            return Err(Unread::Budget);
+        }
+        out.extend_from_slice(&data);
+    }
+}
+
+fn budget_spent(rpc: Rpc, max: usize) -> Response {
+    let message = format!("the JSON API holds {max} bytes of bodies at once, its most; retry");
+    refuse(rpc, StatusCode::TOO_MANY_REQUESTS, "RESOURCE_EXHAUSTED", message)
+}
+
+/// An error answered before the gRPC call, counted as the call's would be.
+fn refuse(rpc: Rpc, status: StatusCode, code: &'static str, message: String) -> Response {
+    metrics::counter!(crate::metrics::RPC_REQUESTS, "method" => rpc.label(), "code" => code).increment(1);
+    error(status, code, message)
+}
+
+/// A JSON body as the gRPC message `input`; an empty body is `{}`. An
+/// error names where in the body it is (`descriptors.user`,
+/// `requests[2].cost`), and a key given twice in one object is an error
+/// rather than the last one winning.
 fn from_json(input: &MessageDescriptor, body: &[u8]) -> Result<DynamicMessage, String> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(DynamicMessage::new(input.clone()));
     }
+    let at = |path: &serde_path_to_error::Path, e: &dyn std::fmt::Display| match path.to_string().as_str() {
+        "." | "" => format!("body: {e}"),
+        p => format!("{p}: {e}"),
+    };
     let mut de = serde_json::Deserializer::from_slice(body);
-    let message = DynamicMessage::deserialize(input.clone(), &mut de).map_err(|e| e.to_string())?;
-    de.end().map_err(|e| e.to_string())?;
+    if let Err(e) = serde_path_to_error::deserialize::<_, Unique>(&mut de) {
+        return Err(at(e.path(), e.inner()));
+    }
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let mut track = serde_path_to_error::Track::new();
+    let message =
+        DynamicMessage::deserialize(input.clone(), serde_path_to_error::Deserializer::new(&mut de, &mut track))
+            .map_err(|e| at(&track.path(), &e))?;
+    de.end().map_err(|e| format!("body: {e}"))?;
     Ok(message)
+}
+
+/// Any JSON value whose objects each name a key once.
+struct Unique;
+
+impl<'de> serde::Deserialize<'de> for Unique {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Unique, D::Error> {
+        d.deserialize_any(Unique)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Unique {
+    type Value = Unique;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Unique, E> {
+        Ok(Unique)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Unique, E> {
+        Ok(Unique)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Unique, E> {
+        Ok(Unique)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Unique, E> {
+        Ok(Unique)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Unique, E> {
+        Ok(Unique)
+    }
+
+    fn visit_unit<E>(self) -> Result<Unique, E> {
+        Ok(Unique)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Unique, A::Error> {
+        while seq.next_element::<Unique>()?.is_some() {}
+        Ok(Unique)
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Unique, A::Error> {
+        let mut seen = std::collections::HashSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if !seen.insert(key.clone()) {
+                let shown: String = key.chars().take(100).flat_map(char::escape_default).collect();
+                return Err(serde::de::Error::custom(format!("'{shown}' is given twice")));
+            }
+            map.next_value::<Unique>()?;
+        }
+        Ok(Unique)
+    }
 }
 
 /// The gRPC request for `rpc` carrying `message`, with the caller's
@@ -293,20 +458,9 @@ fn rate_limit_headers(r: &floodgate_proto::v1::AcquireResponse, headers: &mut He
     }
 }
 
-fn is_length_limit(e: &axum::Error) -> bool {
-    let mut source: Option<&dyn std::error::Error> = Some(e);
-    while let Some(s) = source {
-        if s.is::<http_body_util::LengthLimitError>() {
-            return true;
-        }
-        source = s.source();
-    }
-    false
-}
-
-fn too_large(rpc: Rpc, cap: usize) -> Response {
-    let message = format!("the body is over {cap} bytes, the most that /v1/ takes for {}", rpc.label());
-    error(StatusCode::PAYLOAD_TOO_LARGE, "RESOURCE_EXHAUSTED", message)
+fn too_large(rpc: Rpc, name: &str, cap: usize) -> Response {
+    let message = format!("the body is over {cap} bytes, the most that /v1/{name} takes");
+    refuse(rpc, StatusCode::PAYLOAD_TOO_LARGE, "RESOURCE_EXHAUSTED", message)
 }
 
 /// A gRPC error as HTTP, by the mapping of Google's API design guide.
@@ -366,7 +520,7 @@ mod tests {
         let grpc = tower::util::BoxCloneSyncService::new(tower::service_fn(|_req| async {
             Ok::<_, Infallible>(http::Response::new(tonic::body::Body::empty()))
         }));
-        let api = Api::new(grpc, 1 << 20).unwrap();
+        let api = Api::new(grpc, 1 << 20, Duration::from_secs(1)).unwrap();
         for (name, rpc) in calls() {
             assert!(api.types(rpc).is_some(), "{name}");
         }

@@ -110,8 +110,8 @@ fn field_schema(field: &FieldDescriptor, todo: &mut Vec<String>) -> Value {
 fn kind_schema(kind: &Kind, todo: &mut Vec<String>) -> Value {
     match kind {
         Kind::Double | Kind::Float => json!({ "type": "number" }),
-        Kind::Int32 | Kind::Sint32 | Kind::Sfixed32 => json!({ "type": "integer", "format": "int32" }),
-        Kind::Uint32 | Kind::Fixed32 => json!({ "type": "integer", "minimum": 0, "maximum": u32::MAX }),
+        Kind::Int32 | Kind::Sint32 | Kind::Sfixed32 => json!({ "type": ["integer", "string"], "format": "int32" }),
+        Kind::Uint32 | Kind::Fixed32 => json!({ "type": ["integer", "string"], "format": "uint32" }),
         Kind::Int64 | Kind::Sint64 | Kind::Sfixed64 => {
             json!({ "type": ["string", "integer"], "format": "int64", "description": "A 64-bit integer: a string in answers." })
         }
