@@ -50,6 +50,7 @@ struct Got {
     retry_after: Duration,
     state: Option<State>,
     reason: String,
+    holds_slot: bool,
 }
 
 fn ask(e: &Engine, resource: &str) -> Got {
@@ -66,6 +67,7 @@ fn ask_with(e: &Engine, resource: &str, dry_run: bool) -> Got {
         permit: a.permit_id.map(|p| p.to_string()),
         retry_after: a.retry_after,
         state: a.breaker_state,
+        holds_slot: a.holds_slot,
     }
 }
 
@@ -82,7 +84,9 @@ fn report(e: &Engine, resource: &str, permit: &str, outcome: Outcome) -> Reporte
 #[test]
 fn a_concurrency_limit_holds_slots_until_reported() {
     let (e, _) = engine();
-    let a = ask(&e, "db").permit.expect("a permit");
+    let first = ask(&e, "db");
+    assert!(first.holds_slot);
+    let a = first.permit.expect("a permit");
     let _b = ask(&e, "db").permit.expect("a permit");
     let third = ask(&e, "db");
     assert_eq!(third.verdict, Verdict::ConcurrencyLimited);
@@ -123,6 +127,7 @@ fn failures_open_the_breaker_and_probes_close_it() {
     clock.advance(Duration::from_secs(5));
     let probes: Vec<_> = (0..2).map(|_| ask(&e, "payments")).collect();
     assert!(probes.iter().all(|p| p.verdict == Verdict::Allowed && p.state == Some(State::HalfOpen)));
+    assert!(probes.iter().all(|p| p.holds_slot), "a probe is reported at once: the breaker waits for it");
     assert_eq!(ask(&e, "payments").verdict, Verdict::CircuitOpen, "only two probes");
     for p in &probes {
         report(&e, "payments", p.permit.as_deref().unwrap(), Outcome::Success);

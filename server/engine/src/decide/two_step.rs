@@ -298,7 +298,7 @@ impl Engine {
                 drop(a);
             } else {
                 let resource = p.resource.clone().unwrap_or_default();
-                p.answer.holds_slot = a.holds_slot();
+                p.answer.holds_slot = a.report_at_once();
                 let (id, owed) = self.permits.issue_for(p.rule, resource, a, p.now);
                 if let Some((resource, expires_at)) = owed {
                     self.coordination.push_slot_op(SlotOp::Add { resource, id, expires_at });

@@ -85,6 +85,15 @@ impl Admitted {
         self.held.as_ref().is_some_and(|h| h.holds_slot)
     }
 
+    /// Whether the caller should report this call at once: it holds a
+    /// concurrency slot, or it is one of a HALF_OPEN breaker's probes (the
+    /// breaker decides only when its probes are reported).
+    pub fn report_at_once(&self) -> bool {
+        self.held
+            .as_ref()
+            .is_some_and(|h| h.holds_slot || h.remote_probe.is_some() || h.breaker.is_some_and(|(_, probe)| probe))
+    }
+
     fn hand_over(mut self) -> Held {
         self.held.take().expect("held until handed over")
     }
