@@ -8,7 +8,9 @@ use serde_yaml_ng::Value;
 
 use super::fields::{Fields, show};
 use super::systems::Priority;
-pub use floodgate_core::adaptive::{AdaptiveConfig, AimdConfig, AlgorithmConfig, Gradient2Config, VegasConfig};
+pub use floodgate_core::adaptive::{
+    AdaptiveConfig, AimdConfig, AlgorithmConfig, Gradient2Config, ProbeConfig, VegasConfig,
+};
 
 /// Guaranteed shares of a concurrency limit by priority, in percent
 /// (`partitions: { critical: 70%, sheddable: 30% }`). A class within its
@@ -84,7 +86,7 @@ const MAX_LIMIT: u64 = 10_000_000;
 pub(super) fn parse_adaptive(f: &Fields<'_>) -> Option<AdaptiveConfig> {
     let algorithm = f
         .required("algorithm", |f, k| f.choice(k, &[("gradient2", "gradient2"), ("vegas", "vegas"), ("aimd", "aimd")]));
-    let common = ["algorithm", "min", "max", "initial", "window", "min_samples"];
+    let common = ["algorithm", "min", "max", "initial", "window", "min_samples", "probe"];
     let own: &[&str] = match algorithm {
         Some("gradient2") => &["smoothing", "queue_size", "long_window", "tolerance"],
         Some("vegas") => &["smoothing", "probe_multiplier"],
@@ -122,6 +124,7 @@ pub(super) fn parse_adaptive(f: &Fields<'_>) -> Option<AdaptiveConfig> {
         ok
     });
     let min_samples = number("min_samples", 1, 1_000_000, 10);
+    let probe = parse_probe(f, window.unwrap_or(Duration::from_secs(1)));
     // Every field is read (and its error reported) before any is needed.
     let algorithm = match algorithm? {
         "gradient2" => {
@@ -171,5 +174,54 @@ pub(super) fn parse_adaptive(f: &Fields<'_>) -> Option<AdaptiveConfig> {
         f.error("initial", format!("must be between min ({min}) and max ({max}), got {initial}"));
         return None;
     }
-    Some(AdaptiveConfig { algorithm, min, max, initial, window: window?, min_samples: min_samples? as u32 })
+    Some(AdaptiveConfig {
+        algorithm,
+        min,
+        max,
+        initial,
+        window: window?,
+        min_samples: min_samples? as u32,
+        probe: probe?,
+    })
+}
+
+/// `probe`: `off`, or when to measure the no-load latency and how (every
+/// field optional). `Some(None)`: off; `None`: an error was reported.
+fn parse_probe(f: &Fields<'_>, window: Duration) -> Option<Option<ProbeConfig>> {
+    let defaults = ProbeConfig::default();
+    match f.get("probe") {
+        None => return Some(Some(defaults)),
+        Some(Value::String(s)) if s == "off" => return Some(None),
+        Some(Value::Bool(false)) => return Some(None),
+        Some(Value::Mapping(_)) => {}
+        Some(v) => {
+            f.error("probe", format!("must be off or a mapping (interval, floor, samples), got {}", show(v)));
+            return None;
+        }
+    }
+    let p = f.nested("probe")?;
+    p.deny_unknown(&["interval", "floor", "samples"]);
+    // At most 4 windows of each interval are spent at the floor (one to
+    // drain, three to measure): an interval of 20 windows keeps that to a
+    // fifth of the time at most.
+    let shortest = window * 20;
+    let interval = match p.has("interval") {
+        true => p.duration("interval", Duration::from_secs(1)).filter(|i| {
+            let ok = *i >= shortest;
+            if !ok {
+                p.error("interval", format!("must be at least 20 windows ({shortest:?}), got {i:?}"));
+            }
+            ok
+        }),
+        false => Some(defaults.interval.max(shortest)),
+    };
+    let floor = match p.has("floor") {
+        true => p.u64_in("floor", 1, MAX_LIMIT),
+        false => Some(u64::from(defaults.floor)),
+    };
+    let samples = match p.has("samples") {
+        true => p.u64_in("samples", 1, 1_000_000),
+        false => Some(u64::from(defaults.samples)),
+    };
+    Some(Some(ProbeConfig { interval: interval?, floor: floor? as u32, samples: samples? as u32 }))
 }

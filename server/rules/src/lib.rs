@@ -30,7 +30,9 @@ mod parse;
 pub mod sentinel;
 pub mod systems;
 
-pub use concurrency::{AdaptiveConfig, AimdConfig, AlgorithmConfig, Gradient2Config, Partitions, VegasConfig};
+pub use concurrency::{
+    AdaptiveConfig, AimdConfig, AlgorithmConfig, Gradient2Config, Partitions, ProbeConfig, VegasConfig,
+};
 pub use fields::{RuleError, RuleErrors};
 pub use floodgate_core::breaker::{Backoff, BreakerConfig, OFF as BREAKER_OFF, WindowKind};
 use glob::Glob;

@@ -316,6 +316,44 @@ resources:
 }
 
 #[test]
+fn an_adaptive_limit_measures_its_no_load_latency_unless_told_not_to() {
+    let yaml = r#"
+resources:
+  - name: default
+    concurrency: { adaptive: { algorithm: gradient2 } }
+  - name: tuned
+    concurrency: { adaptive: { algorithm: vegas, window: 500ms, probe: { interval: 1m, floor: 5, samples: 20 } } }
+  - name: off
+    concurrency: { adaptive: { algorithm: aimd, probe: off } }
+"#;
+    let set = RuleSet::from_yaml(yaml, "rules.yaml").unwrap();
+    let probe = |name: &str| set.find(name).unwrap().concurrency.unwrap().adaptive.unwrap().probe;
+    assert_eq!(probe("default"), Some(ProbeConfig { interval: Duration::from_secs(300), floor: 3, samples: 50 }));
+    assert_eq!(probe("tuned"), Some(ProbeConfig { interval: Duration::from_secs(60), floor: 5, samples: 20 }));
+    assert_eq!(probe("off"), None);
+    let e = errors_of(
+        r#"
+resources:
+  - name: a
+    concurrency: { adaptive: { algorithm: gradient2, window: 1s, probe: { interval: 10s } } }
+  - name: b
+    concurrency: { adaptive: { algorithm: vegas, probe: { floor: 0, every: 1m } } }
+  - name: c
+    concurrency: { adaptive: { algorithm: aimd, probe: sometimes } }
+"#,
+    );
+    assert_eq!(
+        e,
+        [
+            "rules.yaml: resource 'a': concurrency.adaptive.probe.interval: must be at least 20 windows (20s), got 10s",
+            "rules.yaml: resource 'b': concurrency.adaptive.probe.every: unknown field (expected one of: interval, floor, samples)",
+            "rules.yaml: resource 'b': concurrency.adaptive.probe.floor: must be a whole number between 1 and 10000000, got 0",
+            "rules.yaml: resource 'c': concurrency.adaptive.probe: must be off or a mapping (interval, floor, samples), got 'sometimes'",
+        ]
+    );
+}
+
+#[test]
 fn bad_adaptive_settings_are_refused_naming_the_field() {
     let e = errors_of(
         r#"

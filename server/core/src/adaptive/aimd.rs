@@ -2,9 +2,15 @@
 //! drop (a failure or an expired permit in the window) or a mean latency
 //! past `timeout` takes the limit to `limit * backoff_ratio` (at least one
 //! less); otherwise, while the peak in flight reached half the limit, one
-//! more; bounded by `min` and `max`.
+//! more; bounded by `min` and `max`. When the limit measures its no-load
+//! latency (`probe`), a window whose mean latency is over twice it is a
+//! drop too.
 
 use super::config::AimdConfig;
+
+/// With a measured no-load latency, a window slower than this many times it
+/// counts as a drop: the resource is queueing.
+const SLOWDOWN: f64 = 2.0;
 use super::{Inputs, Update};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -24,7 +30,8 @@ impl Aimd {
         if let Some(rtt) = u.rtt_us {
             self.short = rtt;
         }
-        let new = if u.dropped || u.rtt_us.is_some_and(|rtt| rtt > timeout_us) {
+        let slow = |rtt: f64| rtt > timeout_us || u.min_rtt_us.is_some_and(|m| rtt > m * SLOWDOWN);
+        let new = if u.dropped || u.rtt_us.is_some_and(slow) {
             (current * c.backoff_ratio).floor().min(current - 1.0).max(1.0)
         } else if f64::from(u.in_flight) * 2.0 >= current {
             current + 1.0

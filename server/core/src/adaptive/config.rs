@@ -17,6 +17,33 @@ pub struct AdaptiveConfig {
     pub window: Duration,
     /// A window with fewer samples than this changes nothing.
     pub min_samples: u32,
+    /// How the no-load latency is measured (`None`: it is not, and each
+    /// algorithm estimates it from the windows as it comes).
+    pub probe: Option<ProbeConfig>,
+}
+
+/// `probe`: the no-load latency, measured by holding the limit at `floor`
+/// for a short time, as Envoy's adaptive concurrency filter measures its
+/// minimum round trip. Every `interval` (5 minutes by default, and at
+/// start), the limit drops to
+/// `floor` for one window, so that the calls already queued drain; then it
+/// stays there until `samples` calls came back (three windows at most), and
+/// their mean latency is the no-load latency until the next measurement.
+/// The times are the same for every replica (slots of `interval` on the
+/// clock, each moved by up to 15% of it by a hash of the slot), so that the
+/// whole fleet holds back at once and no replica's callers fill the queue
+/// that another is measuring.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ProbeConfig {
+    pub interval: Duration,
+    pub floor: u32,
+    pub samples: u32,
+}
+
+impl Default for ProbeConfig {
+    fn default() -> Self {
+        ProbeConfig { interval: Duration::from_secs(300), floor: 3, samples: 50 }
+    }
 }
 
 /// Which algorithm recomputes the limit, with its parameters (the defaults

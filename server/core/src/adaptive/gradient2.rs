@@ -13,12 +13,21 @@
 //! gone), it is cut by a tenth at once rather than waiting for the average.
 //! A window whose peak in flight was under half the limit leaves it alone
 //! (the callers, not the resource, held it back). Drops are not a signal.
+//!
+//! When the limit measures its no-load latency (`probe`), `long` in the
+//! gradient is at most that latency plus a quarter: so a limit that started
+//! while its resource was overloaded, whose long-term latency was queued
+//! from the start, still finds the gradient below 1 and shrinks.
 
 use super::config::Gradient2Config;
 use super::{Inputs, Update};
 
 /// The first windows of the long-term latency are a plain mean.
 const WARMUP: u32 = 10;
+
+/// How much slower than the measured no-load latency a window may be before
+/// the limit shrinks.
+pub(crate) const MIN_RTT_BUFFER: f64 = 0.25;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Gradient2 {
@@ -60,7 +69,14 @@ impl Gradient2 {
         if f64::from(u.in_flight) < self.limit / 2.0 {
             return self.limit;
         }
-        self.gradient = (c.tolerance * long / short).clamp(0.5, 1.0);
+        // With a measured no-load latency, the reference is at most that
+        // plus a quarter (Envoy's buffer): a long-term latency measured
+        // while the resource was already overloaded is no reference.
+        let reference = match u.min_rtt_us {
+            Some(m) => long.min(m * (1.0 + MIN_RTT_BUFFER)),
+            None => long,
+        };
+        self.gradient = (c.tolerance * reference / short).clamp(0.5, 1.0);
         let new = self.limit * self.gradient + queue;
         let new = self.limit * (1.0 - c.smoothing) + new * c.smoothing;
         self.limit = new.clamp(min, max);

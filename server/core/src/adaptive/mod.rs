@@ -20,12 +20,15 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use crate::time::Timestamp;
-pub use config::{AdaptiveConfig, AimdConfig, AlgorithmConfig, Gradient2Config, VegasConfig};
+pub use config::{AdaptiveConfig, AimdConfig, AlgorithmConfig, Gradient2Config, ProbeConfig, VegasConfig};
 
 mod aimd;
 mod config;
 mod gradient2;
+mod probe;
 mod vegas;
+
+pub use probe::Probe;
 
 pub use aimd::Aimd;
 pub use gradient2::Gradient2;
@@ -98,6 +101,9 @@ pub struct Update {
     pub rtt_us: Option<f64>,
     pub in_flight: u32,
     pub dropped: bool,
+    /// The no-load latency measured at the floor (µs), when the limit
+    /// measures it (see [`ProbeConfig`]).
+    pub min_rtt_us: Option<f64>,
 }
 
 /// The state of one algorithm: the estimate, and what it keeps between
@@ -123,6 +129,13 @@ pub struct Inputs {
     /// estimated queue.
     pub gradient: f64,
     pub queue: f64,
+    /// The no-load latency measured at the floor (0: none yet, or not
+    /// measured).
+    pub min_rtt_us: f64,
+    /// Whether the limit is held at the floor now, to measure it.
+    pub probing: bool,
+    /// When the next measurement starts.
+    pub next_probe_at: Option<Timestamp>,
 }
 
 /// One closed window, as the chart shows it.
@@ -146,6 +159,8 @@ pub struct Controller {
     fleet_version: Option<u64>,
     /// When this replica last pushed its window to the fleet's.
     pushed_at: Option<Timestamp>,
+    /// The measured no-load latency, when the rule measures it.
+    probe: Option<Probe>,
 }
 
 impl Estimator {
@@ -246,6 +261,7 @@ impl Controller {
             history: VecDeque::new(),
             fleet_version: None,
             pushed_at: None,
+            probe: cfg.probe.map(|p| Probe::new(p, now)),
         }
     }
 
@@ -284,9 +300,25 @@ impl Controller {
         &self.cfg
     }
 
-    /// The limit in force.
+    /// The limit in force: the algorithm's, or the floor while the no-load
+    /// latency is measured.
     pub fn limit(&self) -> u32 {
-        whole(self.estimator.estimate(), &self.cfg)
+        let limit = whole(self.estimator.estimate(), &self.cfg);
+        match &self.probe {
+            Some(p) if p.pinned() => limit.min(p.config().floor.max(self.cfg.min)),
+            _ => limit,
+        }
+    }
+
+    /// The algorithm's inputs, with the measured no-load latency.
+    pub fn inputs(&self) -> Inputs {
+        let mut inputs = self.estimator.inputs();
+        if let Some(p) = &self.probe {
+            inputs.min_rtt_us = p.min_rtt_us().unwrap_or(0.0);
+            inputs.probing = p.pinned();
+            inputs.next_probe_at = Some(p.next_at());
+        }
+        inputs
     }
 
     pub fn estimator(&self) -> &Estimator {
@@ -302,6 +334,14 @@ impl Controller {
         if !self.estimator.same_algorithm(&cfg) {
             self.estimator = Estimator::new(&cfg, seed);
         }
+        self.probe = match (self.probe.take(), cfg.probe) {
+            (Some(mut p), Some(c)) => {
+                p.reconfigure(c, self.closes_at);
+                Some(p)
+            }
+            (None, Some(c)) => Some(Probe::new(c, self.closes_at)),
+            (_, None) => None,
+        };
         self.cfg = cfg;
     }
 
@@ -337,10 +377,21 @@ impl Controller {
     /// Runs the algorithm on a closed window (this replica's, or the
     /// fleet's merged): the new limit, if the window was full enough.
     pub fn apply(&mut self, now: Timestamp, w: &Window) -> Option<u32> {
+        if self.probe.as_mut().is_some_and(|p| p.on_window(now, w)) {
+            // A window at the floor says nothing of the limit.
+            let limit = self.limit();
+            self.remember(now, limit, *w);
+            return Some(limit);
+        }
         if w.samples + w.drops < u64::from(self.cfg.min_samples) {
             return None;
         }
-        let u = Update { rtt_us: w.mean_rtt_us(), in_flight: w.max_in_flight, dropped: w.drops > 0 };
+        let u = Update {
+            rtt_us: w.mean_rtt_us(),
+            in_flight: w.max_in_flight,
+            dropped: w.drops > 0,
+            min_rtt_us: self.probe.as_ref().and_then(Probe::min_rtt_us),
+        };
         self.estimator.update(&self.cfg, &u);
         let limit = self.limit();
         self.remember(now, limit, *w);
@@ -351,6 +402,11 @@ impl Controller {
     /// merged window `w`.
     pub fn adopt(&mut self, now: Timestamp, estimator: Estimator, w: Option<&Window>) {
         self.estimator = estimator;
+        // The fleet's window moves this replica's measurement on too: every
+        // replica holds back at the same windows.
+        if let (Some(p), Some(w)) = (self.probe.as_mut(), w) {
+            p.on_window(now, w);
+        }
         if let Some(w) = w {
             let limit = self.limit();
             self.remember(now, limit, *w);

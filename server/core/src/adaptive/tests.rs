@@ -9,7 +9,8 @@ use super::*;
 use crate::adaptive::{AimdConfig, Gradient2Config, VegasConfig};
 
 fn config(algorithm: AlgorithmConfig, initial: u32) -> AdaptiveConfig {
-    AdaptiveConfig { algorithm, min: 1, max: 1000, initial, window: Duration::from_secs(1), min_samples: 10 }
+    let window = Duration::from_secs(1);
+    AdaptiveConfig { algorithm, min: 1, max: 1000, initial, window, min_samples: 10, probe: None }
 }
 
 fn gradient2(long_window: u32) -> AdaptiveConfig {
@@ -26,7 +27,7 @@ fn aimd(initial: u32) -> AdaptiveConfig {
 }
 
 fn window(rtt_us: f64, in_flight: u32) -> Update {
-    Update { rtt_us: Some(rtt_us), in_flight, dropped: false }
+    Update { rtt_us: Some(rtt_us), in_flight, dropped: false, min_rtt_us: None }
 }
 
 fn close(a: f64, b: f64) -> bool {
@@ -92,7 +93,7 @@ fn gradient2_long_latency_is_an_exponential_average_after_ten_windows() {
     assert!(close(e.inputs().long_rtt_us, 15_000.0));
     assert!(close(e.inputs().gradient, 0.75));
     // Drops alone are no signal to Gradient2.
-    let dropped = Update { rtt_us: None, in_flight: 1000, dropped: true };
+    let dropped = Update { rtt_us: None, in_flight: 1000, dropped: true, min_rtt_us: None };
     assert!(close(e.update(&cfg, &dropped), got));
 }
 
@@ -126,7 +127,7 @@ fn log10_root_is_netflix_s() {
 fn vegas_grows_while_the_queue_is_short_and_shrinks_when_it_is_long() {
     let cfg = vegas(1.0, 30, 20);
     let mut e = Estimator::new(&cfg, 7);
-    let drop = |rtt: f64, n| Update { rtt_us: Some(rtt), in_flight: n, dropped: true };
+    let drop = |rtt: f64, n| Update { rtt_us: Some(rtt), in_flight: n, dropped: true, min_rtt_us: None };
     run(
         &cfg,
         &mut e,
@@ -154,7 +155,7 @@ fn vegas_grows_while_the_queue_is_short_and_shrinks_when_it_is_long() {
     assert!(close(e.inputs().no_load_rtt_us, 9_000.0));
     assert!(close(e.inputs().queue, 13.0));
     // Every call of a window dropped: a drop.
-    assert!(close(e.update(&cfg, &Update { rtt_us: None, in_flight: 24, dropped: true }), 23.0));
+    assert!(close(e.update(&cfg, &Update { rtt_us: None, in_flight: 24, dropped: true, min_rtt_us: None }), 23.0));
 }
 
 #[test]
@@ -203,7 +204,7 @@ fn vegas_probes_the_no_load_latency_afresh() {
 fn aimd_adds_one_and_backs_off_by_the_ratio() {
     let cfg = aimd(10);
     let mut e = Estimator::new(&cfg, 1);
-    let dropped = Update { rtt_us: Some(10_000.0), in_flight: 9, dropped: true };
+    let dropped = Update { rtt_us: Some(10_000.0), in_flight: 9, dropped: true, min_rtt_us: None };
     run(
         &cfg,
         &mut e,
@@ -312,4 +313,94 @@ fn new_rules_keep_the_state_of_the_same_algorithm() {
     assert_eq!(c.limit(), 8, "the state is kept, within the new bounds");
     c.reconfigure(gradient2(600), 1);
     assert_eq!(c.limit(), 20, "another algorithm starts at its initial");
+}
+
+/// A dependency that serves `servers` calls at once in `service` each, the
+/// rest queued, called by `callers` closed-loop callers through the limit,
+/// one window a second for `windows` seconds on a fake clock. Each window,
+/// the calls in flight are the limit (or every caller, if fewer), and they
+/// take the service time stretched by the queue. The limit, and the mean
+/// latency, of the last ten windows.
+fn closed_loop(cfg: AdaptiveConfig, servers: u32, service_ms: f64, callers: u32, windows: u64) -> (Vec<u32>, f64) {
+    let start = Timestamp::from_secs(1_700_000_000);
+    let mut c = Controller::new(cfg, start, 7);
+    let (mut limits, mut latencies) = (Vec::new(), Vec::new());
+    for second in 1..=windows {
+        let in_flight = c.limit().min(callers);
+        let latency_ms = service_ms * (f64::from(in_flight) / f64::from(servers)).max(1.0);
+        let calls = (f64::from(in_flight) * 1000.0 / latency_ms).round() as u64;
+        for _ in 0..calls {
+            c.window_mut().sample(Duration::from_secs_f64(latency_ms / 1000.0));
+        }
+        c.window_mut().in_flight(in_flight);
+        let now = start.saturating_add(Duration::from_secs(second));
+        let w = c.take_window(now);
+        c.apply(now, &w);
+        if second > windows - 10 {
+            limits.push(c.limit());
+            latencies.push(latency_ms);
+        }
+    }
+    (limits, latencies.iter().sum::<f64>() / latencies.len() as f64)
+}
+
+fn probing(cfg: AdaptiveConfig) -> AdaptiveConfig {
+    AdaptiveConfig { probe: Some(ProbeConfig::default()), ..cfg }
+}
+
+#[test]
+fn an_overloaded_start_is_found_only_with_a_measured_no_load_latency() {
+    // 5 calls at once at 40 ms (125 calls a second), 20 callers, initial
+    // limit 20: every window from the first is already queued (160 ms).
+    for cfg in [gradient2(600), vegas(1.0, 30, 20), aimd(20)] {
+        let name = cfg.algorithm_name();
+        let (limits, latency) = closed_loop(cfg, 5, 40.0, 20, 50);
+        assert!(latency > 120.0, "{name} without a measurement: {latency} ms, limits {limits:?}");
+        let (limits, latency) = closed_loop(probing(cfg), 5, 40.0, 20, 50);
+        // Gradient2 keeps `queue_size` (4) calls of headroom over what the
+        // dependency serves: 10 in flight, twice its no-load latency.
+        assert!(latency <= 90.0, "{name} with a measurement: {latency} ms, limits {limits:?}");
+        assert!(limits.iter().all(|l| (3..=11).contains(l)), "{name}: {limits:?}");
+    }
+}
+
+#[test]
+fn a_healthy_start_finds_the_same_capacity_with_or_without_the_measurement() {
+    // 40 at once at 40 ms, 80 callers, initial 20: room to grow.
+    for cfg in [gradient2(600), vegas(1.0, 30, 20)] {
+        let name = cfg.algorithm_name();
+        let cfg = AdaptiveConfig { max: 200, ..cfg };
+        let (without, _) = closed_loop(cfg, 40, 40.0, 80, 120);
+        let (with, latency) = closed_loop(probing(cfg), 40, 40.0, 80, 120);
+        let mean = |l: &[u32]| l.iter().map(|x| f64::from(*x)).sum::<f64>() / l.len() as f64;
+        assert!((30.0..=60.0).contains(&mean(&with)), "{name} with: {with:?} ({latency} ms)");
+        assert!((mean(&with) - mean(&without)).abs() <= 0.25 * mean(&without), "{name}: {with:?} vs {without:?}");
+    }
+}
+
+#[test]
+fn the_measurement_holds_the_limit_at_the_floor_then_lets_it_go() {
+    let cfg = probing(gradient2(600));
+    let start = Timestamp::from_secs(1_700_000_000);
+    let mut c = Controller::new(cfg, start, 7);
+    let at = |c: &mut Controller, second: u64, rtt_ms: u64, n: u64| {
+        for _ in 0..n {
+            c.window_mut().sample(Duration::from_millis(rtt_ms));
+        }
+        let now = start.saturating_add(Duration::from_secs(second));
+        let w = c.take_window(now);
+        c.apply(now, &w);
+        c.limit()
+    };
+    assert_eq!(at(&mut c, 1, 100, 200), 3, "the first window's close starts draining at the floor");
+    assert!(c.inputs().probing);
+    assert_eq!(at(&mut c, 2, 100, 50), 3, "drained; measuring");
+    assert_eq!(at(&mut c, 3, 40, 60), 20, "60 samples at 40 ms: measured, the limit is back");
+    let inputs = c.inputs();
+    assert!(!inputs.probing);
+    assert!(close(inputs.min_rtt_us, 40_000.0), "{inputs:?}");
+    // The next in the next slot of five minutes on the clock (1_700_000_100),
+    // moved by at most 15% of five minutes.
+    let next = inputs.next_probe_at.unwrap().as_nanos() - start.as_nanos();
+    assert!((100_000_000_000..145_000_000_000).contains(&next), "{next}");
 }

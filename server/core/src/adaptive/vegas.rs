@@ -12,7 +12,9 @@
 //! bounded by `min` and `max`, then smoothed. Every about
 //! `probe_multiplier * limit` windows (jittered by 0.5 to 1) the window's
 //! latency becomes the no-load latency, so that a slower resource is not
-//! held to its old best forever.
+//! held to its old best forever. When the limit measures its no-load
+//! latency at the floor (`probe`), that measurement is the no-load latency
+//! and the windows are not used to guess it.
 
 use super::config::VegasConfig;
 use super::{Inputs, Update};
@@ -67,16 +69,21 @@ impl Vegas {
             None => return self.limit,
             Some(rtt) => {
                 self.short = rtt;
-                self.probe_count += 1;
-                if self.jitter * f64::from(c.probe_multiplier) * self.limit <= self.probe_count as f64 {
-                    self.jitter = self.next_jitter();
-                    self.probe_count = 0;
-                    self.no_load = rtt;
-                    return self.limit;
-                }
-                if self.no_load == 0.0 || rtt < self.no_load {
-                    self.no_load = rtt;
-                    return self.limit;
+                if let Some(measured) = u.min_rtt_us {
+                    // Measured at the floor: no guess from the windows.
+                    self.no_load = measured;
+                } else {
+                    self.probe_count += 1;
+                    if self.jitter * f64::from(c.probe_multiplier) * self.limit <= self.probe_count as f64 {
+                        self.jitter = self.next_jitter();
+                        self.probe_count = 0;
+                        self.no_load = rtt;
+                        return self.limit;
+                    }
+                    if self.no_load == 0.0 || rtt < self.no_load {
+                        self.no_load = rtt;
+                        return self.limit;
+                    }
                 }
                 self.queue = (self.limit * (1.0 - self.no_load / rtt)).ceil();
                 let whole = log10_root(self.limit.floor());
