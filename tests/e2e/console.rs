@@ -28,7 +28,7 @@ resources:
       - { name: per-user, key: [user], algorithm: fixed_window, limit: 1, window: 1h }
   - name: db
     concurrency:
-      adaptive: { algorithm: aimd, min: 1, max: 100, initial: 10, window: 100ms, min_samples: 1 }
+      adaptive: { algorithm: aimd, min: 1, max: 100, initial: 10, window: 100ms, min_samples: 1, probe: off }
 systems:
   - { name: shop, resources: [orders] }
 "#;

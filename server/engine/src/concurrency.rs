@@ -40,7 +40,7 @@ impl Views<'_> {
             Priority::ALL.map(|p| (c.partitions.guaranteed(limit, p), g.as_ref().map_or(0, |g| g.in_flight_of(p))));
         let (inputs, history) = match g.as_ref().map(|g| g.current_controller()) {
             Some(slot) => match slot.as_ref() {
-                Some(ctl) => (Some(ctl.estimator().inputs()), ctl.history().copied().collect()),
+                Some(ctl) => (Some(ctl.inputs()), ctl.history().copied().collect()),
                 None => (None, Vec::new()),
             },
             None => (None, Vec::new()),

@@ -65,6 +65,7 @@ pub const CONCURRENCY_IN_FLIGHT: &str = "floodgate_concurrency_in_flight";
 pub const ADAPTIVE_LATENCY: &str = "floodgate_adaptive_latency_seconds";
 pub const ADAPTIVE_GRADIENT: &str = "floodgate_adaptive_gradient";
 pub const ADAPTIVE_QUEUE: &str = "floodgate_adaptive_queue";
+pub const ADAPTIVE_PROBING: &str = "floodgate_adaptive_probing";
 pub const ENVOY_XDS_CONNECTED: &str = "floodgate_envoy_xds_connected";
 pub(crate) const ENVOY_XDS_UPDATES: &str = "floodgate_envoy_xds_updates_total";
 pub(crate) const ENVOY_CONFIG_INFO: &str = "floodgate_envoy_config_info";
@@ -127,10 +128,14 @@ pub fn describe() {
     describe_gauge!(
         ADAPTIVE_LATENCY,
         metrics::Unit::Seconds,
-        "An adaptive limit's latencies at its last update: short (the window's mean), long (Gradient2), no_load (Vegas)"
+        "An adaptive limit's latencies at its last update: short (the window's mean), long (Gradient2), no_load (Vegas), min (measured at the probe's floor)"
     );
     describe_gauge!(ADAPTIVE_GRADIENT, "Gradient2's gradient at its last update (long over short latency, 0.5 to 1)");
     describe_gauge!(ADAPTIVE_QUEUE, "Vegas's estimated queue at its last update");
+    describe_gauge!(
+        ADAPTIVE_PROBING,
+        "1 while an adaptive limit is held at its probe's floor to measure the no-load latency, else 0"
+    );
     describe_counter!(PERMITS_EXPIRED, "Permits never reported, freed when their TTL passed");
     describe_gauge!(
         DEGRADATION_LEVEL,

@@ -478,7 +478,7 @@ class GetConcurrencyRequest(_message.Message):
     def __init__(self, resource: _Optional[str] = ...) -> None: ...
 
 class ConcurrencyInfo(_message.Message):
-    __slots__ = ("resource", "limit", "in_flight", "algorithm", "min", "max", "short_rtt", "long_rtt", "no_load_rtt", "gradient", "queue", "partitions", "windows")
+    __slots__ = ("resource", "limit", "in_flight", "algorithm", "min", "max", "short_rtt", "long_rtt", "no_load_rtt", "gradient", "queue", "partitions", "windows", "min_rtt", "probing", "next_probe_at")
     RESOURCE_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
@@ -492,6 +492,9 @@ class ConcurrencyInfo(_message.Message):
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    MIN_RTT_FIELD_NUMBER: _ClassVar[int]
+    PROBING_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PROBE_AT_FIELD_NUMBER: _ClassVar[int]
     resource: str
     limit: int
     in_flight: int
@@ -505,7 +508,10 @@ class ConcurrencyInfo(_message.Message):
     queue: float
     partitions: _containers.RepeatedCompositeFieldContainer[ConcurrencyPartition]
     windows: _containers.RepeatedCompositeFieldContainer[ConcurrencyWindow]
-    def __init__(self, resource: _Optional[str] = ..., limit: _Optional[int] = ..., in_flight: _Optional[int] = ..., algorithm: _Optional[str] = ..., min: _Optional[int] = ..., max: _Optional[int] = ..., short_rtt: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., long_rtt: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., no_load_rtt: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., gradient: _Optional[float] = ..., queue: _Optional[float] = ..., partitions: _Optional[_Iterable[_Union[ConcurrencyPartition, _Mapping]]] = ..., windows: _Optional[_Iterable[_Union[ConcurrencyWindow, _Mapping]]] = ...) -> None: ...
+    min_rtt: _duration_pb2.Duration
+    probing: bool
+    next_probe_at: _timestamp_pb2.Timestamp
+    def __init__(self, resource: _Optional[str] = ..., limit: _Optional[int] = ..., in_flight: _Optional[int] = ..., algorithm: _Optional[str] = ..., min: _Optional[int] = ..., max: _Optional[int] = ..., short_rtt: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., long_rtt: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., no_load_rtt: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., gradient: _Optional[float] = ..., queue: _Optional[float] = ..., partitions: _Optional[_Iterable[_Union[ConcurrencyPartition, _Mapping]]] = ..., windows: _Optional[_Iterable[_Union[ConcurrencyWindow, _Mapping]]] = ..., min_rtt: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., probing: _Optional[bool] = ..., next_probe_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ConcurrencyPartition(_message.Message):
     __slots__ = ("priority", "percent", "guaranteed", "in_flight")

@@ -160,11 +160,14 @@ fn concurrency_gauges(decider: &Decider) {
             gauge!(CONCURRENCY_IN_FLIGHT, "resource" => resource.clone(), "priority" => p.key()).set(f64::from(n));
         }
         let Some(i) = v.inputs else { continue };
-        for (measure, us) in [("short", i.short_rtt_us), ("long", i.long_rtt_us), ("no_load", i.no_load_rtt_us)] {
+        let measures =
+            [("short", i.short_rtt_us), ("long", i.long_rtt_us), ("no_load", i.no_load_rtt_us), ("min", i.min_rtt_us)];
+        for (measure, us) in measures {
             gauge!(ADAPTIVE_LATENCY, "resource" => resource.clone(), "measure" => measure).set(us / 1e6);
         }
         gauge!(ADAPTIVE_GRADIENT, "resource" => resource.clone()).set(i.gradient);
-        gauge!(ADAPTIVE_QUEUE, "resource" => resource).set(i.queue);
+        gauge!(ADAPTIVE_QUEUE, "resource" => resource.clone()).set(i.queue);
+        gauge!(ADAPTIVE_PROBING, "resource" => resource).set(f64::from(u8::from(i.probing)));
     }
 }
 

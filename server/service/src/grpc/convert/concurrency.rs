@@ -63,5 +63,8 @@ pub fn info(v: &ConcurrencyView) -> pb::ConcurrencyInfo {
         queue: inputs.queue,
         partitions,
         windows,
+        min_rtt: micros(inputs.min_rtt_us),
+        probing: inputs.probing,
+        next_probe_at: inputs.next_probe_at.map(instant),
     }
 }

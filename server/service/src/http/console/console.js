@@ -471,7 +471,9 @@ function renderConcurrency(list) {
     const tr = el("tr");
     tr.dataset.resource = c.resource;
     const ms = (x) => (x ? x + " ms" : "-");
-    const latency = c.algorithm ? [c.short_rtt_ms, c.long_rtt_ms, c.no_load_rtt_ms].map(ms).join(" / ") : "";
+    let latency = c.algorithm ? [c.short_rtt_ms, c.long_rtt_ms, c.no_load_rtt_ms].map(ms).join(" / ") : "";
+    if (c.algorithm && c.min_rtt_ms) latency += ", measured " + ms(c.min_rtt_ms);
+    if (c.probing) latency += " (measuring at the floor)";
     const parts = c.partitions.map((p) => p.priority + " " + p.in_flight + "/" + p.guaranteed + " (" + p.percent + "%)").join(", ");
     tr.append(el("td", c.resource), el("td", c.algorithm || "static"), el("td", c.limit, "limit"),
       el("td", c.in_flight), el("td", latency), el("td", parts));
