@@ -67,6 +67,8 @@ const DECODE_FACTOR: usize = 4;
 pub struct Api {
     grpc: GrpcService,
     pool: DescriptorPool,
+    /// Each call's RPC and message types, by its path after `/v1/`.
+    routes: Arc<std::collections::HashMap<String, Route>>,
     bodies: Arc<tokio::sync::Semaphore>,
     max_bodies: usize,
     /// The longest a body may take to arrive.
@@ -81,15 +83,33 @@ impl Api {
         let pool = DescriptorPool::decode(floodgate_proto::FILE_DESCRIPTOR_SET)?;
         let max_bodies = max_bodies.clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
         let bodies = Arc::new(tokio::sync::Semaphore::new(max_bodies));
-        Ok(Api { grpc, pool, bodies, max_bodies, body_timeout })
+        let mut routes = std::collections::HashMap::new();
+        for (name, rpc) in calls() {
+            let (input, output) =
+                types(&pool, rpc).ok_or_else(|| anyhow::anyhow!("{} is not in the protos", rpc.path()))?;
+            routes.insert(name, Route { rpc, input, output });
+        }
+        Ok(Api { grpc, pool, routes: Arc::new(routes), bodies, max_bodies, body_timeout })
     }
 
     /// The input and output types of `rpc`.
     fn types(&self, rpc: Rpc) -> Option<(MessageDescriptor, MessageDescriptor)> {
-        let (service, method) = rpc.path().strip_prefix('/')?.split_once('/')?;
-        let method = self.pool.get_service_by_name(service)?.methods().find(|m| m.name() == method)?;
-        Some((method.input(), method.output()))
+        types(&self.pool, rpc)
     }
+}
+
+/// One call of the API.
+struct Route {
+    rpc: Rpc,
+    input: MessageDescriptor,
+    output: MessageDescriptor,
+}
+
+/// The input and output types of `rpc` in `pool`.
+fn types(pool: &DescriptorPool, rpc: Rpc) -> Option<(MessageDescriptor, MessageDescriptor)> {
+    let (service, method) = rpc.path().strip_prefix('/')?.split_once('/')?;
+    let method = pool.get_service_by_name(service)?.methods().find(|m| m.name() == method)?;
+    Some((method.input(), method.output()))
 }
 
 /// Every call the HTTP API serves: its path after `/v1/`, and its RPC.
@@ -125,22 +145,19 @@ fn split_words(name: &str, sep: char) -> String {
     out
 }
 
-fn call_named(name: &str) -> Option<Rpc> {
-    calls().into_iter().find(|(n, _)| n == name).map(|(_, rpc)| rpc)
-}
-
 /// `POST /v1/{call}`.
 pub(super) async fn call(State(state): State<HttpState>, req: Request) -> Response {
     let Some(api) = state.api.clone() else {
         return error(StatusCode::NOT_FOUND, "NOT_FOUND", "the JSON API is not served by this server".into());
     };
-    let name = req.uri().path().strip_prefix("/v1/").unwrap_or_default().to_string();
-    let Some(rpc) = call_named(&name) else {
+    let name = req.uri().path().strip_prefix("/v1/").unwrap_or_default();
+    let Some(route) = api.routes.get(name) else {
         let shown: String = name.chars().take(100).flat_map(char::escape_default).collect();
         let known: Vec<String> = calls().into_iter().map(|(n, _)| n).collect();
         let message = format!("no call '/v1/{shown}'; the calls are /v1/ and one of: {}", known.join(", "));
         return error(StatusCode::NOT_FOUND, "NOT_FOUND", message);
     };
+    let (rpc, name) = (route.rpc, name.to_string());
     if let Err((status, why)) = super::site::check_action(&req) {
         let peer = req.extensions().get::<Peer>().and_then(|p| p.addr).map(|a| a.to_string()).unwrap_or_default();
         if let Some(suppressed) = state.access.refusal_logged() {
@@ -154,9 +171,7 @@ pub(super) async fn call(State(state): State<HttpState>, req: Request) -> Respon
             }
         };
     }
-    let Some((input, output)) = api.types(rpc) else {
-        return error(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL", format!("no types for {}", rpc.path()));
-    };
+    let (input, output) = (route.input.clone(), route.output.clone());
     let cap = rpc.cap().saturating_mul(JSON_FACTOR);
     let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
     if declared.is_some_and(|n| n > cap) {
