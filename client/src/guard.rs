@@ -179,6 +179,7 @@ impl<'c, C> Guard<'c, C> {
     /// Asks; when allowed, waits out any shaping and hands over the permit
     /// (set to report this guard's cancellation outcome if dropped).
     async fn admit<E>(&self) -> Result<Option<Permit>, GuardError<E>> {
+        let asked = Instant::now();
         let mut decision = self.client.acquire(&self.req).await.map_err(GuardError::Client)?;
         if !decision.is_allowed() {
             return Err(GuardError::Denied(Box::new(decision)));
@@ -186,6 +187,9 @@ impl<'c, C> Guard<'c, C> {
         if !decision.wait.is_zero() {
             tokio::time::sleep(decision.wait).await;
         }
+        // How long the call waited before it ran: the load reporter sends
+        // the mean as this process's queueing delay.
+        self.client.inner().stats.queued(asked.elapsed());
         Ok(decision.permit.take().map(|p| match self.cancelled {
             Some(outcome) => p.on_drop(outcome),
             None => p,
@@ -201,6 +205,7 @@ impl<'c, C> Guard<'c, C> {
     {
         let permit = self.admit().await?;
         let start = Instant::now();
+        let _running = self.client.inner().stats.running();
         // If this future is dropped here, the permit reports itself as cancelled.
         let result = f().await;
         if let Some(permit) = permit {
@@ -223,6 +228,7 @@ impl<'c, C> Guard<'c, C> {
     {
         self.req = self.req.settle();
         let permit = self.admit().await?;
+        let _running = self.client.inner().stats.running();
         // If this future is dropped here, the permit reports itself as cancelled.
         let (result, actual) = f().await;
         if let Some(permit) = permit {

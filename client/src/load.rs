@@ -8,6 +8,12 @@
 //! - Memory: its resident set (`/proc/self/status`) over the cgroup's memory
 //!   limit when one is set, else the host's memory.
 //!
+//! - Calls in flight and queueing delay: the guarded calls running now, and
+//!   the mean time the guarded calls that started since the last report
+//!   waited before they ran (the question's round trip and any shaping
+//!   wait), so that callers that queue are seen even when the dependency's
+//!   own latency is flat.
+//!
 //! Where `/proc` cannot be read (not Linux), nothing is reported, and the
 //! reason is logged once.
 
@@ -217,8 +223,8 @@ pub(crate) async fn run(
             instance: report.instance.clone(),
             cpu,
             memory,
-            in_flight: None,
-            queue_delay: None,
+            in_flight: Some(u32::try_from(stats.in_flight()).unwrap_or(u32::MAX)),
+            queue_delay: stats.take_queue_delay().and_then(|d| prost_types::Duration::try_from(d).ok()),
         };
         // One server at a time; the next after a failure.
         let mut grpc = grpcs[next % grpcs.len()].clone();

@@ -17,6 +17,12 @@ pub struct Stats {
     leased: AtomicU64,
     loads_reported: AtomicU64,
     loads_failed: AtomicU64,
+    /// Guarded calls since the last load report: how many started, and how
+    /// long in all they waited before they ran (µs).
+    queued_calls: AtomicU64,
+    queued_us: AtomicU64,
+    /// Guarded calls running now.
+    running: AtomicU64,
 }
 
 /// A copy of the counters.
@@ -91,6 +97,32 @@ impl Stats {
         self.loads_failed.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A guarded call waited `d` before it ran: the question's round trip
+    /// and any shaping wait.
+    pub(crate) fn queued(&self, d: std::time::Duration) {
+        self.queued_calls.fetch_add(1, Ordering::Relaxed);
+        self.queued_us.fetch_add(u64::try_from(d.as_micros()).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// The mean wait of the guarded calls that started since the last time
+    /// this was asked (`None`: none started), and starts counting afresh.
+    pub(crate) fn take_queue_delay(&self) -> Option<std::time::Duration> {
+        let calls = self.queued_calls.swap(0, Ordering::Relaxed);
+        let us = self.queued_us.swap(0, Ordering::Relaxed);
+        (calls > 0).then(|| std::time::Duration::from_micros(us / calls))
+    }
+
+    /// A guarded call runs until the returned value is dropped.
+    pub(crate) fn running(self: &std::sync::Arc<Self>) -> Running {
+        self.running.fetch_add(1, Ordering::Relaxed);
+        Running(self.clone())
+    }
+
+    /// Guarded calls running now.
+    pub(crate) fn in_flight(&self) -> u64 {
+        self.running.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn dropped(&self, n: u64) {
         self.reports_dropped.fetch_add(n, Ordering::Relaxed);
     }
@@ -111,5 +143,15 @@ impl Stats {
             loads_reported: l(&self.loads_reported),
             loads_failed: l(&self.loads_failed),
         }
+    }
+}
+
+/// A guarded call that is running: counted in [`Stats::in_flight`] until it
+/// is dropped, however the call ends (a cancelled call too).
+pub(crate) struct Running(std::sync::Arc<Stats>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::Relaxed);
     }
 }

@@ -600,3 +600,61 @@ async fn a_level_set_on_a_replica_cut_off_from_redis_loses_to_a_newer_one_set_el
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!((level(&a, "search").await, level(&b, "search").await), (1, 1), "and stays");
 }
+
+/// A process whose guarded calls wait before they run (here, paced by a
+/// shaping limit) reports that wait as its queueing delay, and its running
+/// guarded calls as its calls in flight: callers that queue are seen even
+/// when the dependency answers as fast as ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_crate_reports_how_long_guarded_calls_waited_and_how_many_run() {
+    let rules = r#"
+resources:
+  - name: paced
+    limits: [ { name: pace, algorithm: leaky_bucket, capacity: 20, leak_per_second: 10, mode: shape, max_wait: 3s } ]
+systems:
+  - name: queued
+    resources: [paced]
+"#;
+    let fg = floodgate().rules(rules).start();
+    let client = floodgate_client::Client::builder()
+        .endpoint(fg.url())
+        .request_timeout(Duration::from_secs(2))
+        .report_load("queued", "pod-0")
+        .build()
+        .unwrap();
+    // 20 calls at once, paced at 10 a second: the last waits about two
+    // seconds. Each runs 2.5 s once let through, so that some run when the
+    // process reports (once a second).
+    let calls: Vec<_> = (0..20)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                client
+                    .guard(floodgate_client::Acquire::new("paced"))
+                    .run(|| async {
+                        tokio::time::sleep(Duration::from_millis(2500)).await;
+                        Ok::<_, ()>(())
+                    })
+                    .await
+                    .is_ok()
+            })
+        })
+        .collect();
+    let seen = eventually("a report with a queueing delay", Duration::from_secs(5), || async {
+        let s = systems(&fg).await;
+        let signals = s["queued"].signals?;
+        let delay = signals.queue_delay?;
+        (signals.in_flight > 0).then_some((Duration::new(delay.seconds as u64, delay.nanos as u32), signals.in_flight))
+    })
+    .await;
+    let mut ran = 0;
+    for c in calls {
+        ran += usize::from(c.await.unwrap());
+    }
+    assert_eq!(ran, 20, "every call was paced, none denied");
+    let (delay, in_flight) = seen;
+    // Calls paced at 10 a second waited tens to hundreds of milliseconds
+    // each, on average, in a report's second.
+    assert!(delay >= Duration::from_millis(20) && delay <= Duration::from_secs(3), "{delay:?}");
+    assert!((1..=20).contains(&in_flight), "{in_flight}");
+}
