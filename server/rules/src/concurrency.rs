@@ -174,15 +174,15 @@ pub(super) fn parse_adaptive(f: &Fields<'_>) -> Option<AdaptiveConfig> {
         f.error("initial", format!("must be between min ({min}) and max ({max}), got {initial}"));
         return None;
     }
-    Some(AdaptiveConfig {
-        algorithm,
-        min,
-        max,
-        initial,
-        window: window?,
-        min_samples: min_samples? as u32,
-        probe: probe?,
-    })
+    let probe = probe?;
+    if let Some(p) = probe
+        && p.floor > max
+    {
+        // Held above the limit's ceiling, the floor would hold nothing back.
+        f.error("probe.floor", format!("must be at most max ({max}), got {}", p.floor));
+        return None;
+    }
+    Some(AdaptiveConfig { algorithm, min, max, initial, window: window?, min_samples: min_samples? as u32, probe })
 }
 
 /// `probe`: `off`, or when to measure the no-load latency and how (every

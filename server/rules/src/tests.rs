@@ -340,6 +340,8 @@ resources:
     concurrency: { adaptive: { algorithm: vegas, probe: { floor: 0, every: 1m } } }
   - name: c
     concurrency: { adaptive: { algorithm: aimd, probe: sometimes } }
+  - name: d
+    concurrency: { adaptive: { algorithm: gradient2, max: 10, initial: 5, probe: { floor: 50 } } }
 "#,
     );
     assert_eq!(
@@ -349,6 +351,7 @@ resources:
             "rules.yaml: resource 'b': concurrency.adaptive.probe.every: unknown field (expected one of: interval, floor, samples)",
             "rules.yaml: resource 'b': concurrency.adaptive.probe.floor: must be a whole number between 1 and 10000000, got 0",
             "rules.yaml: resource 'c': concurrency.adaptive.probe: must be off or a mapping (interval, floor, samples), got 'sometimes'",
+            "rules.yaml: resource 'd': concurrency.adaptive.probe.floor: must be at most max (10), got 50",
         ]
     );
 }

@@ -305,9 +305,15 @@ impl Controller {
     pub fn limit(&self) -> u32 {
         let limit = whole(self.estimator.estimate(), &self.cfg);
         match &self.probe {
-            Some(p) if p.pinned() => limit.min(p.config().floor.max(self.cfg.min)),
+            Some(p) if p.pinned() => limit.min(self.floor()),
             _ => limit,
         }
+    }
+
+    /// The limit while the no-load latency is measured: the probe's floor,
+    /// never below `min`.
+    fn floor(&self) -> u32 {
+        self.probe.as_ref().map_or(self.cfg.min, |p| p.config().floor.max(self.cfg.min))
     }
 
     /// The algorithm's inputs, with the measured no-load latency.
@@ -377,7 +383,8 @@ impl Controller {
     /// Runs the algorithm on a closed window (this replica's, or the
     /// fleet's merged): the new limit, if the window was full enough.
     pub fn apply(&mut self, now: Timestamp, w: &Window) -> Option<u32> {
-        if self.probe.as_mut().is_some_and(|p| p.on_window(now, w)) {
+        let floor = self.floor();
+        if self.probe.as_mut().is_some_and(|p| p.on_window(now, w, floor)) {
             // A window at the floor says nothing of the limit.
             let limit = self.limit();
             self.remember(now, limit, *w);
@@ -404,8 +411,9 @@ impl Controller {
         self.estimator = estimator;
         // The fleet's window moves this replica's measurement on too: every
         // replica holds back at the same windows.
+        let floor = self.floor();
         if let (Some(p), Some(w)) = (self.probe.as_mut(), w) {
-            p.on_window(now, w);
+            p.on_window(now, w, floor);
         }
         if let Some(w) = w {
             let limit = self.limit();

@@ -6,10 +6,15 @@ use super::Window;
 use super::config::ProbeConfig;
 use crate::time::Timestamp;
 
-/// Windows of measuring at most, after the one that drains the queue: a
-/// resource too slow to give `samples` calls in that time is measured from
-/// what it gave.
+/// Windows of measuring at most, once the queue drained: a resource too
+/// slow to give `samples` calls in that time is measured from what it gave.
 const MAX_MEASURING: u32 = 3;
+
+/// Windows of draining at most. A window drains until it closes with no
+/// more calls in flight than the floor; a resource whose queue takes
+/// longer than this is not measured this time (what it would give is its
+/// queue's latency, not its no-load latency).
+const MAX_DRAINING: u32 = 10;
 
 /// How far a slot's measurement may move from the slot's start, as a share
 /// of the interval.
@@ -21,7 +26,7 @@ enum Phase {
     /// closes at or after `next_at`.
     Idle,
     /// The limit is held at the floor; the calls admitted before finish.
-    Draining,
+    Draining { windows: u32 },
     /// The limit is held at the floor; the calls that come back are counted.
     Measuring { samples: u64, rtt_sum_us: u64, windows: u32 },
 }
@@ -72,33 +77,65 @@ impl Probe {
     /// A window closed at `now`: moves the measurement on. Whether the
     /// window belonged to it (the algorithm must not learn from a window
     /// taken at the floor).
-    pub fn on_window(&mut self, now: Timestamp, w: &Window) -> bool {
+    /// `floor` is the limit held while measuring.
+    pub fn on_window(&mut self, now: Timestamp, w: &Window, floor: u32) -> bool {
         match self.phase {
             Phase::Idle => {
                 if now >= self.next_at {
-                    self.phase = Phase::Draining;
+                    self.phase = Phase::Draining { windows: 0 };
                 }
                 false
             }
-            Phase::Draining => {
-                self.phase = Phase::Measuring { samples: 0, rtt_sum_us: 0, windows: 0 };
+            Phase::Draining { windows } => {
+                // Drained once a whole window had no more in flight than
+                // the floor: the calls of the next one were admitted at it.
+                if w.max_in_flight <= floor {
+                    self.phase = Phase::Measuring { samples: 0, rtt_sum_us: 0, windows: 0 };
+                } else if windows + 1 >= MAX_DRAINING {
+                    self.finish(now, None);
+                } else {
+                    self.phase = Phase::Draining { windows: windows + 1 };
+                }
+                true
+            }
+            Phase::Measuring { .. } if w.max_in_flight > floor => {
+                // More in flight than the floor (the partitions' guarantees
+                // may let calls past it): not a measurement at the floor.
+                if let Phase::Measuring { samples, rtt_sum_us, windows } = self.phase {
+                    self.phase = Phase::Measuring { samples, rtt_sum_us, windows: windows + 1 };
+                    if windows + 1 >= MAX_MEASURING {
+                        let mean = (samples > 0).then(|| rtt_sum_us as f64 / samples as f64);
+                        self.finish(now, mean);
+                    }
+                }
                 true
             }
             Phase::Measuring { samples, rtt_sum_us, windows } => {
                 let (samples, rtt_sum_us, windows) =
                     (samples + w.samples, rtt_sum_us.saturating_add(w.rtt_sum_us), windows + 1);
                 if samples >= u64::from(self.cfg.samples) || windows >= MAX_MEASURING {
-                    if samples > 0 {
-                        self.min_rtt_us = Some((rtt_sum_us as f64 / samples as f64).max(1.0));
-                    }
-                    self.phase = Phase::Idle;
-                    self.next_at = next_slot(now, self.cfg.interval);
+                    let mean = (samples > 0).then(|| rtt_sum_us as f64 / samples as f64);
+                    self.finish(now, mean);
                 } else {
                     self.phase = Phase::Measuring { samples, rtt_sum_us, windows };
                 }
                 true
             }
         }
+    }
+}
+
+impl Probe {
+    /// Ends a measurement at `now` with the mean latency it found (`None`:
+    /// none; the last one stays), and plans the next: the slot after half an
+    /// interval from now, so that a measurement at start is not followed at
+    /// once by the first slot's.
+    fn finish(&mut self, now: Timestamp, mean_us: Option<f64>) {
+        if let Some(m) = mean_us {
+            self.min_rtt_us = Some(m.max(1.0));
+        }
+        self.phase = Phase::Idle;
+        self.next_at = next_slot(now.saturating_add(self.cfg.interval / 2), self.cfg.interval);
     }
 }
 

@@ -399,8 +399,49 @@ fn the_measurement_holds_the_limit_at_the_floor_then_lets_it_go() {
     let inputs = c.inputs();
     assert!(!inputs.probing);
     assert!(close(inputs.min_rtt_us, 40_000.0), "{inputs:?}");
-    // The next in the next slot of five minutes on the clock (1_700_000_100),
-    // moved by at most 15% of five minutes.
+    // The next in the first slot of five minutes on the clock at least half
+    // an interval away: 1_700_000_400 (the one at 1_700_000_100 is too
+    // near), moved by at most 15% of five minutes.
     let next = inputs.next_probe_at.unwrap().as_nanos() - start.as_nanos();
-    assert!((100_000_000_000..145_000_000_000).contains(&next), "{next}");
+    assert!((400_000_000_000..445_000_000_000).contains(&next), "{next}");
+}
+
+#[test]
+fn the_measurement_waits_for_the_queue_to_drain_and_gives_up_on_one_that_does_not() {
+    let cfg = probing(gradient2(600));
+    let start = Timestamp::from_secs(1_700_000_000);
+    let mut c = Controller::new(cfg, start, 7);
+    // Each window: `n` calls came back after `rtt_ms`, with `peak` in flight.
+    let window = |c: &mut Controller, second: u64, rtt_ms: u64, n: u64, peak: u32| {
+        for _ in 0..n {
+            c.window_mut().sample(Duration::from_millis(rtt_ms));
+        }
+        c.window_mut().in_flight(peak);
+        let now = start.saturating_add(Duration::from_secs(second));
+        let w = c.take_window(now);
+        c.apply(now, &w);
+    };
+    window(&mut c, 1, 100, 20, 20); // the measurement starts
+    // A slow resource: the calls admitted before the floor are still in
+    // flight, coming back after their time in the queue.
+    window(&mut c, 2, 3000, 20, 20);
+    window(&mut c, 3, 4000, 20, 20);
+    assert!(c.inputs().probing, "still draining");
+    // Drained: at most the floor in flight; these are measured.
+    window(&mut c, 4, 1000, 3, 3);
+    window(&mut c, 5, 1000, 3, 3);
+    window(&mut c, 6, 1000, 3, 3);
+    window(&mut c, 7, 1000, 3, 3);
+    let inputs = c.inputs();
+    assert!(!inputs.probing);
+    assert!(close(inputs.min_rtt_us, 1_000_000.0), "the queue's latency is not the no-load one: {inputs:?}");
+
+    // A queue that never drains is not measured: the last measurement stays.
+    let mut c = Controller::new(cfg, start, 7);
+    for second in 1..=12 {
+        window(&mut c, second, 5000, 20, 20);
+    }
+    let inputs = c.inputs();
+    assert!(!inputs.probing, "it gave up");
+    assert_eq!(inputs.min_rtt_us, 0.0, "{inputs:?}");
 }
