@@ -245,6 +245,15 @@ fn bodies_that_never_arrive_hold_nothing_and_time_out() {
     let ok = call(&fg, "/v1/acquire", r#"{"resource":"orders","descriptors":{"user":"u1"}}"#);
     assert_eq!(ok.status, 200, "300 stalled bodies shut out another caller: {}", ok.text());
 
+    // A body that decoding would need more than the whole budget for is too
+    // large, not a reason to retry: a ninth of 16 MiB is under 2 MB.
+    let items: Vec<String> =
+        (0..700).map(|i| format!(r#"{{"resource":"orders","descriptors":{{"user":"{i:0>4000}"}}}}"#)).collect();
+    let batch = format!(r#"{{"requests":[{}]}}"#, items.join(","));
+    assert!(batch.len() > 2 << 20 && batch.len() < 4 << 20);
+    let r = call(&fg, "/v1/acquire-batch", &batch);
+    assert_eq!((r.status, r.json()["code"].clone()), (413, "RESOURCE_EXHAUSTED".into()), "{}", r.text());
+
     // A stalled body ends with 408 once the request timeout has passed.
     let s = &mut stalled[0];
     s.set_read_timeout(Some(std::time::Duration::from_secs(20))).unwrap();
@@ -273,6 +282,14 @@ fn errors_say_where_in_the_body_and_a_key_given_twice_is_refused() {
     assert!(m.contains("'dryRun' is given twice"), "{m}");
     let m = message(r#"{"resource":"orders","descriptors":{"user":"a","user":"b"}}"#);
     assert!(m.starts_with("descriptors") && m.contains("'user' is given twice"), "{m}");
+    // One field under both of its names is given twice too.
+    let m = message(r#"{"resource":"orders","dryRun":true,"dry_run":false,"descriptors":{"user":"u1"}}"#);
+    assert!(m.contains("'dry_run' is given twice (also as 'dryRun')"), "{m}");
+    // But a map's keys are the caller's own: both spellings are two keys.
+    let two = call(&fg, "/v1/admin/peek", r#"{"resource":"orders","descriptors":{"user_id":"a","userId":"b"}}"#);
+    assert_eq!(two.status, 200, "{}", two.text());
+    let m = message(r#"{"resource":"orders""#);
+    assert!(m.starts_with("body: "), "{m}");
     let batch =
         call(&fg, "/v1/acquire-batch", r#"{"requests":[{"resource":"orders"},{"resource":"orders","cost":"x"}]}"#);
     assert!(batch.json()["message"].as_str().unwrap().starts_with("requests[1].cost: "), "{}", batch.text());
@@ -282,7 +299,7 @@ fn errors_say_where_in_the_body_and_a_key_given_twice_is_refused() {
     let invalid = fg
         .metrics()
         .value("floodgate_rpc_requests_total", &[("method", "Floodgate/Acquire"), ("code", "INVALID_ARGUMENT")]);
-    assert_eq!(invalid, Some(5.0));
+    assert_eq!(invalid, Some(7.0));
 
     // A refusal of another site's page is in the audit log.
     let r = fg

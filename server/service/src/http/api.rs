@@ -56,10 +56,10 @@ const DATA_PLANE: &[(&str, Rpc)] = &[
 const JSON_FACTOR: usize = 2;
 
 /// Decoding a JSON body into a message takes up to this many times the
-/// body's bytes (the message's fields, maps and strings): held from the
-/// budget too, so that many large bodies at once are refused rather than
-/// decoded together.
-const DECODE_FACTOR: usize = 4;
+/// body's bytes (the message's fields, maps and strings, and the encoded
+/// request): held from the budget too, so that many large bodies at once
+/// are refused rather than decoded together.
+const DECODE_FACTOR: usize = 8;
 
 /// What the HTTP API needs: the gRPC service it calls, the messages' types,
 /// and a byte budget for the bodies being read and decoded at once.
@@ -174,6 +174,10 @@ pub(super) async fn call(State(state): State<HttpState>, req: Request) -> Respon
     let (input, output) = (route.input.clone(), route.output.clone());
     let cap = rpc.cap().saturating_mul(JSON_FACTOR);
     let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    // A body is held with what decoding it takes: one that needs more than
+    // the whole budget could never be decoded, so it is refused as too
+    // large rather than told to retry.
+    let cap = cap.min(api.max_bodies / (1 + DECODE_FACTOR));
     if declared.is_some_and(|n| n > cap) {
         return too_large(rpc, &name, cap);
     }
@@ -293,19 +297,24 @@ fn refuse(rpc: Rpc, status: StatusCode, code: &'static str, message: String) -> 
 
 /// A JSON body as the gRPC message `input`; an empty body is `{}`. An
 /// error names where in the body it is (`descriptors.user`,
-/// `requests[2].cost`), and a key given twice in one object is an error
-/// rather than the last one winning.
+/// `requests[2].cost`), and a field given twice in one object, under the
+/// same name or under both of its names (`dryRun` and `dry_run`), is an
+/// error rather than the last one winning.
 fn from_json(input: &MessageDescriptor, body: &[u8]) -> Result<DynamicMessage, String> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(DynamicMessage::new(input.clone()));
     }
     let at = |path: &serde_path_to_error::Path, e: &dyn std::fmt::Display| match path.to_string().as_str() {
-        "." | "" => format!("body: {e}"),
+        "." | "" | "?" => format!("body: {e}"),
         p => format!("{p}: {e}"),
     };
     let mut de = serde_json::Deserializer::from_slice(body);
-    if let Err(e) = serde_path_to_error::deserialize::<_, Unique>(&mut de) {
-        return Err(at(e.path(), e.inner()));
+    let mut track = serde_path_to_error::Track::new();
+    let once = Once(Shape::Message(input.clone()));
+    let checked =
+        serde::de::DeserializeSeed::deserialize(once, serde_path_to_error::Deserializer::new(&mut de, &mut track));
+    if let Err(e) = checked {
+        return Err(at(&track.path(), &e));
     }
     let mut de = serde_json::Deserializer::from_slice(body);
     let mut track = serde_path_to_error::Track::new();
@@ -316,61 +325,119 @@ fn from_json(input: &MessageDescriptor, body: &[u8]) -> Result<DynamicMessage, S
     Ok(message)
 }
 
-/// Any JSON value whose objects each name a key once.
-struct Unique;
+/// What a JSON value is expected to be, as far as keys given twice go.
+#[derive(Clone)]
+enum Shape {
+    /// Anything: objects must name each key once.
+    Any,
+    /// A message: each field once, by either of its names.
+    Message(MessageDescriptor),
+    /// A map field: each key once, each value of this shape.
+    Map(Box<Shape>),
+    /// A repeated field: each element of this shape.
+    List(Box<Shape>),
+}
 
-impl<'de> serde::Deserialize<'de> for Unique {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Unique, D::Error> {
-        d.deserialize_any(Unique)
+impl Shape {
+    fn of_kind(kind: &prost_reflect::Kind) -> Shape {
+        match kind {
+            // The well-known types have JSON forms of their own.
+            prost_reflect::Kind::Message(m) if !m.full_name().starts_with("google.protobuf.") => {
+                Shape::Message(m.clone())
+            }
+            _ => Shape::Any,
+        }
+    }
+
+    fn of_field(f: &prost_reflect::FieldDescriptor) -> Shape {
+        if f.is_map() {
+            let prost_reflect::Kind::Message(entry) = f.kind() else { return Shape::Any };
+            return Shape::Map(Box::new(Shape::of_kind(&entry.map_entry_value_field().kind())));
+        }
+        let one = Shape::of_kind(&f.kind());
+        if f.is_list() { Shape::List(Box::new(one)) } else { one }
     }
 }
 
-impl<'de> serde::de::Visitor<'de> for Unique {
-    type Value = Unique;
+/// A JSON value of a [`Shape`] whose objects name each key (or field) once.
+struct Once(Shape);
+
+impl<'de> serde::de::DeserializeSeed<'de> for Once {
+    type Value = ();
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Once {
+    type Value = ();
 
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         f.write_str("a JSON value")
     }
 
-    fn visit_bool<E>(self, _: bool) -> Result<Unique, E> {
-        Ok(Unique)
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
     }
 
-    fn visit_i64<E>(self, _: i64) -> Result<Unique, E> {
-        Ok(Unique)
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
     }
 
-    fn visit_u64<E>(self, _: u64) -> Result<Unique, E> {
-        Ok(Unique)
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
     }
 
-    fn visit_f64<E>(self, _: f64) -> Result<Unique, E> {
-        Ok(Unique)
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
     }
 
-    fn visit_str<E>(self, _: &str) -> Result<Unique, E> {
-        Ok(Unique)
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
     }
 
-    fn visit_unit<E>(self) -> Result<Unique, E> {
-        Ok(Unique)
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
     }
 
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Unique, A::Error> {
-        while seq.next_element::<Unique>()?.is_some() {}
-        Ok(Unique)
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let element = match self.0 {
+            Shape::List(element) => *element,
+            _ => Shape::Any,
+        };
+        while seq.next_element_seed(Once(element.clone()))?.is_some() {}
+        Ok(())
     }
 
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Unique, A::Error> {
-        let mut seen = std::collections::HashSet::new();
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let shown = |k: &str| k.chars().take(100).flat_map(char::escape_default).collect::<String>();
+        let mut keys = std::collections::HashSet::new();
+        let mut fields: std::collections::HashMap<u32, String> = std::collections::HashMap::new();
         while let Some(key) = map.next_key::<String>()? {
-            if !seen.insert(key.clone()) {
-                let shown: String = key.chars().take(100).flat_map(char::escape_default).collect();
-                return Err(serde::de::Error::custom(format!("'{shown}' is given twice")));
+            let value = match &self.0 {
+                Shape::Message(m) => match m.get_field_by_json_name(&key).or_else(|| m.get_field_by_name(&key)) {
+                    Some(f) => {
+                        if let Some(first) = fields.insert(f.number(), key.clone())
+                            && first != key
+                        {
+                            let message = format!("'{}' is given twice (also as '{}')", shown(&key), shown(&first));
+                            return Err(serde::de::Error::custom(message));
+                        }
+                        Shape::of_field(&f)
+                    }
+                    // An unknown field: the decoding names it.
+                    None => Shape::Any,
+                },
+                Shape::Map(value) => (**value).clone(),
+                _ => Shape::Any,
+            };
+            if !keys.insert(key.clone()) {
+                return Err(serde::de::Error::custom(format!("'{}' is given twice", shown(&key))));
             }
-            map.next_value::<Unique>()?;
+            map.next_value_seed(Once(value))?;
         }
-        Ok(Unique)
+        Ok(())
     }
 }
 
@@ -474,7 +541,10 @@ fn rate_limit_headers(r: &floodgate_proto::v1::AcquireResponse, headers: &mut He
 }
 
 fn too_large(rpc: Rpc, name: &str, cap: usize) -> Response {
-    let message = format!("the body is over {cap} bytes, the most that /v1/{name} takes");
+    let message = format!(
+        "the body is over {cap} bytes, the most that /v1/{name} takes (twice the gRPC call's cap, and a ninth of \
+         --max-unfinished-request-bytes at most)"
+    );
     refuse(rpc, StatusCode::PAYLOAD_TOO_LARGE, "RESOURCE_EXHAUSTED", message)
 }
 
