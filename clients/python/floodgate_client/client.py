@@ -135,6 +135,20 @@ class _ThreadReporter:
         self._counts["reports_dropped"] += len(reports)
 
 
+def _wait_for_polling_to_stop(channel, limit: float = 0.5) -> None:
+    """Waits (at most `limit` seconds) for grpc's connectivity thread, which
+    `channel_ready_future` started, to notice it was cancelled. That thread
+    wakes every 0.2 s; closing the channel before it stopped makes it print
+    "Cannot monitor channel state: Channel closed!" from a thread of its
+    own. The state it keeps is not public API: without it, nothing waits."""
+    state = getattr(channel, "_connectivity_state", None)
+    if state is None or not hasattr(state, "polling"):
+        return
+    end = time.monotonic() + limit
+    while getattr(state, "polling", False) and time.monotonic() < end:
+        time.sleep(0.01)
+
+
 class _Endpoint:
     def __init__(self, core: Core, ep: _core.Endpoint, channel_options):
         creds = core.credentials(ep)
@@ -440,6 +454,7 @@ class Client:
         for ep in self._endpoints:
             ep.reporter.close(max(0.0, deadline - time.monotonic()))
             ep.ready.cancel()
+            _wait_for_polling_to_stop(ep.channel)
             ep.channel.close()
 
     def __enter__(self) -> "Client":

@@ -115,3 +115,20 @@ def test_permits_of_a_killed_server_do_not_block_or_raise(server):
     assert time.monotonic() - start < 0.1, "reporting never blocks"
     c.close(timeout=5)
     assert c.stats().get("reports_dropped", 0) >= 1
+
+
+def test_closing_a_client_of_an_unreachable_server_prints_nothing_from_grpc_threads():
+    """grpc's connectivity thread, started to connect early, must have
+    stopped before the channel closes, or it prints a traceback of its own."""
+    import threading
+
+    seen = []
+    previous = threading.excepthook
+    threading.excepthook = seen.append
+    try:
+        for _ in range(20):
+            Client("127.0.0.1:1").close()
+        time.sleep(0.5)
+    finally:
+        threading.excepthook = previous
+    assert [str(a.exc_value) for a in seen] == []
