@@ -98,21 +98,15 @@ impl Probe {
                 }
                 true
             }
-            Phase::Measuring { .. } if w.max_in_flight > floor => {
-                // More in flight than the floor (the partitions' guarantees
-                // may let calls past it): not a measurement at the floor.
-                if let Phase::Measuring { samples, rtt_sum_us, windows } = self.phase {
-                    self.phase = Phase::Measuring { samples, rtt_sum_us, windows: windows + 1 };
-                    if windows + 1 >= MAX_MEASURING {
-                        let mean = (samples > 0).then(|| rtt_sum_us as f64 / samples as f64);
-                        self.finish(now, mean);
-                    }
-                }
-                true
-            }
             Phase::Measuring { samples, rtt_sum_us, windows } => {
-                let (samples, rtt_sum_us, windows) =
-                    (samples + w.samples, rtt_sum_us.saturating_add(w.rtt_sum_us), windows + 1);
+                // A window with more in flight than the floor (the
+                // partitions' guarantees may let calls past it) is not a
+                // measurement at the floor: it counts as time, not samples.
+                let (samples, rtt_sum_us) = match w.max_in_flight <= floor {
+                    true => (samples + w.samples, rtt_sum_us.saturating_add(w.rtt_sum_us)),
+                    false => (samples, rtt_sum_us),
+                };
+                let windows = windows + 1;
                 if samples >= u64::from(self.cfg.samples) || windows >= MAX_MEASURING {
                     let mean = (samples > 0).then(|| rtt_sum_us as f64 / samples as f64);
                     self.finish(now, mean);
@@ -123,9 +117,7 @@ impl Probe {
             }
         }
     }
-}
 
-impl Probe {
     /// Ends a measurement at `now` with the mean latency it found (`None`:
     /// none; the last one stays), and plans the next: the slot after half an
     /// interval from now, so that a measurement at start is not followed at

@@ -55,13 +55,19 @@ fn sweep_drops_idle_buckets_and_removed_limits() {
     assert_eq!(store.evicted(), 3);
 }
 
+/// A store of `n` buckets of `alg`, each one token short at t(0).
+fn filled(n: u64, alg: &Algorithm) -> Buckets {
+    let store = Buckets::new(usize::MAX);
+    for i in 0..n {
+        store.acquire(key(&i.to_string()), alg, t(0), 1);
+    }
+    store
+}
+
 #[test]
 fn a_sweep_that_empties_a_large_table_shrinks_it() {
-    let store = Buckets::new(usize::MAX);
     let alg = tb(2);
-    for i in 0..200_000u64 {
-        store.acquire(key(&i.to_string()), &alg, t(0), 1);
-    }
+    let store = filled(200_000, &alg);
     // A few keys stay busy: the table keeps room for them, not the burst.
     for i in 0..10u64 {
         store.acquire(key(&format!("busy-{i}")), &alg, t(0), 2);
@@ -78,11 +84,8 @@ fn a_sweep_that_empties_a_large_table_shrinks_it() {
 
 #[test]
 fn a_small_table_is_left_as_it_is() {
-    let store = Buckets::new(usize::MAX);
     let alg = tb(2);
-    for i in 0..1000u64 {
-        store.acquire(key(&i.to_string()), &alg, t(0), 1);
-    }
+    let store = filled(1000, &alg);
     let before = store.map.capacity();
     let lookup = |id: LimitId| (id == LimitId(1)).then_some(&alg);
     assert_eq!(store.sweep(t(1), lookup), 1000);
