@@ -373,6 +373,15 @@ impl Decision {
         }
     }
 
+    /// The server's answer as a decision with no permit, for a process that
+    /// passes an answer on rather than makes the call: Floodgate's own JSON
+    /// API sets its HTTP rate limit fields from it with
+    /// [`rate_limit_headers`](crate::http::rate_limit_headers).
+    pub fn from_answer(r: pb::AcquireResponse) -> Self {
+        let r = pb::AcquireResponse { permit_id: String::new(), ..r };
+        Decision::from_proto(r, |_, _, _| unreachable!("an answer without a permit id makes no permit"))
+    }
+
     /// The server's answer; `permit` makes the permit when it sent one.
     pub(crate) fn from_proto(
         r: pb::AcquireResponse,

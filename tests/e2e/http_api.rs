@@ -13,6 +13,9 @@ resources:
   - name: orders
     limits:
       - { name: per-user, key: [user], algorithm: fixed_window, limit: 4, window: 1h }
+  - name: paced
+    limits:
+      - { name: pace, algorithm: gcra, rate_per_second: 500, burst: 100 }
 "#;
 
 fn call(fg: &Floodgate, path: &str, body: &str) -> web::Response {
@@ -31,6 +34,11 @@ async fn json_and_grpc_decide_on_the_same_buckets() {
     assert_eq!(first.header("ratelimit-policy"), Some(r#""per-user";q=4;w=3600"#));
     assert!(first.header("ratelimit").unwrap().starts_with(r#""per-user";r=3;t="#), "{}", first.head());
     assert_eq!(first.header("retry-after"), None);
+    assert_eq!(first.header("x-ratelimit-remaining"), Some("3"));
+    // GCRA 500 a second with a burst of 100 holds 100 per 0.2 s: said as
+    // the quota of a whole second, not as 100 per second.
+    let paced = call(&fg, "/v1/acquire", r#"{"resource":"paced"}"#);
+    assert_eq!(paced.header("ratelimit-policy"), Some(r#""pace";q=500;w=1"#), "{}", paced.head());
 
     // Two over gRPC on the same key, then one more over JSON: the bucket is shared.
     let mut client = fg.client().await;
@@ -67,7 +75,7 @@ async fn json_and_grpc_decide_on_the_same_buckets() {
     let metrics = fg.metrics();
     let json_and_grpc =
         metrics.value("floodgate_rpc_requests_total", &[("method", "Floodgate/Acquire"), ("code", "OK")]);
-    assert_eq!(json_and_grpc, Some(5.0), "3 over JSON, 2 over gRPC");
+    assert_eq!(json_and_grpc, Some(6.0), "4 over JSON (one of them on paced), 2 over gRPC");
 }
 
 #[test]

@@ -75,7 +75,9 @@ impl RpcMetrics {
     }
 }
 
-fn code_name(code: tonic::Code) -> &'static str {
+/// A gRPC code as gRPC writes it (`INVALID_ARGUMENT`): in metrics' labels
+/// and the JSON API's errors.
+pub(crate) fn code_name(code: tonic::Code) -> &'static str {
     use tonic::Code::*;
     match code {
         Ok => "OK",

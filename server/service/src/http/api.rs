@@ -34,6 +34,8 @@ use tower::ServiceExt;
 use super::HttpState;
 use crate::grpc::rpc::Rpc;
 use crate::listen::Peer;
+use crate::metrics::code_name;
+use tonic::Code;
 
 /// The gRPC port's service with its layers, as the HTTP API calls it.
 pub type GrpcService =
@@ -125,22 +127,12 @@ pub fn calls() -> Vec<(String, Rpc)> {
 
 /// `GetRules` as `get-rules`.
 fn kebab(method: &str) -> String {
-    split_words(method, '-').to_ascii_lowercase()
-}
-
-/// `InvalidArgument` as `INVALID_ARGUMENT`, as gRPC writes its codes.
-fn screaming(code: &str) -> String {
-    split_words(code, '_').to_ascii_uppercase()
-}
-
-/// A CamelCase name with `sep` before each capital but the first.
-fn split_words(name: &str, sep: char) -> String {
-    let mut out = String::with_capacity(name.len() + 4);
-    for (i, c) in name.chars().enumerate() {
+    let mut out = String::with_capacity(method.len() + 4);
+    for (i, c) in method.chars().enumerate() {
         if c.is_ascii_uppercase() && i > 0 {
-            out.push(sep);
+            out.push('-');
         }
-        out.push(c);
+        out.push(c.to_ascii_lowercase());
     }
     out
 }
@@ -148,14 +140,14 @@ fn split_words(name: &str, sep: char) -> String {
 /// `POST /v1/{call}`.
 pub(super) async fn call(State(state): State<HttpState>, req: Request) -> Response {
     let Some(api) = state.api.clone() else {
-        return error(StatusCode::NOT_FOUND, "NOT_FOUND", "the JSON API is not served by this server".into());
+        return error(StatusCode::NOT_FOUND, Code::NotFound, "the JSON API is not served by this server".into());
     };
     let name = req.uri().path().strip_prefix("/v1/").unwrap_or_default();
     let Some(route) = api.routes.get(name) else {
         let shown: String = name.chars().take(100).flat_map(char::escape_default).collect();
         let known: Vec<String> = calls().into_iter().map(|(n, _)| n).collect();
         let message = format!("no call '/v1/{shown}'; the calls are /v1/ and one of: {}", known.join(", "));
-        return error(StatusCode::NOT_FOUND, "NOT_FOUND", message);
+        return error(StatusCode::NOT_FOUND, Code::NotFound, message);
     };
     let (rpc, name) = (route.rpc, name.to_string());
     if let Err((status, why)) = super::site::check_action(&req) {
@@ -165,10 +157,13 @@ pub(super) async fn call(State(state): State<HttpState>, req: Request) -> Respon
             tracing::warn!(target: "floodgate::audit", peer, method, reason = why.as_str(), suppressed, "JSON call refused");
         }
         return match status {
-            StatusCode::FORBIDDEN => refuse(rpc, status, "PERMISSION_DENIED", why),
-            _ => {
-                refuse(rpc, status, "INVALID_ARGUMENT", "Content-Type: a call must be sent as application/json".into())
-            }
+            StatusCode::FORBIDDEN => refuse(rpc, status, Code::PermissionDenied, why),
+            _ => refuse(
+                rpc,
+                status,
+                Code::InvalidArgument,
+                "Content-Type: a call must be sent as application/json".into(),
+            ),
         };
     }
     let (input, output) = (route.input.clone(), route.output.clone());
@@ -189,10 +184,10 @@ pub(super) async fn call(State(state): State<HttpState>, req: Request) -> Respon
         Err(Unread::Budget) => return budget_spent(rpc, api.max_bodies),
         Err(Unread::Late) => {
             let message = format!("the body did not arrive within {:?}", api.body_timeout);
-            return refuse(rpc, StatusCode::REQUEST_TIMEOUT, "DEADLINE_EXCEEDED", message);
+            return refuse(rpc, StatusCode::REQUEST_TIMEOUT, Code::DeadlineExceeded, message);
         }
         Err(Unread::Broken(e)) => {
-            return refuse(rpc, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", format!("body: {e}"));
+            return refuse(rpc, StatusCode::BAD_REQUEST, Code::InvalidArgument, format!("body: {e}"));
         }
     };
     // Decoding takes several times the body's size: that is held too.
@@ -201,7 +196,7 @@ pub(super) async fn call(State(state): State<HttpState>, req: Request) -> Respon
     }
     let message = match from_json(&input, &body) {
         Ok(message) => message,
-        Err(e) => return refuse(rpc, StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", e),
+        Err(e) => return refuse(rpc, StatusCode::BAD_REQUEST, Code::InvalidArgument, e),
     };
     drop(body);
     let grpc_request = grpc_request(rpc, &parts.headers, parts.extensions.get::<Peer>(), &message.encode_to_vec());
@@ -209,19 +204,19 @@ pub(super) async fn call(State(state): State<HttpState>, req: Request) -> Respon
     let (head, body) = answer.into_parts();
     let collected = match body.collect().await {
         Ok(collected) => collected,
-        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL", format!("reading the answer: {e}")),
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, Code::Internal, format!("reading the answer: {e}")),
     };
     let trailers = collected.trailers().cloned();
     let status = trailers
         .as_ref()
         .and_then(tonic::Status::from_header_map)
         .or_else(|| tonic::Status::from_header_map(&head.headers));
-    if let Some(status) = status.filter(|s| s.code() != tonic::Code::Ok) {
+    if let Some(status) = status.filter(|s| s.code() != Code::Ok) {
         return grpc_error(&status);
     }
     let bytes = collected.to_bytes();
     let Some(payload) = unframe(&bytes) else {
-        return error(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL", "the answer is not one gRPC message".into());
+        return error(StatusCode::INTERNAL_SERVER_ERROR, Code::Internal, "the answer is not one gRPC message".into());
     };
     let answer = answer_json(rpc, &output, payload);
     drop(held);
@@ -286,12 +281,12 @@ async fn read_body(body: Body, cap: usize, held: &mut Held, timeout: Duration) -
 
 fn budget_spent(rpc: Rpc, max: usize) -> Response {
     let message = format!("the JSON API holds {max} bytes of bodies at once, its most; retry");
-    refuse(rpc, StatusCode::TOO_MANY_REQUESTS, "RESOURCE_EXHAUSTED", message)
+    refuse(rpc, StatusCode::TOO_MANY_REQUESTS, Code::ResourceExhausted, message)
 }
 
 /// An error answered before the gRPC call, counted as the call's would be.
-fn refuse(rpc: Rpc, status: StatusCode, code: &'static str, message: String) -> Response {
-    metrics::counter!(crate::metrics::RPC_REQUESTS, "method" => rpc.label(), "code" => code).increment(1);
+fn refuse(rpc: Rpc, status: StatusCode, code: Code, message: String) -> Response {
+    metrics::counter!(crate::metrics::RPC_REQUESTS, "method" => rpc.label(), "code" => code_name(code)).increment(1);
     error(status, code, message)
 }
 
@@ -484,60 +479,28 @@ fn unframe(bytes: &[u8]) -> Option<&[u8]> {
 fn answer_json(rpc: Rpc, output: &MessageDescriptor, payload: &[u8]) -> Response {
     let message = match DynamicMessage::decode(output.clone(), payload) {
         Ok(message) => message,
-        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL", format!("decoding the answer: {e}")),
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, Code::Internal, format!("decoding the answer: {e}")),
     };
     let options = SerializeOptions::new().skip_default_fields(false);
     let mut text = Vec::with_capacity(payload.len() * 2 + 64);
     let mut ser = serde_json::Serializer::new(&mut text);
     if let Err(e) = message.serialize_with_options(&mut ser, &options) {
-        return error(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL", format!("encoding the answer: {e}"));
+        return error(StatusCode::INTERNAL_SERVER_ERROR, Code::Internal, format!("encoding the answer: {e}"));
     }
     let mut response = (StatusCode::OK, Body::from(text)).into_response();
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     if rpc == Rpc::Acquire
-        && let Ok(acquired) = floodgate_proto::v1::AcquireResponse::decode(payload)
+        && let Ok(mut acquired) = floodgate_proto::v1::AcquireResponse::decode(payload)
     {
-        rate_limit_headers(&acquired, headers);
+        // The fields the client crate's HTTP layer sets, from the same
+        // code. A shadow limit is reported, never enforced: it is not one
+        // of the caller's limits.
+        acquired.limits.retain(|l| !l.shadow);
+        floodgate_client::http::rate_limit_headers(&floodgate_client::Decision::from_answer(acquired), headers);
     }
     response
-}
-
-/// The rate limit fields of an Acquire's answer: `RateLimit-Policy` for
-/// every limit, `RateLimit` for the one with the least left (the one that
-/// denied, when one did), and `Retry-After` on a denial.
-fn rate_limit_headers(r: &floodgate_proto::v1::AcquireResponse, headers: &mut HeaderMap) {
-    use floodgate_proto::v1::Verdict;
-    let secs = |d: &Option<prost_types::Duration>| {
-        d.as_ref().map_or(0, |d| u64::try_from(d.seconds).unwrap_or(0) + u64::from(d.nanos > 0))
-    };
-    let mut put = |name: &'static str, value: String| {
-        if let Ok(v) = HeaderValue::from_str(&value) {
-            headers.insert(name, v);
-        }
-    };
-    let quoted = |name: &str| name.replace('\\', "\\\\").replace('"', "\\\"");
-    let counted: Vec<_> = r.limits.iter().filter(|l| !l.shadow).collect();
-    if !counted.is_empty() {
-        let policies: Vec<String> = counted
-            .iter()
-            .map(|l| format!("\"{}\";q={};w={}", quoted(&l.name), l.limit, secs(&l.window).max(1)))
-            .collect();
-        put("ratelimit-policy", policies.join(", "));
-    }
-    let denied = r.verdict() != Verdict::Allowed;
-    let deciding = counted.iter().filter(|l| !denied || l.exceeded).min_by_key(|l| l.remaining);
-    if let Some(l) = deciding.or_else(|| counted.iter().min_by_key(|l| l.remaining)) {
-        let reset = match denied {
-            false => secs(&l.reset_after),
-            true => secs(&l.reset_after).max(secs(&r.retry_after).max(1)),
-        };
-        put("ratelimit", format!("\"{}\";r={};t={reset}", quoted(&l.name), l.remaining));
-    }
-    if denied {
-        put("retry-after", secs(&r.retry_after).max(1).to_string());
-    }
 }
 
 fn too_large(rpc: Rpc, name: &str, cap: usize) -> Response {
@@ -545,7 +508,7 @@ fn too_large(rpc: Rpc, name: &str, cap: usize) -> Response {
         "the body is over {cap} bytes, the most that /v1/{name} takes (twice the gRPC call's cap, and a ninth of \
          --max-unfinished-request-bytes at most)"
     );
-    refuse(rpc, StatusCode::PAYLOAD_TOO_LARGE, "RESOURCE_EXHAUSTED", message)
+    refuse(rpc, StatusCode::PAYLOAD_TOO_LARGE, Code::ResourceExhausted, message)
 }
 
 /// A gRPC error as HTTP, by the mapping of Google's API design guide.
@@ -565,19 +528,19 @@ fn grpc_error(status: &tonic::Status) -> Response {
         Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         Unknown | Internal | DataLoss => StatusCode::INTERNAL_SERVER_ERROR,
     };
-    let code = format!("{:?}", status.code());
-    error(http, &screaming(&code), status.message().to_string())
+    error(http, status.code(), status.message().to_string())
 }
 
-/// `{"code": CODE, "message": message}` with `status`.
-fn error(status: StatusCode, code: &str, message: String) -> Response {
-    super::reply::json_response(status, json!({ "code": code, "message": message }))
+/// `{"code": CODE, "message": message}` with `status`, the code written as
+/// gRPC writes it (`INVALID_ARGUMENT`).
+fn error(status: StatusCode, code: Code, message: String) -> Response {
+    super::reply::json_response(status, json!({ "code": code_name(code), "message": message }))
 }
 
 /// `GET /v1/openapi.json`: the API described from the protos.
 pub(super) async fn openapi(State(state): State<HttpState>) -> Response {
     let Some(api) = state.api.as_ref() else {
-        return error(StatusCode::NOT_FOUND, "NOT_FOUND", "the JSON API is not served by this server".into());
+        return error(StatusCode::NOT_FOUND, Code::NotFound, "the JSON API is not served by this server".into());
     };
     let document = super::openapi::document(&api.pool, &calls(), |rpc| api.types(rpc));
     super::reply::json_response(StatusCode::OK, document)
@@ -609,13 +572,6 @@ mod tests {
         for (name, rpc) in calls() {
             assert!(api.types(rpc).is_some(), "{name}");
         }
-    }
-
-    #[test]
-    fn codes_are_written_as_grpc_writes_them() {
-        assert_eq!(screaming("InvalidArgument"), "INVALID_ARGUMENT");
-        assert_eq!(screaming("Ok"), "OK");
-        assert_eq!(screaming("ResourceExhausted"), "RESOURCE_EXHAUSTED");
     }
 
     #[test]
