@@ -191,8 +191,7 @@ fn parse_probe(f: &Fields<'_>, window: Duration) -> Option<Option<ProbeConfig>> 
     let defaults = ProbeConfig::default();
     match f.get("probe") {
         None => return Some(Some(defaults)),
-        Some(Value::String(s)) if s == "off" => return Some(None),
-        Some(Value::Bool(false)) => return Some(None),
+        Some(v) if super::systems::is_off(v) => return Some(None),
         Some(Value::Mapping(_)) => {}
         Some(v) => {
             f.error("probe", format!("must be off or a mapping (interval, floor, samples), got {}", show(v)));

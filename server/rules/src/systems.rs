@@ -467,7 +467,8 @@ fn durations(f: &Fields<'_>, key: &str, v: Option<&Value>) -> Option<[Duration; 
     increasing(f, key, &parsed, |a, b| a < b).then_some(parsed)
 }
 
-fn is_off(v: &Value) -> bool {
+/// `off`, or `false`: a setting turned off.
+pub(super) fn is_off(v: &Value) -> bool {
     matches!(v, Value::String(s) if s == "off") || matches!(v, Value::Bool(false))
 }
 
