@@ -68,9 +68,10 @@ const DECODE_FACTOR: usize = 8;
 #[derive(Clone)]
 pub struct Api {
     grpc: GrpcService,
-    pool: DescriptorPool,
     /// Each call's RPC and message types, by its path after `/v1/`.
     routes: Arc<std::collections::HashMap<String, Route>>,
+    /// The OpenAPI document, made once from the same descriptors.
+    openapi: Arc<serde_json::Value>,
     bodies: Arc<tokio::sync::Semaphore>,
     max_bodies: usize,
     /// The longest a body may take to arrive.
@@ -91,12 +92,8 @@ impl Api {
                 types(&pool, rpc).ok_or_else(|| anyhow::anyhow!("{} is not in the protos", rpc.path()))?;
             routes.insert(name, Route { rpc, input, output });
         }
-        Ok(Api { grpc, pool, routes: Arc::new(routes), bodies, max_bodies, body_timeout })
-    }
-
-    /// The input and output types of `rpc`.
-    fn types(&self, rpc: Rpc) -> Option<(MessageDescriptor, MessageDescriptor)> {
-        types(&self.pool, rpc)
+        let openapi = Arc::new(super::openapi::document(&pool, &calls(), |rpc| types(&pool, rpc)));
+        Ok(Api { grpc, routes: Arc::new(routes), openapi, bodies, max_bodies, body_timeout })
     }
 }
 
@@ -542,8 +539,7 @@ pub(super) async fn openapi(State(state): State<HttpState>) -> Response {
     let Some(api) = state.api.as_ref() else {
         return error(StatusCode::NOT_FOUND, Code::NotFound, "the JSON API is not served by this server".into());
     };
-    let document = super::openapi::document(&api.pool, &calls(), |rpc| api.types(rpc));
-    super::reply::json_response(StatusCode::OK, document)
+    super::reply::json_response(StatusCode::OK, (*api.openapi).clone())
 }
 
 #[cfg(test)]
@@ -570,7 +566,7 @@ mod tests {
         }));
         let api = Api::new(grpc, 1 << 20, Duration::from_secs(1)).unwrap();
         for (name, rpc) in calls() {
-            assert!(api.types(rpc).is_some(), "{name}");
+            assert!(api.routes.get(&name).is_some_and(|r| r.rpc == rpc), "{name}");
         }
     }
 

@@ -23,7 +23,7 @@ mod reply;
 mod serve;
 mod site;
 
-pub use api::{Api, GrpcService, calls as api_calls};
+pub use api::Api;
 pub use serve::serve;
 pub use site::{Hosts, parse_name as parse_host_name};
 
