@@ -107,9 +107,33 @@ fn only_replicas_that_share_a_redis_are_more_than_one() {
     assert_eq!(seen, ["base", "overlays/redis", "overlays/external-redis"], "the Floodgate Deployments checked");
 }
 
+/// What `floodgate serve --help` prints: every flag and variable it reads.
+fn serve_help() -> String {
+    String::from_utf8(Command::new(BIN).args(["serve", "--help"]).output().unwrap().stdout).unwrap()
+}
+
+/// `args` are `serve` and flags of it that `help` lists (`what` says where
+/// they come from); how many flags.
+fn assert_serve_args(args: &[String], help: &str, what: &str) -> usize {
+    assert_eq!(args[0], "serve", "{what}");
+    for arg in &args[1..] {
+        let flag = arg.split('=').next().unwrap();
+        assert!(flag.starts_with("--"), "{what}: {arg}");
+        assert!(help.contains(&format!(" {flag} ")), "{what}: {flag} is not a flag of floodgate serve");
+    }
+    args.len() - 1
+}
+
+/// `check-config` accepts `rules` (written to `dir` as `name`).
+fn assert_rules_pass(dir: &TempDir, name: &str, rules: &str) {
+    let path = dir.write(name, rules);
+    let out = Command::new(BIN).args(["check-config"]).arg(&path).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
 #[test]
 fn every_flag_and_variable_in_the_manifests_is_the_binarys() {
-    let help = String::from_utf8(Command::new(BIN).args(["serve", "--help"]).output().unwrap().stdout).unwrap();
+    let help = serve_help();
     let mut seen = 0;
     for d in DIRS {
         let (_, docs) = render(d);
@@ -119,13 +143,7 @@ fn every_flag_and_variable_in_the_manifests_is_the_binarys() {
                     continue;
                 }
                 let args: Vec<String> = c["args"].as_sequence().unwrap().iter().map(s).collect();
-                assert_eq!(args[0], "serve", "{d}");
-                for arg in &args[1..] {
-                    let flag = arg.split('=').next().unwrap();
-                    assert!(flag.starts_with("--"), "{d}: {arg}");
-                    assert!(help.contains(&format!(" {flag} ")), "{d}: {flag} is not a flag of floodgate serve");
-                    seen += 1;
-                }
+                seen += assert_serve_args(&args, &help, d);
                 for env in c["env"].as_sequence().into_iter().flatten() {
                     let name = s(&env["name"]);
                     if name.starts_with("FLOODGATE_") {
@@ -155,9 +173,7 @@ fn every_mounted_rules_file_passes_check_config_and_envoys_config_is_envoys() {
     assert!(mount["subPath"].is_null(), "a subPath mount would never see an edit");
     let config = container["args"].as_sequence().unwrap().iter().map(s).find(|a| a.starts_with("--config=")).unwrap();
     let file = config.trim_start_matches("--config=").strip_prefix(&format!("{}/", s(&mount["mountPath"]))).unwrap();
-    let path = dir.write("rules.yaml", rules["data"][file].as_str().expect("the file --config names"));
-    let out = Command::new(BIN).args(["check-config"]).arg(&path).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_rules_pass(&dir, "rules.yaml", rules["data"][file].as_str().expect("the file --config names"));
 
     // The Envoy example: Envoy 1.40 reads its configuration as valid.
     let (_, docs) = render("examples/envoy");
@@ -273,7 +289,7 @@ mod helm {
         );
         let validate = test_cache().join("py/bin/kubernetes-validate");
         let dir = TempDir::new();
-        let help = String::from_utf8(Command::new(BIN).args(["serve", "--help"]).output().unwrap().stdout).unwrap();
+        let help = serve_help();
         for (i, sets) in CASES.iter().enumerate() {
             let (text, docs) = template(sets).unwrap_or_else(|e| panic!("{sets:?}: {e}"));
             let kinds: Vec<String> = docs.iter().map(|d| s(&d["kind"])).collect();
@@ -298,11 +314,7 @@ mod helm {
                 .iter()
                 .map(s)
                 .collect();
-            assert_eq!(args[0], "serve");
-            for arg in &args[1..] {
-                let flag = arg.split('=').next().unwrap();
-                assert!(help.contains(&format!(" {flag} ")), "{sets:?}: {flag} is not a flag of floodgate serve");
-            }
+            assert_serve_args(&args, &help, &format!("{sets:?}"));
             let replicas = deployment["spec"]["replicas"].as_u64().unwrap();
             let shared = args.iter().any(|a| {
                 a.starts_with("--redis=") || a.starts_with("--redis-cluster=") || a.starts_with("--redis-sentinel=")
@@ -311,9 +323,7 @@ mod helm {
 
             // The rules the ConfigMap carries pass check-config.
             let rules = of_kind(&docs, "ConfigMap")[0]["data"]["rules.yaml"].as_str().unwrap().to_string();
-            let path = dir.write(&format!("rules-{i}.yaml"), &rules);
-            let out = Command::new(BIN).args(["check-config"]).arg(&path).output().unwrap();
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            assert_rules_pass(&dir, &format!("rules-{i}.yaml"), &rules);
         }
     }
 
