@@ -4,7 +4,7 @@
 
 use crate::support;
 
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use floodgate_proto::v1 as pb;
 use support::*;
@@ -153,6 +153,52 @@ fn bench_text_shows_the_latency_distribution() {
     ] {
         assert!(text.contains(want), "{want:?} in {text}");
     }
+}
+
+/// A server killed in the middle of a load test is a set of errors in the
+/// report, never the end of the load generator: writing to a connection the
+/// server closed must not kill `floodgate bench` with SIGPIPE. And a
+/// command whose reader went away (`| head`) ends quietly with success.
+#[test]
+fn bench_outlives_a_killed_server_and_output_to_a_closed_pipe_ends_quietly() {
+    for round in 0..3 {
+        let fg = floodgate().rules(RULES).start();
+        let bench = Command::new(BIN)
+            .args(["bench", "--server", &fg.grpc, "--format", "json", "--quiet", "--rpc", "acquire"])
+            .args(["--resource", "orders", "--keys", "100", "-z", "3s", "--rps", "2000", "-c", "16", "--timeout", "1s"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(800));
+        support::signal(fg.pid(), "KILL");
+        let out = bench.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "round {round}: bench ended with {} once its server was killed: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let ok = r["statusCodeDistribution"]["OK"].as_u64().unwrap_or(0);
+        let count = r["count"].as_u64().unwrap();
+        assert!(ok > 0 && ok < count, "round {round}: some calls answered, the rest errors: {r}");
+    }
+
+    // The reader of standard output is gone before the command writes.
+    let dir = TempDir::new();
+    let rules = dir.write("rules.yaml", RULES);
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = Command::new(BIN)
+        .args(["check-config", path_str(&rules)])
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "check-config into a closed pipe: {} {stderr}", out.status);
+    assert!(!stderr.contains("panicked"), "{stderr}");
 }
 
 #[tokio::test]

@@ -232,7 +232,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     };
     match &args.output {
         Some(path) => std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?,
-        None => print!("{text}"),
+        None => out!("{text}"),
     }
     Ok(())
 }

@@ -33,7 +33,7 @@ pub fn run(args: CheckConfigArgs) -> ExitCode {
             Ok((rules, _)) => {
                 let n = rules.rules().len();
                 let limits: usize = rules.rules().iter().map(|r| r.limits.len()).sum();
-                println!("{}: OK ({n} resources, {limits} limits)", file.display());
+                outln!("{}: OK ({n} resources, {limits} limits)", file.display());
             }
             Err(errors) => {
                 eprintln!("{errors}");
@@ -48,7 +48,7 @@ pub fn run(args: CheckConfigArgs) -> ExitCode {
                 let mut domains: Vec<&str> = config.domains().collect();
                 domains.sort_unstable();
                 let limits = config.rules().len();
-                println!("{}: OK ({} domains: {}; {limits} limits)", dir.display(), domains.len(), domains.join(", "));
+                outln!("{}: OK ({} domains: {}; {limits} limits)", dir.display(), domains.len(), domains.join(", "));
             }
             Err(errors) => {
                 eprintln!("{errors}");
@@ -63,7 +63,7 @@ pub fn run(args: CheckConfigArgs) -> ExitCode {
                 let read: Vec<String> = rules.counts.iter().map(|(kind, n)| format!("{n} {kind}")).collect();
                 let limits: usize = rules.rules.iter().map(|r| r.limits.len()).sum();
                 let breakers = rules.rules.iter().filter(|r| r.breaker.is_some()).count();
-                println!(
+                outln!(
                     "{}: OK ({} rules: {}; {} resources, {limits} limits, {breakers} breakers; {} not enforced)",
                     dir.display(),
                     rules.counts.values().sum::<usize>(),
@@ -72,7 +72,7 @@ pub fn run(args: CheckConfigArgs) -> ExitCode {
                     rules.ignored.len(),
                 );
                 for why in &rules.ignored {
-                    println!("  not enforced: {why}");
+                    outln!("  not enforced: {why}");
                 }
             }
             Err(errors) => {

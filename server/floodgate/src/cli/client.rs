@@ -118,7 +118,7 @@ pub async fn acquire(args: AcquireArgs) -> anyhow::Result<ExitCode> {
     let mut code = ExitCode::SUCCESS;
     for _ in 0..args.count.max(1) {
         let response = client.acquire(request.clone()).await.map_err(status_error)?.into_inner();
-        print!("{}", render(&args.resource, &response));
+        out!("{}", render(&args.resource, &response));
         code = if response.verdict == pb::Verdict::Allowed as i32 { ExitCode::SUCCESS } else { ExitCode::from(DENIED) };
     }
     Ok(code)
@@ -129,8 +129,8 @@ pub async fn rules(args: RulesArgs) -> anyhow::Result<ExitCode> {
     match args.action.unwrap_or(RulesAction::Get) {
         RulesAction::Get => {
             let r = client.get_rules(pb::GetRulesRequest {}).await.map_err(status_error)?.into_inner();
-            println!("# version {} from {}", r.version, r.source);
-            print!("{}", r.yaml);
+            outln!("# version {} from {}", r.version, r.source);
+            out!("{}", r.yaml);
             if let Some(e) = r.envoy {
                 // A control plane chooses the version and the domains: shown
                 // escaped, so they cannot write to the terminal.
@@ -140,7 +140,7 @@ pub async fn rules(args: RulesArgs) -> anyhow::Result<ExitCode> {
                     format!(" version {}", crate::xds::shown(&e.version))
                 };
                 let domains: Vec<String> = e.domains.iter().map(|d| d.escape_debug().to_string()).collect();
-                println!(
+                outln!(
                     "# envoyproxy/ratelimit configuration from {}{version}: domains {}",
                     e.source.escape_debug(),
                     domains.join(", ")
@@ -148,12 +148,12 @@ pub async fn rules(args: RulesArgs) -> anyhow::Result<ExitCode> {
             }
             if let Some(s) = r.sentinel {
                 let resources: Vec<String> = s.resources.iter().map(|r| r.escape_debug().to_string()).collect();
-                println!("# Sentinel's rules from {}: resources {}", s.source.escape_debug(), resources.join(", "));
+                outln!("# Sentinel's rules from {}: resources {}", s.source.escape_debug(), resources.join(", "));
                 for why in &s.ignored {
-                    println!("#   not enforced: {}", why.escape_debug());
+                    outln!("#   not enforced: {}", why.escape_debug());
                 }
                 for name in &s.left_out {
-                    println!("#   {} is decided by the rules file's rule", name.escape_debug());
+                    outln!("#   {} is decided by the rules file's rule", name.escape_debug());
                 }
             }
         }
@@ -165,7 +165,7 @@ pub async fn rules(args: RulesArgs) -> anyhow::Result<ExitCode> {
                 .map_err(status_error)?
                 .into_inner();
             let what = if r.applied { "applied" } else { "valid, not applied" };
-            println!("{}: {what}; version {} ({} resources)", file.display(), r.version, r.resources.len());
+            outln!("{}: {what}; version {} ({} resources)", file.display(), r.version, r.resources.len());
         }
         RulesAction::WhatIf { file, length, no_wait } => {
             let yaml = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
@@ -181,7 +181,7 @@ pub async fn rules(args: RulesArgs) -> anyhow::Result<ExitCode> {
             loop {
                 let r = client.get_what_if(pb::GetWhatIfRequest {}).await.map_err(status_error)?.into_inner();
                 if !r.running {
-                    print!("{}", render_what_if(&r));
+                    out!("{}", render_what_if(&r));
                     break;
                 }
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
@@ -189,7 +189,7 @@ pub async fn rules(args: RulesArgs) -> anyhow::Result<ExitCode> {
         }
         RulesAction::WhatIfReport => {
             let r = client.get_what_if(pb::GetWhatIfRequest {}).await.map_err(status_error)?.into_inner();
-            print!("{}", render_what_if(&r));
+            out!("{}", render_what_if(&r));
         }
     }
     Ok(ExitCode::SUCCESS)

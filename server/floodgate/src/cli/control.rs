@@ -113,12 +113,19 @@ pub async fn breakers(args: BreakersArgs) -> anyhow::Result<ExitCode> {
         }
         None => admin.list_breakers(pb::ListBreakersRequest {}).await.map_err(status_error)?.into_inner().breakers,
     };
-    println!(
+    outln!(
         "{:<28} {:<12} {:>6} {:>8} {:>7} {:>7} {:>8} {:>7}  NEXT PROBE",
-        "RESOURCE", "STATE", "CALLS", "FAILURES", "FAIL%", "SLOW%", "REJECTED", "PROBES"
+        "RESOURCE",
+        "STATE",
+        "CALLS",
+        "FAILURES",
+        "FAIL%",
+        "SLOW%",
+        "REJECTED",
+        "PROBES"
     );
     for b in &infos {
-        println!(
+        outln!(
             "{:<28} {:<12} {:>6} {:>8} {:>6.1}% {:>6.1}% {:>8} {:>3}/{:<3}  {}",
             b.resource,
             state_name(b.state),
@@ -133,7 +140,7 @@ pub async fn breakers(args: BreakersArgs) -> anyhow::Result<ExitCode> {
         );
     }
     if infos.is_empty() {
-        println!("(no breaker has been used yet)");
+        outln!("(no breaker has been used yet)");
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -155,7 +162,7 @@ pub async fn report(args: ReportArgs) -> anyhow::Result<ExitCode> {
     let r = client.report_outcome(req).await.map_err(status_error)?.into_inner();
     let state = if r.breaker_state == 0 { String::new() } else { format!(", breaker {}", state_name(r.breaker_state)) };
     let settled = if r.settled { ", settled" } else { "" };
-    println!("{}{settled}{state}", if r.counted { "counted" } else { "not counted: the permit is unknown or expired" });
+    outln!("{}{settled}{state}", if r.counted { "counted" } else { "not counted: the permit is unknown or expired" });
     Ok(if r.counted { ExitCode::SUCCESS } else { ExitCode::from(3) })
 }
 
@@ -178,7 +185,7 @@ pub async fn level(args: LevelArgs) -> anyhow::Result<ExitCode> {
             let r = admin.set_degradation_level(req).await.map_err(status_error)?.into_inner();
             if r.systems.is_empty() {
                 let how = if r.manual { "manual" } else { "automatic" };
-                println!(
+                outln!(
                     "{}: degradation level {} ({how}; automatic level {})",
                     scope_name(&r.system),
                     r.level,
@@ -186,7 +193,7 @@ pub async fn level(args: LevelArgs) -> anyhow::Result<ExitCode> {
                 );
             }
             for s in &r.systems {
-                println!("{}", level_line(s));
+                outln!("{}", level_line(s));
             }
         }
         None => {
@@ -196,9 +203,9 @@ pub async fn level(args: LevelArgs) -> anyhow::Result<ExitCode> {
                 stream.message().await?
             {
                 let how = if s.degradation_override { "manual" } else { "automatic" };
-                println!("global: degradation level {} ({how})", s.degradation_level);
+                outln!("global: degradation level {} ({how})", s.degradation_level);
                 for system in &s.systems {
-                    println!("{}", level_line(system));
+                    outln!("{}", level_line(system));
                 }
             }
         }
@@ -266,7 +273,7 @@ pub async fn watch(args: WatchArgs) -> anyhow::Result<ExitCode> {
             ),
             None => continue,
         };
-        println!("#{} {line}", e.sequence);
+        outln!("#{} {line}", e.sequence);
     }
     Ok(ExitCode::SUCCESS)
 }

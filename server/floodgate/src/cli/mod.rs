@@ -68,14 +68,6 @@ impl Cli {
         // The server sets up logging on its runtime, where traces are exported from.
         if !matches!(self.command, Command::Serve(_)) {
             init_logging(self.log_format, &self.log_level, None);
-            // A command's output piped to `head` ends the command quietly,
-            // as any Unix tool (the server keeps ignoring SIGPIPE).
-            #[cfg(unix)]
-            // SAFETY: restoring a signal's default action, before any thread starts.
-            #[allow(unsafe_code)]
-            unsafe {
-                libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-            }
         }
         let result = match self.command {
             Command::Serve(args) => serve::run(*args, self.log_format, self.log_level),
@@ -208,5 +200,20 @@ pub(crate) fn parse_positive(s: &str) -> Result<usize, String> {
         Ok(0) => Err("must be at least 1".into()),
         Ok(n) => Ok(n),
         Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Writes `args` to standard output for [`out!`] and [`outln!`]. A closed
+/// pipe (the reader went away) exits with success at once; another error
+/// exits with status 1 and says why.
+pub fn write_out(args: std::fmt::Arguments) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_fmt(args).and_then(|()| out.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("floodgate: writing to standard output: {e}");
+        std::process::exit(1);
     }
 }

@@ -93,7 +93,7 @@ pub async fn overrides(args: OverridesArgs) -> anyhow::Result<ExitCode> {
             let done = admin.delete_overrides(req).await.map_err(status_error)?.into_inner();
             for id in &ids {
                 let what = if done.deleted.contains(id) { "deleted" } else { "not found" };
-                println!("{id}: {what}");
+                outln!("{id}: {what}");
             }
         }
     }
@@ -110,10 +110,10 @@ async fn list(admin: &mut Admin, rule: String) -> anyhow::Result<()> {
         let req = pb::ListOverridesRequest { rule: rule.clone(), after, limit: 0 };
         let page = admin.list_overrides(req).await.map_err(status_error)?.into_inner();
         if shown == 0 {
-            println!("{:<24} {:<16} {:<28} {:<22} {:<20} APPLIES", "ID", "RULE", "WHEN", "ACTION", "EXPIRES");
+            outln!("{:<24} {:<16} {:<28} {:<22} {:<20} APPLIES", "ID", "RULE", "WHEN", "ACTION", "EXPIRES");
         }
         for o in &page.overrides {
-            println!(
+            outln!(
                 "{:<24} {:<16} {:<28} {:<22} {:<20} {}",
                 o.id,
                 o.rule,
@@ -126,7 +126,7 @@ async fn list(admin: &mut Admin, rule: String) -> anyhow::Result<()> {
         shown += page.overrides.len();
         if page.next_after.is_empty() {
             if shown == 0 {
-                println!("(no overrides set at run time)");
+                outln!("(no overrides set at run time)");
             }
             return Ok(());
         }
@@ -153,10 +153,10 @@ async fn set(admin: &mut Admin, a: SetArgs) -> anyhow::Result<()> {
     let req = pb::SetOverridesRequest { overrides: vec![o] };
     let set = admin.set_overrides(req).await.map_err(status_error)?.into_inner();
     for o in &set.overrides {
-        println!("set {} (rules v{})", o.id, set.rules_version);
+        outln!("set {} (rules v{})", o.id, set.rules_version);
     }
     if !set.persisted {
-        println!("note: this server keeps overrides in memory only; a restart loses them (--overrides-file)");
+        outln!("note: this server keeps overrides in memory only; a restart loses them (--overrides-file)");
     }
     Ok(())
 }

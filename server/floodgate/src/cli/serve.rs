@@ -290,7 +290,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tracing::info!(grpc = %grpc_addr, http = %http_addr, "floodgate listening");
         // One line on stdout, once serving, for scripts and tests that start
         // the server on port 0.
-        println!("floodgate listening grpc={grpc_addr} http={http_addr}");
+        // A server whose standard output is closed keeps serving: the line
+        // is for whoever watches it start, and the log says the same.
+        let _ = std::io::Write::write_fmt(
+            &mut std::io::stdout(),
+            format_args!("floodgate listening grpc={grpc_addr} http={http_addr}\n"),
+        );
     }));
     server::run(opts, Listeners { grpc, http }, shutdown_signal()).await
 }

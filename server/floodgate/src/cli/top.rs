@@ -27,17 +27,17 @@ pub async fn top(args: TopArgs) -> anyhow::Result<ExitCode> {
     if top.limits.is_empty() {
         // Admissions are sampled (one in ADMITTED_SAMPLE, weighted), so a
         // few admitted calls may leave no trace; every denial is counted.
-        println!(
+        outln!(
             "(no keyed decision seen in the last {minutes} minutes: every denial is counted, admissions one in {})",
             floodgate_core::hitters::ADMITTED_SAMPLE
         );
     }
     for l in &top.limits {
-        println!("{} / {}  (last {minutes} min)", l.rule, l.limit);
+        outln!("{} / {}  (last {minutes} min)", l.rule, l.limit);
         for (what, keys) in [("denied", &l.denied), ("admitted", &l.admitted)] {
             for k in keys {
                 let error = if k.error > 0 { format!(" (+/-{})", k.error) } else { String::new() };
-                println!("  {what:<8} {:>10}{error}  {}", k.count, k.key);
+                outln!("  {what:<8} {:>10}{error}  {}", k.count, k.key);
             }
         }
     }
