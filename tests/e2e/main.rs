@@ -27,6 +27,11 @@ mod support {
     pub fn bench(grpc: &str, args: &[&str]) -> serde_json::Value {
         floodgate_test_support::bench(BIN.as_ref(), grpc, args)
     }
+
+    /// Runs `floodgate bench` as [`bench`] does; a failure is returned, not panicked.
+    pub fn try_bench(grpc: &str, args: &[&str]) -> Result<serde_json::Value, String> {
+        floodgate_test_support::try_bench(BIN.as_ref(), grpc, args)
+    }
 }
 
 mod abuse;

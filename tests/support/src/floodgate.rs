@@ -311,11 +311,25 @@ fn wait_exit(child: &mut Child, limit: Duration) -> Option<std::process::ExitSta
 /// Runs `floodgate bench` (the binary at `bin`) against `grpc` and returns
 /// its JSON report.
 pub fn bench(bin: &Path, grpc: &str, args: &[&str]) -> serde_json::Value {
+    try_bench(bin, grpc, args).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Runs `floodgate bench` as [`bench`] does, and returns what went wrong
+/// instead of panicking. A test that runs benches on its own threads uses it
+/// so that the failure, with bench's standard error, is told by the test's
+/// own thread, where the test's output shows it.
+pub fn try_bench(bin: &Path, grpc: &str, args: &[&str]) -> Result<serde_json::Value, String> {
     let out = Command::new(bin)
         .args(["bench", "--server", grpc, "--format", "json", "--quiet"])
         .args(args)
         .output()
-        .expect("running floodgate bench");
-    assert!(out.status.success(), "bench failed: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).expect("bench's JSON report")
+        .map_err(|e| format!("running floodgate bench: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "bench on {grpc} with {args:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("bench's JSON report: {e}"))
 }

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use floodgate_proto::v1 as pb;
 
-pub use floodgate::{Floodgate, FloodgateBuilder, bench};
+pub use floodgate::{Floodgate, FloodgateBuilder, bench, try_bench};
 pub use scrape::{Metrics, Sample};
 
 /// The repository's root (where deploy/, fuzz/, bench/ and README.md are),
