@@ -138,24 +138,25 @@ fn vegas_grows_while_the_queue_is_short_and_shrinks_when_it_is_long() {
             (window(10_000.0, 20), 26.0),
             // queue = ceil(26 * (1 - 10/12)) = 5, within [alpha 3, beta 6]
             (window(12_000.0, 26), 26.0),
-            // queue = ceil(26 / 3) = 9 > beta: - log10 (1)
-            (window(15_000.0, 26), 25.0),
+            // queue = ceil(26 / 3) = 9 > beta: down by the larger of
+            // log10 (1) and half of what is over beta ((9 - 6) / 2)
+            (window(15_000.0, 26), 24.5),
             // a drop: - 1
-            (drop(10_000.0, 25), 24.0),
-            // 10 in flight, under half of 24: unchanged
-            (window(30_000.0, 10), 24.0),
-            // queue = ceil(24 * (1 - 10/10.5)) = 2, between threshold and alpha: + 1
-            (window(10_500.0, 24), 25.0),
+            (drop(10_000.0, 25), 23.5),
+            // 10 in flight, under half of 23.5: unchanged
+            (window(30_000.0, 10), 23.5),
+            // queue = ceil(23.5 * (1 - 10/10.5)) = 2, between threshold and alpha: + 1
+            (window(10_500.0, 24), 24.5),
             // faster than the no-load latency: that is the new one
-            (window(9_000.0, 25), 25.0),
-            // queue = ceil(25 * (1 - 9/18)) = 13 > 6: - 1
-            (window(18_000.0, 25), 24.0),
+            (window(9_000.0, 25), 24.5),
+            // queue = ceil(24.5 * (1 - 9/18)) = 13 > 6: down by (13 - 6) / 2
+            (window(18_000.0, 25), 21.0),
         ],
     );
     assert!(close(e.inputs().no_load_rtt_us, 9_000.0));
     assert!(close(e.inputs().queue, 13.0));
     // Every call of a window dropped: a drop.
-    assert!(close(e.update(&cfg, &Update { rtt_us: None, in_flight: 24, dropped: true, min_rtt_us: None }), 23.0));
+    assert!(close(e.update(&cfg, &Update { rtt_us: None, in_flight: 21, dropped: true, min_rtt_us: None }), 20.0));
 }
 
 #[test]
@@ -176,8 +177,11 @@ fn vegas_smooths_and_scales_its_thresholds_with_the_limit() {
             (window(10_100.0, 150), 162.0),
             // queue = ceil(162 * (1 - 10/10.5)) = 8: within [6, 12]
             (window(10_500.0, 162), 162.0),
-            // queue = ceil(162 * (1 - 10/12)) = 27 > 12: - 2
-            (window(12_000.0, 162), 160.0),
+            // queue = ceil(162 * (1 - 10/12)) = 27 > 12: down by the larger
+            // of log10 (2) and (27 - 12) / 2
+            (window(12_000.0, 162), 154.5),
+            // queue = ceil(154.5 * (1 - 10/10.8)) = 12, not over beta: unchanged
+            (window(10_800.0, 155), 154.5),
         ],
     );
 }

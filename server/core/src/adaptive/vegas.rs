@@ -97,7 +97,12 @@ impl Vegas {
                 } else if self.queue < alpha {
                     self.limit + f
                 } else if self.queue > beta {
-                    self.limit - f
+                    // A queue far above beta (a limit started, or left, far
+                    // above what the dependency serves) goes down by half of
+                    // what is over beta each window, not by log10(limit):
+                    // from four times the capacity, that takes seconds, not
+                    // minutes. Near beta, the step is log10(limit) as before.
+                    self.limit - f.max((self.queue - beta) / 2.0)
                 } else {
                     return self.limit;
                 }
