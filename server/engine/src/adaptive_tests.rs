@@ -25,6 +25,33 @@ struct Run {
     /// Latencies of the calls admitted in the last 10 s, in ms.
     late_latencies: Vec<u64>,
     served: u64,
+    /// Every admitted call: (when it was issued, its latency), in ms.
+    calls: Vec<(u64, u64)>,
+    /// Milliseconds during which the limit was held at its floor to measure
+    /// the no-load latency.
+    probing_ms: u64,
+}
+
+impl Run {
+    /// The p90 latency (ms) of the calls issued in `[from, to)` seconds.
+    fn p90(&self, from: u64, to: u64) -> u64 {
+        let mut v: Vec<u64> =
+            self.calls.iter().filter(|(at, _)| (from * 1000..to * 1000).contains(at)).map(|&(_, l)| l).collect();
+        assert!(!v.is_empty(), "no call admitted from {from} s to {to} s");
+        v.sort_unstable();
+        v[(v.len() * 9).div_ceil(10) - 1]
+    }
+
+    /// Calls admitted per second in `[from, to)` seconds.
+    fn goodput(&self, from: u64, to: u64) -> f64 {
+        let n = self.calls.iter().filter(|(at, _)| (from * 1000..to * 1000).contains(at)).count();
+        n as f64 / (to - from) as f64
+    }
+
+    /// The share of the run spent measuring.
+    fn probing_share(&self) -> f64 {
+        self.probing_ms as f64 / (self.limits.len() as f64 * 1000.0)
+    }
 }
 
 fn rules(adaptive: &str, partitions: &str) -> String {
@@ -35,21 +62,31 @@ fn rules(adaptive: &str, partitions: &str) -> String {
 /// every `critical_every`th is critical (0: all the default priority) and
 /// the rest sheddable. Halves the servers from `halve.0` s to `halve.1` s.
 fn run(yaml: &str, seconds: u64, critical_every: u64, halve: (u64, u64)) -> Run {
+    let dependency = |ms: u64| {
+        let servers = if (halve.0 * 1000..halve.1 * 1000).contains(&ms) { CAPACITY / 2 } else { CAPACITY };
+        (servers, SERVICE.as_millis() as u64)
+    };
+    simulate(yaml, seconds, critical_every, dependency)
+}
+
+/// As [`run`], against a dependency that has `dependency(ms).0` servers,
+/// each taking `dependency(ms).1` ms per call, at millisecond `ms`. The
+/// offered load stays twice what `CAPACITY` servers at `SERVICE` serve.
+fn simulate(yaml: &str, seconds: u64, critical_every: u64, dependency: impl Fn(u64) -> (usize, u64)) -> Run {
     let (e, clock): (Engine, Arc<ManualClock>) = super::tests::engine(yaml);
     let none = HashMap::<String, String>::new();
     let mut servers: BinaryHeap<Reverse<u64>> = (0..CAPACITY).map(|_| Reverse(0)).collect();
     let mut parked: Vec<u64> = Vec::new();
     let mut out: BinaryHeap<Reverse<(u64, u64, String)>> = BinaryHeap::new();
     let mut out_run = Run::default();
-    let service = SERVICE.as_millis() as u64;
     // 2x capacity: CAPACITY / SERVICE calls per ms, twice.
-    let per_ms = 2 * CAPACITY as u64 / service;
+    let per_ms = 2 * CAPACITY as u64 / SERVICE.as_millis() as u64;
     let mut n = 0u64;
     let start = clock.now();
     for ms in 0..seconds * 1000 {
         let now = ms;
-        // Fewer servers while halved; they come back after.
-        let wanted = if (halve.0 * 1000..halve.1 * 1000).contains(&ms) { CAPACITY / 2 } else { CAPACITY };
+        // Servers leave and come back as the dependency's shape says.
+        let (wanted, service) = dependency(ms);
         while servers.len() > wanted {
             let Reverse(free) = servers.pop().unwrap();
             parked.push(free);
@@ -84,6 +121,7 @@ fn run(yaml: &str, seconds: u64, critical_every: u64, halve: (u64, u64)) -> Run 
                     if ms >= (seconds - 10) * 1000 {
                         out_run.late_latencies.push(done - now);
                     }
+                    out_run.calls.push((now, done - now));
                     out_run.served += 1;
                     out.push(Reverse((done, now, p.to_string())));
                 }
@@ -92,6 +130,12 @@ fn run(yaml: &str, seconds: u64, critical_every: u64, halve: (u64, u64)) -> Run 
         }
         if ms % 100 == 0 {
             e.outcomes().tick();
+        }
+        if ms % 10 == 0 {
+            let view = e.views().concurrency(&e.rules(), "db").unwrap();
+            if view.inputs.is_some_and(|i| i.probing) {
+                out_run.probing_ms += 10;
+            }
         }
         if ms % 1000 == 999 {
             let limit =
@@ -198,4 +242,70 @@ fn expired_permits_and_failures_are_drops() {
     e.outcomes().tick();
     // Four drops in the window: floor(10 * 0.9).
     assert_eq!(e.views().concurrency_limit("db", &c), 9);
+}
+
+/// The algorithms with their default settings, with `initial` as the limit
+/// before the first window. AIMD keeps its default timeout (5 s): it backs
+/// off on latency past twice the measured no-load latency, which follows a
+/// dependency that slows, where a fixed timeout would not.
+fn algorithms(initial: u32) -> [(&'static str, String); 3] {
+    ["gradient2", "vegas", "aimd"]
+        .map(|name| (name, format!("{{ algorithm: {name}, min: 5, max: 1000, initial: {initial} }}")))
+}
+
+/// Started overloaded: the limit starts at four times what the dependency
+/// serves, with callers from the first millisecond, so that every window
+/// the algorithm sees is queued until it measures the no-load latency.
+/// Within 30 s: p90 at most 2.5 times the no-load latency, goodput at
+/// least 80% of capacity; measuring took under 5% of the time.
+#[test]
+fn every_algorithm_started_overloaded_finds_the_capacity_within_30_s() {
+    let capacity = CAPACITY as f64 / SERVICE.as_secs_f64();
+    let no_load = SERVICE.as_millis() as u64;
+    let mut failures = Vec::new();
+    for (name, adaptive) in algorithms(4 * CAPACITY as u32) {
+        let r = run(&rules(&adaptive, ""), 90, 0, (1000, 1000));
+        let (p90, goodput, share) = (r.p90(30, 90), r.goodput(30, 90), r.probing_share());
+        println!(
+            "{name}: p90 {p90} ms, goodput {:.0}% of capacity, measuring {:.1}%; limits {:?}",
+            100.0 * goodput / capacity,
+            100.0 * share,
+            r.limits
+        );
+        if p90 as f64 > 2.5 * no_load as f64 || goodput < 0.8 * capacity || share >= 0.05 {
+            failures.push(name);
+        }
+    }
+    assert!(failures.is_empty(), "missed the targets: {failures:?}");
+}
+
+/// A dependency that slows by 2% a minute for ten minutes (each call takes
+/// 2% longer each minute, so it serves 2% less). Every minute after the
+/// first 30 s, p90 stays within 2.5 times the no-load latency of that
+/// minute and goodput at least 80% of that minute's capacity.
+#[test]
+fn every_algorithm_follows_a_dependency_that_slows_two_percent_a_minute() {
+    let service_at = |ms: u64| (SERVICE.as_millis() as f64 * 1.02f64.powf(ms as f64 / 60_000.0)).round() as u64;
+    let mut failures = Vec::new();
+    for (name, adaptive) in algorithms(20) {
+        let r = simulate(&rules(&adaptive, ""), 600, 0, |ms| (CAPACITY, service_at(ms)));
+        let mut worst = (0.0f64, f64::MAX);
+        for minute in 0..10 {
+            let (from, to) = (minute * 60 + 30, minute * 60 + 60);
+            let service = service_at(from * 1000) as f64;
+            let capacity = CAPACITY as f64 * 1000.0 / service;
+            let (p90, goodput) = (r.p90(from, to) as f64 / service, r.goodput(from, to) / capacity);
+            worst = (worst.0.max(p90), worst.1.min(goodput));
+        }
+        println!(
+            "{name}: worst minute p90 {:.2}x no-load, goodput {:.0}% of capacity, measuring {:.1}%",
+            worst.0,
+            100.0 * worst.1,
+            100.0 * r.probing_share()
+        );
+        if worst.0 > 2.5 || worst.1 < 0.8 || r.probing_share() >= 0.05 {
+            failures.push(name);
+        }
+    }
+    assert!(failures.is_empty(), "missed the targets: {failures:?}");
 }
