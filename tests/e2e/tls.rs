@@ -240,3 +240,102 @@ async fn the_insecure_flag_lets_callers_name_their_origin() {
     let answer = app_a.acquire(acquire("metered", &[("origin", "app-b")], 1)).await.unwrap().into_inner();
     assert_eq!(answer.verdict(), pb::Verdict::RateLimited, "app-b's quota, spent by app-a as the flag allows");
 }
+
+/// One JSON call over HTTPS/1.1 with the client certificate `who` (made by
+/// the test's PKI): (status, body); `Err` when the handshake or the call
+/// failed.
+async fn json_call(
+    addr: &str,
+    ca: &str,
+    who: Option<(&str, &str)>,
+    path: &str,
+    body: &str,
+) -> Result<(u16, String), String> {
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+    let config = match who {
+        Some((cert, key)) => {
+            let chain = CertificateDer::pem_slice_iter(cert.as_bytes()).map(Result::unwrap).collect();
+            builder.with_client_auth_cert(chain, PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap()).unwrap()
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+    let mut tls =
+        connector.connect(ServerName::try_from("localhost").unwrap(), tcp).await.map_err(|e| e.to_string())?;
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    tls.write_all(request.as_bytes()).await.map_err(|e| e.to_string())?;
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut answer))
+        .await
+        .map_err(|_| "no answer within 10 s".to_string())?
+        .map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).ok_or_else(|| format!("no status in {text:?}"))?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Ok((status, body))
+}
+
+/// The JSON API on the HTTP port takes the caller's origin from its client
+/// certificate as gRPC does: a caller naming another origin spends its own
+/// quota (the same bucket as its gRPC calls), a denied origin is denied
+/// however it names itself, and a caller without a certificate is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_mtls_json_calls_carry_the_certificates_origin() {
+    let (pki, fg) = origin_server(&[]).await;
+    let ca = pki.ca_pem();
+    let (a, b) = (pki.client("app-a", "app-a"), pki.client("app-b", "app-b"));
+    let app_a = Some((a.cert_pem.as_str(), a.key_pem.as_str()));
+    let app_b = Some((b.cert_pem.as_str(), b.key_pem.as_str()));
+    let naming_b = r#"{"resource":"metered","descriptors":{"origin":"app-b"}}"#;
+
+    // app-a's first call over JSON, its second over gRPC, its third over
+    // JSON again: one quota of 2, app-a's.
+    let (status, body) = json_call(&fg.http, &ca, app_a, "/v1/acquire", naming_b).await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&body).unwrap()["verdict"], "VERDICT_ALLOWED", "{body}");
+    let mut grpc_a = as_caller(&pki, &fg, "app-a").await;
+    let answer = grpc_a.acquire(acquire("metered", &[("origin", "app-b")], 1)).await.unwrap().into_inner();
+    assert_eq!(answer.verdict(), pb::Verdict::Allowed, "{answer:?}");
+    let (_, body) = json_call(&fg.http, &ca, app_a, "/v1/acquire", naming_b).await.unwrap();
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()["verdict"],
+        "VERDICT_RATE_LIMITED",
+        "app-a's quota is spent: {body}"
+    );
+    // app-b's own quota is untouched.
+    let (_, body) = json_call(&fg.http, &ca, app_b, "/v1/acquire", naming_b).await.unwrap();
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (answer["verdict"].as_str(), answer["limits"][0]["remaining"].as_str()),
+        (Some("VERDICT_ALLOWED"), Some("1")),
+        "{body}"
+    );
+
+    // app-b is denied on `guarded` whatever it names; app-a is not app-b.
+    for named in [r#"{}"#, r#"{"origin":"app-a"}"#] {
+        let ask = format!(r#"{{"resource":"guarded","descriptors":{named}}}"#);
+        let (_, body) = json_call(&fg.http, &ca, app_b, "/v1/acquire", &ask).await.unwrap();
+        assert!(!body.contains("VERDICT_ALLOWED"), "app-b passed its deny list naming {named}: {body}");
+    }
+    let ask = r#"{"resource":"guarded","descriptors":{"origin":"app-b"}}"#;
+    let (_, body) = json_call(&fg.http, &ca, app_a, "/v1/acquire", ask).await.unwrap();
+    assert!(body.contains("VERDICT_ALLOWED"), "{body}");
+
+    // Without a client certificate, no call is answered.
+    let refused = json_call(&fg.http, &ca, None, "/v1/acquire", naming_b).await;
+    assert!(refused.as_ref().map_or(true, |(status, _)| *status >= 400), "a caller without a certificate: {refused:?}");
+}
