@@ -221,6 +221,20 @@ fn the_openapi_document_describes_every_call_it_serves() {
         let name = &part[..part.find('"').unwrap()];
         assert!(schemas.contains_key(name), "{name} is referred to but not defined");
     }
+    // A third party's validator (openapi-spec-validator, installed by
+    // scripts/test) finds the document valid OpenAPI 3.1.
+    let dir = TempDir::new();
+    let file = dir.write("openapi.json", &text);
+    let out = std::process::Command::new(test_cache().join("py/bin/openapi-spec-validator"))
+        .args(["--schema", "3.1", path_str(&file)])
+        .output()
+        .expect("openapi-spec-validator (scripts/test installs it)");
+    assert!(
+        out.status.success(),
+        "openapi-spec-validator: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     let acquire = &schemas["floodgate.v1.AcquireRequest"]["properties"];
     assert_eq!(acquire["resource"]["type"], "string", "{acquire}");
     assert_eq!(acquire["descriptors"]["type"], "object", "{acquire}");
