@@ -122,8 +122,13 @@ pub struct Limit {
     pub retry_after: Duration,
     /// The policy window (for `RateLimit-Policy`).
     pub window: Duration,
-    /// This limit denied the request.
+    /// The request went over this limit. It was denied, unless
+    /// `admitted_over_limit` is set.
     pub exceeded: bool,
+    /// The request went over this limit and was admitted anyway, as one of
+    /// the share of calls over it that the limit's `over_limit` admits: the
+    /// caller is past its limit and should slow down.
+    pub admitted_over_limit: bool,
 }
 
 /// The answer to an [`Acquire`]. Read its fields; build one (to test code
@@ -238,6 +243,7 @@ impl Limit {
             retry_after: Duration::ZERO,
             window,
             exceeded: false,
+            admitted_over_limit: false,
         }
     }
 
@@ -423,6 +429,7 @@ impl Limit {
             retry_after: duration(&l.retry_after),
             window: duration(&l.window),
             exceeded: l.exceeded,
+            admitted_over_limit: l.admitted_over_limit,
         }
     }
 }

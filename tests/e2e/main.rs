@@ -70,6 +70,7 @@ mod rules;
 mod sentinel;
 mod settle;
 mod shown;
+mod soft_limits;
 mod systems;
 mod tls;
 mod traces;

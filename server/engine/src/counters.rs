@@ -19,8 +19,9 @@ pub(crate) struct RuleMetrics {
     verdicts: [Counter; 5],
     /// RATE_LIMITED, by the index of the limit that denied.
     limited_by: Vec<Counter>,
-    /// Per limit: (admitted, exceeded, exceeded in shadow mode).
-    limits: Vec<(Counter, Counter, Counter)>,
+    /// Per limit: (admitted, exceeded, exceeded in shadow mode, exceeded
+    /// and admitted over the limit: only for a limit with `over_limit`).
+    limits: Vec<(Counter, Counter, Counter, Option<Counter>)>,
     /// Decisions admitted and denied, read once a second by the console's
     /// charts.
     pub tally: Arc<Tally>,
@@ -52,21 +53,25 @@ impl RuleMetrics {
     pub fn new(rule: &Rule) -> Self {
         let own = rule.limits.iter().map(|l| l.name.clone());
         let names: Vec<String> = own.chain(rule.overrides.extra_names().iter().cloned()).collect();
-        Self::for_resource(&rule.name, &names)
+        // An override's limit admits over its limit as the rule's limit of
+        // its name does (overrides change amounts, not `over_limit`).
+        let soft: Vec<bool> =
+            names.iter().map(|n| rule.limits.iter().any(|l| &l.name == n && l.over_limit.is_some())).collect();
+        Self::for_resource(&rule.name, &names, &soft)
     }
 
     pub fn unmatched() -> Self {
-        Self::for_resource(UNMATCHED, &[])
+        Self::for_resource(UNMATCHED, &[], &[])
     }
 
     /// The counters every limit of the Envoy configuration shares
     /// (`resource` and `limit` are `_envoy`): their own series are
     /// upstream's stats, bounded and forgotten with the configuration.
     pub fn envoy() -> Self {
-        Self::for_resource(ENVOY, &[ENVOY.to_string()])
+        Self::for_resource(ENVOY, &[ENVOY.to_string()], &[false])
     }
 
-    fn for_resource(resource: &str, limits: &[String]) -> Self {
+    fn for_resource(resource: &str, limits: &[String], soft: &[bool]) -> Self {
         let r = resource.to_string();
         let verdict = |v: &'static str| counter!(DECISIONS, "resource" => r.clone(), "verdict" => v, "limit" => "");
         let verdicts = VERDICTS.map(verdict);
@@ -77,26 +82,36 @@ impl RuleMetrics {
         let result = |l: &String, res: &'static str| counter!(LIMIT_DECISIONS, "resource" => r.clone(), "limit" => l.clone(), "result" => res);
         let limits = limits
             .iter()
-            .map(|l| (result(l, "admitted"), result(l, "exceeded"), result(l, "shadow_exceeded")))
+            .zip(soft)
+            .map(|(l, &soft)| {
+                let over = soft.then(|| result(l, "exceeded_admitted"));
+                (result(l, "admitted"), result(l, "exceeded"), result(l, "shadow_exceeded"), over)
+            })
             .collect();
         RuleMetrics { verdicts, limited_by, limits, tally: Arc::default() }
     }
 
     /// Counts one decision: its verdict (as `VERDICTS` orders them), the
     /// index of the limit that denied it if a limit did, and every matched
-    /// limit's (index, exceeded, shadow).
-    pub fn record(&self, verdict: usize, denied_by: Option<usize>, limits: impl Iterator<Item = (usize, bool, bool)>) {
+    /// limit's (index, exceeded, shadow, admitted over the limit).
+    pub fn record(
+        &self,
+        verdict: usize,
+        denied_by: Option<usize>,
+        limits: impl Iterator<Item = (usize, bool, bool, bool)>,
+    ) {
         match denied_by {
             Some(i) => self.limited_by[i].increment(1),
             None => self.verdicts[verdict].increment(1),
         }
         self.tally.count(verdict == 0);
-        for (index, exceeded, shadow) in limits {
-            let (admitted, over, shadowed) = &self.limits[index];
-            match (exceeded, shadow) {
-                (false, _) => admitted.increment(1),
-                (true, false) => over.increment(1),
-                (true, true) => shadowed.increment(1),
+        for (index, exceeded, shadow, over_limit) in limits {
+            let (admitted, over, shadowed, admitted_over) = &self.limits[index];
+            match (exceeded, shadow, admitted_over.as_ref().filter(|_| over_limit)) {
+                (false, ..) => admitted.increment(1),
+                (true, false, Some(c)) => c.increment(1),
+                (true, false, None) => over.increment(1),
+                (true, true, _) => shadowed.increment(1),
             }
         }
     }

@@ -38,8 +38,17 @@ pub struct LimitReport<'r> {
     pub index: usize,
     pub status: Status,
     /// This limit would not admit the cost (a shadow limit's denial is only
-    /// reported: `limit.shadow`).
+    /// reported: `limit.shadow`; a call admitted over the limit by its
+    /// `over_limit` share exceeded it too: `status.over_limit`).
     pub exceeded: bool,
+}
+
+impl LimitReport<'_> {
+    /// This limit denied the call: it was exceeded, is not in shadow mode,
+    /// and did not admit the call over it.
+    pub fn denied(&self) -> bool {
+        self.exceeded && !self.limit.shadow && !self.status.over_limit
+    }
 }
 
 /// The answer to one request; borrows names from the rules in force.
@@ -201,10 +210,14 @@ impl Answer<'_> {
             Verdict::Shed => 4,
         };
         let denied_by = match self.verdict {
-            Verdict::RateLimited => self.limits.iter().find(|r| r.exceeded && !r.limit.shadow).map(|r| r.index),
+            Verdict::RateLimited => self.limits.iter().find(|r| r.denied()).map(|r| r.index),
             _ => None,
         };
-        metrics.record(verdict, denied_by, self.limits.iter().map(|r| (r.index, r.exceeded, r.limit.shadow)));
+        metrics.record(
+            verdict,
+            denied_by,
+            self.limits.iter().map(|r| (r.index, r.exceeded, r.limit.shadow, r.status.over_limit)),
+        );
     }
 
     /// One human line for a denial, naming the limit or breaker; empty when allowed.
@@ -213,7 +226,7 @@ impl Answer<'_> {
             return denial.to_string();
         }
         let mut out = String::new();
-        for report in self.limits.iter().filter(|r| r.exceeded && !r.limit.shadow) {
+        for report in self.limits.iter().filter(|r| r.denied()) {
             if !out.is_empty() {
                 out.push_str("; ");
             }
@@ -539,10 +552,19 @@ pub(super) fn take_all_or_nothing(
             // adopting a merged state meanwhile counts it either way.
             taken(limit, key, cost as i64);
             let d = buckets.acquire(key.clone(), alg, now, cost);
-            if !d.admitted {
-                taken(limit, key, -(cost as i64));
+            if !d.admitted && !limit.shadow && over_limit_admits(limit, key, now, cost) {
+                // Admitted over the limit: taken beyond it, so that a denial
+                // by a later limit gives it back as any take, and what the
+                // call costs counts wherever the limit's usage counts.
+                buckets.force(key.clone(), alg, now, cost);
+                let status = Status { remaining: 0, retry_after: Duration::ZERO, over_limit: true, ..d.status };
+                Decision { admitted: true, status }
+            } else {
+                if !d.admitted {
+                    taken(limit, key, -(cost as i64));
+                }
+                d
             }
-            d
         };
         if !d.admitted && !denied && !limit.shadow {
             denied = true;
@@ -555,6 +577,24 @@ pub(super) fn take_all_or_nothing(
         decisions.push(d);
     }
     decisions
+}
+
+/// Whether this call, which `limit` denied, is one of the share its
+/// `over_limit` admits anyway. Each call is drawn on its own from a hash of
+/// a process-wide sequence, the bucket and the time, so that every call over
+/// the limit has the same chance. A cost the limit could never hold is not
+/// admitted over it.
+fn over_limit_admits(limit: &Limit, key: &BucketKey, now: Timestamp, cost: u64) -> bool {
+    use std::hash::{Hash, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static DRAWS: AtomicU64 = AtomicU64::new(0);
+    let Some(o) = limit.over_limit else { return false };
+    if cost > limit.algorithm.capacity() {
+        return false;
+    }
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (DRAWS.fetch_add(1, Ordering::Relaxed), key, now.as_nanos()).hash(&mut h);
+    h.finish() % 1_000_000 < u64::from(o.admit_ppm)
 }
 
 /// A denial that counts: by a limit that is not in shadow mode.
@@ -582,7 +622,8 @@ pub(super) fn fill_limits<'r>(answer: &mut Answer<'r>, matched: &Matched<'r>, de
             answer.retry_after = answer.retry_after.max(d.status.retry_after);
         }
         answer.wait = answer.wait.max(d.status.wait);
-        answer.limits.push(LimitReport { limit, index: *index, status: d.status, exceeded: !d.admitted });
+        let exceeded = !d.admitted || d.status.over_limit;
+        answer.limits.push(LimitReport { limit, index: *index, status: d.status, exceeded });
     }
     if answer.verdict != Verdict::Allowed {
         answer.wait = Duration::ZERO;

@@ -326,6 +326,8 @@ mod adaptive_tests;
 #[cfg(test)]
 mod guard_tests;
 #[cfg(test)]
+mod over_limit_tests;
+#[cfg(test)]
 mod sentinel_tests;
 
 #[cfg(test)]

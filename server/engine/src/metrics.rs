@@ -79,7 +79,10 @@ pub const ENVOY: &str = "_envoy";
 /// Describes every metric to the recorder installed (help text and unit).
 pub fn describe() {
     describe_counter!(DECISIONS, "Decisions by resource (rule), verdict, and the limit that denied (empty if none)");
-    describe_counter!(LIMIT_DECISIONS, "Matched limits by resource (rule), limit and result (admitted or exceeded)");
+    describe_counter!(
+        LIMIT_DECISIONS,
+        "Matched limits by resource (rule), limit and result (admitted, exceeded, shadow_exceeded, or exceeded_admitted: admitted over the limit by over_limit)"
+    );
     describe_histogram!(RPC_DURATION, metrics::Unit::Seconds, "gRPC call latency inside the server, by method");
     describe_counter!(RLS_GLOBAL_SHADOW, "RLS answers turned OK by the global shadow mode (--envoy-shadow-mode)");
     describe_counter!(

@@ -252,6 +252,8 @@ impl Limits<'_> {
                                 reset_after: r.reset_after,
                                 retry_after: if r.admitted { Duration::ZERO } else { r.retry_after },
                                 wait: r.wait,
+                                // A strict limit is never admitted over (the rules refuse it).
+                                over_limit: false,
                             },
                         }
                     })

@@ -69,7 +69,7 @@ impl Partitions {
 }
 
 /// `70%` or `70`.
-fn percent(v: &Value) -> Option<f64> {
+pub(crate) fn percent(v: &Value) -> Option<f64> {
     match v {
         Value::String(s) => {
             s.trim().strip_suffix('%')?.trim().parse::<f64>().ok().filter(|p| p.is_finite() && *p >= 0.0)

@@ -399,6 +399,7 @@ pub fn window_rule(name: String, requests_per_unit: u32, unit: Unit, shadow: boo
         shadow,
         lease: None,
         when: Vec::new(),
+        over_limit: None,
     };
     Rule {
         name,

@@ -161,6 +161,21 @@ pub struct Limit {
     pub lease: Option<Lease>,
     /// It applies only to requests every one of these holds for.
     pub when: Vec<Condition>,
+    /// A share of the calls this limit denies is admitted anyway
+    /// (`over_limit: { admit: 10% }`), so that a caller a little over its
+    /// limit feels pressure rather than a wall.
+    pub over_limit: Option<OverLimit>,
+}
+
+/// `over_limit: { admit: 10% }`: of the calls a limit denies, this share is
+/// admitted anyway, each call drawn at random (every call over the limit has
+/// the same chance, the first ones no more than the later ones). What an
+/// admitted call costs is taken beyond the limit, as a `Charge` is, so that
+/// it counts everywhere the limit's usage counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OverLimit {
+    /// The share admitted, in parts per million (1 to 999,999).
+    pub admit_ppm: u32,
 }
 
 /// `lease: 2s` (and `lease_share:`, `lease_start:`): how clients may lease a limit.

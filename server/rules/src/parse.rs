@@ -10,8 +10,8 @@ use super::fields::{Collector, Fields, RuleErrors};
 use super::glob::Glob;
 use super::overrides::{Action, Override, Overrides};
 use super::{
-    Concurrency, Condition, Lease, LeaseShare, Limit, MAX_DESCRIPTORS, MAX_NAME_BYTES, OnRedisError, Origins, Pattern,
-    Rule, RuleSet, SyncMode,
+    Concurrency, Condition, Lease, LeaseShare, Limit, MAX_DESCRIPTORS, MAX_NAME_BYTES, OnRedisError, Origins,
+    OverLimit, Pattern, Rule, RuleSet, SyncMode,
 };
 use crate::limiter::leaky_bucket::Mode;
 use crate::limiter::rate::Rate;
@@ -36,6 +36,7 @@ const COMMON: &[&str] = &[
     "lease_start",
     "when",
     "unless",
+    "over_limit",
 ];
 
 pub(super) fn rule_set(text: &str, file: &str) -> Result<RuleSet, RuleErrors> {
@@ -422,6 +423,7 @@ fn limit(f: &Fields<'_>) -> Option<Limit> {
     let shadow = f.flag("shadow");
     let lease = lease(f, algorithm.as_ref());
     let when = conditions(f);
+    let over_limit = over_limit(f, sync, shadow, lease.is_some());
     // A shaping warm-up's queue is one replica's: local unless told (and refused otherwise).
     let shaping = matches!(&algorithm, Some(Algorithm::WarmUp(c)) if matches!(c.mode, warm_up::Mode::Shape { .. }));
     let sync = sync.or(shaping.then_some(SyncMode::Local));
@@ -434,7 +436,40 @@ fn limit(f: &Fields<'_>) -> Option<Limit> {
         shadow,
         lease,
         when: when?,
+        over_limit: over_limit?,
     })
+}
+
+/// `over_limit: { admit: 10% }`: `Some(None)` when absent, `None` (with the
+/// error told) when wrong.
+fn over_limit(f: &Fields<'_>, sync: Option<SyncMode>, shadow: bool, leased: bool) -> Option<Option<OverLimit>> {
+    if !f.has("over_limit") {
+        return Some(None);
+    }
+    let why_not = if sync == Some(SyncMode::Strict) {
+        Some("cannot be used with 'sync: strict', which promises to admit exactly the limit")
+    } else if shadow {
+        Some("changes nothing on a shadow limit, which denies nothing")
+    } else if leased {
+        Some("cannot be used with 'lease': a lease's holder decides its calls alone")
+    } else {
+        None
+    };
+    if let Some(why) = why_not {
+        f.error("over_limit", why);
+        return None;
+    }
+    let o = f.nested("over_limit")?;
+    o.deny_unknown(&["admit"]);
+    let admit = o.required("admit", |o, k| {
+        let share = o.get(k).and_then(super::concurrency::percent).filter(|p| *p > 0.0 && *p < 100.0);
+        if share.is_none() {
+            o.error(k, "must be a share above 0% and below 100%, e.g. 10%");
+        }
+        share
+    })?;
+    let admit_ppm = ((admit * 10_000.0).round() as u32).clamp(1, 999_999);
+    Some(Some(OverLimit { admit_ppm }))
 }
 
 /// The longest lease a limit may hand out.

@@ -118,7 +118,7 @@ resources:
         "rules.yaml: resource 'orders': limits[2] 'c'.algorithm: must be one of token_bucket, gcra, leaky_bucket, fixed_window, sliding_window_log, sliding_window, warm_up, got 'teleport'",
         "rules.yaml: resource 'users': limits[0] 'd'.limit: must be a whole number between 1 and 10000, got 20000",
         "rules.yaml: resource 'users': limits[0] 'd'.window: duration '5' needs a unit, e.g. 5s or 5ms",
-        "rules.yaml: resource 'users': limits[1] 'd'.capacity: unknown field (expected one of: name, key, algorithm, sync, on_redis_error, shadow, lease, lease_share, lease_start, when, unless, rate_per_second, burst)",
+        "rules.yaml: resource 'users': limits[1] 'd'.capacity: unknown field (expected one of: name, key, algorithm, sync, on_redis_error, shadow, lease, lease_share, lease_start, when, unless, over_limit, rate_per_second, burst)",
         "rules.yaml: resource 'users': shed_at_level: must be a whole number between 1 and 3, got 7",
     ];
     for e in expected {
@@ -481,4 +481,40 @@ resources:
             "rules.yaml: resource 'b': breaker.window.length: must be at most 1h",
         ]
     );
+}
+
+#[test]
+fn over_limit_admits_a_share_and_is_refused_where_it_cannot_hold() {
+    let rules = RuleSet::from_yaml(
+        "resources:\n  - name: r\n    limits: [ { name: l, algorithm: fixed_window, limit: 10, window: 1m, over_limit: { admit: 12.5% } } ]\n",
+        "rules.yaml",
+    )
+    .unwrap();
+    assert_eq!(rules.find("r").unwrap().limits[0].over_limit, Some(OverLimit { admit_ppm: 125_000 }));
+    let errors = errors_of(
+        r#"
+resources:
+  - name: r
+    limits:
+      - { name: strict, algorithm: fixed_window, limit: 10, window: 1m, sync: strict, over_limit: { admit: 10% } }
+      - { name: shadow, algorithm: fixed_window, limit: 10, window: 1m, shadow: true, over_limit: { admit: 10% } }
+      - { name: leased, algorithm: fixed_window, limit: 10, window: 1m, lease: 1s, over_limit: { admit: 10% } }
+      - { name: none, algorithm: fixed_window, limit: 10, window: 1m, over_limit: { admit: 0% } }
+      - { name: all, algorithm: fixed_window, limit: 10, window: 1m, over_limit: { admit: 100% } }
+      - { name: word, algorithm: fixed_window, limit: 10, window: 1m, over_limit: { admit: some } }
+      - { name: other, algorithm: fixed_window, limit: 10, window: 1m, over_limit: { admit: 5%, ramp: 2x } }
+"#,
+    );
+    let expected = [
+        "rules.yaml: resource 'r': limits[0] 'strict'.over_limit: cannot be used with 'sync: strict', which promises to admit exactly the limit",
+        "rules.yaml: resource 'r': limits[1] 'shadow'.over_limit: changes nothing on a shadow limit, which denies nothing",
+        "rules.yaml: resource 'r': limits[2] 'leased'.over_limit: cannot be used with 'lease': a lease's holder decides its calls alone",
+        "rules.yaml: resource 'r': limits[3] 'none'.over_limit.admit: must be a share above 0% and below 100%, e.g. 10%",
+        "rules.yaml: resource 'r': limits[4] 'all'.over_limit.admit: must be a share above 0% and below 100%, e.g. 10%",
+        "rules.yaml: resource 'r': limits[5] 'word'.over_limit.admit: must be a share above 0% and below 100%, e.g. 10%",
+        "rules.yaml: resource 'r': limits[6] 'other'.over_limit.ramp: unknown field (expected one of: admit)",
+    ];
+    for e in expected {
+        assert!(errors.iter().any(|got| got == e), "missing {e:?} in {errors:#?}");
+    }
 }

@@ -93,6 +93,7 @@ impl Limiter for FixedWindow {
                 reset_after: nanos(if after > 0 { to_end } else { 0 }),
                 retry_after: nanos(if admitted { 0 } else { to_end }),
                 wait: nanos(0),
+                over_limit: false,
             },
         }
     }

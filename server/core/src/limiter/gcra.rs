@@ -63,6 +63,7 @@ impl Limiter for Gcra {
                 reset_after: nanos(after.saturating_since(now)),
                 retry_after: nanos(retry_after),
                 wait: nanos(0),
+                over_limit: false,
             },
         }
     }

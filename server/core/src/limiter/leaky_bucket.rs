@@ -99,6 +99,7 @@ impl Limiter for LeakyBucket {
                 reset_after: nanos(cfg.leak.time_for(after)),
                 retry_after: nanos(retry_after),
                 wait: nanos(if admitted { wait } else { 0 }),
+                over_limit: false,
             },
         }
     }

@@ -42,6 +42,9 @@ pub struct Status {
     pub retry_after: Duration,
     /// Shaping: how long an admitted caller waits for its turn.
     pub wait: Duration,
+    /// Admitted over the limit by its `over_limit` share: the limit was
+    /// exceeded, and the cost was taken beyond it.
+    pub over_limit: bool,
 }
 
 /// One limit's answer.

@@ -124,6 +124,7 @@ impl Limiter for SlidingWindow {
                 reset_after: nanos(v.reset_after(w, cur_after)),
                 retry_after: nanos(if admitted { 0 } else { v.retry_after(cfg.limit, w, cost) }),
                 wait: nanos(0),
+                over_limit: false,
             },
         }
     }

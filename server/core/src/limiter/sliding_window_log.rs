@@ -97,6 +97,7 @@ impl Limiter for SlidingWindowLog {
                 reset_after: nanos(reset_after),
                 retry_after: nanos(retry_after),
                 wait: nanos(0),
+                over_limit: false,
             },
         }
     }

@@ -79,6 +79,7 @@ impl Limiter for TokenBucket {
                 reset_after: nanos(debt.saturating_add(cfg.refill.time_for(full - left))),
                 retry_after: nanos(retry_after),
                 wait: nanos(0),
+                over_limit: false,
             },
         }
     }

@@ -254,6 +254,7 @@ impl Limiter for WarmUp {
                         reset_after: reset(0),
                         retry_after: Duration::from_millis(retry as u64),
                         wait: Duration::ZERO,
+                        over_limit: false,
                     },
                 }
             }
@@ -279,6 +280,7 @@ impl Limiter for WarmUp {
                         reset_after: reset(latest - t),
                         retry_after: Duration::from_millis(if admitted { 0 } else { (wait - max_wait) as u64 }),
                         wait: Duration::from_millis(if admitted { wait.max(0) as u64 } else { 0 }),
+                        over_limit: false,
                     },
                 }
             }
@@ -373,6 +375,7 @@ fn leased(cfg: &Config, lease: u64, cost: u64) -> Decision {
             reset_after: Duration::from_secs(1),
             retry_after: Duration::from_millis(if admitted { 0 } else { 100 }),
             wait: Duration::ZERO,
+            over_limit: false,
         },
     }
 }

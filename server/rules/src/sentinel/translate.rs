@@ -181,7 +181,17 @@ fn deny_all() -> Algorithm {
 }
 
 fn limit(name: String, key: Vec<String>, algorithm: Algorithm, sync: SyncMode, when: Vec<Condition>) -> Limit {
-    Limit { name, key, algorithm, sync, on_redis_error: OnRedisError::default(), shadow: false, lease: None, when }
+    Limit {
+        name,
+        key,
+        algorithm,
+        sync,
+        on_redis_error: OnRedisError::default(),
+        shadow: false,
+        lease: None,
+        when,
+        over_limit: None,
+    }
 }
 
 fn flow(out: &mut Out<'_>, f: &Flow, others: &[String]) {

@@ -136,10 +136,10 @@ fn status(
     let shared = item.shared.iter().filter_map(|&(j, l)| all[j].as_ref()?.limits.iter().find(|r| r.index == l));
     let reports: SmallVec<[&LimitReport<'_>; 4]> = answer.limits.iter().chain(shared).collect();
     // Over when this descriptor was denied, or a bucket it shares was.
-    let over = answer.verdict != Verdict::Allowed || reports.iter().any(|r| r.exceeded && !r.limit.shadow);
+    let over = answer.verdict != Verdict::Allowed || reports.iter().any(|r| r.denied());
     let tightest = reports
         .iter()
-        .find(|r| r.exceeded && !r.limit.shadow)
+        .find(|r| r.denied())
         .or_else(|| reports.iter().find(|r| r.exceeded))
         .or_else(|| reports.iter().min_by_key(|r| r.status.remaining))
         .copied();

@@ -168,6 +168,7 @@ impl FromDomain<&LimitReport<'_>> for pb::LimitStatus {
             exceeded: r.exceeded,
             algorithm: String::new(),
             shadow: r.limit.shadow,
+            admitted_over_limit: r.status.over_limit,
         }
     }
 }
