@@ -122,6 +122,7 @@ export function limitFromWire(l: WireLimitStatus): Limit {
     retryAfterMs: durationMs(l.retry_after),
     windowMs: durationMs(l.window),
     exceeded: l.exceeded,
+    admittedOverLimit: Boolean(l.admitted_over_limit),
   };
 }
 

@@ -188,6 +188,7 @@ export class LocalLimits {
         retryAfterMs: exceeded ? waitFor(b, units) : 0,
         windowMs: b.windowMs,
         exceeded,
+        admittedOverLimit: false,
       };
     });
     if (denied && slot) {

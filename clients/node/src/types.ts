@@ -116,6 +116,11 @@ export interface Limit {
   readonly retryAfterMs: number;
   /** The policy window (for `RateLimit-Policy`). */
   readonly windowMs: number;
-  /** This limit denied the request. */
+  /** The request went over this limit: it was denied, unless `admittedOverLimit` is set. */
   readonly exceeded: boolean;
+  /**
+   * Over the limit and admitted anyway, as one of the share of calls the
+   * limit's `over_limit` admits: the caller should slow down.
+   */
+  readonly admittedOverLimit: boolean;
 }

@@ -59,6 +59,7 @@ export interface WireLimitStatus {
   exceeded: boolean;
   algorithm: string;
   shadow: boolean;
+  admitted_over_limit: boolean;
 }
 
 /** floodgate.v1.AcquireResponse */

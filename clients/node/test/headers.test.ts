@@ -6,7 +6,7 @@ import { test } from "node:test";
 import { Decision, Source, Verdict, denialBody, denialStatus, rateLimitHeaders, type Limit } from "../dist/index.js";
 
 function limit(name: string, l: number, windowMs: number, more: Partial<Limit> = {}): Limit {
-  return { name, limit: l, remaining: l, resetAfterMs: 0, retryAfterMs: 0, windowMs, exceeded: false, ...more };
+  return { name, limit: l, remaining: l, resetAfterMs: 0, retryAfterMs: 0, windowMs, exceeded: false, admittedOverLimit: false, ...more };
 }
 
 test("a denial: the Rust crate's doc example, field for field", () => {

@@ -14,7 +14,7 @@ function local(share: number): LocalLimits {
 
 const MINUTE = 60_000;
 function limit(name: string, l: number, windowMs: number, remaining: number): Limit {
-  return { name, limit: l, remaining, resetAfterMs: 0, retryAfterMs: 0, windowMs, exceeded: false };
+  return { name, limit: l, remaining, resetAfterMs: 0, retryAfterMs: 0, windowMs, exceeded: false, admittedOverLimit: false };
 }
 
 test("a share of the last known limit is enforced locally, from what was left", () => {

@@ -135,10 +135,14 @@ class Limit:
     retry_after: float = 0.0
     #: The policy window.
     window: float = 0.0
-    #: This limit denied the request.
+    #: The request went over this limit: it was denied, unless
+    #: ``admitted_over_limit`` is set.
     exceeded: bool = False
     #: Evaluated, never enforced.
     shadow: bool = False
+    #: Over the limit and admitted anyway, as one of the share of calls the
+    #: limit's ``over_limit`` admits: the caller should slow down.
+    admitted_over_limit: bool = False
 
     @classmethod
     def from_proto(cls, l) -> "Limit":
@@ -151,6 +155,7 @@ class Limit:
             window=seconds(l.window),
             exceeded=l.exceeded,
             shadow=l.shadow,
+            admitted_over_limit=l.admitted_over_limit,
         )
 
 

@@ -91,7 +91,7 @@ class AcquireRequest(_message.Message):
     def __init__(self, resource: _Optional[str] = ..., descriptors: _Optional[_Mapping[str, str]] = ..., cost: _Optional[int] = ..., dry_run: _Optional[bool] = ..., settle: _Optional[bool] = ..., priority: _Optional[_Union[Priority, str]] = ...) -> None: ...
 
 class LimitStatus(_message.Message):
-    __slots__ = ("name", "limit", "remaining", "reset_after", "retry_after", "window", "exceeded", "algorithm", "shadow")
+    __slots__ = ("name", "limit", "remaining", "reset_after", "retry_after", "window", "exceeded", "algorithm", "shadow", "admitted_over_limit")
     NAME_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     REMAINING_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +101,7 @@ class LimitStatus(_message.Message):
     EXCEEDED_FIELD_NUMBER: _ClassVar[int]
     ALGORITHM_FIELD_NUMBER: _ClassVar[int]
     SHADOW_FIELD_NUMBER: _ClassVar[int]
+    ADMITTED_OVER_LIMIT_FIELD_NUMBER: _ClassVar[int]
     name: str
     limit: int
     remaining: int
@@ -110,7 +111,8 @@ class LimitStatus(_message.Message):
     exceeded: bool
     algorithm: str
     shadow: bool
-    def __init__(self, name: _Optional[str] = ..., limit: _Optional[int] = ..., remaining: _Optional[int] = ..., reset_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., exceeded: _Optional[bool] = ..., algorithm: _Optional[str] = ..., shadow: _Optional[bool] = ...) -> None: ...
+    admitted_over_limit: bool
+    def __init__(self, name: _Optional[str] = ..., limit: _Optional[int] = ..., remaining: _Optional[int] = ..., reset_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., exceeded: _Optional[bool] = ..., algorithm: _Optional[str] = ..., shadow: _Optional[bool] = ..., admitted_over_limit: _Optional[bool] = ...) -> None: ...
 
 class AcquireResponse(_message.Message):
     __slots__ = ("verdict", "permit_id", "limits", "retry_after", "wait", "breaker_state", "degradation_level", "reason", "holds_slot", "max_in_flight")
