@@ -173,6 +173,16 @@ impl Estimator {
         }
     }
 
+    /// Lowers the estimate to `limit` (never raises it).
+    pub fn lower_to(&mut self, limit: f64) {
+        let l = match self {
+            Estimator::Gradient2(g) => &mut g.limit,
+            Estimator::Vegas(v) => &mut v.limit,
+            Estimator::Aimd(a) => &mut a.limit,
+        };
+        *l = l.min(limit);
+    }
+
     /// The estimate, unrounded.
     pub fn estimate(&self) -> f64 {
         match self {
@@ -385,7 +395,12 @@ impl Controller {
     pub fn apply(&mut self, now: Timestamp, w: &Window) -> Option<u32> {
         let floor = self.floor();
         if self.probe.as_mut().is_some_and(|p| p.on_window(now, w, floor)) {
-            // A window at the floor says nothing of the limit.
+            // A window at the floor says nothing of the limit. A
+            // measurement that found the resource queued before it lowers
+            // the limit it goes back to.
+            if let Some(resume) = self.probe.as_mut().and_then(Probe::take_resume) {
+                self.estimator.lower_to(resume.max(f64::from(self.cfg.min)));
+            }
             let limit = self.limit();
             self.remember(now, limit, *w);
             return Some(limit);
@@ -414,6 +429,9 @@ impl Controller {
         let floor = self.floor();
         if let (Some(p), Some(w)) = (self.probe.as_mut(), w) {
             p.on_window(now, w, floor);
+            // The fleet's estimator, adopted above, was lowered already by
+            // the replica that computed it.
+            p.take_resume();
         }
         if let Some(w) = w {
             let limit = self.limit();

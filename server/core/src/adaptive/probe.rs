@@ -38,12 +38,18 @@ pub struct Probe {
     phase: Phase,
     next_at: Timestamp,
     min_rtt_us: Option<f64>,
+    /// The window that closed as the measurement began: its mean latency
+    /// (µs) and its most calls in flight, when it had samples.
+    before: Option<(f64, u32)>,
+    /// What the limit should come down to, set when a measurement found
+    /// that the window before it queued (see [`Probe::take_resume`]).
+    resume: Option<f64>,
 }
 
 impl Probe {
     /// A limit made at `now` measures at its first window's close.
     pub fn new(cfg: ProbeConfig, now: Timestamp) -> Probe {
-        Probe { cfg, phase: Phase::Idle, next_at: now, min_rtt_us: None }
+        Probe { cfg, phase: Phase::Idle, next_at: now, min_rtt_us: None, before: None, resume: None }
     }
 
     pub fn config(&self) -> &ProbeConfig {
@@ -69,6 +75,15 @@ impl Probe {
         self.min_rtt_us
     }
 
+    /// Once a measurement found that the window before it queued: the
+    /// limit that, at the throughput of that window, keeps the latency near
+    /// twice the no-load latency. The limit resumes from there rather than
+    /// from where it was, which after the measurement at start is
+    /// `initial`, perhaps far above what the resource serves.
+    pub fn take_resume(&mut self) -> Option<f64> {
+        self.resume.take()
+    }
+
     /// When the next measurement starts (the first window close from then).
     pub fn next_at(&self) -> Timestamp {
         self.next_at
@@ -83,6 +98,9 @@ impl Probe {
             Phase::Idle => {
                 if now >= self.next_at {
                     self.phase = Phase::Draining { windows: 0 };
+                    // A window with no call admitted says nothing of the
+                    // throughput.
+                    self.before = w.mean_rtt_us().filter(|_| w.max_in_flight > 0).map(|rtt| (rtt, w.max_in_flight));
                 }
                 false
             }
@@ -124,8 +142,19 @@ impl Probe {
     /// once by the first slot's.
     fn finish(&mut self, now: Timestamp, mean_us: Option<f64>) {
         if let Some(m) = mean_us {
-            self.min_rtt_us = Some(m.max(1.0));
+            let m = m.max(1.0);
+            self.min_rtt_us = Some(m);
+            // The window before the measurement took more than twice the
+            // no-load latency: it queued. At the throughput it had (calls in
+            // flight over latency), twice the no-load latency is reached
+            // with `in_flight * 2m / rtt` calls in flight (Little's law).
+            if let Some((rtt, in_flight)) = self.before
+                && rtt > 2.0 * m
+            {
+                self.resume = Some(f64::from(in_flight) * 2.0 * m / rtt);
+            }
         }
+        self.before = None;
         self.phase = Phase::Idle;
         self.next_at = next_slot(now.saturating_add(self.cfg.interval / 2), self.cfg.interval);
     }

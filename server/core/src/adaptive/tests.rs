@@ -411,6 +411,36 @@ fn the_measurement_holds_the_limit_at_the_floor_then_lets_it_go() {
 }
 
 #[test]
+fn a_measurement_that_finds_the_window_before_it_queued_lowers_the_limit() {
+    let cfg = probing(gradient2(600));
+    let start = Timestamp::from_secs(1_700_000_000);
+    let mut c = Controller::new(cfg, start, 7);
+    let at = |c: &mut Controller, second: u64, rtt_ms: u64, n: u64, peak: u32| {
+        for _ in 0..n {
+            c.window_mut().sample(Duration::from_millis(rtt_ms));
+        }
+        c.window_mut().in_flight(peak);
+        let now = start.saturating_add(Duration::from_secs(second));
+        let w = c.take_window(now);
+        c.apply(now, &w);
+        c.limit()
+    };
+    // The first window: 20 in flight, each call 200 ms (queued).
+    assert_eq!(at(&mut c, 1, 200, 100, 20), 3);
+    assert_eq!(at(&mut c, 2, 60, 50, 3), 3, "drained; measuring");
+    // Measured 40 ms. At the first window's throughput (20 / 200 ms), twice
+    // the no-load latency is 20 * 80 / 200 = 8 in flight: the limit goes
+    // back to 8, not to its initial 20.
+    assert_eq!(at(&mut c, 3, 40, 60, 3), 8);
+    // The next measurement, after a window that did not queue, leaves the
+    // limit where the algorithm has it.
+    let mut c = Controller::new(cfg, start, 7);
+    assert_eq!(at(&mut c, 1, 50, 100, 20), 3);
+    assert_eq!(at(&mut c, 2, 45, 50, 3), 3);
+    assert_eq!(at(&mut c, 3, 40, 60, 3), 20, "50 ms is not twice 40 ms: nothing queued");
+}
+
+#[test]
 fn the_measurement_waits_for_the_queue_to_drain_and_gives_up_on_one_that_does_not() {
     let cfg = probing(gradient2(600));
     let start = Timestamp::from_secs(1_700_000_000);
