@@ -136,6 +136,11 @@ const UNREACHABLE = new Set<number>([
   grpc.status.CANCELLED,
 ]);
 
+/** The resource of the dry-run Acquire each endpoint gets when the client is made. */
+const WARM_UP_RESOURCE = "floodgate.client.warm-up";
+/** How long that dry run may take before it is dropped. */
+const WARM_UP_TIMEOUT_MS = 2000;
+
 const acquireCall: Call<WireAcquireRequest, WireAcquireResponse> = (s, r, m, o, cb) => s.Acquire(r, m, o, cb);
 const batchCall: Call<WireAcquireBatchRequest, WireAcquireBatchResponse> = (s, r, m, o, cb) =>
   s.AcquireBatch(r, m, o, cb);
@@ -164,6 +169,8 @@ export class Client {
   readonly #open = new Set<PermitState>();
   /** Calls whose answer is still awaited (by a caller or in the background). */
   readonly #pending = new Set<grpc.ClientUnaryCall>();
+  /** Per endpoint: whether the warm-up dry run was answered. */
+  readonly #warmUps: Promise<boolean>[] = [];
   #closing: Promise<void> | null = null;
 
   /**
@@ -232,8 +239,33 @@ export class Client {
         settings,
         this.#stats,
       );
-      // Connect now, so that the first call does not pay for it within its deadline.
+      // Connect now, and make one dry-run Acquire of a resource no rule
+      // needs to name, so that the first real call pays neither for the
+      // connection nor for grpc-js's and the codec's first-call work (about
+      // 25 ms) within its deadline. A dry run changes nothing and is not
+      // counted as a decision; its answer is dropped.
       stub.getChannel().getConnectivityState(true);
+      this.#warmUps.push(
+        new Promise<boolean>((resolve) => {
+          const warmUp = stub.Acquire(
+            {
+              resource: WARM_UP_RESOURCE,
+              descriptors: {},
+              cost: 1,
+              dry_run: true,
+              settle: false,
+              priority: PRIORITIES[Priority.Critical],
+            },
+            this.#metadata,
+            { deadline: Date.now() + WARM_UP_TIMEOUT_MS },
+            (err) => {
+              this.#pending.delete(warmUp);
+              resolve(!err);
+            },
+          );
+          this.#pending.add(warmUp);
+        }),
+      );
       return { url, stub, breaker, reporter };
     });
   }
@@ -372,6 +404,25 @@ export class Client {
   /** A copy of the counters. */
   stats(): Stats {
     return { ...this.#stats };
+  }
+
+  /**
+   * Resolves to true once the server answered the dry run the client makes
+   * when it is made (the first of the endpoints to answer), or to false when
+   * none did within `timeoutMs` (default 2000). Await it at start: a call
+   * made before it may be answered by the fail mode, because the first call
+   * of a process takes about 25 ms of setup, as long as the default deadline.
+   */
+  async ready(options: { timeoutMs?: number } = {}): Promise<boolean> {
+    let timer: NodeJS.Timeout | undefined;
+    const timeout = new Promise<boolean>((r) => (timer = setTimeout(() => r(false), options.timeoutMs ?? 2000)));
+    // True as soon as one endpoint answered; false once all failed.
+    const answered = Promise.any(this.#warmUps.map((w) => w.then((ok) => (ok ? true : Promise.reject())))).catch(
+      () => false,
+    );
+    const ok = await Promise.race([answered, timeout]);
+    clearTimeout(timer);
+    return ok;
   }
 
   /** Whether close() was called. */

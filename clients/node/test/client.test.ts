@@ -287,3 +287,34 @@ describe("rules reload", () => {
     );
   });
 });
+
+describe("ready", () => {
+  test("ready() resolves when the server answered its dry run, which decides nothing", async () => {
+    const metrics = async () => (await fetch(`${server.httpUrl}/metrics`)).text();
+    const decisions = (page: string) =>
+      page
+        .split("\n")
+        .filter((l) => l.startsWith("floodgate_decisions_total{") && l.includes('resource="_unmatched"'))
+        .reduce((sum, l) => sum + Number(l.slice(l.lastIndexOf(" ") + 1)), 0);
+    const before = decisions(await metrics());
+    const c = new Client(server.url);
+    try {
+      assert.equal(await c.ready(), true);
+      // The dry run was an Acquire on the wire, not a decision.
+      assert.equal(decisions(await metrics()), before);
+      const d = await c.acquire({ resource: "t.api", descriptors: { user: "ready" }, timeoutMs: 2000 });
+      assert.equal(d.source, Source.Server);
+    } finally {
+      await c.close();
+    }
+  });
+
+  test("ready() resolves false when no server answers within its timeout", async () => {
+    const c = new Client("http://127.0.0.1:1");
+    try {
+      assert.equal(await c.ready({ timeoutMs: 300 }), false);
+    } finally {
+      await c.close({ timeoutMs: 100 });
+    }
+  });
+});
