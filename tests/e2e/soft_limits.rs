@@ -88,6 +88,26 @@ async fn a_fifth_of_the_calls_over_a_soft_limit_are_admitted_and_said_to_be() {
 }
 
 #[test]
+fn the_cli_says_a_call_was_admitted_over_its_limit() {
+    let fg = floodgate().rules(RULES).start();
+    let mut seen = false;
+    for _ in 0..60 {
+        let out = std::process::Command::new(BIN)
+            .args(["acquire", "--server", &fg.url(), "soft", "-d", "user=cli"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        if text.contains("admitted over the limit") {
+            assert!(out.status.success(), "an admitted call exits 0: {text}");
+            assert!(!text.contains("retry \n"), "{text}");
+            seen = true;
+            break;
+        }
+    }
+    assert!(seen, "no call of 60 was admitted over a limit of 5 with admit: 20%");
+}
+
+#[test]
 fn over_limit_where_it_cannot_hold_refuses_the_whole_file() {
     let dir = TempDir::new();
     let bad = dir.write(

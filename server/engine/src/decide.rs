@@ -552,12 +552,14 @@ pub(super) fn take_all_or_nothing(
             // adopting a merged state meanwhile counts it either way.
             taken(limit, key, cost as i64);
             let d = buckets.acquire(key.clone(), alg, now, cost);
-            if !d.admitted && !limit.shadow && over_limit_admits(limit, key, now, cost) {
+            if !d.admitted && !limit.shadow && over_limit_admits(limit, key, now, cost, &d) {
                 // Admitted over the limit: taken beyond it, so that a denial
                 // by a later limit gives it back as any take, and what the
-                // call costs counts wherever the limit's usage counts.
+                // call costs counts wherever the limit's usage counts. The
+                // status is the bucket's after the take.
                 buckets.force(key.clone(), alg, now, cost);
-                let status = Status { remaining: 0, retry_after: Duration::ZERO, over_limit: true, ..d.status };
+                let after = buckets.check(key, alg, now, 0).status;
+                let status = Status { remaining: 0, retry_after: Duration::ZERO, over_limit: true, ..after };
                 Decision { admitted: true, status }
             } else {
                 if !d.admitted {
@@ -568,10 +570,11 @@ pub(super) fn take_all_or_nothing(
         };
         if !d.admitted && !denied && !limit.shadow {
             denied = true;
-            let admitted = matched.iter().zip(decisions.iter()).filter(|(_, d): &(_, &Decision)| d.admitted);
-            for ((l, _, k), _) in admitted {
+            let admitted = matched.iter().zip(decisions.iter_mut()).filter(|(_, d): &(_, &mut Decision)| d.admitted);
+            for ((l, _, k), d) in admitted {
                 buckets.refund(k, &l.algorithm, now, cost);
                 taken(l, k, -(cost as i64));
+                undo_over_limit(buckets, l, k, d, now, cost);
             }
         }
         decisions.push(d);
@@ -579,17 +582,37 @@ pub(super) fn take_all_or_nothing(
     decisions
 }
 
-/// Whether this call, which `limit` denied, is one of the share its
-/// `over_limit` admits anyway. Each call is drawn on its own from a hash of
-/// a process-wide sequence, the bucket and the time, so that every call over
-/// the limit has the same chance. A cost the limit could never hold is not
-/// admitted over it.
-fn over_limit_admits(limit: &Limit, key: &BucketKey, now: Timestamp, cost: u64) -> bool {
+/// A call admitted over `l` (its `over_limit`) and then denied by another
+/// limit, its take given back: `l` denied it too, and says so (exceeded,
+/// with when the cost would fit, in the reason), as it would have without
+/// the draw.
+pub(super) fn undo_over_limit(
+    buckets: &crate::store::Buckets,
+    l: &Limit,
+    k: &BucketKey,
+    d: &mut Decision,
+    now: Timestamp,
+    cost: u64,
+) {
+    if d.status.over_limit {
+        *d = buckets.check(k, &l.algorithm, now, cost);
+    }
+}
+
+/// Whether this call, which `limit` denied (`denied`), is one of the share
+/// its `over_limit` admits anyway. Each call is drawn on its own from a hash
+/// of a process-wide sequence, the bucket and the time, so that every call
+/// over the limit has the same chance. A cost the limit could never hold is
+/// not admitted over it, nor is a call whose cost would fit only a whole
+/// window from now: what calls admitted over the limit take puts a caller
+/// at most about one window (the time the limit takes to refill from
+/// empty) in debt.
+fn over_limit_admits(limit: &Limit, key: &BucketKey, now: Timestamp, cost: u64, denied: &Decision) -> bool {
     use std::hash::{Hash, Hasher};
     use std::sync::atomic::{AtomicU64, Ordering};
     static DRAWS: AtomicU64 = AtomicU64::new(0);
     let Some(o) = limit.over_limit else { return false };
-    if cost > limit.algorithm.capacity() {
+    if cost > limit.algorithm.capacity() || denied.status.retry_after >= limit.algorithm.window() {
         return false;
     }
     let mut h = std::collections::hash_map::DefaultHasher::new();

@@ -114,6 +114,12 @@ fn resource(out: &Collector, item: &Value, index: usize, tiers: &HashMap<String,
     }
     let mut limits = limits(&f);
     if f.flag("shadow") {
+        if let Some(l) = limits.iter().find(|l| l.over_limit.is_some()) {
+            f.error(
+                "shadow",
+                format!("cannot be set beside over_limit (limit '{}'): a shadow limit denies nothing", l.name),
+            );
+        }
         limits.iter_mut().for_each(|l| l.shadow = true);
     }
     let overrides = overrides(&f, &limits, tiers);
@@ -423,7 +429,12 @@ fn limit(f: &Fields<'_>) -> Option<Limit> {
     let shadow = f.flag("shadow");
     let lease = lease(f, algorithm.as_ref());
     let when = conditions(f);
-    let over_limit = over_limit(f, sync, shadow, lease.is_some());
+    let shapes = match &algorithm {
+        Some(Algorithm::LeakyBucket(c)) => matches!(c.mode, Mode::Shape { .. }),
+        Some(Algorithm::WarmUp(c)) => matches!(c.mode, warm_up::Mode::Shape { .. }),
+        _ => false,
+    };
+    let over_limit = over_limit(f, sync, shadow, lease.is_some(), shapes);
     // A shaping warm-up's queue is one replica's: local unless told (and refused otherwise).
     let shaping = matches!(&algorithm, Some(Algorithm::WarmUp(c)) if matches!(c.mode, warm_up::Mode::Shape { .. }));
     let sync = sync.or(shaping.then_some(SyncMode::Local));
@@ -442,11 +453,19 @@ fn limit(f: &Fields<'_>) -> Option<Limit> {
 
 /// `over_limit: { admit: 10% }`: `Some(None)` when absent, `None` (with the
 /// error told) when wrong.
-fn over_limit(f: &Fields<'_>, sync: Option<SyncMode>, shadow: bool, leased: bool) -> Option<Option<OverLimit>> {
+fn over_limit(
+    f: &Fields<'_>,
+    sync: Option<SyncMode>,
+    shadow: bool,
+    leased: bool,
+    shapes: bool,
+) -> Option<Option<OverLimit>> {
     if !f.has("over_limit") {
         return Some(None);
     }
-    let why_not = if sync == Some(SyncMode::Strict) {
+    let why_not = if shapes {
+        Some("cannot be used on a shaping limit: the calls over it would go ahead of the callers that wait their turn")
+    } else if sync == Some(SyncMode::Strict) {
         Some("cannot be used with 'sync: strict', which promises to admit exactly the limit")
     } else if shadow {
         Some("changes nothing on a shadow limit, which denies nothing")
@@ -462,9 +481,22 @@ fn over_limit(f: &Fields<'_>, sync: Option<SyncMode>, shadow: bool, leased: bool
     let o = f.nested("over_limit")?;
     o.deny_unknown(&["admit"]);
     let admit = o.required("admit", |o, k| {
-        let share = o.get(k).and_then(super::concurrency::percent).filter(|p| *p > 0.0 && *p < 100.0);
+        // A percent sign, always: a bare 0.1 could be read as a tenth.
+        let value = o.get(k)?;
+        let share = value
+            .as_str()
+            .filter(|s| s.trim().ends_with('%'))
+            .and_then(|_| super::concurrency::percent(value))
+            .filter(|p| *p >= 0.0001 && *p < 100.0);
         if share.is_none() {
-            o.error(k, "must be a share above 0% and below 100%, e.g. 10%");
+            let got = match value {
+                Value::String(s) => s.clone(),
+                other => serde_yaml_ng::to_string(other).unwrap_or_default().trim().to_string(),
+            };
+            o.error(
+                k,
+                format!("must be a share from 0.0001% to below 100%, with its percent sign (e.g. 10%), got {got}"),
+            );
         }
         share
     })?;

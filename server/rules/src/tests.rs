@@ -503,16 +503,25 @@ resources:
       - { name: all, algorithm: fixed_window, limit: 10, window: 1m, over_limit: { admit: 100% } }
       - { name: word, algorithm: fixed_window, limit: 10, window: 1m, over_limit: { admit: some } }
       - { name: other, algorithm: fixed_window, limit: 10, window: 1m, over_limit: { admit: 5%, ramp: 2x } }
+      - { name: bare, algorithm: fixed_window, limit: 10, window: 1m, over_limit: { admit: 0.1 } }
+      - { name: shaped, algorithm: leaky_bucket, capacity: 10, leak_per_second: 1, mode: shape, over_limit: { admit: 5% } }
+  - name: shadowed
+    shadow: true
+    limits:
+      - { name: l, algorithm: fixed_window, limit: 10, window: 1m, over_limit: { admit: 5% } }
 "#,
     );
     let expected = [
         "rules.yaml: resource 'r': limits[0] 'strict'.over_limit: cannot be used with 'sync: strict', which promises to admit exactly the limit",
         "rules.yaml: resource 'r': limits[1] 'shadow'.over_limit: changes nothing on a shadow limit, which denies nothing",
         "rules.yaml: resource 'r': limits[2] 'leased'.over_limit: cannot be used with 'lease': a lease's holder decides its calls alone",
-        "rules.yaml: resource 'r': limits[3] 'none'.over_limit.admit: must be a share above 0% and below 100%, e.g. 10%",
-        "rules.yaml: resource 'r': limits[4] 'all'.over_limit.admit: must be a share above 0% and below 100%, e.g. 10%",
-        "rules.yaml: resource 'r': limits[5] 'word'.over_limit.admit: must be a share above 0% and below 100%, e.g. 10%",
+        "rules.yaml: resource 'r': limits[3] 'none'.over_limit.admit: must be a share from 0.0001% to below 100%, with its percent sign (e.g. 10%), got 0%",
+        "rules.yaml: resource 'r': limits[4] 'all'.over_limit.admit: must be a share from 0.0001% to below 100%, with its percent sign (e.g. 10%), got 100%",
+        "rules.yaml: resource 'r': limits[5] 'word'.over_limit.admit: must be a share from 0.0001% to below 100%, with its percent sign (e.g. 10%), got some",
         "rules.yaml: resource 'r': limits[6] 'other'.over_limit.ramp: unknown field (expected one of: admit)",
+        "rules.yaml: resource 'r': limits[7] 'bare'.over_limit.admit: must be a share from 0.0001% to below 100%, with its percent sign (e.g. 10%), got 0.1",
+        "rules.yaml: resource 'r': limits[8] 'shaped'.over_limit: cannot be used on a shaping limit: the calls over it would go ahead of the callers that wait their turn",
+        "rules.yaml: resource 'shadowed': shadow: cannot be set beside over_limit (limit 'l'): a shadow limit denies nothing",
     ];
     for e in expected {
         assert!(errors.iter().any(|got| got == e), "missing {e:?} in {errors:#?}");

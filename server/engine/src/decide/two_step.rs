@@ -260,6 +260,10 @@ impl Engine {
                     self.buckets.refund(k, &l.algorithm, p.now, p.cost);
                     self.note_replicated(l, k, &p.request_resource, -(p.cost as i64), p.now);
                 }
+                if d.status.over_limit {
+                    super::undo_over_limit(&self.buckets, l, k, d, p.now, p.cost);
+                    continue;
+                }
                 self.restate(l, k, d, p.now);
             }
         }

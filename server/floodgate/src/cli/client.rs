@@ -289,7 +289,9 @@ fn render(resource: &str, r: &pb::AcquireResponse) -> String {
         if let Some(reset) = l.reset_after.as_ref().map(human).filter(|s| !s.is_empty()) {
             let _ = write!(out, "  reset {reset}");
         }
-        if l.exceeded {
+        if l.admitted_over_limit {
+            out.push_str("  EXCEEDED, admitted over the limit (over_limit)");
+        } else if l.exceeded {
             let _ = write!(out, "  EXCEEDED, retry {}", l.retry_after.as_ref().map(human).unwrap_or_default());
         }
         out.push('\n');
