@@ -94,7 +94,7 @@ describe("fail modes", () => {
     const closed = newClient(FailMode.closed, 250);
     await reconnected(open, "the fail-open client");
     await reconnected(closed, "the fail-closed client");
-    server.freeze();
+    await server.freeze();
     try {
       const [o, oms] = await timed(() => open.acquire({ resource: "f.api", descriptors: { user: "z" } }));
       assert.equal(o.source, Source.FailOpen);

@@ -90,7 +90,7 @@ async function scenario(mode: "local" | "open" | "closed"): Promise<unknown[]> {
     step(2, await runner.send({ op: "release" }), { released: 4 });
 
     // 3. frozen: the deadline holds, each call within 1 s.
-    server.freeze();
+    await server.freeze();
     const started = Date.now();
     const frozen = await runner.send({ op: "acquire", ...api("t1", 3) });
     const took = Date.now() - started;

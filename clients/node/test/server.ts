@@ -189,9 +189,28 @@ export class FloodgateServer {
     });
   }
 
-  /** SIGSTOP: the process stays, its sockets stay open, nothing answers. */
-  freeze(): void {
-    process.kill(this.pid, "SIGSTOP");
+  /**
+   * SIGSTOP: the process stays, its sockets stay open, nothing answers.
+   * Resolves once every thread is stopped: the kernel stops each one
+   * asynchronously, and a worker thread may still answer a call meanwhile.
+   */
+  async freeze(): Promise<void> {
+    const pid = this.pid;
+    process.kill(pid, "SIGSTOP");
+    const stopped = () => {
+      try {
+        return fs
+          .readdirSync(`/proc/${pid}/task`)
+          .every((t) => ["T", "t"].includes(fs.readFileSync(`/proc/${pid}/task/${t}/stat`, "utf8").split(") ")[1]?.[0] ?? ""));
+      } catch {
+        return false;
+      }
+    };
+    const deadline = performance.now() + 5000;
+    while (!stopped()) {
+      if (performance.now() > deadline) throw new Error(`pid ${pid} did not stop within 5 s`);
+      await new Promise((r) => setTimeout(r, 2));
+    }
   }
 
   /** SIGCONT. */

@@ -131,8 +131,10 @@ pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     ONE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Sends signal `name` to `pid`; after `STOP`, returns once the process is
-/// stopped (the kernel stops it asynchronously), after `CONT` once it runs.
+/// Sends signal `name` to `pid`; after `STOP`, returns once every thread of
+/// the process is stopped (the kernel stops each asynchronously: the main
+/// thread may show stopped while a worker still answers a call), after
+/// `CONT` once they run.
 pub fn signal(pid: u32, name: &str) {
     let status = Command::new("kill").arg(format!("-{name}")).arg(pid.to_string()).status();
     assert!(matches!(status, Ok(s) if s.success()), "kill -{name} {pid}: {status:?}");
@@ -143,14 +145,21 @@ pub fn signal(pid: u32, name: &str) {
     };
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        // The state follows the parenthesised command name in /proc/PID/stat.
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let state = stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next());
-        if state.is_none() || matches!(state, Some('T') | Some('t')) == want_stopped {
+        // Each thread's state follows the parenthesised command name in
+        // /proc/PID/task/TID/stat. A process gone has no threads: done.
+        let states: Vec<char> = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|tasks| {
+                tasks
+                    .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("stat")).ok())
+                    .filter_map(|stat| stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if states.iter().all(|&s| matches!(s, 'T' | 't') == want_stopped) {
             return;
         }
-        assert!(Instant::now() < deadline, "pid {pid} did not take SIG{name}: state {state:?}");
-        std::thread::sleep(Duration::from_millis(5));
+        assert!(Instant::now() < deadline, "pid {pid} did not take SIG{name}: thread states {states:?}");
+        std::thread::sleep(Duration::from_millis(2));
     }
 }
 
