@@ -169,8 +169,6 @@ export class Client {
   readonly #open = new Set<PermitState>();
   /** Calls whose answer is still awaited (by a caller or in the background). */
   readonly #pending = new Set<grpc.ClientUnaryCall>();
-  /** Per endpoint: whether the warm-up dry run was answered. */
-  readonly #warmUps: Promise<boolean>[] = [];
   #closing: Promise<void> | null = null;
 
   /**
@@ -239,35 +237,13 @@ export class Client {
         settings,
         this.#stats,
       );
-      // Connect now, and make one dry-run Acquire of a resource no rule
-      // needs to name, so that the first real call pays neither for the
-      // connection nor for grpc-js's and the codec's first-call work (about
-      // 25 ms) within its deadline. A dry run changes nothing and is not
-      // counted as a decision; its answer is dropped.
+      // Connect now; a dry run follows (see #warmUp), so that the first
+      // real call pays neither for the connection nor for grpc-js's and the
+      // codec's first-call work (about 25 ms) within its deadline.
       stub.getChannel().getConnectivityState(true);
-      this.#warmUps.push(
-        new Promise<boolean>((resolve) => {
-          const warmUp = stub.Acquire(
-            {
-              resource: WARM_UP_RESOURCE,
-              descriptors: {},
-              cost: 1,
-              dry_run: true,
-              settle: false,
-              priority: PRIORITIES[Priority.Critical],
-            },
-            this.#metadata,
-            { deadline: Date.now() + WARM_UP_TIMEOUT_MS },
-            (err) => {
-              this.#pending.delete(warmUp);
-              resolve(!err);
-            },
-          );
-          this.#pending.add(warmUp);
-        }),
-      );
       return { url, stub, breaker, reporter };
     });
+    void this.#warmUp(WARM_UP_TIMEOUT_MS);
   }
 
   /**
@@ -407,22 +383,52 @@ export class Client {
   }
 
   /**
-   * Resolves to true once the server answered the dry run the client makes
-   * when it is made (the first of the endpoints to answer), or to false when
-   * none did within `timeoutMs` (default 2000). Await it at start: a call
-   * made before it may be answered by the fail mode, because the first call
-   * of a process takes about 25 ms of setup, as long as the default deadline.
+   * Resolves to true once a server answers a dry-run Acquire (the first of
+   * the endpoints to answer), or to false when none did within `timeoutMs`
+   * (default 2000): a server not listening yet is asked again every 100 ms
+   * until then. Await it at start: a call made before it may be answered by
+   * the fail mode, because the first call of a process takes about 25 ms of
+   * setup, as long as the default deadline.
    */
   async ready(options: { timeoutMs?: number } = {}): Promise<boolean> {
-    let timer: NodeJS.Timeout | undefined;
-    const timeout = new Promise<boolean>((r) => (timer = setTimeout(() => r(false), options.timeoutMs ?? 2000)));
-    // True as soon as one endpoint answered; false once all failed.
-    const answered = Promise.any(this.#warmUps.map((w) => w.then((ok) => (ok ? true : Promise.reject())))).catch(
-      () => false,
+    const deadline = performance.now() + (options.timeoutMs ?? 2000);
+    // A server not listening yet refuses at once: ask again every 100 ms
+    // until one answers or the time is up.
+    for (;;) {
+      const left = deadline - performance.now();
+      if (this.#closing || left <= 0) return false;
+      if (await this.#warmUp(left)) return true;
+      const pause = Math.min(100, deadline - performance.now());
+      if (pause > 0) await new Promise((r) => setTimeout(r, pause).unref());
+    }
+  }
+
+  /**
+   * One dry-run Acquire of a resource no rule needs to name, on every
+   * endpoint: true as soon as one answered, false once all failed or
+   * `timeoutMs` passed. A dry run changes nothing and is not counted as a
+   * decision; close() cancels it.
+   */
+  #warmUp(timeoutMs: number): Promise<boolean> {
+    const request: WireAcquireRequest = {
+      resource: WARM_UP_RESOURCE,
+      descriptors: {},
+      cost: 1,
+      dry_run: true,
+      settle: false,
+      priority: PRIORITIES[Priority.Critical],
+    };
+    const tries = this.#endpoints.map(
+      (ep) =>
+        new Promise<boolean>((resolve) => {
+          const call = ep.stub.Acquire(request, this.#metadata, { deadline: Date.now() + timeoutMs }, (err) => {
+            this.#pending.delete(call);
+            resolve(!err);
+          });
+          this.#pending.add(call);
+        }),
     );
-    const ok = await Promise.race([answered, timeout]);
-    clearTimeout(timer);
-    return ok;
+    return Promise.any(tries.map((t) => t.then((ok) => (ok ? true : Promise.reject())))).catch(() => false);
   }
 
   /** Whether close() was called. */

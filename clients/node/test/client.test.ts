@@ -309,6 +309,23 @@ describe("ready", () => {
     }
   });
 
+  test("ready() waits for a server that starts listening after the client was made", async () => {
+    const late = await FloodgateServer.start(RULES);
+    await late.stop();
+    const c = new Client(late.url);
+    try {
+      const ready = c.ready({ timeoutMs: 20_000 });
+      await new Promise((r) => setTimeout(r, 500));
+      await late.startProcess();
+      assert.equal(await ready, true);
+      // And again, at once, now that it answers.
+      assert.equal(await c.ready(), true);
+    } finally {
+      await c.close({ timeoutMs: 500 });
+      await late.dispose();
+    }
+  });
+
   test("ready() resolves false when no server answers within its timeout", async () => {
     const c = new Client("http://127.0.0.1:1");
     try {
