@@ -161,7 +161,15 @@ pub struct Controller {
     pushed_at: Option<Timestamp>,
     /// The measured no-load latency, when the rule measures it.
     probe: Option<Probe>,
+    /// Windows in a row in which the limit rose: the algorithm saw no sign
+    /// of a queue. After [`QUIET_WINDOWS`], the no-load latency is measured
+    /// again early, in case the reference it decides against is wrong.
+    rising: u32,
 }
+
+/// Windows in a row of a rising limit after which the no-load latency is
+/// measured again (a minute with the default one-second window).
+const QUIET_WINDOWS: u32 = 60;
 
 impl Estimator {
     pub fn new(cfg: &AdaptiveConfig, seed: u64) -> Estimator {
@@ -272,6 +280,7 @@ impl Controller {
             fleet_version: None,
             pushed_at: None,
             probe: cfg.probe.map(|p| Probe::new(p, now)),
+            rising: 0,
         }
     }
 
@@ -414,24 +423,43 @@ impl Controller {
             dropped: w.drops > 0,
             min_rtt_us: self.probe.as_ref().and_then(Probe::min_rtt_us),
         };
+        let before = self.estimator.estimate();
         self.estimator.update(&self.cfg, &u);
+        self.note_rise(now, before);
         let limit = self.limit();
         self.remember(now, limit, *w);
         Some(limit)
     }
 
+    /// Counts the windows in a row in which the estimate rose (below `max`);
+    /// after [`QUIET_WINDOWS`] of them, measures the no-load latency early.
+    fn note_rise(&mut self, now: Timestamp, before: f64) {
+        let after = self.estimator.estimate();
+        self.rising = if after > before && after < f64::from(self.cfg.max) { self.rising + 1 } else { 0 };
+        if self.rising >= QUIET_WINDOWS && self.probe.as_mut().is_some_and(|p| p.hurry(now)) {
+            self.rising = 0;
+        }
+    }
+
     /// Adopts the fleet's state, computed by another replica from the
     /// merged window `w`.
     pub fn adopt(&mut self, now: Timestamp, estimator: Estimator, w: Option<&Window>) {
+        let before = self.estimator.estimate();
         self.estimator = estimator;
         // The fleet's window moves this replica's measurement on too: every
         // replica holds back at the same windows.
         let floor = self.floor();
+        let mut at_floor = false;
         if let (Some(p), Some(w)) = (self.probe.as_mut(), w) {
-            p.on_window(now, w, floor);
+            at_floor = p.on_window(now, w, floor);
             // The fleet's estimator, adopted above, was lowered already by
             // the replica that computed it.
             p.take_resume();
+        }
+        // Every replica counts the same fleet estimates as the replica that
+        // computed them, and so measures early at the same window.
+        if w.is_some() && !at_floor {
+            self.note_rise(now, before);
         }
         if let Some(w) = w {
             let limit = self.limit();

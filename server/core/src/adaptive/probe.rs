@@ -44,12 +44,14 @@ pub struct Probe {
     /// What the limit should come down to, set when a measurement found
     /// that the window before it queued (see [`Probe::take_resume`]).
     resume: Option<f64>,
+    /// When the last measurement ended.
+    finished_at: Option<Timestamp>,
 }
 
 impl Probe {
     /// A limit made at `now` measures at its first window's close.
     pub fn new(cfg: ProbeConfig, now: Timestamp) -> Probe {
-        Probe { cfg, phase: Phase::Idle, next_at: now, min_rtt_us: None, before: None, resume: None }
+        Probe { cfg, phase: Phase::Idle, next_at: now, min_rtt_us: None, before: None, resume: None, finished_at: None }
     }
 
     pub fn config(&self) -> &ProbeConfig {
@@ -73,6 +75,20 @@ impl Probe {
     /// The no-load latency last measured (µs).
     pub fn min_rtt_us(&self) -> Option<f64> {
         self.min_rtt_us
+    }
+
+    /// Measures at the next window's close rather than at the planned slot,
+    /// when the algorithm has said nothing for long (see
+    /// `Controller::apply`), at most once a quarter of an interval after
+    /// the last measurement, so that the time at the floor stays bounded.
+    /// Whether it moved the measurement.
+    pub fn hurry(&mut self, now: Timestamp) -> bool {
+        let due = self.finished_at.is_none_or(|at| now >= at.saturating_add(self.cfg.interval / 4));
+        if self.phase == Phase::Idle && due && self.next_at > now {
+            self.next_at = now;
+            return true;
+        }
+        false
     }
 
     /// Once a measurement found that the window before it queued: the
@@ -155,6 +171,7 @@ impl Probe {
             }
         }
         self.before = None;
+        self.finished_at = Some(now);
         self.phase = Phase::Idle;
         self.next_at = next_slot(now.saturating_add(self.cfg.interval / 2), self.cfg.interval);
     }

@@ -479,3 +479,45 @@ fn the_measurement_waits_for_the_queue_to_drain_and_gives_up_on_one_that_does_no
     assert!(!inputs.probing, "it gave up");
     assert_eq!(inputs.min_rtt_us, 0.0, "{inputs:?}");
 }
+
+#[test]
+fn a_limit_that_only_rises_for_a_minute_is_measured_again_early() {
+    let cfg = probing(gradient2(600));
+    let cfg = AdaptiveConfig { max: 10_000, ..cfg };
+    let start = Timestamp::from_secs(1_700_000_000);
+    let mut c = Controller::new(cfg, start, 7);
+    let at = |c: &mut Controller, second: u64, rtt_ms: u64, n: u64, peak: u32| {
+        for _ in 0..n {
+            c.window_mut().sample(Duration::from_millis(rtt_ms));
+        }
+        c.window_mut().in_flight(peak);
+        let now = start.saturating_add(Duration::from_secs(second));
+        let w = c.take_window(now);
+        c.apply(now, &w);
+        (c.limit(), c.inputs())
+    };
+    // The measurement at start: windows 1 to 3.
+    at(&mut c, 1, 40, 100, 20);
+    at(&mut c, 2, 40, 50, 3);
+    let (_, inputs) = at(&mut c, 3, 40, 60, 3);
+    assert!(!inputs.probing);
+    let planned = inputs.next_probe_at.unwrap();
+    // Then every window full and as fast as the measured latency: gradient2
+    // says nothing (its gradient is 1) and the limit rises window after
+    // window. After 60 of them, the next measurement is at the next window,
+    // not at the slot planned minutes away.
+    let mut second = 4;
+    let mut early = None;
+    while second < 4 + 200 {
+        let limit = c.limit();
+        let (_, inputs) = at(&mut c, second, 40, 100, limit);
+        if inputs.probing {
+            early = Some(second);
+            break;
+        }
+        second += 1;
+    }
+    let early = early.expect("measured again early");
+    assert!(early >= 4 + 60, "after 60 windows of a rising limit, not {early}");
+    assert!(start.saturating_add(Duration::from_secs(early)) < planned, "before the planned slot");
+}
