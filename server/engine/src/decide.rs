@@ -615,9 +615,17 @@ fn over_limit_admits(limit: &Limit, key: &BucketKey, now: Timestamp, cost: u64, 
     if cost > limit.algorithm.capacity() || denied.status.retry_after >= limit.algorithm.window() {
         return false;
     }
+    // With `ramp`, the share falls with the caller's debt: from `admit` when
+    // the cost fits at once to none when it fits a whole window from now.
+    let share = if o.ramp {
+        let owed = denied.status.retry_after.as_secs_f64() / limit.algorithm.window().as_secs_f64();
+        (f64::from(o.admit_ppm) * (1.0 - owed)).max(0.0) as u64
+    } else {
+        u64::from(o.admit_ppm)
+    };
     let mut h = std::collections::hash_map::DefaultHasher::new();
     (DRAWS.fetch_add(1, Ordering::Relaxed), key, now.as_nanos()).hash(&mut h);
-    h.finish() % 1_000_000 < u64::from(o.admit_ppm)
+    h.finish() % 1_000_000 < share
 }
 
 /// A denial that counts: by a limit that is not in shadow mode.

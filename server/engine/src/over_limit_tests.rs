@@ -19,6 +19,12 @@ resources:
   - name: bounded
     limits:
       - { name: soft, algorithm: token_bucket, capacity: 5, refill_per_second: 1, over_limit: { admit: 50% } }
+  - name: flat
+    limits:
+      - { name: l, key: [user], algorithm: token_bucket, capacity: 10, refill_per_second: 10, over_limit: { admit: 99% } }
+  - name: ramped
+    limits:
+      - { name: l, key: [user], algorithm: token_bucket, capacity: 10, refill_per_second: 10, over_limit: { admit: 99%, ramp: true } }
 "#;
 
 fn user(u: &str) -> HashMap<String, String> {
@@ -128,4 +134,32 @@ fn calls_admitted_over_a_limit_put_a_caller_at_most_a_window_in_debt() {
     assert!((1..=6).contains(&over), "{over} admitted over the limit");
     let peeked = e.peek(&rules, "bounded", &none, None).unwrap();
     assert!(peeked.limits[0].status.reset_after <= Duration::from_secs(11), "{peeked:?}");
+}
+
+#[test]
+fn with_ramp_the_share_falls_as_the_caller_goes_further_over() {
+    let (e, _clock) = super::tests::engine(RULES);
+    let rules = e.rules();
+    // For each of 200 users: its 10 tokens, then 5 calls over, the clock
+    // standing still. Without ramp nearly every one of the 5 is admitted
+    // (99%); with it the share falls from 89% (a tenth of a window owed)
+    // by a tenth for each call admitted.
+    let over = |resource: &str| {
+        let mut n = 0;
+        for u in 0..200 {
+            let d = user(&format!("u{u}"));
+            for _ in 0..10 {
+                assert_eq!(e.acquire(&rules, &Request::new(resource, &d)).unwrap().verdict, Verdict::Allowed);
+            }
+            for _ in 0..5 {
+                if e.acquire(&rules, &Request::new(resource, &d)).unwrap().limits[0].status.over_limit {
+                    n += 1;
+                }
+            }
+        }
+        n
+    };
+    let (flat, ramped) = (over("flat"), over("ramped"));
+    assert!(flat >= 950, "without ramp: {flat} of 1000 admitted over");
+    assert!(ramped < 850 && ramped > 400, "with ramp: {ramped} of 1000 admitted over (flat: {flat})");
 }

@@ -176,6 +176,10 @@ pub struct Limit {
 pub struct OverLimit {
     /// The share admitted, in parts per million (1 to 999,999).
     pub admit_ppm: u32,
+    /// `ramp: true`: the share falls with how far the caller is over, from
+    /// `admit` just over the limit to none a whole window in debt (bucket
+    /// algorithms only, whose debt says how far over a caller is).
+    pub ramp: bool,
 }
 
 /// `lease: 2s` (and `lease_share:`, `lease_start:`): how clients may lease a limit.

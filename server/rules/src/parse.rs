@@ -434,7 +434,8 @@ fn limit(f: &Fields<'_>) -> Option<Limit> {
         Some(Algorithm::WarmUp(c)) => matches!(c.mode, warm_up::Mode::Shape { .. }),
         _ => false,
     };
-    let over_limit = over_limit(f, sync, shadow, lease.is_some(), shapes);
+    let bucket = matches!(&algorithm, Some(Algorithm::TokenBucket(_) | Algorithm::Gcra(_) | Algorithm::LeakyBucket(_)));
+    let over_limit = over_limit(f, sync, shadow, lease.is_some(), shapes, bucket);
     // A shaping warm-up's queue is one replica's: local unless told (and refused otherwise).
     let shaping = matches!(&algorithm, Some(Algorithm::WarmUp(c)) if matches!(c.mode, warm_up::Mode::Shape { .. }));
     let sync = sync.or(shaping.then_some(SyncMode::Local));
@@ -459,6 +460,7 @@ fn over_limit(
     shadow: bool,
     leased: bool,
     shapes: bool,
+    bucket: bool,
 ) -> Option<Option<OverLimit>> {
     if !f.has("over_limit") {
         return Some(None);
@@ -479,7 +481,15 @@ fn over_limit(
         return None;
     }
     let o = f.nested("over_limit")?;
-    o.deny_unknown(&["admit"]);
+    o.deny_unknown(&["admit", "ramp"]);
+    let ramp = o.flag("ramp");
+    if ramp && !bucket {
+        o.error(
+            "ramp",
+            "needs a token_bucket, gcra or leaky_bucket: a window's count does not say how far over a caller is",
+        );
+        return None;
+    }
     let admit = o.required("admit", |o, k| {
         // A percent sign, always: a bare 0.1 could be read as a tenth.
         let value = o.get(k)?;
@@ -501,7 +511,7 @@ fn over_limit(
         share
     })?;
     let admit_ppm = ((admit * 10_000.0).round() as u32).clamp(1, 999_999);
-    Some(Some(OverLimit { admit_ppm }))
+    Some(Some(OverLimit { admit_ppm, ramp }))
 }
 
 /// The longest lease a limit may hand out.

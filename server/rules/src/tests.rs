@@ -490,7 +490,7 @@ fn over_limit_admits_a_share_and_is_refused_where_it_cannot_hold() {
         "rules.yaml",
     )
     .unwrap();
-    assert_eq!(rules.find("r").unwrap().limits[0].over_limit, Some(OverLimit { admit_ppm: 125_000 }));
+    assert_eq!(rules.find("r").unwrap().limits[0].over_limit, Some(OverLimit { admit_ppm: 125_000, ramp: false }));
     let errors = errors_of(
         r#"
 resources:
@@ -504,6 +504,8 @@ resources:
       - { name: word, algorithm: fixed_window, limit: 10, window: 1m, over_limit: { admit: some } }
       - { name: other, algorithm: fixed_window, limit: 10, window: 1m, over_limit: { admit: 5%, ramp: 2x } }
       - { name: bare, algorithm: fixed_window, limit: 10, window: 1m, over_limit: { admit: 0.1 } }
+      - { name: ramped, algorithm: fixed_window, limit: 10, window: 1m, over_limit: { admit: 5%, ramp: true } }
+      - { name: typo, algorithm: gcra, rate_per_second: 10, burst: 5, over_limit: { admit: 5%, rmap: true } }
       - { name: shaped, algorithm: leaky_bucket, capacity: 10, leak_per_second: 1, mode: shape, over_limit: { admit: 5% } }
   - name: shadowed
     shadow: true
@@ -518,9 +520,11 @@ resources:
         "rules.yaml: resource 'r': limits[3] 'none'.over_limit.admit: must be a share from 0.0001% to below 100%, with its percent sign (e.g. 10%), got 0%",
         "rules.yaml: resource 'r': limits[4] 'all'.over_limit.admit: must be a share from 0.0001% to below 100%, with its percent sign (e.g. 10%), got 100%",
         "rules.yaml: resource 'r': limits[5] 'word'.over_limit.admit: must be a share from 0.0001% to below 100%, with its percent sign (e.g. 10%), got some",
-        "rules.yaml: resource 'r': limits[6] 'other'.over_limit.ramp: unknown field (expected one of: admit)",
+        "rules.yaml: resource 'r': limits[6] 'other'.over_limit.ramp: must be true or false, got '2x'",
         "rules.yaml: resource 'r': limits[7] 'bare'.over_limit.admit: must be a share from 0.0001% to below 100%, with its percent sign (e.g. 10%), got 0.1",
-        "rules.yaml: resource 'r': limits[8] 'shaped'.over_limit: cannot be used on a shaping limit: the calls over it would go ahead of the callers that wait their turn",
+        "rules.yaml: resource 'r': limits[8] 'ramped'.over_limit.ramp: needs a token_bucket, gcra or leaky_bucket: a window's count does not say how far over a caller is",
+        "rules.yaml: resource 'r': limits[9] 'typo'.over_limit.rmap: unknown field (expected one of: admit, ramp)",
+        "rules.yaml: resource 'r': limits[10] 'shaped'.over_limit: cannot be used on a shaping limit: the calls over it would go ahead of the callers that wait their turn",
         "rules.yaml: resource 'shadowed': shadow: cannot be set beside over_limit (limit 'l'): a shadow limit denies nothing",
     ];
     for e in expected {
