@@ -348,6 +348,20 @@ fn closed_loop(cfg: AdaptiveConfig, servers: u32, service_ms: f64, callers: u32,
     (limits, latencies.iter().sum::<f64>() / latencies.len() as f64)
 }
 
+/// Closes the window of second `second` after `start`: `n` calls came back
+/// after `rtt_ms`, with at most `peak` in flight (0: none admitted). The
+/// limit after it.
+fn close_window(c: &mut Controller, start: Timestamp, second: u64, rtt_ms: u64, n: u64, peak: u32) -> u32 {
+    for _ in 0..n {
+        c.window_mut().sample(Duration::from_millis(rtt_ms));
+    }
+    c.window_mut().in_flight(peak);
+    let now = start.saturating_add(Duration::from_secs(second));
+    let w = c.take_window(now);
+    c.apply(now, &w);
+    c.limit()
+}
+
 fn probing(cfg: AdaptiveConfig) -> AdaptiveConfig {
     AdaptiveConfig { probe: Some(ProbeConfig::default()), ..cfg }
 }
@@ -387,15 +401,7 @@ fn the_measurement_holds_the_limit_at_the_floor_then_lets_it_go() {
     let cfg = probing(gradient2(600));
     let start = Timestamp::from_secs(1_700_000_000);
     let mut c = Controller::new(cfg, start, 7);
-    let at = |c: &mut Controller, second: u64, rtt_ms: u64, n: u64| {
-        for _ in 0..n {
-            c.window_mut().sample(Duration::from_millis(rtt_ms));
-        }
-        let now = start.saturating_add(Duration::from_secs(second));
-        let w = c.take_window(now);
-        c.apply(now, &w);
-        c.limit()
-    };
+    let at = |c: &mut Controller, second, rtt_ms, n| close_window(c, start, second, rtt_ms, n, 0);
     assert_eq!(at(&mut c, 1, 100, 200), 3, "the first window's close starts draining at the floor");
     assert!(c.inputs().probing);
     assert_eq!(at(&mut c, 2, 100, 50), 3, "drained; measuring");
@@ -415,16 +421,7 @@ fn a_measurement_that_finds_the_window_before_it_queued_lowers_the_limit() {
     let cfg = probing(gradient2(600));
     let start = Timestamp::from_secs(1_700_000_000);
     let mut c = Controller::new(cfg, start, 7);
-    let at = |c: &mut Controller, second: u64, rtt_ms: u64, n: u64, peak: u32| {
-        for _ in 0..n {
-            c.window_mut().sample(Duration::from_millis(rtt_ms));
-        }
-        c.window_mut().in_flight(peak);
-        let now = start.saturating_add(Duration::from_secs(second));
-        let w = c.take_window(now);
-        c.apply(now, &w);
-        c.limit()
-    };
+    let at = |c: &mut Controller, second, rtt_ms, n, peak| close_window(c, start, second, rtt_ms, n, peak);
     // The first window: 20 in flight, each call 200 ms (queued).
     assert_eq!(at(&mut c, 1, 200, 100, 20), 3);
     assert_eq!(at(&mut c, 2, 60, 50, 3), 3, "drained; measuring");
@@ -445,15 +442,8 @@ fn the_measurement_waits_for_the_queue_to_drain_and_gives_up_on_one_that_does_no
     let cfg = probing(gradient2(600));
     let start = Timestamp::from_secs(1_700_000_000);
     let mut c = Controller::new(cfg, start, 7);
-    // Each window: `n` calls came back after `rtt_ms`, with `peak` in flight.
-    let window = |c: &mut Controller, second: u64, rtt_ms: u64, n: u64, peak: u32| {
-        for _ in 0..n {
-            c.window_mut().sample(Duration::from_millis(rtt_ms));
-        }
-        c.window_mut().in_flight(peak);
-        let now = start.saturating_add(Duration::from_secs(second));
-        let w = c.take_window(now);
-        c.apply(now, &w);
+    let window = |c: &mut Controller, second, rtt_ms, n, peak| {
+        close_window(c, start, second, rtt_ms, n, peak);
     };
     window(&mut c, 1, 100, 20, 20); // the measurement starts
     // A slow resource: the calls admitted before the floor are still in
@@ -486,15 +476,9 @@ fn a_limit_that_only_rises_for_a_minute_is_measured_again_early() {
     let cfg = AdaptiveConfig { max: 10_000, ..cfg };
     let start = Timestamp::from_secs(1_700_000_000);
     let mut c = Controller::new(cfg, start, 7);
-    let at = |c: &mut Controller, second: u64, rtt_ms: u64, n: u64, peak: u32| {
-        for _ in 0..n {
-            c.window_mut().sample(Duration::from_millis(rtt_ms));
-        }
-        c.window_mut().in_flight(peak);
-        let now = start.saturating_add(Duration::from_secs(second));
-        let w = c.take_window(now);
-        c.apply(now, &w);
-        (c.limit(), c.inputs())
+    let at = |c: &mut Controller, second, rtt_ms, n, peak| {
+        let limit = close_window(c, start, second, rtt_ms, n, peak);
+        (limit, c.inputs())
     };
     // The measurement at start: windows 1 to 3.
     at(&mut c, 1, 40, 100, 20);
