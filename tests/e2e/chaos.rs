@@ -81,7 +81,7 @@ fn wait_back(a: &Floodgate, b: &Floodgate, n: usize) {
 fn counted(redis: &RedisServer, resource: &str) -> u64 {
     let keys = redis.cli(&["KEYS", &format!("fg:b:{{{resource}}}:hourly:fixed_window:*")]).unwrap_or_default();
     keys.lines()
-        .filter(|k| !k.ends_with(":l"))
+        .filter(|k| !k.ends_with(":l") && !k.ends_with(":w"))
         .filter_map(|k| redis.cli(&["GET", k]))
         .filter_map(|v| v.parse::<u64>().ok())
         .sum()

@@ -827,11 +827,10 @@ fn settle_arithmetic(
 ) -> (u64, Vec<String>) {
     let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let pattern = format!("fg:b:{{{name}}}:hourly:fixed_window:*");
-    let value = world
-        .redis
-        .lock()
-        .unwrap()
-        .first_value(&pattern, |k| k.ends_with(":l") || k.ends_with(":r") || k.ends_with(":p"));
+    let value =
+        world.redis.lock().unwrap().first_value(&pattern, |k| {
+            k.ends_with(":l") || k.ends_with(":r") || k.ends_with(":p") || k.ends_with(":w")
+        });
     let counted: u64 = value.and_then(|v| v.parse().ok()).unwrap_or(0);
     let charges = n(&seen.charged) + n(&seen.charged_unsure);
     let known = n(&seen.settled_units) + n(&seen.charged) + drained;

@@ -205,7 +205,7 @@ fn replicated_windows_never_admit_past_their_limit_while_both_replicas_sync_at_o
             let found = redis.cli(&["--scan", "--pattern", &pattern]).unwrap_or_default();
             let key = found
                 .lines()
-                .find(|k| !k.ends_with(":l") && !k.ends_with(":r") && !k.ends_with(":p"))
+                .find(|k| !k.ends_with(":l") && !k.ends_with(":r") && !k.ends_with(":p") && !k.ends_with(":w"))
                 .map(str::to_string);
             key.and_then(|k| redis.cli(&["GET", &k])).and_then(|n| n.trim().parse::<u64>().ok()).unwrap_or(0)
         };

@@ -437,6 +437,55 @@ async fn a_debt_beyond_a_strict_limit_survives_redis_coming_back_older() {
     assert!((tokens + 300.0).abs() < 1.0, "Redis holds {tokens} after the restore, not the debt of -300");
 }
 
+/// Give-backs on a strict bucket survive Redis coming back older. Every
+/// change to a strict bucket answers its replica with the figure after it,
+/// so the most recent answer is the truth; the lowest one may predate a
+/// give-back (before, a restore kept the lowest figure across replicas and
+/// Redis's own, and both give-backs here were lost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strict_give_backs_survive_redis_coming_back_older() {
+    let (mut redis, _dir, args) = replicated(STRICT);
+    let args = strs(&args);
+    let (a, b) = (floodgate().args(&args).start(), floodgate().args(&args).start());
+    wait_live(&a, 2);
+    wait_redis_up(&b);
+    let (mut ca, mut cb) = (a.client().await, b.client().await);
+    let remaining = |r: pb::AcquireResponse| (r.verdict(), r.limits[0].remaining);
+
+    // "later": the dump holds its estimate; the settle after it gives back.
+    let later = ca.acquire(on("strict", "later", 600, true)).await.unwrap().into_inner();
+    assert_eq!(remaining(later.clone()), (pb::Verdict::Allowed, 400));
+    redis.bgsave();
+    assert!(ca.report_outcome(settled_at("strict", &later.permit_id, 100)).await.unwrap().into_inner().settled);
+
+    // "stale": B's last answer (300 left) predates A's give-back (800 left).
+    let stale = ca.acquire(on("strict", "stale", 600, true)).await.unwrap().into_inner();
+    assert_eq!(remaining(stale.clone()), (pb::Verdict::Allowed, 400));
+    assert_eq!(
+        remaining(cb.acquire(on("strict", "stale", 100, false)).await.unwrap().into_inner()),
+        (pb::Verdict::Allowed, 300)
+    );
+    assert!(ca.report_outcome(settled_at("strict", &stale.permit_id, 100)).await.unwrap().into_inner().settled);
+
+    redis.restart();
+    // Each replica finds Redis older at its next call and puts back what it knew.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for (fg, c) in [(&a, &mut ca), (&b, &mut cb)] {
+        while !fg.logs().contains("Redis had lost this resource's state") {
+            assert!(Instant::now() < deadline, "a replica never restored: {}", fg.logs());
+            let _ = c.acquire(on("strict", "other", 1, false)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let tokens = |user: &str| -> f64 {
+        let key = format!("fg:b:{{strict}}:tokens:token_bucket:{user}");
+        redis.cli(&["HGET", &key, "t"]).and_then(|t| t.parse().ok()).unwrap_or(f64::NAN)
+    };
+    let (later, stale) = (tokens("later"), tokens("stale"));
+    assert!((later - 900.0).abs() < 1.0, "\"later\" holds {later} after the restore, not 1000 - 100");
+    assert!((stale - 800.0).abs() < 1.0, "\"stale\" holds {stale} after the restore, not 1000 - 100 - 100");
+}
+
 /// A charge far past a strict sliding log's limit is taken once, and costs
 /// Redis what one of the limit does (before: one entry per unit; a charge
 /// of 50,000 ran past --redis-timeout, was owed, paid again and again, and

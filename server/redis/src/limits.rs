@@ -188,9 +188,24 @@ impl Limits<'_> {
                 items.extend(d.limits.iter().map(|l| Adjust { key: l.key.clone(), units, at_us: remote.at_us }));
             }
         }
-        if !items.is_empty() && self.adjust(rules, &job.resource, &items).await.is_none() {
-            for item in &items {
-                self.sync().owe(&item.key, &job.resource, item.units);
+        if items.is_empty() {
+            return;
+        }
+        match self.adjust(rules, &job.resource, &items).await {
+            // Redis's figure after the give-back is the newest this replica
+            // has: should Redis lose it, the give-back is restored with it.
+            Some((at_us, left)) => {
+                let now = self.engine.clock().now();
+                for (item, left) in items.iter().zip(left) {
+                    if let Some(left) = left {
+                        self.sync().saw_strict(&item.key, &job.resource, left, now, at_us);
+                    }
+                }
+            }
+            None => {
+                for item in &items {
+                    self.sync().owe(&item.key, &job.resource, item.units);
+                }
             }
         }
     }
@@ -294,12 +309,17 @@ impl Limits<'_> {
             for k in chunk {
                 let Some((_, limit)) = rules.limit(k.limit) else { continue };
                 invocation.key(bucket_key(resource, limit, &k.key));
+                // A strict figure carries Redis's own time of the answer
+                // that gave it; a replicated one, this replica's time of its
+                // last sync, in Redis's time as this replica estimates it.
+                let at = k.strict_at.unwrap_or_else(|| self.sync().redis_time(k.at));
                 invocation
                     .arg(&limit_args(&limit.algorithm, self.engine.clock().now())[..])
                     .arg(k.available)
-                    .arg(self.sync().redis_time(k.at));
+                    .arg(at)
+                    .arg(u8::from(k.strict_at.is_some()));
             }
-            let Some((lowered, t)) = self.run(ScriptName::Restore, invocation, wire::parse_restored).await else {
+            let Some((changed, t)) = self.run(ScriptName::Restore, invocation, wire::parse_restored).await else {
                 return false;
             };
             token = Some(t);
@@ -308,7 +328,7 @@ impl Limits<'_> {
                 tracing::warn!(
                     resource,
                     buckets = chunk.len(),
-                    lowered,
+                    changed,
                     "Redis had lost this resource's state: restored what this replica knew"
                 );
             }

@@ -301,7 +301,7 @@ pub fn parse_slot_lease(v: Value) -> Result<Answered<(u32, u32)>, ReplyError> {
     }
 }
 
-/// restore.lua: how many buckets were lowered, and the marker's token.
+/// restore.lua: how many buckets were changed, and the marker's token.
 pub fn parse_restored(v: Value) -> Result<(u64, String), ReplyError> {
     let script = ScriptName::Restore;
     let Value::Array(items) = v else { return Err(error(script, format!("not an array: {v:?}"))) };

@@ -76,6 +76,11 @@ pub struct Known {
     pub limit: LimitId,
     pub available: f64,
     pub at: Timestamp,
+    /// For a strict bucket, the Redis time (us) of the answer that gave the
+    /// figure. Every change to a strict bucket goes through Redis, so the
+    /// most recent answer any replica had is the bucket's true state then,
+    /// and a restore keeps the most recent figure rather than the lowest.
+    pub strict_at: Option<i64>,
 }
 
 /// A replicated bucket no longer in use, dropped from the ones synced.
@@ -210,7 +215,13 @@ impl DirtyBuckets {
     /// What this replica knew of a resource's synced buckets, to restore.
     pub(super) fn known_of(&self, resource: &str, out: &mut Vec<Known>) {
         for e in self.map.iter().filter(|e| e.resource == resource && e.synced_at != Timestamp::ZERO) {
-            out.push(Known { key: e.key().clone(), limit: e.limit, available: e.available, at: e.synced_at });
+            out.push(Known {
+                key: e.key().clone(),
+                limit: e.limit,
+                available: e.available,
+                at: e.synced_at,
+                strict_at: None,
+            });
         }
     }
 }

@@ -30,6 +30,8 @@ struct Fact {
     at: Timestamp,
     /// After this instant the bucket would be full again: nothing to keep.
     until: Timestamp,
+    /// A strict bucket's Redis time of the figure (see [`Known::strict_at`]).
+    strict_at: Option<i64>,
 }
 
 /// Buckets a replica no longer uses, by resource (a restore runs per
@@ -50,9 +52,10 @@ impl Memory {
         available: f64,
         at: Timestamp,
         until: Timestamp,
+        strict_at: Option<i64>,
     ) -> bool {
         let mut facts = self.by_resource.entry(resource.to_string()).or_default();
-        let fact = Fact { available, at, until };
+        let fact = Fact { available, at, until, strict_at };
         if let Some(old) = facts.get_mut(key) {
             *old = fact;
             return true;
@@ -71,7 +74,13 @@ impl Memory {
         let Some(facts) = self.by_resource.get(resource) else { return };
         for (key, fact) in facts.iter() {
             if !out.iter().any(|k| &k.key == key) {
-                out.push(Known { key: key.clone(), limit: key.limit, available: fact.available, at: fact.at });
+                out.push(Known {
+                    key: key.clone(),
+                    limit: key.limit,
+                    available: fact.available,
+                    at: fact.at,
+                    strict_at: fact.strict_at,
+                });
             }
         }
     }
@@ -111,10 +120,10 @@ mod tests {
     fn a_remembered_bucket_is_known_until_it_would_be_full_again() {
         let m = Memory::default();
         let t = |s: u64| Timestamp::from_nanos(s * 1_000_000_000);
-        assert!(m.remember("r", &key(1), 5.0, t(10), t(100)));
+        assert!(m.remember("r", &key(1), 5.0, t(10), t(100), Some(7)));
         let mut out = Vec::new();
         m.known_of("r", &mut out);
-        assert_eq!(out, vec![Known { key: key(1), limit: LimitId(1), available: 5.0, at: t(10) }]);
+        assert_eq!(out, vec![Known { key: key(1), limit: LimitId(1), available: 5.0, at: t(10), strict_at: Some(7) }]);
         m.forget(t(99));
         assert!(m.knows("r"));
         m.forget(t(100));
@@ -126,8 +135,8 @@ mod tests {
     fn a_bucket_in_use_wins_over_what_is_remembered_of_it() {
         let m = Memory::default();
         let t = Timestamp::from_nanos(1);
-        m.remember("r", &key(1), 5.0, t, Timestamp::from_nanos(u64::MAX));
-        let newer = Known { key: key(1), limit: LimitId(1), available: 2.0, at: t };
+        m.remember("r", &key(1), 5.0, t, Timestamp::from_nanos(u64::MAX), None);
+        let newer = Known { key: key(1), limit: LimitId(1), available: 2.0, at: t, strict_at: None };
         let mut out = vec![newer.clone()];
         m.known_of("r", &mut out);
         assert_eq!(out, vec![newer]);

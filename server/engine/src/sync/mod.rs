@@ -297,7 +297,13 @@ impl Replica {
         let mut out = Vec::new();
         self.dirty.known_of(resource, &mut out);
         for e in self.strict_seen.iter().filter(|e| e.resource == resource) {
-            out.push(Known { key: e.key().clone(), limit: e.key().limit, available: e.remaining, at: e.at });
+            out.push(Known {
+                key: e.key().clone(),
+                limit: e.key().limit,
+                available: e.remaining,
+                at: e.at,
+                strict_at: Some(e.redis_at),
+            });
         }
         self.memory.known_of(resource, &mut out);
         out
@@ -320,9 +326,17 @@ impl Replica {
     /// Remembers what a bucket no longer kept had available, and when, for
     /// `horizon` (the time it takes to be full again). False when the
     /// memory is full.
-    pub fn remember(&self, resource: &str, key: &BucketKey, available: f64, at: Timestamp, horizon: Duration) -> bool {
+    /// `strict_at` is a strict bucket's Redis time of the figure.
+    pub fn remember(
+        &self,
+        resource: &str,
+        key: &BucketKey,
+        (available, at): (f64, Timestamp),
+        horizon: Duration,
+        strict_at: Option<i64>,
+    ) -> bool {
         let until = at.saturating_add(horizon);
-        self.memory.remember(resource, key, available, at, until)
+        self.memory.remember(resource, key, available, at, until, strict_at)
     }
 
     /// How many buckets are remembered.
@@ -341,7 +355,7 @@ impl Replica {
                 return true;
             }
             if let Some(horizon) = horizon(key.limit) {
-                self.remember(&s.resource, key, s.remaining, s.at, horizon);
+                self.remember(&s.resource, key, (s.remaining, s.at), horizon, Some(s.redis_at));
             }
             false
         });
@@ -603,7 +617,7 @@ impl OnEngine<'_> {
             // Should Redis lose the bucket later, what was last known of it is
             // put back, however long it stays idle.
             if let (Some((available, at)), Some(alg)) = (f.last, rules.algorithm(f.key.limit)) {
-                self.replica.remember(&f.resource, &f.key, available, at, alg.window().saturating_mul(2));
+                self.replica.remember(&f.resource, &f.key, (available, at), alg.window().saturating_mul(2), None);
             }
         }
         items

@@ -397,6 +397,27 @@ local function marked(key, known)
   if known == '' or redis.call('GET', key) ~= known then return false end
   return string.sub(known, -40) == identity()
 end
+-- When a strict bucket last changed (Redis time, us), kept beside it as
+-- `key:w` by every script that changes it. After Redis went back to an older
+-- copy, this says how old the bucket's figure is, so that a restore can tell
+-- whether a replica's last answer is newer (and so the true state) or not.
+-- It is kept as long as a figure of the bucket from that time can matter:
+-- until a rate limit would be full again from empty, or the window ends.
+local function lifetime_us(alg, p, now)
+  if alg == CODE.token_bucket or alg == CODE.leaky_bucket then return p[1] / p[2] * 1e6 end
+  if alg == CODE.gcra then return p[2] / p[1] * 1e6 end
+  if alg == CODE.fixed_window or alg == CODE.sliding_log then return p[2] end
+  if alg == CODE.sliding_window then return 2 * p[2] end
+  if alg == CODE.calendar then return p[4] - now end
+  return MARKER_TTL * 1e6
+end
+local function changed(key, now, alg, p)
+  local us = math.min(lifetime_us(alg, p, now), MARKER_TTL * 1e6)
+  redis.call('SET', key .. ':w', int(now), 'PX', math.ceil(math.max(us, 0) / 1000) + 1000)
+end
+local function changed_at(key)
+  return tonumber(redis.call('GET', key .. ':w'))
+end
 -- A new token for a marker set now by this Redis process.
 local function new_token(now)
   return int(now) .. ':' .. identity()

@@ -5,19 +5,30 @@
 -- rather than from full buckets, and learns the marker's token.
 --
 -- Several replicas restore the same bucket, before and after others pushed
--- what they took since: each restore lowers what is available by what it
--- knows beyond the restores before it (`key:r` keeps the lowest figure so
--- far, Redis's own at the first restore included, refilled since for rate
--- limits), never adds, so the result is the lowest knowledge less every
--- push, in whatever order they arrive.
+-- what they took since. A replicated bucket: each restore lowers what is
+-- available by what it knows beyond the restores before it (`key:r` keeps
+-- the lowest figure so far, Redis's own at the first restore included,
+-- refilled since for rate limits), never adds, so the result is the lowest
+-- knowledge less every push, in whatever order they arrive.
 --
--- KEYS[1]: the resource's marker; then the buckets. Per bucket in ARGV, seven
--- numbers: the limit's five, what was available, and when that was seen (us,
--- Redis time). Rate limits refill since then; a window that has ended since
--- is left as it is.
--- Returns {how many buckets were lowered, the marker's token}.
+-- A strict bucket changes only in Redis, and every change answers its
+-- replica with the figure after it and Redis's time. So the most recent
+-- figure is the bucket's true state at that time, give-backs included, where
+-- the lowest could predate a give-back and lose it. Its restores keep the
+-- most recent figure (`key:r` keeps when it was seen; Redis's own figure
+-- is as old as the bucket's `key:w`) and move the bucket up or down by the
+-- difference, which keeps whatever was taken since the earlier restore.
+-- Without `key:w` (a bucket written by an older version), the age of
+-- Redis's figure is unknown, and the lowest figure is kept, as for a
+-- replicated bucket.
+--
+-- KEYS[1]: the resource's marker; then the buckets. Per bucket in ARGV, eight
+-- numbers: the limit's five, what was available, when that was seen (us,
+-- Redis time), and 1 for a strict bucket (0: replicated). Rate limits refill
+-- since then; a window that has ended since is left as it is.
+-- Returns {how many buckets were changed, the marker's token}.
 local now = now_us()
-local lowered = 0
+local changed_buckets = 0
 -- The first restore since Redis lost the resource sets a new token; the
 -- others of the same loss find it, and the targets stored with it.
 -- A token set by another Redis process (this one restarted from a file, or
@@ -27,56 +38,73 @@ if not token or string.sub(token, -40) ~= identity() then
   token = new_token(now)
   redis.call('SET', KEYS[1], token, 'EX', MARKER_TTL)
 end
+-- Moves a bucket by `change` units available (rounded to a millionth, to
+-- remove floating-point noise): down takes, up gives back in the current
+-- window. True when it moved.
+local function move(key, alg, p, change)
+  change = math.floor(change * 1e6 + 0.5) / 1e6
+  if change == 0 then return false end
+  local st = A[alg].status(key, p, now, 0)
+  if change < 0 then
+    A[alg].take(key, p, now, -change, st)
+  else
+    A[alg].give(key, p, now, change, st, 0)
+  end
+  return true
+end
+
 for i = 2, #KEYS do
-  local b = (i - 2) * 7
+  local b = (i - 2) * 8
   local alg = tonumber(ARGV[b + 1])
   local p = { tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5]) }
   local known, at = tonumber(ARGV[b + 6]), tonumber(ARGV[b + 7])
+  local strict = tonumber(ARGV[b + 8]) == 1
   local target = A[alg].restored(p, known, at, now)
   if target then
     local r = KEYS[i] .. ':r'
-    local before = redis.call('HMGET', r, 't', 'at', 'token')
-    local floor = nil
+    local before = redis.call('HMGET', r, 't', 'at', 'token', 'seen')
+    -- `current` is where the bucket was left before the takes since: the
+    -- last restore's figure of this loss, refilled to now, or at the first
+    -- restore Redis's own. `seen` is how old that figure is (nil: unknown).
+    local current, seen = nil, nil
     if before[1] and before[3] == token then
-      floor = A[alg].restored(p, tonumber(before[1]), tonumber(before[2]), now)
-    else
+      current = A[alg].restored(p, tonumber(before[1]), tonumber(before[2]), now)
+      seen = tonumber(before[4])
+    end
+    local first = not current
+    if first then
       -- The first restore of this bucket in this loss. What Redis recorded
       -- of each replica's pushes (`key:p`, see sync.lua) is as old as the
       -- rest of its state: measured against it, a replica's next push would
       -- apply again what it pushed after that record, which the figure
       -- restored here already counts. Without a record, each replica
-      -- pushes only what it has not pushed yet.
+      -- pushes only what it has not pushed yet. Redis's own figure may be
+      -- lower than what this replica knew (Redis restarted from a save of
+      -- its last state, and another replica synced after this one).
       redis.call('DEL', KEYS[i] .. ':p')
+      current = A[alg].status(KEYS[i], p, now, 0).avail
+      seen = strict and changed_at(KEYS[i]) or nil
     end
-    -- `stored` is where this restore leaves the bucket, before the pushes
-    -- that come after it: the floor the next restore of this loss starts
-    -- from. The first restore of a loss finds Redis's own figure, which may
-    -- be lower than what this replica knew (Redis restarted from a save of
-    -- its last state, and another replica synced after this one): the
-    -- bucket then stays where it is, and that figure is the floor, so that
-    -- the next restore does not take again what Redis had counted already.
-    local lower, stored = 0, nil
-    if not floor then
-      local s = A[alg].status(KEYS[i], p, now, 0)
-      lower = s.avail - target
-      stored = math.min(target, s.avail)
-    elseif target < floor then
-      lower = floor - target
-      stored = target
+    local keep
+    if strict and seen then
+      keep = at > seen
+    else
+      keep = target < current
     end
-    -- Exactly what the replica knew, not a whole unit more: rounding up
-    -- would take a unit nobody used. Rate limits take fractions; windows
-    -- and logs count whole units, and their figures are whole already. The
-    -- rounding to a millionth only removes floating-point noise.
-    lower = math.floor(lower * 1e6 + 0.5) / 1e6
-    if lower > 0 then
-      A[alg].take(KEYS[i], p, now, lower, A[alg].status(KEYS[i], p, now, 0))
-      lowered = lowered + 1
+    if keep then
+      if move(KEYS[i], alg, p, target - current) then changed_buckets = changed_buckets + 1 end
+      if strict then changed(KEYS[i], at, alg, p) end
     end
-    if stored then
-      redis.call('HSET', r, 't', stored, 'at', now, 'token', token)
+    -- What the next restore of this loss starts from: this figure, or the
+    -- one kept before (at the first restore, Redis's own).
+    if first or keep then
+      redis.call('DEL', r)
+      local figure = keep and target or current
+      local figure_seen = keep and strict and at or seen
+      redis.call('HSET', r, 't', figure, 'at', now, 'token', token)
+      if figure_seen then redis.call('HSET', r, 'seen', int(figure_seen)) end
       redis.call('EXPIRE', r, MARKER_TTL)
     end
   end
 end
-return { lowered, token }
+return { changed_buckets, token }

@@ -36,7 +36,10 @@ for _ = 1, tonumber(ARGV[3]) do
   table.insert(out, all and 1 or 0)
   for i = 1, n do
     local s = st[i]
-    if all and not check then A[algs[i]].take(KEYS[k + i], ps[i], now, cost, s) end
+    if all and not check then
+      A[algs[i]].take(KEYS[k + i], ps[i], now, cost, s)
+      changed(KEYS[k + i], now, algs[i], ps[i])
+    end
     local left = (all and s.ok) and s.avail - cost or s.avail
     table.insert(out, s.ok and 1 or 0)
     table.insert(out, math.floor(left))
