@@ -76,6 +76,7 @@ mod tls;
 mod traces;
 mod tutorial;
 mod what_if;
+mod why;
 
 /// Every `.rs` file beside this one is a module of this binary, and every
 /// module has its file: a file left off is never compiled, and nothing else

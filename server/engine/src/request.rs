@@ -129,6 +129,9 @@ pub enum RequestError {
     UnknownEnum { field: &'static str, value: i32, expected: &'static str },
     #[error("{field}: {message}")]
     BadOverride { field: &'static str, message: String },
+    /// A field out of its range, named with its value in `message`.
+    #[error("{field}: {message}")]
+    OutOfRange { field: &'static str, message: String },
     #[error("overrides: {count} would be set; the limit is {max} (--max-overrides)")]
     TooManyOverrides { count: usize, max: usize },
     #[error("overrides could not be kept: {0}")]
@@ -220,7 +223,8 @@ impl RequestError {
             | UnknownSystem(_)
             | SystemWithEverySystem(_)
             | BadUtilization { .. }
-            | BadOverride { .. } => ErrorKind::BadInput,
+            | BadOverride { .. }
+            | OutOfRange { .. } => ErrorKind::BadInput,
         }
     }
 

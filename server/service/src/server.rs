@@ -56,6 +56,8 @@ pub struct Options {
     pub http_hosts: Vec<String>,
     /// Overrides set at run time: the file to keep them in without Redis, how many.
     pub overrides: crate::decider::OverrideOptions,
+    /// The decision log: the share of decisions kept (0: off) and how many.
+    pub decision_log: (f64, usize),
     /// TLS (and mTLS) on both ports.
     pub tls: Option<TlsFiles>,
     /// Who may call Admin.
@@ -114,7 +116,8 @@ pub async fn run(
         Decider::new(engine.clone(), replication)
             .with_rls(opts.rls)
             .with_overrides(opts.overrides.clone())
-            .with_origin_key(opts.origin.clone()),
+            .with_origin_key(opts.origin.clone())
+            .with_decision_log(crate::decider::decisions::DecisionLog::new(opts.decision_log.0, opts.decision_log.1)?),
     );
     if !decider.views().overrides_persisted() {
         tracing::info!("overrides set through Admin are kept in memory only (see --overrides-file)");

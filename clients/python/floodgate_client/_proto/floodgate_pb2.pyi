@@ -874,3 +874,85 @@ class WhatIfHitter(_message.Message):
     count: int
     error: int
     def __init__(self, key: _Optional[str] = ..., count: _Optional[int] = ..., error: _Optional[int] = ...) -> None: ...
+
+class GetDecisionsRequest(_message.Message):
+    __slots__ = ("resource", "descriptors", "denied_only", "count")
+    class DescriptorsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTORS_FIELD_NUMBER: _ClassVar[int]
+    DENIED_ONLY_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    resource: str
+    descriptors: _containers.ScalarMap[str, str]
+    denied_only: bool
+    count: int
+    def __init__(self, resource: _Optional[str] = ..., descriptors: _Optional[_Mapping[str, str]] = ..., denied_only: _Optional[bool] = ..., count: _Optional[int] = ...) -> None: ...
+
+class GetDecisionsResponse(_message.Message):
+    __slots__ = ("decisions", "share", "capacity", "kept")
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    KEPT_FIELD_NUMBER: _ClassVar[int]
+    decisions: _containers.RepeatedCompositeFieldContainer[LoggedDecision]
+    share: float
+    capacity: int
+    kept: int
+    def __init__(self, decisions: _Optional[_Iterable[_Union[LoggedDecision, _Mapping]]] = ..., share: _Optional[float] = ..., capacity: _Optional[int] = ..., kept: _Optional[int] = ...) -> None: ...
+
+class LoggedDecision(_message.Message):
+    __slots__ = ("at", "resource", "descriptors", "cost", "dry_run", "settle", "verdict", "rule", "limits", "decided_by", "reason", "breaker_state", "degradation_level")
+    class DescriptorsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    AT_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTORS_FIELD_NUMBER: _ClassVar[int]
+    COST_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    SETTLE_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_BY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    BREAKER_STATE_FIELD_NUMBER: _ClassVar[int]
+    DEGRADATION_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    at: _timestamp_pb2.Timestamp
+    resource: str
+    descriptors: _containers.ScalarMap[str, str]
+    cost: int
+    dry_run: bool
+    settle: bool
+    verdict: Verdict
+    rule: str
+    limits: _containers.RepeatedCompositeFieldContainer[LimitStatus]
+    decided_by: _containers.RepeatedScalarFieldContainer[str]
+    reason: str
+    breaker_state: BreakerState
+    degradation_level: int
+    def __init__(self, at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., resource: _Optional[str] = ..., descriptors: _Optional[_Mapping[str, str]] = ..., cost: _Optional[int] = ..., dry_run: _Optional[bool] = ..., settle: _Optional[bool] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., rule: _Optional[str] = ..., limits: _Optional[_Iterable[_Union[LimitStatus, _Mapping]]] = ..., decided_by: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., breaker_state: _Optional[_Union[BreakerState, str]] = ..., degradation_level: _Optional[int] = ...) -> None: ...
+
+class SetDecisionLogRequest(_message.Message):
+    __slots__ = ("share",)
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    share: float
+    def __init__(self, share: _Optional[float] = ...) -> None: ...
+
+class SetDecisionLogResponse(_message.Message):
+    __slots__ = ("share_before", "share")
+    SHARE_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    share_before: float
+    share: float
+    def __init__(self, share_before: _Optional[float] = ..., share: _Optional[float] = ...) -> None: ...

@@ -522,6 +522,16 @@ class AdminStub:
                 request_serializer=floodgate_dot_v1_dot_floodgate__pb2.GetTopKeysRequest.SerializeToString,
                 response_deserializer=floodgate_dot_v1_dot_floodgate__pb2.GetTopKeysResponse.FromString,
                 _registered_method=True)
+        self.GetDecisions = channel.unary_unary(
+                '/floodgate.v1.Admin/GetDecisions',
+                request_serializer=floodgate_dot_v1_dot_floodgate__pb2.GetDecisionsRequest.SerializeToString,
+                response_deserializer=floodgate_dot_v1_dot_floodgate__pb2.GetDecisionsResponse.FromString,
+                _registered_method=True)
+        self.SetDecisionLog = channel.unary_unary(
+                '/floodgate.v1.Admin/SetDecisionLog',
+                request_serializer=floodgate_dot_v1_dot_floodgate__pb2.SetDecisionLogRequest.SerializeToString,
+                response_deserializer=floodgate_dot_v1_dot_floodgate__pb2.SetDecisionLogResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -644,6 +654,25 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetDecisions(self, request, context):
+        """Why calls were answered as they were: the decisions the decision log
+        kept, newest first, each with the rule that matched, every limit it
+        evaluated and what decided. The log is off unless the server runs with
+        --decision-log or SetDecisionLog turned it on. Role: read.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetDecisionLog(self, request, context):
+        """Sets the share of decisions the decision log keeps (0 turns it off;
+        the decisions kept so far stay). Lasts until the server stops. Role:
+        admin.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -711,6 +740,16 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.GetTopKeys,
                     request_deserializer=floodgate_dot_v1_dot_floodgate__pb2.GetTopKeysRequest.FromString,
                     response_serializer=floodgate_dot_v1_dot_floodgate__pb2.GetTopKeysResponse.SerializeToString,
+            ),
+            'GetDecisions': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetDecisions,
+                    request_deserializer=floodgate_dot_v1_dot_floodgate__pb2.GetDecisionsRequest.FromString,
+                    response_serializer=floodgate_dot_v1_dot_floodgate__pb2.GetDecisionsResponse.SerializeToString,
+            ),
+            'SetDecisionLog': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetDecisionLog,
+                    request_deserializer=floodgate_dot_v1_dot_floodgate__pb2.SetDecisionLogRequest.FromString,
+                    response_serializer=floodgate_dot_v1_dot_floodgate__pb2.SetDecisionLogResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1071,6 +1110,60 @@ class Admin:
             '/floodgate.v1.Admin/GetTopKeys',
             floodgate_dot_v1_dot_floodgate__pb2.GetTopKeysRequest.SerializeToString,
             floodgate_dot_v1_dot_floodgate__pb2.GetTopKeysResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetDecisions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/floodgate.v1.Admin/GetDecisions',
+            floodgate_dot_v1_dot_floodgate__pb2.GetDecisionsRequest.SerializeToString,
+            floodgate_dot_v1_dot_floodgate__pb2.GetDecisionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetDecisionLog(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/floodgate.v1.Admin/SetDecisionLog',
+            floodgate_dot_v1_dot_floodgate__pb2.SetDecisionLogRequest.SerializeToString,
+            floodgate_dot_v1_dot_floodgate__pb2.SetDecisionLogResponse.FromString,
             options,
             channel_credentials,
             insecure,

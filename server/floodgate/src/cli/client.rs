@@ -98,7 +98,7 @@ pub fn block_on(f: impl std::future::Future<Output = anyhow::Result<ExitCode>>) 
     }
 }
 
-fn parse_pair(s: &str) -> Result<(String, String), String> {
+pub(crate) fn parse_pair(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
         Some((k, v)) => Ok((k.to_string(), v.to_string())),
         None => Err(format!("'{s}' is not key=value")),
@@ -247,7 +247,7 @@ pub fn status_error(s: tonic::Status) -> anyhow::Error {
 }
 
 /// A decision, readably.
-fn render(resource: &str, r: &pb::AcquireResponse) -> String {
+pub(crate) fn render(resource: &str, r: &pb::AcquireResponse) -> String {
     use std::fmt::Write;
     let verdict =
         pb::Verdict::try_from(r.verdict).map_or("UNKNOWN", |v| v.as_str_name().trim_start_matches("VERDICT_"));

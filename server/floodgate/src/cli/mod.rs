@@ -10,6 +10,7 @@ mod control;
 mod overrides;
 mod serve;
 mod top;
+mod why;
 
 #[derive(Parser, Debug)]
 #[command(name = "floodgate", version, about = "A rate-limit and circuit-breaker decision service")]
@@ -54,6 +55,8 @@ enum Command {
     Overrides(overrides::OverridesArgs),
     /// Who is being limited: each limit's most denied and admitted keys lately.
     Top(top::TopArgs),
+    /// Why calls were answered as they were, from the server's decision log.
+    Why(why::WhyArgs),
     /// Load-test a server, ghz-style.
     Bench(crate::bench::BenchArgs),
 }
@@ -81,6 +84,7 @@ impl Cli {
             Command::Watch(args) => return client::block_on(control::watch(args)),
             Command::Overrides(args) => return client::block_on(overrides::overrides(args)),
             Command::Top(args) => return client::block_on(top::top(args)),
+            Command::Why(args) => return client::block_on(why::why(args)),
         };
         match result {
             Ok(()) => ExitCode::SUCCESS,

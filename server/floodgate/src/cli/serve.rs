@@ -106,6 +106,19 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = crate::overrides::DEFAULT_MAX)]
     max_overrides: usize,
 
+    /// Keep this share of decisions (0 to 1) in the decision log, to read
+    /// with `floodgate why` or Admin/GetDecisions: each with the rule that
+    /// matched, every limit it evaluated and what decided. 0 is off;
+    /// Admin/SetDecisionLog changes it while the server runs.
+    #[arg(long, default_value_t = 0.0, value_parser = parse_share)]
+    decision_log: f64,
+
+    /// The most decisions the decision log holds (the oldest go first). It
+    /// also holds at most 64 MiB, whatever the descriptors' length.
+    #[arg(long, default_value_t = crate::decider::decisions::DEFAULT_CAPACITY as u32,
+          value_parser = clap::value_parser!(u32).range(1..=crate::decider::decisions::MAX_CAPACITY as i64))]
+    decision_log_size: u32,
+
     #[command(flatten)]
     limits: LimitArgs,
 
@@ -362,6 +375,7 @@ fn options(args: ServeArgs) -> anyhow::Result<Options> {
         max_watchers: l.max_watchers,
         http_hosts: args.http_hosts,
         overrides: crate::decider::OverrideOptions { file: args.overrides_file, max: args.max_overrides },
+        decision_log: (args.decision_log, args.decision_log_size as usize),
         tls,
         access,
         clock: Arc::new(SystemClock::new()),
@@ -479,5 +493,13 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(not(unix))]
     async {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// A share between 0 and 1.
+fn parse_share(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!("'{s}' is not a share between 0 and 1 (0.01 keeps one decision in a hundred)")),
     }
 }

@@ -64,7 +64,7 @@ impl Decider {
     }
 
     /// Every decided call, however it was decided: shown to the what-if
-    /// running (if any), translated.
+    /// running (if any) and offered to the decision log, translated.
     #[inline]
     fn answered<'r, D: Descriptors + ?Sized, R: FromAnswer<Answer<'r>>>(
         &self,
@@ -73,6 +73,9 @@ impl Decider {
     ) -> R {
         if let Some(w) = &*self.what_if.load() {
             w.observe(req, answer.verdict == Verdict::Allowed, self.engine.clock().now());
+        }
+        if self.decisions.wants() {
+            self.decisions.keep(req, &answer);
         }
         R::from_answer(answer)
     }

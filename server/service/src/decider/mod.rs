@@ -23,6 +23,7 @@ use crate::replication::Replication;
 
 mod breakers;
 mod decide;
+pub mod decisions;
 mod lease;
 mod overrides;
 mod rls;
@@ -119,6 +120,9 @@ pub struct Decider {
     /// slow reader never slows the engine: it falls behind, loses events,
     /// and is told so (it then takes a fresh snapshot).
     events: tokio::sync::broadcast::Sender<Arc<crate::events::Event>>,
+    /// Why calls were answered as they were, for a share of them (off by
+    /// default).
+    decisions: decisions::DecisionLog,
 }
 
 /// Events kept for slow readers before they fall behind.
@@ -145,7 +149,19 @@ impl Decider {
             changing: tokio::sync::Mutex::new(()),
             draining: tokio::sync::watch::Sender::new(false),
             events,
+            decisions: decisions::DecisionLog::new(0.0, decisions::DEFAULT_CAPACITY).expect("0 is a share"),
         }
+    }
+
+    /// The decision log to keep (`--decision-log`, `--decision-log-size`).
+    pub(crate) fn with_decision_log(mut self, log: decisions::DecisionLog) -> Self {
+        self.decisions = log;
+        self
+    }
+
+    /// The decision log: read by Admin, its share set by it.
+    pub fn decisions(&self) -> &decisions::DecisionLog {
+        &self.decisions
     }
 
     /// Ends every open stream: the server is draining.

@@ -207,4 +207,37 @@ impl Admin for ControlPlane {
             admitted_sample: crate::hitters::ADMITTED_SAMPLE,
         }))
     }
+
+    async fn get_decisions(
+        &self,
+        request: Request<pb::GetDecisionsRequest>,
+    ) -> Result<Response<pb::GetDecisionsResponse>, Status> {
+        let req = request.into_inner();
+        let log = self.decider.decisions();
+        let query = crate::decider::decisions::DecisionQuery {
+            resource: req.resource,
+            descriptors: req.descriptors.into_iter().collect(),
+            denied_only: req.denied_only,
+            count: req.count as usize,
+        };
+        Ok(Response::new(pb::GetDecisionsResponse {
+            decisions: log.read(&query).iter().map(IntoWire::into_wire).collect(),
+            share: log.share(),
+            capacity: u32::try_from(log.capacity()).unwrap_or(u32::MAX),
+            kept: log.kept(),
+        }))
+    }
+
+    async fn set_decision_log(
+        &self,
+        request: Request<pb::SetDecisionLogRequest>,
+    ) -> Result<Response<pb::SetDecisionLogResponse>, Status> {
+        let share = request.get_ref().share;
+        let before = self.decider.decisions().set_share(share).map_err(|e| {
+            crate::engine::RequestError::OutOfRange { field: "share", message: e.to_string() }.into_status()
+        })?;
+        let who = who(&request);
+        tracing::info!(target: "floodgate::audit", who, change = "SetDecisionLog", share_before = before, share, "admin change");
+        Ok(Response::new(pb::SetDecisionLogResponse { share_before: before, share }))
+    }
 }

@@ -190,6 +190,41 @@ impl crate::decider::FromAnswer<Answer<'_>> for pb::AcquireResponse {
     }
 }
 
+impl FromDomain<&crate::decider::decisions::Logged> for pb::LoggedDecision {
+    fn from_domain(d: &crate::decider::decisions::Logged) -> Self {
+        pb::LoggedDecision {
+            at: Some(super::timestamp(d.at)),
+            resource: d.resource.clone(),
+            descriptors: d.descriptors.iter().cloned().collect(),
+            cost: d.cost,
+            dry_run: d.dry_run,
+            settle: d.settle,
+            verdict: pb::Verdict::from_domain(d.verdict) as i32,
+            rule: d.rule.clone(),
+            limits: d
+                .limits
+                .iter()
+                .map(|l| pb::LimitStatus {
+                    name: l.name.clone(),
+                    limit: l.limit,
+                    remaining: l.remaining,
+                    reset_after: duration(l.reset_after),
+                    retry_after: duration(l.retry_after),
+                    window: duration(l.window),
+                    exceeded: l.exceeded,
+                    algorithm: String::new(),
+                    shadow: l.shadow,
+                    admitted_over_limit: l.admitted_over_limit,
+                })
+                .collect(),
+            decided_by: d.decided_by.clone(),
+            reason: d.reason.clone(),
+            breaker_state: state_number(d.breaker_state),
+            degradation_level: d.degradation_level,
+        }
+    }
+}
+
 /// A leased limit and what it holds.
 pub fn left(l: &crate::engine::lease::Left) -> pb::LimitStatus {
     pb::LimitStatus {
