@@ -156,6 +156,31 @@ async fn should_rate_limit(fg: &Floodgate, body: Bytes) -> Result<Vec<(u32, Valu
     Ok(parse(&r.into_inner().0))
 }
 
+/// Each descriptor Envoy asks about is a decision in the decision log, its
+/// domain as the resource.
+#[tokio::test]
+async fn envoy_rls_decisions_are_in_the_decision_log() {
+    let dir = TempDir::new();
+    let config = dir.write("rules.yaml", RULES);
+    let fg = floodgate().args(["--config", path_str(&config), "--decision-log", "1"]).start();
+    for _ in 0..4 {
+        should_rate_limit(&fg, request("edge", &[descriptor(&[("remote_address", "10.0.0.9")], None)], 0))
+            .await
+            .unwrap();
+    }
+    let ask = floodgate_proto::v1::GetDecisionsRequest {
+        resource: "edge".into(),
+        descriptors: [("remote_address".to_string(), "10.0.0.9".to_string())].into(),
+        denied_only: true,
+        count: 0,
+    };
+    let got = fg.admin().await.get_decisions(ask).await.unwrap().into_inner();
+    assert_eq!(got.decisions.len(), 1, "{got:?}");
+    let d = &got.decisions[0];
+    assert_eq!((d.decided_by.clone(), d.cost), (vec!["per-ip".to_string()], 1), "{d:?}");
+    assert_eq!(got.kept, 4);
+}
+
 #[tokio::test]
 async fn envoy_rls_answers_ok_over_limit_and_descriptor_statuses() {
     let dir = TempDir::new();

@@ -8,6 +8,9 @@
 //! the oldest first. Reading it (`Admin/GetDecisions`, `floodgate why`)
 //! filters by resource and descriptors.
 //!
+//! Acquire's decisions are offered to it, and each descriptor of Envoy's
+//! ShouldRateLimit (its domain as the resource).
+//!
 //! A decision costs one atomic load while the log is off. The log is read
 //! only by operators, so a plain mutex is enough; a kept decision is built
 //! before the lock is taken.
@@ -143,7 +146,20 @@ impl DecisionLog {
 
     /// Keeps a decision (call only when [`DecisionLog::wants`] said so).
     pub fn keep<D: Descriptors + ?Sized>(&self, req: &Request<'_, D>, answer: &Answer<'_>) {
-        let logged = Logged::of(req, answer);
+        let asked = Asked { cost: u64::from(req.cost.max(1)), dry_run: req.dry_run, settle: req.settle };
+        self.keep_parts(req.resource, req.descriptors.entries(), asked, answer);
+    }
+
+    /// Keeps a decision of a request given in parts (one descriptor of
+    /// Envoy's ShouldRateLimit: its domain is the resource).
+    pub fn keep_parts<'a>(
+        &self,
+        resource: &str,
+        descriptors: impl Iterator<Item = (&'a str, &'a str)>,
+        asked: Asked,
+        answer: &Answer<'_>,
+    ) {
+        let logged = Logged::of(resource, descriptors, asked, answer);
         let bytes = logged.bytes();
         self.kept.fetch_add(1, Ordering::Relaxed);
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
@@ -167,8 +183,21 @@ fn share_of(threshold: u64) -> f64 {
     if threshold == u64::MAX { 1.0 } else { threshold as f64 / u64::MAX as f64 }
 }
 
+/// What a logged request asked for besides its resource and descriptors.
+#[derive(Clone, Copy, Debug)]
+pub struct Asked {
+    pub cost: u64,
+    pub dry_run: bool,
+    pub settle: bool,
+}
+
 impl Logged {
-    fn of<D: Descriptors + ?Sized>(req: &Request<'_, D>, answer: &Answer<'_>) -> Self {
+    fn of<'a>(
+        resource: &str,
+        descriptors: impl Iterator<Item = (&'a str, &'a str)>,
+        asked: Asked,
+        answer: &Answer<'_>,
+    ) -> Self {
         let limits: Vec<LoggedLimit> = answer
             .limits
             .iter()
@@ -195,11 +224,11 @@ impl Logged {
         };
         Logged {
             at: SystemTime::now(),
-            resource: req.resource.to_string(),
-            descriptors: req.descriptors.entries().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-            cost: u64::from(req.cost.max(1)),
-            dry_run: req.dry_run,
-            settle: req.settle,
+            resource: resource.to_string(),
+            descriptors: descriptors.map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            cost: asked.cost,
+            dry_run: asked.dry_run,
+            settle: asked.settle,
             verdict: answer.verdict,
             rule: answer.rule.cloned().unwrap_or_default(),
             limits,

@@ -34,6 +34,7 @@ impl Decider {
             })
             .collect();
         self.count(rules, req, items, answers);
+        self.log_decisions(req, answers);
         let mut over = overall(&statuses);
         if over && self.rls.shadow {
             metrics::counter!(crate::metrics::RLS_GLOBAL_SHADOW).increment(1);
@@ -48,6 +49,18 @@ impl Decider {
             false => Vec::new(),
         };
         RlsAnswer { over, statuses, headers, metadata }
+    }
+
+    /// Offers each descriptor's decision to the decision log.
+    fn log_decisions(&self, req: &RlsRequest<'_>, answers: &Answers<'_>) {
+        for (d, answer) in req.descriptors.iter().zip(answers) {
+            if let Some(answer) = answer
+                && self.decisions().wants()
+            {
+                let asked = crate::decider::decisions::Asked { cost: d.hits, dry_run: d.hits == 0, settle: false };
+                self.decisions().keep_parts(req.domain, d.entries.iter().copied(), asked, answer);
+            }
+        }
     }
 
     /// Upstream's stats of every descriptor an Envoy configuration limit or
