@@ -64,6 +64,7 @@ mod last_good;
 mod lease;
 mod load;
 mod local;
+pub mod metered;
 mod permit;
 mod reporter;
 pub mod stats;
@@ -75,6 +76,7 @@ pub use decision::{Acquire, Decision, Priority, Verdict};
 pub use error::Error;
 pub use floodgate_proto as proto;
 pub use guard::{Fallback, GuardError, Served};
+pub use metered::{Charged, Flow, Metered, Metering};
 pub use permit::{Outcome, Permit};
 
 #[cfg(test)]

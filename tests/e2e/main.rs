@@ -59,6 +59,7 @@ mod http_api;
 mod kubernetes;
 mod languages;
 mod leases;
+mod metered;
 mod observe;
 mod overrides;
 mod prometheus;

@@ -169,6 +169,22 @@ impl Client {
         }
     }
 
+    /// One Charge, asked of the servers in turn: `None` when none answered.
+    pub(crate) async fn ask_charge(&self, proto: pb::ChargeRequest) -> Option<Result<pb::ChargeResponse, Error>> {
+        let asked = self.ask(
+            |mut grpc| {
+                let proto = proto.clone();
+                async move { grpc.charge(proto).await }
+            },
+            None,
+        );
+        match asked.await {
+            Asked::Answer(_, r) => Some(Ok(r)),
+            Asked::BadInput(status) => Some(Err(status.into())),
+            Asked::Unreachable => None,
+        }
+    }
+
     /// Waits until every report made so far was delivered (or given up on).
     pub async fn flush(&self) {
         for ep in &self.inner.endpoints {
