@@ -23,14 +23,9 @@ use crate::permit::{Outcome, Permit};
 pub struct Charged {
     /// Every limit the request matched, after the charge.
     pub limits: Vec<Limit>,
-}
-
-impl Charged {
-    /// Whether a limit (not in shadow mode) is now used up or in debt: the
-    /// caller should stop.
-    pub fn exhausted(&self) -> bool {
-        self.limits.iter().any(|l| l.exceeded)
-    }
+    /// A limit (not in shadow mode) is now used up or in debt: the caller
+    /// should stop.
+    pub exhausted: bool,
 }
 
 /// Whether a metered call may go on after [`Metered::add`].
@@ -81,7 +76,8 @@ impl Client {
         let asked = self.ask_charge(proto).await;
         let answer = asked.ok_or_else(|| Error::Server(tonic::Status::unavailable("no Floodgate server answered")))?;
         let answer = answer?;
-        Ok(Charged { limits: answer.limits.iter().map(Limit::from_proto).collect() })
+        let exhausted = answer.limits.iter().any(|l| l.exceeded && !l.shadow);
+        Ok(Charged { limits: answer.limits.iter().map(Limit::from_proto).collect(), exhausted })
     }
 
     /// Starts a metered call: reserves `req`'s cost as an estimate (an
@@ -117,7 +113,7 @@ impl Metered {
         let ask = self.req.clone().cost(u32::try_from(due).unwrap_or(u32::MAX));
         self.charged += u64::from(ask.cost_units());
         match self.client.charge(&ask).await {
-            Ok(charged) if charged.exhausted() => Flow::Stop { limits: charged.limits },
+            Ok(charged) if charged.exhausted => Flow::Stop { limits: charged.limits },
             Ok(_) => Flow::Continue,
             Err(_) if matches!(self.client.inner().fail_mode, FailMode::Closed) => Flow::Stop { limits: Vec::new() },
             Err(_) => Flow::Continue,
