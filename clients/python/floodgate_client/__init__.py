@@ -22,6 +22,7 @@ from ._model import (
     Source,
     Verdict,
 )
+from ._metered import AsyncMetered, Metered
 from ._permit import Permit
 from .aio import AsyncClient
 from .client import Client
@@ -41,6 +42,7 @@ __all__ = [
     "Acquire",
     "AsyncClient",
     "AsyncGuard",
+    "AsyncMetered",
     "BreakerState",
     "Client",
     "ConfigError",
@@ -51,6 +53,7 @@ __all__ = [
     "Guard",
     "InvalidArgument",
     "Limit",
+    "Metered",
     "Outcome",
     "Permit",
     "Priority",

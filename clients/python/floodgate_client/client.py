@@ -14,7 +14,8 @@ from . import _core
 from ._breaker import ServerBreaker
 from ._core import Core, Tls, give_back, report_request
 from ._guard import NO_FALLBACK, Classifier, Guard, guarded, make_request
-from ._model import Acquire, Decision, FailMode, Outcome, Priority, ReportResult, breaker_state
+from ._metered import Metered
+from ._model import Acquire, Decision, FailMode, Limit, Outcome, Priority, ReportResult, breaker_state
 from ._permit import Permit, Seconds, as_seconds
 from ._proto import floodgate_pb2 as pb
 from ._proto import floodgate_pb2_grpc as pb_grpc
@@ -317,6 +318,42 @@ class Client:
             attempt.success()
             return i, response
         return None
+
+    # --- charging ---
+
+    def charge(
+        self,
+        resource: str,
+        descriptors: Optional[Mapping[str, str]] = None,
+        cost: int = 1,
+        timeout: Optional[Seconds] = None,
+    ) -> Tuple[Limit, ...]:
+        """Takes `cost` from every limit the request matches, with no
+        question first: beyond a limit if need be (a debt later callers wait
+        out). Returns the limits after it (`exceeded` when used up). Raises
+        InvalidArgument for bad input, Unavailable when no server answered."""
+        self._check_open()
+        request = pb.ChargeRequest(resource=resource, descriptors=dict(descriptors or {}), cost=cost)
+        sent = {"resource": resource, "cost": cost}
+        asked = self._ask("Charge", request, self._timeout(timeout), sent, None)
+        if asked is None:
+            raise Unavailable("no Floodgate server answered the charge")
+        return tuple(Limit.from_proto(l) for l in asked[1].limits)
+
+    def meter(
+        self,
+        resource: str,
+        descriptors: Optional[Mapping[str, str]] = None,
+        estimate: int = 1,
+        timeout: Optional[Seconds] = None,
+    ) -> Metered:
+        """Starts a metered call: reserves `estimate` (an acquire with
+        settle=True). Count each chunk's units with `add`, which charges
+        what goes beyond the estimate and returns False when a budget ran
+        out; leave the `with` block (or call `finish`) to settle. Check
+        `admitted` first: a denied start has `decision` with its retry_after."""
+        decision = self.acquire(resource, descriptors, estimate, timeout=timeout, settle=True)
+        return Metered(self, resource, descriptors, estimate, decision)
 
     # --- reporting ---
 
