@@ -4,14 +4,15 @@ import { performance } from "node:perf_hooks";
 import * as grpc from "@grpc/grpc-js";
 
 import { Attempt, ServerBreaker } from "./breaker.js";
-import { Decision, breakerState, msDuration } from "./decision.js";
+import { Decision, breakerState, limitFromWire, msDuration } from "./decision.js";
 import { DeniedError, FloodgateError, InvalidArgumentError, UnavailableError } from "./errors.js";
 import { LocalLimits, questionKey } from "./local.js";
+import { Metered } from "./metered.js";
 import { Permit, settleAll, type PermitSink, type PermitState } from "./permit.js";
 import { floodgateStub } from "./proto.js";
 import { Reporter } from "./reporter.js";
 import { newStats, type Stats } from "./stats.js";
-import { BreakerState, FailMode, Outcome, Priority, type AcquireRequest } from "./types.js";
+import { BreakerState, FailMode, Outcome, Priority, type AcquireRequest, type Limit } from "./types.js";
 import type {
   FloodgateStub,
   UnaryCallback,
@@ -19,6 +20,8 @@ import type {
   WireAcquireBatchResponse,
   WireAcquireRequest,
   WireAcquireResponse,
+  WireChargeRequest,
+  WireChargeResponse,
   WireReportOutcomeRequest,
   WireReportOutcomeResponse,
 } from "./wire.js";
@@ -146,6 +149,7 @@ const batchCall: Call<WireAcquireBatchRequest, WireAcquireBatchResponse> = (s, r
   s.AcquireBatch(r, m, o, cb);
 const reportCall: Call<WireReportOutcomeRequest, WireReportOutcomeResponse> = (s, r, m, o, cb) =>
   s.ReportOutcome(r, m, o, cb);
+const chargeCall: Call<WireChargeRequest, WireChargeResponse> = (s, r, m, o, cb) => s.Charge(r, m, o, cb);
 
 /**
  * A Floodgate client, shared by every caller of a process.
@@ -297,6 +301,47 @@ export class Client {
       responses.forEach((r, i) => out.push(this.#decision(r, chunk[i]!, asked.endpoint)));
     }
     return out;
+  }
+
+  /**
+   * Takes `cost` from every limit the request matches, with no question
+   * first: beyond a limit if need be (a debt later callers wait out). The
+   * limits after it (`exceeded` when used up). Throws InvalidArgumentError
+   * for bad input, UnavailableError when no server answers.
+   */
+  async charge(request: AcquireRequest): Promise<Limit[]> {
+    return (await this.#chargeWire(request)).limits;
+  }
+
+  async #chargeWire(request: AcquireRequest): Promise<{ limits: Limit[]; exhausted: boolean }> {
+    this.#checkOpen();
+    const w = toWire(request);
+    const wire: WireChargeRequest = { resource: w.resource, descriptors: w.descriptors, cost: w.cost };
+    const asked = await this.#ask(chargeCall, wire, this.#timeout(request));
+    switch (asked.kind) {
+      case "answer": {
+        const limits = asked.value.limits ?? [];
+        // A shadow limit used up stops nothing.
+        const exhausted = limits.some((l) => l.exceeded && !l.shadow);
+        return { limits: limits.map(limitFromWire), exhausted };
+      }
+      case "badInput":
+        throw new InvalidArgumentError(asked.message);
+      case "unreachable":
+        throw new UnavailableError(`Floodgate is unreachable: ${asked.why}`);
+    }
+  }
+
+  /**
+   * Starts a metered call (a streamed answer): reserves `request.cost` as an
+   * estimate (an Acquire with `settle`). Count each chunk with `add`, which
+   * charges what goes beyond the estimate and answers false when a budget
+   * ran out; `finish` settles. Check `admitted` first.
+   */
+  async meter(request: AcquireRequest): Promise<Metered> {
+    const decision = await this.acquire({ ...request, settle: true, dryRun: false });
+    const charge = (units: number) => this.#chargeWire({ ...request, cost: units, settle: false, dryRun: false });
+    return new Metered(decision, request.cost ?? 1, charge, this.#failMode.kind === "closed");
   }
 
   /**

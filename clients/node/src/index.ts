@@ -23,6 +23,7 @@ export {
 } from "./http.js";
 export type { NextFunction, RateLimitMiddleware, RateLimitOptions } from "./http.js";
 export { LocalLimits, questionKey } from "./local.js";
+export { Metered } from "./metered.js";
 export type { LocalPermitFactory } from "./local.js";
 export { Permit } from "./permit.js";
 export type { PermitSink, PermitState } from "./permit.js";

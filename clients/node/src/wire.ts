@@ -113,6 +113,18 @@ export interface WireReportOutcomeBatchResponse {
   responses: WireReportOutcomeResponse[];
 }
 
+/** floodgate.v1.ChargeRequest */
+export interface WireChargeRequest {
+  resource: string;
+  descriptors: Record<string, string>;
+  cost: number;
+}
+
+/** floodgate.v1.ChargeResponse */
+export interface WireChargeResponse {
+  limits: WireLimitStatus[];
+}
+
 export type UnaryCallback<T> = (err: grpc.ServiceError | null, value?: T) => void;
 
 /** A unary method of the generated client, as grpc-js builds it. */
@@ -129,6 +141,7 @@ export interface FloodgateStub extends grpc.Client {
   AcquireBatch: UnaryMethod<WireAcquireBatchRequest, WireAcquireBatchResponse>;
   ReportOutcome: UnaryMethod<WireReportOutcomeRequest, WireReportOutcomeResponse>;
   ReportOutcomeBatch: UnaryMethod<WireReportOutcomeBatchRequest, WireReportOutcomeBatchResponse>;
+  Charge: UnaryMethod<WireChargeRequest, WireChargeResponse>;
 }
 
 export type FloodgateStubConstructor = new (

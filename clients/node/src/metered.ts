@@ -1,0 +1,84 @@
+// A metered call: reserve an estimate, charge what goes beyond it while the
+// call streams, settle at the end.
+//
+// An LLM answer's tokens are known chunk by chunk. `client.meter(...)`
+// reserves an estimate first (an Acquire with `settle`), so that concurrent
+// calls cannot all pass one check of the same budget. `add(units)` counts
+// each chunk: within the reservation nothing is asked; beyond it, the excess
+// is charged at once, and `add` answers false when a budget is used up, so a
+// call overshoots its budget by at most one chunk. `finish()` settles the
+// reservation at what was used of it; the rest comes back to the limits.
+
+import type { Decision } from "./decision.js";
+import { UnavailableError } from "./errors.js";
+import type { Permit } from "./permit.js";
+import { Outcome, type Limit } from "./types.js";
+
+/** Charges `units` and answers the limits after it, or throws. */
+export type ChargeFn = (units: number) => Promise<{ limits: Limit[]; exhausted: boolean }>;
+
+export class Metered {
+  /** The decision at the start: `admitted` is false when it was denied. */
+  readonly decision: Decision;
+  /** Units the start reserved (0 when no server was reached). */
+  readonly reserved: number;
+  /** The limits as the charge that said stop left them. */
+  limits: readonly Limit[] = [];
+  #used = 0;
+  #charged = 0;
+  #permit: Permit | undefined;
+  readonly #charge: ChargeFn;
+  readonly #failClosed: boolean;
+
+  constructor(decision: Decision, estimate: number, charge: ChargeFn, failClosed: boolean) {
+    this.decision = decision;
+    this.#permit = (decision.allowed ? decision.permit : undefined) ?? undefined;
+    this.reserved = this.#permit ? estimate : 0;
+    this.#charge = charge;
+    this.#failClosed = failClosed;
+  }
+
+  /** Whether the call may start (else see `decision.retryAfterMs`). */
+  get admitted(): boolean {
+    return this.decision.allowed;
+  }
+
+  /** Units counted so far. */
+  get used(): number {
+    return this.#used;
+  }
+
+  /**
+   * Counts `units` more of the call's use: false when a budget ran out and
+   * the call should end. When no server answers a charge, the call goes on
+   * (unless the client fails closed), and those units are not charged again
+   * later: a charge whose answer was lost may have been applied, and
+   * charging it again would count it twice.
+   */
+  async add(units: number): Promise<boolean> {
+    if (!Number.isSafeInteger(units) || units < 0) throw new RangeError(`units must be a whole number >= 0, not ${units}`);
+    if (!this.admitted) throw new Error("the metered call was denied at the start: nothing to count");
+    this.#used += units;
+    const due = Math.max(0, this.#used - this.reserved) - this.#charged;
+    if (due <= 0) return true;
+    this.#charged += due;
+    try {
+      const charged = await this.#charge(due);
+      if (charged.exhausted) {
+        this.limits = charged.limits;
+        return false;
+      }
+      return true;
+    } catch (e) {
+      if (e instanceof UnavailableError) return !this.#failClosed;
+      throw e;
+    }
+  }
+
+  /** Ends the call: settles the reservation at the units used within it. */
+  finish(outcome: Outcome = Outcome.Success): void {
+    const permit = this.#permit;
+    this.#permit = undefined;
+    permit?.reportCost(outcome, Math.min(this.#used, this.reserved));
+  }
+}
