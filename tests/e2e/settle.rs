@@ -486,6 +486,50 @@ async fn strict_give_backs_survive_redis_coming_back_older() {
     assert!((stale - 800.0).abs() < 1.0, "\"stale\" holds {stale} after the restore, not 1000 - 100 - 100");
 }
 
+/// A replica that knew nothing of a strict bucket, and changes it after
+/// Redis came back older but before the replica that knew it restores it,
+/// does not make the older figure look like the newest: the knowing
+/// replica's figure still lowers it (before, the change dated Redis's
+/// figure after the knowing replica's last answer, and the 800 units taken
+/// since the dump were free again for good).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_through_an_unknowing_replica_does_not_hide_a_strict_loss() {
+    let (mut redis, _dir, args) = replicated(STRICT);
+    let args = strs(&args);
+    let (a, b) = (floodgate().args(&args).start(), floodgate().args(&args).start());
+    wait_live(&a, 2);
+    wait_redis_up(&b);
+    let (mut ca, mut cb) = (a.client().await, b.client().await);
+    assert_eq!(ca.acquire(on("strict", "hidden", 100, false)).await.unwrap().into_inner().limits[0].remaining, 900);
+    redis.bgsave();
+    assert_eq!(ca.acquire(on("strict", "hidden", 800, false)).await.unwrap().into_inner().limits[0].remaining, 100);
+
+    // A cannot restore while it is stopped; B, which never used "hidden",
+    // takes 1 from the older figure (900) meanwhile.
+    signal(a.pid(), "STOP");
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        assert!(Instant::now() < deadline, "B never took from the older figure: {}", b.logs());
+        if let Ok(r) = cb.acquire(on("strict", "hidden", 1, false)).await
+            && r.get_ref().verdict() == pb::Verdict::Allowed
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    signal(a.pid(), "CONT");
+    while !a.logs().contains("Redis had lost this resource's state") {
+        assert!(Instant::now() < deadline, "A never restored: {}", a.logs());
+        let _ = ca.acquire(on("strict", "other", 1, false)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let key = "fg:b:{strict}:tokens:token_bucket:hidden";
+    let tokens: f64 = redis.cli(&["HGET", key, "t"]).and_then(|t| t.parse().ok()).unwrap_or(f64::NAN);
+    // Exact is 99 (A's 100 less B's 1); B's take may be lost (100), never the 800.
+    assert!((98.5..=100.5).contains(&tokens), "\"hidden\" holds {tokens} after A's restore, not 99 or 100");
+}
+
 /// A charge far past a strict sliding log's limit is taken once, and costs
 /// Redis what one of the limit does (before: one entry per unit; a charge
 /// of 50,000 ran past --redis-timeout, was owed, paid again and again, and

@@ -30,7 +30,7 @@ for i = 2, #KEYS do
     A[alg].give(key, p, now, -units, s, at)
     s = A[alg].status(key, p, now, 0)
   end
-  if units ~= 0 then changed(key, now, alg, p) end
+  if units ~= 0 then changed(key, now, alg, p, ARGV[2]) end
   table.insert(out, math.floor(s.avail))
 end
 return out

@@ -398,9 +398,13 @@ local function marked(key, known)
   return string.sub(known, -40) == identity()
 end
 -- When a strict bucket last changed (Redis time, us), kept beside it as
--- `key:w` by every script that changes it. After Redis went back to an older
--- copy, this says how old the bucket's figure is, so that a restore can tell
--- whether a replica's last answer is newer (and so the true state) or not.
+-- `key:w` with the marker's token of that change, by every script that
+-- changes it. After Redis went back to an older copy, this says how old the
+-- bucket's figure is, so that a restore can tell whether a replica's last
+-- answer is newer (and so the true state) or not. A change made under the
+-- token of the restores themselves came after the loss: it was made on top
+-- of the older figure by a replica that knew nothing to restore, so the
+-- figure is as old as nobody can say.
 -- It is kept as long as a figure of the bucket from that time can matter:
 -- until a rate limit would be full again from empty, or the window ends.
 local function lifetime_us(alg, p, now)
@@ -411,12 +415,19 @@ local function lifetime_us(alg, p, now)
   if alg == CODE.calendar then return p[4] - now end
   return MARKER_TTL * 1e6
 end
-local function changed(key, now, alg, p)
+local function changed(key, now, alg, p, token)
   local us = math.min(lifetime_us(alg, p, now), MARKER_TTL * 1e6)
-  redis.call('SET', key .. ':w', int(now), 'PX', math.ceil(math.max(us, 0) / 1000) + 1000)
+  redis.call('SET', key .. ':w', int(now) .. ' ' .. token, 'PX', math.ceil(math.max(us, 0) / 1000) + 1000)
 end
-local function changed_at(key)
-  return tonumber(redis.call('GET', key .. ':w'))
+-- When the bucket's figure in Redis was last changed before the loss whose
+-- restores run under `token`; nil when unknown (no record, or a change
+-- after the loss).
+local function changed_at(key, token)
+  local v = redis.call('GET', key .. ':w')
+  if not v then return nil end
+  local at, by = string.match(v, '^(%d+) (.+)$')
+  if not at or by == token then return nil end
+  return tonumber(at)
 end
 -- A new token for a marker set now by this Redis process.
 local function new_token(now)

@@ -18,9 +18,10 @@
 -- most recent figure (`key:r` keeps when it was seen; Redis's own figure
 -- is as old as the bucket's `key:w`) and move the bucket up or down by the
 -- difference, which keeps whatever was taken since the earlier restore.
--- Without `key:w` (a bucket written by an older version), the age of
--- Redis's figure is unknown, and the lowest figure is kept, as for a
--- replicated bucket.
+-- Without `key:w` (a bucket written by an older version), or when a
+-- replica that had nothing to restore changed the bucket after the loss (on
+-- top of the older figure), the age of Redis's figure is unknown, and the
+-- lowest figure is kept, as for a replicated bucket.
 --
 -- KEYS[1]: the resource's marker; then the buckets. Per bucket in ARGV, eight
 -- numbers: the limit's five, what was available, when that was seen (us,
@@ -83,7 +84,7 @@ for i = 2, #KEYS do
       -- its last state, and another replica synced after this one).
       redis.call('DEL', KEYS[i] .. ':p')
       current = A[alg].status(KEYS[i], p, now, 0).avail
-      seen = strict and changed_at(KEYS[i]) or nil
+      seen = strict and changed_at(KEYS[i], token) or nil
     end
     local keep
     if strict and seen then
@@ -93,7 +94,7 @@ for i = 2, #KEYS do
     end
     if keep then
       if move(KEYS[i], alg, p, target - current) then changed_buckets = changed_buckets + 1 end
-      if strict then changed(KEYS[i], at, alg, p) end
+      if strict then changed(KEYS[i], at, alg, p, token) end
     end
     -- What the next restore of this loss starts from: this figure, or the
     -- one kept before (at the first restore, Redis's own).

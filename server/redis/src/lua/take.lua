@@ -38,7 +38,7 @@ for _ = 1, tonumber(ARGV[3]) do
     local s = st[i]
     if all and not check then
       A[algs[i]].take(KEYS[k + i], ps[i], now, cost, s)
-      changed(KEYS[k + i], now, algs[i], ps[i])
+      changed(KEYS[k + i], now, algs[i], ps[i], ARGV[2])
     end
     local left = (all and s.ok) and s.avail - cost or s.avail
     table.insert(out, s.ok and 1 or 0)
