@@ -530,6 +530,44 @@ async fn a_change_through_an_unknowing_replica_does_not_hide_a_strict_loss() {
     assert!((98.5..=100.5).contains(&tokens), "\"hidden\" holds {tokens} after A's restore, not 99 or 100");
 }
 
+/// A strict sliding log restored from a newer figure than Redis's older
+/// copy: the copy's entries count from that figure's time, so that those
+/// given back since (and standing in for later ones) do not free their
+/// units when the older entries expire (before, 200 units given back after
+/// the dump were free again once the first entries expired).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_strict_sliding_log_frees_nothing_before_its_time() {
+    let (mut redis, _dir, args) = replicated(STRICT);
+    let fg = floodgate().args(strs(&args)).start();
+    wait_redis_up(&fg);
+    let mut c = fg.client().await;
+    let est = c.acquire(on("log", "x", 6, true)).await.unwrap().into_inner();
+    assert_eq!(est.verdict(), pb::Verdict::Allowed);
+    redis.bgsave();
+    let redis_now = || -> i64 {
+        let t = redis.cli(&["TIME"]).unwrap_or_default();
+        let mut parts = t.lines().map(|l| l.trim().parse::<i64>().unwrap_or(0));
+        parts.next().unwrap_or(0) * 1_000_000 + parts.next().unwrap_or(0)
+    };
+    let after_dump = redis_now();
+    // 4 of the 6 given back, then 6 more taken: 8 entries stand, 6 from
+    // after the dump. The dump holds the 6 of the estimate.
+    assert!(c.report_outcome(settled_at("log", &est.permit_id, 2)).await.unwrap().into_inner().settled);
+    assert_eq!(c.acquire(on("log", "x", 6, false)).await.unwrap().into_inner().limits[0].remaining, 2);
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !fg.logs().contains("Redis had lost this resource's state") {
+        assert!(Instant::now() < deadline, "never restored: {}", fg.logs());
+        let _ = c.acquire(on("log", "other", 1, false)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let key = "fg:b:{log}:exact:sliding_window_log:x";
+    let entries = redis.cli(&["ZRANGE", key, "0", "-1", "WITHSCORES"]).unwrap_or_default();
+    let scores: Vec<i64> = entries.lines().skip(1).step_by(2).filter_map(|s| s.trim().parse().ok()).collect();
+    assert_eq!(scores.len(), 8, "8 entries stand (2 of them restored): {entries}");
+    assert!(scores.iter().all(|&s| s >= after_dump), "an entry of the older copy expires too soon: {entries}");
+}
+
 /// A charge far past a strict sliding log's limit is taken once, and costs
 /// Redis what one of the limit does (before: one entry per unit; a charge
 /// of 50,000 ran past --redis-timeout, was owed, paid again and again, and

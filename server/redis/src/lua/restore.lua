@@ -93,6 +93,23 @@ for i = 2, #KEYS do
       keep = target < current
     end
     if keep then
+      -- A sliding log's entries carry their times; a figure does not. Entries
+      -- of Redis's older copy may have been given back since (a settled
+      -- estimate) and stand in for units taken later: expiring at their own
+      -- time, they would free those units too early. So they count from the
+      -- kept figure's time: they expire no sooner than what they stand for
+      -- (a call or two may wait longer than it had to).
+      if strict and alg == CODE.sliding_log then
+        local older = redis.call('ZRANGEBYSCORE', KEYS[i], '-inf', '(' .. int(at))
+        for j = 1, #older, 500 do
+          local args = {}
+          for m = j, math.min(#older, j + 499) do
+            args[#args + 1] = at
+            args[#args + 1] = older[m]
+          end
+          redis.call('ZADD', KEYS[i], 'XX', unpack(args))
+        end
+      end
       if move(KEYS[i], alg, p, target - current) then changed_buckets = changed_buckets + 1 end
       if strict then changed(KEYS[i], at, alg, p, token) end
     end
