@@ -280,8 +280,10 @@ impl Engine {
         };
         for (limit, _, _) in &matched {
             let capacity = limit.algorithm.capacity();
-            // A limit of 0 (Sentinel's threshold below one call) denies; it is not an error.
-            if capacity > 0 && cost > capacity {
+            // A limit of 0 (Sentinel's threshold below one call) denies; it is
+            // not an error. A shadow limit never changes the answer: a cost
+            // beyond it is only reported as what it would have denied.
+            if !limit.shadow && capacity > 0 && cost > capacity {
                 return Err(RequestError::CostExceedsCapacity { cost, capacity, limit: limit.name.clone() });
             }
         }

@@ -106,6 +106,28 @@ fn a_cost_beyond_capacity_is_an_error_and_changes_nothing() {
     assert_eq!(err.to_string(), "resource: must not be empty");
 }
 
+/// A shadow limit never changes the answer, not even to an error: a cost
+/// beyond its capacity is what it would have denied (before, such a call
+/// was INVALID_ARGUMENT, so trying a shadow limit on live traffic broke
+/// the calls that cost more than it holds).
+#[test]
+fn a_cost_beyond_a_shadow_limits_capacity_is_only_reported() {
+    let yaml = r#"
+resources:
+  - name: trial
+    limits:
+      - { name: real, algorithm: fixed_window, limit: 1000, window: 1m }
+      - { name: tried, algorithm: fixed_window, limit: 100, window: 1m, shadow: true }
+"#;
+    let (e, _) = engine(yaml);
+    let rules = e.rules();
+    let none = d(&[]);
+    let out = e.acquire(&rules, &Request { cost: 500, ..Request::new("trial", &none) }).unwrap();
+    assert_eq!(out.verdict, Verdict::Allowed);
+    assert_eq!(out.limits[0].status.remaining, 500);
+    assert!(out.limits[1].exceeded && out.limits[1].limit.shadow);
+}
+
 #[test]
 fn dry_run_answers_without_consuming() {
     let (e, _) = engine(RULES);
