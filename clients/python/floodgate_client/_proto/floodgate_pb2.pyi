@@ -895,16 +895,18 @@ class GetDecisionsRequest(_message.Message):
     def __init__(self, resource: _Optional[str] = ..., descriptors: _Optional[_Mapping[str, str]] = ..., denied_only: _Optional[bool] = ..., count: _Optional[int] = ...) -> None: ...
 
 class GetDecisionsResponse(_message.Message):
-    __slots__ = ("decisions", "share", "capacity", "kept")
+    __slots__ = ("decisions", "share", "capacity", "kept", "more")
     DECISIONS_FIELD_NUMBER: _ClassVar[int]
     SHARE_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     KEPT_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
     decisions: _containers.RepeatedCompositeFieldContainer[LoggedDecision]
     share: float
     capacity: int
     kept: int
-    def __init__(self, decisions: _Optional[_Iterable[_Union[LoggedDecision, _Mapping]]] = ..., share: _Optional[float] = ..., capacity: _Optional[int] = ..., kept: _Optional[int] = ...) -> None: ...
+    more: bool
+    def __init__(self, decisions: _Optional[_Iterable[_Union[LoggedDecision, _Mapping]]] = ..., share: _Optional[float] = ..., capacity: _Optional[int] = ..., kept: _Optional[int] = ..., more: _Optional[bool] = ...) -> None: ...
 
 class LoggedDecision(_message.Message):
     __slots__ = ("at", "resource", "descriptors", "cost", "dry_run", "settle", "verdict", "rule", "limits", "decided_by", "reason", "breaker_state", "degradation_level")

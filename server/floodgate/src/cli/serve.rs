@@ -246,8 +246,10 @@ struct AdminArgs {
     /// as NAME or NAME=read; repeat for more.
     #[arg(long = "admin-identity", value_parser = crate::access::parse_identity)]
     admin_identities: Vec<(String, crate::access::Role)>,
-    /// Let anyone make the read-only Admin calls (GetRules, ListBreakers,
-    /// GetBreaker, Peek).
+    /// Let anyone make the read-only Admin calls: those of the read role
+    /// (GetRules, ListBreakers, GetBreaker, GetConcurrency, Peek, GetWhatIf,
+    /// ListOverrides, GetTopKeys, GetDecisions). GetTopKeys and GetDecisions
+    /// show callers' descriptor values.
     #[arg(long)]
     admin_read_open: bool,
 }

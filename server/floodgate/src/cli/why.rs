@@ -57,6 +57,9 @@ pub async fn why(args: WhyArgs) -> anyhow::Result<ExitCode> {
     for d in &log.decisions {
         out!("{}", render_logged(d));
     }
+    if log.more {
+        outln!("(more decisions matched than one answer holds: narrow the filter or lower -n)");
+    }
     Ok(ExitCode::SUCCESS)
 }
 

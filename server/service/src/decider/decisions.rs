@@ -33,6 +33,10 @@ pub const MAX_BYTES: usize = 64 * 1024 * 1024;
 /// Decisions one read returns by default, and at most.
 pub const DEFAULT_READ: usize = 100;
 pub const MAX_READ: usize = 10_000;
+/// Bytes of decisions one read returns at most (as [`Logged`] counts them):
+/// a read of long descriptors costs the server little, and its answer fits
+/// a client's default message size (4 MiB in gRPC).
+pub const MAX_READ_BYTES: usize = 2 * 1024 * 1024;
 
 /// The share is kept as a threshold on a random `u64`: a decision is kept
 /// when a draw is below it. `u64::MAX` keeps every decision, 0 none.
@@ -171,11 +175,23 @@ impl DecisionLog {
         }
     }
 
-    /// The decisions that match `q`, newest first.
-    pub fn read(&self, q: &DecisionQuery) -> Vec<Logged> {
+    /// The decisions that match `q`, newest first, at most `q.count` and
+    /// [`MAX_READ_BYTES`]; and whether more matched than the bytes allowed.
+    pub fn read(&self, q: &DecisionQuery) -> (Vec<Logged>, bool) {
         let count = if q.count == 0 { DEFAULT_READ } else { q.count.min(MAX_READ) };
         let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        held.decisions.iter().rev().filter(|d| d.matches(q)).take(count).cloned().collect()
+        let (mut out, mut bytes) = (Vec::new(), 0);
+        for d in held.decisions.iter().rev().filter(|d| d.matches(q)) {
+            if out.len() == count {
+                break;
+            }
+            bytes += d.bytes();
+            if bytes > MAX_READ_BYTES && !out.is_empty() {
+                return (out, true);
+            }
+            out.push(d.clone());
+        }
+        (out, false)
     }
 }
 
@@ -261,7 +277,8 @@ impl Logged {
 /// The word for a guard that denied before the limits.
 fn guard_name(denial: &Denial) -> &'static str {
     match denial {
-        Denial::Blocked { .. } => "override",
+        // An override that blocks values, or a rule's origins list.
+        Denial::Blocked { .. } => "block",
         Denial::Shed { .. } => "degradation level",
         Denial::CircuitOpen { .. } => "breaker",
         Denial::Concurrency { .. } => "concurrency limit",

@@ -46,14 +46,14 @@ fn an_empty_share_keeps_nothing() {
     let (e, log) = (engine(), DecisionLog::new(0.0, 10).unwrap());
     decide(&e, &log, "chat", "u1", 5);
     assert!(!log.wants());
-    assert_eq!((log.kept(), log.read(&everything()).len()), (0, 0));
+    assert_eq!((log.kept(), log.read(&everything()).0.len()), (0, 0));
 }
 
 #[test]
 fn a_kept_decision_names_the_limit_that_denied_and_every_limit_evaluated() {
     let (e, log) = (engine(), DecisionLog::new(1.0, 10).unwrap());
     decide(&e, &log, "chat", "u1", 3);
-    let kept = log.read(&everything());
+    let kept = log.read(&everything()).0;
     assert_eq!(kept.len(), 3);
     // Newest first: the third call, denied by `per-user` (2 a minute).
     let denied = &kept[0];
@@ -77,7 +77,7 @@ fn a_kept_decision_names_the_limit_that_denied_and_every_limit_evaluated() {
 fn an_unknown_resource_says_no_rule_matched_when_denied_or_nothing_when_allowed() {
     let (e, log) = (engine(), DecisionLog::new(1.0, 10).unwrap());
     decide(&e, &log, "nowhere", "u1", 1);
-    let kept = log.read(&everything());
+    let kept = log.read(&everything()).0;
     assert_eq!(kept.len(), 1);
     assert_eq!(kept[0].rule, "");
     // Unknown resources are admitted by default.
@@ -91,7 +91,7 @@ fn the_log_holds_its_capacity_and_drops_the_oldest() {
     for user in ["a", "b", "c", "d", "e"] {
         decide(&e, &log, "chat", user, 1);
     }
-    let users: Vec<String> = log.read(&everything()).into_iter().map(|d| d.descriptors[0].1.clone()).collect();
+    let users: Vec<String> = log.read(&everything()).0.into_iter().map(|d| d.descriptors[0].1.clone()).collect();
     assert_eq!(users, ["e", "d", "c"]);
     assert_eq!(log.kept(), 5);
 }
@@ -102,7 +102,7 @@ fn the_log_holds_its_bytes_however_long_the_descriptors() {
     let log = DecisionLog { max_bytes: 8 * 1024, ..DecisionLog::new(1.0, 1000).unwrap() };
     let long = "x".repeat(crate::rules::MAX_NAME_BYTES);
     decide(&e, &log, "chat", &long, 100);
-    let kept = log.read(&everything());
+    let kept = log.read(&everything()).0;
     let held = log.held.lock().unwrap();
     assert!(held.bytes <= 8 * 1024, "{} bytes held", held.bytes);
     assert_eq!(held.bytes, held.decisions.iter().map(Logged::bytes).sum::<usize>());
@@ -144,10 +144,27 @@ fn a_read_filters_by_resource_descriptors_and_denials() {
         denied_only,
         count: 0,
     };
-    assert_eq!(log.read(&q("", None, false)).len(), 5);
-    assert_eq!(log.read(&q("chat", None, false)).len(), 4);
-    assert_eq!(log.read(&q("", Some("u1"), false)).len(), 4);
-    assert_eq!(log.read(&q("chat", Some("u1"), true)).len(), 1);
-    assert_eq!(log.read(&q("chat", Some("u3"), false)).len(), 0);
-    assert_eq!(log.read(&DecisionQuery { count: 2, ..q("", None, false) }).len(), 2);
+    assert_eq!(log.read(&q("", None, false)).0.len(), 5);
+    assert_eq!(log.read(&q("chat", None, false)).0.len(), 4);
+    assert_eq!(log.read(&q("", Some("u1"), false)).0.len(), 4);
+    assert_eq!(log.read(&q("chat", Some("u1"), true)).0.len(), 1);
+    assert_eq!(log.read(&q("chat", Some("u3"), false)).0.len(), 0);
+    assert_eq!(log.read(&DecisionQuery { count: 2, ..q("", None, false) }).0.len(), 2);
+}
+
+#[test]
+fn one_read_returns_at_most_its_bytes_and_says_more_matched() {
+    let (e, log) = (engine(), DecisionLog::new(1.0, MAX_CAPACITY).unwrap());
+    let long = "x".repeat(crate::rules::MAX_NAME_BYTES);
+    decide(&e, &log, "chat", &long, 10_000);
+    let (read, more) = log.read(&everything());
+    let bytes: usize = read.iter().map(Logged::bytes).sum();
+    assert!(more, "10,000 decisions of {} bytes do not fit", read[0].bytes());
+    assert!(
+        bytes <= MAX_READ_BYTES && bytes + read[0].bytes() > MAX_READ_BYTES,
+        "{} decisions, {bytes} bytes",
+        read.len()
+    );
+    let (few, more) = log.read(&DecisionQuery { count: 5, ..everything() });
+    assert_eq!((few.len(), more), (5, false));
 }

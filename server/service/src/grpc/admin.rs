@@ -220,11 +220,13 @@ impl Admin for ControlPlane {
             denied_only: req.denied_only,
             count: req.count as usize,
         };
+        let (read, more) = log.read(&query);
         Ok(Response::new(pb::GetDecisionsResponse {
-            decisions: log.read(&query).iter().map(IntoWire::into_wire).collect(),
+            decisions: read.iter().map(IntoWire::into_wire).collect(),
             share: log.share(),
             capacity: u32::try_from(log.capacity()).unwrap_or(u32::MAX),
             kept: log.kept(),
+            more,
         }))
     }
 
