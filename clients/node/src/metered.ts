@@ -27,6 +27,7 @@ export class Metered {
   #used = 0;
   #charged = 0;
   #permit: Permit | undefined;
+  #done = false;
   readonly #charge: ChargeFn;
   readonly #failClosed: boolean;
 
@@ -56,8 +57,11 @@ export class Metered {
    * charging it again would count it twice.
    */
   async add(units: number): Promise<boolean> {
-    if (!Number.isSafeInteger(units) || units < 0) throw new RangeError(`units must be a whole number >= 0, not ${units}`);
+    if (!Number.isSafeInteger(units) || units < 0 || units > 0xffffffff) {
+      throw new RangeError(`units must be a whole number from 0 to 4294967295, not ${units}`);
+    }
     if (!this.admitted) throw new Error("the metered call was denied at the start: nothing to count");
+    if (this.#done) throw new Error("the metered call is finished: nothing more is counted");
     this.#used += units;
     const due = Math.max(0, this.#used - this.reserved) - this.#charged;
     if (due <= 0) return true;
@@ -77,6 +81,7 @@ export class Metered {
 
   /** Ends the call: settles the reservation at the units used within it. */
   finish(outcome: Outcome = Outcome.Success): void {
+    this.#done = true;
     const permit = this.#permit;
     this.#permit = undefined;
     permit?.reportCost(outcome, Math.min(this.#used, this.reserved));

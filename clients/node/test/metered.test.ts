@@ -48,6 +48,8 @@ test("a stream stops within one chunk of its budget and settles what it used", a
   assert.ok(long.used >= 880 && long.used < 880 + 70, `stopped after ${long.used} of 880`);
   assert.equal(long.limits[0]?.exceeded, true);
   long.finish(Outcome.Success);
+  await assert.rejects(long.add(1), /finished/);
+  await assert.rejects(short.add(2 ** 32), RangeError);
 });
 
 test("concurrent reservations cannot both pass, and charges refuse bad input", async () => {

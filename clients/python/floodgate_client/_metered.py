@@ -32,6 +32,7 @@ class _Meter:
         self._charged = 0
         #: The limits as the charge that said stop left them.
         self.limits: Tuple[Limit, ...] = ()
+        self._done = False
 
     @property
     def admitted(self) -> bool:
@@ -39,10 +40,12 @@ class _Meter:
 
     def _count(self, units: int) -> int:
         """Counts `units`; what must be charged now (0: nothing)."""
-        if isinstance(units, bool) or not isinstance(units, int) or units < 0:
-            raise ValueError("units: %r is not a whole number of 0 or more" % (units,))
+        if isinstance(units, bool) or not isinstance(units, int) or not 0 <= units <= 4294967295:
+            raise ValueError("units: %r is not a whole number from 0 to 4294967295" % (units,))
         if not self.admitted:
             raise RuntimeError("the metered call was denied at the start: nothing to count")
+        if self._done:
+            raise RuntimeError("the metered call is finished: nothing more is counted")
         self.used += units
         due = max(0, self.used - self.reserved) - self._charged
         if due <= 0:
@@ -59,6 +62,7 @@ class _Meter:
         return True
 
     def _settle(self, outcome: Outcome) -> None:
+        self._done = True
         permit, self._permit = self._permit, None
         if permit is not None:
             permit.report(outcome, actual_cost=min(self.used, self.reserved))

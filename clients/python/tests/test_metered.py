@@ -43,6 +43,11 @@ def test_a_stream_stops_within_one_chunk_of_its_budget_and_settles(llm):
             stopped_at = call.used
             assert call.limits[0].exceeded
         assert 880 <= stopped_at < 880 + 70, stopped_at
+        with pytest.raises(RuntimeError):
+            call.add(1)
+        with pytest.raises(ValueError):
+            call.add(2 ** 32)
+        assert call.used == stopped_at
         client.flush()
         assert client.acquire("llm", {"user": "u1"}, dry_run=True).denied
 
