@@ -310,14 +310,19 @@ impl Limits<'_> {
                 let Some((_, limit)) = rules.limit(k.limit) else { continue };
                 invocation.key(bucket_key(resource, limit, &k.key));
                 // A strict figure carries Redis's own time of the answer
-                // that gave it; a replicated one, this replica's time of its
-                // last sync, in Redis's time as this replica estimates it.
-                let at = k.strict_at.unwrap_or_else(|| self.sync().redis_time(k.at));
+                // that gave it and the marker token then; a replicated one,
+                // this replica's time of its last sync, in Redis's time as
+                // this replica estimates it.
+                let (at, token) = match &k.strict_at {
+                    Some((at, token)) => (*at, token.as_str()),
+                    None => (self.sync().redis_time(k.at), ""),
+                };
                 invocation
                     .arg(&limit_args(&limit.algorithm, self.engine.clock().now())[..])
                     .arg(k.available)
                     .arg(at)
-                    .arg(u8::from(k.strict_at.is_some()));
+                    .arg(u8::from(k.strict_at.is_some()))
+                    .arg(token);
             }
             let Some((changed, t)) = self.run(ScriptName::Restore, invocation, wire::parse_restored).await else {
                 return false;

@@ -77,10 +77,13 @@ pub struct Known {
     pub available: f64,
     pub at: Timestamp,
     /// For a strict bucket, the Redis time (us) of the answer that gave the
-    /// figure. Every change to a strict bucket goes through Redis, so the
-    /// most recent answer any replica had is the bucket's true state then,
-    /// and a restore keeps the most recent figure rather than the lowest.
-    pub strict_at: Option<i64>,
+    /// figure, and the resource's marker token then. Every change to a
+    /// strict bucket goes through Redis, so the most recent answer any
+    /// replica had is the bucket's true state then, and a restore keeps the
+    /// most recent figure rather than the lowest, among figures given under
+    /// one token (a figure given after a loss, before every replica that
+    /// knew the bucket restored it, may lack what they knew).
+    pub strict_at: Option<(i64, String)>,
 }
 
 /// A replicated bucket no longer in use, dropped from the ones synced.

@@ -31,7 +31,7 @@ struct Fact {
     /// After this instant the bucket would be full again: nothing to keep.
     until: Timestamp,
     /// A strict bucket's Redis time of the figure (see [`Known::strict_at`]).
-    strict_at: Option<i64>,
+    strict_at: Option<(i64, String)>,
 }
 
 /// Buckets a replica no longer uses, by resource (a restore runs per
@@ -52,7 +52,7 @@ impl Memory {
         available: f64,
         at: Timestamp,
         until: Timestamp,
-        strict_at: Option<i64>,
+        strict_at: Option<(i64, String)>,
     ) -> bool {
         let mut facts = self.by_resource.entry(resource.to_string()).or_default();
         let fact = Fact { available, at, until, strict_at };
@@ -79,7 +79,7 @@ impl Memory {
                     limit: key.limit,
                     available: fact.available,
                     at: fact.at,
-                    strict_at: fact.strict_at,
+                    strict_at: fact.strict_at.clone(),
                 });
             }
         }
@@ -120,10 +120,13 @@ mod tests {
     fn a_remembered_bucket_is_known_until_it_would_be_full_again() {
         let m = Memory::default();
         let t = |s: u64| Timestamp::from_nanos(s * 1_000_000_000);
-        assert!(m.remember("r", &key(1), 5.0, t(10), t(100), Some(7)));
+        assert!(m.remember("r", &key(1), 5.0, t(10), t(100), Some((7, "t".into()))));
         let mut out = Vec::new();
         m.known_of("r", &mut out);
-        assert_eq!(out, vec![Known { key: key(1), limit: LimitId(1), available: 5.0, at: t(10), strict_at: Some(7) }]);
+        assert_eq!(
+            out,
+            vec![Known { key: key(1), limit: LimitId(1), available: 5.0, at: t(10), strict_at: Some((7, "t".into())) }]
+        );
         m.forget(t(99));
         assert!(m.knows("r"));
         m.forget(t(100));

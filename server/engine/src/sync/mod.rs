@@ -92,6 +92,9 @@ struct Seen {
     /// Redis's time (us) of the figure: answers that arrive out of order
     /// (two calls in flight) never replace a figure with an older one.
     redis_at: i64,
+    /// The resource's marker token when the figure was given: figures are
+    /// compared by their time only within one token (see restore.lua).
+    token: String,
     /// When a decision here last used it (a refresh is not a use).
     used: Timestamp,
     /// What this replica admitted on its own lately, times the live
@@ -182,10 +185,11 @@ impl Replica {
     /// restored to, and a stale one would give back units taken.
     pub fn saw_strict(&self, key: &BucketKey, resource: &str, available: i64, now: Timestamp, redis_at: i64) {
         let remaining = available as f64;
+        let token = self.marker(resource);
         if let Some(mut s) = self.strict_seen.get_mut(key) {
             s.used = now;
             if redis_at >= s.redis_at {
-                (s.remaining, s.at, s.redis_at) = (remaining, now, redis_at);
+                (s.remaining, s.at, s.redis_at, s.token) = (remaining, now, redis_at, token);
             }
             return;
         }
@@ -194,6 +198,7 @@ impl Replica {
             remaining,
             at: now,
             redis_at,
+            token,
             used: now,
             assumed: 0.0,
             assumed_at: Timestamp::ZERO,
@@ -205,12 +210,14 @@ impl Replica {
     /// its limit), read by the sync loop so that an outage starts from a
     /// fresh figure, not from this replica's own last decision.
     pub fn refreshed_strict(&self, key: &BucketKey, available: i64, now: Timestamp, redis_at: i64) {
+        let token = self.strict_seen.get(key).map(|s| self.marker(&s.resource));
         if let Some(mut s) = self.strict_seen.get_mut(key)
             && redis_at >= s.redis_at
         {
             s.remaining = available as f64;
             s.at = now;
             s.redis_at = redis_at;
+            s.token = token.unwrap_or_default();
         }
     }
 
@@ -302,7 +309,7 @@ impl Replica {
                 limit: e.key().limit,
                 available: e.remaining,
                 at: e.at,
-                strict_at: Some(e.redis_at),
+                strict_at: Some((e.redis_at, e.token.clone())),
             });
         }
         self.memory.known_of(resource, &mut out);
@@ -326,14 +333,15 @@ impl Replica {
     /// Remembers what a bucket no longer kept had available, and when, for
     /// `horizon` (the time it takes to be full again). False when the
     /// memory is full.
-    /// `strict_at` is a strict bucket's Redis time of the figure.
+    /// `strict_at` is a strict bucket's Redis time of the figure, and the
+    /// marker token it was given under.
     pub fn remember(
         &self,
         resource: &str,
         key: &BucketKey,
         (available, at): (f64, Timestamp),
         horizon: Duration,
-        strict_at: Option<i64>,
+        strict_at: Option<(i64, String)>,
     ) -> bool {
         let until = at.saturating_add(horizon);
         self.memory.remember(resource, key, available, at, until, strict_at)
@@ -355,7 +363,7 @@ impl Replica {
                 return true;
             }
             if let Some(horizon) = horizon(key.limit) {
-                self.remember(&s.resource, key, (s.remaining, s.at), horizon, Some(s.redis_at));
+                self.remember(&s.resource, key, (s.remaining, s.at), horizon, Some((s.redis_at, s.token.clone())));
             }
             false
         });

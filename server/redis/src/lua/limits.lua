@@ -419,15 +419,14 @@ local function changed(key, now, alg, p, token)
   local us = math.min(lifetime_us(alg, p, now), MARKER_TTL * 1e6)
   redis.call('SET', key .. ':w', int(now) .. ' ' .. token, 'PX', math.ceil(math.max(us, 0) / 1000) + 1000)
 end
--- When the bucket's figure in Redis was last changed before the loss whose
--- restores run under `token`; nil when unknown (no record, or a change
--- after the loss).
-local function changed_at(key, token)
+-- When the bucket's figure in Redis was last changed (us), and the marker
+-- token of that change; nil when there is no record.
+local function written(key)
   local v = redis.call('GET', key .. ':w')
-  if not v then return nil end
+  if not v then return nil, nil end
   local at, by = string.match(v, '^(%d+) (.+)$')
-  if not at or by == token then return nil end
-  return tonumber(at)
+  if not at then return nil, nil end
+  return tonumber(at), by
 end
 -- A new token for a marker set now by this Redis process.
 local function new_token(now)

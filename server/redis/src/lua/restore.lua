@@ -12,21 +12,26 @@
 -- knowledge less every push, in whatever order they arrive.
 --
 -- A strict bucket changes only in Redis, and every change answers its
--- replica with the figure after it and Redis's time. So the most recent
--- figure is the bucket's true state at that time, give-backs included, where
--- the lowest could predate a give-back and lose it. Its restores keep the
--- most recent figure (`key:r` keeps when it was seen; Redis's own figure
--- is as old as the bucket's `key:w`) and move the bucket up or down by the
--- difference, which keeps whatever was taken since the earlier restore.
--- Without `key:w` (a bucket written by an older version), or when a
--- replica that had nothing to restore changed the bucket after the loss (on
--- top of the older figure), the age of Redis's figure is unknown, and the
--- lowest figure is kept, as for a replicated bucket.
+-- replica with the figure after it, Redis's time and the marker's token
+-- then. Within one token, the most recent figure is the bucket's true state
+-- at that time, give-backs included, where the lowest could predate a
+-- give-back and lose it. Its restores keep the most recent figure of the
+-- same token (`key:r` keeps when and under which token it was seen;
+-- Redis's own figure is as old as the bucket's `key:w`) and move the bucket
+-- up or down by the difference, which keeps whatever was taken since the
+-- earlier restore. Figures of different tokens are not compared by time:
+-- one given after a loss, before every replica that knew the bucket had
+-- restored it, lacks what they knew (Redis went back, a replica took from
+-- the older figure, Redis went back again). Those, a bucket without
+-- `key:w` (written by an older version), and one changed after the loss by
+-- a replica that had nothing to restore keep the lowest figure, as a
+-- replicated bucket does.
 --
--- KEYS[1]: the resource's marker; then the buckets. Per bucket in ARGV, eight
--- numbers: the limit's five, what was available, when that was seen (us,
--- Redis time), and 1 for a strict bucket (0: replicated). Rate limits refill
--- since then; a window that has ended since is left as it is.
+-- KEYS[1]: the resource's marker; then the buckets. Per bucket in ARGV, nine
+-- values: the limit's five numbers, what was available, when that was seen
+-- (us, Redis time), 1 for a strict bucket (0: replicated), and the marker
+-- token the figure was seen under (strict; may be empty). Rate limits
+-- refill since then; a window that has ended since is left as it is.
 -- Returns {how many buckets were changed, the marker's token}.
 local now = now_us()
 local changed_buckets = 0
@@ -55,22 +60,24 @@ local function move(key, alg, p, change)
 end
 
 for i = 2, #KEYS do
-  local b = (i - 2) * 8
+  local b = (i - 2) * 9
   local alg = tonumber(ARGV[b + 1])
   local p = { tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5]) }
   local known, at = tonumber(ARGV[b + 6]), tonumber(ARGV[b + 7])
   local strict = tonumber(ARGV[b + 8]) == 1
+  local under = ARGV[b + 9]
   local target = A[alg].restored(p, known, at, now)
   if target then
     local r = KEYS[i] .. ':r'
-    local before = redis.call('HMGET', r, 't', 'at', 'token', 'seen')
+    local before = redis.call('HMGET', r, 't', 'at', 'token', 'seen', 'by')
     -- `current` is where the bucket was left before the takes since: the
     -- last restore's figure of this loss, refilled to now, or at the first
-    -- restore Redis's own. `seen` is how old that figure is (nil: unknown).
-    local current, seen = nil, nil
+    -- restore Redis's own. `seen` is how old that figure is and `by` the
+    -- token it was given under (nil: unknown).
+    local current, seen, by = nil, nil, nil
     if before[1] and before[3] == token then
       current = A[alg].restored(p, tonumber(before[1]), tonumber(before[2]), now)
-      seen = tonumber(before[4])
+      seen, by = tonumber(before[4]), before[5]
     end
     local first = not current
     if first then
@@ -84,10 +91,10 @@ for i = 2, #KEYS do
       -- its last state, and another replica synced after this one).
       redis.call('DEL', KEYS[i] .. ':p')
       current = A[alg].status(KEYS[i], p, now, 0).avail
-      seen = strict and changed_at(KEYS[i], token) or nil
+      if strict then seen, by = written(KEYS[i]) end
     end
     local keep
-    if strict and seen then
+    if strict and seen and by and by ~= '' and by == under then
       keep = at > seen
     else
       keep = target < current
@@ -111,6 +118,8 @@ for i = 2, #KEYS do
         end
       end
       if move(KEYS[i], alg, p, target - current) then changed_buckets = changed_buckets + 1 end
+      -- Takes after this restore answer under the new token; the figure
+      -- kept here is dated by it.
       if strict then changed(KEYS[i], at, alg, p, token) end
     end
     -- What the next restore of this loss starts from: this figure, or the
@@ -118,9 +127,10 @@ for i = 2, #KEYS do
     if first or keep then
       redis.call('DEL', r)
       local figure = keep and target or current
-      local figure_seen = keep and strict and at or seen
+      local figure_seen, figure_by = seen, by
+      if keep then figure_seen, figure_by = strict and at or nil, strict and under or nil end
       redis.call('HSET', r, 't', figure, 'at', now, 'token', token)
-      if figure_seen then redis.call('HSET', r, 'seen', int(figure_seen)) end
+      if figure_seen and figure_by then redis.call('HSET', r, 'seen', int(figure_seen), 'by', figure_by) end
       redis.call('EXPIRE', r, MARKER_TTL)
     end
   end
