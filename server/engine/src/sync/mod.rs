@@ -185,14 +185,14 @@ impl Replica {
     /// restored to, and a stale one would give back units taken.
     pub fn saw_strict(&self, key: &BucketKey, resource: &str, available: i64, now: Timestamp, redis_at: i64) {
         let remaining = available as f64;
-        let token = self.marker(resource);
         if let Some(mut s) = self.strict_seen.get_mut(key) {
             s.used = now;
             if redis_at >= s.redis_at {
-                (s.remaining, s.at, s.redis_at, s.token) = (remaining, now, redis_at, token);
+                (s.remaining, s.at, s.redis_at, s.token) = (remaining, now, redis_at, self.marker(resource));
             }
             return;
         }
+        let token = self.marker(resource);
         let seen = Seen {
             resource: resource.to_string(),
             remaining,
@@ -210,14 +210,13 @@ impl Replica {
     /// its limit), read by the sync loop so that an outage starts from a
     /// fresh figure, not from this replica's own last decision.
     pub fn refreshed_strict(&self, key: &BucketKey, available: i64, now: Timestamp, redis_at: i64) {
-        let token = self.strict_seen.get(key).map(|s| self.marker(&s.resource));
         if let Some(mut s) = self.strict_seen.get_mut(key)
             && redis_at >= s.redis_at
         {
             s.remaining = available as f64;
             s.at = now;
             s.redis_at = redis_at;
-            s.token = token.unwrap_or_default();
+            s.token = self.marker(&s.resource);
         }
     }
 

@@ -46,7 +46,9 @@ end
 -- of the instant `at`, never another caller's;
 -- restored(p, known, at, now), what a bucket of which a replica knew `known`
 -- available at `at` has available now (nil: unknown, leave it), for a Redis
--- that lost its data.
+-- that lost its data; lifetime(p, now), how long (us) a figure of the bucket
+-- from now can matter to `restored`: until a rate limit would be full again
+-- from empty, or the window ends.
 local A = {}
 
 -- Rate limits refill since `at`; windows keep `known` only while the window
@@ -54,13 +56,18 @@ local A = {}
 local function refilled(cap, rate)
   return function(p, known, at, now) return math.min(p[cap], known + math.max(0, now - at) * p[rate] / 1e6) end
 end
+local function full_after(cap, rate)
+  return function(p, now) return p[cap] / p[rate] * 1e6 end
+end
 local function windowed(p, known, at, now)
   if math.floor(at / p[2]) == math.floor(now / p[2]) then return known end
   return nil
 end
+local function one_window(p, now) return p[2] end
 
 A[CODE.token_bucket] = {
   restored = refilled(1, 2),
+  lifetime = full_after(1, 2),
   status = function(key, p, now, cost)
     local v = redis.call('HMGET', key, 't', 'u')
     local cap, rate = p[1], p[2]
@@ -105,6 +112,7 @@ end
 
 A[CODE.gcra] = {
   restored = refilled(2, 1),
+  lifetime = full_after(2, 1),
   status = function(key, p, now, cost)
     -- In ns from now: base is the TAT (never before now), horizon now + burst.
     local t = gcra_t(p)
@@ -125,6 +133,7 @@ A[CODE.gcra] = {
 
 A[CODE.leaky_bucket] = {
   restored = refilled(1, 2),
+  lifetime = full_after(1, 2),
   status = function(key, p, now, cost)
     local cap, rate, max_wait, shape = p[1], p[2], p[3], p[4] == 1
     local drain = math.max(tonumber(redis.call('GET', key) or now), now)
@@ -151,6 +160,7 @@ A[CODE.leaky_bucket] = {
 
 A[CODE.fixed_window] = {
   restored = windowed,
+  lifetime = one_window,
   status = function(key, p, now, cost)
     local limit, w = p[1], p[2]
     local start = now - now % w
@@ -180,6 +190,7 @@ A[CODE.calendar] = {
     if at >= p[2] and at < p[3] and now < p[3] then return known end
     return nil
   end,
+  lifetime = function(p, now) return p[4] - now end,
   status = function(key, p, now, cost)
     local limit, start, e = p[1], p[2], p[3]
     if now >= e then start, e = p[3], p[4] end
@@ -205,6 +216,7 @@ A[CODE.calendar] = {
 
 A[CODE.sliding_log] = {
   restored = windowed,
+  lifetime = one_window,
   status = function(key, p, now, cost)
     local limit, w = p[1], p[2]
     redis.call('ZREMRANGEBYSCORE', key, '-inf', now - w)
@@ -260,6 +272,8 @@ A[CODE.sliding_log] = {
 
 A[CODE.sliding_window] = {
   restored = windowed,
+  -- The window before still counts.
+  lifetime = function(p, now) return 2 * p[2] end,
   status = function(key, p, now, cost)
     local limit, w = p[1], p[2]
     local start = now - now % w
@@ -337,6 +351,8 @@ end
 
 A[CODE.warm_up] = {
   restored = function(p, known, at, now) return nil end,
+  -- Never restored: no figure of it matters.
+  lifetime = function(p, now) return 0 end,
   status = function(key, p, now, cost)
     local st = warm_state(key, p, now)
     local ok = st.pass + cost <= st.rate
@@ -399,24 +415,12 @@ local function marked(key, known)
 end
 -- When a strict bucket last changed (Redis time, us), kept beside it as
 -- `key:w` with the marker's token of that change, by every script that
--- changes it. After Redis went back to an older copy, this says how old the
--- bucket's figure is, so that a restore can tell whether a replica's last
--- answer is newer (and so the true state) or not. A change made under the
--- token of the restores themselves came after the loss: it was made on top
--- of the older figure by a replica that knew nothing to restore, so the
--- figure is as old as nobody can say.
--- It is kept as long as a figure of the bucket from that time can matter:
--- until a rate limit would be full again from empty, or the window ends.
-local function lifetime_us(alg, p, now)
-  if alg == CODE.token_bucket or alg == CODE.leaky_bucket then return p[1] / p[2] * 1e6 end
-  if alg == CODE.gcra then return p[2] / p[1] * 1e6 end
-  if alg == CODE.fixed_window or alg == CODE.sliding_log then return p[2] end
-  if alg == CODE.sliding_window then return 2 * p[2] end
-  if alg == CODE.calendar then return p[4] - now end
-  return MARKER_TTL * 1e6
-end
+-- changes it, for as long as the algorithm's `lifetime` says. After Redis
+-- went back to an older copy, this dates the bucket's figure, so that a
+-- restore can tell whether a replica's last answer given under the same
+-- token is newer (and so the true state) or not (see restore.lua).
 local function changed(key, now, alg, p, token)
-  local us = math.min(lifetime_us(alg, p, now), MARKER_TTL * 1e6)
+  local us = math.min(A[alg].lifetime(p, now), MARKER_TTL * 1e6)
   redis.call('SET', key .. ':w', int(now) .. ' ' .. token, 'PX', math.ceil(math.max(us, 0) / 1000) + 1000)
 end
 -- When the bucket's figure in Redis was last changed (us), and the marker

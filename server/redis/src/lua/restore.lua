@@ -94,7 +94,7 @@ for i = 2, #KEYS do
       if strict then seen, by = written(KEYS[i]) end
     end
     local keep
-    if strict and seen and by and by ~= '' and by == under then
+    if strict and seen and under ~= '' and by == under then
       keep = at > seen
     else
       keep = target < current
