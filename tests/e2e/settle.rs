@@ -276,6 +276,24 @@ fn settled_at(resource: &str, permit: &str, actual: u64) -> pb::ReportOutcomeReq
     pb::ReportOutcomeRequest { resource: resource.into(), ..settle(permit, actual) }
 }
 
+/// Calls `resource` (cost 1, user "other") through `fg` until it logs a
+/// restore after byte `from` of its logs: a replica finds Redis older at its
+/// next call and puts back what it knew first.
+async fn call_until_restored(fg: &Floodgate, resource: &str, from: usize, deadline: Instant) {
+    let mut c = fg.client().await;
+    while !fg.logs()[from..].contains("Redis had lost this resource's state") {
+        assert!(Instant::now() < deadline, "the replica never restored: {}", fg.logs());
+        let _ = c.acquire(on(resource, "other", 1, false)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The tokens Redis holds in `user`'s bucket of STRICT's `strict` resource.
+fn strict_tokens(redis: &support::redis::RedisServer, user: &str) -> f64 {
+    let key = format!("fg:b:{{strict}}:tokens:token_bucket:{user}");
+    redis.cli(&["HGET", &key, "t"]).and_then(|t| t.parse().ok()).unwrap_or(f64::NAN)
+}
+
 /// Strict limits are charged and settled in Redis too (before: Charge left
 /// a strict limit untouched, and estimates on strict limits stood).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -468,20 +486,11 @@ async fn strict_give_backs_survive_redis_coming_back_older() {
     assert!(ca.report_outcome(settled_at("strict", &stale.permit_id, 100)).await.unwrap().into_inner().settled);
 
     redis.restart();
-    // Each replica finds Redis older at its next call and puts back what it knew.
     let deadline = Instant::now() + Duration::from_secs(10);
-    for (fg, c) in [(&a, &mut ca), (&b, &mut cb)] {
-        while !fg.logs().contains("Redis had lost this resource's state") {
-            assert!(Instant::now() < deadline, "a replica never restored: {}", fg.logs());
-            let _ = c.acquire(on("strict", "other", 1, false)).await;
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    for fg in [&a, &b] {
+        call_until_restored(fg, "strict", 0, deadline).await;
     }
-    let tokens = |user: &str| -> f64 {
-        let key = format!("fg:b:{{strict}}:tokens:token_bucket:{user}");
-        redis.cli(&["HGET", &key, "t"]).and_then(|t| t.parse().ok()).unwrap_or(f64::NAN)
-    };
-    let (later, stale) = (tokens("later"), tokens("stale"));
+    let (later, stale) = (strict_tokens(&redis, "later"), strict_tokens(&redis, "stale"));
     assert!((later - 900.0).abs() < 1.0, "\"later\" holds {later} after the restore, not 1000 - 100");
     assert!((stale - 800.0).abs() < 1.0, "\"stale\" holds {stale} after the restore, not 1000 - 100 - 100");
 }
@@ -519,13 +528,8 @@ async fn a_change_through_an_unknowing_replica_does_not_hide_a_strict_loss() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     signal(a.pid(), "CONT");
-    while !a.logs().contains("Redis had lost this resource's state") {
-        assert!(Instant::now() < deadline, "A never restored: {}", a.logs());
-        let _ = ca.acquire(on("strict", "other", 1, false)).await;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let key = "fg:b:{strict}:tokens:token_bucket:hidden";
-    let tokens: f64 = redis.cli(&["HGET", key, "t"]).and_then(|t| t.parse().ok()).unwrap_or(f64::NAN);
+    call_until_restored(&a, "strict", 0, deadline).await;
+    let tokens = strict_tokens(&redis, "hidden");
     // Exact is 99 (A's 100 less B's 1); B's take may be lost (100), never the 800.
     assert!((98.5..=100.5).contains(&tokens), "\"hidden\" holds {tokens} after A's restore, not 99 or 100");
 }
@@ -556,7 +560,6 @@ async fn two_rollbacks_to_one_dump_do_not_free_what_was_taken_after_it() {
     // B's take goes through Redis, not its outage policy (whose answers
     // say B's share, 500, as the limit): B restores what it knew (the
     // dump's own figure), then takes 50 from it.
-    let restored = |fg: &Floodgate, from: usize| fg.logs()[from..].contains("Redis had lost this resource's state");
     let deadline = Instant::now() + Duration::from_secs(10);
     let from = b.logs().len();
     loop {
@@ -569,19 +572,18 @@ async fn two_rollbacks_to_one_dump_do_not_free_what_was_taken_after_it() {
     }
     let took = cb.acquire(on("strict", "twice", 50, false)).await.unwrap().into_inner();
     assert_eq!((took.verdict(), took.limits[0].remaining), (pb::Verdict::Allowed, 550), "from the dump's 600");
-    assert!(restored(&b, from), "B took without restoring: {}", b.logs());
+    assert!(
+        b.logs()[from..].contains("Redis had lost this resource's state"),
+        "B took without restoring: {}",
+        b.logs()
+    );
     redis.restart();
     let from = [a.logs().len(), b.logs().len()];
     signal(a.pid(), "CONT");
-    for ((fg, c), from) in [(&a, &mut ca), (&b, &mut cb)].into_iter().zip(from) {
-        while !restored(fg, from) {
-            assert!(Instant::now() < deadline, "a replica never restored: {}", fg.logs());
-            let _ = c.acquire(on("strict", "other", 1, false)).await;
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    for (fg, from) in [&a, &b].into_iter().zip(from) {
+        call_until_restored(fg, "strict", from, deadline).await;
     }
-    let key = "fg:b:{strict}:tokens:token_bucket:twice";
-    let tokens: f64 = redis.cli(&["HGET", key, "t"]).and_then(|t| t.parse().ok()).unwrap_or(f64::NAN);
+    let tokens = strict_tokens(&redis, "twice");
     // Exact is 150 (A's 200 less B's 50); B's take may be lost (200).
     assert!((149.5..=200.5).contains(&tokens), "\"twice\" holds {tokens} after both rollbacks, not 150 or 200");
 }
@@ -611,12 +613,7 @@ async fn a_restored_strict_sliding_log_frees_nothing_before_its_time() {
     assert!(c.report_outcome(settled_at("log", &est.permit_id, 2)).await.unwrap().into_inner().settled);
     assert_eq!(c.acquire(on("log", "x", 6, false)).await.unwrap().into_inner().limits[0].remaining, 2);
     redis.restart();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !fg.logs().contains("Redis had lost this resource's state") {
-        assert!(Instant::now() < deadline, "never restored: {}", fg.logs());
-        let _ = c.acquire(on("log", "other", 1, false)).await;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    call_until_restored(&fg, "log", 0, Instant::now() + Duration::from_secs(10)).await;
     let key = "fg:b:{log}:exact:sliding_window_log:x";
     let entries = redis.cli(&["ZRANGE", key, "0", "-1", "WITHSCORES"]).unwrap_or_default();
     let scores: Vec<i64> = entries.lines().skip(1).step_by(2).filter_map(|s| s.trim().parse().ok()).collect();
