@@ -400,6 +400,7 @@ pub fn window_rule(name: String, requests_per_unit: u32, unit: Unit, shadow: boo
         lease: None,
         when: Vec::new(),
         over_limit: None,
+        cost: None,
     };
     Rule {
         name,
@@ -412,6 +413,7 @@ pub fn window_rule(name: String, requests_per_unit: u32, unit: Unit, shadow: boo
         max_breakers: super::DEFAULT_MAX_BREAKERS,
         overrides: Default::default(),
         origins: None,
+        usage: Vec::new(),
     }
 }
 

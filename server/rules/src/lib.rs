@@ -20,6 +20,7 @@ use crate::limiter::Algorithm;
 pub mod bounds;
 mod breaker;
 mod concurrency;
+pub mod cost;
 pub mod duration;
 pub mod envoy;
 mod fields;
@@ -33,6 +34,7 @@ pub mod systems;
 pub use concurrency::{
     AdaptiveConfig, AimdConfig, AlgorithmConfig, Gradient2Config, Partitions, ProbeConfig, VegasConfig,
 };
+pub use cost::{CostError, Formula};
 pub use fields::{RuleError, RuleErrors};
 pub use floodgate_core::breaker::{Backoff, BreakerConfig, OFF as BREAKER_OFF, WindowKind};
 use glob::Glob;
@@ -87,6 +89,9 @@ pub struct Rule {
     /// Who may call at all, by a descriptor's value (Sentinel's authority
     /// rules): a caller refused is denied before any limit.
     pub origins: Option<Origins>,
+    /// `usage: [input_tokens, output_tokens]`: the usage fields a call may
+    /// report, which its limits' `cost` formulas read.
+    pub usage: Vec<String>,
 }
 
 /// `origins: { key: origin, allow: [a, b] }` (or `deny:`): callers whose
@@ -165,6 +170,9 @@ pub struct Limit {
     /// (`over_limit: { admit: 10% }`), so that a caller a little over its
     /// limit feels pressure rather than a wall.
     pub over_limit: Option<OverLimit>,
+    /// `cost: input_tokens + output_tokens * 4`: the limit takes its cost
+    /// from the usage a call reports, not from the request's `cost`.
+    pub cost: Option<Formula>,
 }
 
 /// `over_limit: { admit: 10% }`: of the calls a limit denies, this share is

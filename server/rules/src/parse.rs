@@ -10,7 +10,7 @@ use super::fields::{Collector, Fields, RuleErrors};
 use super::glob::Glob;
 use super::overrides::{Action, Override, Overrides};
 use super::{
-    Concurrency, Condition, Lease, LeaseShare, Limit, MAX_DESCRIPTORS, MAX_NAME_BYTES, OnRedisError, Origins,
+    Concurrency, Condition, Formula, Lease, LeaseShare, Limit, MAX_DESCRIPTORS, MAX_NAME_BYTES, OnRedisError, Origins,
     OverLimit, Pattern, Rule, RuleSet, SyncMode,
 };
 use crate::limiter::leaky_bucket::Mode;
@@ -37,6 +37,7 @@ const COMMON: &[&str] = &[
     "when",
     "unless",
     "over_limit",
+    "cost",
 ];
 
 pub(super) fn rule_set(text: &str, file: &str) -> Result<RuleSet, RuleErrors> {
@@ -107,6 +108,7 @@ fn resource(out: &Collector, item: &Value, index: usize, tiers: &HashMap<String,
         "shadow",
         "overrides",
         "origins",
+        "usage",
     ]);
     let name = f.required("name", Fields::string);
     if let Some(n) = &name {
@@ -123,6 +125,7 @@ fn resource(out: &Collector, item: &Value, index: usize, tiers: &HashMap<String,
         limits.iter_mut().for_each(|l| l.shadow = true);
     }
     let overrides = overrides(&f, &limits, tiers);
+    let usage = usage(&f, &limits, &overrides);
     let concurrency = f.nested("concurrency").and_then(|c| concurrency(&c));
     let breaker = f.nested("breaker").and_then(|b| super::breaker::parse(&b));
     let shed_at_level = f.u64_in("shed_at_level", 1, 3).map(|n| n as u32);
@@ -153,7 +156,57 @@ fn resource(out: &Collector, item: &Value, index: usize, tiers: &HashMap<String,
         max_breakers,
         overrides,
         origins,
+        usage,
     })
+}
+
+/// `usage: [input_tokens, output_tokens]`: the fields a call may report,
+/// and every `cost` formula of the rule (its overrides' too) reads only
+/// these.
+fn usage(f: &Fields<'_>, limits: &[Limit], overrides: &Overrides) -> Vec<String> {
+    use super::cost::MAX_USAGE_FIELDS;
+    let usage = f.strings("usage").unwrap_or_default();
+    if usage.len() > MAX_USAGE_FIELDS {
+        f.error("usage", format!("names {} fields; the limit is {MAX_USAGE_FIELDS}", usage.len()));
+    }
+    let mut seen = HashSet::new();
+    for name in &usage {
+        let valid = !name.is_empty()
+            && name.len() <= 64
+            && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+            && !name.as_bytes()[0].is_ascii_digit();
+        if !valid {
+            f.error("usage", format!("'{}' is not a usage field name (lowercase letters, digits and _, at most 64 bytes, not starting with a digit)", name.escape_debug()));
+        } else if !seen.insert(name.as_str()) {
+            f.error("usage", format!("names '{name}' twice"));
+        }
+    }
+    let overridden = overrides.list().iter().flat_map(|o| o.limits.iter());
+    let mut told = HashSet::new();
+    for l in limits.iter().chain(overridden) {
+        let Some(formula) = &l.cost else { continue };
+        for field in formula.fields() {
+            if !seen.contains(field) && told.insert((l.name.clone(), field.to_string())) {
+                let declared = if usage.is_empty() {
+                    "the rule has no 'usage' list".to_string()
+                } else {
+                    format!("the rule's usage fields are: {}", usage.join(", "))
+                };
+                f.error(
+                    "usage",
+                    format!(
+                        "limit '{}' reads usage field '{field}' in its cost, which 'usage' does not name ({declared})",
+                        l.name
+                    ),
+                );
+            }
+        }
+    }
+    let mut all = limits.iter().chain(overrides.list().iter().flat_map(|o| o.limits.iter()));
+    if !usage.is_empty() && all.all(|l| l.cost.is_none()) {
+        f.error("usage", "is given, but no limit has a 'cost' formula that reads it");
+    }
+    usage
 }
 
 /// The most values a condition or an origins list may name.
@@ -436,6 +489,7 @@ fn limit(f: &Fields<'_>) -> Option<Limit> {
     };
     let bucket = matches!(&algorithm, Some(Algorithm::TokenBucket(_) | Algorithm::Gcra(_) | Algorithm::LeakyBucket(_)));
     let over_limit = over_limit(f, sync, shadow, lease.is_some(), shapes, bucket);
+    let cost = cost(f, lease.is_some());
     // A shaping warm-up's queue is one replica's: local unless told (and refused otherwise).
     let shaping = matches!(&algorithm, Some(Algorithm::WarmUp(c)) if matches!(c.mode, warm_up::Mode::Shape { .. }));
     let sync = sync.or(shaping.then_some(SyncMode::Local));
@@ -449,7 +503,33 @@ fn limit(f: &Fields<'_>) -> Option<Limit> {
         lease,
         when: when?,
         over_limit: over_limit?,
+        cost: cost?,
     })
+}
+
+/// `cost: input_tokens + output_tokens * 4`: `Some(None)` when absent,
+/// `None` (with the error told) when wrong.
+fn cost(f: &Fields<'_>, leased: bool) -> Option<Option<Formula>> {
+    let value = match f.get("cost") {
+        None => return Some(None),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Number(n)) => n.to_string(),
+        Some(_) => {
+            f.error("cost", "must be a formula over usage fields, e.g. input_tokens + output_tokens * 4");
+            return None;
+        }
+    };
+    if leased {
+        f.error("cost", "cannot be used with 'lease': a lease's holder counts calls, not usage");
+        return None;
+    }
+    match Formula::parse(&value) {
+        Ok(formula) => Some(Some(formula)),
+        Err(why) => {
+            f.error("cost", format!("'{}' {why}", value.escape_debug()));
+            None
+        }
+    }
 }
 
 /// `over_limit: { admit: 10% }`: `Some(None)` when absent, `None` (with the

@@ -118,7 +118,7 @@ resources:
         "rules.yaml: resource 'orders': limits[2] 'c'.algorithm: must be one of token_bucket, gcra, leaky_bucket, fixed_window, sliding_window_log, sliding_window, warm_up, got 'teleport'",
         "rules.yaml: resource 'users': limits[0] 'd'.limit: must be a whole number between 1 and 10000, got 20000",
         "rules.yaml: resource 'users': limits[0] 'd'.window: duration '5' needs a unit, e.g. 5s or 5ms",
-        "rules.yaml: resource 'users': limits[1] 'd'.capacity: unknown field (expected one of: name, key, algorithm, sync, on_redis_error, shadow, lease, lease_share, lease_start, when, unless, over_limit, rate_per_second, burst)",
+        "rules.yaml: resource 'users': limits[1] 'd'.capacity: unknown field (expected one of: name, key, algorithm, sync, on_redis_error, shadow, lease, lease_share, lease_start, when, unless, over_limit, cost, rate_per_second, burst)",
         "rules.yaml: resource 'users': shed_at_level: must be a whole number between 1 and 3, got 7",
     ];
     for e in expected {
@@ -530,4 +530,61 @@ resources:
     for e in expected {
         assert!(errors.iter().any(|got| got == e), "missing {e:?} in {errors:#?}");
     }
+}
+
+#[test]
+fn cost_formulas_read_only_the_usage_their_rule_names() {
+    let rules = RuleSet::from_yaml(
+        r#"
+resources:
+  - name: chat
+    usage: [input_tokens, cached_input_tokens, output_tokens]
+    limits:
+      - { name: tokens, algorithm: fixed_window, limit: 100000, window: 1m, cost: "input_tokens + cached_input_tokens/10 + output_tokens*6" }
+      - { name: output, algorithm: fixed_window, limit: 5000, window: 1m, cost: output_tokens }
+      - { name: calls, algorithm: fixed_window, limit: 50, window: 1m }
+    overrides:
+      - { when: { tenant: big }, factor: 10 }
+"#,
+        "rules.yaml",
+    )
+    .unwrap();
+    let chat = rules.find("chat").unwrap();
+    assert_eq!(chat.usage, ["input_tokens", "cached_input_tokens", "output_tokens"]);
+    let formula = chat.limits[0].cost.as_ref().unwrap();
+    assert_eq!(formula.text(), "input_tokens + cached_input_tokens/10 + output_tokens*6");
+    assert!(chat.limits[2].cost.is_none());
+    // An override's limits keep their formula.
+    assert!(chat.overrides.list()[0].limits[0].cost.is_some());
+
+    let errors = errors_of(
+        r#"
+resources:
+  - name: a
+    usage: [input_tokens]
+    limits:
+      - { name: typo, algorithm: fixed_window, limit: 10, window: 1m, cost: "input_tokens + outptu_tokens" }
+      - { name: zero, algorithm: fixed_window, limit: 10, window: 1m, cost: "input_tokens / 0" }
+      - { name: negative, algorithm: fixed_window, limit: 10, window: 1m, cost: "input_tokens - 3" }
+      - { name: leased, algorithm: fixed_window, limit: 10, window: 1m, lease: 1s, cost: input_tokens }
+  - name: b
+    limits: [ { name: l, algorithm: fixed_window, limit: 10, window: 1m, cost: tokens } ]
+  - name: c
+    usage: [tokens, tokens, Tokens]
+    limits: [ { name: l, algorithm: fixed_window, limit: 10, window: 1m } ]
+"#,
+    );
+    assert_eq!(
+        errors,
+        [
+            "rules.yaml: resource 'a': limits[1] 'zero'.cost: 'input_tokens / 0' divides by zero",
+            "rules.yaml: resource 'a': limits[2] 'negative'.cost: 'input_tokens - 3' is negative when no usage is reported",
+            "rules.yaml: resource 'a': limits[3] 'leased'.cost: cannot be used with 'lease': a lease's holder counts calls, not usage",
+            "rules.yaml: resource 'a': usage: limit 'typo' reads usage field 'outptu_tokens' in its cost, which 'usage' does not name (the rule's usage fields are: input_tokens)",
+            "rules.yaml: resource 'b': usage: limit 'l' reads usage field 'tokens' in its cost, which 'usage' does not name (the rule has no 'usage' list)",
+            "rules.yaml: resource 'c': usage: names 'tokens' twice",
+            "rules.yaml: resource 'c': usage: 'Tokens' is not a usage field name (lowercase letters, digits and _, at most 64 bytes, not starting with a digit)",
+            "rules.yaml: resource 'c': usage: is given, but no limit has a 'cost' formula that reads it",
+        ]
+    );
 }

@@ -143,6 +143,7 @@ pub fn rules(read: Read, options: &SentinelOptions) -> Result<SentinelRules, Rul
             max_breakers: crate::DEFAULT_MAX_BREAKERS,
             overrides: Default::default(),
             origins: r.origins,
+            usage: Vec::new(),
         });
     }
     if !out.errors.is_empty() {
@@ -191,6 +192,7 @@ fn limit(name: String, key: Vec<String>, algorithm: Algorithm, sync: SyncMode, w
         lease: None,
         when,
         over_limit: None,
+        cost: None,
     }
 }
 
