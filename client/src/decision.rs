@@ -24,6 +24,7 @@ pub struct Acquire {
     dry_run: bool,
     settle: bool,
     priority: Priority,
+    usage: HashMap<String, u64>,
 }
 
 /// How much a request matters when its system sheds load: by default level 1
@@ -173,6 +174,20 @@ impl Acquire {
         self
     }
 
+    /// Usage the call expects, by field (`input_tokens`, `output_tokens`...):
+    /// each matched limit with a `cost` formula takes what its formula gives
+    /// for it, instead of [`cost`](Self::cost). The names must be usage
+    /// fields of the resource's rule.
+    pub fn usage(mut self, field: impl Into<String>, value: u64) -> Self {
+        self.usage.insert(field.into(), value);
+        self
+    }
+
+    /// The usage set with [`usage`](Self::usage).
+    pub fn usage_of(&self) -> &HashMap<String, u64> {
+        &self.usage
+    }
+
     /// Ask without consuming anything.
     pub fn dry_run(mut self) -> Self {
         self.dry_run = true;
@@ -226,6 +241,7 @@ impl Acquire {
             dry_run: self.dry_run,
             settle: self.settle,
             priority: self.priority.to_proto() as i32,
+            usage: self.usage.clone(),
         }
     }
 }

@@ -292,7 +292,7 @@ impl Slots {
 
 impl Sink for Slots {
     /// A local permit's call ended: its slot is free.
-    fn send_report(&self, permit: &Permit, _: Outcome, _: Duration, _: Option<u64>) {
+    fn send_report(&self, permit: &Permit, _: Outcome, _: Duration, _: crate::permit::Actual) {
         let mut map = self.by_resource.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(f) = map.get_mut(permit.resource()) {
             f.now = f.now.saturating_sub(1);

@@ -72,6 +72,7 @@ impl Client {
             resource: req.resource().to_string(),
             descriptors: req.to_proto().descriptors,
             cost: u64::from(req.cost_units()),
+            usage: req.usage_of().clone(),
         };
         let asked = self.ask_charge(proto).await;
         let answer = asked.ok_or_else(|| Error::Server(tonic::Status::unavailable("no Floodgate server answered")))?;

@@ -5,6 +5,7 @@
 //! outcome, so a concurrency slot is freed at once rather than at the permit's
 //! expiry, and a timeout counts against the breaker as resilience4j counts it.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::time::{Duration, Instant};
 
@@ -23,7 +24,14 @@ pub enum Outcome {
 
 /// Where a permit's report goes: the client that issued it.
 pub(crate) trait Sink: Send + Sync {
-    fn send_report(&self, permit: &Permit, outcome: Outcome, latency: Duration, actual_cost: Option<u64>);
+    fn send_report(&self, permit: &Permit, outcome: Outcome, latency: Duration, actual: Actual);
+}
+
+/// What a settled call really cost: units, usage by field, or both.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Actual {
+    pub cost: Option<u64>,
+    pub usage: HashMap<String, u64>,
 }
 
 /// Reported when dropped unreported (see [`Permit::on_drop`]).
@@ -83,7 +91,7 @@ impl Permit {
 
     /// How the call went, and how long it took.
     pub fn report_latency(mut self, outcome: Outcome, latency: Duration) {
-        self.send(outcome, latency, None);
+        self.send(outcome, latency, Actual::default());
     }
 
     /// How the call went and what it really cost, for an
@@ -92,7 +100,18 @@ impl Permit {
     /// limit if need be: a debt later callers wait out).
     pub fn report_cost(mut self, outcome: Outcome, actual_cost: u64) {
         let latency = self.issued.elapsed();
-        self.send(outcome, latency, Some(actual_cost));
+        self.send(outcome, latency, Actual { cost: Some(actual_cost), usage: HashMap::new() });
+    }
+
+    /// How the call went and the usage it really had, by field (an LLM
+    /// answer's `input_tokens`, `output_tokens`...), for an
+    /// [`Acquire::settle`](crate::Acquire::settle) permit: each limit with
+    /// a `cost` formula settles at what its formula gives for this usage;
+    /// the others keep the estimate.
+    pub fn report_usage<K: Into<String>>(mut self, outcome: Outcome, usage: impl IntoIterator<Item = (K, u64)>) {
+        let latency = self.issued.elapsed();
+        let usage = usage.into_iter().map(|(k, v)| (k.into(), v)).collect();
+        self.send(outcome, latency, Actual { cost: None, usage });
     }
 
     /// What is reported if the permit is dropped unreported. The client's
@@ -111,9 +130,9 @@ impl Permit {
         std::mem::take(&mut self.id)
     }
 
-    fn send(&mut self, outcome: Outcome, latency: Duration, actual_cost: Option<u64>) {
+    fn send(&mut self, outcome: Outcome, latency: Duration, actual: Actual) {
         if let Some(sink) = self.sink.take() {
-            sink.send_report(self, outcome, latency, actual_cost);
+            sink.send_report(self, outcome, latency, actual);
         }
     }
 }
@@ -121,7 +140,7 @@ impl Permit {
 impl Drop for Permit {
     fn drop(&mut self) {
         let latency = self.issued.elapsed();
-        self.send(self.on_drop, latency, None);
+        self.send(self.on_drop, latency, Actual::default());
     }
 }
 

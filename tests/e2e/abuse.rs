@@ -160,6 +160,7 @@ async fn permits_cannot_be_guessed_and_errors_do_not_name_their_owner() {
     // The next id by counting up from one seen is not a permit.
     let guessed = format!("{:032x}", u128::from_str_radix(&permits[1], 16).unwrap().wrapping_add(1));
     let report = |id: &str, resource: &str| pb::ReportOutcomeRequest {
+        usage: Default::default(),
         resource: resource.into(),
         permit_id: id.into(),
         outcome: pb::Outcome::Failure as i32,

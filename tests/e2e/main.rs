@@ -76,6 +76,7 @@ mod systems;
 mod tls;
 mod traces;
 mod tutorial;
+mod usage;
 mod what_if;
 mod why;
 

@@ -239,7 +239,12 @@ async fn under_mtls_the_callers_certificate_is_its_origin_whatever_it_says() {
     // proves: `evil` naming `good-app` neither uses up good-app's limit nor
     // leases from it (no limit of `metered` is evil's).
     let descriptors = HashMap::from([("origin".to_string(), "good-app".to_string())]);
-    let charge = pb::ChargeRequest { resource: "metered".into(), descriptors: descriptors.clone(), cost: 1000 };
+    let charge = pb::ChargeRequest {
+        usage: Default::default(),
+        resource: "metered".into(),
+        descriptors: descriptors.clone(),
+        cost: 1000,
+    };
     let charged = as_evil.charge(charge).await.unwrap().into_inner();
     assert!(charged.limits.is_empty(), "evil was charged on good-app's limit: {charged:?}");
     let lease = pb::LeaseRequest {

@@ -439,7 +439,7 @@ impl Client {
 
 impl Sink for Inner {
     /// A permit's report, queued for the server that issued it.
-    fn send_report(&self, permit: &Permit, outcome: Outcome, latency: Duration, actual_cost: Option<u64>) {
+    fn send_report(&self, permit: &Permit, outcome: Outcome, latency: Duration, actual: crate::permit::Actual) {
         if let Some(local) = &self.local {
             local.server_slot_ended(permit.id());
         }
@@ -449,7 +449,8 @@ impl Sink for Inner {
             permit_id: permit.id().to_string(),
             outcome: outcome.to_proto() as i32,
             latency: prost_types::Duration::try_from(latency).ok(),
-            actual_cost,
+            actual_cost: actual.cost,
+            usage: actual.usage,
         };
         if !ep.reporter.send(report, permit.urgent) {
             self.stats.dropped(1);

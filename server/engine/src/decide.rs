@@ -10,7 +10,7 @@ use smallvec::SmallVec;
 use super::counters::RuleMetrics;
 use super::guards::{Denial, PermitId};
 use super::installed::RuleHandles;
-use super::request::{self, Descriptors, Request, RequestError};
+use super::request::{self, Costs, Descriptors, Request, RequestError};
 use super::sync::{RemoteBreaker, RemoteSlot};
 use super::{Engine, Installed};
 use crate::breaker;
@@ -95,7 +95,8 @@ pub struct Prepared<'r> {
     /// The resource when replication needs it (a hash tag); else empty.
     pub(super) request_resource: String,
     pub(super) matched: Matched<'r>,
-    pub(super) cost: u64,
+    /// What the call takes from each matched limit.
+    pub(super) costs: Costs,
     pub(super) dry_run: bool,
     /// The guards only gate: no permit is handed out, nothing is taken from
     /// them (Envoy's RLS, which never reports back).
@@ -133,7 +134,19 @@ impl Prepared<'_> {
 
     /// The replicated limits' buckets this process does not hold yet.
     pub fn replicated_keys(&self) -> impl Iterator<Item = (&Limit, &BucketKey)> {
-        self.matched.iter().filter(|(l, ..)| l.sync.is_replicated() && !decided_by_store(l)).map(|(l, _, k)| (*l, k))
+        self.replicated().map(|(l, _, k)| (l, k))
+    }
+
+    /// [`Prepared::replicated_keys`], with what the call takes from each.
+    pub fn replicated_costs(&self) -> impl Iterator<Item = (&BucketKey, u64)> {
+        self.replicated().map(|(_, slot, k)| (k, self.costs.of(slot)))
+    }
+
+    fn replicated(&self) -> impl Iterator<Item = (&Limit, usize, &BucketKey)> {
+        self.matched
+            .iter()
+            .filter(|(l, ..)| l.sync.is_replicated() && !decided_by_store(l))
+            .map(|(l, slot, k)| (*l, *slot, k))
     }
 
     /// Whether the matched rule has a circuit breaker.
@@ -141,8 +154,9 @@ impl Prepared<'_> {
         self.rule.is_some_and(|(r, _)| r.breaker.is_some())
     }
 
+    /// The largest cost the call takes from one limit.
     pub fn cost(&self) -> u64 {
-        self.cost
+        self.matched.iter().map(|(_, slot, _)| self.costs.of(*slot)).max().unwrap_or(self.costs.base())
     }
 
     pub fn dry_run(&self) -> bool {
@@ -278,8 +292,10 @@ impl Engine {
                 }
             },
         };
-        for (limit, _, _) in &matched {
+        let costs = costs_of(rule.map(|(r, _)| r), &matched, req.usage, cost)?;
+        for (limit, slot, _) in &matched {
             let capacity = limit.algorithm.capacity();
+            let cost = costs.of(*slot);
             // A limit of 0 (Sentinel's threshold below one call) denies; it is
             // not an error. A shadow limit never changes the answer: a cost
             // beyond it is only reported as what it would have denied.
@@ -300,7 +316,7 @@ impl Engine {
             settle,
             request_resource,
             matched,
-            cost,
+            costs,
             dry_run: req.dry_run,
             gate: false,
             remote_breaker: None,
@@ -330,10 +346,10 @@ impl Engine {
         matched: &Matched<'r>,
         resource: &str,
         now: Timestamp,
-        cost: u64,
+        costs: &Costs,
         dry_run: bool,
     ) {
-        let mut decisions = self.take_or_check(matched, resource, now, cost, dry_run);
+        let mut decisions = self.take_or_check(matched, resource, now, costs, dry_run);
         if matched.iter().zip(&decisions).any(|((l, ..), d)| enforced_denial(l, d)) {
             for ((l, _, k), d) in matched.iter().zip(&mut decisions).filter(|(_, d)| d.admitted) {
                 self.restate(l, k, d, now);
@@ -352,13 +368,13 @@ impl Engine {
         matched: &Matched<'_>,
         resource: &str,
         now: Timestamp,
-        cost: u64,
+        costs: &Costs,
         dry_run: bool,
     ) -> SmallVec<[Decision; 4]> {
         if dry_run {
-            matched.iter().map(|(l, _, k)| self.buckets.check(k, &l.algorithm, now, cost)).collect()
+            matched.iter().map(|(l, slot, k)| self.buckets.check(k, &l.algorithm, now, costs.of(*slot))).collect()
         } else {
-            self.take_all_or_nothing(matched, resource, now, cost)
+            self.take_all_or_nothing(matched, resource, now, costs)
         }
     }
 
@@ -419,9 +435,9 @@ impl Engine {
         matched: &Matched<'_>,
         resource: &str,
         now: Timestamp,
-        cost: u64,
+        costs: &Costs,
     ) -> SmallVec<[Decision; 4]> {
-        take_all_or_nothing(&self.buckets, matched, now, cost, |l, k, units| {
+        take_all_or_nothing(&self.buckets, matched, now, costs, |l, k, units| {
             self.note_replicated(l, k, resource, units, now)
         })
     }
@@ -534,19 +550,40 @@ pub(super) fn matched_in<'r, D: Descriptors + ?Sized>(
         .collect()
 }
 
+/// What a call of `cost` that reported `usage` takes from each matched
+/// limit of `rule`: the limits with a `cost` formula take what it gives
+/// (at least 1: a call that takes nothing would pass a budget used up).
+pub(super) fn costs_of(
+    rule: Option<&Rule>,
+    matched: &Matched<'_>,
+    usage: Option<&request::Usage>,
+    cost: u64,
+) -> Result<Costs, RequestError> {
+    let (Some(usage), Some(rule)) = (usage, rule) else { return Ok(Costs::same(cost)) };
+    request::check_usage(rule, usage)?;
+    let mut each = Vec::new();
+    for (limit, slot, _) in matched {
+        if let Some(by_usage) = request::formula_cost(limit, usage) {
+            each.push((*slot, by_usage?.max(1)));
+        }
+    }
+    Ok(Costs::with(cost, each))
+}
+
 /// [`Engine::take_all_or_nothing`] in any bucket store; `taken` hears of
 /// every unit taken (positive) or given back (negative), per bucket.
 pub(super) fn take_all_or_nothing(
     buckets: &crate::store::Buckets,
     matched: &Matched<'_>,
     now: Timestamp,
-    cost: u64,
+    costs: &Costs,
     mut taken: impl FnMut(&Limit, &BucketKey, i64),
 ) -> SmallVec<[Decision; 4]> {
     let mut decisions = SmallVec::new();
     let mut denied = false;
-    for (limit, _, key) in matched {
+    for (limit, slot, key) in matched {
         let alg = &limit.algorithm;
+        let cost = costs.of(*slot);
         let d = if denied {
             buckets.check(key, alg, now, cost)
         } else {
@@ -573,7 +610,8 @@ pub(super) fn take_all_or_nothing(
         if !d.admitted && !denied && !limit.shadow {
             denied = true;
             let admitted = matched.iter().zip(decisions.iter_mut()).filter(|(_, d): &(_, &mut Decision)| d.admitted);
-            for ((l, _, k), d) in admitted {
+            for ((l, slot, k), d) in admitted {
+                let cost = costs.of(*slot);
                 buckets.refund(k, &l.algorithm, now, cost);
                 taken(l, k, -(cost as i64));
                 undo_over_limit(buckets, l, k, d, now, cost);

@@ -25,6 +25,9 @@ pub struct Report<'a> {
     pub latency: Option<Duration>,
     /// What the call really cost (a permit of an Acquire with `settle`).
     pub actual_cost: Option<u64>,
+    /// The usage the call really had, which limits with a `cost` formula
+    /// settle at.
+    pub usage: Option<&'a request::Usage>,
 }
 
 /// The answer to one ReportOutcome.

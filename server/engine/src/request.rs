@@ -59,18 +59,32 @@ pub struct Request<'a, D: ?Sized> {
     pub settle: bool,
     /// Which requests a degradation level sheds first.
     pub priority: crate::rules::Priority,
+    /// Usage fields reported with the call (`input_tokens: 812`), which the
+    /// matched limits' `cost` formulas read; `None` when none were.
+    pub usage: Option<&'a Usage>,
 }
+
+/// Usage a call reports, by field name.
+pub type Usage = HashMap<String, u64>;
 
 impl<'a, D: ?Sized> Request<'a, D> {
     /// A decision of cost 1 at the default priority, consuming what it admits.
     pub fn new(resource: &'a str, descriptors: &'a D) -> Self {
-        Request { resource, descriptors, cost: 1, dry_run: false, settle: false, priority: Default::default() }
+        Request {
+            resource,
+            descriptors,
+            cost: 1,
+            dry_run: false,
+            settle: false,
+            priority: Default::default(),
+            usage: None,
+        }
     }
 
     /// The same request with other descriptors.
     pub fn with<E: ?Sized>(self, descriptors: &'a E) -> Request<'a, E> {
-        let Request { resource, cost, dry_run, settle, priority, .. } = self;
-        Request { resource, descriptors, cost, dry_run, settle, priority }
+        let Request { resource, cost, dry_run, settle, priority, usage, .. } = self;
+        Request { resource, descriptors, cost, dry_run, settle, priority, usage }
     }
 }
 
@@ -91,6 +105,18 @@ pub enum RequestError {
     CostExceedsCapacity { cost: u64, capacity: u64, limit: String },
     #[error("{field}: {value} is larger than the largest cost, {max}", max = u32::MAX)]
     CostTooLarge { field: &'static str, value: u64 },
+    #[error("usage: '{}' is not a usage field of rule '{rule}' ({known})", .field.escape_debug())]
+    UnknownUsage { field: String, rule: String, known: String },
+    #[error("usage: '{}' is not a usage field name (lowercase letters, digits and _, at most 64 bytes)", .field.escape_debug())]
+    BadUsageName { field: String },
+    #[error("usage: {count} fields; the limit is {max}")]
+    TooMuchUsage { count: usize, max: usize },
+    #[error("usage.{field}: {value} is larger than the largest, {max}", max = crate::rules::cost::MAX_USAGE_VALUE)]
+    UsageTooLarge { field: String, value: u64 },
+    #[error(
+        "usage: limit '{limit}' would cost {value} for this usage (its cost is '{formula}'); a cost cannot be negative"
+    )]
+    NegativeCost { limit: String, value: i64, formula: String },
     #[error("permit_id: '{0}' is not a permit id")]
     MalformedPermit(String),
     #[error("resource: the permit was not issued for '{resource}'")]
@@ -208,6 +234,11 @@ impl RequestError {
             | BatchTooLarge { .. }
             | CostExceedsCapacity { .. }
             | CostTooLarge { .. }
+            | UnknownUsage { .. }
+            | BadUsageName { .. }
+            | TooMuchUsage { .. }
+            | UsageTooLarge { .. }
+            | NegativeCost { .. }
             | MalformedPermit(_)
             | PermitResourceMismatch { .. }
             | MalformedLease(_)
@@ -400,4 +431,98 @@ mod overlaid_tests {
         let o = Overlaid { inner: &sent[..], set: None };
         assert_eq!((o.get("origin"), o.count()), (Some("i-am-admin"), 2));
     }
+}
+
+/// What a call takes from each matched limit: the request's cost, except
+/// from the limits whose `cost` formula reads the usage it reported.
+/// Small (24 bytes) and free of allocation when no limit has a formula:
+/// it travels with every decision.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Costs {
+    base: u64,
+    /// (the limit's slot in its rule, its cost), for the limits with a formula.
+    each: Option<Box<[(usize, u64)]>>,
+}
+
+impl Costs {
+    /// The same cost from every limit.
+    pub fn same(base: u64) -> Costs {
+        Costs { base, each: None }
+    }
+
+    /// `base`, except for the limits (by slot) in `each`.
+    pub fn with(base: u64, each: Vec<(usize, u64)>) -> Costs {
+        Costs { base, each: (!each.is_empty()).then(|| each.into_boxed_slice()) }
+    }
+
+    /// The request's own cost (what a limit without a formula takes).
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
+    /// The cost for the limit at `slot` of its rule.
+    #[inline]
+    pub fn of(&self, slot: usize) -> u64 {
+        match &self.each {
+            None => self.base,
+            Some(each) => each.iter().find(|(s, _)| *s == slot).map_or(self.base, |(_, cost)| *cost),
+        }
+    }
+}
+
+/// Checks the form of reported usage, whatever the rules: at most 32
+/// fields, names as a rule's usage fields are written (lowercase letters,
+/// digits and _, at most 64 bytes), values at most the largest.
+pub fn check_usage_form(usage: &Usage) -> Result<(), RequestError> {
+    let max = crate::rules::cost::MAX_USAGE_FIELDS;
+    if usage.len() > max {
+        return Err(RequestError::TooMuchUsage { count: usage.len(), max });
+    }
+    for (field, value) in usage {
+        let named = !field.is_empty()
+            && field.len() <= 64
+            && field.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+        if !named {
+            let field = field.chars().take(64).collect();
+            return Err(RequestError::BadUsageName { field });
+        }
+        if *value > crate::rules::cost::MAX_USAGE_VALUE {
+            return Err(RequestError::UsageTooLarge { field: field.clone(), value: *value });
+        }
+    }
+    Ok(())
+}
+
+/// Checks reported usage against `rule`'s usage fields: every name must be
+/// one of them, every value at most the largest.
+pub fn check_usage(rule: &crate::rules::Rule, usage: &Usage) -> Result<(), RequestError> {
+    check_usage_form(usage)?;
+    for field in usage.keys() {
+        if !rule.usage.iter().any(|u| u == field) {
+            let known = if rule.usage.is_empty() {
+                "it reads no usage".to_string()
+            } else {
+                format!("its usage fields: {}", rule.usage.join(", "))
+            };
+            let field = field.chars().take(64).collect();
+            return Err(RequestError::UnknownUsage { field, rule: rule.name.clone(), known });
+        }
+    }
+    Ok(())
+}
+
+/// What `limit` costs for `usage` by its formula; `None` when it has none.
+pub fn formula_cost(limit: &crate::rules::Limit, usage: &Usage) -> Option<Result<u64, RequestError>> {
+    use crate::rules::CostError;
+    let formula = limit.cost.as_ref()?;
+    Some(formula.cost(|k| usage.get(k).copied().unwrap_or(0)).map_err(|e| match e {
+        CostError::Negative(v) => RequestError::NegativeCost {
+            limit: limit.name.clone(),
+            value: i64::try_from(v).unwrap_or(i64::MIN),
+            formula: formula.text().to_string(),
+        },
+        CostError::TooLarge(v) => {
+            RequestError::CostTooLarge { field: "usage", value: u64::try_from(v).unwrap_or(u64::MAX) }
+        }
+    }))
 }

@@ -146,7 +146,7 @@ impl Engine {
             settle: false,
             request_resource: if self.coordination.notes_takes() { domain.to_string() } else { String::new() },
             matched,
-            cost: d.hits,
+            costs: crate::request::Costs::same(d.hits),
             dry_run: d.hits == 0,
             gate: true,
             remote_breaker: None,

@@ -24,7 +24,7 @@ use smallvec::SmallVec;
 
 use super::decide::{Answer, matched};
 use super::guards::PermitId;
-use super::request::{self, Descriptors, RequestError};
+use super::request::{self, Costs, Descriptors, RequestError, Usage};
 use super::{Engine, Installed, LimitReport};
 use crate::rules::{Limit, Rule};
 use crate::store::BucketKey;
@@ -66,12 +66,13 @@ struct Pending {
     cost: u64,
     at: Timestamp,
     expires: Timestamp,
-    /// The buckets decided here.
-    buckets: SmallVec<[BucketKey; 2]>,
+    /// The buckets decided here, with the estimate each took (a limit
+    /// with a `cost` formula took its own).
+    buckets: SmallVec<[(BucketKey, u64); 2]>,
     /// The buckets Redis decided (strict), and when Redis took the units
     /// (its clock, us); `None` when they were decided here while Redis was
     /// away (what they took is owed).
-    strict: SmallVec<[BucketKey; 1]>,
+    strict: SmallVec<[(BucketKey, u64); 1]>,
     redis_at: Option<i64>,
     /// A lease's holder (its hash); 0 for an Acquire's estimate.
     holder: u64,
@@ -88,6 +89,30 @@ impl Settlements {
     }
 }
 
+/// What each bucket of estimate `p` (those decided here, then the strict
+/// ones) really cost: by its limit's formula when usage is reported, else
+/// `actual`; `None` where the estimate stands.
+fn actuals(
+    rules: &Installed,
+    p: &Pending,
+    actual: Option<u64>,
+    usage: Option<&Usage>,
+) -> Result<SmallVec<[Option<u64>; 3]>, RequestError> {
+    if let Some(usage) = usage
+        && let Some((rule, _)) = rules.find(&p.resource)
+    {
+        request::check_usage(rule, usage)?;
+    }
+    let bucket = |k: &BucketKey| -> Result<Option<u64>, RequestError> {
+        let formula = usage.zip(rules.limit(k.limit)).and_then(|(u, (_, l))| request::formula_cost(l, u));
+        match formula {
+            Some(cost) => cost.map(Some),
+            None => Ok(actual),
+        }
+    };
+    p.buckets.iter().chain(&p.strict).map(|(k, _)| bucket(k)).collect()
+}
+
 /// Units as a signed count.
 fn signed(units: u64) -> i64 {
     i64::try_from(units).unwrap_or(i64::MAX)
@@ -95,7 +120,8 @@ fn signed(units: u64) -> i64 {
 
 impl Engine {
     /// An allowed Acquire with `settle`: remembers what its estimate took
-    /// (the buckets of `taken`, `cost` at `now`, the instant the decision
+    /// (the buckets of `taken` and what each took, the request's `cost`, at
+    /// `now`, the instant the decision
     /// took them; Redis's instant `redis_at` for strict limits it decided)
     /// and puts the permit to settle it in `answer` (the breaker's or the
     /// concurrency limit's permit when it has one).
@@ -104,18 +130,18 @@ impl Engine {
         answer: &mut Answer<'_>,
         rule: &Rule,
         resource: String,
-        taken: impl Iterator<Item = (&'a Limit, &'a BucketKey)>,
+        taken: impl Iterator<Item = (&'a Limit, &'a BucketKey, u64)>,
         (cost, now, redis_at): (u64, Timestamp, Option<i64>),
     ) {
         if self.settlements.len() >= MAX_PENDING {
             return;
         }
         let (mut buckets, mut strict) = (SmallVec::new(), SmallVec::new());
-        for (l, k) in taken {
+        for (l, k, cost) in taken {
             if self.coordination.decides(l) {
-                strict.push(k.clone());
+                strict.push((k.clone(), cost));
             } else {
-                buckets.push(k.clone());
+                buckets.push((k.clone(), cost));
             }
         }
         let ttl = rule.concurrency.map_or(super::DEFAULT_PERMIT_TTL, |c| c.permit_ttl);
@@ -145,14 +171,17 @@ impl Engine {
 
 impl Charges<'_> {
     /// Settles permit `id` at `actual` (or, `None`, lets its estimate stand
-    /// and forgets it). Not settled when it holds no estimate (unknown,
-    /// expired, already settled, or not from an Acquire with `settle`).
+    /// and forgets it). A limit with a `cost` formula settles at what the
+    /// formula gives for `usage`, when usage is reported. Not settled when
+    /// it holds no estimate (unknown, expired, already settled, or not from
+    /// an Acquire with `settle`). Bad input changes nothing.
     pub fn settle_estimate(
         &self,
         rules: &Installed,
         id: &str,
         resource: &str,
         actual: Option<u64>,
+        usage: Option<&Usage>,
     ) -> Result<Settled, RequestError> {
         let key = request::check_permit_id(id)?;
         if let Some(actual) = actual
@@ -160,44 +189,53 @@ impl Charges<'_> {
         {
             return Err(RequestError::CostTooLarge { field: "actual_cost", value: actual });
         }
+        // Each bucket's actual cost, worked out before the permit is taken,
+        // so that usage the rule refuses leaves the permit to settle again.
+        let actuals = match self.settlements.map.get(&key) {
+            Some(p) if resource.is_empty() || p.resource == resource => actuals(rules, &p, actual, usage)?,
+            Some(_) => return Err(RequestError::PermitResourceMismatch { resource: resource.into() }),
+            None => return Ok(Settled::default()),
+        };
         let Some((_, p)) = self.settlements.map.remove_if(&key, |_, p| resource.is_empty() || p.resource == resource)
         else {
-            if self.settlements.map.contains_key(&key) {
-                return Err(RequestError::PermitResourceMismatch { resource: resource.into() });
-            }
             return Ok(Settled::default());
         };
         let now = self.clock.now();
-        let Some(actual) = actual else { return Ok(Settled::default()) };
-        if p.expires <= now {
+        if p.expires <= now || actuals.iter().all(Option::is_none) {
             return Ok(Settled::default());
         }
-        for bucket in &p.buckets {
-            let Some((_, l)) = rules.limit(bucket.limit) else { continue };
-            if actual > p.cost {
-                let more = actual - p.cost;
+        for ((bucket, estimate), actual) in p.buckets.iter().zip(&actuals) {
+            let (Some(actual), Some((_, l))) = (actual, rules.limit(bucket.limit)) else { continue };
+            let (actual, estimate) = (*actual, *estimate);
+            if actual > estimate {
+                let more = actual - estimate;
                 self.buckets.force(bucket.clone(), &l.algorithm, now, more);
                 self.note_replicated(l, bucket, &p.resource, signed(more), now);
-            } else if actual < p.cost && l.algorithm.same_window(p.at, now) {
-                let back = p.cost - actual;
+            } else if actual < estimate && l.algorithm.same_window(p.at, now) {
+                let back = estimate - actual;
                 self.buckets.give_back(bucket, &l.algorithm, now, p.at, back);
                 self.note_replicated(l, bucket, &p.resource, -signed(back), now);
             }
         }
-        let units = signed(actual) - signed(p.cost);
         let mut strict = Strict { resource: p.resource.clone(), items: SmallVec::new() };
-        if units != 0 {
+        for ((k, estimate), actual) in p.strict.iter().zip(&actuals[p.buckets.len()..]) {
+            let Some(actual) = actual else { continue };
+            let units = signed(*actual) - signed(*estimate);
+            if units == 0 {
+                continue;
+            }
             match p.redis_at {
-                Some(at) => strict.items.extend(p.strict.iter().map(|k| (k.clone(), units, at, 0))),
+                Some(at) => strict.items.push((k.clone(), units, at, 0)),
                 // Taken here while Redis was away: the debt is what changes.
-                None => p.strict.iter().for_each(|k| self.coordination.admitted_here(k, &p.resource, units, now)),
+                None => self.coordination.admitted_here(k, &p.resource, units, now),
             }
         }
         Ok(Settled { settled: true, strict })
     }
 
-    /// `Charge`: takes `cost` from every limit the request matches, beyond
-    /// the limit if need be; the limits' state afterwards. Strict limits are
+    /// `Charge`: takes `cost` from every limit the request matches (a limit
+    /// with a `cost` formula: what it gives for `usage`, when reported),
+    /// beyond the limit if need be; the limits' state afterwards. Strict limits are
     /// for the caller to take in Redis (`Charged::strict`).
     pub fn charge<'r, D: Descriptors + ?Sized>(
         &self,
@@ -205,6 +243,7 @@ impl Charges<'_> {
         resource: &str,
         descriptors: &D,
         cost: u64,
+        usage: Option<&Usage>,
     ) -> Result<Charged<'r>, RequestError> {
         request::validate(resource, descriptors)?;
         if cost > u64::from(u32::MAX) {
@@ -212,8 +251,20 @@ impl Charges<'_> {
         }
         let mut charged = Charged { limits: SmallVec::new(), strict: Strict::default() };
         let Some((rule, handles)) = rules.find(resource) else { return Ok(charged) };
+        let matched = matched(rule, handles, resource, descriptors, &self.clock);
+        let mut each = Vec::new();
+        if let Some(usage) = usage {
+            request::check_usage(rule, usage)?;
+            for (l, slot, _) in &matched {
+                if let Some(by_usage) = request::formula_cost(l, usage) {
+                    each.push((*slot, by_usage?));
+                }
+            }
+        }
+        let costs = Costs::with(cost, each);
         let now = self.clock.now();
-        for (l, index, bucket) in matched(rule, handles, resource, descriptors, &self.clock) {
+        for (l, index, bucket) in matched {
+            let cost = costs.of(index);
             if self.coordination.decides(l) {
                 if cost > 0 {
                     charged.strict.items.push((bucket, signed(cost), 0, charged.limits.len()));
@@ -277,7 +328,7 @@ impl Leasing<'_> {
             return Err(RequestError::LeaseHolderMismatch);
         }
         let used = self.settlements.map.get(&key).map_or(used, |p| used.min(p.cost));
-        self.charges().settle_estimate(rules, id, resource, Some(used)).map_err(|e| match e {
+        self.charges().settle_estimate(rules, id, resource, Some(used), None).map_err(|e| match e {
             RequestError::PermitResourceMismatch { resource } => RequestError::LeaseResourceMismatch { resource },
             e => e,
         })
@@ -307,6 +358,12 @@ resources:
   - name: short
     concurrency: { max_in_flight: 5, permit_ttl: 60s }
     limits: [ { name: w, algorithm: fixed_window, limit: 5, window: 10s } ]
+  - name: chat
+    usage: [input_tokens, cached_input_tokens, output_tokens]
+    limits:
+      - { name: requests, key: [user], algorithm: fixed_window, limit: 100, window: 1h }
+      - { name: input, key: [user], algorithm: fixed_window, limit: 1000, window: 1h, cost: "input_tokens - cached_input_tokens + cached_input_tokens / 10" }
+      - { name: output, key: [user], algorithm: token_bucket, capacity: 500, refill_per_second: 0.001, cost: output_tokens }
 "#;
 
     fn engine() -> (Engine, Arc<ManualClock>) {
@@ -346,10 +403,13 @@ resources:
         assert!(ok);
         assert_eq!(left, [40, 940]);
         let permit = permit.expect("a permit to settle with, though the rule has no breaker");
-        assert_eq!(e.charges().settle_estimate(&e.rules(), &permit, "llm", Some(15)).map(|s| s.settled), Ok(true));
+        assert_eq!(
+            e.charges().settle_estimate(&e.rules(), &permit, "llm", Some(15), None).map(|s| s.settled),
+            Ok(true)
+        );
         assert_eq!(remaining(&e, "llm").iter().map(|r| r.0).collect::<Vec<_>>(), [85, 985]);
         assert_eq!(
-            e.charges().settle_estimate(&e.rules(), &permit, "llm", Some(0)).map(|s| s.settled),
+            e.charges().settle_estimate(&e.rules(), &permit, "llm", Some(0), None).map(|s| s.settled),
             Ok(false),
             "settled once"
         );
@@ -360,7 +420,7 @@ resources:
         let (e, clock) = engine();
         let (_, permit, _) = estimate(&e, "llm", 50);
         assert_eq!(
-            e.charges().settle_estimate(&e.rules(), &permit.unwrap(), "", Some(180)).map(|s| s.settled),
+            e.charges().settle_estimate(&e.rules(), &permit.unwrap(), "", Some(180), None).map(|s| s.settled),
             Ok(true)
         );
         // 100 - 180 = 80 tokens owed; at 10/s the bucket is empty for 8 s.
@@ -384,7 +444,10 @@ resources:
         // The concurrency permit is the settle permit: one report does both.
         let reported = e.outcomes().report(&e.rules(), "db", &permit, crate::breaker::Outcome::Success, None).unwrap();
         assert!(reported.counted);
-        assert_eq!(e.charges().settle_estimate(&e.rules(), &permit, "db", Some(150)).map(|s| s.settled), Ok(true));
+        assert_eq!(
+            e.charges().settle_estimate(&e.rules(), &permit, "db", Some(150), None).map(|s| s.settled),
+            Ok(true)
+        );
         // 150 in a burst of 100 at 100/s: 0.5 s over, then 10 ms per row.
         assert!(!estimate(&e, "db", 1).0);
         clock.advance(Duration::from_millis(510));
@@ -396,23 +459,23 @@ resources:
         let (e, clock) = engine();
         let rules = e.rules();
         assert!(matches!(
-            e.charges().settle_estimate(&rules, "nope", "", Some(1)),
+            e.charges().settle_estimate(&rules, "nope", "", Some(1), None),
             Err(RequestError::MalformedPermit(_))
         ));
         assert_eq!(
-            e.charges().settle_estimate(&rules, &format!("{:032x}", 7), "", Some(1)).map(|s| s.settled),
+            e.charges().settle_estimate(&rules, &format!("{:032x}", 7), "", Some(1), None).map(|s| s.settled),
             Ok(false),
             "unknown"
         );
         let (_, permit, _) = estimate(&e, "llm", 30);
         let permit = permit.unwrap();
         assert!(matches!(
-            e.charges().settle_estimate(&rules, &permit, "db", Some(1)),
+            e.charges().settle_estimate(&rules, &permit, "db", Some(1), None),
             Err(RequestError::PermitResourceMismatch { .. })
         ));
         clock.advance(Duration::from_secs(60));
         assert_eq!(
-            e.charges().settle_estimate(&rules, &permit, "llm", Some(0)).map(|s| s.settled),
+            e.charges().settle_estimate(&rules, &permit, "llm", Some(0), None).map(|s| s.settled),
             Ok(false),
             "expired after the permit's 60 s"
         );
@@ -422,9 +485,15 @@ resources:
         clock.advance(Duration::from_secs(10));
         let (_, new, left) = estimate(&e, "short", 3);
         assert_eq!(left, [2]);
-        assert_eq!(e.charges().settle_estimate(&rules, &old.unwrap(), "short", Some(0)).map(|s| s.settled), Ok(true));
+        assert_eq!(
+            e.charges().settle_estimate(&rules, &old.unwrap(), "short", Some(0), None).map(|s| s.settled),
+            Ok(true)
+        );
         assert_eq!(remaining(&e, "short")[0].0, 2, "the new window keeps its 3");
-        assert_eq!(e.charges().settle_estimate(&rules, &new.unwrap(), "short", Some(1)).map(|s| s.settled), Ok(true));
+        assert_eq!(
+            e.charges().settle_estimate(&rules, &new.unwrap(), "short", Some(1), None).map(|s| s.settled),
+            Ok(true)
+        );
         assert_eq!(remaining(&e, "short")[0].0, 4, "its own estimate comes back");
     }
 
@@ -432,14 +501,89 @@ resources:
     fn charge_takes_usage_beyond_the_limit() {
         let (e, _) = engine();
         let rules = e.rules();
-        let charged = e.charges().charge(&rules, "llm", &user(), 130).unwrap();
+        let charged = e.charges().charge(&rules, "llm", &user(), 130, None).unwrap();
         let after: Vec<_> =
             charged.limits.iter().map(|l| (l.limit.name.as_str(), l.status.remaining, l.exceeded)).collect();
         assert_eq!(after, [("tokens", 0, true), ("daily", 870, false)]);
         assert!(!estimate(&e, "llm", 1).0, "30 tokens owed");
-        assert_eq!(e.charges().charge(&rules, "nothing-matches", &user(), 5).unwrap().limits.len(), 0);
-        assert!(matches!(e.charges().charge(&rules, "", &user(), 5), Err(RequestError::Empty { .. })));
-        let huge = e.charges().charge(&rules, "llm", &user(), u64::MAX).err().map(|e| e.to_string());
+        assert_eq!(e.charges().charge(&rules, "nothing-matches", &user(), 5, None).unwrap().limits.len(), 0);
+        assert!(matches!(e.charges().charge(&rules, "", &user(), 5, None), Err(RequestError::Empty { .. })));
+        let huge = e.charges().charge(&rules, "llm", &user(), u64::MAX, None).err().map(|e| e.to_string());
         assert_eq!(huge.as_deref(), Some("cost: 18446744073709551615 is larger than the largest cost, 4294967295"));
+    }
+
+    fn usage(pairs: &[(&str, u64)]) -> Usage {
+        pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+    }
+
+    #[test]
+    fn limits_with_a_formula_take_settle_and_charge_their_own_cost() {
+        let (e, _) = engine();
+        let rules = e.rules();
+        let d = user();
+        // Reserved: 1 request, 300 input tokens, 200 output tokens.
+        let expected = usage(&[("input_tokens", 300), ("output_tokens", 200)]);
+        let req = Request { settle: true, usage: Some(&expected), ..Request::new("chat", &d) };
+        let a = e.acquire(&rules, &req).unwrap();
+        let left: Vec<u64> = a.limits.iter().map(|l| l.status.remaining).collect();
+        assert_eq!((a.verdict, left), (Verdict::Allowed, vec![99, 700, 300]));
+        let permit = a.permit_id.unwrap().to_string();
+
+        // Used: 300 input tokens of which 25 cached (275 + 2.5, rounded up
+        // to 278), 50 output tokens; the request stays 1.
+        let used = usage(&[("input_tokens", 300), ("cached_input_tokens", 25), ("output_tokens", 50)]);
+        let settled = e.charges().settle_estimate(&rules, &permit, "chat", None, Some(&used)).unwrap();
+        assert!(settled.settled);
+        let left: Vec<u64> = remaining(&e, "chat").iter().map(|(r, _)| *r).collect();
+        assert_eq!(left, [99, 722, 450]);
+
+        // A charge of output tokens only: the other budgets are untouched
+        // (the request's cost, 0, takes nothing from `requests`).
+        let more = usage(&[("output_tokens", 460)]);
+        let charged = e.charges().charge(&rules, "chat", &d, 0, Some(&more)).unwrap();
+        let after: Vec<(u64, bool)> = charged.limits.iter().map(|l| (l.status.remaining, l.exceeded)).collect();
+        assert_eq!(after, [(99, false), (722, false), (0, true)]);
+        // The output budget is in debt: a call expecting any output is denied
+        // by it, and one expecting none is read as expecting one.
+        let none = usage(&[("input_tokens", 10)]);
+        let a = e.acquire(&rules, &Request { usage: Some(&none), ..Request::new("chat", &d) }).unwrap();
+        assert_eq!(a.verdict, Verdict::RateLimited);
+        assert_eq!(
+            a.limits.iter().filter(|l| l.denied()).map(|l| l.limit.name.as_str()).collect::<Vec<_>>(),
+            ["output"]
+        );
+    }
+
+    #[test]
+    fn usage_the_rule_does_not_read_is_refused_and_changes_nothing() {
+        let (e, _) = engine();
+        let rules = e.rules();
+        let d = user();
+        let before = remaining(&e, "chat");
+        let typo = usage(&[("outptu_tokens", 5)]);
+        let err = e.acquire(&rules, &Request { usage: Some(&typo), ..Request::new("chat", &d) }).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "usage: 'outptu_tokens' is not a usage field of rule 'chat' (its usage fields: input_tokens, cached_input_tokens, output_tokens)"
+        );
+        let negative = usage(&[("input_tokens", 10), ("cached_input_tokens", 40)]);
+        let err = e.charges().charge(&rules, "chat", &d, 1, Some(&negative)).err().unwrap();
+        assert!(err.to_string().starts_with("usage: limit 'input' would cost -26 for this usage"), "{err}");
+        let huge = usage(&[("output_tokens", 501)]);
+        let err = e.acquire(&rules, &Request { usage: Some(&huge), ..Request::new("chat", &d) }).unwrap_err();
+        assert_eq!(err.to_string(), "cost 501 exceeds capacity 500 of limit 'output'");
+        let err = e.acquire(&rules, &Request { usage: Some(&typo), ..Request::new("llm", &d) }).unwrap_err();
+        assert!(err.to_string().contains("(it reads no usage)"), "{err}");
+        assert_eq!(remaining(&e, "chat"), before);
+
+        // A settle with refused usage leaves the permit to settle again.
+        let expected = usage(&[("output_tokens", 100)]);
+        let a =
+            e.acquire(&rules, &Request { settle: true, usage: Some(&expected), ..Request::new("chat", &d) }).unwrap();
+        let permit = a.permit_id.unwrap().to_string();
+        assert!(e.charges().settle_estimate(&rules, &permit, "chat", None, Some(&typo)).is_err());
+        let used = usage(&[("output_tokens", 10)]);
+        assert!(e.charges().settle_estimate(&rules, &permit, "chat", None, Some(&used)).unwrap().settled);
+        assert_eq!(remaining(&e, "chat")[2].0, 490);
     }
 }

@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use smallvec::SmallVec;
 
-use super::decide::{LimitsFor, enforced_denial, matched_in, take_all_or_nothing};
-use super::request::{Descriptors, Request};
+use super::decide::{LimitsFor, costs_of, enforced_denial, matched_in, take_all_or_nothing};
+use super::request::{Costs, Descriptors, Request};
 use crate::limiter::Decision;
 use crate::rules::{Limit, Rule, RuleSet};
 use crate::store::{BucketKey, Buckets, LimitId};
@@ -113,17 +113,20 @@ impl WhatIf {
         // All or nothing, as the live decision: what an admitted call takes
         // stays taken; a denied call takes nothing. A cost above a limit's
         // capacity (bad input under these rules) is refused by that limit.
-        let decisions: SmallVec<[Decision; 4]> = if matched.iter().any(|(l, ..)| cost > l.algorithm.capacity()) {
-            let check = |(l, _, k): &(&Limit, usize, BucketKey)| {
-                let d = self.buckets.check(k, &l.algorithm, now, cost);
-                Decision { admitted: cost <= l.algorithm.capacity() && !enforced_denial(l, &d), ..d }
+        let costs = costs_of(Some(rule), &matched, req.usage, cost).unwrap_or_else(|_| Costs::same(cost));
+        let decisions: SmallVec<[Decision; 4]> =
+            if matched.iter().any(|(l, slot, _)| costs.of(*slot) > l.algorithm.capacity()) {
+                let check = |(l, slot, k): &(&Limit, usize, BucketKey)| {
+                    let cost = costs.of(*slot);
+                    let d = self.buckets.check(k, &l.algorithm, now, cost);
+                    Decision { admitted: cost <= l.algorithm.capacity() && !enforced_denial(l, &d), ..d }
+                };
+                matched.iter().map(check).collect()
+            } else {
+                let decisions = take_all_or_nothing(&self.buckets, &matched, now, &costs, |_, _, _| {});
+                let refused = |(l, _, _): &(&Limit, usize, BucketKey), d: &Decision| enforced_denial(l, d);
+                matched.iter().zip(decisions).map(|(m, d)| Decision { admitted: !refused(m, &d), ..d }).collect()
             };
-            matched.iter().map(check).collect()
-        } else {
-            let decisions = take_all_or_nothing(&self.buckets, &matched, now, cost, |_, _, _| {});
-            let refused = |(l, _, _): &(&Limit, usize, BucketKey), d: &Decision| enforced_denial(l, d);
-            matched.iter().zip(decisions).map(|(m, d)| Decision { admitted: !refused(m, &d), ..d }).collect()
-        };
         for ((limit, index, _), d) in matched.iter().zip(&decisions) {
             let stats = &self.stats[i][*index];
             stats.evaluated.fetch_add(1, Ordering::Relaxed);

@@ -44,6 +44,7 @@ impl Forwarded {
             outcome: self.outcome,
             latency: self.latency,
             actual_cost: self.actual_cost,
+            usage: self.usage.as_ref(),
         }
     }
 }
@@ -130,6 +131,7 @@ impl Replication {
             outcome: r.outcome,
             latency: r.latency,
             actual_cost: r.actual_cost,
+            usage: r.usage.cloned(),
         })
         .encode();
         let channel = replica_channel(to);

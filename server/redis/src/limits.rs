@@ -58,7 +58,7 @@ pub(super) fn lease_ttl(sync_interval: Duration) -> Duration {
 }
 
 /// One take script's work, owned (it runs on a task of its own): per
-/// decision its cost and its strict limits.
+/// decision its strict limits, each with its cost.
 struct TakeJob {
     resource: String,
     decisions: Vec<TakeDecision>,
@@ -66,7 +66,6 @@ struct TakeJob {
 
 /// One decision of a take script.
 struct TakeDecision {
-    cost: u64,
     /// Decided and reported, nothing taken: a dry run, or a peek (cost 0).
     check: bool,
     limits: SmallVec<[StrictLimit; 2]>,
@@ -78,6 +77,9 @@ struct StrictLimit {
     redis_key: String,
     args: [f64; 5],
     capacity: u64,
+    /// What the decision takes from it (a limit with a `cost` formula
+    /// takes its own).
+    cost: u64,
 }
 
 impl StrictLimit {
@@ -86,8 +88,10 @@ impl StrictLimit {
         limit: &floodgate_rules::Limit,
         key: &BucketKey,
         now: floodgate_core::time::Timestamp,
+        cost: u64,
     ) -> Self {
         StrictLimit {
+            cost,
             key: key.clone(),
             redis_key: bucket_key(resource, limit, key),
             args: limit_args(&limit.algorithm, now),
@@ -102,8 +106,11 @@ impl TakeJob {
         let decisions = group
             .map(|p| {
                 resource = p.resource().to_string();
-                let limits = p.strict().map(|(limit, key)| StrictLimit::new(p.resource(), limit, key, now)).collect();
-                TakeDecision { cost: p.cost(), check: p.dry_run(), limits }
+                let limits = p
+                    .strict_costs()
+                    .map(|(limit, key, cost)| StrictLimit::new(p.resource(), limit, key, now, cost))
+                    .collect();
+                TakeDecision { check: p.dry_run(), limits }
             })
             .collect();
         TakeJob { resource, decisions }
@@ -116,8 +123,8 @@ impl TakeJob {
         limits: impl Iterator<Item = (&'a floodgate_rules::Limit, &'a BucketKey)>,
         now: floodgate_core::time::Timestamp,
     ) -> TakeJob {
-        let limits = limits.map(|(limit, key)| StrictLimit::new(resource, limit, key, now)).collect();
-        TakeJob { resource: resource.to_string(), decisions: vec![TakeDecision { cost: 0, check: true, limits }] }
+        let limits = limits.map(|(limit, key)| StrictLimit::new(resource, limit, key, now, 0)).collect();
+        TakeJob { resource: resource.to_string(), decisions: vec![TakeDecision { check: true, limits }] }
     }
 }
 
@@ -184,8 +191,11 @@ impl Limits<'_> {
         for (d, remote) in job.decisions.iter().zip(taken) {
             // A check took nothing.
             if !d.check && remote.decisions.iter().all(|d| d.admitted) {
-                let units = -i64::try_from(d.cost).unwrap_or(i64::MAX);
-                items.extend(d.limits.iter().map(|l| Adjust { key: l.key.clone(), units, at_us: remote.at_us }));
+                items.extend(d.limits.iter().map(|l| Adjust {
+                    key: l.key.clone(),
+                    units: -i64::try_from(l.cost).unwrap_or(i64::MAX),
+                    at_us: remote.at_us,
+                }));
             }
         }
         // Redis's figure after the give-back is not noted as this replica's:
@@ -214,10 +224,11 @@ impl Limits<'_> {
                 invocation.key(marker_key(resource));
                 let mut args: Vec<f64> = Vec::new();
                 for d in &job.decisions {
-                    args.extend([d.cost as f64, d.limits.len() as f64, f64::from(u8::from(d.check))]);
+                    args.extend([d.limits.len() as f64, f64::from(u8::from(d.check))]);
                     for l in &d.limits {
                         invocation.key(&l.redis_key);
                         args.extend(l.args);
+                        args.push(l.cost as f64);
                     }
                 }
                 invocation.arg(deadline).arg(self.sync().marker(resource)).arg(job.decisions.len()).arg(&args[..]);
@@ -245,7 +256,7 @@ impl Limits<'_> {
                         // A check of a cost reports what would be left after
                         // it, not what is left; a check of nothing (a peek)
                         // is what is left.
-                        if !d.check || d.cost == 0 {
+                        if !d.check || l.cost == 0 {
                             self.sync().saw_strict(&l.key, resource, r.available, now, reply.at_us);
                         }
                         Decision {

@@ -68,6 +68,9 @@ pub struct Forwarded {
     pub outcome: Outcome,
     pub latency: Option<Duration>,
     pub actual_cost: Option<u64>,
+    /// Usage reported, by field (names as a rule's usage fields are
+    /// written, so that they travel between spaces and commas).
+    pub usage: Option<floodgate_engine::request::Usage>,
 }
 
 /// What the issuer answered to a report passed on to it.
@@ -114,7 +117,12 @@ impl Message {
                     Outcome::Ignored => 3,
                 };
                 let latency = f.latency.map_or("-".to_string(), |l| l.as_micros().to_string());
-                let cost = f.actual_cost.map_or("-".to_string(), |c| c.to_string());
+                let mut cost = f.actual_cost.map_or("-".to_string(), |c| c.to_string());
+                // Usage rides in the cost's word: `-;input_tokens:12,output_tokens:40`.
+                if let Some(u) = &f.usage {
+                    let pairs: Vec<String> = u.iter().map(|(k, v)| format!("{k}:{v}")).collect();
+                    let _ = write!(cost, ";{}", pairs.join(","));
+                }
                 let (from, request, id, resource) = (f.from, f.request, &f.permit_id, &f.resource);
                 format!("q {from:08x} {request} {id} {outcome} {latency} {cost} {resource}")
             }
@@ -193,12 +201,24 @@ fn forwarded(rest: &str) -> Option<Forwarded> {
         "-" => None,
         us => Some(Duration::from_micros(us.parse().ok()?)),
     };
-    let actual_cost = match parts.next()? {
+    let word = parts.next()?;
+    let (cost, usage) = match word.split_once(';') {
+        Some((cost, pairs)) => {
+            let mut read = floodgate_engine::request::Usage::new();
+            for pair in pairs.split(',').filter(|p| !p.is_empty()) {
+                let (k, v) = pair.split_once(':')?;
+                read.insert(k.to_string(), v.parse().ok()?);
+            }
+            (cost, Some(read))
+        }
+        None => (word, None),
+    };
+    let actual_cost = match cost {
         "-" => None,
         c => Some(c.parse().ok()?),
     };
     let resource = parts.next().unwrap_or_default().to_string();
-    Some(Forwarded { from, request, resource, permit_id, outcome, latency, actual_cost })
+    Some(Forwarded { from, request, resource, permit_id, outcome, latency, actual_cost, usage })
 }
 
 fn answer(rest: &str) -> Option<(u64, ForwardAnswer)> {
@@ -246,8 +266,13 @@ mod tests {
             outcome: Outcome::Failure,
             latency: Some(Duration::from_micros(1500)),
             actual_cost: None,
+            usage: None,
         };
-        round_trip(Message::Report(f));
+        round_trip(Message::Report(f.clone()));
+        let usage = [("input_tokens".to_string(), 12), ("output_tokens".to_string(), 4_000_000_000)];
+        round_trip(Message::Report(Forwarded { usage: Some(usage.into_iter().collect()), ..f.clone() }));
+        round_trip(Message::Report(Forwarded { usage: Some(Default::default()), ..f.clone() }));
+        round_trip(Message::Report(Forwarded { resource: "a;b:1 c".into(), ..f }));
         let counted = Ok(Reported { counted: true, breaker_state: Some(State::Open), settled: false });
         round_trip(Message::ReportAnswer { request: 9, answer: counted });
         round_trip(Message::ReportAnswer {

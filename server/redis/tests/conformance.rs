@@ -285,9 +285,10 @@ impl Lua {
     ) -> Result<(bool, u64, i64), String> {
         let mut inv = self.take.prepare_invoke();
         inv.key(marker_key(RESOURCE)).key(self.key(key));
-        // No deadline, the marker's token, one decision of one limit.
-        inv.arg(0).arg(&self.token).arg(1).arg(cost).arg(1).arg(u8::from(check));
-        inv.arg(&limit_args(alg, at(now_us))[..]);
+        // No deadline, the marker's token, one decision of one limit, and
+        // the limit's cost after its numbers.
+        inv.arg(0).arg(&self.token).arg(1).arg(1).arg(u8::from(check));
+        inv.arg(&limit_args(alg, at(now_us))[..]).arg(cost);
         inv.arg(now_us);
         let v: redis::Value = inv.invoke(&mut self.con).map_err(|e| format!("take.lua failed: {e}"))?;
         match TakeReply::parse_many(v, &[1]).map_err(|e| e.to_string())? {

@@ -86,8 +86,14 @@ fn decide(decider: &Decider, descriptors: &HashMap<String, String>) {
     let kept: Kept = now(decider.acquire(&req)).expect("a valid request");
     assert_eq!(kept.verdict, Verdict::Allowed);
     if let Some(permit) = &kept.permit {
-        let report =
-            Report { resource: "api", permit_id: permit, outcome: Outcome::Success, latency: None, actual_cost: None };
+        let report = Report {
+            resource: "api",
+            permit_id: permit,
+            outcome: Outcome::Success,
+            latency: None,
+            actual_cost: None,
+            usage: None,
+        };
         black_box(now(decider.report(&report)).expect("a valid report"));
     }
 }

@@ -132,7 +132,7 @@ pub fn requests(data: &[u8]) {
         }
         4 => {
             if let Ok(r) = pb::ChargeRequest::decode(body) {
-                let _ = e.charges().charge(&rules, &r.resource, &r.descriptors, r.cost);
+                let _ = e.charges().charge(&rules, &r.resource, &r.descriptors, r.cost, None);
             }
         }
         1 => {
@@ -149,7 +149,13 @@ pub fn requests(data: &[u8]) {
                 && let Ok(report) = Report::from_wire(&r)
             {
                 let _ = e.outcomes().report(&rules, report.resource, report.permit_id, report.outcome, report.latency);
-                let _ = e.charges().settle_estimate(&rules, report.permit_id, report.resource, report.actual_cost);
+                let _ = e.charges().settle_estimate(
+                    &rules,
+                    report.permit_id,
+                    report.resource,
+                    report.actual_cost,
+                    report.usage,
+                );
             }
         }
         5 => {

@@ -247,6 +247,7 @@ pub fn report(resource: &str, permit: &str, outcome: pb::Outcome) -> pb::ReportO
         outcome: outcome as i32,
         latency: Some(prost_types::Duration { seconds: 0, nanos: 5_000_000 }),
         actual_cost: None,
+        usage: Default::default(),
     }
 }
 

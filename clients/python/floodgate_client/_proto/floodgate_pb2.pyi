@@ -68,7 +68,7 @@ OUTCOME_FAILURE: Outcome
 OUTCOME_IGNORED: Outcome
 
 class AcquireRequest(_message.Message):
-    __slots__ = ("resource", "descriptors", "cost", "dry_run", "settle", "priority")
+    __slots__ = ("resource", "descriptors", "cost", "dry_run", "settle", "priority", "usage")
     class DescriptorsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -76,19 +76,28 @@ class AcquireRequest(_message.Message):
         key: str
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class UsageEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     RESOURCE_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTORS_FIELD_NUMBER: _ClassVar[int]
     COST_FIELD_NUMBER: _ClassVar[int]
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     SETTLE_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
     resource: str
     descriptors: _containers.ScalarMap[str, str]
     cost: int
     dry_run: bool
     settle: bool
     priority: Priority
-    def __init__(self, resource: _Optional[str] = ..., descriptors: _Optional[_Mapping[str, str]] = ..., cost: _Optional[int] = ..., dry_run: _Optional[bool] = ..., settle: _Optional[bool] = ..., priority: _Optional[_Union[Priority, str]] = ...) -> None: ...
+    usage: _containers.ScalarMap[str, int]
+    def __init__(self, resource: _Optional[str] = ..., descriptors: _Optional[_Mapping[str, str]] = ..., cost: _Optional[int] = ..., dry_run: _Optional[bool] = ..., settle: _Optional[bool] = ..., priority: _Optional[_Union[Priority, str]] = ..., usage: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class LimitStatus(_message.Message):
     __slots__ = ("name", "limit", "remaining", "reset_after", "retry_after", "window", "exceeded", "algorithm", "shadow", "admitted_over_limit")
@@ -151,18 +160,27 @@ class AcquireBatchResponse(_message.Message):
     def __init__(self, responses: _Optional[_Iterable[_Union[AcquireResponse, _Mapping]]] = ...) -> None: ...
 
 class ReportOutcomeRequest(_message.Message):
-    __slots__ = ("resource", "permit_id", "outcome", "latency", "actual_cost")
+    __slots__ = ("resource", "permit_id", "outcome", "latency", "actual_cost", "usage")
+    class UsageEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     RESOURCE_FIELD_NUMBER: _ClassVar[int]
     PERMIT_ID_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     LATENCY_FIELD_NUMBER: _ClassVar[int]
     ACTUAL_COST_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
     resource: str
     permit_id: str
     outcome: Outcome
     latency: _duration_pb2.Duration
     actual_cost: int
-    def __init__(self, resource: _Optional[str] = ..., permit_id: _Optional[str] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., latency: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., actual_cost: _Optional[int] = ...) -> None: ...
+    usage: _containers.ScalarMap[str, int]
+    def __init__(self, resource: _Optional[str] = ..., permit_id: _Optional[str] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., latency: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., actual_cost: _Optional[int] = ..., usage: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class ReportOutcomeResponse(_message.Message):
     __slots__ = ("counted", "breaker_state", "settled")
@@ -175,7 +193,7 @@ class ReportOutcomeResponse(_message.Message):
     def __init__(self, counted: _Optional[bool] = ..., breaker_state: _Optional[_Union[BreakerState, str]] = ..., settled: _Optional[bool] = ...) -> None: ...
 
 class ChargeRequest(_message.Message):
-    __slots__ = ("resource", "descriptors", "cost")
+    __slots__ = ("resource", "descriptors", "cost", "usage")
     class DescriptorsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -183,13 +201,22 @@ class ChargeRequest(_message.Message):
         key: str
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class UsageEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     RESOURCE_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTORS_FIELD_NUMBER: _ClassVar[int]
     COST_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
     resource: str
     descriptors: _containers.ScalarMap[str, str]
     cost: int
-    def __init__(self, resource: _Optional[str] = ..., descriptors: _Optional[_Mapping[str, str]] = ..., cost: _Optional[int] = ...) -> None: ...
+    usage: _containers.ScalarMap[str, int]
+    def __init__(self, resource: _Optional[str] = ..., descriptors: _Optional[_Mapping[str, str]] = ..., cost: _Optional[int] = ..., usage: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class ChargeResponse(_message.Message):
     __slots__ = ("limits",)
@@ -909,7 +936,7 @@ class GetDecisionsResponse(_message.Message):
     def __init__(self, decisions: _Optional[_Iterable[_Union[LoggedDecision, _Mapping]]] = ..., share: _Optional[float] = ..., capacity: _Optional[int] = ..., kept: _Optional[int] = ..., more: _Optional[bool] = ...) -> None: ...
 
 class LoggedDecision(_message.Message):
-    __slots__ = ("at", "resource", "descriptors", "cost", "dry_run", "settle", "verdict", "rule", "limits", "decided_by", "reason", "breaker_state", "degradation_level")
+    __slots__ = ("at", "resource", "descriptors", "cost", "dry_run", "settle", "verdict", "rule", "limits", "decided_by", "reason", "breaker_state", "degradation_level", "usage", "limit_costs")
     class DescriptorsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -917,6 +944,13 @@ class LoggedDecision(_message.Message):
         key: str
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class UsageEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     AT_FIELD_NUMBER: _ClassVar[int]
     RESOURCE_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTORS_FIELD_NUMBER: _ClassVar[int]
@@ -930,6 +964,8 @@ class LoggedDecision(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     BREAKER_STATE_FIELD_NUMBER: _ClassVar[int]
     DEGRADATION_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_COSTS_FIELD_NUMBER: _ClassVar[int]
     at: _timestamp_pb2.Timestamp
     resource: str
     descriptors: _containers.ScalarMap[str, str]
@@ -943,7 +979,9 @@ class LoggedDecision(_message.Message):
     reason: str
     breaker_state: BreakerState
     degradation_level: int
-    def __init__(self, at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., resource: _Optional[str] = ..., descriptors: _Optional[_Mapping[str, str]] = ..., cost: _Optional[int] = ..., dry_run: _Optional[bool] = ..., settle: _Optional[bool] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., rule: _Optional[str] = ..., limits: _Optional[_Iterable[_Union[LimitStatus, _Mapping]]] = ..., decided_by: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., breaker_state: _Optional[_Union[BreakerState, str]] = ..., degradation_level: _Optional[int] = ...) -> None: ...
+    usage: _containers.ScalarMap[str, int]
+    limit_costs: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., resource: _Optional[str] = ..., descriptors: _Optional[_Mapping[str, str]] = ..., cost: _Optional[int] = ..., dry_run: _Optional[bool] = ..., settle: _Optional[bool] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., rule: _Optional[str] = ..., limits: _Optional[_Iterable[_Union[LimitStatus, _Mapping]]] = ..., decided_by: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., breaker_state: _Optional[_Union[BreakerState, str]] = ..., degradation_level: _Optional[int] = ..., usage: _Optional[_Mapping[str, int]] = ..., limit_costs: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SetDecisionLogRequest(_message.Message):
     __slots__ = ("share",)

@@ -52,7 +52,7 @@ pub struct Pending<'r> {
     admitted: Option<Admitted>,
     /// Every matched limit in rule order; the decision is `None` until Redis answers.
     limits: SmallVec<[Decided<'r>; 4]>,
-    cost: u64,
+    costs: crate::request::Costs,
     dry_run: bool,
     gate: bool,
     /// The call's priority (the concurrency limit's partitions).
@@ -70,12 +70,13 @@ impl<'r> Pending<'r> {
         self.limits.iter().filter(|(.., d)| d.is_none()).map(|(l, _, k, _)| (*l, k))
     }
 
-    pub fn resource(&self) -> &str {
-        &self.request_resource
+    /// [`Pending::strict`], with what the call takes from each.
+    pub fn strict_costs(&self) -> impl Iterator<Item = (&'r Limit, &BucketKey, u64)> {
+        self.limits.iter().filter(|(.., d)| d.is_none()).map(|(l, slot, k, _)| (*l, k, self.costs.of(*slot)))
     }
 
-    pub fn cost(&self) -> u64 {
-        self.cost
+    pub fn resource(&self) -> &str {
+        &self.request_resource
     }
 
     /// A dry run: Redis decides its strict limits and takes nothing.
@@ -153,10 +154,10 @@ impl Engine {
         if !p.guarded && !redis_limits {
             // The common case, without the machinery for guards and Redis.
             let mut answer = Answer::of_rule(rule, level);
-            self.decide_limits(&mut answer, handles, &p.matched, &p.request_resource, now, p.cost, p.dry_run);
+            self.decide_limits(&mut answer, handles, &p.matched, &p.request_resource, now, &p.costs, p.dry_run);
             if let Some(resource) = p.resource.filter(|_| p.settle && answer.verdict == Verdict::Allowed) {
-                let taken = p.matched.iter().map(|(l, _, k)| (*l, k));
-                self.hold_estimate(&mut answer, rule, resource, taken, (p.cost, now, None));
+                let taken = p.matched.iter().map(|(l, slot, k)| (*l, k, p.costs.of(*slot)));
+                self.hold_estimate(&mut answer, rule, resource, taken, (p.costs.base(), now, None));
             }
             if !p.dry_run {
                 answer.count(&handles.metrics);
@@ -182,7 +183,7 @@ impl Engine {
             handles,
             admitted: None,
             limits: SmallVec::new(),
-            cost: p.cost,
+            costs: p.costs,
             dry_run: p.dry_run,
             gate: p.gate,
             priority: p.priority,
@@ -198,9 +199,9 @@ impl Engine {
             return Step::Done(self.done(pending, denied));
         }
         if !redis_limits {
-            let (now, cost, dry_run) = (pending.now, pending.cost, pending.dry_run);
+            let (now, dry_run) = (pending.now, pending.dry_run);
             let resource = std::mem::take(&mut pending.request_resource);
-            self.decide_limits(&mut pending.answer, handles, &p.matched, &resource, now, cost, dry_run);
+            self.decide_limits(&mut pending.answer, handles, &p.matched, &resource, now, &pending.costs, dry_run);
             pending.limits.extend(p.matched.into_iter().map(|(l, i, k)| (l, i, k, None)));
             return Step::Done(self.conclude(pending));
         }
@@ -213,8 +214,8 @@ impl Engine {
     fn ask_redis<'r>(&self, mut pending: Pending<'r>, matched: Matched<'r>) -> Step<'r> {
         let (remote, local): (Matched<'r>, Matched<'r>) =
             matched.into_iter().partition(|(l, _, _)| self.coordination.decides(l));
-        let (now, cost, dry_run) = (pending.now, pending.cost, pending.dry_run);
-        let decisions = self.take_or_check(&local, &pending.request_resource, now, cost, dry_run);
+        let (now, dry_run) = (pending.now, pending.dry_run);
+        let decisions = self.take_or_check(&local, &pending.request_resource, now, &pending.costs, dry_run);
         let denied = local.iter().zip(&decisions).any(|((l, ..), d)| super::enforced_denial(l, d));
         pending.given_back = denied;
         pending.limits.extend(local.into_iter().zip(decisions).map(|((l, i, k), d)| (l, i, k, Some(d))));
@@ -241,7 +242,7 @@ impl Engine {
                 p.redis_at = (!strict.is_empty()).then_some(r.at_us);
                 r.decisions
             }
-            _ => self.without_redis(&strict, &p.request_resource, p.now, p.cost, p.dry_run),
+            _ => self.without_redis(&strict, &p.request_resource, p.now, &p.costs, p.dry_run),
         };
         let mut from_redis = from_redis.into_iter();
         for (.., d) in p.limits.iter_mut().filter(|(.., d)| d.is_none()) {
@@ -249,7 +250,8 @@ impl Engine {
         }
         let denied = p.limits.iter().any(|(l, .., d)| d.is_some_and(|d| super::enforced_denial(l, &d)));
         if denied {
-            for (l, _, k, d) in &mut p.limits {
+            for (l, slot, k, d) in &mut p.limits {
+                let cost = p.costs.of(*slot);
                 let Some(d) = d.as_mut().filter(|d| d.admitted) else { continue };
                 // Redis (or the outage policy) takes its limits all or
                 // nothing itself: only the local ones give back here.
@@ -257,11 +259,11 @@ impl Engine {
                     continue;
                 }
                 if !p.dry_run && !p.given_back {
-                    self.buckets.refund(k, &l.algorithm, p.now, p.cost);
-                    self.note_replicated(l, k, &p.request_resource, -(p.cost as i64), p.now);
+                    self.buckets.refund(k, &l.algorithm, p.now, cost);
+                    self.note_replicated(l, k, &p.request_resource, -(cost as i64), p.now);
                 }
                 if d.status.over_limit {
-                    super::undo_over_limit(&self.buckets, l, k, d, p.now, p.cost);
+                    super::undo_over_limit(&self.buckets, l, k, d, p.now, cost);
                     continue;
                 }
                 self.restate(l, k, d, p.now);
@@ -285,10 +287,11 @@ impl Engine {
         if p.dry_run || p.given_back {
             return;
         }
-        for (l, _, k, d) in &p.limits {
+        for (l, slot, k, d) in &p.limits {
             if d.is_some_and(|d| d.admitted) && !self.coordination.decides(l) {
-                self.buckets.refund(k, &l.algorithm, p.now, p.cost);
-                self.note_replicated(l, k, &p.request_resource, -(p.cost as i64), p.now);
+                let cost = p.costs.of(*slot);
+                self.buckets.refund(k, &l.algorithm, p.now, cost);
+                self.note_replicated(l, k, &p.request_resource, -(cost as i64), p.now);
             }
         }
     }
@@ -311,8 +314,8 @@ impl Engine {
             }
         }
         if let Some(resource) = p.resource.take().filter(|_| p.settle && p.answer.verdict == Verdict::Allowed) {
-            let taken = p.limits.iter().map(|(l, _, k, _)| (*l, k));
-            self.hold_estimate(&mut p.answer, p.rule, resource, taken, (p.cost, p.now, p.redis_at));
+            let taken = p.limits.iter().map(|(l, slot, k, _)| (*l, k, p.costs.of(*slot)));
+            self.hold_estimate(&mut p.answer, p.rule, resource, taken, (p.costs.base(), p.now, p.redis_at));
         }
         if !p.dry_run {
             p.answer.count(&p.handles.metrics);
@@ -403,14 +406,15 @@ impl Engine {
         strict: &Matched<'_>,
         resource: &str,
         now: Timestamp,
-        cost: u64,
+        costs: &crate::request::Costs,
         dry_run: bool,
     ) -> SmallVec<[Decision; 4]> {
         let share = self.coordination.share();
         let mut decisions = SmallVec::new();
         let mut taken = Vec::new();
         let mut denied = false;
-        for (l, _, k) in strict {
+        for (l, slot, k) in strict {
+            let cost = costs.of(*slot);
             let alg = l.algorithm.scaled(share);
             let d = match l.on_redis_error {
                 OnRedisError::Allow => {
@@ -431,21 +435,22 @@ impl Engine {
                     self.outage_bucket(k, &alg, now);
                     let d = self.buckets.acquire(k.clone(), &alg, now, cost);
                     if d.admitted {
-                        taken.push((k, alg));
+                        taken.push((k, alg, cost));
                     }
                     d
                 }
             };
             if !d.admitted && !denied {
                 denied = true;
-                for (k, alg) in &taken {
-                    self.buckets.refund(k, alg, now, cost);
+                for (k, alg, cost) in &taken {
+                    self.buckets.refund(k, alg, now, *cost);
                 }
             }
             decisions.push(d);
         }
         if !denied && !dry_run {
-            for (_, _, k) in strict {
+            for (_, slot, k) in strict {
+                let cost = costs.of(*slot);
                 self.coordination.admitted_here(k, resource, i64::try_from(cost).unwrap_or(i64::MAX), now);
             }
         }

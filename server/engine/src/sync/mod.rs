@@ -692,8 +692,7 @@ impl OnEngine<'_> {
     /// Whether a request its replicated limits denied here might fit in what
     /// the replicas have in common (more than this replica's lease).
     pub fn worth_escalating(&self, p: &Prepared<'_>) -> bool {
-        let cost = p.cost() as f64;
-        p.replicated_keys().any(|(_, k)| self.replica.dirty.available(k).is_some_and(|a| a >= cost))
+        p.replicated_costs().any(|(k, cost)| self.replica.dirty.available(k).is_some_and(|a| a >= cost as f64))
     }
 
     /// Every guarded breaker's calls since the last sync (now reset), also

@@ -278,6 +278,7 @@ fn acquire_item(call: Call) -> pb::AcquireRequest {
         descriptors: call.descriptors.into_iter().collect(),
         cost: call.cost,
         dry_run: false,
+        usage: Default::default(),
     }
 }
 

@@ -31,6 +31,10 @@ pub struct AcquireArgs {
     /// (`floodgate report --actual-cost N`).
     #[arg(long)]
     settle: bool,
+    /// Usage the call expects, as field=number (input_tokens=812); repeat
+    /// for more. Limits with a `cost` formula take what it gives for it.
+    #[arg(long = "usage", value_parser = parse_usage)]
+    usage: Vec<(String, u64)>,
     /// Ask this many times, one decision after another.
     #[arg(long, short = 'n', default_value_t = 1)]
     count: u32,
@@ -98,6 +102,13 @@ pub fn block_on(f: impl std::future::Future<Output = anyhow::Result<ExitCode>>) 
     }
 }
 
+/// `input_tokens=812`: a usage field and its value.
+pub(crate) fn parse_usage(s: &str) -> Result<(String, u64), String> {
+    let (k, v) = parse_pair(s)?;
+    let v = v.parse().map_err(|_| format!("'{s}': the value of a usage field is a whole number (field=number)"))?;
+    Ok((k, v))
+}
+
 pub(crate) fn parse_pair(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
         Some((k, v)) => Ok((k.to_string(), v.to_string())),
@@ -114,6 +125,7 @@ pub async fn acquire(args: AcquireArgs) -> anyhow::Result<ExitCode> {
         dry_run: args.dry_run,
         settle: args.settle,
         priority: args.priority.map_or(0, |p| p as i32),
+        usage: args.usage.into_iter().collect(),
     };
     let mut code = ExitCode::SUCCESS;
     for _ in 0..args.count.max(1) {

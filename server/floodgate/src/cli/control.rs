@@ -43,6 +43,10 @@ pub struct ReportArgs {
     /// What the call really cost, for a permit of `acquire --settle`.
     #[arg(long)]
     actual_cost: Option<u64>,
+    /// The usage the call really had, as field=number (output_tokens=950);
+    /// repeat for more. Limits with a `cost` formula settle at what it gives.
+    #[arg(long = "usage", value_parser = super::client::parse_usage)]
+    usage: Vec<(String, u64)>,
     /// The resource the permit was issued for (optional).
     #[arg(long, default_value = "")]
     resource: String,
@@ -158,6 +162,7 @@ pub async fn report(args: ReportArgs) -> anyhow::Result<ExitCode> {
         outcome: outcome as i32,
         latency: args.latency.and_then(|d| prost_types::Duration::try_from(d).ok()),
         actual_cost: args.actual_cost,
+        usage: args.usage.into_iter().collect(),
     };
     let r = client.report_outcome(req).await.map_err(status_error)?.into_inner();
     let state = if r.breaker_state == 0 { String::new() } else { format!(", breaker {}", state_name(r.breaker_state)) };

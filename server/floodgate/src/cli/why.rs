@@ -76,10 +76,27 @@ fn render_logged(d: &pb::LoggedDecision) -> String {
     descriptors.sort();
     let mut out = format!("{at}  {}", descriptors.join(","));
     let _ = write!(out, "  cost {}", d.cost);
+    if !d.usage.is_empty() {
+        let mut usage: Vec<String> = d.usage.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        usage.sort();
+        let _ = write!(out, "  usage {}", usage.join(","));
+    }
     if d.dry_run {
         out.push_str("  (dry run)");
     }
     out.push('\n');
+    // Limits whose cost differs from the request's took their own (a
+    // `cost` formula over the usage).
+    let own: Vec<String> = d
+        .limits
+        .iter()
+        .zip(&d.limit_costs)
+        .filter(|(_, c)| **c != d.cost)
+        .map(|(l, c)| format!("{} {c}", l.name))
+        .collect();
+    if !own.is_empty() {
+        let _ = writeln!(out, "  costs by usage: {}", own.join(", "));
+    }
     let rule = if d.rule.is_empty() { "(none matched)" } else { d.rule.as_str() };
     let _ = writeln!(out, "  rule: {rule}");
     if !d.decided_by.is_empty() {

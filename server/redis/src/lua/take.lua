@@ -8,9 +8,9 @@
 -- is never applied later. ARGV[2]: the marker's token as this replica knows
 -- it (see limits.lua): unless it is the one in Redis, nothing is decided and
 -- {'lost'} asks the replica to restore what it holds first. ARGV[3]: the number of
--- decisions; then per decision: its cost, its number of limits n, 1 for a
--- check (a dry run or a peek: decided, reported, nothing taken) or 0, and
--- five numbers per limit.
+-- decisions; then per decision: its number of limits n, 1 for a check (a
+-- dry run or a peek: decided, reported, nothing taken) or 0, and per limit
+-- five numbers and the cost the decision takes from it.
 -- Returns Redis's time (us: the instant every decision here took its units,
 -- for giving them back later), then per decision {admitted, then per limit:
 -- ok, floor(avail after), reset us, retry us, wait us}. What is available
@@ -23,24 +23,25 @@ if not marked(KEYS[1], ARGV[2]) then return { 'lost' } end
 local out = { now }
 local a, k = 4, 1
 for _ = 1, tonumber(ARGV[3]) do
-  local cost, n, check = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]) == 1
-  a = a + 3
-  local algs, ps, st, all = {}, {}, {}, true
+  local n, check = tonumber(ARGV[a]), tonumber(ARGV[a + 1]) == 1
+  a = a + 2
+  local algs, ps, costs, st, all = {}, {}, {}, {}, true
   for i = 1, n do
     algs[i] = tonumber(ARGV[a])
     ps[i] = { tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]) }
-    a = a + 5
-    st[i] = A[algs[i]].status(KEYS[k + i], ps[i], now, cost)
+    costs[i] = tonumber(ARGV[a + 5])
+    a = a + 6
+    st[i] = A[algs[i]].status(KEYS[k + i], ps[i], now, costs[i])
     all = all and st[i].ok
   end
   table.insert(out, all and 1 or 0)
   for i = 1, n do
     local s = st[i]
     if all and not check then
-      A[algs[i]].take(KEYS[k + i], ps[i], now, cost, s)
+      A[algs[i]].take(KEYS[k + i], ps[i], now, costs[i], s)
       changed(KEYS[k + i], now, algs[i], ps[i], ARGV[2])
     end
-    local left = (all and s.ok) and s.avail - cost or s.avail
+    local left = (all and s.ok) and s.avail - costs[i] or s.avail
     table.insert(out, s.ok and 1 or 0)
     table.insert(out, math.floor(left))
     table.insert(out, math.ceil(s.reset))

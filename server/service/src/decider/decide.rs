@@ -169,7 +169,7 @@ impl Decider {
         let mut reported = self.engine.outcomes().report(&rules, r.resource, r.permit_id, r.outcome, r.latency)?;
         // A permit of an Acquire with `settle`: its estimate is settled (or,
         // without an actual cost, stands) whether or not it also guarded a call.
-        match self.engine.charges().settle_estimate(&rules, r.permit_id, r.resource, r.actual_cost) {
+        match self.engine.charges().settle_estimate(&rules, r.permit_id, r.resource, r.actual_cost, r.usage) {
             Ok(settled) => {
                 reported.settled = settled.settled;
                 reported.counted |= settled.settled;
@@ -183,13 +183,19 @@ impl Decider {
     /// `Charge`: takes `cost` from every limit the request matches, beyond
     /// the limit if need be (strict limits in Redis; owed to it while it is
     /// away).
-    pub async fn charge<D, R>(&self, resource: &str, descriptors: &D, cost: u64) -> Result<R, RequestError>
+    pub async fn charge<D, R>(
+        &self,
+        resource: &str,
+        descriptors: &D,
+        cost: u64,
+        usage: Option<&crate::engine::request::Usage>,
+    ) -> Result<R, RequestError>
     where
         D: Descriptors + ?Sized,
         R: for<'r> FromAnswer<Charged<'r>>,
     {
         let rules = self.engine.rules_full();
-        let mut charged = self.engine.charges().charge(&rules, resource, descriptors, cost)?;
+        let mut charged = self.engine.charges().charge(&rules, resource, descriptors, cost, usage)?;
         if let Some(replication) = &self.replication {
             let strict = std::mem::take(&mut charged.strict);
             match replication.try_adjust_strict(&strict).await {

@@ -72,12 +72,16 @@ pub struct Logged {
     pub reason: String,
     pub breaker_state: Option<crate::breaker::State>,
     pub degradation_level: u32,
+    /// The usage the request reported, by field, in name order.
+    pub usage: Vec<(String, u64)>,
 }
 
 /// One evaluated limit of a logged decision.
 #[derive(Clone, Debug)]
 pub struct LoggedLimit {
     pub name: String,
+    /// What the call asked of it.
+    pub cost: u64,
     pub limit: u64,
     pub remaining: u64,
     pub reset_after: Duration,
@@ -150,7 +154,9 @@ impl DecisionLog {
 
     /// Keeps a decision (call only when [`DecisionLog::wants`] said so).
     pub fn keep<D: Descriptors + ?Sized>(&self, req: &Request<'_, D>, answer: &Answer<'_>) {
-        let asked = Asked { cost: u64::from(req.cost.max(1)), dry_run: req.dry_run, settle: req.settle };
+        let mut usage: Vec<(String, u64)> = req.usage.into_iter().flatten().map(|(k, v)| (k.clone(), *v)).collect();
+        usage.sort_unstable();
+        let asked = Asked { cost: u64::from(req.cost.max(1)), dry_run: req.dry_run, settle: req.settle, usage };
         self.keep_parts(req.resource, req.descriptors.entries(), asked, answer);
     }
 
@@ -200,11 +206,27 @@ fn share_of(threshold: u64) -> f64 {
 }
 
 /// What a logged request asked for besides its resource and descriptors.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Asked {
     pub cost: u64,
     pub dry_run: bool,
     pub settle: bool,
+    /// The usage reported, by field, in name order.
+    pub usage: Vec<(String, u64)>,
+}
+
+impl Asked {
+    /// What the call asked of `limit`: what its `cost` formula gives for the
+    /// usage, or the request's cost. (Worked out again here, only for the
+    /// decisions kept, so that answers need not carry it.)
+    fn cost_of(&self, limit: &crate::rules::Limit) -> u64 {
+        let Some(formula) = &limit.cost else { return self.cost };
+        if self.usage.is_empty() {
+            return self.cost;
+        }
+        let read = |k: &str| self.usage.iter().find(|(n, _)| n == k).map_or(0, |(_, v)| *v);
+        formula.cost(read).map_or(self.cost, |c| c.max(1))
+    }
 }
 
 impl Logged {
@@ -219,6 +241,7 @@ impl Logged {
             .iter()
             .map(|r| LoggedLimit {
                 name: r.limit.name.clone(),
+                cost: asked.cost_of(r.limit),
                 limit: r.status.limit,
                 remaining: r.status.remaining,
                 reset_after: r.status.reset_after,
@@ -252,6 +275,7 @@ impl Logged {
             reason: if allowed { String::new() } else { answer.reason() },
             breaker_state: answer.breaker_state,
             degradation_level: answer.degradation_level,
+            usage: asked.usage,
         }
     }
 
@@ -263,6 +287,7 @@ impl Logged {
             + self.reason.len()
             + self.descriptors.iter().map(|(k, v)| k.len() + v.len() + 48).sum::<usize>()
             + self.decided_by.iter().map(|s| s.len() + 24).sum::<usize>()
+            + self.usage.iter().map(|(k, _)| k.len() + 32).sum::<usize>()
             + self.limits.iter().map(|l| l.name.len() + std::mem::size_of::<LoggedLimit>()).sum::<usize>();
         strings + std::mem::size_of::<Logged>()
     }

@@ -115,7 +115,11 @@ impl Floodgate for DataPlane {
         let set = self.decider.origin_of(request.extensions().get());
         let req = request.get_ref();
         let overlaid = engine::request::Overlaid { inner: &req.descriptors, set };
-        let response: pb::ChargeResponse = self.decider.charge(&req.resource, &overlaid, req.cost).await.or_status()?;
+        let response: pb::ChargeResponse = self
+            .decider
+            .charge(&req.resource, &overlaid, req.cost, crate::grpc::convert::floodgate::usage(&req.usage).or_status()?)
+            .await
+            .or_status()?;
         Ok(Response::new(response))
     }
 

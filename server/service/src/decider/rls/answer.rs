@@ -57,7 +57,12 @@ impl Decider {
             if let Some(answer) = answer
                 && self.decisions().wants()
             {
-                let asked = crate::decider::decisions::Asked { cost: d.hits, dry_run: d.hits == 0, settle: false };
+                let asked = crate::decider::decisions::Asked {
+                    cost: d.hits,
+                    dry_run: d.hits == 0,
+                    settle: false,
+                    usage: Vec::new(),
+                };
                 self.decisions().keep_parts(req.domain, d.entries.iter().copied(), asked, answer);
             }
         }

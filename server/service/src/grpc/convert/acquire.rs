@@ -31,7 +31,7 @@ pub(crate) struct WireAcquire<'a> {
 
 impl AcquireWire {
     /// Reads the request; `Ok(None)` when it holds more distinct descriptors
-    /// than any decision takes (read it with [`decode`](Self::decode)).
+    /// than any decision takes, or usage (read it with [`decode`](Self::decode)).
     pub fn read(&self) -> Result<Option<WireAcquire<'_>>, WireError> {
         read(&self.0)
     }
@@ -63,6 +63,12 @@ fn read(mut buf: &[u8]) -> Result<Option<WireAcquire<'_>>, WireError> {
             4 => r.dry_run = varint(wire, &mut buf)? != 0,
             5 => r.settle = varint(wire, &mut buf)? != 0,
             6 => r.priority = varint(wire, &mut buf)? as i32,
+            // Usage is read by prost (the slow path): a call that reports
+            // usage pays for a map, the others do not.
+            7 => {
+                nested(wire, &mut buf)?;
+                too_many = true;
+            }
             _ => skip(wire, tag, &mut buf, RECURSION_LIMIT)?,
         }
     }

@@ -28,8 +28,18 @@ impl<'a> FromWire<&'a pb::AcquireRequest> for Request<'a, HashMap<String, String
             dry_run: r.dry_run,
             settle: r.settle,
             priority: priority(r.priority)?,
+            usage: usage(&r.usage)?,
         })
     }
+}
+
+/// Usage as reported: `None` when empty; its form checked.
+pub fn usage(usage: &crate::engine::request::Usage) -> Result<Option<&crate::engine::request::Usage>, RequestError> {
+    if usage.is_empty() {
+        return Ok(None);
+    }
+    crate::engine::request::check_usage_form(usage)?;
+    Ok(Some(usage))
 }
 
 /// A wire priority; UNSPECIFIED is CRITICAL, unknown numbers are bad input.
@@ -64,7 +74,15 @@ impl<'a> FromWire<&'a pb::ReportOutcomeRequest> for Report<'a> {
             })?),
             None => None,
         };
-        Ok(Report { resource: &r.resource, permit_id: &r.permit_id, outcome, latency, actual_cost: r.actual_cost })
+        let usage = usage(&r.usage)?;
+        Ok(Report {
+            resource: &r.resource,
+            permit_id: &r.permit_id,
+            outcome,
+            latency,
+            actual_cost: r.actual_cost,
+            usage,
+        })
     }
 }
 
@@ -219,6 +237,8 @@ impl FromDomain<&crate::decider::decisions::Logged> for pb::LoggedDecision {
                 .collect(),
             decided_by: d.decided_by.clone(),
             reason: d.reason.clone(),
+            usage: d.usage.iter().cloned().collect(),
+            limit_costs: d.limits.iter().map(|l| l.cost).collect(),
             breaker_state: state_number(d.breaker_state),
             degradation_level: d.degradation_level,
         }

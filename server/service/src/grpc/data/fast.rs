@@ -61,10 +61,12 @@ async fn acquire(decider: Arc<Decider>, message: bytes::Bytes, peer: Option<Peer
                 dry_run: r.dry_run,
                 settle: r.settle,
                 priority: crate::grpc::convert::floodgate::priority(r.priority).or_status()?,
+                usage: None,
             };
             decider.acquire(&req).await.or_status()?
         }
-        // More distinct descriptors than a decision takes: prost's reading says how many.
+        // More distinct descriptors than a decision takes (prost's reading
+        // says how many), or usage reported: read by prost.
         None => {
             let r = wire.decode().map_err(undecodable)?;
             let overlaid = Overlaid { inner: &r.descriptors, set };

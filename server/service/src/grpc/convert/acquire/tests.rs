@@ -15,14 +15,19 @@ fn request() -> impl Strategy<Value = pb::AcquireRequest> {
         any::<bool>(),
         any::<bool>(),
         -1..6i32,
+        prop_oneof![
+            3 => Just(std::collections::HashMap::new()),
+            1 => prop::collection::hash_map("[a-z_]{1,6}", any::<u64>(), 1..3),
+        ],
     )
-        .prop_map(|(resource, descriptors, cost, dry_run, settle, priority)| pb::AcquireRequest {
+        .prop_map(|(resource, descriptors, cost, dry_run, settle, priority, usage)| pb::AcquireRequest {
             resource,
             descriptors,
             cost,
             dry_run,
             settle,
             priority,
+            usage,
         })
 }
 
@@ -36,15 +41,17 @@ fn ours(bytes: &[u8]) -> Result<Option<WireAcquire<'_>>, WireError> {
 }
 
 /// Both readings agree: the same request, prost's holding too many
-/// descriptors when ours stops, or both refuse.
+/// descriptors or usage when ours hands the request to prost, or both
+/// refuse (ours may hand to prost a request with usage that prost refuses).
 fn agree(bytes: &[u8]) -> Result<(), TestCaseError> {
     let got = ours(bytes);
-    match pb::AcquireRequest::decode(bytes) {
-        Ok(r) => match got.expect("prost read it") {
-            Some(ours) => prop_assert_eq!(ours, WireAcquire::from(&r)),
-            None => prop_assert!(r.descriptors.len() > MAX_DESCRIPTORS),
-        },
-        Err(_) => prop_assert!(got.is_err(), "prost refused {:?}", bytes),
+    let prost = pb::AcquireRequest::decode(bytes);
+    match (&prost, got) {
+        (Ok(r), Ok(Some(ours))) => prop_assert_eq!(ours, WireAcquire::from(r)),
+        (Ok(r), Ok(None)) => prop_assert!(r.descriptors.len() > MAX_DESCRIPTORS || !r.usage.is_empty()),
+        (Ok(_), Err(e)) => prop_assert!(false, "prost read what we refused: {e:?}"),
+        (Err(_), Ok(None)) => {}
+        (Err(_), got) => prop_assert!(got.is_err(), "prost refused {:?}", bytes),
     }
     Ok(())
 }
@@ -63,7 +70,7 @@ proptest! {
     }
 
     #[test]
-    fn unknown_fields_are_skipped(r in request(), tag in 7..3000u32, v in any::<u64>(), bytes in prop::collection::vec(any::<u8>(), 0..6)) {
+    fn unknown_fields_are_skipped(r in request(), tag in 8..3000u32, v in any::<u64>(), bytes in prop::collection::vec(any::<u8>(), 0..6)) {
         let mut extra = Vec::new();
         prost::encoding::uint64::encode(tag, &v, &mut extra);
         prost::encoding::bytes::encode(tag + 1, &bytes, &mut extra);

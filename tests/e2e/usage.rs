@@ -1,0 +1,151 @@
+//! Costs from usage through the real binary: limits whose `cost` formula
+//! reads the usage a call reports (`input_tokens`, `output_tokens`), each
+//! budget taking its own cost, on a strict limit in Redis and on limits
+//! each replica keeps alone, with the report sent to the replica that did
+//! not issue the permit, Charge, the CLI, the decision log, and usage the
+//! rule does not read refused.
+
+use crate::support;
+
+use std::collections::HashMap;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use floodgate_proto::v1 as pb;
+use support::*;
+
+const RULES: &str = r#"
+resources:
+  - name: chat
+    usage: [input_tokens, cached_input_tokens, output_tokens]
+    limits:
+      - { name: calls, key: [tenant], algorithm: fixed_window, limit: 1000, window: 1h, sync: local }
+      - name: input
+        key: [tenant]
+        algorithm: token_bucket
+        capacity: 10000
+        refill_per_second: 0.001
+        sync: strict
+        cost: input_tokens - cached_input_tokens + cached_input_tokens / 10
+      - { name: output, key: [tenant], algorithm: token_bucket, capacity: 5000, refill_per_second: 0.001, sync: local, cost: output_tokens * 2 }
+"#;
+
+fn usage(pairs: &[(&str, u64)]) -> HashMap<String, u64> {
+    pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+}
+
+fn tenant(t: &str) -> HashMap<String, String> {
+    HashMap::from([("tenant".to_string(), t.to_string())])
+}
+
+fn ask(t: &str, expected: &[(&str, u64)]) -> pb::AcquireRequest {
+    pb::AcquireRequest {
+        resource: "chat".into(),
+        descriptors: tenant(t),
+        settle: true,
+        usage: usage(expected),
+        ..Default::default()
+    }
+}
+
+/// What each limit has left for tenant `t`, in rule order, as `fg` sees it.
+async fn left(fg: &Floodgate, t: &str) -> Vec<u64> {
+    let peek = pb::PeekRequest { resource: "chat".into(), descriptors: tenant(t), ..Default::default() };
+    fg.admin().await.peek(peek).await.unwrap().into_inner().limits.iter().map(|l| l.remaining).collect()
+}
+
+/// Waits until `fg` sees `want` left for `t`.
+async fn until_left(fg: &Floodgate, t: &str, want: &[u64]) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = left(fg, t).await;
+        if now == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "saw {now:?}, want {want:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_budget_takes_its_cost_from_usage_across_two_replicas() {
+    let (redis, _dir, args) = replicated(RULES);
+    let args = strs(&args);
+    let a = floodgate().args(&args).args(["--decision-log", "1"]).start();
+    let b = floodgate().args(&args).start();
+    wait_live(&a, 2);
+    wait_live(&b, 2);
+    let (mut ca, mut cb) = (a.client().await, b.client().await);
+
+    // Reserved on A: 1 call, 1,200 input tokens (strict, in Redis), 1,000
+    // output tokens at 2 units each.
+    let r = ca.acquire(ask("t1", &[("input_tokens", 1200), ("output_tokens", 1000)])).await.unwrap().into_inner();
+    assert_eq!(r.verdict(), pb::Verdict::Allowed, "{r:?}");
+    assert_eq!(r.limits.iter().map(|l| l.remaining).collect::<Vec<_>>(), [999, 8800, 3000]);
+
+    // The decision log says what each limit was asked.
+    let out = Command::new(BIN).args(["why", "--server", &a.grpc, "-d", "tenant=t1"]).output().unwrap();
+    let why = String::from_utf8_lossy(&out.stdout);
+    assert!(why.contains("usage input_tokens=1200,output_tokens=1000"), "{why}");
+    assert!(why.contains("costs by usage: input 1200, output 2000"), "{why}");
+
+    // Reported to B, which did not issue the permit: it passes the report
+    // (with its usage) to A. 1,200 input tokens of which 200 cached cost
+    // 1,000 + 20; 300 output tokens cost 600.
+    let report = pb::ReportOutcomeRequest {
+        resource: "chat".into(),
+        permit_id: r.permit_id.clone(),
+        outcome: pb::Outcome::Success as i32,
+        usage: usage(&[("input_tokens", 1200), ("cached_input_tokens", 200), ("output_tokens", 300)]),
+        ..Default::default()
+    };
+    let reported = cb.report_outcome(report).await.unwrap().into_inner();
+    assert!(reported.counted && reported.settled, "{reported:?}");
+    until_left(&a, "t1", &[999, 8980, 4400]).await;
+    let key = "fg:b:{chat}:input:token_bucket:t1";
+    let in_redis: f64 = redis.cli(&["HGET", key, "t"]).and_then(|t| t.parse().ok()).unwrap_or(f64::NAN);
+    assert!((8979.0..=8981.0).contains(&in_redis), "the strict budget in Redis: {in_redis}");
+
+    // A Charge through B of input tokens only: the strict budget in Redis
+    // takes it, the others do not (its `cost` of 0 takes no call).
+    let charge = pb::ChargeRequest {
+        resource: "chat".into(),
+        descriptors: tenant("t1"),
+        cost: 0,
+        usage: usage(&[("input_tokens", 980)]),
+    };
+    let charged = cb.charge(charge).await.unwrap().into_inner();
+    // B keeps its own `calls` and `output` (local limits): untouched.
+    assert_eq!(charged.limits.iter().map(|l| l.remaining).collect::<Vec<_>>(), [1000, 8000, 5000], "{charged:?}");
+    until_left(&a, "t1", &[999, 8000, 4400]).await;
+    until_left(&b, "t1", &[1000, 8000, 5000]).await;
+
+    // Usage the rule does not read, or that would cost more than a budget
+    // holds, is refused, naming the field, and changes nothing.
+    let typo = cb.acquire(ask("t1", &[("outptu_tokens", 5)])).await.unwrap_err();
+    assert_eq!(typo.code(), tonic::Code::InvalidArgument);
+    assert!(typo.message().starts_with("usage: 'outptu_tokens' is not a usage field of rule 'chat'"), "{typo:?}");
+    let too_much = cb.acquire(ask("t1", &[("output_tokens", 2501)])).await.unwrap_err();
+    assert_eq!(too_much.message(), "cost 5002 exceeds capacity 5000 of limit 'output'");
+    let negative = ca.acquire(ask("t1", &[("cached_input_tokens", 50)])).await.unwrap_err();
+    assert!(negative.message().starts_with("usage: limit 'input' would cost -45"), "{negative:?}");
+    let bad_name = ca.acquire(ask("t1", &[("Input Tokens", 5)])).await.unwrap_err();
+    assert!(bad_name.message().starts_with("usage: 'Input Tokens' is not a usage field name"), "{bad_name:?}");
+    assert_eq!(left(&a, "t1").await, [999, 8000, 4400]);
+
+    // The CLI reports usage too.
+    let out = Command::new(BIN)
+        .args(["acquire", "--server", &a.grpc, "chat", "-d", "tenant=cli", "--settle"])
+        .args(["--usage", "input_tokens=100", "--usage", "output_tokens=50"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let permit = text.lines().find_map(|l| l.trim().strip_prefix("permit: ")).expect(&text).to_string();
+    let out = Command::new(BIN)
+        .args(["report", "--server", &b.grpc, "--outcome", "success", "--usage", "output_tokens=10", &permit])
+        .args(["--usage", "input_tokens=100"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "counted, settled", "{out:?}");
+    until_left(&a, "cli", &[999, 9900, 4980]).await;
+}
