@@ -8,7 +8,7 @@ import { Decision, breakerState, limitFromWire, msDuration } from "./decision.js
 import { DeniedError, FloodgateError, InvalidArgumentError, UnavailableError } from "./errors.js";
 import { LocalLimits, questionKey } from "./local.js";
 import { Metered } from "./metered.js";
-import { Permit, settleAll, type PermitSink, type PermitState } from "./permit.js";
+import { Permit, settleAll, usageOf, type PermitSink, type PermitState } from "./permit.js";
 import { floodgateStub } from "./proto.js";
 import { Reporter } from "./reporter.js";
 import { newStats, type Stats } from "./stats.js";
@@ -107,6 +107,8 @@ export interface ReportRequest {
   outcome: Outcome;
   latencyMs?: number;
   actualCost?: number;
+  /** The usage the call really had, by field (limits with a `cost` formula settle at it). */
+  usage?: Readonly<Record<string, number>>;
 }
 
 type Asked<T> =
@@ -317,6 +319,7 @@ export class Client {
     this.#checkOpen();
     const w = toWire(request);
     const wire: WireChargeRequest = { resource: w.resource, descriptors: w.descriptors, cost: w.cost };
+    if (w.usage !== undefined) wire.usage = w.usage;
     const asked = await this.#ask(chargeCall, wire, this.#timeout(request));
     switch (asked.kind) {
       case "answer": {
@@ -340,7 +343,8 @@ export class Client {
    */
   async meter(request: AcquireRequest): Promise<Metered> {
     const decision = await this.acquire({ ...request, settle: true, dryRun: false });
-    const charge = (units: number) => this.#chargeWire({ ...request, cost: units, settle: false, dryRun: false });
+    const charge = (units: number) =>
+      this.#chargeWire({ ...request, cost: units, settle: false, dryRun: false, usage: undefined });
     return new Metered(decision, request.cost ?? 1, charge, this.#failMode.kind === "closed");
   }
 
@@ -359,6 +363,7 @@ export class Client {
       latency: request.latencyMs === undefined ? null : msDuration(request.latencyMs),
     };
     if (request.actualCost !== undefined) wire.actual_cost = request.actualCost;
+    if (request.usage !== undefined) wire.usage = usageField(request.usage);
     const asked = await this.#ask(reportCall, wire, this.#timeout({ resource: "", timeoutMs: options.timeoutMs }));
     switch (asked.kind) {
       case "answer":
@@ -649,7 +654,7 @@ export class Client {
 
   /** A permit's report, queued for the server that issued it. */
   readonly #serverSink: PermitSink = {
-    sendReport: (permit, outcome, latencyMs, actualCost) => {
+    sendReport: (permit, outcome, latencyMs, actualCost, usage) => {
       const ep = this.#endpoints[permit.endpoint];
       if (!ep) return;
       const report: WireReportOutcomeRequest = {
@@ -659,6 +664,7 @@ export class Client {
         latency: msDuration(latencyMs),
       };
       if (actualCost !== undefined) report.actual_cost = actualCost;
+      if (usage !== undefined && Object.keys(usage).length > 0) report.usage = usage;
       ep.reporter.send(report, permit.urgent);
     },
   };
@@ -732,7 +738,18 @@ function toWire(r: AcquireRequest): WireAcquireRequest {
     if (typeof v !== "string") throw new InvalidArgumentError(`descriptors.${k}: must be a string`);
     descriptors[k] = v;
   }
-  return { resource: r.resource, descriptors, cost, dry_run: !!r.dryRun, settle: !!r.settle, priority };
+  const wire: WireAcquireRequest = { resource: r.resource, descriptors, cost, dry_run: !!r.dryRun, settle: !!r.settle, priority };
+  if (r.usage !== undefined) wire.usage = usageField(r.usage);
+  return wire;
+}
+
+/** Usage as sent; bad values are InvalidArgumentError, as the server's would be. */
+function usageField(usage: Readonly<Record<string, number>>): Record<string, number> {
+  try {
+    return usageOf(usage);
+  } catch (e) {
+    throw new InvalidArgumentError((e as Error).message);
+  }
 }
 
 function wireOutcome(o: Outcome): WireReportOutcomeRequest["outcome"] {

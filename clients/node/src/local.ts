@@ -104,7 +104,13 @@ class Slots implements PermitSink {
   }
 
   /** A local permit's call ended: its slot is free. */
-  sendReport(permit: PermitState, _outcome: Outcome, _latencyMs: number, _actualCost: number | undefined): void {
+  sendReport(
+    permit: PermitState,
+    _outcome: Outcome,
+    _latencyMs: number,
+    _actualCost: number | undefined,
+    _usage?: Record<string, number>,
+  ): void {
     this.free(permit.resource);
   }
 

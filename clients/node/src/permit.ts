@@ -11,7 +11,13 @@ import { Outcome } from "./types.js";
 
 /** Where a permit's report goes: the client that issued it, or the local limiter. */
 export interface PermitSink {
-  sendReport(permit: PermitState, outcome: Outcome, latencyMs: number, actualCost: number | undefined): void;
+  sendReport(
+    permit: PermitState,
+    outcome: Outcome,
+    latencyMs: number,
+    actualCost: number | undefined,
+    usage?: Record<string, number>,
+  ): void;
 }
 
 /** What a permit is, apart from the object the caller holds. */
@@ -35,13 +41,19 @@ const collected = new FinalizationRegistry<PermitState>((state) => {
   settle(state, state.onDrop, performance.now() - state.issued, undefined);
 });
 
-function settle(state: PermitState, outcome: Outcome, latencyMs: number, actualCost: number | undefined): boolean {
+function settle(
+  state: PermitState,
+  outcome: Outcome,
+  latencyMs: number,
+  actualCost: number | undefined,
+  usage?: Record<string, number>,
+): boolean {
   const sink = state.sink;
   if (!sink) return false;
   state.sink = null;
   state.open?.delete(state);
   state.open = null;
-  sink.sendReport(state, outcome, Math.max(0, latencyMs), actualCost);
+  sink.sendReport(state, outcome, Math.max(0, latencyMs), actualCost, usage);
   return true;
 }
 
@@ -109,6 +121,15 @@ export class Permit {
   }
 
   /**
+   * How the call went and the usage it really had, by field
+   * ({output_tokens: 310}), for a permit of an acquire with `settle`: each
+   * limit with a `cost` formula settles at what its formula gives for it.
+   */
+  reportUsage(outcome: Outcome, usage: Readonly<Record<string, number>>, latencyMs?: number): boolean {
+    return this.#send(outcome, latencyMs, undefined, usageOf(usage));
+  }
+
+  /**
    * Reports the call as cancelled: the permit's cancellation outcome
    * (FAILURE on a resource with a breaker, IGNORED otherwise, unless the
    * client or `onDrop` said), what it reports if collected unreported.
@@ -141,12 +162,17 @@ export class Permit {
     return state.id;
   }
 
-  #send(outcome: Outcome, latencyMs: number | undefined, actualCost: number | undefined): boolean {
+  #send(
+    outcome: Outcome,
+    latencyMs: number | undefined,
+    actualCost: number | undefined,
+    usage?: Record<string, number>,
+  ): boolean {
     if (outcome !== Outcome.Success && outcome !== Outcome.Failure && outcome !== Outcome.Ignored) {
       throw new RangeError(`not an outcome: ${String(outcome)}`);
     }
     const latency = latencyMs ?? performance.now() - this.#state.issued;
-    const sent = settle(this.#state, outcome, latency, actualCost);
+    const sent = settle(this.#state, outcome, latency, actualCost, usage);
     if (sent) collected.unregister(this);
     return sent;
   }
@@ -155,4 +181,16 @@ export class Permit {
   toJSON(): { id: string; resource: string; reported: boolean } {
     return { id: this.id, resource: this.resource, reported: this.reported };
   }
+}
+
+/** Usage as sent: whole numbers from 0 to 4294967295 (RangeError otherwise). */
+export function usageOf(usage: Readonly<Record<string, number>> | undefined): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const [k, v] of Object.entries(usage ?? {})) {
+    if (!Number.isInteger(v) || v < 0 || v > 0xffffffff) {
+      throw new RangeError(`usage.${k}: ${v} is not a whole number from 0 to 4294967295`);
+    }
+    out[k] = v;
+  }
+  return out;
 }

@@ -99,6 +99,12 @@ export interface AcquireRequest {
    * really cost. Unsettled, the estimate stands.
    */
   settle?: boolean;
+  /**
+   * Usage the call expects, by field ({input_tokens: 812}): each matched
+   * limit with a `cost` formula takes what its formula gives for it. Each
+   * value a whole number from 0 to 4294967295.
+   */
+  usage?: Readonly<Record<string, number>>;
   /** This call's deadline, instead of the client's `requestTimeoutMs`. */
   timeoutMs?: number;
 }

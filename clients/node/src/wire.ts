@@ -46,6 +46,7 @@ export interface WireAcquireRequest {
   dry_run: boolean;
   settle: boolean;
   priority: WirePriority;
+  usage?: Record<string, number>;
 }
 
 /** floodgate.v1.LimitStatus */
@@ -94,6 +95,7 @@ export interface WireReportOutcomeRequest {
   latency?: WireDuration | null;
   /** proto3 `optional`: absent when not settling. */
   actual_cost?: number;
+  usage?: Record<string, number>;
 }
 
 /** floodgate.v1.ReportOutcomeResponse */
@@ -118,6 +120,7 @@ export interface WireChargeRequest {
   resource: string;
   descriptors: Record<string, string>;
   cost: number;
+  usage?: Record<string, number>;
 }
 
 /** floodgate.v1.ChargeResponse */

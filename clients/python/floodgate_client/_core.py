@@ -133,12 +133,15 @@ def duration(secs: float) -> duration_pb2.Duration:
     return duration_pb2.Duration(seconds=whole, nanos=int(round((secs - whole) * 1e9)) % 1_000_000_000)
 
 
-def report_request(permit: Permit, outcome: Outcome, latency: float, actual_cost: Optional[int]):
+def report_request(
+    permit: Permit, outcome: Outcome, latency: float, actual_cost: Optional[int], usage: Optional[Mapping[str, int]] = None
+):
     r = pb.ReportOutcomeRequest(
         resource=permit.resource,
         permit_id=permit.id,
         outcome=outcome.to_proto(),
         latency=duration(latency),
+        usage=dict(usage or {}),
     )
     if actual_cost is not None:
         r.actual_cost = actual_cost

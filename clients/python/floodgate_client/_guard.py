@@ -117,8 +117,8 @@ class AsyncGuard(_GuardBase):
         return False
 
 
-def make_request(resource, descriptors, cost, priority, dry_run=False, settle=False) -> Acquire:
-    return Acquire(resource, dict(descriptors or {}), cost, priority, dry_run, settle)
+def make_request(resource, descriptors, cost, priority, dry_run=False, settle=False, usage=None) -> Acquire:
+    return Acquire(resource, dict(descriptors or {}), cost, priority, dry_run, settle, usage)
 
 
 def guarded(

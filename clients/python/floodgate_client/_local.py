@@ -118,7 +118,7 @@ class _Slots:
                 return True
             return False
 
-    def send_report(self, permit: Permit, outcome, latency, actual_cost) -> None:
+    def send_report(self, permit: Permit, outcome, latency, actual_cost, usage=None) -> None:
         """A local permit's call ended: its slot is free."""
         with self._lock:
             f = self.by_resource.get(permit.resource)

@@ -225,6 +225,9 @@ class Acquire:
     dry_run: bool = False
     #: `cost` is an estimate, settled by `permit.report(..., actual_cost=N)`.
     settle: bool = False
+    #: Usage the call expects, by field ({"input_tokens": 812}): each limit
+    #: with a `cost` formula takes what its formula gives for it.
+    usage: Optional[Mapping[str, int]] = None
 
     def to_proto(self):
         if not isinstance(self.resource, str):
@@ -245,6 +248,7 @@ class Acquire:
             dry_run=bool(self.dry_run),
             settle=bool(self.settle),
             priority=priority.to_proto() if priority else pb.PRIORITY_UNSPECIFIED,
+            usage=usage_of(self.usage),
         )
 
     def units(self) -> int:
@@ -254,6 +258,17 @@ class Acquire:
     def fields(self) -> Dict[str, object]:
         """What was sent, by the names the server's messages use."""
         return {"resource": self.resource, "cost": self.cost, "priority": self.priority, "descriptors": self.descriptors}
+
+
+def usage_of(usage: Optional[Mapping[str, int]]) -> Dict[str, int]:
+    """Usage as sent: a mapping of field name to a whole number from 0 to
+    4294967295 (InvalidArgument otherwise)."""
+    out: Dict[str, int] = {}
+    for k, v in dict(usage or {}).items():
+        if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_U32:
+            raise InvalidArgument("usage: %r=%r is not a field name and a whole number from 0 to %d" % (k, v, MAX_U32), "usage", {k: v})
+        out[k] = v
+    return out
 
 
 def decision_from_proto(r, make_permit) -> Decision:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import datetime
 import time
-from typing import Optional, Union
+from typing import Mapping, Optional, Union
 
 from ._model import Outcome
 
@@ -68,11 +68,14 @@ class Permit:
         outcome: Union[Outcome, str] = Outcome.SUCCESS,
         latency: Optional[Seconds] = None,
         actual_cost: Optional[int] = None,
+        usage: Optional[Mapping[str, int]] = None,
     ) -> bool:
         """How the call went; `latency` (seconds or a timedelta) defaults to
         the permit's age. `actual_cost`, for a permit of an acquire with
-        `settle=True`, is what the call really cost. Returns False when the
-        permit was already reported (a permit reports once)."""
+        `settle=True`, is what the call really cost; `usage` ({"output_tokens":
+        310}) is the usage it really had, which limits with a `cost` formula
+        settle at. Returns False when the permit was already reported (a
+        permit reports once)."""
         outcome = Outcome.of(outcome)
         latency_s = as_seconds(latency, "latency")
         if actual_cost is not None:
@@ -80,7 +83,12 @@ class Permit:
 
             if isinstance(actual_cost, bool) or not isinstance(actual_cost, int) or not 0 <= actual_cost <= 4294967295:
                 raise InvalidArgument("actual_cost: %r is not from 0 to 4294967295" % (actual_cost,), "actual_cost", actual_cost)
-        return self._send(outcome, latency_s, actual_cost)
+        sent_usage = None
+        if usage:
+            from ._model import usage_of
+
+            sent_usage = usage_of(usage)
+        return self._send(outcome, latency_s, actual_cost, sent_usage)
 
     def on_drop(self, outcome: Union[Outcome, str]) -> "Permit":
         """What is reported if the permit is never reported."""
@@ -94,7 +102,9 @@ class Permit:
         self.__dict__.pop("_sink", None)
         return self.id
 
-    def _send(self, outcome: Outcome, latency: Optional[float], actual_cost: Optional[int]) -> bool:
+    def _send(
+        self, outcome: Outcome, latency: Optional[float], actual_cost: Optional[int], usage: Optional[Mapping[str, int]] = None
+    ) -> bool:
         # dict.pop is atomic under the GIL: a permit reports once, whoever races.
         sink = self.__dict__.pop("_sink", None)
         if sink is None:
@@ -102,7 +112,7 @@ class Permit:
         if latency is None:
             latency = time.monotonic() - self.issued
         try:
-            sink.send_report(self, outcome, latency, actual_cost)
+            sink.send_report(self, outcome, latency, actual_cost, usage)
         except Exception:  # never fail the caller's path for a report
             return False
         return True

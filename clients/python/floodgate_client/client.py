@@ -15,7 +15,7 @@ from ._breaker import ServerBreaker
 from ._core import Core, Tls, give_back, report_request
 from ._guard import NO_FALLBACK, Classifier, Guard, guarded, make_request
 from ._metered import Metered
-from ._model import Acquire, Decision, FailMode, Limit, Outcome, Priority, ReportResult, breaker_state
+from ._model import Acquire, Decision, FailMode, Limit, Outcome, Priority, ReportResult, breaker_state, usage_of
 from ._permit import Permit, Seconds, as_seconds
 from ._proto import floodgate_pb2 as pb
 from ._proto import floodgate_pb2_grpc as pb_grpc
@@ -44,8 +44,10 @@ class _ThreadReporter:
         self._lock = threading.Lock()
         self._closed = False
 
-    def send_report(self, permit: Permit, outcome: Outcome, latency: float, actual_cost: Optional[int]) -> None:
-        self._put((report_request(permit, outcome, latency, actual_cost), permit.urgent))
+    def send_report(
+        self, permit: Permit, outcome: Outcome, latency: float, actual_cost: Optional[int], usage=None
+    ) -> None:
+        self._put((report_request(permit, outcome, latency, actual_cost, usage), permit.urgent))
 
     def _put(self, item) -> bool:
         with self._lock:
@@ -219,11 +221,12 @@ class Client:
         timeout: Optional[Seconds] = None,
         *,
         settle: bool = False,
+        usage: Optional[Mapping[str, int]] = None,
     ) -> Decision:
         """May I? A denial is a Decision, not an error. An unreachable server
         gives the fail mode's decision within the timeout. The only error is
         bad input (InvalidArgument)."""
-        return self._acquire(make_request(resource, descriptors, cost, priority, dry_run, settle), timeout)
+        return self._acquire(make_request(resource, descriptors, cost, priority, dry_run, settle, usage), timeout)
 
     def _acquire(self, req: Acquire, timeout: Optional[Seconds]) -> Decision:
         self._check_open()
@@ -327,14 +330,18 @@ class Client:
         descriptors: Optional[Mapping[str, str]] = None,
         cost: int = 1,
         timeout: Optional[Seconds] = None,
+        *,
+        usage: Optional[Mapping[str, int]] = None,
     ) -> Tuple[Limit, ...]:
         """Takes `cost` from every limit the request matches, with no
         question first: beyond a limit if need be (a debt later callers wait
         out). Returns the limits after it (`exceeded` when used up). Raises
         InvalidArgument for bad input, Unavailable when no server answered."""
         self._check_open()
-        request = pb.ChargeRequest(resource=resource, descriptors=dict(descriptors or {}), cost=cost)
-        sent = {"resource": resource, "cost": cost}
+        request = pb.ChargeRequest(
+            resource=resource, descriptors=dict(descriptors or {}), cost=cost, usage=usage_of(usage)
+        )
+        sent = {"resource": resource, "cost": cost, "usage": usage}
         asked = self._ask("Charge", request, self._timeout(timeout), sent, None)
         if asked is None:
             raise Unavailable("no Floodgate server answered the charge")
@@ -365,6 +372,7 @@ class Client:
         resource: str = "",
         latency: Optional[Seconds] = None,
         actual_cost: Optional[int] = None,
+        usage: Optional[Mapping[str, int]] = None,
         timeout: Seconds = _core.REPORT_TIMEOUT,
     ) -> ReportResult:
         """Reports one call now and waits for the answer (a Permit's own
@@ -387,7 +395,9 @@ class Client:
             permit_id = permit.detach()
         else:
             permit_id = permit
-        request = pb.ReportOutcomeRequest(resource=resource, permit_id=permit_id, outcome=outcome.to_proto())
+        request = pb.ReportOutcomeRequest(
+            resource=resource, permit_id=permit_id, outcome=outcome.to_proto(), usage=usage_of(usage)
+        )
         if lat is not None:
             request.latency.CopyFrom(_core.duration(lat))
         if actual_cost is not None:

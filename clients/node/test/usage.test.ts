@@ -1,0 +1,77 @@
+// Costs from usage against the real binary: each limit with a `cost`
+// formula takes, and settles at, what its formula gives for the usage a
+// call reports; a field the rule does not name is refused.
+
+import assert from "node:assert/strict";
+import { after, before, test } from "node:test";
+
+import { Client, InvalidArgumentError, Outcome } from "../dist/index.js";
+import { FloodgateServer } from "./server.js";
+
+const RULES = `
+resources:
+  - name: chat
+    usage: [input_tokens, output_tokens]
+    limits:
+      - { name: calls, key: [tenant], algorithm: fixed_window, limit: 100, window: 1h }
+      - { name: input, key: [tenant], algorithm: fixed_window, limit: 10000, window: 1h, cost: input_tokens }
+      - { name: output, key: [tenant], algorithm: fixed_window, limit: 5000, window: 1h, cost: output_tokens * 2 }
+`;
+
+let server: FloodgateServer;
+let client: Client;
+
+before(async () => {
+  server = await FloodgateServer.start(RULES);
+  client = new Client(server.url, { requestTimeoutMs: 2000 });
+});
+
+after(async () => {
+  await client?.close();
+  await server?.dispose();
+});
+
+/** What each limit has left, by a dry run (a formula with no usage takes the request's 1). */
+async function left(tenant: string): Promise<number[]> {
+  const d = await client.acquire({ resource: "chat", descriptors: { tenant }, dryRun: true });
+  return d.limits.map((l) => l.remaining);
+}
+
+test("each limit takes and settles its own cost from usage", async () => {
+  const usage = { input_tokens: 1200, output_tokens: 1000 };
+  const d = await client.acquire({ resource: "chat", descriptors: { tenant: "t1" }, settle: true, usage });
+  assert.ok(d.allowed);
+  assert.deepEqual(
+    d.limits.map((l) => l.remaining),
+    [99, 8800, 3000],
+  );
+  assert.ok(d.permit?.reportUsage(Outcome.Success, { input_tokens: 900, output_tokens: 150 }));
+  await client.flush();
+  assert.deepEqual(await left("t1"), [98, 9099, 4699]);
+  const limits = await client.charge({
+    resource: "chat",
+    descriptors: { tenant: "t1" },
+    cost: 0,
+    usage: { output_tokens: 2000 },
+  });
+  assert.deepEqual(
+    limits.map((l) => l.remaining),
+    [99, 9100, 700],
+  );
+});
+
+test("usage the rule does not name, or that is not a whole number, is refused", async () => {
+  await assert.rejects(
+    client.acquire({ resource: "chat", descriptors: { tenant: "t2" }, usage: { outptu_tokens: 5 } }),
+    (e: Error) => e instanceof InvalidArgumentError && /'outptu_tokens' is not a usage field of rule 'chat'/.test(e.message),
+  );
+  await assert.rejects(
+    client.acquire({ resource: "chat", descriptors: { tenant: "t2" }, usage: { input_tokens: 1.5 } }),
+    InvalidArgumentError,
+  );
+  const d = await client.acquire({ resource: "chat", descriptors: { tenant: "t2" }, settle: true });
+  assert.throws(() => d.permit?.reportUsage(Outcome.Success, { output_tokens: -1 }), RangeError);
+  const r = await client.report({ permitId: d.permit!.detach(), outcome: Outcome.Success, usage: { output_tokens: 10 } });
+  assert.ok(r.settled);
+  assert.deepEqual(await left("t2"), [98, 9999, 4979]);
+});
