@@ -183,6 +183,13 @@ impl Acquire {
         self
     }
 
+    /// The same request with each usage field at 0: limits priced by
+    /// usage take nothing, the others take the request's cost.
+    pub(crate) fn zeroed_usage(mut self) -> Self {
+        self.usage.values_mut().for_each(|v| *v = 0);
+        self
+    }
+
     /// The usage set with [`usage`](Self::usage).
     pub fn usage_of(&self) -> &HashMap<String, u64> {
         &self.usage

@@ -111,7 +111,9 @@ impl Metered {
         if due == 0 {
             return Flow::Continue;
         }
-        let ask = self.req.clone().cost(u32::try_from(due).unwrap_or(u32::MAX));
+        // Units, not usage: the limits priced by the usage reported at the
+        // start take nothing more (each of its fields is sent as 0).
+        let ask = self.req.clone().zeroed_usage().cost(u32::try_from(due).unwrap_or(u32::MAX));
         self.charged += u64::from(ask.cost_units());
         match self.client.charge(&ask).await {
             Ok(charged) if charged.exhausted => Flow::Stop { limits: charged.limits },
@@ -143,10 +145,17 @@ impl Metered {
         self.used.min(self.reserved)
     }
 
+    /// Settles the reservation. Limits priced by the usage reported at the
+    /// start settle at that usage (what they reserved); the others at the
+    /// units used.
     fn settle(&mut self, outcome: Outcome) {
         let actual = self.actual();
         if let Some(permit) = self.permit.take() {
-            permit.report_cost(outcome, actual);
+            if self.req.usage_of().is_empty() {
+                permit.report_cost(outcome, actual);
+            } else {
+                permit.report_cost_and_usage(outcome, actual, self.req.usage_of().clone());
+            }
         }
     }
 }

@@ -114,6 +114,14 @@ impl Permit {
         self.send(outcome, latency, Actual { cost: None, usage });
     }
 
+    /// [`report_cost`](Self::report_cost) and [`report_usage`](Self::report_usage)
+    /// at once: limits with a `cost` formula settle at the usage, the
+    /// others at `actual_cost`.
+    pub(crate) fn report_cost_and_usage(mut self, outcome: Outcome, actual_cost: u64, usage: HashMap<String, u64>) {
+        let latency = self.issued.elapsed();
+        self.send(outcome, latency, Actual { cost: Some(actual_cost), usage });
+    }
+
     /// What is reported if the permit is dropped unreported. The client's
     /// default ([`Builder::cancelled_as`](crate::Builder::cancelled_as)) is
     /// FAILURE on a resource with a breaker (a call cut short counts against

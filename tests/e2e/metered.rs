@@ -93,3 +93,33 @@ async fn concurrent_metered_calls_cannot_all_pass_one_check_and_a_dropped_one_se
     c.flush().await;
     assert_eq!(left(&c, "u2").await, 899, "1000 - 100, less the dry run's 1");
 }
+
+/// A metered call that reports usage at its start (the prompt's input
+/// tokens) charges each chunk beyond its reservation in units, not that
+/// usage again, and settles the input budget at that usage: it is charged
+/// once, whatever the stream's length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metered_call_with_usage_charges_its_usage_once() {
+    const PRICED: &str = r#"
+resources:
+  - name: chat
+    usage: [input_tokens]
+    limits:
+      - { name: input, key: [user], algorithm: fixed_window, limit: 10000, window: 1h, cost: input_tokens }
+      - { name: output, key: [user], algorithm: fixed_window, limit: 10000, window: 1h }
+"#;
+    let fg = floodgate().rules(PRICED).start();
+    let c = client(&fg);
+    let req = Acquire::new("chat").descriptor("user", "u").cost(100).usage("input_tokens", 500);
+    let Metering::Admitted(mut m) = c.meter(&req).await.unwrap() else { panic!("denied") };
+    // 250 used: 100 reserved, 150 charged beyond as they came.
+    for _ in 0..5 {
+        assert_eq!(m.add(50).await, Flow::Continue);
+    }
+    m.finish(Outcome::Success);
+    c.flush().await;
+    let peek = c.acquire(&Acquire::new("chat").descriptor("user", "u").dry_run()).await.unwrap();
+    let left: Vec<u64> = peek.limits.iter().map(|l| l.remaining).collect();
+    // input: 500 once (the dry run's 1 aside); output: the 250 used.
+    assert_eq!(left, [9499, 9749], "{peek:?}");
+}

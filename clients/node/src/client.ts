@@ -343,9 +343,12 @@ export class Client {
    */
   async meter(request: AcquireRequest): Promise<Metered> {
     const decision = await this.acquire({ ...request, settle: true, dryRun: false });
+    // Units beyond the reservation, not usage: the limits priced by the
+    // start's usage take nothing more (each of its fields is sent as 0).
+    const zeroed = request.usage ? Object.fromEntries(Object.keys(request.usage).map((k) => [k, 0])) : undefined;
     const charge = (units: number) =>
-      this.#chargeWire({ ...request, cost: units, settle: false, dryRun: false, usage: undefined });
-    return new Metered(decision, request.cost ?? 1, charge, this.#failMode.kind === "closed");
+      this.#chargeWire({ ...request, cost: units, settle: false, dryRun: false, usage: zeroed });
+    return new Metered(decision, request.cost ?? 1, charge, this.#failMode.kind === "closed", request.usage);
   }
 
   /**

@@ -30,9 +30,18 @@ export class Metered {
   #done = false;
   readonly #charge: ChargeFn;
   readonly #failClosed: boolean;
+  readonly #usage: Readonly<Record<string, number>> | undefined;
 
-  constructor(decision: Decision, estimate: number, charge: ChargeFn, failClosed: boolean) {
+  /** `usage`: what the start reported; the limits it priced settle at it. */
+  constructor(
+    decision: Decision,
+    estimate: number,
+    charge: ChargeFn,
+    failClosed: boolean,
+    usage?: Readonly<Record<string, number>>,
+  ) {
     this.decision = decision;
+    this.#usage = usage && Object.keys(usage).length > 0 ? usage : undefined;
     this.#permit = (decision.allowed ? decision.permit : undefined) ?? undefined;
     this.reserved = this.#permit ? estimate : 0;
     this.#charge = charge;
@@ -79,11 +88,16 @@ export class Metered {
     }
   }
 
-  /** Ends the call: settles the reservation at the units used within it. */
+  /**
+   * Ends the call: settles the reservation at the units used within it
+   * (limits priced by the usage the start reported settle at that usage).
+   */
   finish(outcome: Outcome = Outcome.Success): void {
     this.#done = true;
     const permit = this.#permit;
     this.#permit = undefined;
-    permit?.reportCost(outcome, Math.min(this.#used, this.reserved));
+    const used = Math.min(this.#used, this.reserved);
+    if (this.#usage) permit?.reportUsage(outcome, this.#usage, undefined, used);
+    else permit?.reportCost(outcome, used);
   }
 }

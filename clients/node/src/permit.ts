@@ -123,10 +123,19 @@ export class Permit {
   /**
    * How the call went and the usage it really had, by field
    * ({output_tokens: 310}), for a permit of an acquire with `settle`: each
-   * limit with a `cost` formula settles at what its formula gives for it.
+   * limit with a `cost` formula settles at what its formula gives for it;
+   * the others at `actualCost` when given (else their estimate stands).
    */
-  reportUsage(outcome: Outcome, usage: Readonly<Record<string, number>>, latencyMs?: number): boolean {
-    return this.#send(outcome, latencyMs, undefined, usageOf(usage));
+  reportUsage(
+    outcome: Outcome,
+    usage: Readonly<Record<string, number>>,
+    latencyMs?: number,
+    actualCost?: number,
+  ): boolean {
+    if (actualCost !== undefined && (!Number.isSafeInteger(actualCost) || actualCost < 0)) {
+      throw new RangeError(`actualCost must be a whole number >= 0, not ${actualCost}`);
+    }
+    return this.#send(outcome, latencyMs, actualCost, usageOf(usage));
   }
 
   /**

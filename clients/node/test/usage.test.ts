@@ -75,3 +75,15 @@ test("usage the rule does not name, or that is not a whole number, is refused", 
   assert.ok(r.settled);
   assert.deepEqual(await left("t2"), [98, 9999, 4979]);
 });
+
+test("a metered call charges the usage it started with once", async () => {
+  const m = await client.meter({ resource: "chat", descriptors: { tenant: "t3" }, cost: 20, usage: { input_tokens: 500 } });
+  assert.ok(m.admitted);
+  for (let i = 0; i < 5; i++) assert.equal(await m.add(10), true);
+  m.finish(Outcome.Success);
+  await client.flush();
+  // calls: the 50 units used (20 reserved, 30 charged beyond); input: 500
+  // once; output: nothing, its formula reads no field the call reported.
+  // (The dry run takes 1 from each.)
+  assert.deepEqual(await left("t3"), [49, 9499, 4999]);
+});
