@@ -34,6 +34,11 @@ resources:
     limits: [ { name: l, key: [a, b], algorithm: fixed_window, limit: 3, window: 1s } ]
   - name: log
     limits: [ { name: l, algorithm: sliding_window_log, limit: 3, window: 1s } ]
+  - name: priced
+    usage: [a, b]
+    limits:
+      - { name: l, key: [user], algorithm: token_bucket, capacity: 50, refill_per_second: 1, cost: "a - b / 3 + 2 * b" }
+      - { name: m, algorithm: fixed_window, limit: 9, window: 1s }
   - name: "svc.*"
     limits: [ { name: l, algorithm: sliding_window, limit: 3, window: 1s } ]
     breaker: { window: { kind: count, size: 4 }, minimum_calls: 2, wait_in_open: 1s }
@@ -117,12 +122,16 @@ pub fn requests(data: &[u8]) {
                     format!("{r:?}")
                 })
             });
-            match pb::AcquireRequest::decode(body) {
-                Ok(r) => match read.expect("prost read it") {
-                    Some(ours) => assert_eq!(ours, format!("{:?}", WireAcquire::from(&r))),
-                    None => assert!(r.descriptors.len() > crate::rules::MAX_DESCRIPTORS),
-                },
-                Err(_) => assert!(read.is_err(), "prost refused {body:?}"),
+            // Usage, or more descriptors than a decision takes, is left to
+            // prost (which may refuse usage that ours only skipped).
+            match (pb::AcquireRequest::decode(body), read) {
+                (Ok(r), Ok(Some(ours))) => assert_eq!(ours, format!("{:?}", WireAcquire::from(&r))),
+                (Ok(r), Ok(None)) => {
+                    assert!(r.descriptors.len() > crate::rules::MAX_DESCRIPTORS || !r.usage.is_empty())
+                }
+                (Ok(_), Err(e)) => panic!("prost read what ours refused: {e:?}"),
+                (Err(_), Ok(None)) => {}
+                (Err(_), read) => assert!(read.is_err(), "prost refused {body:?}"),
             }
             if let Ok(r) = pb::AcquireRequest::decode(body)
                 && let Ok(req) = Request::from_wire(&r)
@@ -132,7 +141,8 @@ pub fn requests(data: &[u8]) {
         }
         4 => {
             if let Ok(r) = pb::ChargeRequest::decode(body) {
-                let _ = e.charges().charge(&rules, &r.resource, &r.descriptors, r.cost, None);
+                let usage = crate::grpc::convert::floodgate::usage(&r.usage).ok().flatten();
+                let _ = e.charges().charge(&rules, &r.resource, &r.descriptors, r.cost, usage);
             }
         }
         1 => {
