@@ -259,8 +259,11 @@ impl Limits<'_> {
                         if !d.check || l.cost == 0 {
                             self.sync().saw_strict(&l.key, resource, r.available, now, reply.at_us);
                         }
+                        // Each limit's own verdict: nothing was taken unless
+                        // every one admitted, and only those that did not
+                        // are named as what denied.
                         Decision {
-                            admitted: reply.admitted,
+                            admitted: r.admitted,
                             status: Status {
                                 limit: l.capacity,
                                 remaining: r.remaining,
