@@ -116,7 +116,9 @@ pub enum RequestError {
     #[error(
         "usage: limit '{limit}' would cost {value} for this usage (its cost is '{formula}'); a cost cannot be negative"
     )]
-    NegativeCost { limit: String, value: i64, formula: String },
+    NegativeCost { limit: String, value: String, formula: String },
+    #[error("usage: limit '{limit}' would cost {value} for this usage, more than the largest cost, {max}", max = u32::MAX)]
+    UsageCostTooLarge { limit: String, value: String },
     #[error("permit_id: '{0}' is not a permit id")]
     MalformedPermit(String),
     #[error("resource: the permit was not issued for '{resource}'")]
@@ -239,6 +241,7 @@ impl RequestError {
             | TooMuchUsage { .. }
             | UsageTooLarge { .. }
             | NegativeCost { .. }
+            | UsageCostTooLarge { .. }
             | MalformedPermit(_)
             | PermitResourceMismatch { .. }
             | MalformedLease(_)
@@ -518,11 +521,9 @@ pub fn formula_cost(limit: &crate::rules::Limit, usage: &Usage) -> Option<Result
     Some(formula.cost(|k| usage.get(k).copied().unwrap_or(0)).map_err(|e| match e {
         CostError::Negative(v) => RequestError::NegativeCost {
             limit: limit.name.clone(),
-            value: i64::try_from(v).unwrap_or(i64::MIN),
+            value: format!("{}", (v * 1000.0).round() / 1000.0),
             formula: formula.text().to_string(),
         },
-        CostError::TooLarge(v) => {
-            RequestError::CostTooLarge { field: "usage", value: u64::try_from(v).unwrap_or(u64::MAX) }
-        }
+        CostError::TooLarge(v) => RequestError::UsageCostTooLarge { limit: limit.name.clone(), value: v.to_string() },
     }))
 }

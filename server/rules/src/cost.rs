@@ -40,10 +40,10 @@ impl fmt::Debug for Formula {
 }
 
 /// Why a formula's value could not be a cost.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum CostError {
-    /// The usage made it negative (its value, rounded up).
-    Negative(i128),
+    /// The usage made it negative (its value).
+    Negative(f64),
     /// It is larger than the largest cost.
     TooLarge(i128),
 }
@@ -101,10 +101,11 @@ impl Formula {
             // At most 2^32 * 10^15 per term and 32 terms: far inside i128.
             total += n * value;
         }
-        let whole = total.div_euclid(self.denominator) + i128::from(total.rem_euclid(self.denominator) != 0);
-        if whole < 0 {
-            return Err(CostError::Negative(whole));
+        // Negative is refused before rounding: -0.9 is not a cost of 0.
+        if total < 0 {
+            return Err(CostError::Negative(total as f64 / self.denominator as f64));
         }
+        let whole = total.div_euclid(self.denominator) + i128::from(total.rem_euclid(self.denominator) != 0);
         if whole > i128::from(u32::MAX) {
             return Err(CostError::TooLarge(whole));
         }
@@ -380,7 +381,11 @@ mod tests {
 
     #[test]
     fn usage_that_makes_a_cost_negative_or_too_large_is_an_error() {
-        assert_eq!(cost("input - cached", &[("input", 5), ("cached", 7)]), Err(CostError::Negative(-2)));
+        assert_eq!(cost("input - cached", &[("input", 5), ("cached", 7)]), Err(CostError::Negative(-2.0)));
+        assert_eq!(
+            cost("input - cached + cached / 10", &[("input", 3), ("cached", 4)]),
+            Err(CostError::Negative(-0.6))
+        );
         assert_eq!(cost("input - cached", &[("input", 7), ("cached", 5)]), Ok(2));
         assert_eq!(cost("a * 2", &[("a", u64::from(u32::MAX))]), Err(CostError::TooLarge(2 * i128::from(u32::MAX))));
         // A value above the largest is read as the largest.
