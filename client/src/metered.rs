@@ -26,6 +26,8 @@ pub struct Charged {
     /// A limit (not in shadow mode) is now used up or in debt: the caller
     /// should stop.
     pub exhausted: bool,
+    /// The charge's idempotency key was seen before: this one took nothing.
+    pub duplicate: bool,
 }
 
 /// Whether a metered call may go on after [`Metered::add`].
@@ -62,23 +64,50 @@ pub struct Metered {
     on_drop: Outcome,
 }
 
+/// A key no other charge of this process or another is likely to have: two
+/// hashes (seeded at random per process) of a counter and the time.
+fn fresh_key() -> String {
+    use std::hash::BuildHasher;
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SEEDS: OnceLock<[std::collections::hash_map::RandomState; 2]> = OnceLock::new();
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let seeds = SEEDS.get_or_init(|| [Default::default(), Default::default()]);
+    let n = COUNT.fetch_add(1, Ordering::Relaxed);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+    let part = |seed: &std::collections::hash_map::RandomState| seed.hash_one((n, now, std::process::id()));
+    format!("{:016x}{:016x}", part(&seeds[0]), part(&seeds[1]))
+}
+
 impl Client {
     /// Takes `req`'s cost from every limit it matches, with no question
     /// first: beyond a limit if need be (a debt that later callers wait
     /// out). An error when the server refused it (bad input) or none could
-    /// be reached.
+    /// be reached. Each charge carries an idempotency key of its own: when
+    /// a server does not answer in time and the next one is asked, a charge
+    /// the first took anyway is not taken twice.
     pub async fn charge(&self, req: &Acquire) -> Result<Charged, Error> {
+        self.charge_once(req, &fresh_key()).await
+    }
+
+    /// [`Client::charge`] under an idempotency key of the caller's: a
+    /// charge sent again with the same key (to any server, for at least 10
+    /// minutes) takes nothing, and says so (`Charged::duplicate`). Keys are
+    /// at most 128 bytes; each names one charge of one resource.
+    pub async fn charge_once(&self, req: &Acquire, key: &str) -> Result<Charged, Error> {
         let proto = pb::ChargeRequest {
             resource: req.resource().to_string(),
             descriptors: req.to_proto().descriptors,
             cost: u64::from(req.cost_units()),
             usage: req.usage_of().clone(),
+            idempotency_key: key.to_string(),
         };
         let asked = self.ask_charge(proto).await;
         let answer = asked.ok_or_else(|| Error::Server(tonic::Status::unavailable("no Floodgate server answered")))?;
         let answer = answer?;
         let exhausted = answer.limits.iter().any(|l| l.exceeded && !l.shadow);
-        Ok(Charged { limits: answer.limits.iter().map(Limit::from_proto).collect(), exhausted })
+        let limits = answer.limits.iter().map(Limit::from_proto).collect();
+        Ok(Charged { limits, exhausted, duplicate: answer.duplicate })
     }
 
     /// Starts a metered call: reserves `req`'s cost as an estimate (an

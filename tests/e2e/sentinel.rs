@@ -240,6 +240,7 @@ async fn under_mtls_the_callers_certificate_is_its_origin_whatever_it_says() {
     // leases from it (no limit of `metered` is evil's).
     let descriptors = HashMap::from([("origin".to_string(), "good-app".to_string())]);
     let charge = pb::ChargeRequest {
+        idempotency_key: String::new(),
         usage: Default::default(),
         resource: "metered".into(),
         descriptors: descriptors.clone(),

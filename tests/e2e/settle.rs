@@ -82,6 +82,7 @@ async fn estimates_are_settled_charged_and_carried_as_debt() {
     // Charge: usage without asking, beyond the limit.
     let charged = c
         .charge(pb::ChargeRequest {
+            idempotency_key: String::new(),
             usage: Default::default(),
             resource: "llm".into(),
             descriptors: HashMap::from([("user".into(), "u3".into())]),
@@ -307,6 +308,7 @@ async fn charge_and_settle_reach_strict_limits_in_redis() {
 
     // Charge 5000 on a strict bucket of 1000: a debt of 4000, on both replicas.
     let charge = pb::ChargeRequest {
+        idempotency_key: String::new(),
         usage: Default::default(),
         resource: "strict".into(),
         descriptors: HashMap::from([("user".into(), "c".into())]),
@@ -352,6 +354,7 @@ async fn a_strict_charge_into_a_debt_of_one_or_two_is_taken_once() {
     let mut c = fg.client().await;
     for (user, cost, left) in [("one", 1001, -1.0), ("two", 1002, -2.0), ("three", 1003, -3.0)] {
         let charge = pb::ChargeRequest {
+            idempotency_key: String::new(),
             usage: Default::default(),
             resource: "strict".into(),
             descriptors: HashMap::from([("user".into(), user.into())]),
@@ -377,6 +380,7 @@ async fn a_strict_charge_while_redis_is_away_is_owed_and_paid() {
     wait_live(&fg, 1);
     let mut c = fg.client().await;
     let charge = |user: &str, cost: u64| pb::ChargeRequest {
+        idempotency_key: String::new(),
         usage: Default::default(),
         resource: "strict".into(),
         descriptors: HashMap::from([("user".into(), user.into())]),
@@ -430,6 +434,7 @@ async fn a_debt_beyond_a_strict_limit_survives_redis_coming_back_older() {
     wait_redis_up(&fg);
     let mut c = fg.client().await;
     let charge = |user: &str, cost: u64| pb::ChargeRequest {
+        idempotency_key: String::new(),
         usage: Default::default(),
         resource: "strict".into(),
         descriptors: HashMap::from([("user".into(), user.into())]),
@@ -637,6 +642,7 @@ async fn a_huge_charge_on_a_strict_sliding_log_is_taken_once_and_bounded() {
     wait_live(&fg, 1);
     let mut c = fg.client().await;
     let charge = pb::ChargeRequest {
+        idempotency_key: String::new(),
         usage: Default::default(),
         resource: "log".into(),
         descriptors: HashMap::from([("user".into(), "h".into())]),
@@ -666,6 +672,7 @@ async fn a_replicated_debt_is_waited_out_on_every_replica() {
     // B knows the bucket before the charge.
     assert_eq!(cb.acquire(on("debt", "d", 1, false)).await.unwrap().into_inner().verdict(), pb::Verdict::Allowed);
     let charge = pb::ChargeRequest {
+        idempotency_key: String::new(),
         usage: Default::default(),
         resource: "debt".into(),
         descriptors: HashMap::from([("user".into(), "d".into())]),

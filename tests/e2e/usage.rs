@@ -109,6 +109,7 @@ async fn each_budget_takes_its_cost_from_usage_across_two_replicas() {
     // A Charge through B of input tokens only: the strict budget in Redis
     // takes it, the others do not (its `cost` of 0 takes no call).
     let charge = pb::ChargeRequest {
+        idempotency_key: String::new(),
         resource: "chat".into(),
         descriptors: tenant("t1"),
         cost: 0,
@@ -148,4 +149,69 @@ async fn each_budget_takes_its_cost_from_usage_across_two_replicas() {
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "counted, settled", "{out:?}");
     until_left(&a, "cli", &[999, 9900, 4980]).await;
+}
+
+/// A charge sent again with its idempotency key, to the same replica or the
+/// other one, takes nothing and says so; a charge the server refuses (bad
+/// input) does not use its key up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_charge_sent_again_with_its_key_is_taken_once_across_replicas() {
+    let (_redis, _dir, args) = replicated(RULES);
+    let args = strs(&args);
+    let (a, b) = (floodgate().args(&args).start(), floodgate().args(&args).start());
+    wait_live(&a, 2);
+    wait_live(&b, 2);
+    let (mut ca, mut cb) = (a.client().await, b.client().await);
+    let charge = |key: &str, input: u64| pb::ChargeRequest {
+        resource: "chat".into(),
+        descriptors: tenant("k"),
+        cost: 0,
+        usage: usage(&[("input_tokens", input)]),
+        idempotency_key: key.into(),
+    };
+    let bad = cb.charge(pb::ChargeRequest { usage: usage(&[("nope", 1)]), ..charge("k1", 0) }).await.unwrap_err();
+    assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+    let first = ca.charge(charge("k1", 700)).await.unwrap().into_inner();
+    assert!(!first.duplicate);
+    assert_eq!(first.limits[1].remaining, 9300, "{first:?}");
+    for c in [&mut ca, &mut cb] {
+        let again = c.charge(charge("k1", 700)).await.unwrap().into_inner();
+        assert!(again.duplicate, "{again:?}");
+    }
+    // Another key is another charge; a key is one resource's.
+    assert!(!cb.charge(charge("k2", 300)).await.unwrap().into_inner().duplicate);
+    until_left(&a, "k", &[1000, 9000, 5000]).await;
+    let long = cb.charge(charge(&"x".repeat(129), 1)).await.unwrap_err();
+    assert!(long.message().starts_with("idempotency_key: 129 bytes"), "{long:?}");
+}
+
+/// When one strict budget runs out, the answer names that one, not every
+/// strict limit of the rule (each is marked exceeded only when it denied).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strict_denial_names_the_budget_that_ran_out() {
+    const TWO: &str = r#"
+resources:
+  - name: paid
+    usage: [input_tokens, output_tokens]
+    limits:
+      - { name: input, key: [tenant], algorithm: fixed_window, limit: 1000, window: 1h, sync: strict, cost: input_tokens }
+      - { name: output, key: [tenant], algorithm: fixed_window, limit: 1000, window: 1h, sync: strict, cost: output_tokens }
+"#;
+    let (_redis, _dir, args) = replicated(TWO);
+    let fg = floodgate().args(strs(&args)).start();
+    wait_redis_up(&fg);
+    let mut c = fg.client().await;
+    let ask = |input: u64, output: u64| pb::AcquireRequest {
+        resource: "paid".into(),
+        descriptors: tenant("s"),
+        usage: usage(&[("input_tokens", input), ("output_tokens", output)]),
+        ..Default::default()
+    };
+    assert_eq!(c.acquire(ask(10, 990)).await.unwrap().into_inner().verdict(), pb::Verdict::Allowed);
+    let denied = c.acquire(ask(10, 20)).await.unwrap().into_inner();
+    assert_eq!(denied.verdict(), pb::Verdict::RateLimited, "{denied:?}");
+    let exceeded: Vec<&str> = denied.limits.iter().filter(|l| l.exceeded).map(|l| l.name.as_str()).collect();
+    assert_eq!(exceeded, ["output"], "{denied:?}");
+    assert_eq!(denied.limits[0].remaining, 990, "input was not taken: {denied:?}");
+    assert!(denied.reason.contains("'output'") && !denied.reason.contains("'input'"), "{}", denied.reason);
 }

@@ -35,6 +35,8 @@ use crate::time::Timestamp;
 pub struct Charged<'r> {
     pub limits: SmallVec<[LimitReport<'r>; 2]>,
     pub strict: Strict,
+    /// Its idempotency key was seen before: nothing was taken.
+    pub duplicate: bool,
 }
 
 /// Units to take from (positive) or give back to (negative) strict buckets
@@ -233,6 +235,48 @@ impl Charges<'_> {
         Ok(Settled { settled: true, strict })
     }
 
+    /// Checks a `Charge` as [`Charges::charge`] would, taking nothing: the
+    /// errors it would answer, before anything changes (an idempotency key
+    /// is claimed only for a charge that will be taken).
+    pub fn check_charge<D: Descriptors + ?Sized>(
+        &self,
+        rules: &Installed,
+        resource: &str,
+        descriptors: &D,
+        cost: u64,
+        usage: Option<&Usage>,
+    ) -> Result<(), RequestError> {
+        self.plan(rules, resource, descriptors, cost, usage).map(drop)
+    }
+
+    /// A charge's matched limits and what each takes, all input checked;
+    /// `None` when no rule matches.
+    fn plan<'r, D: Descriptors + ?Sized>(
+        &self,
+        rules: &'r Installed,
+        resource: &str,
+        descriptors: &D,
+        cost: u64,
+        usage: Option<&Usage>,
+    ) -> Result<Option<(super::decide::Matched<'r>, Costs)>, RequestError> {
+        request::validate(resource, descriptors)?;
+        if cost > u64::from(u32::MAX) {
+            return Err(RequestError::CostTooLarge { field: "cost", value: cost });
+        }
+        let Some((rule, handles)) = rules.find(resource) else { return Ok(None) };
+        let matched = matched(rule, handles, resource, descriptors, &self.clock);
+        let mut each = Vec::new();
+        if let Some(usage) = usage {
+            request::check_usage(rule, usage)?;
+            for (l, slot, _) in &matched {
+                if let Some(by_usage) = request::formula_cost(l, usage) {
+                    each.push((*slot, by_usage?));
+                }
+            }
+        }
+        Ok(Some((matched, Costs::with(cost, each))))
+    }
+
     /// `Charge`: takes `cost` from every limit the request matches (a limit
     /// with a `cost` formula: what it gives for `usage`, when reported),
     /// beyond the limit if need be; the limits' state afterwards. Strict limits are
@@ -245,23 +289,8 @@ impl Charges<'_> {
         cost: u64,
         usage: Option<&Usage>,
     ) -> Result<Charged<'r>, RequestError> {
-        request::validate(resource, descriptors)?;
-        if cost > u64::from(u32::MAX) {
-            return Err(RequestError::CostTooLarge { field: "cost", value: cost });
-        }
-        let mut charged = Charged { limits: SmallVec::new(), strict: Strict::default() };
-        let Some((rule, handles)) = rules.find(resource) else { return Ok(charged) };
-        let matched = matched(rule, handles, resource, descriptors, &self.clock);
-        let mut each = Vec::new();
-        if let Some(usage) = usage {
-            request::check_usage(rule, usage)?;
-            for (l, slot, _) in &matched {
-                if let Some(by_usage) = request::formula_cost(l, usage) {
-                    each.push((*slot, by_usage?));
-                }
-            }
-        }
-        let costs = Costs::with(cost, each);
+        let mut charged = Charged { limits: SmallVec::new(), strict: Strict::default(), duplicate: false };
+        let Some((matched, costs)) = self.plan(rules, resource, descriptors, cost, usage)? else { return Ok(charged) };
         let now = self.clock.now();
         for (l, index, bucket) in matched {
             let cost = costs.of(index);

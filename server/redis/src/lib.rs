@@ -279,6 +279,21 @@ impl Replication {
         (self.replica.up(), self.replica.live())
     }
 
+    /// Claims the idempotency key `hash` of a charge of `resource` for
+    /// `ttl`: `Some(true)` when this is its first claim, `Some(false)` when
+    /// another replica (or this one) claimed it before, `None` when Redis
+    /// did not answer. The key sits in the resource's slot.
+    pub async fn claim_key(&self, resource: &str, hash: u128, ttl: Duration) -> Option<bool> {
+        let key = format!("{}:{hash:032x}", scripts::claimed_prefix(resource));
+        let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        let set: Option<Option<String>> = self
+            .call("claim_key", |mut h| async move {
+                redis::cmd("SET").arg(key).arg(1).arg("NX").arg("PX").arg(ms).query_async(&mut h).await
+            })
+            .await;
+        set.map(|answer| answer.is_some())
+    }
+
     /// One Redis exchange. A failure marks Redis down, so that calls stop
     /// asking until the sync loop reaches it again.
     async fn call<T, F, Fut>(&self, what: &'static str, f: F) -> Option<T>

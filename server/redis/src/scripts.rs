@@ -280,6 +280,12 @@ pub fn bucket_key(resource: &str, limit: &Limit, key: &BucketKey) -> String {
     format!("fg:b:{{{}}}:{}:{}:{}", tag(resource), limit.name, limit.algorithm.name(), key.scope)
 }
 
+/// Where the idempotency keys of a resource's charges are claimed (each
+/// under this prefix, by its hash): in the resource's slot.
+pub fn claimed_prefix(resource: &str) -> String {
+    format!("fg:i:{{{}}}", tag(resource))
+}
+
 /// A resource's marker: present while Redis holds what replicas pushed for it.
 pub fn marker_key(resource: &str) -> String {
     format!("fg:m:{{{}}}", tag(resource))

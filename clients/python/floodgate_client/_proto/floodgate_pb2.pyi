@@ -193,7 +193,7 @@ class ReportOutcomeResponse(_message.Message):
     def __init__(self, counted: _Optional[bool] = ..., breaker_state: _Optional[_Union[BreakerState, str]] = ..., settled: _Optional[bool] = ...) -> None: ...
 
 class ChargeRequest(_message.Message):
-    __slots__ = ("resource", "descriptors", "cost", "usage")
+    __slots__ = ("resource", "descriptors", "cost", "usage", "idempotency_key")
     class DescriptorsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -212,17 +212,21 @@ class ChargeRequest(_message.Message):
     DESCRIPTORS_FIELD_NUMBER: _ClassVar[int]
     COST_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     resource: str
     descriptors: _containers.ScalarMap[str, str]
     cost: int
     usage: _containers.ScalarMap[str, int]
-    def __init__(self, resource: _Optional[str] = ..., descriptors: _Optional[_Mapping[str, str]] = ..., cost: _Optional[int] = ..., usage: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    idempotency_key: str
+    def __init__(self, resource: _Optional[str] = ..., descriptors: _Optional[_Mapping[str, str]] = ..., cost: _Optional[int] = ..., usage: _Optional[_Mapping[str, int]] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
 
 class ChargeResponse(_message.Message):
-    __slots__ = ("limits",)
+    __slots__ = ("limits", "duplicate")
     LIMITS_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     limits: _containers.RepeatedCompositeFieldContainer[LimitStatus]
-    def __init__(self, limits: _Optional[_Iterable[_Union[LimitStatus, _Mapping]]] = ...) -> None: ...
+    duplicate: bool
+    def __init__(self, limits: _Optional[_Iterable[_Union[LimitStatus, _Mapping]]] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class ReportOutcomeBatchRequest(_message.Message):
     __slots__ = ("reports",)

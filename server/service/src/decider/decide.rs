@@ -182,19 +182,33 @@ impl Decider {
 
     /// `Charge`: takes `cost` from every limit the request matches, beyond
     /// the limit if need be (strict limits in Redis; owed to it while it is
-    /// away).
+    /// away). A charge whose idempotency `key` was seen before takes nothing
+    /// and says so (see `charged_keys`).
     pub async fn charge<D, R>(
         &self,
         resource: &str,
         descriptors: &D,
         cost: u64,
         usage: Option<&crate::engine::request::Usage>,
+        key: &str,
     ) -> Result<R, RequestError>
     where
         D: Descriptors + ?Sized,
         R: for<'r> FromAnswer<Charged<'r>>,
     {
         let rules = self.engine.rules_full();
+        if !key.is_empty() {
+            super::charged_keys::check_key(key)?;
+            // Bad input is refused before the key is claimed: a corrected
+            // charge sent again with the key is still the first.
+            self.engine.charges().check_charge(&rules, resource, descriptors, cost, usage)?;
+            if !self.first_charge(resource, key).await {
+                let mut seen = self.engine.charges().charge(&rules, resource, descriptors, 0, None)?;
+                seen.strict = Strict::default();
+                seen.duplicate = true;
+                return Ok(R::from_answer(seen));
+            }
+        }
         let mut charged = self.engine.charges().charge(&rules, resource, descriptors, cost, usage)?;
         if let Some(replication) = &self.replication {
             let strict = std::mem::take(&mut charged.strict);
@@ -210,9 +224,10 @@ impl Decider {
                 // Owed: `local` limits take it from the outage's bucket here
                 // too (first: the bucket starts from what was left before it).
                 None => {
-                    for (key, _, _, pos) in &strict.items {
+                    for (key, units, _, pos) in &strict.items {
                         let report = &mut charged.limits[*pos];
-                        if let Some(status) = self.engine.charge_in_outage(report.limit, key, cost) {
+                        let units = u64::try_from(*units).unwrap_or(0);
+                        if let Some(status) = self.engine.charge_in_outage(report.limit, key, units) {
                             report.exceeded = status.remaining == 0;
                             report.status = status;
                         }
@@ -222,6 +237,22 @@ impl Decider {
             }
         }
         Ok(R::from_answer(charged))
+    }
+
+    /// Whether the charge named `key` is the first of that name: claimed in
+    /// Redis when it answers (so that a retry sent to another replica is
+    /// caught), and noted here in any case (so that one sent while Redis
+    /// is away, or after it lost its keys, is caught by this replica).
+    async fn first_charge(&self, resource: &str, key: &str) -> bool {
+        let hash = self.charged_keys.hash(resource, key);
+        let here = self.charged_keys.first(hash, self.engine.clock().now());
+        let claimed = match &self.replication {
+            Some(replication) => {
+                replication.claim_key(resource, hash, super::charged_keys::KEY_LIFETIME).await.unwrap_or(true)
+            }
+            None => true,
+        };
+        here && claimed
     }
 
     /// A resource's limits for these descriptors, consuming nothing; `only`

@@ -22,6 +22,7 @@ use crate::engine::what_if::WhatIf;
 use crate::replication::Replication;
 
 mod breakers;
+pub(crate) mod charged_keys;
 mod decide;
 pub mod decisions;
 mod lease;
@@ -123,6 +124,8 @@ pub struct Decider {
     /// Why calls were answered as they were, for a share of them (off by
     /// default).
     decisions: decisions::DecisionLog,
+    /// The idempotency keys of the charges this replica took.
+    charged_keys: charged_keys::ChargedKeys,
 }
 
 /// Events kept for slow readers before they fall behind.
@@ -136,6 +139,7 @@ impl Decider {
         let sender = events.clone();
         // No receivers is fine: nobody is watching.
         engine.events().listen(Box::new(move |event| drop(sender.send(event))));
+        let engine_now = engine.clock().now();
         Decider {
             engine,
             replication,
@@ -150,6 +154,7 @@ impl Decider {
             draining: tokio::sync::watch::Sender::new(false),
             events,
             decisions: decisions::DecisionLog::new(0.0, decisions::DEFAULT_CAPACITY).expect("0 is a share"),
+            charged_keys: charged_keys::ChargedKeys::new(engine_now),
         }
     }
 

@@ -117,7 +117,13 @@ impl Floodgate for DataPlane {
         let overlaid = engine::request::Overlaid { inner: &req.descriptors, set };
         let response: pb::ChargeResponse = self
             .decider
-            .charge(&req.resource, &overlaid, req.cost, crate::grpc::convert::floodgate::usage(&req.usage).or_status()?)
+            .charge(
+                &req.resource,
+                &overlaid,
+                req.cost,
+                crate::grpc::convert::floodgate::usage(&req.usage).or_status()?,
+                &req.idempotency_key,
+            )
             .await
             .or_status()?;
         Ok(Response::new(response))

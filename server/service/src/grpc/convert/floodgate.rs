@@ -170,7 +170,7 @@ fn state_number(s: Option<State>) -> i32 {
 /// every answer, costs a sixth of a batch's encoding, and Peek reports it.
 impl crate::decider::FromAnswer<crate::engine::settle::Charged<'_>> for pb::ChargeResponse {
     fn from_answer(c: crate::engine::settle::Charged<'_>) -> Self {
-        pb::ChargeResponse { limits: c.limits.iter().map(IntoWire::into_wire).collect() }
+        pb::ChargeResponse { limits: c.limits.iter().map(IntoWire::into_wire).collect(), duplicate: c.duplicate }
     }
 }
 
