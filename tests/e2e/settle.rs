@@ -75,6 +75,16 @@ async fn estimates_are_settled_charged_and_carried_as_debt() {
     let retry = denied.retry_after.unwrap().seconds;
     assert!((1_200_000..=1_201_000).contains(&retry), "1,201 tokens at 0.001/s: {retry}s");
 
+    // Reported without an actual cost, the estimate stands: the report is
+    // counted (the permit was known), nothing is settled, and it is used up.
+    let e = c.acquire(ask("u2", 100)).await.unwrap().into_inner();
+    let mut plain_report = settle(&e.permit_id, 0);
+    plain_report.actual_cost = None;
+    let r = c.report_outcome(plain_report.clone()).await.unwrap().into_inner();
+    assert!(r.counted && !r.settled, "{r:?}");
+    assert!(!c.report_outcome(plain_report).await.unwrap().into_inner().counted, "reported once");
+    assert_eq!(tokens_left(&fg, "u2").await, 900);
+
     // Unsettled, the estimate stands; without `settle`, no permit.
     let plain = c.acquire(pb::AcquireRequest { settle: false, ..ask("u2", 10) }).await.unwrap().into_inner();
     assert!(plain.permit_id.is_empty());

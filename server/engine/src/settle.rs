@@ -54,6 +54,9 @@ pub struct Strict {
 pub struct Settled {
     /// An estimate was settled.
     pub settled: bool,
+    /// The permit held a live estimate, now forgotten (settled, or left to
+    /// stand when the report said no actual cost).
+    pub known: bool,
     /// What its strict limits must take or give back in Redis.
     pub strict: Strict,
 }
@@ -203,8 +206,11 @@ impl Charges<'_> {
             return Ok(Settled::default());
         };
         let now = self.clock.now();
-        if p.expires <= now || actuals.iter().all(Option::is_none) {
+        if p.expires <= now {
             return Ok(Settled::default());
+        }
+        if actuals.iter().all(Option::is_none) {
+            return Ok(Settled { known: true, ..Settled::default() });
         }
         for ((bucket, estimate), actual) in p.buckets.iter().zip(&actuals) {
             let (Some(actual), Some((_, l))) = (actual, rules.limit(bucket.limit)) else { continue };
@@ -232,7 +238,7 @@ impl Charges<'_> {
                 None => self.coordination.admitted_here(k, &p.resource, units, now),
             }
         }
-        Ok(Settled { settled: true, strict })
+        Ok(Settled { settled: true, known: true, strict })
     }
 
     /// Checks a `Charge` as [`Charges::charge`] would, taking nothing: the

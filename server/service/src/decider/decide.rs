@@ -172,7 +172,9 @@ impl Decider {
         match self.engine.charges().settle_estimate(&rules, r.permit_id, r.resource, r.actual_cost, r.usage) {
             Ok(settled) => {
                 reported.settled = settled.settled;
-                reported.counted |= settled.settled;
+                // A permit of an estimate is counted when reported, settled
+                // or not (without an actual cost its estimate stands).
+                reported.counted |= settled.known;
                 Ok((reported, settled.strict))
             }
             Err(RequestError::PermitResourceMismatch { .. }) if reported.counted => Ok((reported, Strict::default())),
