@@ -99,6 +99,12 @@ async fn each_budget_takes_its_cost_from_usage_across_two_replicas() {
         usage: usage(&[("input_tokens", 1200), ("cached_input_tokens", 200), ("output_tokens", 300)]),
         ..Default::default()
     };
+    // A misspelt field is refused by A, and B says so (INVALID_ARGUMENT,
+    // not "not counted"); the permit is left to report again.
+    let typo = pb::ReportOutcomeRequest { usage: usage(&[("outptu_tokens", 3)]), ..report.clone() };
+    let refused = cb.report_outcome(typo).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().starts_with("usage: 'outptu_tokens' is not a usage field of rule 'chat'"), "{refused:?}");
     let reported = cb.report_outcome(report).await.unwrap().into_inner();
     assert!(reported.counted && reported.settled, "{reported:?}");
     until_left(&a, "t1", &[999, 8980, 4400]).await;
@@ -133,6 +139,22 @@ async fn each_budget_takes_its_cost_from_usage_across_two_replicas() {
     let bad_name = ca.acquire(ask("t1", &[("Input Tokens", 5)])).await.unwrap_err();
     assert!(bad_name.message().starts_with("usage: 'Input Tokens' is not a usage field name"), "{bad_name:?}");
     assert_eq!(left(&a, "t1").await, [999, 8000, 4400]);
+
+    // A batch with one refused item applies none of them.
+    let p1 = ca.acquire(ask("t2", &[("output_tokens", 10)])).await.unwrap().into_inner().permit_id;
+    let p2 = ca.acquire(ask("t2", &[("output_tokens", 10)])).await.unwrap().into_inner().permit_id;
+    let item = |id: &str, field: &str| pb::ReportOutcomeRequest {
+        resource: "chat".into(),
+        permit_id: id.into(),
+        outcome: pb::Outcome::Success as i32,
+        usage: usage(&[(field, 1)]),
+        ..Default::default()
+    };
+    let batch = pb::ReportOutcomeBatchRequest { reports: vec![item(&p1, "output_tokens"), item(&p2, "zzz")] };
+    let refused = ca.report_outcome_batch(batch).await.unwrap_err();
+    assert!(refused.message().starts_with("reports[1].usage: 'zzz'"), "{refused:?}");
+    let again = ca.report_outcome(item(&p1, "output_tokens")).await.unwrap().into_inner();
+    assert!(again.counted && again.settled, "the first item was not applied: {again:?}");
 
     // The CLI reports usage too.
     let out = Command::new(BIN)

@@ -119,6 +119,10 @@ pub enum RequestError {
     NegativeCost { limit: String, value: String, formula: String },
     #[error("usage: limit '{limit}' would cost {value} for this usage, more than the largest cost, {max}", max = u32::MAX)]
     UsageCostTooLarge { limit: String, value: String },
+    /// Bad input the replica that issued a permit found in a report passed
+    /// on to it: its message.
+    #[error("{0}")]
+    Issuer(String),
     #[error("permit_id: '{0}' is not a permit id")]
     MalformedPermit(String),
     #[error("resource: the permit was not issued for '{resource}'")]
@@ -242,6 +246,7 @@ impl RequestError {
             | UsageTooLarge { .. }
             | NegativeCost { .. }
             | UsageCostTooLarge { .. }
+            | Issuer(_)
             | MalformedPermit(_)
             | PermitResourceMismatch { .. }
             | MalformedLease(_)

@@ -175,6 +175,31 @@ impl Engine {
 }
 
 impl Charges<'_> {
+    /// Checks a settlement as [`Charges::settle_estimate`] would, changing
+    /// nothing: the errors it would answer (a value too large, another
+    /// resource's permit, usage its rule refuses), so that a report (or a
+    /// batch of them) can be refused before any part of it is applied.
+    pub fn check_settle(
+        &self,
+        rules: &Installed,
+        id: &str,
+        resource: &str,
+        actual: Option<u64>,
+        usage: Option<&Usage>,
+    ) -> Result<(), RequestError> {
+        let key = request::check_permit_id(id)?;
+        if let Some(actual) = actual
+            && actual > u64::from(u32::MAX)
+        {
+            return Err(RequestError::CostTooLarge { field: "actual_cost", value: actual });
+        }
+        match self.settlements.map.get(&key) {
+            Some(p) if resource.is_empty() || p.resource == resource => actuals(rules, &p, actual, usage).map(drop),
+            Some(_) => Err(RequestError::PermitResourceMismatch { resource: resource.into() }),
+            None => Ok(()),
+        }
+    }
+
     /// Settles permit `id` at `actual` (or, `None`, lets its estimate stand
     /// and forgets it). A limit with a `cost` formula settles at what the
     /// formula gives for `usage`, when usage is reported. Not settled when

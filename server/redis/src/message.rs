@@ -23,7 +23,7 @@ use floodgate_core::breaker::{Outcome, State};
 use floodgate_core::time::Timestamp;
 use floodgate_engine::degradation::Load;
 use floodgate_engine::report::Reported;
-use floodgate_engine::request::{RequestError, check_permit_id};
+use floodgate_engine::request::{ErrorKind, RequestError, check_permit_id};
 
 /// One message between replicas.
 #[derive(Clone, Debug, PartialEq)]
@@ -134,6 +134,11 @@ impl Message {
                     r.breaker_state.map_or("-".to_string(), |s| s.number().to_string())
                 ),
                 Err(RequestError::PermitResourceMismatch { .. }) => format!("a {request} m"),
+                // Bad input the issuer found (usage its rule does not name):
+                // its message, for the caller, last on the line.
+                Err(e) if e.kind() == ErrorKind::BadInput => {
+                    format!("a {request} e {}", e.to_string().replace(['\n', '\r'], " "))
+                }
                 Err(_) => format!("a {request} 0 0 -"),
             },
         }
@@ -228,6 +233,10 @@ fn answer(rest: &str) -> Option<(u64, ForwardAnswer)> {
     if counted == "m" {
         return Some((request, Err(RequestError::PermitResourceMismatch { resource: String::new() })));
     }
+    if counted == "e" {
+        let message = rest.splitn(3, ' ').nth(2).unwrap_or_default().to_string();
+        return Some((request, Err(RequestError::Issuer(message))));
+    }
     let settled = parts.next()? == "1";
     let breaker_state = parts.next()?.parse().ok().and_then(State::from_number);
     Some((request, Ok(Reported { counted: counted == "1", breaker_state, settled })))
@@ -279,6 +288,9 @@ mod tests {
             request: 9,
             answer: Ok(Reported { counted: false, breaker_state: None, settled: true }),
         });
+        let refused =
+            RequestError::Issuer("usage: 'x y' is not a usage field of rule 'chat' (its usage fields: a)".into());
+        round_trip(Message::ReportAnswer { request: 9, answer: Err(refused) });
     }
 
     #[test]

@@ -132,6 +132,10 @@ impl Decider {
         reports: &[Report<'_>],
     ) -> Result<Vec<Reported>, RequestError> {
         check_batch(field, reports.len())?;
+        // One item refused refuses the batch before any item is applied.
+        for (i, r) in reports.iter().enumerate() {
+            self.check_report(r).map_err(|e| e.in_batch(field, i))?;
+        }
         let mut reported = Vec::with_capacity(reports.len());
         let mut strict = Vec::new();
         let mut refused = None;
@@ -164,7 +168,19 @@ impl Decider {
         refused.map_or(Ok(reported), Err)
     }
 
+    /// The errors a report's settlement would meet (usage its rule refuses),
+    /// found before anything is applied: the outcome is not counted either.
+    fn check_report(&self, r: &Report<'_>) -> Result<(), RequestError> {
+        let rules = self.engine.rules();
+        match self.engine.charges().check_settle(&rules, r.permit_id, r.resource, r.actual_cost, r.usage) {
+            // Answered as before, by the report itself.
+            Ok(()) | Err(RequestError::PermitResourceMismatch { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     fn report_here(&self, r: &Report<'_>) -> Result<(Reported, Strict), RequestError> {
+        self.check_report(r)?;
         let rules = self.engine.rules();
         let mut reported = self.engine.outcomes().report(&rules, r.resource, r.permit_id, r.outcome, r.latency)?;
         // A permit of an Acquire with `settle`: its estimate is settled (or,
