@@ -128,6 +128,18 @@ impl Spec {
             return Err(("rule", format!("no rule is named '{}' in the rules in force", self.rule.escape_debug())));
         };
         let o = Override::new(self.when.clone(), self.action(), &rule.limits, rules.tiers())?;
+        // A tier's cost formula reads only usage the rule names: a call can
+        // report no other field, and an unread field would charge 0.
+        for l in &o.limits {
+            let Some(formula) = &l.cost else { continue };
+            if let Some(field) = formula.fields().find(|f| !rule.usage.iter().any(|u| u == f)) {
+                let why = format!(
+                    "limit '{}' reads usage field '{field}' in its cost, which rule '{}' does not name in its usage",
+                    l.name, rule.name
+                );
+                return Err(("tier", why));
+            }
+        }
         Ok(o.until(self.expires_at.unwrap_or(NEVER)).tagged(format!("@{}", self.id)))
     }
 
@@ -304,6 +316,8 @@ mod tests {
 tiers:
   gold:
     - { name: gold-rps, key: [tenant], algorithm: token_bucket, capacity: 1000, refill_per_second: 1000 }
+  priced:
+    - { name: tokens, key: [tenant], algorithm: token_bucket, capacity: 1000, refill_per_second: 10, cost: tokens * 2 }
 resources:
   - name: api
     limits:
@@ -354,9 +368,11 @@ resources:
             spec("t", &[("tenant", "x")], Do::Tier("platinum".into()), 1),
             spec("l", &[("tenant", "x")], Do::Limits(vec![("nope".into(), 5)]), 1),
             spec("ok", &[("tenant", "x")], Do::Limits(vec![("per-tenant".into(), 5)]), 1),
+            spec("p", &[("tenant", "y")], Do::Tier("priced".into()), 1),
         ]);
         let (merged, problems) = table.merge(&rules());
-        assert_eq!(problems.len(), 3, "{problems:?}");
+        assert_eq!(problems.len(), 4, "{problems:?}");
+        assert!(problems["p"].contains("limit 'tokens' reads usage field 'tokens'"), "{problems:?}");
         assert!(problems["r"].contains("no rule is named 'gone'"), "{problems:?}");
         assert!(problems["t"].contains("'platinum' is not a tier"), "{problems:?}");
         assert!(problems["l"].contains("'nope' is not a limit"), "{problems:?}");
