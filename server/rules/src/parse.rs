@@ -203,7 +203,13 @@ fn usage(f: &Fields<'_>, limits: &[Limit], overrides: &Overrides) -> Vec<String>
         }
     }
     let mut all = limits.iter().chain(overrides.list().iter().flat_map(|o| o.limits.iter()));
-    if !usage.is_empty() && all.all(|l| l.cost.is_none()) {
+    // A limit whose formula was refused is not among `limits`: its error
+    // is the one to read, not this one.
+    let written = match f.get("limits") {
+        Some(Value::Sequence(items)) => items.iter().any(|item| item.get("cost").is_some()),
+        _ => false,
+    };
+    if !usage.is_empty() && !written && all.all(|l| l.cost.is_none()) {
         f.error("usage", "is given, but no limit has a 'cost' formula that reads it");
     }
     usage

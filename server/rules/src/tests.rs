@@ -572,6 +572,9 @@ resources:
   - name: c
     usage: [tokens, tokens, Tokens]
     limits: [ { name: l, algorithm: fixed_window, limit: 10, window: 1m } ]
+  - name: d
+    usage: [tokens]
+    limits: [ { name: l, algorithm: fixed_window, limit: 10, window: 1m, cost: tokens / 0 } ]
 "#,
     );
     assert_eq!(
@@ -585,6 +588,7 @@ resources:
             "rules.yaml: resource 'c': usage: names 'tokens' twice",
             "rules.yaml: resource 'c': usage: 'Tokens' is not a usage field name (lowercase letters, digits and _, at most 64 bytes, not starting with a digit)",
             "rules.yaml: resource 'c': usage: is given, but no limit has a 'cost' formula that reads it",
+            "rules.yaml: resource 'd': limits[0] 'l'.cost: 'tokens / 0' divides by zero",
         ]
     );
 }
