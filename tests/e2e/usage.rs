@@ -87,7 +87,7 @@ async fn each_budget_takes_its_cost_from_usage_across_two_replicas() {
     let out = Command::new(BIN).args(["why", "--server", &a.grpc, "-d", "tenant=t1"]).output().unwrap();
     let why = String::from_utf8_lossy(&out.stdout);
     assert!(why.contains("usage input_tokens=1200,output_tokens=1000"), "{why}");
-    assert!(why.contains("costs by usage: input 1200, output 2000"), "{why}");
+    assert!(why.contains("costs: calls 1, input 1200, output 2000"), "{why}");
 
     // Reported to B, which did not issue the permit: it passes the report
     // (with its usage) to A. 1,200 input tokens of which 200 cached cost

@@ -102,6 +102,18 @@ pub fn block_on(f: impl std::future::Future<Output = anyhow::Result<ExitCode>>) 
     }
 }
 
+/// The `--usage` pairs as a map; a field given twice is refused, as the
+/// JSON API refuses a key given twice.
+pub(crate) fn usage_map(pairs: Vec<(String, u64)>) -> anyhow::Result<std::collections::HashMap<String, u64>> {
+    let mut map = std::collections::HashMap::new();
+    for (k, v) in pairs {
+        if map.insert(k.clone(), v).is_some() {
+            anyhow::bail!("--usage: the field '{k}' is given twice");
+        }
+    }
+    Ok(map)
+}
+
 /// `input_tokens=812`: a usage field and its value.
 pub(crate) fn parse_usage(s: &str) -> Result<(String, u64), String> {
     let (k, v) = parse_pair(s)?;
@@ -117,6 +129,7 @@ pub(crate) fn parse_pair(s: &str) -> Result<(String, String), String> {
 }
 
 pub async fn acquire(args: AcquireArgs) -> anyhow::Result<ExitCode> {
+    let usage = usage_map(args.usage)?;
     let mut client = pb::floodgate_client::FloodgateClient::new(args.server.connect().await?);
     let request = pb::AcquireRequest {
         resource: args.resource.clone(),
@@ -125,7 +138,7 @@ pub async fn acquire(args: AcquireArgs) -> anyhow::Result<ExitCode> {
         dry_run: args.dry_run,
         settle: args.settle,
         priority: args.priority.map_or(0, |p| p as i32),
-        usage: args.usage.into_iter().collect(),
+        usage,
     };
     let mut code = ExitCode::SUCCESS;
     for _ in 0..args.count.max(1) {

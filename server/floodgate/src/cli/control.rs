@@ -150,6 +150,7 @@ pub async fn breakers(args: BreakersArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub async fn report(args: ReportArgs) -> anyhow::Result<ExitCode> {
+    let usage = super::client::usage_map(args.usage)?;
     let mut client = pb::floodgate_client::FloodgateClient::new(args.server.connect().await?);
     let outcome = match args.outcome {
         OutcomeArg::Success => pb::Outcome::Success,
@@ -162,7 +163,7 @@ pub async fn report(args: ReportArgs) -> anyhow::Result<ExitCode> {
         outcome: outcome as i32,
         latency: args.latency.and_then(|d| prost_types::Duration::try_from(d).ok()),
         actual_cost: args.actual_cost,
-        usage: args.usage.into_iter().collect(),
+        usage,
     };
     let r = client.report_outcome(req).await.map_err(status_error)?.into_inner();
     let state = if r.breaker_state == 0 { String::new() } else { format!(", breaker {}", state_name(r.breaker_state)) };

@@ -85,17 +85,11 @@ fn render_logged(d: &pb::LoggedDecision) -> String {
         out.push_str("  (dry run)");
     }
     out.push('\n');
-    // Limits whose cost differs from the request's took their own (a
-    // `cost` formula over the usage).
-    let own: Vec<String> = d
-        .limits
-        .iter()
-        .zip(&d.limit_costs)
-        .filter(|(_, c)| **c != d.cost)
-        .map(|(l, c)| format!("{} {c}", l.name))
-        .collect();
-    if !own.is_empty() {
-        let _ = writeln!(out, "  costs by usage: {}", own.join(", "));
+    // With usage, what each limit was asked: its `cost` formula's figure,
+    // or the request's cost.
+    if !d.usage.is_empty() {
+        let each: Vec<String> = d.limits.iter().zip(&d.limit_costs).map(|(l, c)| format!("{} {c}", l.name)).collect();
+        let _ = writeln!(out, "  costs: {}", each.join(", "));
     }
     let rule = if d.rule.is_empty() { "(none matched)" } else { d.rule.as_str() };
     let _ = writeln!(out, "  rule: {rule}");
