@@ -1,5 +1,6 @@
 // The client: ask before calling; the permit it hands out reports after.
 
+import { randomUUID } from "node:crypto";
 import { performance } from "node:perf_hooks";
 import * as grpc from "@grpc/grpc-js";
 
@@ -318,7 +319,14 @@ export class Client {
   async #chargeWire(request: AcquireRequest): Promise<{ limits: Limit[]; exhausted: boolean }> {
     this.#checkOpen();
     const w = toWire(request);
-    const wire: WireChargeRequest = { resource: w.resource, descriptors: w.descriptors, cost: w.cost };
+    // Every charge carries a key: when a server does not answer in time and
+    // the next one is asked, a charge the first took is not taken twice.
+    const wire: WireChargeRequest = {
+      resource: w.resource,
+      descriptors: w.descriptors,
+      cost: w.cost,
+      idempotency_key: request.idempotencyKey ?? randomUUID(),
+    };
     if (w.usage !== undefined) wire.usage = w.usage;
     const asked = await this.#ask(chargeCall, wire, this.#timeout(request));
     switch (asked.kind) {
@@ -347,7 +355,7 @@ export class Client {
     // start's usage take nothing more (each of its fields is sent as 0).
     const zeroed = request.usage ? Object.fromEntries(Object.keys(request.usage).map((k) => [k, 0])) : undefined;
     const charge = (units: number) =>
-      this.#chargeWire({ ...request, cost: units, settle: false, dryRun: false, usage: zeroed });
+      this.#chargeWire({ ...request, cost: units, settle: false, dryRun: false, usage: zeroed, idempotencyKey: undefined });
     return new Metered(decision, request.cost ?? 1, charge, this.#failMode.kind === "closed", request.usage);
   }
 

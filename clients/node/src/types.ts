@@ -105,6 +105,12 @@ export interface AcquireRequest {
    * value a whole number from 0 to 4294967295.
    */
   usage?: Readonly<Record<string, number>>;
+  /**
+   * For `charge`: names the charge, so that it can be sent again safely (a
+   * charge whose key was seen before takes nothing). Default: a fresh key
+   * for each charge. At most 128 bytes.
+   */
+  idempotencyKey?: string;
   /** This call's deadline, instead of the client's `requestTimeoutMs`. */
   timeoutMs?: number;
 }

@@ -121,6 +121,7 @@ export interface WireChargeRequest {
   descriptors: Record<string, string>;
   cost: number;
   usage?: Record<string, number>;
+  idempotency_key?: string;
 }
 
 /** floodgate.v1.ChargeResponse */

@@ -87,3 +87,13 @@ test("a metered call charges the usage it started with once", async () => {
   // (The dry run takes 1 from each.)
   assert.deepEqual(await left("t3"), [49, 9499, 4999]);
 });
+
+test("a charge sent again with its idempotency key takes nothing", async () => {
+  const charge = { resource: "chat", descriptors: { tenant: "t4" }, cost: 0, usage: { input_tokens: 300 }, idempotencyKey: "req-1" };
+  await client.charge(charge);
+  await client.charge(charge);
+  await client.charge({ ...charge, idempotencyKey: undefined });
+  await client.charge({ ...charge, idempotencyKey: undefined });
+  // 300 once under the key, and twice without one (each gets a fresh key).
+  assert.deepEqual(await left("t4"), [99, 9099, 4999]);
+});

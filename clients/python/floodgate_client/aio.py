@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from typing import Any, Callable, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import grpc
@@ -342,14 +343,21 @@ class AsyncClient:
         timeout: Optional[Seconds] = None,
         *,
         usage: Optional[Mapping[str, int]] = None,
+        idempotency_key: Optional[str] = None,
     ) -> Tuple[Limit, ...]:
         """Takes `cost` from every limit the request matches, with no
         question first: beyond a limit if need be (a debt later callers wait
         out). Returns the limits after it (`exceeded` when used up). Raises
         InvalidArgument for bad input, Unavailable when no server answered."""
         self._ensure()
+        # Every charge carries a key: when a server does not answer in time
+        # and the next one is asked, a charge the first took is not taken twice.
         request = pb.ChargeRequest(
-            resource=resource, descriptors=dict(descriptors or {}), cost=cost, usage=usage_of(usage)
+            resource=resource,
+            descriptors=dict(descriptors or {}),
+            cost=cost,
+            usage=usage_of(usage),
+            idempotency_key=idempotency_key if idempotency_key is not None else uuid.uuid4().hex,
         )
         sent = {"resource": resource, "cost": cost, "usage": usage}
         asked = await self._ask("Charge", request, self._timeout(timeout), sent, None)

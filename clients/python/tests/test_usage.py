@@ -69,3 +69,13 @@ def test_an_async_client_reports_usage_too(chat):
             assert [l.remaining for l in limits] == [99, 6000, 4800]
 
     asyncio.run(main())
+
+
+def test_a_charge_sent_again_with_its_idempotency_key_takes_nothing(chat):
+    with Client(chat.url) as client:
+        for _ in range(2):
+            client.charge("chat", {"tenant": "t5"}, 0, usage={"input_tokens": 300}, idempotency_key="req-1")
+        for _ in range(2):
+            client.charge("chat", {"tenant": "t5"}, 0, usage={"input_tokens": 300})
+        # 300 once under the key, and twice without one (each gets a fresh key).
+        assert left(client, "t5") == [99, 9099, 4999]
