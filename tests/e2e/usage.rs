@@ -200,8 +200,13 @@ async fn a_charge_sent_again_with_its_key_is_taken_once_across_replicas() {
         let again = c.charge(charge("k1", 700)).await.unwrap().into_inner();
         assert!(again.duplicate, "{again:?}");
     }
-    // Another key is another charge; a key is one resource's.
+    // The duplicate's answer shows the strict budget as Redis holds it.
+    let seen = cb.charge(charge("k1", 700)).await.unwrap().into_inner();
+    assert_eq!((seen.limits[1].remaining, seen.limits[1].exceeded), (9300, false), "{seen:?}");
+    // Another key is another charge, and so is one key for another caller.
     assert!(!cb.charge(charge("k2", 300)).await.unwrap().into_inner().duplicate);
+    let other = pb::ChargeRequest { descriptors: tenant("k-other"), ..charge("k1", 5) };
+    assert!(!ca.charge(other).await.unwrap().into_inner().duplicate);
     until_left(&a, "k", &[1000, 9000, 5000]).await;
     let long = cb.charge(charge(&"x".repeat(129), 1)).await.unwrap_err();
     assert!(long.message().starts_with("idempotency_key: 129 bytes"), "{long:?}");
@@ -236,4 +241,36 @@ resources:
     assert_eq!(exceeded, ["output"], "{denied:?}");
     assert_eq!(denied.limits[0].remaining, 990, "input was not taken: {denied:?}");
     assert!(denied.reason.contains("'output'") && !denied.reason.contains("'input'"), "{}", denied.reason);
+}
+
+/// A charge's key noted while Redis is away is claimed there when it comes
+/// back: a retry that then reaches the other replica takes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_noted_while_redis_was_away_is_known_to_the_other_replica_after() {
+    let (mut redis, _dir, args) = replicated(RULES);
+    let args = strs(&args);
+    let (a, b) = (floodgate().args(&args).start(), floodgate().args(&args).start());
+    wait_live(&a, 2);
+    wait_live(&b, 2);
+    let (mut ca, mut cb) = (a.client().await, b.client().await);
+    let charge = |key: &str| pb::ChargeRequest {
+        resource: "chat".into(),
+        descriptors: tenant("o"),
+        cost: 0,
+        usage: usage(&[("input_tokens", 100)]),
+        idempotency_key: key.into(),
+    };
+    redis.kill();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !a.http_get("/api/v1/console").1.contains("\"redis_up\":false") {
+        assert!(Instant::now() < deadline, "A never saw Redis go");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!ca.charge(charge("while-away")).await.unwrap().into_inner().duplicate);
+    assert!(ca.charge(charge("while-away")).await.unwrap().into_inner().duplicate, "A itself remembers it");
+    redis.restart();
+    wait_redis_up(&a);
+    wait_redis_up(&b);
+    let retried = cb.charge(charge("while-away")).await.unwrap().into_inner();
+    assert!(retried.duplicate, "B knows the key A noted while Redis was away: {retried:?}");
 }

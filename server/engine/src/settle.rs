@@ -196,7 +196,12 @@ impl Charges<'_> {
         match self.settlements.map.get(&key) {
             Some(p) if resource.is_empty() || p.resource == resource => actuals(rules, &p, actual, usage).map(drop),
             Some(_) => Err(RequestError::PermitResourceMismatch { resource: resource.into() }),
-            None => Ok(()),
+            // Another replica's permit, or none: usage the named resource's
+            // rule refuses is refused here already.
+            None => match (usage, rules.find(resource)) {
+                (Some(usage), Some((rule, _))) if !resource.is_empty() => request::check_usage(rule, usage),
+                _ => Ok(()),
+            },
         }
     }
 
@@ -268,7 +273,8 @@ impl Charges<'_> {
 
     /// Checks a `Charge` as [`Charges::charge`] would, taking nothing: the
     /// errors it would answer, before anything changes (an idempotency key
-    /// is claimed only for a charge that will be taken).
+    /// is claimed only for a charge that will be taken); whether a rule
+    /// matched (a charge no rule matches takes nothing, key or not).
     pub fn check_charge<D: Descriptors + ?Sized>(
         &self,
         rules: &Installed,
@@ -276,8 +282,8 @@ impl Charges<'_> {
         descriptors: &D,
         cost: u64,
         usage: Option<&Usage>,
-    ) -> Result<(), RequestError> {
-        self.plan(rules, resource, descriptors, cost, usage).map(drop)
+    ) -> Result<bool, RequestError> {
+        self.plan(rules, resource, descriptors, cost, usage).map(|plan| plan.is_some())
     }
 
     /// A charge's matched limits and what each takes, all input checked;

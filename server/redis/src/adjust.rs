@@ -142,6 +142,11 @@ impl Replication {
     /// left (from a decision that raced the switch) at once. False when
     /// Redis stopped answering again.
     pub(super) async fn come_back(&self, rules: &Installed) -> bool {
+        // Charges' idempotency keys noted here meanwhile, first: a retry
+        // sent to another replica once Redis answers is then caught.
+        if !self.pay_claims().await {
+            return false;
+        }
         if self.sync().up() {
             let debts = self.sync().take_debts();
             return debts.is_empty() || self.pay(rules, debts).await;

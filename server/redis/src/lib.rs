@@ -135,6 +135,20 @@ job!(
     settings
 );
 
+/// How long Redis keeps a charge's idempotency key.
+pub const CLAIM_TTL: Duration = Duration::from_secs(600);
+/// Claims owed to Redis, at most.
+const MAX_OWED_CLAIMS: usize = 100_000;
+
+fn claim_ttl_ms() -> u64 {
+    u64::try_from(CLAIM_TTL.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Where the idempotency key `hash` of a charge of `resource` is claimed.
+fn claim_key_name(resource: &str, hash: u128) -> String {
+    format!("{}:{hash:032x}", scripts::claimed_prefix(resource))
+}
+
 pub struct Replication {
     engine: Arc<Engine>,
     /// What the engine keeps for the fleet, shared with it.
@@ -166,6 +180,10 @@ pub struct Replication {
     landed: tokio::sync::Notify,
     /// Reports passed on to the replicas that issued their permits.
     forwards: forward::Forwards,
+    /// Idempotency keys of charges taken while Redis did not answer: claimed
+    /// there when it answers again, so that a retry sent to another replica
+    /// then is caught (at most [`MAX_OWED_CLAIMS`]; beyond, the oldest go).
+    owed_claims: std::sync::Mutex<std::collections::VecDeque<(String, u128)>>,
     /// One flush of strict slots at a time, so that they reach Redis in order.
     slot_flush: tokio::sync::Mutex<()>,
     /// Sync rounds done, for work done every few of them.
@@ -231,6 +249,7 @@ impl Replication {
             landed: tokio::sync::Notify::new(),
             back_at: std::sync::atomic::AtomicU64::new(0),
             forwards: forward::Forwards::default(),
+            owed_claims: std::sync::Mutex::new(std::collections::VecDeque::new()),
             slot_flush: tokio::sync::Mutex::new(()),
             rounds: std::sync::atomic::AtomicU64::new(0),
             rules_seen: std::sync::atomic::AtomicU64::new(0),
@@ -280,18 +299,64 @@ impl Replication {
     }
 
     /// Claims the idempotency key `hash` of a charge of `resource` for
-    /// `ttl`: `Some(true)` when this is its first claim, `Some(false)` when
-    /// another replica (or this one) claimed it before, `None` when Redis
-    /// did not answer. The key sits in the resource's slot.
-    pub async fn claim_key(&self, resource: &str, hash: u128, ttl: Duration) -> Option<bool> {
-        let key = format!("{}:{hash:032x}", scripts::claimed_prefix(resource));
-        let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+    /// [`CLAIM_TTL`]: `Some(true)` when this is its first claim,
+    /// `Some(false)` when another replica (or this one) claimed it before,
+    /// `None` when Redis did not answer (or is known to be away: no call is
+    /// made then). A claim Redis did not take is owed, and made when it
+    /// answers again. The key sits in the resource's slot.
+    pub async fn claim_key(&self, resource: &str, hash: u128) -> Option<bool> {
+        if !self.sync().up() {
+            self.owe_claim(resource, hash);
+            return None;
+        }
+        let key = claim_key_name(resource, hash);
         let set: Option<Option<String>> = self
             .call("claim_key", |mut h| async move {
-                redis::cmd("SET").arg(key).arg(1).arg("NX").arg("PX").arg(ms).query_async(&mut h).await
+                redis::cmd("SET").arg(key).arg(1).arg("NX").arg("PX").arg(claim_ttl_ms()).query_async(&mut h).await
             })
             .await;
+        if set.is_none() {
+            self.owe_claim(resource, hash);
+        }
         set.map(|answer| answer.is_some())
+    }
+
+    fn owe_claim(&self, resource: &str, hash: u128) {
+        let mut owed = self.owed_claims.lock().unwrap_or_else(|e| e.into_inner());
+        if owed.len() >= MAX_OWED_CLAIMS {
+            owed.pop_front();
+        }
+        owed.push_back((resource.to_string(), hash));
+    }
+
+    /// Makes the claims owed since Redis stopped answering, a pipeline of
+    /// 500 at a time; what Redis does not take stays owed. False when it
+    /// stopped answering again.
+    pub(crate) async fn pay_claims(&self) -> bool {
+        loop {
+            let chunk: Vec<(String, u128)> = {
+                let mut owed = self.owed_claims.lock().unwrap_or_else(|e| e.into_inner());
+                let n = owed.len().min(500);
+                owed.drain(..n).collect()
+            };
+            if chunk.is_empty() {
+                return true;
+            }
+            let mut pipe = redis::pipe();
+            for (resource, hash) in &chunk {
+                let key = claim_key_name(resource, *hash);
+                pipe.cmd("SET").arg(key).arg(1).arg("NX").arg("PX").arg(claim_ttl_ms()).ignore();
+            }
+            let done: Option<()> = self.call("claim_key", |mut h| async move { pipe.query_async(&mut h).await }).await;
+            if done.is_none() {
+                let mut owed = self.owed_claims.lock().unwrap_or_else(|e| e.into_inner());
+                for claim in chunk.into_iter().rev() {
+                    owed.push_front(claim);
+                }
+                owed.truncate(MAX_OWED_CLAIMS);
+                return false;
+            }
+        }
     }
 
     /// One Redis exchange. A failure marks Redis down, so that calls stop

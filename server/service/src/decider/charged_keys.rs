@@ -13,6 +13,7 @@ use std::collections::HashSet;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::engine::request::Descriptors;
 use crate::time::Timestamp;
 
 /// How long a key is remembered (at least, unless a flood fills a generation).
@@ -38,12 +39,22 @@ impl ChargedKeys {
         ChargedKeys { held: Mutex::new(Generations { current: HashSet::new(), previous: HashSet::new(), since: now }) }
     }
 
-    /// The key's hash, with its resource (a key names a charge of one
-    /// resource): 128 bits of its SHA-256, the same on every replica (so
-    /// that Redis holds one entry whichever replica claims it), and no
-    /// caller can choose a key that collides with another's.
-    pub fn hash(&self, resource: &str, key: &str) -> u128 {
-        let digest = crate::digest::digest(&format!("{resource}\u{1f}{key}"));
+    /// The key's hash, with its resource and descriptors (a key names a
+    /// charge of one resource for one caller: two tenants that use the same
+    /// request ids do not share keys): 128 bits of its SHA-256, the same on
+    /// every replica (so that Redis holds one entry whichever replica claims
+    /// it), and no caller can choose a key that collides with another's.
+    pub fn hash<D: Descriptors + ?Sized>(&self, resource: &str, descriptors: &D, key: &str) -> u128 {
+        let mut pairs: Vec<(&str, &str)> = descriptors.entries().collect();
+        pairs.sort_unstable();
+        let mut text = format!("{resource}\u{1f}{key}");
+        for (k, v) in pairs {
+            text.push('\u{1f}');
+            text.push_str(k);
+            text.push('\u{1e}');
+            text.push_str(v);
+        }
+        let digest = crate::digest::digest(&text);
         let hex = digest.rsplit(':').next().unwrap_or_default();
         u128::from_str_radix(hex, 16).unwrap_or_default()
     }
@@ -84,8 +95,10 @@ mod tests {
     fn a_key_is_first_once_per_resource_and_forgotten_after_its_lifetime() {
         let t0 = Timestamp::from_secs(1_000);
         let keys = ChargedKeys::new(t0);
-        let a = keys.hash("chat", "k1");
-        assert_ne!(a, keys.hash("other", "k1"), "a key names a charge of one resource");
+        let acme = [("tenant", "acme")];
+        let a = keys.hash("chat", &acme[..], "k1");
+        assert_ne!(a, keys.hash("other", &acme[..], "k1"), "a key names a charge of one resource");
+        assert_ne!(a, keys.hash("chat", &[("tenant", "initech")][..], "k1"), "and of one caller");
         assert!(keys.first(a, t0));
         assert!(!keys.first(a, t0.saturating_add(Duration::from_secs(1))));
         // Into the next generation, still remembered.
@@ -102,7 +115,7 @@ mod tests {
         let t0 = Timestamp::from_secs(1_000);
         let keys = ChargedKeys::new(t0);
         for i in 0..(GENERATION * 2 + 10) {
-            assert!(keys.first(keys.hash("r", &i.to_string()), t0));
+            assert!(keys.first(keys.hash("r", &[("u", "1")][..], &i.to_string()), t0));
         }
         let g = keys.held.lock().unwrap();
         assert!(g.current.len() + g.previous.len() <= GENERATION * 2);

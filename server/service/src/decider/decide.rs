@@ -219,11 +219,16 @@ impl Decider {
             super::charged_keys::check_key(key)?;
             // Bad input is refused before the key is claimed: a corrected
             // charge sent again with the key is still the first.
-            self.engine.charges().check_charge(&rules, resource, descriptors, cost, usage)?;
-            if !self.first_charge(resource, key).await {
-                let mut seen = self.engine.charges().charge(&rules, resource, descriptors, 0, None)?;
-                seen.strict = Strict::default();
-                seen.duplicate = true;
+            let matched = self.engine.charges().check_charge(&rules, resource, descriptors, cost, usage)?;
+            if matched && !self.first_charge(resource, descriptors, key).await {
+                // Taken before: the limits as they are now (strict ones as
+                // Redis holds them), as a peek reads them.
+                let rules = self.engine.rules();
+                let answer = match &self.replication {
+                    Some(replication) => replication.peek(&rules, resource, descriptors, None).await?,
+                    None => self.engine.peek(&rules, resource, descriptors, None)?,
+                };
+                let seen = Charged { limits: answer.limits, strict: Strict::default(), duplicate: true };
                 return Ok(R::from_answer(seen));
             }
         }
@@ -261,13 +266,11 @@ impl Decider {
     /// Redis when it answers (so that a retry sent to another replica is
     /// caught), and noted here in any case (so that one sent while Redis
     /// is away, or after it lost its keys, is caught by this replica).
-    async fn first_charge(&self, resource: &str, key: &str) -> bool {
-        let hash = self.charged_keys.hash(resource, key);
+    async fn first_charge<D: Descriptors + ?Sized>(&self, resource: &str, descriptors: &D, key: &str) -> bool {
+        let hash = self.charged_keys.hash(resource, descriptors, key);
         let here = self.charged_keys.first(hash, self.engine.clock().now());
         let claimed = match &self.replication {
-            Some(replication) => {
-                replication.claim_key(resource, hash, super::charged_keys::KEY_LIFETIME).await.unwrap_or(true)
-            }
+            Some(replication) => replication.claim_key(resource, hash).await.unwrap_or(true),
             None => true,
         };
         here && claimed
