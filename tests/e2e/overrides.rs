@@ -279,6 +279,39 @@ async fn run_time_overrides_are_shared_by_replicas_through_redis_and_outlive_the
     assert_eq!(limit_of(&c, &[("api_key", "k"), ("tenant", "t9")]).await, Some(2));
 }
 
+/// A Redis that comes back empty has lost the overrides; the replicas that
+/// held them store them again instead of adopting the empty table (before,
+/// every replica deleted them, with no audit line).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overrides_survive_a_redis_that_comes_back_empty() {
+    let (mut redis, _dir, args) = replicated(RULES);
+    let args = strs(&args);
+    let (a, b) = (floodgate().args(&args).start(), floodgate().args(&args).start());
+    wait_live(&a, 2);
+    let mut admin_a = a.admin().await;
+    assert!(admin_a.set_overrides(set(vec![factor("kept", "t1", 4.0, None)])).await.unwrap().into_inner().persisted);
+    eventually("B applies A's override", Duration::from_secs(10), || async {
+        (limit_of(&b, &[("api_key", "k"), ("tenant", "t1")]).await == Some(8)).then_some(())
+    })
+    .await;
+    redis.restart_empty();
+    wait_redis_up(&a);
+    wait_redis_up(&b);
+    eventually("the override is stored again", Duration::from_secs(10), || async {
+        (redis.cli(&["HLEN", "{fg}:overrides"]).as_deref() == Some("1")).then_some(())
+    })
+    .await;
+    // Some sync rounds later, both still apply it.
+    std::thread::sleep(Duration::from_millis(500));
+    for fg in [&a, &b] {
+        assert_eq!(limit_of(fg, &[("api_key", "k"), ("tenant", "t1")]).await, Some(8));
+        assert_eq!(list(fg).await.overrides.iter().map(|o| o.id.as_str()).collect::<Vec<_>>(), ["kept"]);
+    }
+    // A third replica, started now, reads it from Redis.
+    let c = floodgate().args(&args).start();
+    assert_eq!(limit_of(&c, &[("api_key", "k"), ("tenant", "t1")]).await, Some(8));
+}
+
 #[tokio::test]
 async fn an_override_cannot_lift_a_limit_past_what_its_algorithm_allows() {
     let dir = TempDir::new();

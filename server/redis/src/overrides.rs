@@ -155,6 +155,27 @@ impl Settings<'_> {
             return;
         }
         let Some(table) = self.read_overrides().await else { return };
+        if *seen != u64::MAX && version < *seen {
+            // Redis went back: it came back empty or from an older dump, and
+            // lost changes this replica installed. What is in force here is
+            // the newest known: it is stored again, not replaced by the
+            // older table (every replica that held it does the same, and
+            // they agree on the next version).
+            let ours: Vec<Spec> = self.engine.rules_full().runtime.iter().cloned().collect();
+            let stale: Vec<String> =
+                table.iter().filter(|s| !ours.iter().any(|o| o.id == s.id)).map(|s| s.id.clone()).collect();
+            let had = *seen;
+            drop(seen);
+            if self.change_overrides(&ours, &stale, Change::default()).await.is_some() {
+                tracing::warn!(
+                    overrides = ours.len(),
+                    redis_version = version,
+                    installed_version = had,
+                    "Redis lost overrides this replica had installed: stored them again"
+                );
+            }
+            return;
+        }
         let current = self.engine.rules_full().runtime.clone();
         let (set, gone) = table.diff(&current);
         if !set.is_empty() || !gone.is_empty() || *seen == u64::MAX {
