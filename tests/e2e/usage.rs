@@ -241,6 +241,17 @@ resources:
     assert_eq!(exceeded, ["output"], "{denied:?}");
     assert_eq!(denied.limits[0].remaining, 990, "input was not taken: {denied:?}");
     assert!(denied.reason.contains("'output'") && !denied.reason.contains("'input'"), "{}", denied.reason);
+    // A charge that takes nothing from a strict budget shows what Redis
+    // last said it had left, not 0 (which reads as "in debt").
+    let charge = pb::ChargeRequest {
+        resource: "paid".into(),
+        descriptors: tenant("s"),
+        usage: usage(&[("input_tokens", 5)]),
+        ..Default::default()
+    };
+    let charged = c.charge(charge).await.unwrap().into_inner();
+    let left: Vec<(u64, bool)> = charged.limits.iter().map(|l| (l.remaining, l.exceeded)).collect();
+    assert_eq!(left, [(985, false), (10, false)], "{charged:?}");
 }
 
 /// A charge's key noted while Redis is away is claimed there when it comes

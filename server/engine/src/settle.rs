@@ -332,13 +332,19 @@ impl Charges<'_> {
         for (l, index, bucket) in matched {
             let cost = costs.of(index);
             if self.coordination.decides(l) {
+                // Until Redis answers (and while it is away, when the charge
+                // is owed): what is known without it, that a charge of the
+                // whole limit or more exceeds it whatever Redis holds. A
+                // charge of nothing is not sent: what Redis last said stands.
+                let limit = l.algorithm.capacity();
+                let remaining = match cost {
+                    0 => self.coordination.last_remaining(&bucket).unwrap_or(limit).min(limit),
+                    _ => 0,
+                };
                 if cost > 0 {
                     charged.strict.items.push((bucket, signed(cost), 0, charged.limits.len()));
                 }
-                // Until Redis answers (and while it is away, when the charge
-                // is owed): what is known without it, that a charge of the
-                // whole limit or more exceeds it whatever Redis holds.
-                let status = crate::limiter::Status { limit: l.algorithm.capacity(), ..Default::default() };
+                let status = crate::limiter::Status { limit, remaining, ..Default::default() };
                 let exceeded = cost > 0 && cost >= status.limit;
                 charged.limits.push(LimitReport { limit: l, index, status, exceeded });
                 continue;

@@ -118,9 +118,13 @@ fn shed(p: &Prepared<'_>, level: u32) -> Option<Denial> {
     Some(Denial::Shed { at, level, priority: Some(p.priority), system: system() })
 }
 
-/// Reported for a strict limit Redis was not asked about: its size, no state.
-fn not_asked(l: &Limit) -> Decision {
-    Decision { admitted: true, status: Status { limit: l.algorithm.capacity(), ..Status::default() } }
+/// Reported for a strict limit Redis was not asked about: its size, and
+/// what Redis last said it had left (when this replica heard; else its size:
+/// nothing is known to be taken).
+fn not_asked(l: &Limit, last: Option<u64>) -> Decision {
+    let limit = l.algorithm.capacity();
+    let remaining = last.unwrap_or(limit).min(limit);
+    Decision { admitted: true, status: Status { limit, remaining, ..Status::default() } }
 }
 
 impl Engine {
@@ -220,7 +224,11 @@ impl Engine {
         pending.given_back = denied;
         pending.limits.extend(local.into_iter().zip(decisions).map(|((l, i, k), d)| (l, i, k, Some(d))));
         // Denied here: Redis is not asked, and its limits are reported unknown.
-        pending.limits.extend(remote.into_iter().map(|(l, i, k)| (l, i, k, denied.then(|| not_asked(l)))));
+        let last = |k: &BucketKey| self.coordination.last_remaining(k);
+        pending.limits.extend(remote.into_iter().map(|(l, i, k)| {
+            let d = denied.then(|| not_asked(l, last(&k)));
+            (l, i, k, d)
+        }));
         pending.limits.sort_by_key(|(_, i, _, _)| *i);
         if denied || pending.limits.iter().all(|(.., d)| d.is_some()) {
             return Step::Done(self.finish(pending, Some(Remote { decisions: SmallVec::new(), at_us: 0 })));
@@ -269,8 +277,11 @@ impl Engine {
                 self.restate(l, k, d, p.now);
             }
         }
-        let decisions: SmallVec<[Decision; 4]> =
-            p.limits.iter().map(|(l, .., d)| d.unwrap_or_else(|| not_asked(l))).collect();
+        let decisions: SmallVec<[Decision; 4]> = p
+            .limits
+            .iter()
+            .map(|(l, _, k, d)| d.unwrap_or_else(|| not_asked(l, self.coordination.last_remaining(k))))
+            .collect();
         let matched: Matched<'r> = p.limits.iter().map(|(l, i, k, _)| (*l, *i, k.clone())).collect();
         fill_limits(&mut p.answer, &matched, &decisions);
         if !p.dry_run {

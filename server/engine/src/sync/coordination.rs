@@ -57,6 +57,13 @@ pub trait Coordination: Send + Sync + 'static {
     /// remembered, to be dropped when the outage ends.
     fn outage_start(&self, key: &BucketKey, now: Timestamp) -> Option<f64>;
 
+    /// What the store last said a bucket it decides had left, when this
+    /// replica last heard (for answers that did not ask it: a call another
+    /// limit denied first). `None` when it never said.
+    fn last_remaining(&self, _key: &BucketKey) -> Option<u64> {
+        None
+    }
+
     /// How many calls a concurrency limit of `limit` slots lets this
     /// replica hold for one call, given the store's answer `slot`.
     fn slots(&self, c: &Concurrency, limit: u32, slot: Option<RemoteSlot>) -> Slots;

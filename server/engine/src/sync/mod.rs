@@ -513,6 +513,10 @@ impl Coordination for Replica {
         Replica::admitted_here(self, key, resource, units, now)
     }
 
+    fn last_remaining(&self, key: &BucketKey) -> Option<u64> {
+        self.last_from_store(key)
+    }
+
     fn outage_start(&self, key: &BucketKey, now: Timestamp) -> Option<f64> {
         if !self.outage.contains_key(key) {
             self.outage.insert(key.clone(), ());
