@@ -171,6 +171,16 @@ impl Decider {
     /// The errors a report's settlement would meet (usage its rule refuses),
     /// found before anything is applied: the outcome is not counted either.
     fn check_report(&self, r: &Report<'_>) -> Result<(), RequestError> {
+        // Without usage, a settlement refuses only a cost too large, which
+        // needs no lookup; usage needs the permit's rule.
+        if r.usage.is_none() {
+            return match r.actual_cost {
+                Some(value) if value > u64::from(u32::MAX) => {
+                    Err(RequestError::CostTooLarge { field: "actual_cost", value })
+                }
+                _ => Ok(()),
+            };
+        }
         let rules = self.engine.rules();
         match self.engine.charges().check_settle(&rules, r.permit_id, r.resource, r.actual_cost, r.usage) {
             // Answered as before, by the report itself.
