@@ -155,6 +155,14 @@ async fn each_budget_takes_its_cost_from_usage_across_two_replicas() {
     assert!(refused.message().starts_with("reports[1].usage: 'zzz'"), "{refused:?}");
     let again = ca.report_outcome(item(&p1, "output_tokens")).await.unwrap().into_inner();
     assert!(again.counted && again.settled, "the first item was not applied: {again:?}");
+    // The same through B, which issued neither permit: it refuses the
+    // misspelt field from the resource's rule before passing anything on.
+    let p3 = ca.acquire(ask("t2", &[("output_tokens", 10)])).await.unwrap().into_inner().permit_id;
+    let batch = pb::ReportOutcomeBatchRequest { reports: vec![item(&p2, "output_tokens"), item(&p3, "zzz")] };
+    let refused = cb.report_outcome_batch(batch).await.unwrap_err();
+    assert!(refused.message().starts_with("reports[1].usage: 'zzz'"), "{refused:?}");
+    let again = cb.report_outcome(item(&p2, "output_tokens")).await.unwrap().into_inner();
+    assert!(again.counted && again.settled, "p2 was not applied by the refused batch: {again:?}");
 
     // The CLI reports usage too.
     let out = Command::new(BIN)
