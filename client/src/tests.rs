@@ -112,7 +112,15 @@ async fn a_batch_answered_short_is_an_error_not_a_panic() {
             .add_service(server)
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
-    let c = Client::builder().endpoint(format!("http://{addr}")).watch_breakers(false).build().unwrap();
+    // A request timeout far above the default (25 ms): the first call also
+    // connects, and on a machine whose cores are busy that can take longer;
+    // the client then fails open and the short answer is never read.
+    let c = Client::builder()
+        .endpoint(format!("http://{addr}"))
+        .watch_breakers(false)
+        .request_timeout(std::time::Duration::from_secs(10))
+        .build()
+        .unwrap();
     let asks = [crate::Acquire::new("a"), crate::Acquire::new("b"), crate::Acquire::new("c")];
     let err = c.acquire_batch(&asks).await.expect_err("refused");
     assert!(matches!(err, Error::Protocol(_)), "{err}");
