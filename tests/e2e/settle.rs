@@ -590,8 +590,12 @@ async fn two_rollbacks_to_one_dump_do_not_free_what_was_taken_after_it() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // From the dump's 600 when B knew only its own figure; from A's 200
+    // (exact) when B had refreshed its figure of the bucket from Redis
+    // after A's take, which a slow (busy) machine gives it time to do.
     let took = cb.acquire(on("strict", "twice", 50, false)).await.unwrap().into_inner();
-    assert_eq!((took.verdict(), took.limits[0].remaining), (pb::Verdict::Allowed, 550), "from the dump's 600");
+    assert_eq!(took.verdict(), pb::Verdict::Allowed, "{took:?}");
+    assert!([550, 150].contains(&took.limits[0].remaining), "from the dump's 600 or A's 200: {took:?}");
     assert!(
         b.logs()[from..].contains("Redis had lost this resource's state"),
         "B took without restoring: {}",
