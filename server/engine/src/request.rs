@@ -478,6 +478,15 @@ impl Costs {
     }
 }
 
+/// Checks a number of units a caller sent as `field`: at most the largest
+/// cost, 4294967295.
+pub fn check_cost(field: &'static str, value: u64) -> Result<(), RequestError> {
+    if value > u64::from(u32::MAX) {
+        return Err(RequestError::CostTooLarge { field, value });
+    }
+    Ok(())
+}
+
 /// Checks the form of reported usage, whatever the rules: at most 32
 /// fields, names as a rule's usage fields are written (lowercase letters,
 /// digits and _, at most 64 bytes), values at most the largest.

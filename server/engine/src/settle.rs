@@ -188,10 +188,8 @@ impl Charges<'_> {
         usage: Option<&Usage>,
     ) -> Result<(), RequestError> {
         let key = request::check_permit_id(id)?;
-        if let Some(actual) = actual
-            && actual > u64::from(u32::MAX)
-        {
-            return Err(RequestError::CostTooLarge { field: "actual_cost", value: actual });
+        if let Some(actual) = actual {
+            request::check_cost("actual_cost", actual)?;
         }
         match self.settlements.map.get(&key) {
             Some(p) if resource.is_empty() || p.resource == resource => actuals(rules, &p, actual, usage).map(drop),
@@ -219,10 +217,8 @@ impl Charges<'_> {
         usage: Option<&Usage>,
     ) -> Result<Settled, RequestError> {
         let key = request::check_permit_id(id)?;
-        if let Some(actual) = actual
-            && actual > u64::from(u32::MAX)
-        {
-            return Err(RequestError::CostTooLarge { field: "actual_cost", value: actual });
+        if let Some(actual) = actual {
+            request::check_cost("actual_cost", actual)?;
         }
         // Each bucket's actual cost, worked out before the permit is taken,
         // so that usage the rule refuses leaves the permit to settle again.
@@ -297,9 +293,7 @@ impl Charges<'_> {
         usage: Option<&Usage>,
     ) -> Result<Option<(super::decide::Matched<'r>, Costs)>, RequestError> {
         request::validate(resource, descriptors)?;
-        if cost > u64::from(u32::MAX) {
-            return Err(RequestError::CostTooLarge { field: "cost", value: cost });
-        }
+        request::check_cost("cost", cost)?;
         let Some((rule, handles)) = rules.find(resource) else { return Ok(None) };
         let matched = matched(rule, handles, resource, descriptors, &self.clock);
         let mut each = Vec::new();
@@ -386,9 +380,7 @@ impl Leasing<'_> {
         holder: &str,
     ) -> Result<Settled, RequestError> {
         let key = request::check_permit_id(id).map_err(|_| RequestError::MalformedLease(request::preview(id)))?;
-        if used > u64::from(u32::MAX) {
-            return Err(RequestError::CostTooLarge { field: "used", value: used });
-        }
+        request::check_cost("used", used)?;
         // Only its holder settles a lease: nobody else may give back (or
         // charge) what it took.
         if self

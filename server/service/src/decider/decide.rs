@@ -174,12 +174,7 @@ impl Decider {
         // Without usage, a settlement refuses only a cost too large, which
         // needs no lookup; usage needs the permit's rule.
         if r.usage.is_none() {
-            return match r.actual_cost {
-                Some(value) if value > u64::from(u32::MAX) => {
-                    Err(RequestError::CostTooLarge { field: "actual_cost", value })
-                }
-                _ => Ok(()),
-            };
+            return r.actual_cost.map_or(Ok(()), |value| crate::engine::request::check_cost("actual_cost", value));
         }
         let rules = self.engine.rules();
         match self.engine.charges().check_settle(&rules, r.permit_id, r.resource, r.actual_cost, r.usage) {

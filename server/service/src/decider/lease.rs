@@ -95,9 +95,7 @@ impl Leasing<'_> {
     /// Grants, renews or returns a lease.
     pub async fn lease<D: Descriptors + Sync + ?Sized>(&self, ask: &LeaseAsk<'_, D>) -> Result<Leased, RequestError> {
         crate::engine::lease::check_holder(ask.holder)?;
-        if ask.used > u64::from(u32::MAX) {
-            return Err(RequestError::CostTooLarge { field: "used", value: ask.used });
-        }
+        crate::engine::request::check_cost("used", ask.used)?;
         let mut out = Leased::default();
         if !ask.previous.is_empty() {
             out.returned = self.return_lease(ask.resource, ask.previous, ask.used, ask.holder).await?;
