@@ -94,6 +94,10 @@ impl Settlements {
     }
 }
 
+/// Each bucket's actual cost, in the order of an estimate's buckets (those
+/// decided here, then the strict ones); `None` where the estimate stands.
+type Actuals = SmallVec<[Option<u64>; 3]>;
+
 /// What each bucket of estimate `p` (those decided here, then the strict
 /// ones) really cost: by its limit's formula when usage is reported, else
 /// `actual`; `None` where the estimate stands.
@@ -102,7 +106,7 @@ fn actuals(
     p: &Pending,
     actual: Option<u64>,
     usage: Option<&Usage>,
-) -> Result<SmallVec<[Option<u64>; 3]>, RequestError> {
+) -> Result<Actuals, RequestError> {
     if let Some(usage) = usage
         && let Some((rule, _)) = rules.find(&p.resource)
     {
@@ -187,19 +191,37 @@ impl Charges<'_> {
         actual: Option<u64>,
         usage: Option<&Usage>,
     ) -> Result<(), RequestError> {
+        if self.actuals_of(rules, id, resource, actual, usage)?.is_some() {
+            return Ok(());
+        }
+        // Another replica's permit, or none: usage the named resource's rule
+        // refuses is refused here already.
+        match (usage, rules.find(resource)) {
+            (Some(usage), Some((rule, _))) if !resource.is_empty() => request::check_usage(rule, usage),
+            _ => Ok(()),
+        }
+    }
+
+    /// The input checked, and what each bucket of estimate `id` really cost
+    /// (see [`actuals`]); `None` when no estimate here has that id.
+    fn actuals_of(
+        &self,
+        rules: &Installed,
+        id: &str,
+        resource: &str,
+        actual: Option<u64>,
+        usage: Option<&Usage>,
+    ) -> Result<Option<(u128, Actuals)>, RequestError> {
         let key = request::check_permit_id(id)?;
         if let Some(actual) = actual {
             request::check_cost("actual_cost", actual)?;
         }
         match self.settlements.map.get(&key) {
-            Some(p) if resource.is_empty() || p.resource == resource => actuals(rules, &p, actual, usage).map(drop),
+            Some(p) if resource.is_empty() || p.resource == resource => {
+                Ok(Some((key, actuals(rules, &p, actual, usage)?)))
+            }
             Some(_) => Err(RequestError::PermitResourceMismatch { resource: resource.into() }),
-            // Another replica's permit, or none: usage the named resource's
-            // rule refuses is refused here already.
-            None => match (usage, rules.find(resource)) {
-                (Some(usage), Some((rule, _))) if !resource.is_empty() => request::check_usage(rule, usage),
-                _ => Ok(()),
-            },
+            None => Ok(None),
         }
     }
 
@@ -216,16 +238,10 @@ impl Charges<'_> {
         actual: Option<u64>,
         usage: Option<&Usage>,
     ) -> Result<Settled, RequestError> {
-        let key = request::check_permit_id(id)?;
-        if let Some(actual) = actual {
-            request::check_cost("actual_cost", actual)?;
-        }
         // Each bucket's actual cost, worked out before the permit is taken,
         // so that usage the rule refuses leaves the permit to settle again.
-        let actuals = match self.settlements.map.get(&key) {
-            Some(p) if resource.is_empty() || p.resource == resource => actuals(rules, &p, actual, usage)?,
-            Some(_) => return Err(RequestError::PermitResourceMismatch { resource: resource.into() }),
-            None => return Ok(Settled::default()),
+        let Some((key, actuals)) = self.actuals_of(rules, id, resource, actual, usage)? else {
+            return Ok(Settled::default());
         };
         let Some((_, p)) = self.settlements.map.remove_if(&key, |_, p| resource.is_empty() || p.resource == resource)
         else {
