@@ -292,7 +292,7 @@ impl Engine {
                 }
             },
         };
-        let costs = costs_of(rule.map(|(r, _)| r), &matched, req.usage, cost)?;
+        let costs = costs_of(rule.map(|(r, _)| r), &matched, req.usage, cost, 1)?;
         for (limit, slot, _) in &matched {
             let capacity = limit.algorithm.capacity();
             let cost = costs.of(*slot);
@@ -551,20 +551,22 @@ pub(super) fn matched_in<'r, D: Descriptors + ?Sized>(
 }
 
 /// What a call of `cost` that reported `usage` takes from each matched
-/// limit of `rule`: the limits with a `cost` formula take what it gives
-/// (at least 1: a call that takes nothing would pass a budget used up).
+/// limit of `rule`: the limits with a `cost` formula take what it gives,
+/// and at least `least` (1 for a question: a call that takes nothing would
+/// pass a budget used up; 0 for a charge).
 pub(super) fn costs_of(
     rule: Option<&Rule>,
     matched: &Matched<'_>,
     usage: Option<&request::Usage>,
     cost: u64,
+    least: u64,
 ) -> Result<Costs, RequestError> {
     let (Some(usage), Some(rule)) = (usage, rule) else { return Ok(Costs::same(cost)) };
     request::check_usage(rule, usage)?;
     let mut each = Vec::new();
     for (limit, slot, _) in matched {
         if let Some(by_usage) = request::formula_cost(limit, usage) {
-            each.push((*slot, by_usage?.max(1)));
+            each.push((*slot, by_usage?.max(least)));
         }
     }
     Ok(Costs::with(cost, each))

@@ -312,16 +312,8 @@ impl Charges<'_> {
         request::check_cost("cost", cost)?;
         let Some((rule, handles)) = rules.find(resource) else { return Ok(None) };
         let matched = matched(rule, handles, resource, descriptors, &self.clock);
-        let mut each = Vec::new();
-        if let Some(usage) = usage {
-            request::check_usage(rule, usage)?;
-            for (l, slot, _) in &matched {
-                if let Some(by_usage) = request::formula_cost(l, usage) {
-                    each.push((*slot, by_usage?));
-                }
-            }
-        }
-        Ok(Some((matched, Costs::with(cost, each))))
+        let costs = super::decide::costs_of(Some(rule), &matched, usage, cost, 0)?;
+        Ok(Some((matched, costs)))
     }
 
     /// `Charge`: takes `cost` from every limit the request matches (a limit

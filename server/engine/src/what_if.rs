@@ -113,7 +113,7 @@ impl WhatIf {
         // All or nothing, as the live decision: what an admitted call takes
         // stays taken; a denied call takes nothing. A cost above a limit's
         // capacity (bad input under these rules) is refused by that limit.
-        let costs = costs_of(Some(rule), &matched, req.usage, cost).unwrap_or_else(|_| Costs::same(cost));
+        let costs = costs_of(Some(rule), &matched, req.usage, cost, 1).unwrap_or_else(|_| Costs::same(cost));
         let decisions: SmallVec<[Decision; 4]> =
             if matched.iter().any(|(l, slot, _)| costs.of(*slot) > l.algorithm.capacity()) {
                 let check = |(l, slot, k): &(&Limit, usize, BucketKey)| {
