@@ -496,10 +496,7 @@ pub fn check_usage_form(usage: &Usage) -> Result<(), RequestError> {
         return Err(RequestError::TooMuchUsage { count: usage.len(), max });
     }
     for (field, value) in usage {
-        let named = !field.is_empty()
-            && field.len() <= 64
-            && field.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
-        if !named {
+        if !crate::rules::cost::usage_name_form(field) {
             let field = field.chars().take(64).collect();
             return Err(RequestError::BadUsageName { field });
         }

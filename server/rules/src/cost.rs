@@ -20,6 +20,18 @@ const MAX_CONSTANT: i128 = 1_000_000;
 const MAX_DENOMINATOR: i128 = 1_000_000_000;
 /// The most usage fields a rule may name (and a call report).
 pub const MAX_USAGE_FIELDS: usize = 32;
+/// The longest usage field name, in bytes.
+pub const MAX_USAGE_NAME_BYTES: usize = 64;
+
+/// Whether `name` is written as a usage field is: lowercase letters,
+/// digits and `_`, 1 to [`MAX_USAGE_NAME_BYTES`] bytes. (A rule's `usage`
+/// also refuses a leading digit, which a formula could not read.)
+pub fn usage_name_form(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_USAGE_NAME_BYTES
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+}
+
 /// The largest value of one usage field.
 pub const MAX_USAGE_VALUE: u64 = u32::MAX as u64;
 

@@ -171,10 +171,7 @@ fn usage(f: &Fields<'_>, limits: &[Limit], overrides: &Overrides) -> Vec<String>
     }
     let mut seen = HashSet::new();
     for name in &usage {
-        let valid = !name.is_empty()
-            && name.len() <= 64
-            && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-            && !name.as_bytes()[0].is_ascii_digit();
+        let valid = super::cost::usage_name_form(name) && !name.as_bytes()[0].is_ascii_digit();
         if !valid {
             f.error("usage", format!("'{}' is not a usage field name (lowercase letters, digits and _, at most 64 bytes, not starting with a digit)", name.escape_debug()));
         } else if !seen.insert(name.as_str()) {
