@@ -228,11 +228,7 @@ impl Decider {
             if matched && !self.first_charge(resource, descriptors, key).await {
                 // Taken before: the limits as they are now (strict ones as
                 // Redis holds them), as a peek reads them.
-                let rules = self.engine.rules();
-                let answer = match &self.replication {
-                    Some(replication) => replication.peek(&rules, resource, descriptors, None).await?,
-                    None => self.engine.peek(&rules, resource, descriptors, None)?,
-                };
+                let answer = self.peeked(&rules, resource, descriptors, None).await?;
                 let seen = Charged { limits: answer.limits, strict: Strict::default(), duplicate: true };
                 return Ok(R::from_answer(seen));
             }
@@ -291,16 +287,28 @@ impl Decider {
         R: for<'r> FromAnswer<Answer<'r>>,
     {
         let rules = self.engine.rules();
-        let answer = match &self.replication {
-            Some(replication) => replication.peek(&rules, resource, descriptors, only).await?,
-            None => self.engine.peek(&rules, resource, descriptors, only)?,
-        };
+        let answer = self.peeked(&rules, resource, descriptors, only).await?;
         if let Some(limit) = only
             && answer.limits.is_empty()
         {
             return Err(RequestError::NoSuchLimit { resource: resource.into(), limit: limit.into() });
         }
         Ok(R::from_answer(answer))
+    }
+
+    /// What a peek reads: with Redis, the figures a real call would be
+    /// decided by; else this process's.
+    async fn peeked<'r, D: Descriptors + ?Sized>(
+        &self,
+        rules: &'r crate::engine::Installed,
+        resource: &str,
+        descriptors: &D,
+        only: Option<&str>,
+    ) -> Result<Answer<'r>, RequestError> {
+        match &self.replication {
+            Some(replication) => replication.peek(rules, resource, descriptors, only).await,
+            None => self.engine.peek(rules, resource, descriptors, only),
+        }
     }
 }
 
