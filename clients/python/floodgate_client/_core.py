@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import uuid
 import weakref
 from collections import Counter
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ import grpc
 from google.protobuf import duration_pb2
 
 from ._local import LocalLimits, key as local_key
-from ._model import Acquire, Decision, FailMode, Outcome, Source, decision_from_proto
+from ._model import Acquire, Decision, FailMode, Outcome, Source, decision_from_proto, usage_of
 from ._permit import Permit, Seconds, as_seconds
 from ._proto import floodgate_pb2 as pb
 from .errors import ConfigError
@@ -146,6 +147,25 @@ def report_request(
     if actual_cost is not None:
         r.actual_cost = actual_cost
     return r
+
+
+def charge_request(
+    resource: str,
+    descriptors: Optional[Mapping[str, str]],
+    cost: int,
+    usage: Optional[Mapping[str, int]],
+    idempotency_key: Optional[str],
+):
+    """A ChargeRequest. Every charge carries a key (a fresh one unless the
+    caller gave one): when a server does not answer in time and the next one
+    is asked, a charge the first took is not taken twice."""
+    return pb.ChargeRequest(
+        resource=resource,
+        descriptors=dict(descriptors or {}),
+        cost=cost,
+        usage=usage_of(usage),
+        idempotency_key=idempotency_key if idempotency_key is not None else uuid.uuid4().hex,
+    )
 
 
 def acquire_of(item: Union[Acquire, str, Mapping[str, Any]]) -> Acquire:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from typing import Any, Callable, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import grpc
@@ -350,15 +349,7 @@ class AsyncClient:
         out). Returns the limits after it (`exceeded` when used up). Raises
         InvalidArgument for bad input, Unavailable when no server answered."""
         self._ensure()
-        # Every charge carries a key: when a server does not answer in time
-        # and the next one is asked, a charge the first took is not taken twice.
-        request = pb.ChargeRequest(
-            resource=resource,
-            descriptors=dict(descriptors or {}),
-            cost=cost,
-            usage=usage_of(usage),
-            idempotency_key=idempotency_key if idempotency_key is not None else uuid.uuid4().hex,
-        )
+        request = _core.charge_request(resource, descriptors, cost, usage, idempotency_key)
         sent = {"resource": resource, "cost": cost, "usage": usage}
         asked = await self._ask("Charge", request, self._timeout(timeout), sent, None)
         if asked is None:
