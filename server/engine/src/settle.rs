@@ -39,6 +39,13 @@ pub struct Charged<'r> {
     pub duplicate: bool,
 }
 
+/// A `Charge` checked and matched ([`Charges::plan_charge`]), to take with
+/// [`Charges::take_charge`]: its limits and what each takes.
+pub struct ChargePlan<'r> {
+    matched: super::decide::Matched<'r>,
+    costs: Costs,
+}
+
 /// Units to take from (positive) or give back to (negative) strict buckets
 /// of one resource in Redis.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -283,37 +290,24 @@ impl Charges<'_> {
         Ok(Settled { settled: true, known: true, strict })
     }
 
-    /// Checks a `Charge` as [`Charges::charge`] would, taking nothing: the
-    /// errors it would answer, before anything changes (an idempotency key
-    /// is claimed only for a charge that will be taken); whether a rule
-    /// matched (a charge no rule matches takes nothing, key or not).
-    pub fn check_charge<D: Descriptors + ?Sized>(
-        &self,
-        rules: &Installed,
-        resource: &str,
-        descriptors: &D,
-        cost: u64,
-        usage: Option<&Usage>,
-    ) -> Result<bool, RequestError> {
-        self.plan(rules, resource, descriptors, cost, usage).map(|plan| plan.is_some())
-    }
-
-    /// A charge's matched limits and what each takes, all input checked;
-    /// `None` when no rule matches.
-    fn plan<'r, D: Descriptors + ?Sized>(
+    /// A `Charge` checked and matched, taking nothing yet: every error it
+    /// could meet is found here (so that an idempotency key is claimed only
+    /// for a charge that will be taken); `None` when no rule matches (a
+    /// charge that takes nothing, key or not).
+    pub fn plan_charge<'r, D: Descriptors + ?Sized>(
         &self,
         rules: &'r Installed,
         resource: &str,
         descriptors: &D,
         cost: u64,
         usage: Option<&Usage>,
-    ) -> Result<Option<(super::decide::Matched<'r>, Costs)>, RequestError> {
+    ) -> Result<Option<ChargePlan<'r>>, RequestError> {
         request::validate(resource, descriptors)?;
         request::check_cost("cost", cost)?;
         let Some((rule, handles)) = rules.find(resource) else { return Ok(None) };
         let matched = matched(rule, handles, resource, descriptors, &self.clock);
         let costs = super::decide::costs_of(Some(rule), &matched, usage, cost, 0)?;
-        Ok(Some((matched, costs)))
+        Ok(Some(ChargePlan { matched, costs }))
     }
 
     /// `Charge`: takes `cost` from every limit the request matches (a limit
@@ -328,8 +322,14 @@ impl Charges<'_> {
         cost: u64,
         usage: Option<&Usage>,
     ) -> Result<Charged<'r>, RequestError> {
+        let plan = self.plan_charge(rules, resource, descriptors, cost, usage)?;
+        Ok(self.take_charge(resource, plan))
+    }
+
+    /// Takes a planned charge of `resource` (nothing when no rule matched).
+    pub fn take_charge<'r>(&self, resource: &str, plan: Option<ChargePlan<'r>>) -> Charged<'r> {
         let mut charged = Charged { limits: SmallVec::new(), strict: Strict::default(), duplicate: false };
-        let Some((matched, costs)) = self.plan(rules, resource, descriptors, cost, usage)? else { return Ok(charged) };
+        let Some(ChargePlan { matched, costs }) = plan else { return charged };
         let now = self.clock.now();
         for (l, index, bucket) in matched {
             let cost = costs.of(index);
@@ -359,7 +359,7 @@ impl Charges<'_> {
             charged.limits.push(LimitReport { limit: l, index, status, exceeded: status.remaining == 0 });
         }
         charged.strict.resource = resource.to_string();
-        Ok(charged)
+        charged
     }
 }
 

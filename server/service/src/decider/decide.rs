@@ -222,18 +222,18 @@ impl Decider {
         let rules = self.engine.rules_full();
         if !key.is_empty() {
             super::charged_keys::check_key(key)?;
-            // Bad input is refused before the key is claimed: a corrected
-            // charge sent again with the key is still the first.
-            let matched = self.engine.charges().check_charge(&rules, resource, descriptors, cost, usage)?;
-            if matched && !self.first_charge(resource, descriptors, key).await {
-                // Taken before: the limits as they are now (strict ones as
-                // Redis holds them), as a peek reads them.
-                let answer = self.peeked(&rules, resource, descriptors, None).await?;
-                let seen = Charged { limits: answer.limits, strict: Strict::default(), duplicate: true };
-                return Ok(R::from_answer(seen));
-            }
         }
-        let mut charged = self.engine.charges().charge(&rules, resource, descriptors, cost, usage)?;
+        // Bad input is refused before the key is claimed: a corrected charge
+        // sent again with the key is still the first.
+        let plan = self.engine.charges().plan_charge(&rules, resource, descriptors, cost, usage)?;
+        if !key.is_empty() && plan.is_some() && !self.first_charge(resource, descriptors, key).await {
+            // Taken before: the limits as they are now (strict ones as Redis
+            // holds them), as a peek reads them.
+            let answer = self.peeked(&rules, resource, descriptors, None).await?;
+            let seen = Charged { limits: answer.limits, strict: Strict::default(), duplicate: true };
+            return Ok(R::from_answer(seen));
+        }
+        let mut charged = self.engine.charges().take_charge(resource, plan);
         if let Some(replication) = &self.replication {
             let strict = std::mem::take(&mut charged.strict);
             match replication.try_adjust_strict(&strict).await {
