@@ -140,13 +140,15 @@ pub const CLAIM_TTL: Duration = Duration::from_secs(600);
 /// Claims owed to Redis, at most.
 const MAX_OWED_CLAIMS: usize = 100_000;
 
-fn claim_ttl_ms() -> u64 {
-    u64::try_from(CLAIM_TTL.as_millis()).unwrap_or(u64::MAX)
-}
-
-/// Where the idempotency key `hash` of a charge of `resource` is claimed.
-fn claim_key_name(resource: &str, hash: u128) -> String {
-    format!("{}:{hash:032x}", scripts::claimed_prefix(resource))
+/// The claim of the idempotency key `hash` of a charge of `resource`: set
+/// only when not set (its answer is nil then), for [`CLAIM_TTL`], in the
+/// resource's slot.
+fn claim_command(resource: &str, hash: u128) -> redis::Cmd {
+    let key = format!("{}:{hash:032x}", scripts::claimed_prefix(resource));
+    let ttl_ms = u64::try_from(CLAIM_TTL.as_millis()).unwrap_or(u64::MAX);
+    let mut cmd = redis::cmd("SET");
+    cmd.arg(key).arg(1).arg("NX").arg("PX").arg(ttl_ms);
+    cmd
 }
 
 pub struct Replication {
@@ -309,12 +311,9 @@ impl Replication {
             self.owe_claim(resource, hash);
             return None;
         }
-        let key = claim_key_name(resource, hash);
-        let set: Option<Option<String>> = self
-            .call("claim_key", |mut h| async move {
-                redis::cmd("SET").arg(key).arg(1).arg("NX").arg("PX").arg(claim_ttl_ms()).query_async(&mut h).await
-            })
-            .await;
+        let claim = claim_command(resource, hash);
+        let set: Option<Option<String>> =
+            self.call("claim_key", |mut h| async move { claim.query_async(&mut h).await }).await;
         if set.is_none() {
             self.owe_claim(resource, hash);
         }
@@ -344,8 +343,7 @@ impl Replication {
             }
             let mut pipe = redis::pipe();
             for (resource, hash) in &chunk {
-                let key = claim_key_name(resource, *hash);
-                pipe.cmd("SET").arg(key).arg(1).arg("NX").arg("PX").arg(claim_ttl_ms()).ignore();
+                pipe.add_command(claim_command(resource, *hash)).ignore();
             }
             let done: Option<()> = self.call("claim_key", |mut h| async move { pipe.query_async(&mut h).await }).await;
             if done.is_none() {
