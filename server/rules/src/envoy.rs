@@ -401,6 +401,7 @@ pub fn window_rule(name: String, requests_per_unit: u32, unit: Unit, shadow: boo
         when: Vec::new(),
         over_limit: None,
         cost: None,
+        source: 0,
     };
     Rule {
         name,

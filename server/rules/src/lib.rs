@@ -173,6 +173,10 @@ pub struct Limit {
     /// `cost: input_tokens + output_tokens * 4`: the limit takes its cost
     /// from the usage a call reports, not from the request's `cost`.
     pub cost: Option<Formula>,
+    /// Which source of its rule's waterfall the limit belongs to: 0 for the
+    /// rule's own `limits`, n for the n-th item of its `waterfall`, which
+    /// pays for a call only when every source before it had no room.
+    pub source: u8,
 }
 
 /// `over_limit: { admit: 10% }`: of the calls a limit denies, this share is
@@ -458,6 +462,21 @@ impl RuleSet {
 // === impl Rule ===
 
 impl Rule {
+    /// How many sources of its waterfall come after the rule's own limits
+    /// (0: the rule has no waterfall).
+    pub fn waterfall_len(&self) -> u8 {
+        self.limits.iter().map(|l| l.source).max().unwrap_or(0)
+    }
+
+    /// The name of the waterfall's source `n` (1 or more); `None` for the
+    /// rule's own limits (0).
+    pub fn source_name(&self, n: u8) -> Option<&String> {
+        if n == 0 {
+            return None;
+        }
+        self.limits.iter().find(|l| l.source == n).map(|l| &l.name)
+    }
+
     /// Whether buckets are shared by every resource this rule matches (exact
     /// rules match one) or kept per resource (globs and the default).
     pub fn per_resource(&self) -> bool {

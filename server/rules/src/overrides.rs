@@ -130,8 +130,9 @@ fn derive(
                     .collect(),
             )
         }
+        // A tier replaces the rule's own limits; the rule's waterfall stays.
         Action::Tier(name) => match tiers.get(name) {
-            Some(t) => Ok(t.clone()),
+            Some(t) => Ok(t.iter().chain(base.iter().filter(|l| l.source > 0)).cloned().collect()),
             None => Err(("tier", format!("'{}' is not a tier (define it under tiers:)", name.escape_debug()))),
         },
     }

@@ -109,6 +109,7 @@ fn resource(out: &Collector, item: &Value, index: usize, tiers: &HashMap<String,
         "overrides",
         "origins",
         "usage",
+        "waterfall",
     ]);
     let name = f.required("name", Fields::string);
     if let Some(n) = &name {
@@ -124,6 +125,7 @@ fn resource(out: &Collector, item: &Value, index: usize, tiers: &HashMap<String,
         }
         limits.iter_mut().for_each(|l| l.shadow = true);
     }
+    waterfall(&f, &mut limits);
     let overrides = overrides(&f, &limits, tiers);
     let usage = usage(&f, &limits, &overrides);
     let concurrency = f.nested("concurrency").and_then(|c| concurrency(&c));
@@ -158,6 +160,54 @@ fn resource(out: &Collector, item: &Value, index: usize, tiers: &HashMap<String,
         origins,
         usage,
     })
+}
+
+/// The most sources a waterfall may list after the rule's own limits.
+pub(crate) const MAX_WATERFALL: usize = 8;
+
+/// `waterfall: [limits...]`: sources that pay, in order, for a call the
+/// rule's own limits have no room for. Each is one limit, appended to
+/// `limits` with its position as `source`.
+fn waterfall(f: &Fields<'_>, limits: &mut Vec<Limit>) {
+    if !f.has("waterfall") {
+        return;
+    }
+    let sources = limit_list(f, "waterfall");
+    if sources.len() > MAX_WATERFALL {
+        f.error("waterfall", format!("lists {} sources; the limit is {MAX_WATERFALL}", sources.len()));
+        return;
+    }
+    let own = match f.get("limits") {
+        Some(Value::Sequence(items)) => !items.is_empty(),
+        _ => false,
+    };
+    if !own {
+        f.error("waterfall", "follows the rule's own limits: give the rule 'limits' that are tried first");
+    }
+    if f.flag("shadow") {
+        f.error("waterfall", "cannot be used on a shadow rule, which denies nothing and so never needs another source");
+    }
+    for (i, mut l) in sources.into_iter().enumerate() {
+        let why_not = if limits.iter().any(|o| o.name == l.name) {
+            Some("is the name of another limit of this resource")
+        } else if l.lease.is_some() {
+            Some("cannot have a 'lease': a source pays only for calls the sources before it refused")
+        } else if l.over_limit.is_some() {
+            Some("cannot have 'over_limit': a source either has room or passes the call to the next")
+        } else if l.shadow {
+            Some("cannot be a shadow limit: a source either has room or passes the call to the next")
+        } else if l.algorithm.shapes() {
+            Some("cannot be a shaping limit: a source admits or refuses at once")
+        } else {
+            None
+        };
+        if let Some(why) = why_not {
+            f.error("waterfall", format!("source '{}' {why}", l.name.escape_debug()));
+            continue;
+        }
+        l.source = (i + 1) as u8;
+        limits.push(l);
+    }
 }
 
 /// `usage: [input_tokens, output_tokens]`: the fields a call may report,
@@ -202,10 +252,10 @@ fn usage(f: &Fields<'_>, limits: &[Limit], overrides: &Overrides) -> Vec<String>
     let mut all = limits.iter().chain(overrides.list().iter().flat_map(|o| o.limits.iter()));
     // A limit whose formula was refused is not among `limits`: its error
     // is the one to read, not this one.
-    let written = match f.get("limits") {
+    let written = ["limits", "waterfall"].iter().any(|key| match f.get(key) {
         Some(Value::Sequence(items)) => items.iter().any(|item| item.get("cost").is_some()),
         _ => false,
-    };
+    });
     if !usage.is_empty() && !written && all.all(|l| l.cost.is_none()) {
         f.error("usage", "is given, but no limit has a 'cost' formula that reads it");
     }
@@ -446,8 +496,8 @@ fn limit_list(f: &Fields<'_>, key: &str) -> Vec<Limit> {
     let mut out = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let label = match item.get("name").and_then(Value::as_str) {
-            Some(n) => format!("limits[{i}] '{n}'"),
-            None => format!("limits[{i}]"),
+            Some(n) => format!("{key}[{i}] '{n}'"),
+            None => format!("{key}[{i}]"),
         };
         let Some(l) = f.nested_value(item, &label) else {
             continue;
@@ -485,16 +535,12 @@ fn limit(f: &Fields<'_>) -> Option<Limit> {
     let shadow = f.flag("shadow");
     let lease = lease(f, algorithm.as_ref());
     let when = conditions(f);
-    let shapes = match &algorithm {
-        Some(Algorithm::LeakyBucket(c)) => matches!(c.mode, Mode::Shape { .. }),
-        Some(Algorithm::WarmUp(c)) => matches!(c.mode, warm_up::Mode::Shape { .. }),
-        _ => false,
-    };
+    let shapes = algorithm.as_ref().is_some_and(Algorithm::shapes);
     let bucket = matches!(&algorithm, Some(Algorithm::TokenBucket(_) | Algorithm::Gcra(_) | Algorithm::LeakyBucket(_)));
     let over_limit = over_limit(f, sync, shadow, lease.is_some(), shapes, bucket);
     let cost = cost(f, lease.is_some());
     // A shaping warm-up's queue is one replica's: local unless told (and refused otherwise).
-    let shaping = matches!(&algorithm, Some(Algorithm::WarmUp(c)) if matches!(c.mode, warm_up::Mode::Shape { .. }));
+    let shaping = matches!(&algorithm, Some(a @ Algorithm::WarmUp(_)) if a.shapes());
     let sync = sync.or(shaping.then_some(SyncMode::Local));
     Some(Limit {
         name: name?,
@@ -507,6 +553,7 @@ fn limit(f: &Fields<'_>) -> Option<Limit> {
         when: when?,
         over_limit: over_limit?,
         cost: cost?,
+        source: 0,
     })
 }
 

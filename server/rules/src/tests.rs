@@ -592,3 +592,71 @@ resources:
         ]
     );
 }
+
+#[test]
+fn a_waterfall_appends_its_sources_in_order_after_the_rule_s_own_limits() {
+    let rules = RuleSet::from_yaml(
+        r#"
+resources:
+  - name: chat
+    usage: [tokens]
+    limits: [ { name: minute, key: [tenant], algorithm: fixed_window, limit: 10, window: 1m } ]
+    waterfall:
+      - { name: month, key: [tenant], algorithm: fixed_window, calendar: month, limit: 100, cost: tokens * 2 }
+      - { name: credits, key: [tenant], algorithm: fixed_window, window: 3650d, limit: 1000, sync: strict }
+  - name: plain
+    limits: [ { name: l, algorithm: fixed_window, limit: 10, window: 1m } ]
+"#,
+        "rules.yaml",
+    )
+    .unwrap();
+    let chat = rules.find("chat").unwrap();
+    let sources: Vec<_> = chat.limits.iter().map(|l| (l.name.as_str(), l.source)).collect();
+    assert_eq!(sources, [("minute", 0), ("month", 1), ("credits", 2)]);
+    assert_eq!(chat.waterfall_len(), 2);
+    assert_eq!(chat.source_name(0), None);
+    assert_eq!(chat.source_name(2).map(String::as_str), Some("credits"));
+    assert_eq!(rules.find("plain").unwrap().waterfall_len(), 0);
+}
+
+#[test]
+fn a_waterfall_is_refused_where_a_source_could_not_pay_alone() {
+    let errors = errors_of(
+        r#"
+resources:
+  - name: alone
+    waterfall: [ { name: month, algorithm: fixed_window, calendar: month, limit: 100 } ]
+  - name: shadowed
+    shadow: true
+    limits: [ { name: l, algorithm: fixed_window, limit: 10, window: 1m } ]
+    waterfall: [ { name: month, algorithm: fixed_window, calendar: month, limit: 100 } ]
+  - name: bad
+    limits: [ { name: l, algorithm: fixed_window, limit: 10, window: 1m } ]
+    waterfall:
+      - { name: l, algorithm: fixed_window, calendar: month, limit: 100 }
+      - { name: leased, algorithm: fixed_window, window: 1m, limit: 100, lease: 1s }
+      - { name: soft, algorithm: fixed_window, window: 1m, limit: 100, over_limit: { admit: 10% } }
+      - { name: shaped, algorithm: leaky_bucket, capacity: 10, leak_per_second: 1, mode: shape }
+      - { name: quiet, algorithm: fixed_window, window: 1m, limit: 100, shadow: true }
+      - { name: priced, algorithm: fixed_window, window: 1m, limit: 100, cost: tokens }
+  - name: long
+    limits: [ { name: l, algorithm: fixed_window, limit: 10, window: 1m } ]
+    waterfall: [ {name: a, algorithm: gcra, rate_per_second: 1, burst: 1}, {name: b, algorithm: gcra, rate_per_second: 1, burst: 1}, {name: c, algorithm: gcra, rate_per_second: 1, burst: 1}, {name: d, algorithm: gcra, rate_per_second: 1, burst: 1}, {name: e, algorithm: gcra, rate_per_second: 1, burst: 1}, {name: f, algorithm: gcra, rate_per_second: 1, burst: 1}, {name: g, algorithm: gcra, rate_per_second: 1, burst: 1}, {name: h, algorithm: gcra, rate_per_second: 1, burst: 1}, {name: i, algorithm: gcra, rate_per_second: 1, burst: 1} ]
+"#,
+    );
+    let want = [
+        "resource 'alone': waterfall: follows the rule's own limits",
+        "resource 'shadowed': waterfall: cannot be used on a shadow rule",
+        "resource 'bad': waterfall: source 'l' is the name of another limit of this resource",
+        "resource 'bad': waterfall: source 'leased' cannot have a 'lease'",
+        "resource 'bad': waterfall: source 'soft' cannot have 'over_limit'",
+        "resource 'bad': waterfall: source 'shaped' cannot be a shaping limit",
+        "resource 'bad': waterfall: source 'quiet' cannot be a shadow limit",
+        "resource 'bad': usage: limit 'priced' reads usage field 'tokens' in its cost",
+        "resource 'long': waterfall: lists 9 sources; the limit is 8",
+    ];
+    for w in want {
+        assert!(errors.iter().any(|e| e.contains(w)), "no error contains {w:?}:\n{}", errors.join("\n"));
+    }
+    assert_eq!(errors.len(), want.len(), "{}", errors.join("\n"));
+}

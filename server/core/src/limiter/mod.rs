@@ -219,13 +219,23 @@ impl Algorithm {
         }
     }
 
-    /// The largest cost this limit can ever admit at once; a bigger cost is bad input.
+    /// Whether it shapes: an admitted caller may be told to wait its turn
+    /// (a leaky bucket or a warm-up with `mode: shape`).
+    pub fn shapes(&self) -> bool {
+        match self {
+            Algorithm::LeakyBucket(c) => matches!(c.mode, leaky_bucket::Mode::Shape { .. }),
+            Algorithm::WarmUp(c) => matches!(c.mode, warm_up::Mode::Shape { .. }),
+            _ => false,
+        }
+    }
+
     /// Whether it counts calls in windows (fixed, sliding, a sliding log,
     /// calendar windows) rather than refilling at a rate.
     pub fn is_window(&self) -> bool {
         matches!(self, Algorithm::FixedWindow(_) | Algorithm::SlidingWindowLog(_) | Algorithm::SlidingWindow(_))
     }
 
+    /// The largest cost this limit can ever admit at once; a bigger cost is bad input.
     pub fn capacity(&self) -> u64 {
         match self {
             Algorithm::TokenBucket(c) => c.capacity,

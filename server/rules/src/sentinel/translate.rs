@@ -193,6 +193,7 @@ fn limit(name: String, key: Vec<String>, algorithm: Algorithm, sync: SyncMode, w
         when,
         over_limit: None,
         cost: None,
+        source: 0,
     }
 }
 
