@@ -105,6 +105,14 @@ impl RuleMetrics {
             None => self.verdicts[verdict].increment(1),
         }
         self.tally.count(verdict == 0);
+        self.record_limits(limits);
+    }
+
+    /// Counts every matched limit's decision (index, exceeded, shadow,
+    /// admitted over the limit), not the call's verdict: a denial that
+    /// passes the call on to the next source of a waterfall, whose
+    /// decision is the call's.
+    pub fn record_limits(&self, limits: impl Iterator<Item = (usize, bool, bool, bool)>) {
         for (index, exceeded, shadow, over_limit) in limits {
             let (admitted, over, shadowed, admitted_over) = &self.limits[index];
             match (exceeded, shadow, admitted_over.as_ref().filter(|_| over_limit)) {

@@ -74,6 +74,9 @@ pub struct Answer<'r> {
     pub degradation_level: u32,
     /// Why it was denied before the limits were looked at.
     pub denial: Option<Box<Denial>>,
+    /// The source of the rule's waterfall that paid for an allowed call;
+    /// `None` when the rule's own limits did (or the call was denied).
+    pub paid_by: Option<&'r String>,
 }
 
 /// Matched limits: (limit, its index in the rule, its bucket).
@@ -110,9 +113,18 @@ pub struct Prepared<'r> {
     /// The resource's degradation scope: its system's, or the global one.
     pub(super) scope: &'r Scope,
     pub(super) priority: Priority,
+    /// The source of the rule's waterfall whose limits were matched: 0 for
+    /// the rule's own limits.
+    pub(super) source: u8,
+    /// A later source of the waterfall may pay if these limits have no
+    /// room: a denial by them is not counted (the last source's is).
+    pub(super) more: bool,
+    /// A charge's try at a waterfall source: no guard, shedding or block
+    /// applies (the call happened), and nothing is counted as a decision.
+    pub(super) charge: bool,
 }
 
-impl Prepared<'_> {
+impl<'r> Prepared<'r> {
     /// Decides the breaker as the shared breaker answered.
     pub fn set_remote_breaker(&mut self, answer: RemoteBreaker) {
         self.remote_breaker = Some(answer);
@@ -172,6 +184,24 @@ impl Prepared<'_> {
     pub fn resource(&self) -> &str {
         &self.request_resource
     }
+
+    /// The next source of the rule's waterfall, which pays for the call if
+    /// these limits deny it ([`Answer::limits_denied`]); `None` when there
+    /// is none.
+    pub fn next_source(&self) -> Option<u8> {
+        self.more.then_some(self.source + 1)
+    }
+
+    /// The source of the waterfall these limits are (0: the rule's own).
+    pub fn source(&self) -> u8 {
+        self.source
+    }
+
+    /// The name of the waterfall source these limits are (`None`: the
+    /// rule's own limits).
+    pub fn source_name(&self) -> Option<&'r String> {
+        self.rule.and_then(|(r, _)| r.source_name(self.source))
+    }
 }
 
 // === impl Denial ===
@@ -191,7 +221,7 @@ impl Denial {
 
 // === impl Answer ===
 
-impl Answer<'_> {
+impl<'r> Answer<'r> {
     pub(super) fn allowed(level: u32) -> Self {
         Answer {
             verdict: Verdict::Allowed,
@@ -205,13 +235,48 @@ impl Answer<'_> {
             breaker_state: None,
             degradation_level: level,
             denial: None,
+            paid_by: None,
         }
     }
 
     /// Allowed by `rule`, so far.
-    pub(super) fn of_rule<'r>(rule: &'r Rule, level: u32) -> Answer<'r> {
+    pub(super) fn of_rule(rule: &'r Rule, level: u32) -> Answer<'r> {
         let max_in_flight = rule.concurrency.map_or(0, |c| c.max_in_flight);
         Answer { rule: Some(&rule.name), max_in_flight, ..Answer::allowed(level) }
+    }
+
+    /// Denied by its limits, not before them (a breaker, shedding, an
+    /// override's block): the one denial a waterfall's next source answers.
+    pub fn limits_denied(&self) -> bool {
+        self.verdict == Verdict::RateLimited && self.denial.is_none()
+    }
+
+    /// One waterfall source's denial (`self`), followed by a later source's
+    /// answer, which decides the call. The answer lists every source's
+    /// limits asked, in order (so that it shows why an earlier one did not
+    /// pay); a call no source had room for may come back when the first
+    /// has room again.
+    pub fn then_source(&mut self, later: Answer<'r>) {
+        let retry_after =
+            if later.limits_denied() { self.retry_after.min(later.retry_after) } else { later.retry_after };
+        let mut limits = std::mem::take(&mut self.limits);
+        limits.extend(later.limits.iter().copied());
+        *self = Answer { limits, retry_after, ..later };
+    }
+
+    /// Counts this decision in its rule's counters, or, when a later
+    /// source of the rule's waterfall decides the call (`passed_on`), only
+    /// what each of its limits said.
+    pub(super) fn count_unless_passed_on(&self, metrics: &RuleMetrics, passed_on: bool) {
+        if passed_on {
+            metrics.record_limits(self.limit_results());
+        } else {
+            self.count(metrics);
+        }
+    }
+
+    fn limit_results(&self) -> impl Iterator<Item = (usize, bool, bool, bool)> + '_ {
+        self.limits.iter().map(|r| (r.index, r.exceeded, r.limit.shadow, r.status.over_limit))
     }
 
     /// Counts this decision in its rule's counters.
@@ -227,11 +292,7 @@ impl Answer<'_> {
             Verdict::RateLimited => self.limits.iter().find(|r| r.denied()).map(|r| r.index),
             _ => None,
         };
-        metrics.record(
-            verdict,
-            denied_by,
-            self.limits.iter().map(|r| (r.index, r.exceeded, r.limit.shadow, r.status.over_limit)),
-        );
+        metrics.record(verdict, denied_by, self.limit_results());
     }
 
     /// One human line for a denial, naming the limit or breaker; empty when allowed.
@@ -268,7 +329,35 @@ impl Engine {
         req: &Request<'_, D>,
     ) -> Result<Answer<'r>, RequestError> {
         let prepared = self.prepare(rules, req)?;
-        Ok(self.decide(prepared, self.clock.now()))
+        Ok(self.decide_waterfall(rules, req, prepared, self.clock.now()))
+    }
+
+    /// Decides a prepared request and, when its limits deny it and its rule
+    /// has a waterfall, each later source in turn until one pays.
+    pub fn decide_waterfall<'r, D: Descriptors + ?Sized>(
+        &self,
+        rules: &'r Installed,
+        req: &Request<'_, D>,
+        mut p: Prepared<'r>,
+        now: Timestamp,
+    ) -> Answer<'r> {
+        let mut before: Option<Answer<'r>> = None;
+        loop {
+            let (next, paid_by) = (p.next_source(), p.source_name());
+            let mut answer = self.decide(p, now);
+            answer.paid_by = paid_by.filter(|_| answer.verdict == Verdict::Allowed);
+            if let Some(mut b) = before.take() {
+                b.then_source(answer);
+                answer = b;
+            }
+            match next.filter(|_| answer.limits_denied()).and_then(|n| self.prepare_source(rules, req, n)) {
+                Some(later) => {
+                    p = later;
+                    before = Some(answer);
+                }
+                None => return answer,
+            }
+        }
     }
 
     /// Checks a request and matches it, deciding nothing: every error a
@@ -278,6 +367,70 @@ impl Engine {
         rules: &'r Installed,
         req: &Request<'_, D>,
     ) -> Result<Prepared<'r>, RequestError> {
+        self.prepare_in(rules, req, 0)
+    }
+
+    /// [`Engine::prepare`] for the waterfall's source `n` or, when that
+    /// source cannot pay for the request (no limit of it applies, as a
+    /// descriptor it keys on is missing, or the cost is more than it ever
+    /// holds), the first later one that can; `None` when no later source
+    /// can (the call is denied by the sources before).
+    pub fn prepare_source<'r, D: Descriptors + ?Sized>(
+        &self,
+        rules: &'r Installed,
+        req: &Request<'_, D>,
+        mut n: u8,
+    ) -> Option<Prepared<'r>> {
+        let len = rules.find(req.resource).map_or(0, |(r, _)| r.waterfall_len());
+        while n <= len {
+            // The request was checked by the rule's own limits first: an
+            // error here is this source's (its capacity), not the request's.
+            if let Ok(p) = self.prepare_in(rules, req, n)
+                && !p.matched.is_empty()
+            {
+                return Some(p);
+            }
+            n += 1;
+        }
+        None
+    }
+
+    /// A `Charge`'s try at the waterfall's source `source`: its limits
+    /// take the charge only if every one of them has room for it, all or
+    /// nothing (strict ones in Redis, as a decision is taken), and no guard,
+    /// shedding or counting applies: the charge is for a call that
+    /// happened. `None` when the source cannot pay (no limit of it applies,
+    /// the charge is more than it ever holds, an override blocks the caller).
+    pub fn prepare_charge<'r, D: Descriptors + ?Sized>(
+        &self,
+        rules: &'r Installed,
+        req: &Request<'_, D>,
+        cost: u64,
+        source: u8,
+    ) -> Option<Prepared<'r>> {
+        let mut p = self.prepare_in(rules, req, source).ok()?;
+        if p.matched.is_empty() || p.blocked.is_some() {
+            return None;
+        }
+        p.costs = costs_of(p.rule.map(|(r, _)| r), &p.matched, req.usage, cost, 0).ok()?;
+        if p.matched.iter().any(|(l, slot, _)| p.costs.of(*slot) > l.algorithm.capacity()) {
+            return None;
+        }
+        p.guarded = false;
+        p.gate = true;
+        p.settle = false;
+        p.resource = None;
+        p.more = false;
+        p.charge = true;
+        Some(p)
+    }
+
+    fn prepare_in<'r, D: Descriptors + ?Sized>(
+        &self,
+        rules: &'r Installed,
+        req: &Request<'_, D>,
+        source: u8,
+    ) -> Result<Prepared<'r>, RequestError> {
         request::validate(req.resource, req.descriptors)?;
         let cost = u64::from(req.cost.max(1));
         let rule = rules.find(req.resource);
@@ -285,7 +438,7 @@ impl Engine {
         let matched = match rule {
             None => Matched::default(),
             Some((r, h)) => match limits_for(r, h, req.descriptors, &self.clock) {
-                Ok(limits) => matched_in(limits, r.per_resource(), req.resource, req.descriptors),
+                Ok(limits) => matched_in(limits, r.per_resource(), req.resource, req.descriptors, Some(source)),
                 Err(block) => {
                     blocked = Some(block);
                     Matched::default()
@@ -324,6 +477,9 @@ impl Engine {
             blocked,
             scope,
             priority: req.priority,
+            source,
+            more: rule.is_some_and(|(r, _)| source < r.waterfall_len()),
+            charge: false,
         })
     }
 
@@ -413,7 +569,7 @@ impl Engine {
         let Some((rule, handles)) = rules.find(resource) else {
             return Ok((Answer::allowed(level), SmallVec::new()));
         };
-        let mut matched = matched(rule, handles, resource, descriptors, &self.clock);
+        let mut matched = matched(rule, handles, resource, descriptors, &self.clock, None);
         matched.retain(|(l, _, _)| only.is_none_or(|name| l.name == name));
         let now = self.clock.now();
         let decisions: SmallVec<[Decision; 4]> =
@@ -512,18 +668,22 @@ pub(super) fn matched<'r, D: Descriptors + ?Sized>(
     resource: &str,
     d: &D,
     clock: &SharedClock,
+    source: Option<u8>,
 ) -> Matched<'r> {
     match limits_for(rule, handles, d, clock) {
-        Ok(limits) => matched_in(limits, rule.per_resource(), resource, d),
+        Ok(limits) => matched_in(limits, rule.per_resource(), resource, d, source),
         Err(_) => Matched::default(),
     }
 }
 
+/// The limits of `limits` that apply to a request, of the waterfall's
+/// `source` only (0: the rule's own limits), or of every source (`None`).
 pub(super) fn matched_in<'r, D: Descriptors + ?Sized>(
     limits: LimitsFor<'r>,
     per_resource: bool,
     resource: &str,
     d: &D,
+    source: Option<u8>,
 ) -> Matched<'r> {
     let slot = |i: usize| limits.slots.map_or(i, |s| s[i]);
     limits
@@ -532,7 +692,7 @@ pub(super) fn matched_in<'r, D: Descriptors + ?Sized>(
         .enumerate()
         .filter_map(|(index, limit)| {
             let id = limits.ids[index];
-            if !limit.when.iter().all(|c| c.holds(d.get(&c.key))) {
+            if source.is_some_and(|s| s != limit.source) || !limit.when.iter().all(|c| c.holds(d.get(&c.key))) {
                 return None;
             }
             if limit.key.is_empty() && !per_resource {

@@ -534,7 +534,7 @@ impl Leasing<'_> {
             return Ok(Err(NotLeasable::Shed));
         }
         let matched = match limits_for(rule, handles, d, &self.clock) {
-            Ok(limits) => matched_in(limits, rule.per_resource(), resource, d),
+            Ok(limits) => matched_in(limits, rule.per_resource(), resource, d, Some(0)),
             Err((_, values)) => return Ok(Err(NotLeasable::Blocked(values))),
         };
         if matched.is_empty() {
@@ -666,7 +666,7 @@ impl Leasing<'_> {
         let Some((rule, handles)) = rules.find(resource) else { return };
         let Ok(limits) = limits_for(rule, handles, d, &self.clock) else { return };
         let who = holder_hash(holder);
-        for (_, _, k) in matched_in(limits, rule.per_resource(), resource, d) {
+        for (_, _, k) in matched_in(limits, rule.per_resource(), resource, d, None) {
             self.leases.leave(&k, who);
         }
     }

@@ -332,3 +332,6 @@ mod sentinel_tests;
 
 #[cfg(test)]
 mod system_tests;
+
+#[cfg(test)]
+mod waterfall_tests;

@@ -128,7 +128,7 @@ impl Engine {
                 let (rule, handles) = rules.rule_at(i);
                 let entries = d.entries;
                 let matched = match limits_for(rule, handles, entries, &self.clock) {
-                    Ok(limits) => matched_in(limits, rule.per_resource(), domain, entries),
+                    Ok(limits) => matched_in(limits, rule.per_resource(), domain, entries, Some(0)),
                     Err(block) => {
                         blocked = Some(block);
                         Matched::default()
@@ -154,6 +154,11 @@ impl Engine {
             blocked,
             scope: rules.scope_of(domain),
             priority,
+            // Envoy's RLS decides by the rule's own limits: it has no way
+            // to say which source paid.
+            source: 0,
+            more: false,
+            charge: false,
         })
     }
 }

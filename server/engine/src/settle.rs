@@ -37,6 +37,8 @@ pub struct Charged<'r> {
     pub strict: Strict,
     /// Its idempotency key was seen before: nothing was taken.
     pub duplicate: bool,
+    /// The waterfall source it was taken from; `None`: the rule's own limits.
+    pub paid_by: Option<&'r String>,
 }
 
 /// A `Charge` checked and matched ([`Charges::plan_charge`]), to take with
@@ -44,6 +46,22 @@ pub struct Charged<'r> {
 pub struct ChargePlan<'r> {
     matched: super::decide::Matched<'r>,
     costs: Costs,
+    /// The name of the waterfall source whose limits these are (`None`:
+    /// the rule's own), and the number of sources after the rule's own.
+    source_name: Option<&'r String>,
+    waterfall: u8,
+}
+
+impl ChargePlan<'_> {
+    /// The sources of the rule's waterfall after its own limits (0: none).
+    pub fn waterfall(&self) -> u8 {
+        self.waterfall
+    }
+
+    /// Whether no limit of this source applies to the charge.
+    pub fn is_empty(&self) -> bool {
+        self.matched.is_empty()
+    }
 }
 
 /// Units to take from (positive) or give back to (negative) strict buckets
@@ -302,12 +320,27 @@ impl Charges<'_> {
         cost: u64,
         usage: Option<&Usage>,
     ) -> Result<Option<ChargePlan<'r>>, RequestError> {
+        self.plan_charge_from(rules, resource, descriptors, cost, usage, 0)
+    }
+
+    /// [`Charges::plan_charge`], taken from the waterfall's source `source`
+    /// (0: the rule's own limits).
+    pub fn plan_charge_from<'r, D: Descriptors + ?Sized>(
+        &self,
+        rules: &'r Installed,
+        resource: &str,
+        descriptors: &D,
+        cost: u64,
+        usage: Option<&Usage>,
+        source: u8,
+    ) -> Result<Option<ChargePlan<'r>>, RequestError> {
         request::validate(resource, descriptors)?;
         request::check_cost("cost", cost)?;
         let Some((rule, handles)) = rules.find(resource) else { return Ok(None) };
-        let matched = matched(rule, handles, resource, descriptors, &self.clock);
+        let matched = matched(rule, handles, resource, descriptors, &self.clock, Some(source));
         let costs = super::decide::costs_of(Some(rule), &matched, usage, cost, 0)?;
-        Ok(Some(ChargePlan { matched, costs }))
+        let (source_name, waterfall) = (rule.source_name(source), rule.waterfall_len());
+        Ok(Some(ChargePlan { matched, costs, source_name, waterfall }))
     }
 
     /// `Charge`: takes `cost` from every limit the request matches (a limit
@@ -328,8 +361,10 @@ impl Charges<'_> {
 
     /// Takes a planned charge of `resource` (nothing when no rule matched).
     pub fn take_charge<'r>(&self, resource: &str, plan: Option<ChargePlan<'r>>) -> Charged<'r> {
-        let mut charged = Charged { limits: SmallVec::new(), strict: Strict::default(), duplicate: false };
-        let Some(ChargePlan { matched, costs }) = plan else { return charged };
+        let mut charged =
+            Charged { limits: SmallVec::new(), strict: Strict::default(), duplicate: false, paid_by: None };
+        let Some(ChargePlan { matched, costs, source_name, .. }) = plan else { return charged };
+        charged.paid_by = source_name;
         let now = self.clock.now();
         for (l, index, bucket) in matched {
             let cost = costs.of(index);

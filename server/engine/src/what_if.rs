@@ -109,7 +109,7 @@ impl WhatIf {
         let cost = u64::from(req.cost.max(1));
         // The candidate rules' own limits (their overrides are not tried).
         let limits = LimitsFor::own(rule, &self.ids[i]);
-        let matched = matched_in(limits, rule.per_resource(), req.resource, req.descriptors);
+        let matched = matched_in(limits, rule.per_resource(), req.resource, req.descriptors, Some(0));
         // All or nothing, as the live decision: what an admitted call takes
         // stays taken; a denied call takes nothing. A cost above a limit's
         // capacity (bad input under these rules) is refused by that limit.

@@ -62,6 +62,10 @@ pub struct Pending<'r> {
     given_back: bool,
     /// When Redis took the strict limits' units (its clock, us), once it did.
     redis_at: Option<i64>,
+    /// A later source of the rule's waterfall pays if these limits deny.
+    more: bool,
+    /// A charge's try at a waterfall source: nothing is counted.
+    charge: bool,
 }
 
 impl<'r> Pending<'r> {
@@ -133,7 +137,7 @@ impl Engine {
     #[inline]
     pub fn begin<'r>(&self, mut p: Prepared<'r>, now: Timestamp) -> Step<'r> {
         let level = p.scope.level();
-        let shed = if level > 0 { shed(&p, level) } else { None };
+        let shed = if level > 0 && !p.charge { shed(&p, level) } else { None };
         let Some((rule, handles)) = p.rule else {
             if let Some(denial) = shed {
                 return Step::Done(denied_before(denial, &p, None, level));
@@ -163,8 +167,8 @@ impl Engine {
                 let taken = p.matched.iter().map(|(l, slot, k)| (*l, k, p.costs.of(*slot)));
                 self.hold_estimate(&mut answer, rule, resource, taken, (p.costs.base(), now, None));
             }
-            if !p.dry_run {
-                answer.count(&handles.metrics);
+            if !p.dry_run && !p.charge {
+                answer.count_unless_passed_on(&handles.metrics, p.more && answer.limits_denied());
             }
             return Step::Done(answer);
         }
@@ -198,6 +202,8 @@ impl Engine {
             request_resource: p.request_resource,
             given_back: false,
             redis_at: None,
+            more: p.more,
+            charge: p.charge,
         };
         if let Some(denied) = self.guard(&mut pending, p.remote_breaker, p.remote_slot) {
             return Step::Done(self.done(pending, denied));
@@ -328,8 +334,10 @@ impl Engine {
             let taken = p.limits.iter().map(|(l, slot, k, _)| (*l, k, p.costs.of(*slot)));
             self.hold_estimate(&mut p.answer, p.rule, resource, taken, (p.costs.base(), p.now, p.redis_at));
         }
-        if !p.dry_run {
-            p.answer.count(&p.handles.metrics);
+        // A denial a later source of the waterfall may still turn into an
+        // admission is counted by that source's decision, not here.
+        if !p.dry_run && !p.charge {
+            p.answer.count_unless_passed_on(&p.handles.metrics, p.more && p.answer.limits_denied());
         }
         p.answer
     }
