@@ -124,7 +124,7 @@ class LimitStatus(_message.Message):
     def __init__(self, name: _Optional[str] = ..., limit: _Optional[int] = ..., remaining: _Optional[int] = ..., reset_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., exceeded: _Optional[bool] = ..., algorithm: _Optional[str] = ..., shadow: _Optional[bool] = ..., admitted_over_limit: _Optional[bool] = ...) -> None: ...
 
 class AcquireResponse(_message.Message):
-    __slots__ = ("verdict", "permit_id", "limits", "retry_after", "wait", "breaker_state", "degradation_level", "reason", "holds_slot", "max_in_flight")
+    __slots__ = ("verdict", "permit_id", "limits", "retry_after", "wait", "breaker_state", "degradation_level", "reason", "holds_slot", "max_in_flight", "paid_by")
     VERDICT_FIELD_NUMBER: _ClassVar[int]
     PERMIT_ID_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
@@ -135,6 +135,7 @@ class AcquireResponse(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     HOLDS_SLOT_FIELD_NUMBER: _ClassVar[int]
     MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    PAID_BY_FIELD_NUMBER: _ClassVar[int]
     verdict: Verdict
     permit_id: str
     limits: _containers.RepeatedCompositeFieldContainer[LimitStatus]
@@ -145,7 +146,8 @@ class AcquireResponse(_message.Message):
     reason: str
     holds_slot: bool
     max_in_flight: int
-    def __init__(self, verdict: _Optional[_Union[Verdict, str]] = ..., permit_id: _Optional[str] = ..., limits: _Optional[_Iterable[_Union[LimitStatus, _Mapping]]] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., breaker_state: _Optional[_Union[BreakerState, str]] = ..., degradation_level: _Optional[int] = ..., reason: _Optional[str] = ..., holds_slot: _Optional[bool] = ..., max_in_flight: _Optional[int] = ...) -> None: ...
+    paid_by: str
+    def __init__(self, verdict: _Optional[_Union[Verdict, str]] = ..., permit_id: _Optional[str] = ..., limits: _Optional[_Iterable[_Union[LimitStatus, _Mapping]]] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., breaker_state: _Optional[_Union[BreakerState, str]] = ..., degradation_level: _Optional[int] = ..., reason: _Optional[str] = ..., holds_slot: _Optional[bool] = ..., max_in_flight: _Optional[int] = ..., paid_by: _Optional[str] = ...) -> None: ...
 
 class AcquireBatchRequest(_message.Message):
     __slots__ = ("requests",)
@@ -221,12 +223,14 @@ class ChargeRequest(_message.Message):
     def __init__(self, resource: _Optional[str] = ..., descriptors: _Optional[_Mapping[str, str]] = ..., cost: _Optional[int] = ..., usage: _Optional[_Mapping[str, int]] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
 
 class ChargeResponse(_message.Message):
-    __slots__ = ("limits", "duplicate")
+    __slots__ = ("limits", "duplicate", "paid_by")
     LIMITS_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    PAID_BY_FIELD_NUMBER: _ClassVar[int]
     limits: _containers.RepeatedCompositeFieldContainer[LimitStatus]
     duplicate: bool
-    def __init__(self, limits: _Optional[_Iterable[_Union[LimitStatus, _Mapping]]] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+    paid_by: str
+    def __init__(self, limits: _Optional[_Iterable[_Union[LimitStatus, _Mapping]]] = ..., duplicate: _Optional[bool] = ..., paid_by: _Optional[str] = ...) -> None: ...
 
 class ReportOutcomeBatchRequest(_message.Message):
     __slots__ = ("reports",)
@@ -940,7 +944,7 @@ class GetDecisionsResponse(_message.Message):
     def __init__(self, decisions: _Optional[_Iterable[_Union[LoggedDecision, _Mapping]]] = ..., share: _Optional[float] = ..., capacity: _Optional[int] = ..., kept: _Optional[int] = ..., more: _Optional[bool] = ...) -> None: ...
 
 class LoggedDecision(_message.Message):
-    __slots__ = ("at", "resource", "descriptors", "cost", "dry_run", "settle", "verdict", "rule", "limits", "decided_by", "reason", "breaker_state", "degradation_level", "usage", "limit_costs")
+    __slots__ = ("at", "resource", "descriptors", "cost", "dry_run", "settle", "verdict", "rule", "limits", "decided_by", "reason", "breaker_state", "degradation_level", "usage", "limit_costs", "paid_by")
     class DescriptorsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -970,6 +974,7 @@ class LoggedDecision(_message.Message):
     DEGRADATION_LEVEL_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     LIMIT_COSTS_FIELD_NUMBER: _ClassVar[int]
+    PAID_BY_FIELD_NUMBER: _ClassVar[int]
     at: _timestamp_pb2.Timestamp
     resource: str
     descriptors: _containers.ScalarMap[str, str]
@@ -985,7 +990,8 @@ class LoggedDecision(_message.Message):
     degradation_level: int
     usage: _containers.ScalarMap[str, int]
     limit_costs: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., resource: _Optional[str] = ..., descriptors: _Optional[_Mapping[str, str]] = ..., cost: _Optional[int] = ..., dry_run: _Optional[bool] = ..., settle: _Optional[bool] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., rule: _Optional[str] = ..., limits: _Optional[_Iterable[_Union[LimitStatus, _Mapping]]] = ..., decided_by: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., breaker_state: _Optional[_Union[BreakerState, str]] = ..., degradation_level: _Optional[int] = ..., usage: _Optional[_Mapping[str, int]] = ..., limit_costs: _Optional[_Iterable[int]] = ...) -> None: ...
+    paid_by: str
+    def __init__(self, at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., resource: _Optional[str] = ..., descriptors: _Optional[_Mapping[str, str]] = ..., cost: _Optional[int] = ..., dry_run: _Optional[bool] = ..., settle: _Optional[bool] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., rule: _Optional[str] = ..., limits: _Optional[_Iterable[_Union[LimitStatus, _Mapping]]] = ..., decided_by: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., breaker_state: _Optional[_Union[BreakerState, str]] = ..., degradation_level: _Optional[int] = ..., usage: _Optional[_Mapping[str, int]] = ..., limit_costs: _Optional[_Iterable[int]] = ..., paid_by: _Optional[str] = ...) -> None: ...
 
 class SetDecisionLogRequest(_message.Message):
     __slots__ = ("share",)

@@ -288,6 +288,9 @@ pub(crate) fn render(resource: &str, r: &pb::AcquireResponse) -> String {
     if !r.reason.is_empty() {
         let _ = writeln!(out, "  reason: {}", r.reason);
     }
+    if !r.paid_by.is_empty() {
+        let _ = writeln!(out, "  paid by: {} (the rule's waterfall)", r.paid_by);
+    }
     if !r.permit_id.is_empty() {
         let _ = writeln!(out, "  permit: {}", r.permit_id);
     }

@@ -102,6 +102,7 @@ fn render_logged(d: &pb::LoggedDecision) -> String {
         reason: d.reason.clone(),
         breaker_state: d.breaker_state,
         degradation_level: d.degradation_level,
+        paid_by: d.paid_by.clone(),
         ..Default::default()
     };
     for line in render(&d.resource, &answer).lines() {

@@ -36,9 +36,8 @@ impl Decider {
     {
         let rules = self.engine.rules_full();
         let prepared = vec![self.engine.prepare(&rules, req)?];
-        let again = |_| self.engine.prepare(&rules, req).ok();
-        let answer = replication.decide_many(prepared, again).await.into_iter().next();
-        Ok(self.answered(req, answer.expect("one answer per request")))
+        let answer = self.decide_replicated(replication, &rules, std::slice::from_ref(req), prepared).await;
+        Ok(self.answered(req, answer.into_iter().next().expect("one answer per request")))
     }
 
     /// Independent decisions, answered in order. Every item is checked first:
@@ -53,14 +52,59 @@ impl Decider {
             let rules = self.engine.rules();
             let prepared = prepare_all(&self.engine, &rules, field, reqs)?;
             let now = self.engine.clock().now();
-            let answers = prepared.into_iter().map(|p| self.engine.decide(p, now));
+            let answers =
+                prepared.into_iter().zip(reqs).map(|(p, req)| self.engine.decide_waterfall(&rules, req, p, now));
             return Ok(answers.zip(reqs).map(|(a, req)| self.answered(req, a)).collect());
         };
         let rules = self.engine.rules_full();
         let prepared = prepare_all(&self.engine, &rules, field, reqs)?;
-        let again = |i: usize| self.engine.prepare(&rules, &reqs[i]).ok();
-        let answers = replication.decide_many(prepared, again).await;
+        let answers = self.decide_replicated(replication, &rules, reqs, prepared).await;
         Ok(answers.into_iter().zip(reqs).map(|(a, req)| self.answered(req, a)).collect())
+    }
+
+    /// Decides prepared requests with Redis and then, for each one its
+    /// limits denied whose rule has a waterfall, the later sources in turn
+    /// (all the items that go on to a source in one round), until one pays
+    /// or none is left.
+    async fn decide_replicated<'r, D: Descriptors + Sync + ?Sized>(
+        &self,
+        replication: &Replication,
+        rules: &'r Installed,
+        reqs: &[Request<'_, D>],
+        prepared: Vec<Prepared<'r>>,
+    ) -> Vec<Answer<'r>> {
+        let mut next: Vec<_> = prepared.iter().map(|p| (p.next_source(), p.source_name())).collect();
+        let again = |i: usize| self.engine.prepare(rules, &reqs[i]).ok();
+        let mut answers = replication.decide_many(prepared, again).await;
+        for (answer, (_, paid_by)) in answers.iter_mut().zip(&next) {
+            answer.paid_by = paid_by.filter(|_| answer.verdict == Verdict::Allowed);
+        }
+        loop {
+            // The items that go on, each with the source that is asked next.
+            let mut items = Vec::new();
+            let mut round = Vec::new();
+            for (i, answer) in answers.iter().enumerate() {
+                let Some(n) = next[i].0.filter(|_| answer.limits_denied()) else { continue };
+                next[i].0 = None;
+                if let Some(p) = self.engine.prepare_source(rules, &reqs[i], n) {
+                    next[i] = (p.next_source(), p.source_name());
+                    items.push((i, p.source()));
+                    round.push(p);
+                }
+            }
+            if round.is_empty() {
+                return answers;
+            }
+            let again = |j: usize| {
+                let (i, n) = items[j];
+                self.engine.prepare_source(rules, &reqs[i], n).filter(|p| p.source() == n)
+            };
+            let later = replication.decide_many(round, again).await;
+            for ((i, _), mut answer) in items.iter().zip(later) {
+                answer.paid_by = next[*i].1.filter(|_| answer.verdict == Verdict::Allowed);
+                answers[*i].then_source(answer);
+            }
+        }
     }
 
     /// Every decided call, however it was decided: shown to the what-if
@@ -230,9 +274,18 @@ impl Decider {
             // Taken before: the limits as they are now (strict ones as Redis
             // holds them), as a peek reads them.
             let answer = self.peeked(&rules, resource, descriptors, None).await?;
-            let seen = Charged { limits: answer.limits, strict: Strict::default(), duplicate: true };
+            let seen = Charged { limits: answer.limits, strict: Strict::default(), duplicate: true, paid_by: None };
             return Ok(R::from_answer(seen));
         }
+        let plan = match plan {
+            Some(p) if p.waterfall() > 0 => {
+                match self.charge_waterfall(&rules, resource, descriptors, cost, usage).await {
+                    Ok(charged) => return Ok(R::from_answer(charged)),
+                    Err(last) => last,
+                }
+            }
+            plan => plan,
+        };
         let mut charged = self.engine.charges().take_charge(resource, plan);
         if let Some(replication) = &self.replication {
             let strict = std::mem::take(&mut charged.strict);
@@ -261,6 +314,47 @@ impl Decider {
             }
         }
         Ok(R::from_answer(charged))
+    }
+
+    /// A charge to a rule with a waterfall: taken from the first source
+    /// (the rule's own limits first) whose every limit has room for it, all
+    /// or nothing, as a decision takes a call (strict limits in Redis, so
+    /// that two replicas never both take the last room). When no source
+    /// has room, `Err` with the plan of the last source that applies: the
+    /// charge is taken from it into debt, as any charge beyond a limit, and
+    /// the caller is told that no source has room.
+    async fn charge_waterfall<'r, D: Descriptors + ?Sized>(
+        &self,
+        rules: &'r Installed,
+        resource: &str,
+        descriptors: &D,
+        cost: u64,
+        usage: Option<&crate::engine::request::Usage>,
+    ) -> Result<Charged<'r>, Option<crate::engine::settle::ChargePlan<'r>>> {
+        let req =
+            Request { cost: u32::try_from(cost).unwrap_or(u32::MAX), usage, ..Request::new(resource, descriptors) };
+        let sources = rules.find(resource).map_or(0, |(r, _)| r.waterfall_len());
+        for n in 0..=sources {
+            let Some(p) = self.engine.prepare_charge(rules, &req, cost, n) else { continue };
+            let paid_by = p.source_name();
+            let answer = match &self.replication {
+                None => self.engine.decide(p, self.engine.clock().now()),
+                Some(replication) => {
+                    let again = |_| self.engine.prepare_charge(rules, &req, cost, n);
+                    let answer = replication.decide_many(vec![p], again).await.into_iter().next();
+                    answer.expect("one answer per request")
+                }
+            };
+            if answer.verdict == Verdict::Allowed {
+                return Ok(Charged { limits: answer.limits, strict: Strict::default(), duplicate: false, paid_by });
+            }
+        }
+        let charges = self.engine.charges();
+        let last = (0..=sources).rev().find_map(|n| {
+            let plan = charges.plan_charge_from(rules, resource, descriptors, cost, usage, n).ok().flatten();
+            plan.filter(|p| !p.is_empty())
+        });
+        Err(last)
     }
 
     /// Whether the charge named `key` is the first of that name: claimed in

@@ -74,6 +74,9 @@ pub struct Logged {
     pub degradation_level: u32,
     /// The usage the request reported, by field, in name order.
     pub usage: Vec<(String, u64)>,
+    /// The waterfall source that paid for an allowed call; empty when the
+    /// rule's own limits did.
+    pub paid_by: String,
 }
 
 /// One evaluated limit of a logged decision.
@@ -276,6 +279,7 @@ impl Logged {
             breaker_state: answer.breaker_state,
             degradation_level: answer.degradation_level,
             usage: asked.usage,
+            paid_by: answer.paid_by.cloned().unwrap_or_default(),
         }
     }
 
@@ -284,6 +288,7 @@ impl Logged {
     fn bytes(&self) -> usize {
         let strings = self.resource.len()
             + self.rule.len()
+            + self.paid_by.len()
             + self.reason.len()
             + self.descriptors.iter().map(|(k, v)| k.len() + v.len() + 48).sum::<usize>()
             + self.decided_by.iter().map(|s| s.len() + 24).sum::<usize>()

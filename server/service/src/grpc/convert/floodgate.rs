@@ -170,7 +170,11 @@ fn state_number(s: Option<State>) -> i32 {
 /// every answer, costs a sixth of a batch's encoding, and Peek reports it.
 impl crate::decider::FromAnswer<crate::engine::settle::Charged<'_>> for pb::ChargeResponse {
     fn from_answer(c: crate::engine::settle::Charged<'_>) -> Self {
-        pb::ChargeResponse { limits: c.limits.iter().map(IntoWire::into_wire).collect(), duplicate: c.duplicate }
+        pb::ChargeResponse {
+            limits: c.limits.iter().map(IntoWire::into_wire).collect(),
+            duplicate: c.duplicate,
+            paid_by: c.paid_by.cloned().unwrap_or_default(),
+        }
     }
 }
 
@@ -204,6 +208,7 @@ impl crate::decider::FromAnswer<Answer<'_>> for pb::AcquireResponse {
             permit_id: out.permit_id.map(|p| p.to_string()).unwrap_or_default(),
             holds_slot: out.holds_slot,
             max_in_flight: out.max_in_flight,
+            paid_by: out.paid_by.cloned().unwrap_or_default(),
         }
     }
 }
@@ -239,6 +244,7 @@ impl FromDomain<&crate::decider::decisions::Logged> for pb::LoggedDecision {
             reason: d.reason.clone(),
             usage: d.usage.iter().cloned().collect(),
             limit_costs: d.limits.iter().map(|l| l.cost).collect(),
+            paid_by: d.paid_by.clone(),
             breaker_state: state_number(d.breaker_state),
             degradation_level: d.degradation_level,
         }
