@@ -153,6 +153,10 @@ pub struct Decision {
     /// One human line for denials.
     pub reason: String,
     pub source: Source,
+    /// When the resource's rule has a waterfall of budgets: the name of the
+    /// source that paid for this allowed call. Empty when the rule's own
+    /// limits paid (and for a denial, whose `limits` show every source).
+    pub paid_by: String,
 }
 
 // === impl Acquire ===
@@ -372,6 +376,7 @@ impl Decision {
             max_in_flight: 0,
             reason: String::new(),
             source: Source::FailOpen,
+            paid_by: String::new(),
         }
     }
 
@@ -399,6 +404,7 @@ impl Decision {
             max_in_flight: self.max_in_flight,
             reason: self.reason.clone(),
             source: self.source,
+            paid_by: self.paid_by.clone(),
         }
     }
 
@@ -438,6 +444,7 @@ impl Decision {
             max_in_flight: r.max_in_flight,
             reason: r.reason,
             source: Source::Server,
+            paid_by: r.paid_by,
         }
     }
 }

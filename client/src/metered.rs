@@ -28,6 +28,10 @@ pub struct Charged {
     pub exhausted: bool,
     /// The charge's idempotency key was seen before: this one took nothing.
     pub duplicate: bool,
+    /// When the resource's rule has a waterfall of budgets: the source the
+    /// charge was taken from (the first with room for it); empty when the
+    /// rule's own limits took it.
+    pub paid_by: String,
 }
 
 /// Whether a metered call may go on after [`Metered::add`].
@@ -62,6 +66,8 @@ pub struct Metered {
     /// Units beyond the reservation that charges took.
     charged: u64,
     on_drop: Outcome,
+    /// The waterfall source that paid for the last units (see `paid_by`).
+    paid_by: String,
 }
 
 /// A key no other charge of this process or another is likely to have: two
@@ -107,7 +113,7 @@ impl Client {
         let answer = answer?;
         let exhausted = answer.limits.iter().any(|l| l.exceeded && !l.shadow);
         let limits = answer.limits.iter().map(Limit::from_proto).collect();
-        Ok(Charged { limits, exhausted, duplicate: answer.duplicate })
+        Ok(Charged { limits, exhausted, duplicate: answer.duplicate, paid_by: answer.paid_by })
     }
 
     /// Starts a metered call: reserves `req`'s cost as an estimate (an
@@ -123,7 +129,17 @@ impl Client {
         let permit = decision.permit.take();
         let reserved = if permit.is_some() { u64::from(req.cost_units()) } else { 0 };
         let on_drop = self.inner().cancelled_as.unwrap_or(Outcome::Ignored);
-        Ok(Metering::Admitted(Metered { client: self.clone(), req, permit, reserved, used: 0, charged: 0, on_drop }))
+        let paid_by = std::mem::take(&mut decision.paid_by);
+        Ok(Metering::Admitted(Metered {
+            client: self.clone(),
+            req,
+            permit,
+            reserved,
+            used: 0,
+            charged: 0,
+            on_drop,
+            paid_by,
+        }))
     }
 }
 
@@ -145,8 +161,10 @@ impl Metered {
         let ask = self.req.clone().zeroed_usage().cost(u32::try_from(due).unwrap_or(u32::MAX));
         self.charged += u64::from(ask.cost_units());
         match self.client.charge(&ask).await {
-            Ok(charged) if charged.exhausted => Flow::Stop { limits: charged.limits },
-            Ok(_) => Flow::Continue,
+            Ok(charged) => {
+                self.paid_by = charged.paid_by;
+                if charged.exhausted { Flow::Stop { limits: charged.limits } } else { Flow::Continue }
+            }
             Err(_) if matches!(self.client.inner().fail_mode, FailMode::Closed) => Flow::Stop { limits: Vec::new() },
             Err(_) => Flow::Continue,
         }
@@ -155,6 +173,13 @@ impl Metered {
     /// Units counted so far.
     pub fn used(&self) -> u64 {
         self.used
+    }
+
+    /// When the resource's rule has a waterfall of budgets: the source that
+    /// paid for the units charged last (at the start, for the reservation).
+    /// Empty when the rule's own limits paid, or no server answered.
+    pub fn paid_by(&self) -> &str {
+        &self.paid_by
     }
 
     /// Units the start reserved.
@@ -220,6 +245,7 @@ mod tests {
             used,
             charged,
             on_drop: Outcome::Ignored,
+            paid_by: String::new(),
         };
         let actual = m.actual();
         std::mem::forget(m);
