@@ -77,6 +77,7 @@ mod tls;
 mod traces;
 mod tutorial;
 mod usage;
+mod waterfall;
 mod what_if;
 mod why;
 
