@@ -47,6 +47,7 @@ codes! {
     SlidingWindow = 6, "sliding_window";
     Calendar = 7, "calendar";
     WarmUp = 8, "warm_up";
+    Balance = 9, "balance";
 }
 
 impl Code {
@@ -61,6 +62,7 @@ impl Code {
             Algorithm::SlidingWindowLog(_) => Code::SlidingLog,
             Algorithm::SlidingWindow(_) => Code::SlidingWindow,
             Algorithm::WarmUp(_) => Code::WarmUp,
+            Algorithm::Balance(_) => Code::Balance,
         }
     }
 
@@ -323,6 +325,7 @@ pub fn limit_args(alg: &Algorithm, now: Timestamp) -> [f64; 5] {
         Algorithm::SlidingWindowLog(c) => [code, c.limit as f64, us(c.window), 0.0, 0.0],
         Algorithm::SlidingWindow(c) => [code, c.limit as f64, us(c.window), 0.0, 0.0],
         Algorithm::WarmUp(c) => [code, c.rate.as_f64(), c.period_ms as f64, f64::from(c.cold_factor), 0.0],
+        Algorithm::Balance(c) => [code, c.max as f64, 0.0, 0.0, 0.0],
     }
 }
 

@@ -62,8 +62,8 @@ use std::time::Duration;
 use floodgate_core::limiter::calendar::{Calendar, Unit};
 use floodgate_core::limiter::rate::Rate;
 use floodgate_core::limiter::{
-    Algorithm, Bucket, Kind, fixed_window, gcra, leaky_bucket, sliding_window, sliding_window_log, token_bucket,
-    warm_up,
+    Algorithm, Bucket, Kind, balance, fixed_window, gcra, leaky_bucket, sliding_window, sliding_window_log,
+    token_bucket, warm_up,
 };
 use floodgate_core::time::Timestamp;
 use floodgate_redis::testing::{
@@ -98,6 +98,8 @@ enum Op {
     GiveBack { nth: usize, back: u64 },
     /// `units` taken from key `key` beyond the limit if need be.
     Force { key: usize, units: u64 },
+    /// A balance topped up by `units` (an operator's AdjustBalance).
+    TopUp { key: usize, units: u64 },
 }
 
 /// A generated case: the limit, when time starts, and what happens.
@@ -165,6 +167,7 @@ fn algorithm(kind: Kind) -> BoxedStrategy<Algorithm> {
                 cfg.ok().map(Algorithm::WarmUp)
             })
             .boxed(),
+        Kind::Balance => (1u64..=50).prop_map(|max| Algorithm::Balance(balance::Config::new(max))).boxed(),
     }
 }
 
@@ -175,7 +178,7 @@ fn scale_us(alg: &Algorithm) -> u64 {
     us.clamp(1_000, 400 * 86_400_000_000)
 }
 
-fn ops(capacity: u64, scale: u64) -> impl Strategy<Value = Vec<Op>> {
+fn ops(capacity: u64, scale: u64, top_ups: bool) -> impl Strategy<Value = Vec<Op>> {
     // Never 0: a decision costs at least 1 (the engine reads a cost of 0 as
     // 1). Only a check (a peek) asks with 0.
     let cost = prop_oneof![Just(1u64), 1..=capacity];
@@ -188,6 +191,8 @@ fn ops(capacity: u64, scale: u64) -> impl Strategy<Value = Vec<Op>> {
         4 => wait.prop_map(Op::Wait),
         2 => (any::<usize>(), 1..=capacity).prop_map(|(nth, back)| Op::GiveBack { nth, back }),
         1 => (0..KEYS, 1..=capacity * 2).prop_map(|(key, units)| Op::Force { key, units }),
+        // Only a balance is topped up; it starts empty, so often.
+        if top_ups { 5 } else { 0 } => (0..KEYS, 1..=capacity).prop_map(|(key, units)| Op::TopUp { key, units }),
     ];
     proptest::collection::vec(op, 1..=OPS)
 }
@@ -196,7 +201,8 @@ fn case(kind: Kind) -> impl Strategy<Value = Case> {
     algorithm(kind).prop_flat_map(|alg| {
         let scale = scale_us(&alg);
         let capacity = alg.capacity().min(50);
-        (Just(alg), 0..scale * 2, ops(capacity, scale)).prop_map(|(algorithm, offset, ops)| Case {
+        let top_ups = matches!(alg, Algorithm::Balance(_));
+        (Just(alg), 0..scale * 2, ops(capacity, scale, top_ups)).prop_map(|(algorithm, offset, ops)| Case {
             algorithm,
             start_us: T0_US + offset,
             ops,
@@ -423,6 +429,15 @@ fn run(lua: &mut Lua, case: &Case) -> Result<(), TestCaseError> {
                     return Err(fail(format!("remaining in memory {memory}, in Lua {left}")));
                 }
                 shadow(lua, key, units, now).map_err(fail)?;
+            }
+            Op::TopUp { key, units } => {
+                let bucket = buckets.entry(key).or_insert_with(|| alg.new_bucket(at(now)));
+                bucket.refund(alg, at(now), units);
+                let memory = bucket.status(alg, at(now)).remaining;
+                let left = lua.adjust(alg, key, -(units as i64), 0, now).map_err(fail)?;
+                if memory != left.max(0) as u64 {
+                    return Err(fail(format!("topped up: remaining in memory {memory}, in Lua {left}")));
+                }
             }
         }
     }

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use crate::time::Timestamp;
 
+pub mod balance;
 pub mod calendar;
 pub mod fixed_window;
 pub mod gcra;
@@ -21,6 +22,7 @@ pub mod sliding_window_log;
 pub mod token_bucket;
 pub mod warm_up;
 
+pub use balance::Balance;
 pub use fixed_window::FixedWindow;
 pub use gcra::Gcra;
 pub use leaky_bucket::LeakyBucket;
@@ -119,6 +121,7 @@ kinds! {
     SlidingWindowLog = "sliding_window_log";
     SlidingWindow = "sliding_window";
     WarmUp = "warm_up";
+    Balance = "balance";
 }
 
 /// A validated limit configuration: one algorithm and its numbers.
@@ -131,6 +134,7 @@ pub enum Algorithm {
     SlidingWindowLog(sliding_window_log::Config),
     SlidingWindow(sliding_window::Config),
     WarmUp(warm_up::Config),
+    Balance(balance::Config),
 }
 
 /// One bucket's state as the replicas share it (computed by Redis): the units
@@ -158,6 +162,7 @@ pub enum Bucket {
     SlidingWindowLog(Box<SlidingWindowLog>),
     SlidingWindow(SlidingWindow),
     WarmUp(Box<WarmUp>),
+    Balance(Balance),
 }
 
 // === impl Algorithm ===
@@ -172,6 +177,7 @@ impl Algorithm {
             Algorithm::SlidingWindowLog(_) => Kind::SlidingWindowLog,
             Algorithm::SlidingWindow(_) => Kind::SlidingWindow,
             Algorithm::WarmUp(_) => Kind::WarmUp,
+            Algorithm::Balance(_) => Kind::Balance,
         }
     }
 
@@ -200,6 +206,7 @@ impl Algorithm {
                 window(c.period_ms * 1_000_000),
                 (c.cold_rate() * 1000.0).floor() / 1000.0
             ),
+            Algorithm::Balance(c) => format!("balance of at most {}, topped up by an operator", c.max),
         }
     }
 
@@ -215,7 +222,8 @@ impl Algorithm {
             Algorithm::TokenBucket(_)
             | Algorithm::Gcra(_)
             | Algorithm::LeakyBucket(_)
-            | Algorithm::SlidingWindowLog(_) => true,
+            | Algorithm::SlidingWindowLog(_)
+            | Algorithm::Balance(_) => true,
         }
     }
 
@@ -249,6 +257,7 @@ impl Algorithm {
                 warm_up::Mode::Police => (c.rate.as_f64() as u64).max(1),
                 warm_up::Mode::Shape { .. } => u64::MAX,
             },
+            Algorithm::Balance(c) => c.max,
         }
     }
 
@@ -264,6 +273,8 @@ impl Algorithm {
             Algorithm::SlidingWindow(c) => c.window,
             // A second: the rate's.
             Algorithm::WarmUp(_) => 1_000_000_000,
+            // No window: nothing comes back with time.
+            Algorithm::Balance(_) => 0,
         };
         Duration::from_nanos(nanos)
     }
@@ -299,6 +310,8 @@ impl Algorithm {
                     warm_up::Config::new(rate(c.rate), Duration::from_millis(c.period_ms), c.cold_factor, c.mode);
                 Algorithm::WarmUp(scaled.unwrap_or_else(|_| c.clone()))
             }
+            // Never shared out: a balance is decided by Redis or held whole.
+            Algorithm::Balance(c) => Algorithm::Balance(c.clone()),
         }
     }
 
@@ -312,6 +325,7 @@ impl Algorithm {
             Algorithm::SlidingWindowLog(c) => Bucket::SlidingWindowLog(Box::new(SlidingWindowLog::new(c, now))),
             Algorithm::SlidingWindow(c) => Bucket::SlidingWindow(SlidingWindow::new(c, now)),
             Algorithm::WarmUp(c) => Bucket::WarmUp(Box::new(WarmUp::new(c, now))),
+            Algorithm::Balance(c) => Bucket::Balance(Balance::new(c, now)),
         }
     }
 }
@@ -349,6 +363,10 @@ macro_rules! dispatch {
             },
             Bucket::WarmUp($s) => match $alg {
                 Algorithm::WarmUp($c) => $body,
+                _ => $fallback,
+            },
+            Bucket::Balance($s) => match $alg {
+                Algorithm::Balance($c) => $body,
                 _ => $fallback,
             },
         }
@@ -434,6 +452,9 @@ impl Bucket {
             Algorithm::SlidingWindowLog(_) => alg.new_bucket(now),
             // Redis runs the warm-up for the fleet; a replica admits its lease.
             Algorithm::WarmUp(c) => Bucket::WarmUp(Box::new(WarmUp::with_lease(c, now, lease))),
+            // A balance is never leased out (the rules refuse it replicated):
+            // what Redis holds is what it holds.
+            Algorithm::Balance(_) => Bucket::Balance(Balance::with_units(shared.available.floor() as i64)),
         }
     }
 

@@ -154,6 +154,15 @@ impl Buckets {
     }
 
     /// Gives back what an `acquire` at the same `now` took.
+    /// What the balance at `key` holds (below 0: owes); 0 when it was
+    /// never topped up nor charged (or is not a balance).
+    pub fn balance_units(&self, key: &BucketKey) -> i64 {
+        match self.map.get(key).as_deref().map(|slot| &slot.bucket) {
+            Some(Bucket::Balance(b)) => b.units(),
+            _ => 0,
+        }
+    }
+
     pub fn refund(&self, key: &BucketKey, alg: &Algorithm, now: Timestamp, cost: u64) {
         if let Some(mut slot) = self.map.get_mut(key) {
             slot.bucket.refund(alg, now, cost);
@@ -225,6 +234,12 @@ impl Buckets {
         // The `batch` oldest, kept in a max-heap on `touched`.
         let mut oldest: BinaryHeap<(Timestamp, BucketKey)> = BinaryHeap::with_capacity(batch + 1);
         for entry in self.map.iter() {
+            // Credits an operator topped up are never evicted: only a top-up
+            // (the admin role) makes them, so they are as many as it made.
+            // A balance in debt may be: forgetting it is the owed units' loss.
+            if matches!(&entry.value().bucket, Bucket::Balance(b) if b.units() > 0) {
+                continue;
+            }
             let touched = entry.value().touched;
             if oldest.len() < batch {
                 oldest.push((touched, entry.key().clone()));

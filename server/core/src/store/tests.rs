@@ -184,3 +184,23 @@ fn concurrent_callers_never_overdraw_one_bucket() {
     });
     assert_eq!(admitted, 1000);
 }
+
+#[test]
+fn credits_topped_up_are_never_evicted_nor_swept_but_debts_may_be() {
+    let store = Buckets::new(3);
+    let credits = Algorithm::Balance(crate::limiter::balance::Config::new(1_000));
+    // Topped up: a give-back to an empty balance.
+    store.force(key("paid"), &credits, t(1), 0);
+    store.refund(&key("paid"), &credits, t(1), 500);
+    store.force(key("owes"), &credits, t(2), 7);
+    let alg = tb(10);
+    for (i, k) in ["a", "b", "c", "d"].iter().enumerate() {
+        store.acquire(key(k), &alg, t(3 + i as u64), 1);
+    }
+    assert!(store.contains(&key("paid")), "topped-up credits were evicted");
+    assert!(!store.contains(&key("owes")), "the debt is the least recently used key");
+    assert_eq!(store.check(&key("paid"), &credits, t(100), 0).status.remaining, 500);
+    // Long idle, the credits stay: a balance never comes back on its own.
+    let swept = store.sweep(Timestamp::from_secs(4_000_000_000), |_| Some(&credits));
+    assert!(store.contains(&key("paid")), "swept {swept}");
+}

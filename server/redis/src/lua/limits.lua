@@ -16,6 +16,7 @@
 --                 year in a time zone); Redis's clock picks one of the two.
 -- warm_up         p1 rate per second, p2 warm-up period ms, p3 cold factor
 --                 (police only: Sentinel's WarmUpController, see limiter/warm_up.rs)
+-- balance         p1 the most it holds
 -- Keys share the resource's hash tag, so every key a script touches is in the
 -- slot of its KEYS. Numbers are doubles: exact for whole values below 2^53.
 
@@ -376,6 +377,31 @@ A[CODE.warm_up] = {
     if at > 0 and math.floor(t / 1000) == st.s and math.floor(st.t / 1000) == st.s then
       redis.call('HSET', key, 'sc', math.max(0, st.sc - units))
     end
+  end,
+}
+
+-- A balance, as limiter/balance.rs decides it: units topped up by an
+-- operator (a give), which never come back with time. It starts at 0, may
+-- go below 0 by a charge (a debt the next top-up pays first), and is kept
+-- without expiry: it is money. Its reset is a hundred years while it holds
+-- anything, and a denial retries in an hour (see KEPT and RETRY there).
+local BALANCE_KEPT = 100 * 365 * 86400 * 1e6
+local BALANCE_RETRY = 3600 * 1e6
+A[CODE.balance] = {
+  restored = function(p, known, at, now) return known end,
+  lifetime = function(p, now) return BALANCE_KEPT end,
+  status = function(key, p, now, cost)
+    local units = tonumber(redis.call('GET', key) or 0)
+    local ok = units >= cost
+    local after = ok and units - cost or units
+    return { avail = units, ok = ok, reset = after ~= 0 and BALANCE_KEPT or 0,
+             retry = ok and 0 or BALANCE_RETRY, wait = 0 }
+  end,
+  take = function(key, p, now, cost, st)
+    redis.call('SET', key, int(st.avail - cost))
+  end,
+  give = function(key, p, now, units, st, at)
+    redis.call('SET', key, int(math.min(p[1], st.avail + units)))
   end,
 }
 
