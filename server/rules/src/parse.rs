@@ -16,8 +16,8 @@ use super::{
 use crate::limiter::leaky_bucket::Mode;
 use crate::limiter::rate::Rate;
 use crate::limiter::{
-    Algorithm, Kind, calendar, fixed_window, gcra, leaky_bucket, sliding_window, sliding_window_log, token_bucket,
-    warm_up,
+    Algorithm, Kind, balance, calendar, fixed_window, gcra, leaky_bucket, sliding_window, sliding_window_log,
+    token_bucket, warm_up,
 };
 
 use super::overrides::MAX_AMOUNT;
@@ -531,6 +531,7 @@ fn limit(f: &Fields<'_>) -> Option<Limit> {
             windowed(f, MAX_AMOUNT).map(|(l, w)| Algorithm::SlidingWindow(sliding_window::Config::new(l, w)))
         }
         Kind::WarmUp => warm_up(f, sync),
+        Kind::Balance => balance(f, sync),
     };
     let shadow = f.flag("shadow");
     let lease = lease(f, algorithm.as_ref());
@@ -542,6 +543,19 @@ fn limit(f: &Fields<'_>) -> Option<Limit> {
     // A shaping warm-up's queue is one replica's: local unless told (and refused otherwise).
     let shaping = matches!(&algorithm, Some(a @ Algorithm::WarmUp(_)) if a.shapes());
     let sync = sync.or(shaping.then_some(SyncMode::Local));
+    // A balance is money: exact in Redis unless told, and spent by no
+    // replica alone while Redis is away unless told.
+    let balance = matches!(&algorithm, Some(Algorithm::Balance(_)));
+    let sync = sync.or(balance.then_some(SyncMode::Strict));
+    let on_error = on_error.or(balance.then_some(OnRedisError::Deny));
+    if balance && lease.is_some() {
+        f.error("lease", "a balance cannot be leased: its units do not come back with time");
+        return None;
+    }
+    if balance && matches!(over_limit, Some(Some(_))) {
+        f.error("over_limit", "cannot be used on a balance: calls over it would spend credits nobody topped up");
+        return None;
+    }
     Some(Limit {
         name: name?,
         key,
@@ -770,6 +784,22 @@ fn warm_up(f: &Fields<'_>, sync: Option<SyncMode>) -> Option<Algorithm> {
             None
         }
     }
+}
+
+/// `algorithm: balance` (with an optional `max_balance`): units an operator
+/// tops up, which never come back on their own. Replicas cannot share one
+/// out by leases: `sync: replicated` is refused.
+fn balance(f: &Fields<'_>, sync: Option<SyncMode>) -> Option<Algorithm> {
+    f.deny_unknown(&[COMMON, &["max_balance"]].concat());
+    let max = if f.has("max_balance") { f.u64_in("max_balance", 1, balance::MAX)? } else { balance::MAX };
+    if sync == Some(SyncMode::Replicated) {
+        f.error(
+            "sync",
+            "a balance cannot be replicated (shared out between syncs): use sync: strict (the default for a balance) or local",
+        );
+        return None;
+    }
+    Some(Algorithm::Balance(balance::Config::new(max)))
 }
 
 /// `limit` and `window` of the window algorithms, the window in nanoseconds.

@@ -115,7 +115,7 @@ resources:
         "rules.yaml: resource 'orders': limits[0] 'a'.capacity: must be a whole number between 1 and 1000000000000, got 0",
         "rules.yaml: resource 'orders': limits[0] 'a'.refill_per_second: must be a positive number, got -1",
         "rules.yaml: resource 'orders': limits[1] 'b'.window: is required",
-        "rules.yaml: resource 'orders': limits[2] 'c'.algorithm: must be one of token_bucket, gcra, leaky_bucket, fixed_window, sliding_window_log, sliding_window, warm_up, got 'teleport'",
+        "rules.yaml: resource 'orders': limits[2] 'c'.algorithm: must be one of token_bucket, gcra, leaky_bucket, fixed_window, sliding_window_log, sliding_window, warm_up, balance, got 'teleport'",
         "rules.yaml: resource 'users': limits[0] 'd'.limit: must be a whole number between 1 and 10000, got 20000",
         "rules.yaml: resource 'users': limits[0] 'd'.window: duration '5' needs a unit, e.g. 5s or 5ms",
         "rules.yaml: resource 'users': limits[1] 'd'.capacity: unknown field (expected one of: name, key, algorithm, sync, on_redis_error, shadow, lease, lease_share, lease_start, when, unless, over_limit, cost, rate_per_second, burst)",
@@ -659,4 +659,48 @@ resources:
         assert!(errors.iter().any(|e| e.contains(w)), "no error contains {w:?}:\n{}", errors.join("\n"));
     }
     assert_eq!(errors.len(), want.len(), "{}", errors.join("\n"));
+}
+
+#[test]
+fn a_balance_is_strict_and_refuses_what_would_share_it_out() {
+    let rules = RuleSet::from_yaml(
+        r#"
+resources:
+  - name: api
+    limits: [ { name: free, algorithm: fixed_window, limit: 1, window: 1h } ]
+    waterfall:
+      - { name: credits, key: [tenant], algorithm: balance }
+  - name: prepaid
+    limits: [ { name: wallet, key: [tenant], algorithm: balance, max_balance: 500, sync: local } ]
+"#,
+        "rules.yaml",
+    )
+    .unwrap();
+    let credits = &rules.find("api").unwrap().limits[1];
+    assert_eq!(credits.algorithm.capacity(), crate::limiter::balance::MAX);
+    assert_eq!((credits.sync, credits.on_redis_error), (SyncMode::Strict, OnRedisError::Deny));
+    let wallet = &rules.find("prepaid").unwrap().limits[0];
+    assert_eq!((wallet.algorithm.capacity(), wallet.sync), (500, SyncMode::Local));
+    let errors = errors_of(
+        r#"
+resources:
+  - name: r
+    limits:
+      - { name: a, algorithm: balance, sync: replicated }
+      - { name: b, algorithm: balance, lease: 1s }
+      - { name: c, algorithm: balance, sync: local, over_limit: { admit: 10% } }
+      - { name: d, algorithm: balance, max_balance: 0 }
+      - { name: e, algorithm: balance, limit: 5 }
+"#,
+    );
+    let want = [
+        "limits[0] 'a'.sync: a balance cannot be replicated",
+        "limits[1] 'b'.lease: a balance cannot be leased",
+        "limits[2] 'c'.over_limit: cannot be used on a balance",
+        "limits[3] 'd'.max_balance: must be",
+        "limits[4] 'e'.limit: unknown field",
+    ];
+    for w in want {
+        assert!(errors.iter().any(|e| e.contains(w)), "no error contains {w:?}:\n{}", errors.join("\n"));
+    }
 }
