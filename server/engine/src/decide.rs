@@ -453,6 +453,12 @@ impl Engine {
             // not an error. A shadow limit never changes the answer: a cost
             // beyond it is only reported as what it would have denied.
             if !limit.shadow && capacity > 0 && cost > capacity {
+                // More than the rule's own limits ever hold, but a later
+                // source of its waterfall may pay: they deny and pass it on.
+                let more = rule.map_or(0, |(r, _)| r.waterfall_len());
+                if source == 0 && more > 0 && self.prepare_source(rules, req, 1).is_some() {
+                    continue;
+                }
                 return Err(RequestError::CostExceedsCapacity { cost, capacity, limit: limit.name.clone() });
             }
         }

@@ -176,6 +176,10 @@ pub enum RequestError {
     BadUtilization { field: &'static str, value: String },
     #[error("instance: system '{system}' already has {live} live instances (its load.max_instances is {max}); '{}' is not counted", .instance.escape_debug())]
     TooManyInstances { system: String, live: usize, max: usize, instance: String },
+    #[error("limit: '{}' of resource '{}' is not a balance (algorithm: balance), it is a {algorithm}", .limit.escape_debug(), .resource.escape_debug())]
+    NotABalance { resource: String, limit: String, algorithm: &'static str },
+    #[error("the balance is kept in Redis, which did not answer: nothing changed; try again")]
+    BalanceUnavailable,
     #[error("{field}[{index}]{}{source}", if source.starts_with_field() { "." } else { ": " })]
     InBatch { field: &'static str, index: usize, source: Box<RequestError> },
 }
@@ -231,7 +235,7 @@ impl RequestError {
         match self {
             NoBreaker(_) | NoConcurrency(_) | NoSuchLimit { .. } | NoWhatIf | NoSuchRule(_) => ErrorKind::NotFound,
             TooManyOverrides { .. } | TooManyInstances { .. } => ErrorKind::TooMany,
-            OverridesNotKept(_) => ErrorKind::Unavailable,
+            OverridesNotKept(_) | BalanceUnavailable => ErrorKind::Unavailable,
             InBatch { source, .. } => source.kind(),
             Empty { .. }
             | TooLong { .. }
@@ -263,6 +267,7 @@ impl RequestError {
             | SystemWithEverySystem(_)
             | BadUtilization { .. }
             | BadOverride { .. }
+            | NotABalance { .. }
             | OutOfRange { .. } => ErrorKind::BadInput,
         }
     }

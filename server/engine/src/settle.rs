@@ -442,6 +442,75 @@ impl Leasing<'_> {
     }
 }
 
+/// A change to one key's balance ([`Charges::plan_balance`]).
+pub enum BalanceChange {
+    /// Made in this process: what the balance holds after it.
+    Here { balance: i64, max: u64 },
+    /// To make in Redis (a strict balance): the units to take (a top-up's
+    /// are negative: given back).
+    Strict { strict: Strict, max: u64 },
+}
+
+impl Charges<'_> {
+    /// Tops up (`amount` above 0) or takes from (below 0) the balance named
+    /// `limit` of `resource` for these descriptors. A balance this process
+    /// holds is changed here; a strict one is for the caller to change in
+    /// Redis. Refused: a limit the request does not match, one that is not
+    /// a balance, an amount of 0 or one that would pass `max_balance` (as
+    /// far as this process knows; Redis never goes past it either).
+    pub fn plan_balance<D: Descriptors + ?Sized>(
+        &self,
+        rules: &Installed,
+        resource: &str,
+        descriptors: &D,
+        limit: &str,
+        amount: i64,
+    ) -> Result<BalanceChange, RequestError> {
+        request::validate(resource, descriptors)?;
+        let no_limit = || RequestError::NoSuchLimit { resource: resource.into(), limit: limit.into() };
+        let Some((rule, handles)) = rules.find(resource) else { return Err(no_limit()) };
+        let all = matched(rule, handles, resource, descriptors, &self.clock, None);
+        let Some((l, _, key)) = all.into_iter().find(|(l, ..)| l.name == limit) else { return Err(no_limit()) };
+        let crate::limiter::Algorithm::Balance(cfg) = &l.algorithm else {
+            return Err(RequestError::NotABalance {
+                resource: resource.into(),
+                limit: limit.into(),
+                algorithm: l.algorithm.name(),
+            });
+        };
+        let max = cfg.max;
+        if amount == 0 || amount.unsigned_abs() > crate::limiter::balance::MAX {
+            let message =
+                format!("{amount} is not an amount to add or take: 1 to {} either way", crate::limiter::balance::MAX);
+            return Err(RequestError::OutOfRange { field: "amount", message });
+        }
+        if self.coordination.decides(l) {
+            let strict = Strict { resource: resource.to_string(), items: smallvec::smallvec![(key, -amount, 0, 0)] };
+            return Ok(BalanceChange::Strict { strict, max });
+        }
+        let before = self.buckets.balance_units(&key);
+        check_top_up(before, amount, max)?;
+        let now = self.clock.now();
+        if amount > 0 {
+            self.buckets.force(key.clone(), &l.algorithm, now, 0);
+            self.buckets.refund(&key, &l.algorithm, now, amount.unsigned_abs());
+        } else {
+            self.buckets.force(key.clone(), &l.algorithm, now, amount.unsigned_abs());
+        }
+        Ok(BalanceChange::Here { balance: self.buckets.balance_units(&key), max })
+    }
+}
+
+/// Refuses a top-up that would take a balance holding `before` past `max`.
+pub fn check_top_up(before: i64, amount: i64, max: u64) -> Result<(), RequestError> {
+    let after = i128::from(before) + i128::from(amount);
+    if amount > 0 && after > i128::from(max) {
+        let message = format!("{amount} would make the balance {after}, more than its max_balance {max}");
+        return Err(RequestError::OutOfRange { field: "amount", message });
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;

@@ -163,3 +163,37 @@ fn a_charge_in_memory_goes_to_the_rule_s_own_limits() {
     assert_eq!(names, ["minute"]);
     assert_eq!(c.paid_by, None);
 }
+
+const CREDITS: &str = r#"
+resources:
+  - name: api
+    limits:
+      - { name: free, key: [tenant], algorithm: fixed_window, limit: 1, window: 1h }
+    waterfall:
+      - { name: credits, key: [tenant], algorithm: balance, max_balance: 100 }
+"#;
+
+#[test]
+fn credits_topped_up_here_pay_after_the_free_calls_and_never_pass_their_most() {
+    use crate::settle::BalanceChange;
+    let (e, _clock) = super::tests::engine(CREDITS);
+    let rules = e.rules();
+    let t = tenant("t", None);
+    let call = |cost: u32| e.acquire(&rules, &Request { cost, ..Request::new("api", &t) }).unwrap();
+    assert_eq!(call(1).paid_by, None);
+    assert_eq!(call(1).verdict, Verdict::RateLimited, "no credits yet");
+    let top_up = |amount: i64| e.charges().plan_balance(&rules, "api", &t, "credits", amount);
+    assert!(matches!(top_up(60), Ok(BalanceChange::Here { balance: 60, max: 100 })));
+    // A cost the free calls never hold is paid by the credits.
+    let a = call(25);
+    assert_eq!((a.verdict, a.paid_by.map(String::as_str)), (Verdict::Allowed, Some("credits")));
+    assert!(matches!(top_up(66), Err(RequestError::OutOfRange { field: "amount", .. })), "35 + 66 > 100");
+    assert!(matches!(top_up(65), Ok(BalanceChange::Here { balance: 100, .. })));
+    assert!(matches!(top_up(-30), Ok(BalanceChange::Here { balance: 70, .. })));
+    assert!(matches!(top_up(0), Err(RequestError::OutOfRange { .. })));
+    let not = e.charges().plan_balance(&rules, "api", &t, "free", 5);
+    assert!(matches!(not, Err(RequestError::NotABalance { .. })), "{:?}", not.err());
+    // More than any source ever holds is bad input, as without a waterfall.
+    let err = e.acquire(&rules, &Request { cost: 101, ..Request::new("api", &t) }).unwrap_err();
+    assert!(matches!(err, RequestError::CostExceedsCapacity { .. }), "{err:?}");
+}
