@@ -1006,3 +1006,32 @@ class SetDecisionLogResponse(_message.Message):
     share_before: float
     share: float
     def __init__(self, share_before: _Optional[float] = ..., share: _Optional[float] = ...) -> None: ...
+
+class AdjustBalanceRequest(_message.Message):
+    __slots__ = ("resource", "descriptors", "limit", "amount", "reason")
+    class DescriptorsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTORS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    AMOUNT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    resource: str
+    descriptors: _containers.ScalarMap[str, str]
+    limit: str
+    amount: int
+    reason: str
+    def __init__(self, resource: _Optional[str] = ..., descriptors: _Optional[_Mapping[str, str]] = ..., limit: _Optional[str] = ..., amount: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class AdjustBalanceResponse(_message.Message):
+    __slots__ = ("balance", "max_balance")
+    BALANCE_FIELD_NUMBER: _ClassVar[int]
+    MAX_BALANCE_FIELD_NUMBER: _ClassVar[int]
+    balance: int
+    max_balance: int
+    def __init__(self, balance: _Optional[int] = ..., max_balance: _Optional[int] = ...) -> None: ...

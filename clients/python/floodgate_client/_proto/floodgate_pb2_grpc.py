@@ -532,6 +532,11 @@ class AdminStub:
                 request_serializer=floodgate_dot_v1_dot_floodgate__pb2.SetDecisionLogRequest.SerializeToString,
                 response_deserializer=floodgate_dot_v1_dot_floodgate__pb2.SetDecisionLogResponse.FromString,
                 _registered_method=True)
+        self.AdjustBalance = channel.unary_unary(
+                '/floodgate.v1.Admin/AdjustBalance',
+                request_serializer=floodgate_dot_v1_dot_floodgate__pb2.AdjustBalanceRequest.SerializeToString,
+                response_deserializer=floodgate_dot_v1_dot_floodgate__pb2.AdjustBalanceResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -673,6 +678,17 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AdjustBalance(self, request, context):
+        """Tops up a balance (a limit with `algorithm: balance`, such as the
+        credits of a waterfall) for one key, or takes from it, with a reason the
+        audit log keeps. A strict balance is changed in Redis only: while Redis
+        does not answer, nothing changes (UNAVAILABLE). Read balances with Peek.
+        Role: admin.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -750,6 +766,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.SetDecisionLog,
                     request_deserializer=floodgate_dot_v1_dot_floodgate__pb2.SetDecisionLogRequest.FromString,
                     response_serializer=floodgate_dot_v1_dot_floodgate__pb2.SetDecisionLogResponse.SerializeToString,
+            ),
+            'AdjustBalance': grpc.unary_unary_rpc_method_handler(
+                    servicer.AdjustBalance,
+                    request_deserializer=floodgate_dot_v1_dot_floodgate__pb2.AdjustBalanceRequest.FromString,
+                    response_serializer=floodgate_dot_v1_dot_floodgate__pb2.AdjustBalanceResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1164,6 +1185,33 @@ class Admin:
             '/floodgate.v1.Admin/SetDecisionLog',
             floodgate_dot_v1_dot_floodgate__pb2.SetDecisionLogRequest.SerializeToString,
             floodgate_dot_v1_dot_floodgate__pb2.SetDecisionLogResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AdjustBalance(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/floodgate.v1.Admin/AdjustBalance',
+            floodgate_dot_v1_dot_floodgate__pb2.AdjustBalanceRequest.SerializeToString,
+            floodgate_dot_v1_dot_floodgate__pb2.AdjustBalanceResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -52,6 +52,29 @@ pub struct ReportArgs {
     resource: String,
 }
 
+#[derive(Args, Debug)]
+pub struct BalanceArgs {
+    #[command(flatten)]
+    server: Server,
+    /// The resource whose rule has the balance.
+    resource: String,
+    /// The balance: a limit (or waterfall source) with `algorithm: balance`.
+    #[arg(long)]
+    limit: String,
+    /// A descriptor that selects the balance's key, as key=value; repeat for more.
+    #[arg(short = 'd', long = "descriptor", value_parser = super::client::parse_pair)]
+    descriptors: Vec<(String, String)>,
+    /// Top the balance up by this many units (needs the admin role).
+    #[arg(long, conflicts_with = "take", requires = "reason", value_parser = clap::value_parser!(i64).range(1..))]
+    add: Option<i64>,
+    /// Take this many units from the balance (a correction; admin role).
+    #[arg(long, requires = "reason", value_parser = clap::value_parser!(i64).range(1..))]
+    take: Option<i64>,
+    /// Why, for the server's audit log (with --add or --take).
+    #[arg(long)]
+    reason: Option<String>,
+}
+
 #[derive(Copy, Clone, Debug, ValueEnum)]
 enum OutcomeArg {
     Success,
@@ -170,6 +193,34 @@ pub async fn report(args: ReportArgs) -> anyhow::Result<ExitCode> {
     let settled = if r.settled { ", settled" } else { "" };
     outln!("{}{settled}{state}", if r.counted { "counted" } else { "not counted: the permit is unknown or expired" });
     Ok(if r.counted { ExitCode::SUCCESS } else { ExitCode::from(3) })
+}
+
+/// Shows a balance (as Peek reads it), or tops it up or takes from it.
+pub async fn balance(args: BalanceArgs) -> anyhow::Result<ExitCode> {
+    let mut admin = pb::admin_client::AdminClient::new(args.server.connect().await?);
+    let descriptors: std::collections::HashMap<String, String> = args.descriptors.into_iter().collect();
+    let amount = args.add.or(args.take.map(|n| -n));
+    let Some(amount) = amount else {
+        let req = pb::PeekRequest { resource: args.resource.clone(), descriptors, limit: args.limit.clone() };
+        let peek = admin.peek(req).await.map_err(status_error)?.into_inner();
+        let l = peek.limits.first().ok_or_else(|| anyhow::anyhow!("no limit '{}' matched", args.limit))?;
+        if l.algorithm != "balance" {
+            anyhow::bail!("limit '{}' of '{}' is a {}, not a balance", args.limit, args.resource, l.algorithm);
+        }
+        outln!("{} of {}: {} (at most {})", args.limit, args.resource, l.remaining, l.limit);
+        return Ok(ExitCode::SUCCESS);
+    };
+    let req = pb::AdjustBalanceRequest {
+        resource: args.resource.clone(),
+        descriptors,
+        limit: args.limit.clone(),
+        amount,
+        reason: args.reason.unwrap_or_default(),
+    };
+    let r = admin.adjust_balance(req).await.map_err(status_error)?.into_inner();
+    let owes = if r.balance < 0 { " (owed)" } else { "" };
+    outln!("{} of {}: {}{owes} (at most {})", args.limit, args.resource, r.balance, r.max_balance);
+    Ok(ExitCode::SUCCESS)
 }
 
 pub async fn level(args: LevelArgs) -> anyhow::Result<ExitCode> {

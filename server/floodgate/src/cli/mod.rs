@@ -57,6 +57,9 @@ enum Command {
     Top(top::TopArgs),
     /// Why calls were answered as they were, from the server's decision log.
     Why(why::WhyArgs),
+    /// Show a balance (a limit with algorithm: balance), or top it up or take
+    /// from it with a reason for the audit log.
+    Balance(control::BalanceArgs),
     /// Load-test a server, ghz-style.
     Bench(crate::bench::BenchArgs),
 }
@@ -85,6 +88,7 @@ impl Cli {
             Command::Overrides(args) => return client::block_on(overrides::overrides(args)),
             Command::Top(args) => return client::block_on(top::top(args)),
             Command::Why(args) => return client::block_on(why::why(args)),
+            Command::Balance(args) => return client::block_on(control::balance(args)),
         };
         match result {
             Ok(()) => ExitCode::SUCCESS,

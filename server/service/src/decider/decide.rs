@@ -357,6 +357,35 @@ impl Decider {
         Err(last)
     }
 
+    /// Tops up (`amount` above 0) or takes from the balance named `limit`
+    /// of `resource` for these descriptors; what it holds after, and its
+    /// `max_balance`. A strict balance changes in Redis or not at all.
+    pub async fn adjust_balance<D: Descriptors + ?Sized>(
+        &self,
+        resource: &str,
+        descriptors: &D,
+        limit: &str,
+        amount: i64,
+    ) -> Result<(i64, u64), RequestError> {
+        use crate::engine::settle::{BalanceChange, check_top_up};
+        let rules = self.engine.rules_full();
+        match self.engine.charges().plan_balance(&rules, resource, descriptors, limit, amount)? {
+            BalanceChange::Here { balance, max } => Ok((balance, max)),
+            BalanceChange::Strict { strict, max } => {
+                let Some(replication) = &self.replication else { return Err(RequestError::BalanceUnavailable) };
+                // What Redis holds now (0 while it owes: a top-up pays that
+                // first, so the check is never too strict).
+                let now = replication.peek(&rules, resource, descriptors, Some(limit)).await?;
+                let before = now.limits.first().map_or(0, |l| i64::try_from(l.status.remaining).unwrap_or(i64::MAX));
+                check_top_up(before, amount, max)?;
+                match replication.try_adjust_strict(&strict).await {
+                    Some(left) => Ok((left.first().copied().flatten().unwrap_or(0), max)),
+                    None => Err(RequestError::BalanceUnavailable),
+                }
+            }
+        }
+    }
+
     /// Whether the charge named `key` is the first of that name: claimed in
     /// Redis when it answers (so that a retry sent to another replica is
     /// caught), and noted here in any case (so that one sent while Redis

@@ -242,4 +242,33 @@ impl Admin for ControlPlane {
         tracing::info!(target: "floodgate::audit", who, change = "SetDecisionLog", share_before = before, share, "admin change");
         Ok(Response::new(pb::SetDecisionLogResponse { share_before: before, share }))
     }
+
+    async fn adjust_balance(
+        &self,
+        request: Request<pb::AdjustBalanceRequest>,
+    ) -> Result<Response<pb::AdjustBalanceResponse>, Status> {
+        let req = request.get_ref();
+        // Checked before anything changes: a change the audit log could not
+        // explain is not made.
+        crate::engine::request::check_name("limit", &req.limit, false).or_status()?;
+        crate::engine::request::check_name("reason", &req.reason, false).or_status()?;
+        let (balance, max_balance) =
+            self.decider.adjust_balance(&req.resource, &req.descriptors, &req.limit, req.amount).await.or_status()?;
+        let mut descriptors: Vec<String> = req.descriptors.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        descriptors.sort();
+        let (who, descriptors) = (who(&request), descriptors.join(","));
+        tracing::info!(
+            target: "floodgate::audit",
+            who,
+            change = "AdjustBalance",
+            resource = req.resource,
+            descriptors,
+            limit = req.limit,
+            amount = req.amount,
+            reason = req.reason,
+            balance_after = balance,
+            "admin change"
+        );
+        Ok(Response::new(pb::AdjustBalanceResponse { balance, max_balance }))
+    }
 }
