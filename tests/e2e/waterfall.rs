@@ -215,3 +215,129 @@ async fn a_server_alone_takes_charges_from_each_source_in_turn() {
     let now = taken(&fg, "m").await;
     assert_eq!(now.iter().map(|(_, t)| t.round()).collect::<Vec<_>>(), [300.0, 500.0, 300.0], "{now:?}");
 }
+
+const CREDITS: &str = r#"
+resources:
+  - name: api
+    limits:
+      - { name: free, key: [tenant], algorithm: token_bucket, capacity: 2, refill_per_second: 0.001, sync: strict }
+      - { name: calls, algorithm: fixed_window, limit: 1000000, window: 1h }
+    waterfall:
+      - { name: credits, key: [tenant], algorithm: balance, max_balance: 1000 }
+"#;
+
+fn adjust(t: &str, limit: &str, amount: i64, reason: &str) -> pb::AdjustBalanceRequest {
+    pb::AdjustBalanceRequest {
+        resource: "api".into(),
+        descriptors: tenant(t),
+        limit: limit.into(),
+        amount,
+        reason: reason.into(),
+    }
+}
+
+async fn call(fg: &Floodgate, t: &str, cost: u32) -> pb::AcquireResponse {
+    let req = pb::AcquireRequest { resource: "api".into(), descriptors: tenant(t), cost, ..Default::default() };
+    fg.client().await.acquire(req).await.unwrap().into_inner()
+}
+
+/// Credits topped up through Admin on one replica pay on the other, each
+/// change in the audit log; bad changes are refused and change nothing;
+/// while Redis is down nothing changes; and a Redis that comes back older
+/// does not give back credits that were spent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credits_are_topped_up_through_admin_and_spent_exactly_across_replicas() {
+    let (mut redis, _dir, args) = replicated(CREDITS);
+    let args = strs(&args);
+    let (a, b) = (floodgate().args(&args).start(), floodgate().args(&args).start());
+    wait_live(&a, 2);
+    wait_live(&b, 2);
+    // The free calls first; then no credits: denied, naming both.
+    for _ in 0..2 {
+        assert_eq!(call(&b, "t", 1).await.paid_by, "");
+    }
+    let denied = call(&b, "t", 1).await;
+    assert_eq!(denied.verdict(), pb::Verdict::RateLimited);
+    assert!(denied.reason.contains("'free'") && denied.reason.contains("'credits'"), "{}", denied.reason);
+
+    // Topped up through the CLI on A (the admin role: loopback, no tokens).
+    let out = std::process::Command::new(BIN)
+        .args(["balance", "--server", &a.grpc, "api", "--limit", "credits", "-d", "tenant=t"])
+        .args(["--add", "300", "--reason", "invoice 17"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "credits of api: 300 (at most 1000)");
+    assert!(a.logs().contains("AdjustBalance") && a.logs().contains("invoice 17"), "{}", a.logs());
+
+    // B spends them, exactly: 300 in calls of 7 is 42 calls, and 6 left.
+    let mut paid = 0;
+    loop {
+        let r = call(&b, "t", 7).await;
+        if r.verdict() != pb::Verdict::Allowed {
+            break;
+        }
+        assert_eq!(r.paid_by, "credits");
+        paid += 1;
+    }
+    assert_eq!(paid, 42);
+    let left = |fg: &Floodgate| {
+        let out = std::process::Command::new(BIN)
+            .args(["balance", "--server", &fg.grpc, "api", "--limit", "credits", "-d", "tenant=t"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    assert_eq!(left(&a), "credits of api: 6 (at most 1000)");
+
+    // Refused, changing nothing: each error names the field.
+    let mut admin = a.admin().await;
+    let refused = [
+        (adjust("t", "credits", 0, "zero"), "amount: 0"),
+        (adjust("t", "credits", 995, "too much"), "more than its max_balance 1000"),
+        (adjust("t", "free", 5, "not a balance"), "'free' of resource 'api' is not a balance"),
+        (adjust("t", "credits", 5, ""), "reason: must not be empty"),
+        (adjust("t", "nope", 5, "no such"), "no matched limit 'nope'"),
+        (
+            pb::AdjustBalanceRequest { descriptors: HashMap::new(), ..adjust("t", "credits", 5, "no key") },
+            "no matched limit 'credits'",
+        ),
+    ];
+    for (req, want) in refused {
+        let e = admin.adjust_balance(req).await.unwrap_err();
+        assert!(e.message().contains(want), "{:?}: {}", e.code(), e.message());
+        assert!(matches!(e.code(), tonic::Code::InvalidArgument | tonic::Code::NotFound), "{e:?}");
+    }
+    assert_eq!(left(&b), "credits of api: 6 (at most 1000)");
+
+    // Through the JSON API too.
+    let answer = a
+        .request("POST", "/v1/admin/adjust-balance")
+        .header("content-type", "application/json")
+        .body(r#"{"resource":"api","descriptors":{"tenant":"t"},"limit":"credits","amount":"94","reason":"json"}"#)
+        .send_async()
+        .await;
+    let body = String::from_utf8_lossy(&answer.body).to_string();
+    assert_eq!(answer.status, 200, "{body}");
+    assert!(body.contains("\"balance\":\"100\""), "{body}");
+
+    // Redis saves here (100 credits), then 70 are spent: a Redis that comes
+    // back from that save must not hand the 70 out again.
+    redis.bgsave();
+    for _ in 0..10 {
+        assert_eq!(call(&a, "t", 7).await.paid_by, "credits");
+    }
+    redis.kill();
+    let e = admin.adjust_balance(adjust("t", "credits", 50, "while down")).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+    redis.restart();
+    wait_redis_up(&a);
+    wait_redis_up(&b);
+    let mut more = 0;
+    while call(&b, "t", 7).await.verdict() == pb::Verdict::Allowed {
+        more += 1;
+        assert!(more < 20, "the credits spent before Redis went back are spent again");
+    }
+    assert_eq!(more, 4, "30 credits were left: 4 calls of 7");
+    assert!(!a.logs().contains("while down"), "a change that did not happen is not in the audit log");
+}
