@@ -261,6 +261,16 @@ impl Algorithm {
         }
     }
 
+    /// The time until the limit is full again, as an answer shows it. A
+    /// balance keeps its units until they are spent, so it has no such time:
+    /// its answers show none (zero), although its store keeps a far one.
+    pub fn shown_reset_after(&self, reset_after: Duration) -> Duration {
+        match self {
+            Algorithm::Balance(_) => Duration::ZERO,
+            _ => reset_after,
+        }
+    }
+
     /// The policy window: a window algorithm's window, or the time a rate-based
     /// limit takes to refill from empty.
     pub fn window(&self) -> Duration {

@@ -307,12 +307,15 @@ pub(crate) fn render(resource: &str, r: &pb::AcquireResponse) -> String {
     let windows: Vec<String> = r.limits.iter().map(|l| l.window.as_ref().map(human).unwrap_or_default()).collect();
     let window_width = windows.iter().map(|w| w.len()).max().unwrap_or(0).max(6);
     for (l, window) in r.limits.iter().zip(&windows) {
+        // A limit with no window (a balance) leaves the column blank.
+        let per = if window.is_empty() { String::new() } else { format!("per {window}") };
         let _ = write!(
             out,
-            "  {} remaining {:>6}/{:<6} per {window:<window_width$}",
+            "  {} remaining {:>6}/{:<6} {per:<per_width$}",
             cell(&l.name, name_width),
             l.remaining,
-            l.limit
+            l.limit,
+            per_width = window_width + 4
         );
         if let Some(reset) = l.reset_after.as_ref().map(human).filter(|s| !s.is_empty()) {
             let _ = write!(out, "  reset {reset}");

@@ -247,7 +247,7 @@ impl Logged {
                 cost: asked.cost_of(r.limit),
                 limit: r.status.limit,
                 remaining: r.status.remaining,
-                reset_after: r.status.reset_after,
+                reset_after: r.limit.algorithm.shown_reset_after(r.status.reset_after),
                 retry_after: r.status.retry_after,
                 window: r.limit.algorithm.window(),
                 exceeded: r.exceeded,

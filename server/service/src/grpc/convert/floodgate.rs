@@ -184,7 +184,7 @@ impl FromDomain<&LimitReport<'_>> for pb::LimitStatus {
             name: r.limit.name.clone(),
             limit: r.status.limit,
             remaining: r.status.remaining,
-            reset_after: duration(r.status.reset_after),
+            reset_after: duration(r.limit.algorithm.shown_reset_after(r.status.reset_after)),
             retry_after: duration(r.status.retry_after),
             window: duration(r.limit.algorithm.window()),
             exceeded: r.exceeded,
