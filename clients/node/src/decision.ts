@@ -15,6 +15,7 @@ export interface DecisionInit {
   degradationLevel?: number;
   maxInFlight?: number;
   reason?: string;
+  paidBy?: string;
   source?: Source;
 }
 
@@ -44,6 +45,11 @@ export class Decision {
   readonly maxInFlight: number;
   /** One human line for denials; empty when allowed. */
   readonly reason: string;
+  /**
+   * When the rule has a waterfall of budgets: the source that paid for an
+   * allowed call. Empty when the rule's own limits paid, or when denied.
+   */
+  readonly paidBy: string;
   /** Where it came from: the server, or the client on its own (fail modes). */
   readonly source: Source;
 
@@ -58,6 +64,7 @@ export class Decision {
     this.degradationLevel = init.degradationLevel ?? 0;
     this.maxInFlight = init.maxInFlight ?? 0;
     this.reason = init.reason ?? "";
+    this.paidBy = init.paidBy ?? "";
     this.source = init.source ?? Source.Server;
   }
 
@@ -107,6 +114,7 @@ export class Decision {
       degradationLevel: r.degradation_level ?? 0,
       maxInFlight: r.max_in_flight ?? 0,
       reason: r.reason ?? "",
+      paidBy: r.paid_by ?? "",
       source: Source.Server,
     });
   }

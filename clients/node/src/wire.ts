@@ -75,6 +75,7 @@ export interface WireAcquireResponse {
   reason: string;
   holds_slot: boolean;
   max_in_flight: number;
+  paid_by?: string;
 }
 
 /** floodgate.v1.AcquireBatchRequest */

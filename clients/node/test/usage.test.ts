@@ -97,3 +97,32 @@ test("a charge sent again with its idempotency key takes nothing", async () => {
   // 300 once under the key, and twice without one (each gets a fresh key).
   assert.deepEqual(await left("t4"), [99, 9099, 4999]);
 });
+
+test("a decision says which waterfall source paid", async () => {
+  const rules = `
+resources:
+  - name: api
+    limits:
+      - { name: free, key: [tenant], algorithm: fixed_window, limit: 1, window: 1h }
+    waterfall:
+      - { name: month, key: [tenant], algorithm: fixed_window, limit: 1, calendar: month }
+`;
+  const own = await FloodgateServer.start(rules);
+  const c = new Client(own.url, { requestTimeoutMs: 2000 });
+  try {
+    const paid = [];
+    for (let i = 0; i < 3; i++) {
+      const d = await c.acquire({ resource: "api", descriptors: { tenant: "t" } });
+      paid.push([d.allowed, d.paidBy, d.limits.map((l) => l.name)]);
+    }
+    // A denial names no payer and lists every source it asked.
+    assert.deepEqual(paid, [
+      [true, "", ["free"]],
+      [true, "month", ["free", "month"]],
+      [false, "", ["free", "month"]],
+    ]);
+  } finally {
+    await c.close();
+    await own.dispose();
+  }
+});

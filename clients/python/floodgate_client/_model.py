@@ -182,6 +182,9 @@ class Decision:
     max_in_flight: int = 0
     #: One human line for denials.
     reason: str = ""
+    #: When the rule has a waterfall of budgets: the source that paid for an
+    #: allowed call. Empty when the rule's own limits paid, or when denied.
+    paid_by: str = ""
 
     @property
     def allowed(self) -> bool:
@@ -288,6 +291,7 @@ def decision_from_proto(r, make_permit) -> Decision:
         degradation_level=r.degradation_level,
         max_in_flight=r.max_in_flight,
         reason=r.reason,
+        paid_by=r.paid_by,
     )
 
 

@@ -79,3 +79,28 @@ def test_a_charge_sent_again_with_its_idempotency_key_takes_nothing(chat):
             client.charge("chat", {"tenant": "t5"}, 0, usage={"input_tokens": 300})
         # 300 once under the key, and twice without one (each gets a fresh key).
         assert left(client, "t5") == [99, 9099, 4999]
+
+
+WATERFALL = """
+resources:
+  - name: api
+    limits:
+      - { name: free, key: [tenant], algorithm: fixed_window, limit: 1, window: 1h }
+    waterfall:
+      - { name: month, key: [tenant], algorithm: fixed_window, limit: 1, calendar: month }
+"""
+
+
+def test_a_decision_says_which_waterfall_source_paid(make_server):
+    server = make_server(WATERFALL)
+    with Client(server.url) as client:
+        paid = []
+        for _ in range(3):
+            d = client.acquire("api", {"tenant": "t"})
+            paid.append((d.allowed, d.paid_by, [l.name for l in d.limits]))
+        assert paid == [
+            (True, "", ["free"]),
+            (True, "month", ["free", "month"]),
+            # A denial names no payer and lists every source it asked.
+            (False, "", ["free", "month"]),
+        ]
