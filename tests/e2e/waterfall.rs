@@ -340,4 +340,10 @@ async fn credits_are_topped_up_through_admin_and_spent_exactly_across_replicas()
     }
     assert_eq!(more, 4, "30 credits were left: 4 calls of 7");
     assert!(!a.logs().contains("while down"), "a change that did not happen is not in the audit log");
+
+    // Redis comes back empty: the replicas put the 2 credits left back, no
+    // more and no fewer (an empty balance is where a lost one starts).
+    redis.cli(&["FLUSHALL"]).expect("FLUSHALL");
+    assert_eq!(call(&a, "t", 2).await.paid_by, "credits", "the credits left are put back");
+    assert_eq!(call(&b, "t", 1).await.verdict(), pb::Verdict::RateLimited, "no more than were left");
 }

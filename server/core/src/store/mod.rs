@@ -153,7 +153,6 @@ impl Buckets {
         }
     }
 
-    /// Gives back what an `acquire` at the same `now` took.
     /// What the balance at `key` holds (below 0: owes); 0 when it was
     /// never topped up nor charged (or is not a balance).
     pub fn balance_units(&self, key: &BucketKey) -> i64 {
@@ -163,6 +162,7 @@ impl Buckets {
         }
     }
 
+    /// Gives back what an `acquire` at the same `now` took.
     pub fn refund(&self, key: &BucketKey, alg: &Algorithm, now: Timestamp, cost: u64) {
         if let Some(mut slot) = self.map.get_mut(key) {
             slot.bucket.refund(alg, now, cost);

@@ -80,6 +80,7 @@ for i = 2, #KEYS do
       seen, by = tonumber(before[4]), before[5]
     end
     local first = not current
+    local empty = false
     if first then
       -- The first restore of this bucket in this loss. What Redis recorded
       -- of each replica's pushes (`key:p`, see sync.lua) is as old as the
@@ -92,9 +93,18 @@ for i = 2, #KEYS do
       redis.call('DEL', KEYS[i] .. ':p')
       current = A[alg].status(KEYS[i], p, now, 0).avail
       if strict then seen, by = written(KEYS[i]) end
+      -- Redis holds nothing of a strict bucket (no state, no time of a
+      -- change): it lost the bucket, and its "figure" is only the state a
+      -- new bucket starts in. For most algorithms that is full, and the
+      -- lower figure below wins anyway; for a balance it is empty, which
+      -- would lose every credit. So the replica's figure is kept, dated,
+      -- and the later restores of this loss compare theirs by time.
+      empty = strict and not seen and redis.call('EXISTS', KEYS[i]) == 0
     end
     local keep
-    if strict and seen and under ~= '' and by == under then
+    if empty then
+      keep = true
+    elseif strict and seen and under ~= '' and by == under then
       keep = at > seen
     else
       keep = target < current
