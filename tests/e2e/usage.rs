@@ -220,6 +220,40 @@ async fn a_charge_sent_again_with_its_key_is_taken_once_across_replicas() {
     assert!(long.message().starts_with("idempotency_key: 129 bytes"), "{long:?}");
 }
 
+/// Many charges of one key sent at the same moment, half of them to each
+/// replica, are taken exactly once: never by nobody, never twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_key_sent_at_once_to_both_replicas_is_taken_once() {
+    let (_redis, _dir, args) = replicated(RULES);
+    let args = strs(&args);
+    let (a, b) = (floodgate().args(&args).start(), floodgate().args(&args).start());
+    wait_live(&a, 2);
+    wait_live(&b, 2);
+    let (ca, cb) = (a.client().await, b.client().await);
+    const KEYS: u64 = 150;
+    for k in 0..KEYS {
+        let mut tries = Vec::new();
+        for i in 0..8 {
+            let mut c = if i % 2 == 0 { ca.clone() } else { cb.clone() };
+            let req = pb::ChargeRequest {
+                resource: "chat".into(),
+                descriptors: tenant("race"),
+                cost: 0,
+                usage: usage(&[("input_tokens", 1)]),
+                idempotency_key: format!("race-{k}"),
+            };
+            tries.push(tokio::spawn(async move { c.charge(req).await.unwrap().into_inner().duplicate }));
+        }
+        let mut taken = 0;
+        for t in tries {
+            taken += u64::from(!t.await.unwrap());
+        }
+        assert_eq!(taken, 1, "key race-{k}: {taken} of 8 charges were taken");
+    }
+    // The strict budget (10,000 a window) holds exactly one unit per key.
+    until_left(&a, "race", &[1000, 10_000 - KEYS, 5000]).await;
+}
+
 /// When one strict budget runs out, the answer names that one, not every
 /// strict limit of the rule (each is marked exceeded only when it denied).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -390,14 +390,20 @@ impl Decider {
     /// Redis when it answers (so that a retry sent to another replica is
     /// caught), and noted here in any case (so that one sent while Redis
     /// is away, or after it lost its keys, is caught by this replica).
+    ///
+    /// Only the charge that is first here claims the key in Redis. If every
+    /// charge of the name claimed, a later one could win the claim in
+    /// Redis while the first here lost it, and both would answer
+    /// "duplicate": the charge would be taken by nobody.
     async fn first_charge<D: Descriptors + ?Sized>(&self, resource: &str, descriptors: &D, key: &str) -> bool {
         let hash = self.charged_keys.hash(resource, descriptors, key);
-        let here = self.charged_keys.first(hash, self.engine.clock().now());
-        let claimed = match &self.replication {
+        if !self.charged_keys.first(hash, self.engine.clock().now()) {
+            return false;
+        }
+        match &self.replication {
             Some(replication) => replication.claim_key(resource, hash).await.unwrap_or(true),
             None => true,
-        };
-        here && claimed
+        }
     }
 
     /// A resource's limits for these descriptors, consuming nothing; `only`
