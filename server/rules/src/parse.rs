@@ -552,6 +552,13 @@ fn limit(f: &Fields<'_>) -> Option<Limit> {
         f.error("lease", "a balance cannot be leased: its units do not come back with time");
         return None;
     }
+    if balance && on_error.is_some_and(|e| e != OnRedisError::Deny) {
+        f.error(
+            "on_redis_error",
+            "a balance pays for nothing while Redis is away: only 'deny' (its default) is allowed, because 'allow' would give calls away and 'local' would let each replica spend credits the others may have spent",
+        );
+        return None;
+    }
     if balance && matches!(over_limit, Some(Some(_))) {
         f.error("over_limit", "cannot be used on a balance: calls over it would spend credits nobody topped up");
         return None;

@@ -691,6 +691,8 @@ resources:
       - { name: c, algorithm: balance, sync: local, over_limit: { admit: 10% } }
       - { name: d, algorithm: balance, max_balance: 0 }
       - { name: e, algorithm: balance, limit: 5 }
+      - { name: f, algorithm: balance, on_redis_error: allow }
+      - { name: g, algorithm: balance, on_redis_error: local }
 "#,
     );
     let want = [
@@ -699,6 +701,8 @@ resources:
         "limits[2] 'c'.over_limit: cannot be used on a balance",
         "limits[3] 'd'.max_balance: must be",
         "limits[4] 'e'.limit: unknown field",
+        "limits[5] 'f'.on_redis_error: a balance pays for nothing while Redis is away",
+        "limits[6] 'g'.on_redis_error: a balance pays for nothing while Redis is away",
     ];
     for w in want {
         assert!(errors.iter().any(|e| e.contains(w)), "no error contains {w:?}:\n{}", errors.join("\n"));
