@@ -347,3 +347,32 @@ async fn credits_are_topped_up_through_admin_and_spent_exactly_across_replicas()
     assert_eq!(call(&a, "t", 2).await.paid_by, "credits", "the credits left are put back");
     assert_eq!(call(&b, "t", 1).await.verdict(), pb::Verdict::RateLimited, "no more than were left");
 }
+
+/// A server alone never evicts credits, so a store full of balances
+/// refuses a top-up of another key (RESOURCE_EXHAUSTED, no audit line)
+/// rather than answer that it made it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_top_up_the_store_has_no_room_for_is_refused() {
+    let fg = floodgate().rules(CREDITS).args(["--max-keys", "10"]).start();
+    let mut admin = fg.admin().await;
+    let mut kept = 0;
+    for n in 0..14 {
+        match admin.adjust_balance(adjust(&format!("full-{n}"), "credits", 5, &format!("order {n}"))).await {
+            Ok(r) => {
+                assert_eq!(r.into_inner().balance, 5);
+                kept += 1;
+            }
+            Err(e) => {
+                assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+                assert!(e.message().contains("raise --max-keys"), "{e:?}");
+                assert!(!fg.logs().contains(&format!("reason=\"order {n}\"")), "a refused top-up is not audited");
+            }
+        }
+    }
+    assert_eq!(kept, 10, "every key the store holds is a balance with credits");
+    // The credits that were kept are all still there.
+    for n in 0..kept {
+        let left = call(&fg, &format!("full-{n}"), 5).await;
+        assert_eq!(left.paid_by, "credits", "{left:?}");
+    }
+}

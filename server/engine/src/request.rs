@@ -180,6 +180,10 @@ pub enum RequestError {
     NotABalance { resource: String, limit: String, algorithm: &'static str },
     #[error("the balance is kept in Redis, which did not answer: nothing changed; try again")]
     BalanceUnavailable,
+    #[error(
+        "the server keeps as many keys as --max-keys allows, and balances that hold credits are never evicted: the top-up was not made; raise --max-keys"
+    )]
+    BalancesFull,
     #[error("{field}[{index}]{}{source}", if source.starts_with_field() { "." } else { ": " })]
     InBatch { field: &'static str, index: usize, source: Box<RequestError> },
 }
@@ -234,7 +238,7 @@ impl RequestError {
         use RequestError::*;
         match self {
             NoBreaker(_) | NoConcurrency(_) | NoSuchLimit { .. } | NoWhatIf | NoSuchRule(_) => ErrorKind::NotFound,
-            TooManyOverrides { .. } | TooManyInstances { .. } => ErrorKind::TooMany,
+            TooManyOverrides { .. } | TooManyInstances { .. } | BalancesFull => ErrorKind::TooMany,
             OverridesNotKept(_) | BalanceUnavailable => ErrorKind::Unavailable,
             InBatch { source, .. } => source.kind(),
             Empty { .. }

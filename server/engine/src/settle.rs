@@ -497,7 +497,13 @@ impl Charges<'_> {
         } else {
             self.buckets.force(key.clone(), &l.algorithm, now, amount.unsigned_abs());
         }
-        Ok(BalanceChange::Here { balance: self.buckets.balance_units(&key), max })
+        let after = self.buckets.balance_units(&key);
+        // A store full of balances that hold credits (never evicted) had no
+        // room for this one: the change was not kept.
+        if after != (i128::from(before) + i128::from(amount)).clamp(i128::from(i64::MIN), i128::from(max)) as i64 {
+            return Err(RequestError::BalancesFull);
+        }
+        Ok(BalanceChange::Here { balance: after, max })
     }
 }
 
