@@ -341,6 +341,11 @@ impl Engine {
         mut p: Prepared<'r>,
         now: Timestamp,
     ) -> Answer<'r> {
+        // Most rules have no waterfall: their answer is the decision, with
+        // no source to name and nothing to carry between sources.
+        if p.next_source().is_none() && p.source() == 0 {
+            return self.decide(p, now);
+        }
         let mut before: Option<Answer<'r>> = None;
         loop {
             let (next, paid_by) = (p.next_source(), p.source_name());
