@@ -45,6 +45,11 @@ pub fn rate_limit_headers(d: &Decision, headers: &mut HeaderMap) {
             .limits
             .iter()
             .map(|l| {
+                // A limit without a window (a balance of credits) has no
+                // time over which its quota comes back: `w` is left out.
+                if l.window.is_zero() {
+                    return format!("\"{}\";q={}", l.name, l.limit);
+                }
                 let (quota, window) = policy(l.limit, l.window);
                 format!("\"{}\";q={quota};w={window}", l.name)
             })
@@ -126,6 +131,14 @@ mod tests {
         let limit = Limit::new("odd", 10, Duration::from_millis(1500)).with_remaining(3);
         let h = headers(&Decision::new(Verdict::Allowed).with_limit(limit));
         assert_eq!(h["ratelimit-policy"], r#""odd";q=13;w=2"#);
+    }
+
+    #[test]
+    fn a_limit_without_a_window_has_no_w_in_its_policy() {
+        // A balance of 1,000 credits: nothing comes back with time.
+        let limit = Limit::new("credits", 1000, Duration::ZERO).with_remaining(40);
+        let h = headers(&Decision::new(Verdict::Allowed).with_limit(limit));
+        assert_eq!(h["ratelimit-policy"], r#""credits";q=1000"#);
     }
 
     #[test]
