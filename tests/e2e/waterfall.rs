@@ -289,6 +289,18 @@ async fn credits_are_topped_up_through_admin_and_spent_exactly_across_replicas()
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     };
     assert_eq!(left(&a), "credits of api: 6 (at most 1000)");
+    // The CLI refuses a key given twice (which value would it top up?) and
+    // a reason with nothing to change, before it asks the server.
+    for extra in [&["-d", "tenant=u", "--add", "5", "--reason", "two keys"][..], &["--reason", "only a reason"]] {
+        let out = std::process::Command::new(BIN)
+            .args(["balance", "--server", &a.grpc, "api", "--limit", "credits", "-d", "tenant=t"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{out:?}");
+    }
+    assert_eq!(left(&a), "credits of api: 6 (at most 1000)");
+    assert!(!a.logs().contains("two keys"), "a refused change is not audited");
 
     // Refused, changing nothing: each error names the field.
     let mut admin = a.admin().await;

@@ -198,9 +198,19 @@ pub async fn report(args: ReportArgs) -> anyhow::Result<ExitCode> {
 /// Shows a balance (as Peek reads it), or tops it up or takes from it.
 pub async fn balance(args: BalanceArgs) -> anyhow::Result<ExitCode> {
     let mut admin = pb::admin_client::AdminClient::new(args.server.connect().await?);
-    let descriptors: std::collections::HashMap<String, String> = args.descriptors.into_iter().collect();
+    // A key given twice would change the balance of only one of the two
+    // values, silently: money is not moved on a guess.
+    let mut descriptors = std::collections::HashMap::new();
+    for (k, v) in args.descriptors {
+        if descriptors.insert(k.clone(), v).is_some() {
+            anyhow::bail!("--descriptor: the key '{k}' is given twice");
+        }
+    }
     let amount = args.add.or(args.take.map(|n| -n));
     let Some(amount) = amount else {
+        if args.reason.is_some() {
+            anyhow::bail!("--reason goes with --add or --take: showing a balance changes nothing");
+        }
         let req = pb::PeekRequest { resource: args.resource.clone(), descriptors, limit: args.limit.clone() };
         let peek = admin.peek(req).await.map_err(status_error)?.into_inner();
         let l = peek.limits.first().ok_or_else(|| anyhow::anyhow!("no limit '{}' matched", args.limit))?;
