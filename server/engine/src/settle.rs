@@ -488,7 +488,7 @@ impl Charges<'_> {
             let strict = Strict { resource: resource.to_string(), items: smallvec::smallvec![(key, -amount, 0, 0)] };
             return Ok(BalanceChange::Strict { strict, max });
         }
-        let before = self.buckets.balance_units(&key);
+        let before = self.buckets.balance_units(&key).unwrap_or(0);
         check_top_up(before, amount, max)?;
         let now = self.clock.now();
         if amount > 0 {
@@ -497,12 +497,9 @@ impl Charges<'_> {
         } else {
             self.buckets.force(key.clone(), &l.algorithm, now, amount.unsigned_abs());
         }
-        let after = self.buckets.balance_units(&key);
         // A store full of balances that hold credits (never evicted) had no
         // room for this one: the change was not kept.
-        if after != (i128::from(before) + i128::from(amount)).clamp(i128::from(i64::MIN), i128::from(max)) as i64 {
-            return Err(RequestError::BalancesFull);
-        }
+        let Some(after) = self.buckets.balance_units(&key) else { return Err(RequestError::BalancesFull) };
         Ok(BalanceChange::Here { balance: after, max })
     }
 }

@@ -153,12 +153,13 @@ impl Buckets {
         }
     }
 
-    /// What the balance at `key` holds (below 0: owes); 0 when it was
-    /// never topped up nor charged (or is not a balance).
-    pub fn balance_units(&self, key: &BucketKey) -> i64 {
+    /// What the balance at `key` holds (below 0: owes); `None` when the
+    /// store holds no balance there (never topped up nor charged, or not
+    /// kept: a store full of balances has no room for another).
+    pub fn balance_units(&self, key: &BucketKey) -> Option<i64> {
         match self.map.get(key).as_deref().map(|slot| &slot.bucket) {
-            Some(Bucket::Balance(b)) => b.units(),
-            _ => 0,
+            Some(Bucket::Balance(b)) => Some(b.units()),
+            _ => None,
         }
     }
 
