@@ -55,6 +55,11 @@ pub struct BenchArgs {
     /// The descriptor whose values are spread.
     #[arg(long, default_value = "user")]
     pub key_descriptor: String,
+    /// Key values shaped like a UUID (36 characters, as a real user id often
+    /// is) instead of the short `k<n>`: for memory figures with keys of a
+    /// realistic length. The same `n` always gives the same value.
+    #[arg(long)]
+    pub uuid_keys: bool,
     /// Items per AcquireBatch call.
     #[arg(long, default_value_t = 100)]
     pub batch_size: usize,
@@ -137,7 +142,7 @@ fn read_data(path: &std::path::Path) -> anyhow::Result<Vec<Call>> {
 /// descriptor, or a `--data` file.
 #[derive(Clone)]
 enum Calls {
-    Keys { resource: String, descriptor: String, keys: u64, cost: u32 },
+    Keys { resource: String, descriptor: String, keys: u64, cost: u32, uuid: bool },
     Data(std::sync::Arc<[Call]>),
 }
 
@@ -153,14 +158,27 @@ impl Calls {
     /// The `n`th call.
     fn nth(&self, n: u64) -> Call {
         match self {
-            Calls::Keys { resource, descriptor, keys, cost } => Call {
+            Calls::Keys { resource, descriptor, keys, cost, uuid } => Call {
                 resource: resource.clone(),
-                descriptors: [(descriptor.clone(), format!("k{}", n % keys))].into(),
+                descriptors: [(descriptor.clone(), key_value(n % keys, *uuid))].into(),
                 cost: *cost,
             },
             Calls::Data(calls) => calls[(n % calls.len() as u64) as usize].clone(),
         }
     }
+}
+
+/// The value of key `n`: `k<n>`, or a UUID-shaped string made from `n`
+/// (its bits spread by a multiplication, so that values do not share long
+/// prefixes, as real ids do not).
+fn key_value(n: u64, uuid: bool) -> String {
+    if !uuid {
+        return format!("k{n}");
+    }
+    let a = n.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let b = a.rotate_left(29) ^ n;
+    let hex = format!("{a:016x}{b:016x}");
+    format!("{}-{}-{}-{}-{}", &hex[0..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..32])
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -193,6 +211,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
             descriptor: args.key_descriptor.clone(),
             keys: args.keys,
             cost: args.cost,
+            uuid: args.uuid_keys,
         },
     };
     let channels = connect(&args).await?;
@@ -355,5 +374,18 @@ mod tests {
         assert_eq!(civil_from_days(0), (1970, 1, 1));
         assert_eq!(civil_from_days(20_786), (2026, 11, 29));
         assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+    }
+
+    #[test]
+    fn uuid_keys_are_uuid_shaped_distinct_and_stable() {
+        let values: std::collections::HashSet<String> = (0..10_000).map(|n| key_value(n, true)).collect();
+        assert_eq!(values.len(), 10_000, "every key is its own value");
+        let v = key_value(7, true);
+        assert_eq!(v, key_value(7, true));
+        assert_eq!(v.len(), 36);
+        let groups: Vec<usize> = v.split('-').map(str::len).collect();
+        assert_eq!(groups, [8, 4, 4, 4, 12]);
+        assert!(v.chars().all(|c| c == '-' || c.is_ascii_hexdigit()), "{v}");
+        assert_eq!(key_value(7, false), "k7");
     }
 }
