@@ -33,6 +33,7 @@ pub mod fuzz;
 pub mod grpc;
 pub mod http;
 pub mod listen;
+pub mod memory;
 mod metrics;
 mod reload;
 pub mod runtime;

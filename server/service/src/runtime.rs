@@ -10,12 +10,14 @@ use tokio::time::MissedTickBehavior;
 use crate::engine::Engine;
 
 /// A multi-threaded runtime with `threads` workers (default: one per core;
-/// 0 is refused where the flag is read).
+/// 0 is refused where the flag is read). A worker going idle makes a memory
+/// release asked for since its last (see [`crate::memory`]).
 pub fn build(threads: Option<usize>) -> anyhow::Result<tokio::runtime::Runtime> {
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     if let Some(n) = threads {
         runtime.worker_threads(n);
     }
+    runtime.on_thread_park(crate::memory::on_worker_park);
     anyhow::Context::context(runtime.enable_all().build(), "starting the runtime")
 }
 
@@ -48,11 +50,37 @@ pub(crate) fn spawn_ticker(engine: &Arc<Engine>, every: Duration) -> JoinHandle<
 }
 
 /// Forgets idle buckets every `every` (off the async workers: it walks every
-/// bucket) until the engine is dropped.
+/// bucket) until the engine is dropped. A sweep that forgot many keys asks
+/// for their memory to go back to the system (see [`crate::memory`]), and
+/// wakes the workers so that idle ones make the release too.
 pub(crate) fn spawn_sweeper(engine: &Arc<Engine>, every: Duration) -> JoinHandle<()> {
-    self::every(every, engine, |engine| async move {
-        let removed = tokio::task::spawn_blocking(move || engine.sweep()).await.unwrap_or(0);
-        tracing::debug!(removed, "swept idle buckets");
+    // The sweep after a release releases again: the allocator gives back
+    // some freed memory only after a delay of its own.
+    let again = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    self::every(every, engine, move |engine| {
+        let again = again.clone();
+        async move {
+            let release = tokio::task::spawn_blocking(move || {
+                let removed = engine.sweep();
+                tracing::debug!(removed, "swept idle buckets");
+                let many = removed >= crate::memory::RELEASE_AFTER_KEYS;
+                let release = many || again.swap(false, std::sync::atomic::Ordering::Relaxed);
+                again.fetch_or(many, std::sync::atomic::Ordering::Relaxed);
+                if release {
+                    crate::memory::ask_release();
+                }
+                release
+            })
+            .await
+            .unwrap_or(false);
+            if release {
+                // A task per worker: a parked worker is woken to run one, and
+                // parks again after it, releasing then.
+                for _ in 0..tokio::runtime::Handle::current().metrics().num_workers() {
+                    tokio::spawn(async {});
+                }
+            }
+        }
     })
 }
 
