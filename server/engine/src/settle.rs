@@ -359,6 +359,22 @@ impl Charges<'_> {
         Ok(self.take_charge(resource, plan))
     }
 
+    /// What Redis must take of a planned charge of `resource` (its strict
+    /// limits' units, each with its place in the answer's limits), taking
+    /// nothing: so that Redis can take it, with the charge's idempotency key,
+    /// before anything is taken here. [`Charges::take_charge`] lists the
+    /// same units afterwards.
+    pub fn strict_part(&self, resource: &str, plan: &ChargePlan<'_>) -> Strict {
+        let mut strict = Strict { resource: resource.to_string(), items: SmallVec::new() };
+        for (pos, (l, index, bucket)) in plan.matched.iter().enumerate() {
+            let cost = plan.costs.of(*index);
+            if cost > 0 && self.coordination.decides(l) {
+                strict.items.push((bucket.clone(), signed(cost), 0, pos));
+            }
+        }
+        strict
+    }
+
     /// Takes a planned charge of `resource` (nothing when no rule matched).
     pub fn take_charge<'r>(&self, resource: &str, plan: Option<ChargePlan<'r>>) -> Charged<'r> {
         let mut charged =

@@ -20,6 +20,16 @@ const BUCKETS_PER_SCRIPT: usize = 200;
 /// Strict buckets used within this long have their figure kept fresh.
 const IN_USE: Duration = Duration::from_secs(10);
 
+/// What [`Replication::claim_and_adjust`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claimed {
+    /// The key was claimed and the units taken: what each bucket has left
+    /// (`None` for one whose limit is no longer in force).
+    Taken(Vec<Option<i64>>),
+    /// The key was claimed before: nothing was taken.
+    Before,
+}
+
 /// One strict bucket's adjustment.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Adjust {
@@ -67,6 +77,31 @@ impl Replication {
         Some(left)
     }
 
+    /// A Charge's strict part taken together with the claim of its
+    /// idempotency key `hash`, in one script: either both happen or neither
+    /// (a replica that dies in between leaves no key claimed and not taken).
+    /// `None` when Redis did not answer: nothing was claimed nor taken then.
+    pub async fn claim_and_adjust(&self, strict: &Strict, hash: u128) -> Option<Claimed> {
+        let sync = Some(self.sync()).filter(|s| s.up())?;
+        let rules = self.engine.rules_full();
+        let items: Vec<Adjust> = strict
+            .items
+            .iter()
+            .map(|(key, units, at_us, _)| Adjust { key: key.clone(), units: *units, at_us: *at_us })
+            .collect();
+        let claim = super::claim_key_name(&strict.resource, hash);
+        let Some((at_us, left)) = self.adjust_with(&rules, &strict.resource, &items, Some(&claim)).await? else {
+            return Some(Claimed::Before);
+        };
+        let now = self.engine.clock().now();
+        for (item, left) in items.iter().zip(&left) {
+            if let Some(left) = left {
+                sync.saw_strict(&item.key, &strict.resource, *left, now, at_us);
+            }
+        }
+        Some(Claimed::Taken(left))
+    }
+
     /// Units Redis did not take: owed, and taken off the figure the next
     /// outage starts from, as what is admitted during one is.
     pub fn owe_strict(&self, strict: &Strict) {
@@ -83,11 +118,26 @@ impl Replication {
     /// not answer in time (nothing was changed then: each attempt carries a
     /// deadline). A resource Redis lost is restored first.
     pub async fn adjust(&self, rules: &Installed, resource: &str, items: &[Adjust]) -> Option<(i64, Vec<Option<i64>>)> {
+        let adjusted = self.adjust_with(rules, resource, items, None).await?;
+        Some(adjusted.expect("an adjust without a claim is never a duplicate"))
+    }
+
+    /// [`Self::adjust`], claiming the key named `claim` in the same script
+    /// when there is one: `Some(None)` when it was claimed before (nothing
+    /// changed then).
+    async fn adjust_with(
+        &self,
+        rules: &Installed,
+        resource: &str,
+        items: &[Adjust],
+        claim: Option<&str>,
+    ) -> Option<Option<(i64, Vec<Option<i64>>)>> {
         let clock = self.engine.clock();
-        if items.iter().all(|i| rules.limit(i.key.limit).is_none()) {
-            return Some((0, vec![None; items.len()]));
+        if claim.is_none() && items.iter().all(|i| rules.limit(i.key.limit).is_none()) {
+            return Some(Some((0, vec![None; items.len()])));
         }
-        let (at_us, left) = self
+        let claim_ms = u64::try_from(super::CLAIM_TTL.as_millis()).unwrap_or(u64::MAX) as f64;
+        let adjusted = self
             .limits()
             .until_done(rules, resource, true, || async {
                 let now = clock.now();
@@ -104,13 +154,18 @@ impl Replication {
                     args.extend(limit_args(&limit.algorithm, now));
                     sent += 1;
                 }
+                if let Some(claim) = claim {
+                    invocation.key(claim);
+                    args.push(claim_ms);
+                }
                 invocation.arg(deadline).arg(self.sync().marker(resource)).arg(&args[..]);
-                self.run(ScriptName::Adjust, invocation, |v| wire::parse_adjusted(v, sent)).await
+                self.run(ScriptName::Adjust, invocation, |v| wire::parse_claimed_adjust(v, sent)).await
             })
             .await?;
         self.sync().mark(resource, clock.now());
+        let Some((at_us, left)) = adjusted else { return Some(None) };
         let mut left = left.into_iter();
-        Some((at_us, items.iter().map(|i| rules.limit(i.key.limit).and_then(|_| left.next())).collect()))
+        Some(Some((at_us, items.iter().map(|i| rules.limit(i.key.limit).and_then(|_| left.next())).collect())))
     }
 
     /// Pays what is owed to strict buckets, one script per resource and

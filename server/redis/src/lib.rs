@@ -49,7 +49,7 @@ mod wire;
 #[doc(hidden)]
 pub mod testing {
     pub use super::scripts::{Code, limit_args, marker_key};
-    pub use super::wire::{Answered, TakeReply, parse_adjusted, parse_sync};
+    pub use super::wire::{Answered, TakeReply, parse_adjusted, parse_claimed_adjust, parse_sync};
 
     /// take.lua (a strict decision), whose time is its last argument (us).
     pub fn take_lua() -> String {
@@ -69,7 +69,7 @@ pub mod testing {
     }
 }
 
-pub use adjust::Adjust;
+pub use adjust::{Adjust, Claimed};
 use conn::{CallError, Conn};
 pub use conn::{Credentials, Target};
 pub use message::Forwarded;
@@ -140,11 +140,16 @@ pub const CLAIM_TTL: Duration = Duration::from_secs(600);
 /// Claims owed to Redis, at most.
 const MAX_OWED_CLAIMS: usize = 100_000;
 
+/// Where the idempotency key `hash` of a charge of `resource` is claimed.
+fn claim_key_name(resource: &str, hash: u128) -> String {
+    format!("{}:{hash:032x}", scripts::claimed_prefix(resource))
+}
+
 /// The claim of the idempotency key `hash` of a charge of `resource`: set
 /// only when not set (its answer is nil then), for [`CLAIM_TTL`], in the
 /// resource's slot.
 fn claim_command(resource: &str, hash: u128) -> redis::Cmd {
-    let key = format!("{}:{hash:032x}", scripts::claimed_prefix(resource));
+    let key = claim_key_name(resource, hash);
     let ttl_ms = u64::try_from(CLAIM_TTL.as_millis()).unwrap_or(u64::MAX);
     let mut cmd = redis::cmd("SET");
     cmd.arg(key).arg(1).arg("NX").arg("PX").arg(ttl_ms);

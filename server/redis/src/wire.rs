@@ -196,6 +196,22 @@ pub fn parse_adjusted(v: Value, buckets: usize) -> Result<Answered<(i64, Vec<i64
     Ok(Answered::Done((at_us, r)))
 }
 
+/// adjust.lua with a claim: `None` when the key was claimed before (`{'dup'}`:
+/// nothing changed), else as [`parse_adjusted`].
+pub fn parse_claimed_adjust(v: Value, buckets: usize) -> Result<Answered<Option<(i64, Vec<i64>)>>, ReplyError> {
+    if let Value::Array(items) = &v
+        && let [Value::BulkString(word)] = &items[..]
+        && word.as_slice() == b"dup"
+    {
+        return Ok(Answered::Done(None));
+    }
+    Ok(match parse_adjusted(v, buckets)? {
+        Answered::Done(done) => Answered::Done(Some(done)),
+        Answered::TooLate => Answered::TooLate,
+        Answered::Lost => Answered::Lost,
+    })
+}
+
 /// sync.lua: per bucket `{lease, window start us, prev, cur, available}`.
 pub fn parse_sync(v: Value, buckets: usize) -> Result<Answered<Vec<Shared>>, ReplyError> {
     if let Some(nothing) = did_nothing(&v) {

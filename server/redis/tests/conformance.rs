@@ -67,7 +67,8 @@ use floodgate_core::limiter::{
 };
 use floodgate_core::time::Timestamp;
 use floodgate_redis::testing::{
-    Answered, Code, TakeReply, adjust_lua, limit_args, marker_key, parse_adjusted, parse_sync, sync_lua, take_lua,
+    Answered, Code, TakeReply, adjust_lua, limit_args, marker_key, parse_adjusted, parse_claimed_adjust, parse_sync,
+    sync_lua, take_lua,
 };
 use floodgate_test_support::redis::RedisServer;
 use proptest::prelude::*;
@@ -515,6 +516,35 @@ fn known_differences() {
 
 /// The generators together reach every algorithm code the server sends to
 /// limits.lua (the calendar is a fixed window's option, with a code of its own).
+/// A Charge's idempotency key is claimed by the script that takes the
+/// charge: the first run claims and takes, a second run of the same key
+/// answers that it was claimed and takes nothing, and a charge without a
+/// key is taken as before.
+#[test]
+fn a_claimed_adjust_claims_and_takes_together_once() {
+    let mut lua = Lua::start();
+    let alg = Algorithm::TokenBucket(token_bucket::Config::new(100, Rate::whole_per_second(1)));
+    let claim = format!("fg:i:{{{RESOURCE}}}:charge-1");
+    let mut claimed = |lua: &mut Lua, units: i64| {
+        let mut inv = lua.adjust.prepare_invoke();
+        inv.key(marker_key(RESOURCE)).key(lua.key(0)).key(&claim);
+        inv.arg(0).arg(&lua.token).arg(units).arg(0);
+        inv.arg(&limit_args(&alg, at(T0_US))[..]);
+        inv.arg(600_000.0_f64).arg(T0_US);
+        let v: redis::Value = inv.invoke(&mut lua.con).expect("adjust.lua with a claim");
+        match parse_claimed_adjust(v, 1).expect("a reply of adjust.lua") {
+            Answered::Done(done) => done.map(|(_, left)| left[0]),
+            other => panic!("adjust.lua did nothing: {other:?}"),
+        }
+    };
+    assert_eq!(claimed(&mut lua, 30), Some(70), "the first charge of the key is taken");
+    assert_eq!(claimed(&mut lua, 30), None, "the second is a duplicate");
+    assert_eq!(lua.adjust(&alg, 0, 0, 0, T0_US), Ok(70), "and took nothing");
+    let ttl: i64 = redis::cmd("PTTL").arg(&claim).query(&mut lua.con).expect("PTTL");
+    assert!((599_000..=600_000).contains(&ttl), "the claim lives as long as it was told: {ttl} ms");
+    assert_eq!(lua.adjust(&alg, 0, 5, 0, T0_US), Ok(65), "a charge without a key is taken as before");
+}
+
 #[test]
 fn every_lua_code_is_generated() {
     let mut runner = TestRunner::deterministic();

@@ -10,14 +10,26 @@
 -- (negative: given back), the Redis time of the take they were part of (us;
 -- 0 when unknown: for a give-back, the current window, and nothing from a
 -- sliding log), and the limit's five numbers.
--- Returns per bucket floor(what is available after), negative for a debt.
+-- A Charge with an idempotency key claims it in the same script, so that a
+-- replica that dies after the script has both claimed and taken, or neither:
+-- then one more key follows the buckets (the claim, in the resource's slot),
+-- and one more number the seven of each bucket (the claim's lifetime, ms).
+-- A key claimed before answers {'dup'} and nothing changes.
+-- Returns Redis's time (us), then per bucket floor(what is available after),
+-- negative for a debt.
 local now = now_us()
 local deadline = tonumber(ARGV[1])
 if deadline > 0 and now > deadline then return { 'late' } end
 if not marked(KEYS[1], ARGV[2]) then return { 'lost' } end
+local buckets = math.floor((#ARGV - 2) / 7)
+local claim = KEYS[buckets + 2]
+-- (The lifetime comes as a decimal number: an integer is made of it for SET.)
+if claim and not redis.call('SET', claim, 1, 'NX', 'PX', math.floor(tonumber(ARGV[3 + buckets * 7]))) then
+  return { 'dup' }
+end
 -- Redis's time first: the replica keeps the newest figure it was given.
 local out = { now }
-for i = 2, #KEYS do
+for i = 2, buckets + 1 do
   local key, b = KEYS[i], 2 + (i - 2) * 7
   local units, at = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
   local alg = tonumber(ARGV[b + 3])

@@ -270,26 +270,65 @@ impl Decider {
         // Bad input is refused before the key is claimed: a corrected charge
         // sent again with the key is still the first.
         let plan = self.engine.charges().plan_charge(&rules, resource, descriptors, cost, usage)?;
-        if !key.is_empty() && plan.is_some() && !self.first_charge(resource, descriptors, key).await {
-            // Taken before: the limits as they are now (strict ones as Redis
-            // holds them), as a peek reads them.
+        let hash = (!key.is_empty() && plan.is_some()).then(|| self.charged_keys.hash(resource, descriptors, key));
+        // Taken before: the limits as they are now (strict ones as Redis
+        // holds them), as a peek reads them.
+        let duplicate = async || -> Result<R, RequestError> {
             let answer = self.peeked(&rules, resource, descriptors, None).await?;
             let seen = Charged { limits: answer.limits, strict: Strict::default(), duplicate: true, paid_by: None };
-            return Ok(R::from_answer(seen));
+            Ok(R::from_answer(seen))
+        };
+        if let Some(hash) = hash
+            && !self.charged_keys.first(hash, self.engine.clock().now())
+        {
+            return duplicate().await;
         }
+        // What Redis took of the charge together with the claim of its key.
+        let mut taken_in_redis = None;
         let plan = match plan {
             Some(p) if p.waterfall() > 0 => {
+                if let Some(hash) = hash
+                    && !self.claim_alone(resource, hash).await
+                {
+                    return duplicate().await;
+                }
                 match self.charge_waterfall(&rules, resource, descriptors, cost, usage).await {
                     Ok(charged) => return Ok(R::from_answer(charged)),
                     Err(last) => last,
                 }
+            }
+            Some(p) if hash.is_some() => {
+                let hash = hash.unwrap_or_default();
+                let strict = self.engine.charges().strict_part(resource, &p);
+                match &self.replication {
+                    // Redis takes a part: it claims the key in the same script,
+                    // so that a replica dying in between cannot leave the key
+                    // claimed and the charge not taken.
+                    Some(replication) if !strict.items.is_empty() => {
+                        match replication.claim_and_adjust(&strict, hash).await {
+                            Some(floodgate_redis::Claimed::Before) => return duplicate().await,
+                            Some(floodgate_redis::Claimed::Taken(left)) => taken_in_redis = Some(left),
+                            // No answer: nothing was claimed nor taken. The
+                            // claim is made alone (owed while Redis is away).
+                            None if !self.claim_alone(resource, hash).await => return duplicate().await,
+                            None => {}
+                        }
+                    }
+                    _ if !self.claim_alone(resource, hash).await => return duplicate().await,
+                    _ => {}
+                }
+                Some(p)
             }
             plan => plan,
         };
         let mut charged = self.engine.charges().take_charge(resource, plan);
         if let Some(replication) = &self.replication {
             let strict = std::mem::take(&mut charged.strict);
-            match replication.try_adjust_strict(&strict).await {
+            let left = match taken_in_redis {
+                Some(left) => Some(left),
+                None => replication.try_adjust_strict(&strict).await,
+            };
+            match left {
                 Some(left) => {
                     for ((_, _, _, pos), available) in strict.items.iter().zip(left) {
                         let Some(available) = available else { continue };
@@ -386,20 +425,18 @@ impl Decider {
         }
     }
 
-    /// Whether the charge named `key` is the first of that name: claimed in
-    /// Redis when it answers (so that a retry sent to another replica is
-    /// caught), and noted here in any case (so that one sent while Redis
-    /// is away, or after it lost its keys, is caught by this replica).
+    /// Whether the charge whose key hashes to `hash`, first on this replica
+    /// (noted in `charged_keys`, so that one sent while Redis is away, or
+    /// after it lost its keys, is caught here), is the first in Redis too:
+    /// claimed there when it answers, so that a retry sent to another
+    /// replica is caught. Used when Redis takes no part of the charge with
+    /// the claim (see `Replication::claim_and_adjust`).
     ///
     /// Only the charge that is first here claims the key in Redis. If every
     /// charge of the name claimed, a later one could win the claim in
     /// Redis while the first here lost it, and both would answer
     /// "duplicate": the charge would be taken by nobody.
-    async fn first_charge<D: Descriptors + ?Sized>(&self, resource: &str, descriptors: &D, key: &str) -> bool {
-        let hash = self.charged_keys.hash(resource, descriptors, key);
-        if !self.charged_keys.first(hash, self.engine.clock().now()) {
-            return false;
-        }
+    async fn claim_alone(&self, resource: &str, hash: u128) -> bool {
         match &self.replication {
             Some(replication) => replication.claim_key(resource, hash).await.unwrap_or(true),
             None => true,
