@@ -110,8 +110,19 @@ fn derive(
                 return Err(("limits", "must name at least one limit, e.g. { per-user: 5000 }".into()));
             }
             for (name, n) in set {
-                if !base.iter().any(|l| l.name == *name) {
+                let Some(limit) = base.iter().find(|l| l.name == *name) else {
                     return Err(("limits", format!("'{}' is not a limit of this resource", name.escape_debug())));
+                };
+                // A balance holds what was topped up: no override sizes it
+                // (a factor leaves it as it is too).
+                if matches!(limit.algorithm, Algorithm::Balance(_)) {
+                    return Err((
+                        "limits",
+                        format!(
+                            "'{}' is a balance: it holds what an operator topped up (floodgate balance), and an override cannot change it",
+                            name.escape_debug()
+                        ),
+                    ));
                 }
                 if !(1..=MAX_AMOUNT).contains(n) {
                     return Err((
@@ -144,6 +155,8 @@ fn within_caps(field: &'static str, limits: Vec<Limit>) -> Result<Vec<Limit>, (&
     for l in &limits {
         let cap = match l.algorithm {
             Algorithm::SlidingWindowLog(_) => sliding_window_log::MAX_LIMIT,
+            // An override leaves a balance as it is: its own bound holds.
+            Algorithm::Balance(_) => continue,
             _ => MAX_AMOUNT,
         };
         let n = l.algorithm.capacity();

@@ -707,4 +707,22 @@ resources:
     for w in want {
         assert!(errors.iter().any(|e| e.contains(w)), "no error contains {w:?}:\n{}", errors.join("\n"));
     }
+    // An override cannot size a balance by name (it would be ignored).
+    let errors = errors_of(
+        r#"
+resources:
+  - name: api
+    limits: [ { name: free, key: [tenant], algorithm: fixed_window, limit: 1, window: 1h } ]
+    waterfall:
+      - { name: credits, key: [tenant], algorithm: balance }
+    overrides:
+      - { when: { tenant: acme }, limits: { credits: 5000 } }
+      - { when: { tenant: beta }, limits: { free: 50 } }
+      - { when: { tenant: gamma }, factor: 3 }
+"#,
+    );
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    let want = "overrides[0].limits: 'credits' is a balance: it holds what an operator topped up \
+                (floodgate balance), and an override cannot change it";
+    assert!(errors[0].ends_with(want), "{errors:#?}");
 }
