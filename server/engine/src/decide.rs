@@ -647,7 +647,7 @@ pub(super) fn limits_for<'r, D: Descriptors + ?Sized>(
     let Some((i, o)) = rule.overrides.find(|k| d.get(k), || clock.now().as_nanos()) else { return Ok(own) };
     match &o.action {
         crate::rules::overrides::Action::Block { retry_after } => {
-            let values = o.when.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
+            let values = crate::request::pairs_text(o.when.iter().map(|(k, v)| (k, v)));
             Err((*retry_after, format!("an override for {values}")))
         }
         _ => Ok(LimitsFor { limits: &o.limits, slots: Some(&o.slots), ids: handles.ids(Some(i)) }),

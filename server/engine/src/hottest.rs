@@ -22,11 +22,7 @@ pub struct TopLimit {
 /// `user=u42,plan=gold`.
 fn entries_text(scope: CompactString) -> String {
     let parts = BucketKey { limit: LimitId::default(), scope }.parts();
-    parts
-        .chunks(2)
-        .map(|kv| format!("{}={}", kv[0], kv.get(1).map_or("", String::as_str)))
-        .collect::<Vec<_>>()
-        .join(",")
+    crate::request::pairs_text(parts.chunks(2).map(|kv| (&kv[0], kv.get(1).map_or("", String::as_str))))
 }
 
 /// A rule's limits and its overrides' (a tier's own), one per name (one per
@@ -49,7 +45,9 @@ fn key_text(rule: &Rule, limit: &Limit, scope: CompactString) -> String {
     if rule.per_resource() {
         out.extend(parts.next());
     }
-    out.extend(limit.key.iter().zip(parts).map(|(k, v)| format!("{k}={v}")));
+    let rest: Vec<String> = parts.collect();
+    out.push(crate::request::pairs_text(limit.key.iter().zip(&rest)));
+    out.retain(|part| !part.is_empty());
     out.join(",")
 }
 

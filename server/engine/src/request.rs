@@ -289,6 +289,47 @@ impl RequestError {
 }
 
 /// Refuses a batch longer than [`MAX_BATCH`].
+/// Descriptor pairs as `k=v,k=v`, in the order given, for logs and the CLI.
+/// A `,`, `=` or `\` inside a key or value is written after a `\`, so that
+/// a value such as `a,tenant=b` cannot read as two pairs (an audit line
+/// must name the key a change was made to, whatever the caller sent).
+pub fn pairs_text<'a, K, V>(pairs: impl IntoIterator<Item = (&'a K, &'a V)>) -> String
+where
+    K: AsRef<str> + ?Sized + 'a,
+    V: AsRef<str> + ?Sized + 'a,
+{
+    let mut out = String::new();
+    for (i, (k, v)) in pairs.into_iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        escape_pair_part(&mut out, k.as_ref());
+        out.push('=');
+        escape_pair_part(&mut out, v.as_ref());
+    }
+    out
+}
+
+fn escape_pair_part(out: &mut String, part: &str) {
+    for c in part.chars() {
+        if matches!(c, ',' | '=' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+}
+
+/// [`pairs_text`] of pairs sorted by key, then value.
+pub fn sorted_pairs_text<'a, K, V>(pairs: impl IntoIterator<Item = (&'a K, &'a V)>) -> String
+where
+    K: AsRef<str> + ?Sized + 'a,
+    V: AsRef<str> + ?Sized + 'a,
+{
+    let mut pairs: Vec<(&str, &str)> = pairs.into_iter().map(|(k, v)| (k.as_ref(), v.as_ref())).collect();
+    pairs.sort_unstable();
+    pairs_text(pairs.iter().map(|(k, v)| (*k, *v)))
+}
+
 pub fn check_batch(field: &'static str, count: usize) -> Result<(), RequestError> {
     if count > MAX_BATCH {
         return Err(RequestError::BatchTooLarge { field, count });
@@ -429,6 +470,22 @@ mod tests {
         assert!(validate(&"r".repeat(256), &d).is_ok());
         assert!(validate("x", &map(&[("user", "")])).is_ok(), "an empty value is a value");
         assert!(check_batch("requests", 1000).is_ok());
+    }
+
+    #[test]
+    fn pairs_are_written_so_that_a_value_cannot_read_as_two_pairs() {
+        let plain = [("tenant", "acme"), ("plan", "gold")];
+        assert_eq!(pairs_text(plain.iter().map(|(k, v)| (*k, *v))), "tenant=acme,plan=gold");
+        assert_eq!(sorted_pairs_text(plain.iter().map(|(k, v)| (*k, *v))), "plan=gold,tenant=acme");
+        // Two requests that differ are written differently.
+        let forged = [("tenant", "a,plan=gold")];
+        let two = [("tenant", "a"), ("plan", "gold")];
+        let (forged, two) =
+            (pairs_text(forged.iter().map(|(k, v)| (*k, *v))), pairs_text(two.iter().map(|(k, v)| (*k, *v))));
+        assert_eq!(forged, r"tenant=a\,plan\=gold");
+        assert_ne!(forged, two);
+        assert_eq!(pairs_text([("k\\", "=v")].iter().map(|(k, v)| (*k, *v))), r"k\\=\=v");
+        assert_eq!(pairs_text(std::iter::empty::<(&str, &str)>()), "");
     }
 }
 

@@ -162,9 +162,7 @@ async fn set(admin: &mut Admin, a: SetArgs) -> anyhow::Result<()> {
 }
 
 fn when_text(o: &pb::Override) -> String {
-    let mut pairs: Vec<String> = o.when.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    pairs.sort();
-    pairs.join(",")
+    floodgate_engine::request::sorted_pairs_text(&o.when)
 }
 
 fn action_text(o: &pb::Override) -> String {

@@ -72,9 +72,8 @@ fn percent(share: f64) -> String {
 fn render_logged(d: &pb::LoggedDecision) -> String {
     use std::fmt::Write;
     let at = d.at.as_ref().map(ToString::to_string).unwrap_or_default();
-    let mut descriptors: Vec<String> = d.descriptors.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    descriptors.sort();
-    let mut out = format!("{at}  {}", descriptors.join(","));
+    let descriptors = floodgate_engine::request::sorted_pairs_text(&d.descriptors);
+    let mut out = format!("{at}  {descriptors}");
     let _ = write!(out, "  cost {}", d.cost);
     if !d.usage.is_empty() {
         let mut usage: Vec<String> = d.usage.iter().map(|(k, v)| format!("{k}={v}")).collect();

@@ -254,9 +254,8 @@ impl Admin for ControlPlane {
         crate::engine::request::check_name("reason", &req.reason, false).or_status()?;
         let (balance, max_balance) =
             self.decider.adjust_balance(&req.resource, &req.descriptors, &req.limit, req.amount).await.or_status()?;
-        let mut descriptors: Vec<String> = req.descriptors.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        descriptors.sort();
-        let (who, descriptors) = (who(&request), descriptors.join(","));
+        let descriptors = crate::engine::request::sorted_pairs_text(&req.descriptors);
+        let who = who(&request);
         tracing::info!(
             target: "floodgate::audit",
             who,
