@@ -79,6 +79,29 @@ pub struct Answer<'r> {
     pub paid_by: Option<&'r String>,
 }
 
+/// Of the waterfall sources whose limits are `limits` (all asked, all
+/// denied), the soonest time at which one could pay for a call of `cost`:
+/// a source pays once every limit of it has room, so its time is the latest
+/// of its limits'; a source with a limit that can never hold `cost` never
+/// pays. `None` when no source could.
+fn soonest_payable(limits: &[LimitReport<'_>], cost: u64) -> Option<Duration> {
+    let mut sources: SmallVec<[u8; 4]> = limits.iter().map(|r| r.limit.source).collect();
+    sources.dedup();
+    sources
+        .into_iter()
+        .filter_map(|source| {
+            let mut latest = None;
+            for r in limits.iter().filter(|r| r.limit.source == source && r.denied()) {
+                if r.limit.algorithm.capacity() < cost {
+                    return None;
+                }
+                latest = latest.max(Some(r.status.retry_after));
+            }
+            latest
+        })
+        .min()
+}
+
 /// Matched limits: (limit, its index in the rule, its bucket).
 pub(super) type Matched<'r> = SmallVec<[(&'r Limit, usize, BucketKey); 2]>;
 
@@ -256,11 +279,18 @@ impl<'r> Answer<'r> {
     /// limits asked, in order (so that it shows why an earlier one did not
     /// pay); a call no source had room for may come back when the first
     /// has room again.
-    pub fn then_source(&mut self, later: Answer<'r>) {
-        let retry_after =
-            if later.limits_denied() { self.retry_after.min(later.retry_after) } else { later.retry_after };
+    ///
+    /// A denial's `retry_after` is the soonest at which a source asked
+    /// could pay for the call (`cost`): a source whose limit can never hold
+    /// that cost is left out, as long as another source could.
+    pub fn then_source(&mut self, later: Answer<'r>, cost: u64) {
+        let denied = later.limits_denied();
+        let mut retry_after = if denied { self.retry_after.min(later.retry_after) } else { later.retry_after };
         let mut limits = std::mem::take(&mut self.limits);
         limits.extend(later.limits.iter().copied());
+        if denied && let Some(soonest) = soonest_payable(&limits, cost) {
+            retry_after = soonest;
+        }
         *self = Answer { limits, retry_after, ..later };
     }
 
@@ -352,7 +382,7 @@ impl Engine {
             let mut answer = self.decide(p, now);
             answer.paid_by = paid_by.filter(|_| answer.verdict == Verdict::Allowed);
             if let Some(mut b) = before.take() {
-                b.then_source(answer);
+                b.then_source(answer, u64::from(req.cost));
                 answer = b;
             }
             match next.filter(|_| answer.limits_denied()).and_then(|n| self.prepare_source(rules, req, n)) {

@@ -197,3 +197,34 @@ fn credits_topped_up_here_pay_after_the_free_calls_and_never_pass_their_most() {
     let err = e.acquire(&rules, &Request { cost: 101, ..Request::new("api", &t) }).unwrap_err();
     assert!(matches!(err, RequestError::CostExceedsCapacity { .. }), "{err:?}");
 }
+
+/// A denial's retry_after points at a source that could pay: not at the
+/// rule's own minute limit, which can never hold a call of this cost.
+#[test]
+fn a_denial_is_retried_when_a_source_that_could_pay_has_room() {
+    let (e, _clock) = super::tests::engine(
+        r#"
+resources:
+  - name: chat
+    limits:
+      - { name: minute, key: [tenant], algorithm: fixed_window, limit: 2, window: 1m }
+    waterfall:
+      - { name: day, key: [tenant], algorithm: fixed_window, limit: 10, window: 1d }
+"#,
+    );
+    let rules = e.rules();
+    let t = tenant("t", None);
+    let call = |cost: u32| e.acquire(&rules, &Request { cost, ..Request::new("chat", &t) }).unwrap();
+    assert_eq!(call(2).paid_by, None, "the minute pays for what it holds");
+    assert_eq!(call(5).paid_by.map(String::as_str), Some("day"));
+    assert_eq!(call(5).paid_by.map(String::as_str), Some("day"));
+    let denied = call(5);
+    assert_eq!(denied.verdict, Verdict::RateLimited);
+    // The minute comes back within a minute, but never holds 5: the call
+    // may come back when the day does.
+    assert!(denied.retry_after > Duration::from_secs(3600), "{:?}", denied.retry_after);
+    // A call the minute could hold may come back within the minute.
+    let small = call(1);
+    assert_eq!(small.verdict, Verdict::RateLimited);
+    assert!(small.retry_after <= Duration::from_secs(60), "{:?}", small.retry_after);
+}

@@ -102,7 +102,7 @@ impl Decider {
             let later = replication.decide_many(round, again).await;
             for ((i, _), mut answer) in items.iter().zip(later) {
                 answer.paid_by = next[*i].1.filter(|_| answer.verdict == Verdict::Allowed);
-                answers[*i].then_source(answer);
+                answers[*i].then_source(answer, u64::from(reqs[*i].cost));
             }
         }
     }
