@@ -184,7 +184,7 @@ impl TakeReply {
 
 /// adjust.lua: Redis's time (us), then per bucket what is available after
 /// (negative for a debt).
-pub fn parse_adjusted(v: Value, buckets: usize) -> Result<Answered<(i64, Vec<i64>)>, ReplyError> {
+pub fn parse_adjusted(v: Value, buckets: usize) -> Result<Answered<Adjusted>, ReplyError> {
     if let Some(nothing) = did_nothing(&v) {
         return Ok(nothing);
     }
@@ -196,9 +196,13 @@ pub fn parse_adjusted(v: Value, buckets: usize) -> Result<Answered<(i64, Vec<i64
     Ok(Answered::Done((at_us, r)))
 }
 
+/// What adjust.lua answered: Redis's time (us) and what each bucket has
+/// available after.
+pub type Adjusted = (i64, Vec<i64>);
+
 /// adjust.lua with a claim: `None` when the key was claimed before (`{'dup'}`:
 /// nothing changed), else as [`parse_adjusted`].
-pub fn parse_claimed_adjust(v: Value, buckets: usize) -> Result<Answered<Option<(i64, Vec<i64>)>>, ReplyError> {
+pub fn parse_claimed_adjust(v: Value, buckets: usize) -> Result<Answered<Option<Adjusted>>, ReplyError> {
     if let Value::Array(items) = &v
         && let [Value::BulkString(word)] = &items[..]
         && word.as_slice() == b"dup"

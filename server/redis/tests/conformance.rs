@@ -525,7 +525,7 @@ fn a_claimed_adjust_claims_and_takes_together_once() {
     let mut lua = Lua::start();
     let alg = Algorithm::TokenBucket(token_bucket::Config::new(100, Rate::whole_per_second(1)));
     let claim = format!("fg:i:{{{RESOURCE}}}:charge-1");
-    let mut claimed = |lua: &mut Lua, units: i64| {
+    let claimed = |lua: &mut Lua, units: i64| {
         let mut inv = lua.adjust.prepare_invoke();
         inv.key(marker_key(RESOURCE)).key(lua.key(0)).key(&claim);
         inv.arg(0).arg(&lua.token).arg(units).arg(0);
