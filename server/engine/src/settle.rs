@@ -362,8 +362,8 @@ impl Charges<'_> {
     /// What Redis must take of a planned charge of `resource` (its strict
     /// limits' units, each with its place in the answer's limits), taking
     /// nothing: so that Redis can take it, with the charge's idempotency key,
-    /// before anything is taken here. [`Charges::take_charge`] lists the
-    /// same units afterwards.
+    /// before anything is taken here. [`Charges::take_charge`] lists its
+    /// strict part with this too.
     pub fn strict_part(&self, resource: &str, plan: &ChargePlan<'_>) -> Strict {
         let mut strict = Strict { resource: resource.to_string(), items: SmallVec::new() };
         for (pos, (l, index, bucket)) in plan.matched.iter().enumerate() {
@@ -379,7 +379,9 @@ impl Charges<'_> {
     pub fn take_charge<'r>(&self, resource: &str, plan: Option<ChargePlan<'r>>) -> Charged<'r> {
         let mut charged =
             Charged { limits: SmallVec::new(), strict: Strict::default(), duplicate: false, paid_by: None };
-        let Some(ChargePlan { matched, costs, source_name, .. }) = plan else { return charged };
+        let Some(plan) = plan else { return charged };
+        charged.strict = self.strict_part(resource, &plan);
+        let ChargePlan { matched, costs, source_name, .. } = plan;
         charged.paid_by = source_name;
         let now = self.clock.now();
         for (l, index, bucket) in matched {
@@ -394,9 +396,6 @@ impl Charges<'_> {
                     0 => self.coordination.last_remaining(&bucket).unwrap_or(limit).min(limit),
                     _ => 0,
                 };
-                if cost > 0 {
-                    charged.strict.items.push((bucket, signed(cost), 0, charged.limits.len()));
-                }
                 let status = crate::limiter::Status { limit, remaining, ..Default::default() };
                 let exceeded = cost > 0 && cost >= status.limit;
                 charged.limits.push(LimitReport { limit: l, index, status, exceeded });
@@ -409,7 +408,6 @@ impl Charges<'_> {
             let status = self.buckets.check(&bucket, &l.algorithm, now, 0).status;
             charged.limits.push(LimitReport { limit: l, index, status, exceeded: status.remaining == 0 });
         }
-        charged.strict.resource = resource.to_string();
         charged
     }
 }

@@ -58,6 +58,27 @@ impl Replication {
         if strict.items.is_empty() {
             return Some(Vec::new());
         }
+        let left = self.adjust_strict_claiming(strict, None).await?;
+        Some(left.expect("an adjust without a claim is never a duplicate"))
+    }
+
+    /// A Charge's strict part taken together with the claim of its
+    /// idempotency key `hash`, in one script: either both happen or neither
+    /// (a replica that dies in between leaves no key claimed and not taken).
+    /// `None` when Redis did not answer: nothing was claimed nor taken then.
+    pub async fn claim_and_adjust(&self, strict: &Strict, hash: u128) -> Option<Claimed> {
+        let claim = super::claim_key_name(&strict.resource, hash);
+        Some(match self.adjust_strict_claiming(strict, Some(&claim)).await? {
+            Some(left) => Claimed::Taken(left),
+            None => Claimed::Before,
+        })
+    }
+
+    /// Adjusts strict buckets in Redis, claiming the key named `claim` in the
+    /// same script when there is one: what each has left after, or `None`
+    /// inside when the key was claimed before (nothing changed); `None` when
+    /// Redis is away or did not answer.
+    async fn adjust_strict_claiming(&self, strict: &Strict, claim: Option<&str>) -> Option<Option<Vec<Option<i64>>>> {
         let sync = Some(self.sync()).filter(|s| s.up())?;
         let rules = self.engine.rules_full();
         let items: Vec<Adjust> = strict
@@ -65,7 +86,9 @@ impl Replication {
             .iter()
             .map(|(key, units, at_us, _)| Adjust { key: key.clone(), units: *units, at_us: *at_us })
             .collect();
-        let (at_us, left) = self.adjust(&rules, &strict.resource, &items).await?;
+        let Some((at_us, left)) = self.adjust_with(&rules, &strict.resource, &items, claim).await? else {
+            return Some(None);
+        };
         // Redis's figure is this replica's to start an outage from, to
         // restore an emptied Redis with, and to keep fresh.
         let now = self.engine.clock().now();
@@ -74,32 +97,7 @@ impl Replication {
                 sync.saw_strict(&item.key, &strict.resource, *left, now, at_us);
             }
         }
-        Some(left)
-    }
-
-    /// A Charge's strict part taken together with the claim of its
-    /// idempotency key `hash`, in one script: either both happen or neither
-    /// (a replica that dies in between leaves no key claimed and not taken).
-    /// `None` when Redis did not answer: nothing was claimed nor taken then.
-    pub async fn claim_and_adjust(&self, strict: &Strict, hash: u128) -> Option<Claimed> {
-        let sync = Some(self.sync()).filter(|s| s.up())?;
-        let rules = self.engine.rules_full();
-        let items: Vec<Adjust> = strict
-            .items
-            .iter()
-            .map(|(key, units, at_us, _)| Adjust { key: key.clone(), units: *units, at_us: *at_us })
-            .collect();
-        let claim = super::claim_key_name(&strict.resource, hash);
-        let Some((at_us, left)) = self.adjust_with(&rules, &strict.resource, &items, Some(&claim)).await? else {
-            return Some(Claimed::Before);
-        };
-        let now = self.engine.clock().now();
-        for (item, left) in items.iter().zip(&left) {
-            if let Some(left) = left {
-                sync.saw_strict(&item.key, &strict.resource, *left, now, at_us);
-            }
-        }
-        Some(Claimed::Taken(left))
+        Some(Some(left))
     }
 
     /// Units Redis did not take: owed, and taken off the figure the next

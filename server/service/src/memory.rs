@@ -57,11 +57,6 @@ pub fn on_worker_park() {
     }
 }
 
-/// How many releases were asked for so far (for tests).
-pub fn asked() -> u64 {
-    ASKED.load(Ordering::Relaxed)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

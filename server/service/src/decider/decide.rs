@@ -285,8 +285,8 @@ impl Decider {
         }
         // What Redis took of the charge together with the claim of its key.
         let mut taken_in_redis = None;
-        let plan = match plan {
-            Some(p) if p.waterfall() > 0 => {
+        let plan = match (plan, hash) {
+            (Some(p), hash) if p.waterfall() > 0 => {
                 if let Some(hash) = hash
                     && !self.claim_alone(resource, hash).await
                 {
@@ -297,8 +297,7 @@ impl Decider {
                     Err(last) => last,
                 }
             }
-            Some(p) if hash.is_some() => {
-                let hash = hash.unwrap_or_default();
+            (Some(p), Some(hash)) => {
                 let strict = self.engine.charges().strict_part(resource, &p);
                 match &self.replication {
                     // Redis takes a part: it claims the key in the same script,
@@ -319,7 +318,7 @@ impl Decider {
                 }
                 Some(p)
             }
-            plan => plan,
+            (plan, _) => plan,
         };
         let mut charged = self.engine.charges().take_charge(resource, plan);
         if let Some(replication) = &self.replication {
