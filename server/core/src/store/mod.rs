@@ -8,7 +8,8 @@
 //! short, cannot exhaust memory.
 
 use std::collections::BinaryHeap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
@@ -35,7 +36,10 @@ pub struct Buckets {
     /// The keys' scopes, in bytes, and their bound.
     bytes: AtomicUsize,
     max_bytes: usize,
-    evicting: AtomicBool,
+    /// Held by the sweep and by an eviction, so that they never run at
+    /// once: an eviction scanning while a sweep empties the store would see
+    /// only the few keys left, busy ones, and take them for the oldest.
+    scanning: Mutex<()>,
     evicted: AtomicU64,
 }
 
@@ -56,7 +60,7 @@ impl Buckets {
             max_keys: max_keys.max(1),
             bytes: AtomicUsize::new(0),
             max_bytes: usize::MAX,
-            evicting: AtomicBool::new(false),
+            scanning: Mutex::new(()),
             evicted: AtomicU64::new(0),
         }
     }
@@ -67,37 +71,41 @@ impl Buckets {
         self.max_bytes = max_bytes.max(1);
     }
 
-    /// A bucket was created under a key of `weight` bytes: evicts when a
-    /// bound is passed.
-    fn grew(&self, weight: usize) {
+    /// Counts a bucket about to be created under a key of `weight` bytes,
+    /// and answers whether a bound is passed. The caller counts while it
+    /// still holds the key's shard, before the bucket can be seen: a sweep or
+    /// an eviction that removes the bucket then always subtracts after this
+    /// adds. (Counted after, a removal in between took the count below zero
+    /// for a moment; it wrapped round to billions of keys, and the eviction
+    /// that followed forgot every key, busy ones too.)
+    fn count_new(&self, weight: usize) -> bool {
         let keys = self.len.fetch_add(1, Ordering::Relaxed) + 1;
         let bytes = self.bytes.fetch_add(weight, Ordering::Relaxed) + weight;
-        if keys > self.max_keys || bytes > self.max_bytes {
-            self.evict_least_recently_used();
-        }
+        keys > self.max_keys || bytes > self.max_bytes
     }
 
     /// Decides `cost` on the bucket at `key`, creating it on first use.
     pub fn acquire(&self, key: BucketKey, alg: &Algorithm, now: Timestamp, cost: u64) -> Decision {
-        // The bytes of a key created (`None`: it was there).
-        let created;
+        // Whether a key was created past a bound. Eviction waits until the
+        // shard is released: it visits every shard.
+        let over;
         let decision = match self.map.entry(key) {
             Entry::Occupied(mut e) => {
-                created = None;
+                over = None;
                 let slot = e.get_mut();
                 slot.touched = now;
                 slot.bucket.try_acquire(alg, now, cost)
             }
             Entry::Vacant(e) => {
-                created = Some(e.key().scope.len());
+                over = self.count_new(e.key().scope.len()).then(|| e.key().clone());
                 let mut bucket = alg.new_bucket(now);
                 let decision = bucket.try_acquire(alg, now, cost);
                 e.insert(Slot { bucket, touched: now });
                 decision
             }
         };
-        if let Some(weight) = created {
-            self.grew(weight);
+        if let Some(created) = over {
+            self.evict_least_recently_used(&created);
         }
         decision
     }
@@ -105,7 +113,7 @@ impl Buckets {
     /// Takes `cost` whether or not it fits (usage that already happened),
     /// beyond the limit if need be.
     pub fn force(&self, key: BucketKey, alg: &Algorithm, now: Timestamp, cost: u64) {
-        let created = match self.map.entry(key) {
+        let over = match self.map.entry(key) {
             Entry::Occupied(mut e) => {
                 let slot = e.get_mut();
                 slot.touched = now;
@@ -113,23 +121,33 @@ impl Buckets {
                 None
             }
             Entry::Vacant(e) => {
-                let weight = e.key().scope.len();
+                let over = self.count_new(e.key().scope.len()).then(|| e.key().clone());
                 let mut bucket = alg.new_bucket(now);
                 bucket.force(alg, now, cost);
                 e.insert(Slot { bucket, touched: now });
-                Some(weight)
+                over
             }
         };
-        if let Some(weight) = created {
-            self.grew(weight);
+        if let Some(created) = over {
+            self.evict_least_recently_used(&created);
         }
     }
 
     /// Sets a bucket's state (a replica adopting the merged state).
     pub fn put(&self, key: BucketKey, bucket: Bucket, now: Timestamp) {
-        let weight = key.scope.len();
-        if self.map.insert(key, Slot { bucket, touched: now }).is_none() {
-            self.grew(weight);
+        let over = match self.map.entry(key) {
+            Entry::Occupied(mut e) => {
+                *e.get_mut() = Slot { bucket, touched: now };
+                None
+            }
+            Entry::Vacant(e) => {
+                let over = self.count_new(e.key().scope.len()).then(|| e.key().clone());
+                e.insert(Slot { bucket, touched: now });
+                over
+            }
+        };
+        if let Some(created) = over {
+            self.evict_least_recently_used(&created);
         }
     }
 
@@ -199,6 +217,8 @@ impl Buckets {
     /// Drops every bucket back in its initial state, and every bucket whose
     /// limit no longer exists (`algorithm` answers `None`). Returns how many.
     pub fn sweep<'a>(&self, now: Timestamp, algorithm: impl Fn(LimitId) -> Option<&'a Algorithm>) -> usize {
+        // A poisoned lock guards nothing broken: it holds no data.
+        let _scanning = self.scanning.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let (mut removed, mut bytes) = (0, 0);
         self.map.retain(|key, slot| {
             let keep = algorithm(key.limit).is_some_and(|alg| !slot.bucket.is_idle(alg, now));
@@ -218,27 +238,34 @@ impl Buckets {
         removed
     }
 
-    /// Evicts a batch of the least recently used buckets: the excess over
-    /// `max_keys`, or as many keys of the mean size as the excess over
-    /// `max_bytes`, and at least 1% of those held so that a flood of new keys
-    /// pays for a scan once per many inserts. One thread evicts at a time;
-    /// the others go on.
-    fn evict_least_recently_used(&self) {
-        if self.evicting.swap(true, Ordering::Acquire) {
+    /// Evicts the least recently used buckets until the store is back below
+    /// its bounds by 1% of them (the low-water marks), so that a flood of new
+    /// keys pays for a scan once per many inserts. `spare` (the key whose
+    /// creation passed a bound) is never chosen: a key longer than the bytes
+    /// bound is held alone rather than forgotten at once, which would leave
+    /// its limit never applied. One thread evicts at a time, and never during a
+    /// sweep; the others go on.
+    ///
+    /// The counts are read again for each removal, not only before the scan:
+    /// a sweep running at the same time may have emptied the store, and the
+    /// few busy keys left would then be the oldest ones seen. A key touched
+    /// since the scan saw it is no longer among the oldest and is kept.
+    fn evict_least_recently_used(&self, spare: &BucketKey) {
+        let Ok(_scanning) = self.scanning.try_lock() else {
             return;
-        }
+        };
+        let low_keys = self.max_keys - self.max_keys / 100;
+        let low_bytes = self.max_bytes - self.max_bytes / 100;
         let (keys, bytes) = (self.len(), self.bytes());
-        let excess = keys.saturating_sub(self.max_keys);
         let mean = (bytes / keys.max(1)).max(1);
-        let excess_bytes = bytes.saturating_sub(self.max_bytes).div_ceil(mean);
-        let batch = excess.max(excess_bytes).max(keys / 100).max(1);
+        let batch = keys.saturating_sub(low_keys).max(bytes.saturating_sub(low_bytes).div_ceil(mean)).max(1);
         // The `batch` oldest, kept in a max-heap on `touched`.
         let mut oldest: BinaryHeap<(Timestamp, BucketKey)> = BinaryHeap::with_capacity(batch + 1);
         for entry in self.map.iter() {
             // Credits an operator topped up are never evicted: only a top-up
             // (the admin role) makes them, so they are as many as it made.
             // A balance in debt may be: forgetting it is the owed units' loss.
-            if matches!(&entry.value().bucket, Bucket::Balance(b) if b.units() > 0) {
+            if matches!(&entry.value().bucket, Bucket::Balance(b) if b.units() > 0) || entry.key() == spare {
                 continue;
             }
             let touched = entry.value().touched;
@@ -249,15 +276,14 @@ impl Buckets {
                 oldest.push((touched, entry.key().clone()));
             }
         }
-        let (mut removed, mut bytes) = (0, 0);
-        for (_, key) in oldest {
-            if self.map.remove(&key).is_some() {
-                removed += 1;
-                bytes += key.scope.len();
+        for (touched, key) in oldest.into_sorted_vec() {
+            if self.len() <= low_keys && self.bytes() <= low_bytes {
+                break;
+            }
+            if self.map.remove_if(&key, |_, slot| slot.touched == touched).is_some() {
+                self.forget(1, key.scope.len());
             }
         }
-        self.forget(removed, bytes);
-        self.evicting.store(false, Ordering::Release);
     }
 
     fn forget(&self, removed: usize, bytes: usize) {

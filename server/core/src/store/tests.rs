@@ -1,4 +1,5 @@
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 
 use super::*;
 use crate::limiter::rate::Rate;
@@ -157,6 +158,19 @@ fn max_bytes_evicts_the_least_recently_used_first_and_counts_every_removal() {
 }
 
 #[test]
+fn a_key_longer_than_the_bytes_bound_is_still_limited() {
+    let mut store = Buckets::new(usize::MAX);
+    store.set_max_bytes(100);
+    let alg = tb(5);
+    let long = key(&"x".repeat(200));
+    let admitted = (0..7).filter(|&i| store.acquire(long.clone(), &alg, t(0).add_nanos(i), 1).admitted);
+    assert_eq!(admitted.count(), 5, "the key is held alone, not forgotten at once");
+    // The next key forgets it: the bound holds for more than one key.
+    store.acquire(key("short"), &alg, t(1), 1);
+    assert!(!store.contains(&long) && store.contains(&key("short")));
+}
+
+#[test]
 fn a_flood_of_long_keys_stays_within_the_bytes() {
     let mut store = Buckets::new(usize::MAX);
     store.set_max_bytes(100_000);
@@ -203,4 +217,55 @@ fn credits_topped_up_are_never_evicted_nor_swept_but_debts_may_be() {
     // Long idle, the credits stay: a balance never comes back on its own.
     let swept = store.sweep(Timestamp::from_secs(4_000_000_000), |_| Some(&credits));
     assert!(store.contains(&key("paid")), "swept {swept}");
+}
+
+/// A sweep may forget a key that another thread has just created, and an
+/// eviction may scan while a sweep empties the store. Neither may take a busy
+/// key for the least recently used one: forgotten, a busy and exhausted key
+/// admits its whole limit again. (Two defects did so: the count of keys went
+/// below zero for a moment and wrapped round, and an eviction scanning during
+/// a sweep saw only the busy keys left.)
+#[test]
+fn a_sweep_racing_new_keys_never_evicts_a_busy_key() {
+    let store = Buckets::new(1000);
+    // Each new key is idle at once (it takes nothing), so a sweep may drop it
+    // the moment it exists. The busy keys are exhausted and refill slowly.
+    let churn = tb(10);
+    let strict = tb(5);
+    let busy = |i: u64| BucketKey::new(LimitId(2), [format!("busy-{i}").as_str()]);
+    // Each call reads a clock one nanosecond later than the last.
+    let clock = AtomicU64::new(t(0).as_nanos());
+    let tick = || Timestamp::from_nanos(clock.fetch_add(1, Ordering::Relaxed));
+    for i in 0..5 {
+        assert!(store.acquire(busy(i), &strict, tick(), 5).admitted);
+    }
+    let stop = AtomicBool::new(false);
+    let readmitted: usize = std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                store.sweep(tick(), |id| Some(if id == LimitId(1) { &churn } else { &strict }));
+            }
+        });
+        // Each thread creates a key and then uses a busy one, so every busy
+        // key is always among the ten or so most recently used of a thousand.
+        let workers: Vec<_> = (0..2)
+            .map(|w| {
+                let (store, churn, strict, stop, tick) = (&store, &churn, &strict, &stop, &tick);
+                s.spawn(move || {
+                    let (mut i, mut readmitted) = (0u64, 0);
+                    while !stop.load(Ordering::Relaxed) {
+                        store.acquire(key(&format!("churn-{w}-{i}")), churn, tick(), 0);
+                        readmitted += usize::from(store.acquire(busy(i % 5), strict, tick(), 1).admitted);
+                        i += 1;
+                    }
+                    readmitted
+                })
+            })
+            .collect();
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        stop.store(true, Ordering::Relaxed);
+        workers.into_iter().map(|w| w.join().unwrap()).sum()
+    });
+    assert_eq!(readmitted, 0, "busy, exhausted keys were forgotten and admitted again");
+    assert!(store.evicted() > 1000, "the race needs evictions: {}", store.evicted());
 }
