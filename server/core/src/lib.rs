@@ -7,6 +7,7 @@
 //! - [`adaptive`]: adaptive concurrency limits (Gradient2, Vegas, AIMD).
 //! - [`store`]: every bucket, sharded in memory, with idle and LRU eviction.
 //! - [`hitters`]: each limit's hottest keys (Space-Saving sketches).
+//! - [`recommend`]: limits proposed from recorded traffic, proven by replay.
 //! - [`time`]: the injected clock; [`digest`]: long values kept as a digest.
 //!
 //! The rules crate validates configuration into the plain data types defined
@@ -18,5 +19,6 @@ pub mod breaker;
 pub mod digest;
 pub mod hitters;
 pub mod limiter;
+pub mod recommend;
 pub mod store;
 pub mod time;
