@@ -63,6 +63,7 @@ mod metered;
 mod observe;
 mod overrides;
 mod prometheus;
+mod recommend;
 mod redis;
 mod redis_failover;
 mod reference;

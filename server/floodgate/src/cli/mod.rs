@@ -8,6 +8,7 @@ mod check_config;
 mod client;
 mod control;
 mod overrides;
+mod recommend;
 mod serve;
 mod top;
 mod why;
@@ -60,6 +61,9 @@ enum Command {
     /// Show a balance (a limit with algorithm: balance), or top it up or take
     /// from it with a reason for the audit log.
     Balance(control::BalanceArgs),
+    /// Propose a limit a minute from recorded calls, and replay them
+    /// against it.
+    Recommend(recommend::RecommendArgs),
     /// Load-test a server, ghz-style.
     Bench(crate::bench::BenchArgs),
 }
@@ -78,6 +82,10 @@ impl Cli {
         let result = match self.command {
             Command::Serve(args) => serve::run(*args, self.log_format, self.log_level),
             Command::Bench(args) => crate::bench::run(args),
+            Command::Recommend(args) => match recommend::run(args) {
+                Ok(code) => return code,
+                Err(e) => Err(e),
+            },
             Command::CheckConfig(args) => return check_config::run(args),
             Command::Acquire(args) => return client::block_on(client::acquire(args)),
             Command::Rules(args) => return client::block_on(client::rules(args)),

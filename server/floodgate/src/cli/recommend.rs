@@ -1,0 +1,198 @@
+//! `floodgate recommend --trace FILE`: a limit for a key's calls a minute,
+//! proposed from recorded traffic and replayed against it.
+
+use std::io::BufReader;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use floodgate_core::recommend::{self, DAY, History, Proposal, Settings, Shape};
+
+#[derive(Args, Debug)]
+pub struct RecommendArgs {
+    /// The recorded calls: lines of `unix_seconds,key,calls` (for example
+    /// `1767571200,tenant=acme,42`), `-` for standard input.
+    #[arg(long)]
+    trace: PathBuf,
+    /// Which quantile of the keys' typical peaks sets the limit (0 to 1).
+    #[arg(long, default_value_t = 0.99)]
+    quantile: f64,
+    /// The factor above what was observed (1 to 1000).
+    #[arg(long, default_value_t = 1.5)]
+    headroom: f64,
+    /// Read only the last DAYS days of the trace: DAYS x 24 hours up to
+    /// its last minute (all of it when not given).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=366))]
+    days: Option<u64>,
+    /// The limit in force now, in calls a minute: the proposal goes down
+    /// from it by at most --max-decrease.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    current: Option<u64>,
+    /// How far a limit may go down from --current, as a fraction (0 to
+    /// below 1).
+    #[arg(long, default_value_t = 0.2)]
+    max_decrease: f64,
+    /// The limiter the proposal is replayed with.
+    #[arg(long, value_enum, default_value_t = ShapeArg::TokenBucket)]
+    algorithm: ShapeArg,
+    /// Keys listed in the replay, most denied first.
+    #[arg(short = 'n', long, default_value_t = 10)]
+    top: usize,
+    /// The most (key, minute) pairs read; a larger trace is refused.
+    #[arg(long, default_value_t = 20_000_000)]
+    max_entries: usize,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+enum ShapeArg {
+    TokenBucket,
+    FixedWindow,
+}
+
+pub fn run(args: RecommendArgs) -> anyhow::Result<ExitCode> {
+    let settings = Settings { quantile: args.quantile, headroom: args.headroom, max_decrease: args.max_decrease };
+    if let Err(e) = settings.validate() {
+        eprintln!("floodgate: {e}");
+        return Ok(ExitCode::from(2));
+    }
+    let mut history = History::new(args.max_entries);
+    let read = if args.trace.as_os_str() == "-" {
+        history.read(std::io::stdin().lock())
+    } else {
+        let file = std::fs::File::open(&args.trace).with_context(|| format!("opening {}", args.trace.display()))?;
+        history.read(BufReader::new(file))
+    };
+    read.with_context(|| format!("reading {}", args.trace.display()))?;
+    let Some((first, last)) = history.span() else {
+        anyhow::bail!("{} holds no calls", args.trace.display());
+    };
+    let to = last + 1;
+    let from = match args.days {
+        Some(days) => to.saturating_sub(days * DAY).max(first),
+        None => first,
+    };
+    let current = args.current.map(|n| Proposal { per_minute: n, observed: n, overrides: Default::default(), keys: 0 });
+    let proposal = recommend::propose(&history, from, to, &settings, current.as_ref());
+    let shape = match args.algorithm {
+        ShapeArg::TokenBucket => Shape::TokenBucket,
+        ShapeArg::FixedWindow => Shape::FixedWindow,
+    };
+    let replayed = recommend::replay(&history, from, to, &proposal, shape);
+    let calls: u64 = replayed.iter().map(|r| r.calls).sum();
+    let denied: u64 = replayed.iter().map(|r| r.denied).sum();
+    let period = (minute_text(from), minute_text(to));
+    if args.json {
+        let keys: Vec<_> = replayed
+            .iter()
+            .take(args.top)
+            .map(|r| serde_json::json!({"key": r.key, "limit": r.limit, "calls": r.calls, "denied": r.denied}))
+            .collect();
+        let out = serde_json::json!({
+            "from": period.0, "to": period.1, "keys": proposal.keys,
+            "quantile": settings.quantile, "headroom": settings.headroom,
+            "per_minute": proposal.per_minute, "observed": proposal.observed,
+            "overrides": proposal.overrides,
+            "replay": {"algorithm": args.algorithm.name(), "calls": calls, "denied": denied, "keys": keys},
+        });
+        outln!("{out}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    outln!("Traffic: {} keys from {} to {}", proposal.keys, period.0, period.1);
+    outln!(
+        "Proposed limit: {} calls a minute ({} quantile of the keys' typical peaks, times {})",
+        proposal.per_minute,
+        settings.quantile,
+        settings.headroom
+    );
+    if proposal.per_minute != proposal.observed {
+        outln!(
+            "  (observed figure {}; the limit goes down by at most {} a day)",
+            proposal.observed,
+            settings.max_decrease
+        );
+    }
+    if !proposal.overrides.is_empty() {
+        outln!("Overrides for {} heavier keys:", proposal.overrides.len());
+        for (key, limit) in &proposal.overrides {
+            outln!("  {limit:>10}  {key}");
+        }
+    }
+    if let Some(snippet) = rules_snippet(&proposal, shape) {
+        outln!("As rules (the limit's name and key are yours to set):\n{snippet}");
+    }
+    let share = if calls == 0 { 0.0 } else { denied as f64 * 100.0 / calls as f64 };
+    outln!(
+        "Replay ({}): {denied} of {calls} recorded calls would have been denied ({share:.3}%)",
+        args.algorithm.name()
+    );
+    for r in replayed.iter().take(args.top).filter(|r| r.denied > 0) {
+        outln!("  {:>10} of {:>10} denied  (limit {})  {}", r.denied, r.calls, r.limit, r.key);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The proposal as a limit and overrides of a rules file, when every key
+/// of an override is written `name=value[,name=value...]` and they all
+/// name the same descriptors.
+fn rules_snippet(proposal: &Proposal, shape: Shape) -> Option<String> {
+    let pairs = |key: &str| -> Option<Vec<(String, String)>> {
+        key.split(',').map(|p| p.split_once('=').map(|(k, v)| (k.to_string(), v.to_string()))).collect()
+    };
+    let mut names: Option<Vec<String>> = None;
+    let mut overrides = String::new();
+    for (key, limit) in &proposal.overrides {
+        let pairs = pairs(key)?;
+        let these: Vec<String> = pairs.iter().map(|(k, _)| k.clone()).collect();
+        if names.get_or_insert_with(|| these.clone()) != &these {
+            return None;
+        }
+        let when: Vec<String> = pairs.iter().map(|(k, v)| format!("{k}: {}", yaml_scalar(v))).collect();
+        overrides
+            .push_str(&format!("      - {{ when: {{ {} }}, limits: {{ recommended: {limit} }} }}\n", when.join(", ")));
+    }
+    let key = names.map_or_else(|| "[tenant]".to_string(), |n| format!("[{}]", n.join(", ")));
+    let n = proposal.per_minute;
+    let limit = match shape {
+        Shape::TokenBucket => format!(
+            "algorithm: token_bucket, capacity: {n}, refill_per_second: {}",
+            (n as f64 * 1000.0 / 60.0).round() / 1000.0
+        ),
+        Shape::FixedWindow => format!("algorithm: fixed_window, limit: {n}, window: 1m"),
+    };
+    let mut out = format!("    limits:\n      - {{ name: recommended, key: {key}, {limit} }}\n");
+    if !overrides.is_empty() {
+        out.push_str("    overrides:\n");
+        out.push_str(&overrides);
+    }
+    Some(out)
+}
+
+/// A value as a YAML scalar: quoted unless plainly safe.
+fn yaml_scalar(v: &str) -> String {
+    if !v.is_empty() && v.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) && v.parse::<f64>().is_err() {
+        v.to_string()
+    } else {
+        format!("'{}'", v.replace('\'', "''"))
+    }
+}
+
+/// A Unix minute as `2026-01-05T00:00Z`.
+fn minute_text(minute: u64) -> String {
+    let secs = i64::try_from(minute.saturating_mul(60)).unwrap_or(i64::MAX);
+    jiff::Timestamp::from_second(secs)
+        .map_or_else(|_| format!("minute {minute}"), |t| t.strftime("%Y-%m-%dT%H:%MZ").to_string())
+}
+
+impl ShapeArg {
+    /// The name as the flag takes it.
+    fn name(self) -> &'static str {
+        match self {
+            ShapeArg::TokenBucket => "token-bucket",
+            ShapeArg::FixedWindow => "fixed-window",
+        }
+    }
+}
