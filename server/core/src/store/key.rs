@@ -54,6 +54,11 @@ impl BucketKey {
         BucketKey { limit, scope }
     }
 
+    /// The key of a scope the store held (already joined and escaped).
+    pub(super) fn from_scope(limit: LimitId, scope: &str) -> Self {
+        BucketKey { limit, scope: CompactString::new(scope) }
+    }
+
     /// The parts this key was built from (a long part as its digest).
     pub fn parts(&self) -> Vec<String> {
         let mut parts = vec![String::new()];

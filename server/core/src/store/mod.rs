@@ -8,29 +8,34 @@
 //! short, cannot exhaust memory.
 
 use std::collections::BinaryHeap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-
-use dashmap::DashMap;
-use dashmap::mapref::entry::Entry;
+use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::limiter::{Algorithm, Bucket, Decision};
 use crate::time::Timestamp;
 
 mod key;
+mod shard;
 
 pub use key::{BucketKey, LimitId};
+use shard::Shard;
 
 /// Shards: enough that two cores rarely meet on one lock, and small enough
-/// that a sweep holds each lock only briefly.
+/// that a sweep holds each lock only briefly. A power of two.
 const SHARDS: usize = 64;
 
-/// A table with room for fewer buckets than this is never shrunk: it is
+/// A store with room for fewer buckets than this is never shrunk: it is
 /// small, and a steady set of keys would otherwise regrow it after each sweep.
 const SHRINK_ABOVE: usize = 16 * 1024;
 
+/// Every bucket, in shards chosen by the hash of its key. Each shard keeps
+/// its buckets in one dense list, their scopes in one byte string, and a
+/// hash table of positions in the list: a bucket costs its state, the bytes
+/// of its scope and a few bytes of table, and the room a table keeps free
+/// costs 5 bytes a slot, not the size of a bucket and its key.
 pub struct Buckets {
-    map: DashMap<BucketKey, Slot, ahash::RandomState>,
+    shards: Box<[RwLock<Shard>]>,
+    hasher: ahash::RandomState,
     len: AtomicUsize,
     max_keys: usize,
     /// The keys' scopes, in bytes, and their bound.
@@ -43,19 +48,14 @@ pub struct Buckets {
     evicted: AtomicU64,
 }
 
-struct Slot {
-    bucket: Bucket,
-    /// Last time a decision touched this bucket, for LRU eviction.
-    touched: Timestamp,
-}
-
 // === impl Buckets ===
 
 impl Buckets {
     /// A store holding at most `max_keys` buckets (`usize::MAX` for no bound).
     pub fn new(max_keys: usize) -> Self {
         Buckets {
-            map: DashMap::with_hasher_and_shard_amount(ahash::RandomState::new(), SHARDS),
+            shards: (0..SHARDS).map(|_| RwLock::new(Shard::default())).collect(),
+            hasher: ahash::RandomState::new(),
             len: AtomicUsize::new(0),
             max_keys: max_keys.max(1),
             bytes: AtomicUsize::new(0),
@@ -71,6 +71,25 @@ impl Buckets {
         self.max_bytes = max_bytes.max(1);
     }
 
+    /// The hash of a key, the same as [`Shard`] computes from a bucket it holds.
+    fn hash(&self, key: &BucketKey) -> u64 {
+        shard::hash(&self.hasher, key.limit, key.scope.as_bytes())
+    }
+
+    /// The shard of a hash: from bits below the top seven, which the hash
+    /// table inside the shard reads to tell its slots apart.
+    fn shard(&self, hash: u64) -> &RwLock<Shard> {
+        &self.shards[((hash << 7) >> (64 - SHARDS.trailing_zeros())) as usize]
+    }
+
+    fn write(&self, hash: u64) -> RwLockWriteGuard<'_, Shard> {
+        self.shard(hash).write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn read(&self, hash: u64) -> RwLockReadGuard<'_, Shard> {
+        self.shard(hash).read().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Counts a bucket about to be created under a key of `weight` bytes,
     /// and answers whether a bound is passed. The caller counts while it
     /// still holds the key's shard, before the bucket can be seen: a sweep or
@@ -84,89 +103,109 @@ impl Buckets {
         keys > self.max_keys || bytes > self.max_bytes
     }
 
-    /// Decides `cost` on the bucket at `key`, creating it on first use.
-    pub fn acquire(&self, key: BucketKey, alg: &Algorithm, now: Timestamp, cost: u64) -> Decision {
-        // Whether a key was created past a bound. Eviction waits until the
-        // shard is released: it visits every shard.
-        let over;
-        let decision = match self.map.entry(key) {
-            Entry::Occupied(mut e) => {
-                over = None;
-                let slot = e.get_mut();
-                slot.touched = now;
-                slot.bucket.try_acquire(alg, now, cost)
+    /// Runs `f` on the bucket at `key`, created by `new` when there is none
+    /// (and noted as created), and marks it used at `now`.
+    fn upsert<T>(
+        &self,
+        key: &BucketKey,
+        now: Timestamp,
+        new: impl FnOnce() -> Bucket,
+        f: impl FnOnce(&mut Bucket) -> T,
+    ) -> T {
+        let hash = self.hash(key);
+        let mut shard = self.write(hash);
+        let (out, over) = match shard.find(hash, key) {
+            Some(i) => {
+                let entry = shard.entry_mut(i);
+                entry.touched = now;
+                (f(&mut entry.bucket), false)
             }
-            Entry::Vacant(e) => {
-                over = self.count_new(e.key().scope.len()).then(|| e.key().clone());
-                let mut bucket = alg.new_bucket(now);
-                let decision = bucket.try_acquire(alg, now, cost);
-                e.insert(Slot { bucket, touched: now });
-                decision
+            None => {
+                let mut bucket = new();
+                let out = f(&mut bucket);
+                shard.insert(&self.hasher, hash, key, bucket, now);
+                (out, self.count_new(key.scope.len()))
             }
         };
-        if let Some(created) = over {
-            self.evict_least_recently_used(&created);
+        // Eviction waits until the shard is released: it visits every shard.
+        drop(shard);
+        if over {
+            self.evict_least_recently_used(key);
         }
-        decision
+        out
+    }
+
+    /// Runs `f` on the bucket at `key`, if there is one, changing nothing else.
+    fn update<T>(&self, key: &BucketKey, f: impl FnOnce(&mut Bucket) -> T) -> Option<T> {
+        let hash = self.hash(key);
+        let mut shard = self.write(hash);
+        let i = shard.find(hash, key)?;
+        Some(f(&mut shard.entry_mut(i).bucket))
+    }
+
+    /// Reads the bucket at `key`, if there is one.
+    fn read_bucket<T>(&self, key: &BucketKey, f: impl FnOnce(&Bucket) -> T) -> Option<T> {
+        let hash = self.hash(key);
+        let shard = self.read(hash);
+        let i = shard.find(hash, key)?;
+        Some(f(&shard.entry(i).bucket))
+    }
+
+    /// Decides `cost` on the bucket at `key`, creating it on first use.
+    pub fn acquire(&self, key: BucketKey, alg: &Algorithm, now: Timestamp, cost: u64) -> Decision {
+        self.upsert(&key, now, || alg.new_bucket(now), |b| b.try_acquire(alg, now, cost))
     }
 
     /// Takes `cost` whether or not it fits (usage that already happened),
     /// beyond the limit if need be.
     pub fn force(&self, key: BucketKey, alg: &Algorithm, now: Timestamp, cost: u64) {
-        let over = match self.map.entry(key) {
-            Entry::Occupied(mut e) => {
-                let slot = e.get_mut();
-                slot.touched = now;
-                slot.bucket.force(alg, now, cost);
-                None
-            }
-            Entry::Vacant(e) => {
-                let over = self.count_new(e.key().scope.len()).then(|| e.key().clone());
-                let mut bucket = alg.new_bucket(now);
-                bucket.force(alg, now, cost);
-                e.insert(Slot { bucket, touched: now });
-                over
-            }
-        };
-        if let Some(created) = over {
-            self.evict_least_recently_used(&created);
-        }
+        self.upsert(&key, now, || alg.new_bucket(now), |b| b.force(alg, now, cost));
     }
 
     /// Sets a bucket's state (a replica adopting the merged state).
     pub fn put(&self, key: BucketKey, bucket: Bucket, now: Timestamp) {
-        let over = match self.map.entry(key) {
-            Entry::Occupied(mut e) => {
-                *e.get_mut() = Slot { bucket, touched: now };
-                None
+        let mut bucket = Some(bucket);
+        let mut given = || bucket.take().expect("the bucket is put once");
+        let hash = self.hash(&key);
+        let mut shard = self.write(hash);
+        let over = match shard.find(hash, &key) {
+            Some(i) => {
+                let entry = shard.entry_mut(i);
+                entry.touched = now;
+                entry.bucket = given();
+                false
             }
-            Entry::Vacant(e) => {
-                let over = self.count_new(e.key().scope.len()).then(|| e.key().clone());
-                e.insert(Slot { bucket, touched: now });
-                over
+            None => {
+                shard.insert(&self.hasher, hash, &key, given(), now);
+                self.count_new(key.scope.len())
             }
         };
-        if let Some(created) = over {
-            self.evict_least_recently_used(&created);
+        drop(shard);
+        if over {
+            self.evict_least_recently_used(&key);
         }
     }
 
     /// Forgets one bucket.
     pub fn remove(&self, key: &BucketKey) {
-        if self.map.remove(key).is_some() {
+        let hash = self.hash(key);
+        let mut shard = self.write(hash);
+        if let Some(i) = shard.find(hash, key) {
+            shard.remove(&self.hasher, hash, i);
+            drop(shard);
             self.len.fetch_sub(1, Ordering::Relaxed);
             self.bytes.fetch_sub(key.scope.len(), Ordering::Relaxed);
         }
     }
 
     pub fn contains_key(&self, key: &BucketKey) -> bool {
-        self.map.contains_key(key)
+        self.read_bucket(key, |_| ()).is_some()
     }
 
     /// The decision `acquire` would make, changing nothing (not even creating).
     pub fn check(&self, key: &BucketKey, alg: &Algorithm, now: Timestamp, cost: u64) -> Decision {
-        match self.map.get(key) {
-            Some(slot) => slot.bucket.check(alg, now, cost),
+        match self.read_bucket(key, |b| b.check(alg, now, cost)) {
+            Some(decision) => decision,
             None => alg.new_bucket(now).check(alg, now, cost),
         }
     }
@@ -175,24 +214,21 @@ impl Buckets {
     /// store holds no balance there (never topped up nor charged, or not
     /// kept: a store full of balances has no room for another).
     pub fn balance_units(&self, key: &BucketKey) -> Option<i64> {
-        match self.map.get(key).as_deref().map(|slot| &slot.bucket) {
-            Some(Bucket::Balance(b)) => Some(b.units()),
+        self.read_bucket(key, |b| match b {
+            Bucket::Balance(b) => Some(b.units()),
             _ => None,
-        }
+        })
+        .flatten()
     }
 
     /// Gives back what an `acquire` at the same `now` took.
     pub fn refund(&self, key: &BucketKey, alg: &Algorithm, now: Timestamp, cost: u64) {
-        if let Some(mut slot) = self.map.get_mut(key) {
-            slot.bucket.refund(alg, now, cost);
-        }
+        self.update(key, |b| b.refund(alg, now, cost));
     }
 
     /// See [`Limiter::give_back`](crate::limiter::Limiter::give_back).
     pub fn give_back(&self, key: &BucketKey, alg: &Algorithm, now: Timestamp, taken_at: Timestamp, cost: u64) {
-        if let Some(mut slot) = self.map.get_mut(key) {
-            slot.bucket.give_back(alg, now, taken_at, cost);
-        }
+        self.update(key, |b| b.give_back(alg, now, taken_at, cost));
     }
 
     /// Buckets held now.
@@ -214,26 +250,32 @@ impl Buckets {
         self.evicted.load(Ordering::Relaxed)
     }
 
+    /// Buckets the store has room for without growing.
+    pub fn capacity(&self) -> usize {
+        self.shards.iter().map(|s| s.read().unwrap_or_else(|e| e.into_inner()).capacity()).sum()
+    }
+
     /// Drops every bucket back in its initial state, and every bucket whose
     /// limit no longer exists (`algorithm` answers `None`). Returns how many.
     pub fn sweep<'a>(&self, now: Timestamp, algorithm: impl Fn(LimitId) -> Option<&'a Algorithm>) -> usize {
         // A poisoned lock guards nothing broken: it holds no data.
         let _scanning = self.scanning.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let (mut removed, mut bytes) = (0, 0);
-        self.map.retain(|key, slot| {
-            let keep = algorithm(key.limit).is_some_and(|alg| !slot.bucket.is_idle(alg, now));
-            if !keep {
-                removed += 1;
-                bytes += key.scope.len();
-            }
-            keep
-        });
+        for shard in self.shards.iter() {
+            let mut shard = shard.write().unwrap_or_else(|e| e.into_inner());
+            let (r, b) = shard
+                .retain(&self.hasher, |limit, bucket| algorithm(limit).is_some_and(|alg| !bucket.is_idle(alg, now)));
+            removed += r;
+            bytes += b;
+        }
         self.forget(removed, bytes);
-        // A table sized for a burst of keys stays that size when they go:
+        // A store sized for a burst of keys stays that size when they go:
         // shrink it once it is mostly empty, so that the memory comes back.
-        // Each shard is rehashed under its own lock, one at a time.
-        if removed > 0 && self.map.capacity() > SHRINK_ABOVE.max(4 * self.len()) {
-            self.map.shrink_to_fit();
+        // Each shard is shrunk under its own lock, one at a time.
+        if removed > 0 && self.capacity() > SHRINK_ABOVE.max(4 * self.len()) {
+            for shard in self.shards.iter() {
+                shard.write().unwrap_or_else(|e| e.into_inner()).shrink(&self.hasher);
+            }
         }
         removed
     }
@@ -243,13 +285,13 @@ impl Buckets {
     /// keys pays for a scan once per many inserts. `spare` (the key whose
     /// creation passed a bound) is never chosen: a key longer than the bytes
     /// bound is held alone rather than forgotten at once, which would leave
-    /// its limit never applied. One thread evicts at a time, and never during a
-    /// sweep; the others go on.
+    /// its limit never applied. One thread evicts at a time, and never during
+    /// a sweep; the others go on.
     ///
     /// The counts are read again for each removal, not only before the scan:
-    /// a sweep running at the same time may have emptied the store, and the
-    /// few busy keys left would then be the oldest ones seen. A key touched
-    /// since the scan saw it is no longer among the oldest and is kept.
+    /// keys created or removed meanwhile change what is needed. A key
+    /// touched since the scan saw it is no longer among the oldest and is
+    /// kept.
     fn evict_least_recently_used(&self, spare: &BucketKey) {
         let Ok(_scanning) = self.scanning.try_lock() else {
             return;
@@ -261,26 +303,36 @@ impl Buckets {
         let batch = keys.saturating_sub(low_keys).max(bytes.saturating_sub(low_bytes).div_ceil(mean)).max(1);
         // The `batch` oldest, kept in a max-heap on `touched`.
         let mut oldest: BinaryHeap<(Timestamp, BucketKey)> = BinaryHeap::with_capacity(batch + 1);
-        for entry in self.map.iter() {
-            // Credits an operator topped up are never evicted: only a top-up
-            // (the admin role) makes them, so they are as many as it made.
-            // A balance in debt may be: forgetting it is the owed units' loss.
-            if matches!(&entry.value().bucket, Bucket::Balance(b) if b.units() > 0) || entry.key() == spare {
-                continue;
-            }
-            let touched = entry.value().touched;
-            if oldest.len() < batch {
-                oldest.push((touched, entry.key().clone()));
-            } else if oldest.peek().is_some_and(|(t, _)| touched < *t) {
-                oldest.pop();
-                oldest.push((touched, entry.key().clone()));
+        for shard in self.shards.iter() {
+            let shard = shard.read().unwrap_or_else(|e| e.into_inner());
+            for (limit, scope, entry) in shard.iter() {
+                // Credits an operator topped up are never evicted: only a
+                // top-up (the admin role) makes them, so they are as many
+                // as it made. A balance in debt may be: forgetting it is
+                // the owed units' loss.
+                if matches!(&entry.bucket, Bucket::Balance(b) if b.units() > 0)
+                    || (limit == spare.limit && scope == spare.scope.as_str())
+                {
+                    continue;
+                }
+                let touched = entry.touched;
+                if oldest.len() < batch {
+                    oldest.push((touched, BucketKey::from_scope(limit, scope)));
+                } else if oldest.peek().is_some_and(|(t, _)| touched < *t) {
+                    oldest.pop();
+                    oldest.push((touched, BucketKey::from_scope(limit, scope)));
+                }
             }
         }
         for (touched, key) in oldest.into_sorted_vec() {
             if self.len() <= low_keys && self.bytes() <= low_bytes {
                 break;
             }
-            if self.map.remove_if(&key, |_, slot| slot.touched == touched).is_some() {
+            let hash = self.hash(&key);
+            let mut shard = self.write(hash);
+            if let Some(i) = shard.find(hash, &key).filter(|&i| shard.entry(i).touched == touched) {
+                shard.remove(&self.hasher, hash, i);
+                drop(shard);
                 self.forget(1, key.scope.len());
             }
         }

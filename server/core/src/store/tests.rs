@@ -73,11 +73,11 @@ fn a_sweep_that_empties_a_large_table_shrinks_it() {
     for i in 0..10u64 {
         store.acquire(key(&format!("busy-{i}")), &alg, t(0), 2);
     }
-    let grown = store.map.capacity();
+    let grown = store.capacity();
     assert!(grown >= 200_000, "{grown}");
     let lookup = |id: LimitId| (id == LimitId(1)).then_some(&alg);
     assert_eq!(store.sweep(t(1), lookup), 200_000);
-    let shrunk = store.map.capacity();
+    let shrunk = store.capacity();
     assert!(shrunk < SHRINK_ABOVE * 2, "{grown} -> {shrunk}");
     assert_eq!(store.len(), 10);
     assert!(store.contains(&key("busy-3")));
@@ -87,11 +87,11 @@ fn a_sweep_that_empties_a_large_table_shrinks_it() {
 fn a_small_table_is_left_as_it_is() {
     let alg = tb(2);
     let store = filled(1000, &alg);
-    let before = store.map.capacity();
+    let before = store.capacity();
     let lookup = |id: LimitId| (id == LimitId(1)).then_some(&alg);
     assert_eq!(store.sweep(t(1), lookup), 1000);
     // Shrunk to fit, it would have room for next to nothing.
-    let after = store.map.capacity();
+    let after = store.capacity();
     assert!(
         after * 10 >= before * 9,
         "a table under SHRINK_ABOVE is not rehashed after each sweep: {before} -> {after}"
@@ -268,4 +268,57 @@ fn a_sweep_racing_new_keys_never_evicts_a_busy_key() {
     });
     assert_eq!(readmitted, 0, "busy, exhausted keys were forgotten and admitted again");
     assert!(store.evicted() > 1000, "the race needs evictions: {}", store.evicted());
+}
+
+/// Buckets added, removed one by one, swept in part and in whole, in a
+/// pseudo-random order: the store holds exactly the keys a plain set says,
+/// each with its own state, whatever moved inside a shard meanwhile.
+#[test]
+fn the_store_holds_what_a_plain_set_says_through_removals_and_sweeps() {
+    let alg = tb(3);
+    let store = Buckets::new(usize::MAX);
+    let mut model = std::collections::HashSet::new();
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    for round in 0..20_000u64 {
+        let k = next(3_000);
+        // Long and short scopes, so that reclaimed scope bytes are many.
+        let name = if k % 3 == 0 { format!("{k:0>200}") } else { k.to_string() };
+        match next(10) {
+            0..=5 => {
+                store.acquire(key(&name), &alg, t(0), 1);
+                model.insert(name);
+            }
+            6..=8 => {
+                store.remove(&key(&name));
+                model.remove(&name);
+            }
+            _ if round % 1000 == 999 => {
+                // Every bucket refilled: a sweep forgets them all.
+                store.sweep(t(100), |_| Some(&alg));
+                model.clear();
+            }
+            _ => {
+                // A bucket taken twice more than the others stays busy
+                // through a sweep at t(1); the others (one token taken) go.
+                store.acquire(key(&name), &alg, t(0), 2);
+                model.insert(name.clone());
+                store.sweep(t(1), |_| Some(&alg));
+                model.retain(|n| store.contains(&key(n)));
+                assert!(store.contains(&key(&name)), "a busy bucket was swept");
+            }
+        }
+        assert_eq!(store.len(), model.len(), "round {round}");
+    }
+    for k in 0..3_000u64 {
+        let name = if k % 3 == 0 { format!("{k:0>200}") } else { k.to_string() };
+        assert_eq!(store.contains(&key(&name)), model.contains(&name), "{name}");
+    }
+    let bytes: usize = model.iter().map(|n| key(n).scope.len()).sum();
+    assert_eq!(store.bytes(), bytes);
 }
