@@ -113,5 +113,5 @@ fn recommend_refuses_bad_input_by_name() {
     let two = dir.write("two.csv", "0,a,1\n60,a,1\n");
     let (code, err) = run(&["--trace", two.to_str().unwrap(), "--max-entries", "1"]);
     assert_eq!(code, Some(1), "{err}");
-    assert!(err.contains("at most 1 minutes of keys"), "{err}");
+    assert!(err.contains("line 2: the history holds at most 1 pairs of a key and a minute"), "{err}");
 }

@@ -34,6 +34,9 @@ mod tests;
 /// from the start of the period.
 pub const DAY: u64 = 1440;
 const MINUTE_NANOS: u64 = 60_000_000_000;
+/// The last minute a [`Timestamp`] holds (nanoseconds in a u64), less a day
+/// for the replay of a day after it.
+const LAST_MINUTE: u64 = u64::MAX / MINUTE_NANOS - DAY;
 /// The longest line of a trace, in bytes.
 pub const MAX_LINE: usize = 4096;
 
@@ -41,8 +44,8 @@ pub const MAX_LINE: usize = 4096;
 /// nothing).
 #[derive(Clone, Debug, Default)]
 pub struct History {
-    /// Per key, (minute, calls) in increasing minutes.
-    keys: BTreeMap<String, Vec<(u64, u32)>>,
+    /// Per key, (minute, calls) in increasing minutes: 8 bytes a minute.
+    keys: BTreeMap<String, Vec<(u32, u32)>>,
     entries: usize,
     max_entries: usize,
 }
@@ -50,8 +53,12 @@ pub struct History {
 /// Why a history could not take more.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum HistoryError {
-    #[error("the history holds at most {0} minutes of keys; read a shorter period or fewer keys")]
+    #[error(
+        "the history holds at most {0} pairs of a key and a minute (--max-entries); read a shorter period or fewer keys"
+    )]
     Full(usize),
+    #[error("minute {0} is past the last one a time can hold (year 2554)")]
+    TooLate(u64),
     #[error("line {line}: {what}")]
     Line { line: usize, what: String },
 }
@@ -64,9 +71,13 @@ impl History {
 
     /// Adds `calls` to `key` in `minute` (minutes since the Unix epoch).
     pub fn record(&mut self, key: &str, minute: u64, calls: u32) -> Result<(), HistoryError> {
+        if minute > LAST_MINUTE {
+            return Err(HistoryError::TooLate(minute));
+        }
         if calls == 0 {
             return Ok(());
         }
+        let minute = minute as u32;
         let series = match self.keys.get_mut(key) {
             Some(series) => series,
             None => self.keys.entry(key.to_string()).or_default(),
@@ -119,7 +130,7 @@ impl History {
                 .map_err(|_| bad(format!("seconds '{}' is not a whole number", secs.escape_debug())))?;
             let calls: u32 = (calls.trim().parse())
                 .map_err(|_| bad(format!("calls '{}' is not a whole number", calls.escape_debug())))?;
-            self.record(key, secs / 60, calls)?;
+            self.record(key, secs / 60, calls).map_err(|e| bad(e.to_string()))?;
         }
         Ok(())
     }
@@ -128,7 +139,7 @@ impl History {
     pub fn span(&self) -> Option<(u64, u64)> {
         let first = self.keys.values().filter_map(|s| s.first()).map(|&(m, _)| m).min()?;
         let last = self.keys.values().filter_map(|s| s.last()).map(|&(m, _)| m).max()?;
-        Some((first, last))
+        Some((u64::from(first), u64::from(last)))
     }
 
     /// `key`'s calls in `minute`.
@@ -141,10 +152,10 @@ impl History {
     }
 
     /// `key`'s minutes in `from..to`.
-    fn minutes<'a>(&'a self, key: &str, from: u64, to: u64) -> &'a [(u64, u32)] {
+    fn minutes<'a>(&'a self, key: &str, from: u64, to: u64) -> &'a [(u32, u32)] {
         let Some(series) = self.keys.get(key) else { return &[] };
-        let start = series.partition_point(|&(m, _)| m < from);
-        let end = series.partition_point(|&(m, _)| m < to);
+        let start = series.partition_point(|&(m, _)| u64::from(m) < from);
+        let end = series.partition_point(|&(m, _)| u64::from(m) < to);
         &series[start..end]
     }
 }
@@ -216,7 +227,7 @@ pub fn typical_peaks(history: &History, from: u64, to: u64) -> BTreeMap<&str, u6
         }
         let mut peaks = vec![0u64; days];
         for &(m, calls) in minutes {
-            let day = ((m - from) / DAY) as usize;
+            let day = ((u64::from(m) - from) / DAY) as usize;
             peaks[day] = peaks[day].max(u64::from(calls));
         }
         peaks.sort_unstable();
@@ -327,12 +338,12 @@ pub fn replay(history: &History, from: u64, to: u64, proposal: &Proposal, shape:
 
 /// One key's calls through the real limiter: each minute's calls spread
 /// evenly over it, one unit each.
-fn replay_key(key: &str, limit: u64, alg: &Algorithm, minutes: &[(u64, u32)]) -> KeyReplay {
-    let first = Timestamp::from_nanos(minutes[0].0 * MINUTE_NANOS);
+fn replay_key(key: &str, limit: u64, alg: &Algorithm, minutes: &[(u32, u32)]) -> KeyReplay {
+    let first = Timestamp::from_nanos(u64::from(minutes[0].0) * MINUTE_NANOS);
     let mut bucket = alg.new_bucket(first);
     let (mut calls, mut denied) = (0, 0);
     for &(minute, n) in minutes {
-        let start = minute * MINUTE_NANOS;
+        let start = u64::from(minute) * MINUTE_NANOS;
         let step = MINUTE_NANOS / u64::from(n);
         for i in 0..u64::from(n) {
             let now = Timestamp::from_nanos(start + i * step + step / 2);
