@@ -72,10 +72,28 @@ fn recommend_proposes_a_limit_and_replays_the_trace() {
     // check-config accepts.
     let (_, snippet) = text.split_once("As rules (the limit's name and key are yours to set):\n").expect(&text);
     let snippet = snippet.split("\n\n").next().unwrap();
-    assert!(snippet.contains("{ when: { tenant: heavy }, limits: { recommended: 600 } }"), "{snippet}");
+    assert!(snippet.contains("{ when: { 'tenant': 'heavy' }, limits: { recommended: 600 } }"), "{snippet}");
     let rules = dir.write("recommended.yaml", &format!("resources:\n  - name: api\n{snippet}\n"));
     let out = Command::new(BIN).arg("check-config").arg(&rules).output().unwrap();
     assert!(out.status.success(), "{snippet}\n{}", String::from_utf8_lossy(&out.stderr));
+
+    // Values YAML would read as numbers, booleans or nothing stay text.
+    let odd = trace().replace("tenant=heavy", "tenant=0x10").replace("tenant=t19", "tenant=null");
+    let odd_file = dir.write("odd.csv", &odd);
+    let out = Command::new(BIN).args(["recommend", "--quantile", "0.9", "--trace"]).arg(&odd_file).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("{ when: { 'tenant': '0x10' }, limits: { recommended: 600 } }"), "{text}");
+    assert!(text.contains("{ when: { 'tenant': 'null' }, limits: { recommended: 120 } }"), "{text}");
+    let (_, snippet) = text.split_once("set):\n").expect(&text);
+    let rules =
+        dir.write("odd.yaml", &format!("resources:\n  - name: api\n{}\n", snippet.split("\n\n").next().unwrap()));
+    let out = Command::new(BIN).arg("check-config").arg(&rules).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Keys that are not name=value pairs get no rules, and the reason.
+    let bare = dir.write("bare.csv", "1767571200,alice,5\n1767571200,bob,50\n");
+    let out = Command::new(BIN).args(["recommend", "--quantile", "0", "--trace"]).arg(&bare).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("(No rules printed: key 'alice' is not written name=value[,name=value...].)"), "{text}");
 
     // Guard rails: from a limit of 1,000 in force, it goes down by 20%.
     let out = Command::new(BIN)
@@ -111,7 +129,7 @@ fn recommend_refuses_bad_input_by_name() {
     assert!(err.contains("holds no calls"), "{err}");
     // A trace larger than --max-entries is refused.
     let two = dir.write("two.csv", "0,a,1\n60,a,1\n");
-    let (code, err) = run(&["--trace", two.to_str().unwrap(), "--max-entries", "1"]);
+    let (code, err) = run(&["--trace", two.to_str().unwrap(), "--max-entries", "2"]);
     assert_eq!(code, Some(1), "{err}");
-    assert!(err.contains("line 2: the history holds at most 1 pairs of a key and a minute"), "{err}");
+    assert!(err.contains("line 2: the history holds at most 2 pairs of a key and a minute"), "{err}");
 }

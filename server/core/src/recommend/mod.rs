@@ -37,8 +37,12 @@ const MINUTE_NANOS: u64 = 60_000_000_000;
 /// The last minute a [`Timestamp`] holds (nanoseconds in a u64), less a day
 /// for the replay of a day after it.
 const LAST_MINUTE: u64 = u64::MAX / MINUTE_NANOS - DAY;
-/// The longest line of a trace, in bytes.
+/// The longest line of a trace, in bytes (its line end aside).
 pub const MAX_LINE: usize = 4096;
+/// The most calls of one key in one minute (about 16,667 a second).
+pub const MAX_CALLS: u32 = 1_000_000;
+/// The longest key, in bytes.
+pub const MAX_KEY: usize = 1024;
 
 /// Each key's calls per minute, kept sparse (minutes without calls cost
 /// nothing).
@@ -59,6 +63,10 @@ pub enum HistoryError {
     Full(usize),
     #[error("minute {0} is past the last one a time can hold (year 2554)")]
     TooLate(u64),
+    #[error("{0} calls in one minute of one key is more than {MAX_CALLS}")]
+    TooMany(u64),
+    #[error("a key of {0} bytes is longer than {MAX_KEY}")]
+    LongKey(usize),
     #[error("line {line}: {what}")]
     Line { line: usize, what: String },
 }
@@ -74,16 +82,34 @@ impl History {
         if minute > LAST_MINUTE {
             return Err(HistoryError::TooLate(minute));
         }
+        if calls > MAX_CALLS {
+            return Err(HistoryError::TooMany(u64::from(calls)));
+        }
+        if key.len() > MAX_KEY {
+            return Err(HistoryError::LongKey(key.len()));
+        }
         if calls == 0 {
             return Ok(());
         }
         let minute = minute as u32;
         let series = match self.keys.get_mut(key) {
             Some(series) => series,
-            None => self.keys.entry(key.to_string()).or_default(),
+            None => {
+                // A new key costs room as minutes of its bytes do, so that
+                // long keys are bounded too.
+                let cost = 1 + key.len() / 16;
+                if self.entries + cost > self.max_entries {
+                    return Err(HistoryError::Full(self.max_entries));
+                }
+                self.entries += cost;
+                self.keys.entry(key.to_string()).or_default()
+            }
         };
         match series.binary_search_by_key(&minute, |&(m, _)| m) {
-            Ok(i) => series[i].1 = series[i].1.saturating_add(calls),
+            Ok(i) => {
+                let sum = u64::from(series[i].1) + u64::from(calls);
+                series[i].1 = u32::try_from(sum).ok().filter(|&n| n <= MAX_CALLS).ok_or(HistoryError::TooMany(sum))?;
+            }
             Err(i) => {
                 if self.entries >= self.max_entries {
                     return Err(HistoryError::Full(self.max_entries));
@@ -107,14 +133,16 @@ impl History {
             let bad = |what: String| HistoryError::Line { line: line_no, what };
             buf.clear();
             let n =
-                (&mut text).take(MAX_LINE as u64 + 1).read_until(b'\n', &mut buf).map_err(|e| bad(e.to_string()))?;
+                (&mut text).take(MAX_LINE as u64 + 3).read_until(b'\n', &mut buf).map_err(|e| bad(e.to_string()))?;
             if n == 0 {
                 return Ok(());
             }
-            if buf.len() > MAX_LINE {
+            let content = buf.strip_suffix(b"\n").unwrap_or(&buf);
+            let content = content.strip_suffix(b"\r").unwrap_or(content);
+            if content.len() > MAX_LINE {
                 return Err(bad(format!("the line is longer than {MAX_LINE} bytes")));
             }
-            let line = std::str::from_utf8(&buf).map_err(|_| bad("the line is not UTF-8".to_string()))?;
+            let line = std::str::from_utf8(content).map_err(|_| bad("the line is not UTF-8".to_string()))?;
             let line = line.trim();
             if line.is_empty() || line.starts_with('#') {
                 continue;
@@ -128,8 +156,9 @@ impl History {
             }
             let secs: u64 = (secs.trim().parse())
                 .map_err(|_| bad(format!("seconds '{}' is not a whole number", secs.escape_debug())))?;
-            let calls: u32 = (calls.trim().parse())
+            let calls: u64 = (calls.trim().parse())
                 .map_err(|_| bad(format!("calls '{}' is not a whole number", calls.escape_debug())))?;
+            let calls = u32::try_from(calls).map_err(|_| bad(HistoryError::TooMany(calls).to_string()))?;
             self.record(key, secs / 60, calls).map_err(|e| bad(e.to_string()))?;
         }
         Ok(())
@@ -140,6 +169,11 @@ impl History {
         let first = self.keys.values().filter_map(|s| s.first()).map(|&(m, _)| m).min()?;
         let last = self.keys.values().filter_map(|s| s.last()).map(|&(m, _)| m).max()?;
         Some((u64::from(first), u64::from(last)))
+    }
+
+    /// The first key, in byte order.
+    pub fn first_key(&self) -> Option<&str> {
+        self.keys.keys().next().map(String::as_str)
     }
 
     /// `key`'s calls in `minute`.
@@ -216,24 +250,44 @@ impl Proposal {
 }
 
 /// Each key's typical peak over the days of `from..to`: the median of its
-/// busiest minute of each day (a day without calls counts as 0).
+/// busiest minute of each recorded day. A recorded day is one on which some
+/// key made calls; on such a day a key without calls counts 0. A day on
+/// which no key made any call is a gap in the recording, not a quiet day,
+/// and is left out: a stray line far from the rest then adds one day, not
+/// a thousand empty ones.
 pub fn typical_peaks(history: &History, from: u64, to: u64) -> BTreeMap<&str, u64> {
-    let days = to.saturating_sub(from).div_ceil(DAY).max(1) as usize;
-    let mut out = BTreeMap::new();
+    let day_of = |m: u32| (u64::from(m) - from) / DAY;
+    // Each key's peak per day it made calls, in increasing days.
+    let mut per_key: Vec<(&str, Vec<(u64, u64)>)> = Vec::new();
+    let mut recorded = std::collections::BTreeSet::new();
     for key in history.keys.keys() {
         let minutes = history.minutes(key, from, to);
         if minutes.is_empty() {
             continue;
         }
-        let mut peaks = vec![0u64; days];
+        let mut peaks: Vec<(u64, u64)> = Vec::new();
         for &(m, calls) in minutes {
-            let day = ((u64::from(m) - from) / DAY) as usize;
-            peaks[day] = peaks[day].max(u64::from(calls));
+            let (day, calls) = (day_of(m), u64::from(calls));
+            match peaks.last_mut() {
+                Some((d, peak)) if *d == day => *peak = (*peak).max(calls),
+                _ => peaks.push((day, calls)),
+            }
         }
-        peaks.sort_unstable();
-        out.insert(key.as_str(), peaks[(days - 1) / 2]);
+        recorded.extend(peaks.iter().map(|&(d, _)| d));
+        per_key.push((key.as_str(), peaks));
     }
-    out
+    let days = recorded.len().max(1);
+    per_key
+        .into_iter()
+        .map(|(key, peaks)| {
+            // The days without calls sort first, as zeros.
+            let mut values: Vec<u64> = peaks.into_iter().map(|(_, p)| p).collect();
+            values.sort_unstable();
+            let zeros = days - values.len();
+            let middle = (days - 1) / 2;
+            (key, if middle < zeros { 0 } else { values[middle - zeros] })
+        })
+        .collect()
 }
 
 /// Proposes limits from the calls of `from..to` (minutes), within the guard

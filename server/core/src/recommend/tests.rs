@@ -22,10 +22,16 @@ fn a_typical_peak_is_the_median_of_the_daily_peaks() {
     let h = history(&[("tenant=a", &days)]);
     let peaks = typical_peaks(&h, T0, T0 + 5 * DAY);
     assert_eq!(peaks["tenant=a"], 12);
-    // A day without calls counts as 0: active on one day of three, the
-    // typical peak is 0.
-    let h = history(&[("tenant=b", &[(30, 50)])]);
+    // On a day another key made calls, a key without any counts 0: active
+    // on one day of three, its typical peak is 0.
+    let h = history(&[("tenant=a", &[(30, 5), (DAY + 30, 5), (2 * DAY + 30, 5)]), ("tenant=b", &[(30, 50)])]);
     assert_eq!(typical_peaks(&h, T0, T0 + 3 * DAY)["tenant=b"], 0);
+    // A day without any calls is a gap in the recording, not a quiet day:
+    // a stray line a year later adds one day, and the others' peaks stand.
+    let a: Vec<(u64, u32)> = (0..5).map(|d| (d * DAY + 600, 10)).collect();
+    let h = history(&[("tenant=a", &a), ("tenant=stray", &[(365 * DAY, 1)])]);
+    let peaks = typical_peaks(&h, T0, T0 + 366 * DAY);
+    assert_eq!((peaks["tenant=a"], peaks["tenant=stray"]), (10, 0));
 }
 
 #[test]
@@ -96,7 +102,20 @@ fn a_trace_is_read_with_keys_holding_commas_and_bad_lines_named() {
     assert!(err.to_string().starts_with("line 1: '1767571200,5' has no key"), "{err}");
     // A bound on what is held: the third minute is refused.
     let err = History::new(2).read("0,a,1\n60,a,1\n120,a,1\n".as_bytes()).unwrap_err();
-    assert!(err.to_string().starts_with("line 3: the history holds at most 2 pairs"), "{err}");
+    // (A new key takes room too: one pair, and one for each 16 bytes.)
+    assert!(err.to_string().starts_with("line 2: the history holds at most 2 pairs"), "{err}");
+    let err = History::new(100).read("0,a,1000001\n".as_bytes()).unwrap_err();
+    assert_eq!(err.to_string(), "line 1: 1000001 calls in one minute of one key is more than 1000000");
+    let err = History::new(100).read("0,a,600000\n30,a,600000\n".as_bytes()).unwrap_err();
+    assert!(err.to_string().starts_with("line 2: 1200000 calls in one minute"), "{err}");
+    let long = format!("0,{},1\n", "k".repeat(MAX_KEY + 1));
+    let err = History::new(1000).read(long.as_bytes()).unwrap_err();
+    assert_eq!(err.to_string(), format!("line 1: a key of {} bytes is longer than {MAX_KEY}", MAX_KEY + 1));
+    // A line of exactly MAX_LINE bytes is read, with either line end.
+    let key = "k".repeat(MAX_KEY);
+    let exact = format!("0,{key},{}", "0".repeat(MAX_LINE - 4 - key.len()) + "1");
+    assert_eq!(exact.len(), MAX_LINE);
+    History::new(1000).read(format!("{exact}\r\n").as_bytes()).unwrap();
     // A file without line ends (a device of zeros) is refused, not read
     // whole.
     let zeros = std::io::BufReader::new(std::io::repeat(0));

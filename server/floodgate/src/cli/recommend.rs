@@ -27,7 +27,7 @@ pub struct RecommendArgs {
     days: Option<u64>,
     /// The limit in force now, in calls a minute: the proposal goes down
     /// from it by at most --max-decrease.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
     current: Option<u64>,
     /// How far a limit may go down from --current, as a fraction (0 to
     /// below 1).
@@ -110,19 +110,20 @@ pub fn run(args: RecommendArgs) -> anyhow::Result<ExitCode> {
     );
     if proposal.per_minute != proposal.observed {
         outln!(
-            "  (observed figure {}; the limit goes down by at most {} a day)",
+            "  (observed figure {}; the limit goes down by at most {}% from --current)",
             proposal.observed,
-            settings.max_decrease
+            settings.max_decrease * 100.0
         );
     }
     if !proposal.overrides.is_empty() {
         outln!("Overrides for {} heavier keys:", proposal.overrides.len());
         for (key, limit) in &proposal.overrides {
-            outln!("  {limit:>10}  {key}");
+            outln!("  {limit:>10}  {}", shown(key));
         }
     }
-    if let Some(snippet) = rules_snippet(&proposal, shape) {
-        outln!("As rules (the limit's name and key are yours to set):\n{snippet}");
+    match rules_snippet(&history, &proposal, shape) {
+        Ok(snippet) => outln!("As rules (the limit's name and key are yours to set):\n{snippet}"),
+        Err(why) => outln!("(No rules printed: {why}.)"),
     }
     let share = if calls == 0 { 0.0 } else { denied as f64 * 100.0 / calls as f64 };
     outln!(
@@ -130,54 +131,71 @@ pub fn run(args: RecommendArgs) -> anyhow::Result<ExitCode> {
         args.algorithm.name()
     );
     for r in replayed.iter().take(args.top).filter(|r| r.denied > 0) {
-        outln!("  {:>10} of {:>10} denied  (limit {})  {}", r.denied, r.calls, r.limit, r.key);
+        outln!("  {:>10} of {:>10} denied  (limit {})  {}", r.denied, r.calls, r.limit, shown(&r.key));
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// The proposal as a limit and overrides of a rules file, when every key
-/// of an override is written `name=value[,name=value...]` and they all
-/// name the same descriptors.
-fn rules_snippet(proposal: &Proposal, shape: Shape) -> Option<String> {
-    let pairs = |key: &str| -> Option<Vec<(String, String)>> {
-        key.split(',').map(|p| p.split_once('=').map(|(k, v)| (k.to_string(), v.to_string()))).collect()
+/// A key as text for a terminal: control characters (which could move the
+/// cursor or change colours) escaped.
+fn shown(key: &str) -> std::borrow::Cow<'_, str> {
+    if key.chars().any(char::is_control) { key.escape_debug().to_string().into() } else { key.into() }
+}
+
+/// A key written `name=value[,name=value...]` as its pairs.
+fn pairs(key: &str) -> Result<Vec<(&str, &str)>, String> {
+    let pairs: Option<Vec<(&str, &str)>> = key.split(',').map(|p| p.split_once('=')).collect();
+    match pairs {
+        Some(pairs) if pairs.iter().all(|(k, _)| !k.is_empty()) => Ok(pairs),
+        _ => Err(format!("key '{}' is not written name=value[,name=value...]", shown(key))),
+    }
+}
+
+/// The proposal as a limit and overrides of a rules file: the keys must be
+/// written `name=value[,name=value...]` with the same names. Every name and
+/// value is quoted, so that YAML reads each as the text it is (`0x10`,
+/// `true` and `null` too).
+fn rules_snippet(history: &History, proposal: &Proposal, shape: Shape) -> Result<String, String> {
+    let names = |key: &str| -> Result<Vec<String>, String> {
+        let pairs = pairs(key)?;
+        if key.chars().any(char::is_control) {
+            return Err(format!("key '{}' holds a control character", shown(key)));
+        }
+        Ok(pairs.iter().map(|(k, _)| k.to_string()).collect())
     };
-    let mut names: Option<Vec<String>> = None;
+    let first = history.first_key().ok_or("the trace has no key")?;
+    let expected = names(first)?;
     let mut overrides = String::new();
     for (key, limit) in &proposal.overrides {
-        let pairs = pairs(key)?;
-        let these: Vec<String> = pairs.iter().map(|(k, _)| k.clone()).collect();
-        if names.get_or_insert_with(|| these.clone()) != &these {
-            return None;
+        if names(key)? != expected {
+            return Err(format!("keys name different descriptors ('{}' and '{}')", shown(first), shown(key)));
         }
-        let when: Vec<String> = pairs.iter().map(|(k, v)| format!("{k}: {}", yaml_scalar(v))).collect();
+        let when: Vec<String> = pairs(key)?.iter().map(|(k, v)| format!("{}: {}", quoted(k), quoted(v))).collect();
         overrides
             .push_str(&format!("      - {{ when: {{ {} }}, limits: {{ recommended: {limit} }} }}\n", when.join(", ")));
     }
-    let key = names.map_or_else(|| "[tenant]".to_string(), |n| format!("[{}]", n.join(", ")));
+    let key = expected.iter().map(|n| quoted(n)).collect::<Vec<_>>().join(", ");
     let n = proposal.per_minute;
     let limit = match shape {
+        // The rate is rounded to a thousandth of a call a second, the
+        // precision a rate has (as the replay used it).
         Shape::TokenBucket => format!(
             "algorithm: token_bucket, capacity: {n}, refill_per_second: {}",
-            (n as f64 * 1000.0 / 60.0).round() / 1000.0
+            ((n as f64 * 1000.0 / 60.0).round() / 1000.0).max(0.001)
         ),
         Shape::FixedWindow => format!("algorithm: fixed_window, limit: {n}, window: 1m"),
     };
-    let mut out = format!("    limits:\n      - {{ name: recommended, key: {key}, {limit} }}\n");
+    let mut out = format!("    limits:\n      - {{ name: recommended, key: [{key}], {limit} }}\n");
     if !overrides.is_empty() {
         out.push_str("    overrides:\n");
         out.push_str(&overrides);
     }
-    Some(out)
+    Ok(out)
 }
 
-/// A value as a YAML scalar: quoted unless plainly safe.
-fn yaml_scalar(v: &str) -> String {
-    if !v.is_empty() && v.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) && v.parse::<f64>().is_err() {
-        v.to_string()
-    } else {
-        format!("'{}'", v.replace('\'', "''"))
-    }
+/// Text as a single-quoted YAML scalar.
+fn quoted(v: &str) -> String {
+    format!("'{}'", v.replace('\'', "''"))
 }
 
 /// A Unix minute as `2026-01-05T00:00Z`.
