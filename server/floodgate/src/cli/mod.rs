@@ -203,6 +203,17 @@ pub(crate) fn parse_bytes(s: &str) -> Result<usize, String> {
     Ok(bytes)
 }
 
+/// `--max-key-bytes`: a size of at least 64 KiB. A bound smaller than a
+/// few keys would evict every key as soon as it is made, and no limit keyed
+/// on them would ever apply.
+pub(crate) fn parse_key_bytes(s: &str) -> Result<usize, String> {
+    let bytes = parse_bytes(s)?;
+    if bytes < 64 << 10 {
+        return Err(format!("'{s}' is less than 64KiB: so few bytes of keys would keep no limit in force"));
+    }
+    Ok(bytes)
+}
+
 /// A descriptor key: 1 to 256 bytes, no control characters.
 pub(crate) fn descriptor_key(s: &str) -> Result<String, String> {
     if s.is_empty() || s.len() > crate::rules::MAX_NAME_BYTES || s.chars().any(char::is_control) {

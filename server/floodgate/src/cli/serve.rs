@@ -43,8 +43,9 @@ pub struct ServeArgs {
 
     /// The most bytes of bucket keys (each its resource and the descriptor
     /// values it is keyed on) held in memory; beyond it the least recently
-    /// used are evicted. A bucket takes about 180 bytes besides its key.
-    #[arg(long, default_value = "1GiB", value_parser = super::parse_bytes)]
+    /// used are evicted. At least 64KiB. A bucket takes about 100 bytes
+    /// besides its key.
+    #[arg(long, default_value = "1GiB", value_parser = super::parse_key_bytes)]
     max_key_bytes: usize,
 
     /// How often idle buckets are forgotten.
