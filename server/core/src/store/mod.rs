@@ -130,7 +130,7 @@ impl Buckets {
         // Eviction waits until the shard is released: it visits every shard.
         drop(shard);
         if over {
-            self.evict_least_recently_used(key);
+            self.evict_least_recently_used();
         }
         out
     }
@@ -182,7 +182,7 @@ impl Buckets {
         };
         drop(shard);
         if over {
-            self.evict_least_recently_used(&key);
+            self.evict_least_recently_used();
         }
     }
 
@@ -282,17 +282,17 @@ impl Buckets {
 
     /// Evicts the least recently used buckets until the store is back below
     /// its bounds by 1% of them (the low-water marks), so that a flood of new
-    /// keys pays for a scan once per many inserts. `spare` (the key whose
-    /// creation passed a bound) is never chosen: a key longer than the bytes
-    /// bound is held alone rather than forgotten at once, which would leave
-    /// its limit never applied. One thread evicts at a time, and never during
-    /// a sweep; the others go on.
+    /// keys pays for a scan once per many inserts. The key just created is a
+    /// candidate like the others: it is the most recently used, so it goes
+    /// only when nothing else may (a store full of credits refuses a new
+    /// balance this way). One thread evicts at a time, and never during a
+    /// sweep; the others go on.
     ///
     /// The counts are read again for each removal, not only before the scan:
     /// keys created or removed meanwhile change what is needed. A key
     /// touched since the scan saw it is no longer among the oldest and is
     /// kept.
-    fn evict_least_recently_used(&self, spare: &BucketKey) {
+    fn evict_least_recently_used(&self) {
         let Ok(_scanning) = self.scanning.try_lock() else {
             return;
         };
@@ -310,9 +310,7 @@ impl Buckets {
                 // top-up (the admin role) makes them, so they are as many
                 // as it made. A balance in debt may be: forgetting it is
                 // the owed units' loss.
-                if matches!(&entry.bucket, Bucket::Balance(b) if b.units() > 0)
-                    || (limit == spare.limit && scope == spare.scope.as_str())
-                {
+                if matches!(&entry.bucket, Bucket::Balance(b) if b.units() > 0) {
                     continue;
                 }
                 let touched = entry.touched;

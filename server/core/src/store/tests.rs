@@ -158,19 +158,6 @@ fn max_bytes_evicts_the_least_recently_used_first_and_counts_every_removal() {
 }
 
 #[test]
-fn a_key_longer_than_the_bytes_bound_is_still_limited() {
-    let mut store = Buckets::new(usize::MAX);
-    store.set_max_bytes(100);
-    let alg = tb(5);
-    let long = key(&"x".repeat(200));
-    let admitted = (0..7).filter(|&i| store.acquire(long.clone(), &alg, t(0).add_nanos(i), 1).admitted);
-    assert_eq!(admitted.count(), 5, "the key is held alone, not forgotten at once");
-    // The next key forgets it: the bound holds for more than one key.
-    store.acquire(key("short"), &alg, t(1), 1);
-    assert!(!store.contains(&long) && store.contains(&key("short")));
-}
-
-#[test]
 fn a_flood_of_long_keys_stays_within_the_bytes() {
     let mut store = Buckets::new(usize::MAX);
     store.set_max_bytes(100_000);
