@@ -9,7 +9,7 @@
 
 use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 
 use crate::limiter::{Algorithm, Bucket, Decision};
 use crate::time::Timestamp;
@@ -293,8 +293,12 @@ impl Buckets {
     /// touched since the scan saw it is no longer among the oldest and is
     /// kept.
     fn evict_least_recently_used(&self) {
-        let Ok(_scanning) = self.scanning.try_lock() else {
-            return;
+        // A poisoned lock guards nothing broken (it holds no data): an
+        // eviction after a panic elsewhere still runs, or the bound is lost.
+        let _scanning = match self.scanning.try_lock() {
+            Ok(guard) => guard,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return,
         };
         let low_keys = self.max_keys - self.max_keys / 100;
         let low_bytes = self.max_bytes - self.max_bytes / 100;

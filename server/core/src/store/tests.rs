@@ -309,3 +309,20 @@ fn the_store_holds_what_a_plain_set_says_through_removals_and_sweeps() {
     let bytes: usize = model.iter().map(|n| key(n).scope.len()).sum();
     assert_eq!(store.bytes(), bytes);
 }
+
+/// A panic while the sweep held its lock must not stop evictions for good:
+/// the bound on keys would be lost.
+#[test]
+fn evictions_go_on_after_a_panic_in_a_sweep() {
+    let store = Buckets::new(10);
+    let alg = tb(10);
+    store.acquire(key("a"), &alg, t(0), 1);
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        store.sweep(t(0), |_| -> Option<&Algorithm> { panic!("a lookup that fails") });
+    }));
+    assert!(panicked.is_err());
+    for i in 0..100u64 {
+        store.acquire(key(&i.to_string()), &alg, t(1).add_nanos(i), 1);
+    }
+    assert!(store.len() <= 10, "{} keys held with --max-keys 10", store.len());
+}
