@@ -162,28 +162,17 @@ impl Buckets {
         self.upsert(&key, now, || alg.new_bucket(now), |b| b.force(alg, now, cost));
     }
 
-    /// Sets a bucket's state (a replica adopting the merged state).
+    /// Sets a bucket's state (a replica adopting the merged state), creating
+    /// the key when it is not held, as `acquire` does.
     pub fn put(&self, key: BucketKey, bucket: Bucket, now: Timestamp) {
-        let mut bucket = Some(bucket);
-        let mut given = || bucket.take().expect("the bucket is put once");
-        let hash = self.hash(&key);
-        let mut shard = self.write(hash);
-        let over = match shard.find(hash, &key) {
-            Some(i) => {
-                let entry = shard.entry_mut(i);
-                entry.touched = now;
-                entry.bucket = given();
-                false
+        // Taken once: by `new` for a key not held, else by the update.
+        let given = std::cell::Cell::new(Some(bucket));
+        let take = || given.take().expect("the bucket is put once");
+        self.upsert(&key, now, take, |held| {
+            if let Some(bucket) = given.take() {
+                *held = bucket;
             }
-            None => {
-                shard.insert(&self.hasher, hash, &key, given(), now);
-                self.count_new(key.scope.len())
-            }
-        };
-        drop(shard);
-        if over {
-            self.evict_least_recently_used();
-        }
+        });
     }
 
     /// Forgets one bucket.

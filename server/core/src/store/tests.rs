@@ -326,3 +326,20 @@ fn evictions_go_on_after_a_panic_in_a_sweep() {
     }
     assert!(store.len() <= 10, "{} keys held with --max-keys 10", store.len());
 }
+
+/// `put` replaces a held bucket's state, and creates a key as `acquire`
+/// does: counted, and evicting beyond the bound.
+#[test]
+fn put_replaces_or_creates_and_counts() {
+    let store = Buckets::new(2);
+    let alg = tb(10);
+    store.acquire(key("a"), &alg, t(0), 10);
+    assert!(!store.check(&key("a"), &alg, t(0), 1).admitted);
+    store.put(key("a"), alg.new_bucket(t(0)), t(1));
+    assert!(store.check(&key("a"), &alg, t(1), 10).admitted, "the full bucket put replaced the empty one");
+    assert_eq!(store.len(), 1);
+    store.put(key("b"), alg.new_bucket(t(2)), t(2));
+    store.put(key("c"), alg.new_bucket(t(3)), t(3));
+    assert_eq!(store.len(), 2);
+    assert!(!store.contains(&key("a")), "the least recently used went");
+}
