@@ -11,7 +11,7 @@
 //!   headroom. A key whose typical peak times the headroom is above that
 //!   limit gets an override of its own at that figure.
 //! - Guard rails against the limits in force (the previous proposal): a
-//!   limit goes down by at most a stated fraction a day, and is never set
+//!   limit goes down by at most a stated fraction a step, and is never set
 //!   below the observed figure times the headroom (a rise to it is never
 //!   held back, since holding it back would deny calls that are normal).
 //!
@@ -201,8 +201,8 @@ pub struct Settings {
     pub quantile: f64,
     /// The factor above the observed figure (at least 1).
     pub headroom: f64,
-    /// How far a limit may go down in one day, as a fraction (0.2: by at
-    /// most 20%).
+    /// How far a limit may go down from the one in force in one proposal,
+    /// as a fraction (0.2: by at most 20%).
     pub max_decrease: f64,
 }
 
@@ -351,14 +351,18 @@ impl Shape {
         match self {
             Shape::FixedWindow => Algorithm::FixedWindow(fixed_window::Config::new(limit, MINUTE_NANOS)),
             Shape::TokenBucket => {
-                // The rate is kept to a thousandth of a call a second, the
-                // precision a rate has.
-                let milli = (limit as f64 * 1000.0 / 60.0).round().max(1.0);
-                let rate = Rate::per_second(milli / 1000.0).unwrap_or_else(|_| Rate::whole_per_second(1));
+                let rate = Rate::per_second(refill_per_second(limit)).unwrap_or_else(|_| Rate::whole_per_second(1));
                 Algorithm::TokenBucket(token_bucket::Config::new(limit, rate))
             }
         }
     }
+}
+
+/// The refill a second of a token bucket of `limit` calls a minute, kept to
+/// a thousandth of a call a second (the precision a rate has): what the
+/// replay uses and what the printed rules say.
+pub fn refill_per_second(limit: u64) -> f64 {
+    (limit as f64 * 1000.0 / 60.0).round().max(1.0) / 1000.0
 }
 
 /// What one key's recorded calls would have met.
@@ -370,8 +374,8 @@ pub struct KeyReplay {
     pub denied: u64,
 }
 
-/// Replays the calls of `from..to` against `proposal`: per key (those with
-/// denials first, most denied first), and in total.
+/// Replays the calls of `from..to` against `proposal`, per key: the most
+/// denied first.
 pub fn replay(history: &History, from: u64, to: u64, proposal: &Proposal, shape: Shape) -> Vec<KeyReplay> {
     let mut out: Vec<KeyReplay> = history
         .keys

@@ -156,33 +156,34 @@ fn pairs(key: &str) -> Result<Vec<(&str, &str)>, String> {
 /// value is quoted, so that YAML reads each as the text it is (`0x10`,
 /// `true` and `null` too).
 fn rules_snippet(history: &History, proposal: &Proposal, shape: Shape) -> Result<String, String> {
-    let names = |key: &str| -> Result<Vec<String>, String> {
+    // A key's pairs, refused when it holds a control character (YAML's
+    // single quotes cannot hold one).
+    fn checked(key: &str) -> Result<Vec<(&str, &str)>, String> {
         let pairs = pairs(key)?;
         if key.chars().any(char::is_control) {
             return Err(format!("key '{}' holds a control character", shown(key)));
         }
-        Ok(pairs.iter().map(|(k, _)| k.to_string()).collect())
-    };
+        Ok(pairs)
+    }
+    let names = |pairs: &[(&str, &str)]| pairs.iter().map(|&(k, _)| k.to_string()).collect::<Vec<_>>();
     let first = history.first_key().ok_or("the trace has no key")?;
-    let expected = names(first)?;
+    let expected = names(&checked(first)?);
     let mut overrides = String::new();
     for (key, limit) in &proposal.overrides {
-        if names(key)? != expected {
+        let pairs = checked(key)?;
+        if names(&pairs) != expected {
             return Err(format!("keys name different descriptors ('{}' and '{}')", shown(first), shown(key)));
         }
-        let when: Vec<String> = pairs(key)?.iter().map(|(k, v)| format!("{}: {}", quoted(k), quoted(v))).collect();
+        let when: Vec<String> = pairs.iter().map(|(k, v)| format!("{}: {}", quoted(k), quoted(v))).collect();
         overrides
             .push_str(&format!("      - {{ when: {{ {} }}, limits: {{ recommended: {limit} }} }}\n", when.join(", ")));
     }
     let key = expected.iter().map(|n| quoted(n)).collect::<Vec<_>>().join(", ");
     let n = proposal.per_minute;
     let limit = match shape {
-        // The rate is rounded to a thousandth of a call a second, the
-        // precision a rate has (as the replay used it).
-        Shape::TokenBucket => format!(
-            "algorithm: token_bucket, capacity: {n}, refill_per_second: {}",
-            ((n as f64 * 1000.0 / 60.0).round() / 1000.0).max(0.001)
-        ),
+        Shape::TokenBucket => {
+            format!("algorithm: token_bucket, capacity: {n}, refill_per_second: {}", recommend::refill_per_second(n))
+        }
         Shape::FixedWindow => format!("algorithm: fixed_window, limit: {n}, window: 1m"),
     };
     let mut out = format!("    limits:\n      - {{ name: recommended, key: [{key}], {limit} }}\n");
