@@ -87,6 +87,26 @@ async fn leases_with_the_local_fail_mode_keep_to_the_limits_once_the_server_is_g
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_returned_unused_erases_none_of_the_limits_learned() {
+    let fg = floodgate().rules(RULES).start();
+    let c = local(&fg, 1.0, true);
+    assert!(c.acquire(&Acquire::new("shared")).await.unwrap().is_allowed());
+    // The lease is renewed once (it was used), then returned unused: the
+    // answer to a return lists no limit, and must not erase the one learned.
+    eventually("the lease renewed, then returned", Duration::from_secs(10), || async {
+        (c.stats().rpcs >= 3).then_some(())
+    })
+    .await;
+    signal(fg.pid(), "STOP");
+    let stopped = Instant::now();
+    let (allowed, local) = hammer(c.clone(), stopped + Duration::from_millis(500)).await;
+    signal(fg.pid(), "CONT");
+    let bound = 100.0 + 100.0 * stopped.elapsed().as_secs_f64();
+    assert!(local > 0, "decided locally: {allowed} allowed, {local} of them locally");
+    assert!((allowed as f64) <= bound, "{allowed} admitted without the server; the limit allows {bound:.0}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_concurrency_denial_erases_none_of_the_limits_learned() {
     let fg = floodgate().rules(RULES).start();
     let c = local(&fg, 1.0, false);

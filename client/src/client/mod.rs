@@ -280,9 +280,11 @@ impl Client {
             Asked::Answer(_, r) => {
                 // What the limits hold after the lease: what the local fail
                 // mode keeps to once the lease is over and the server gone.
+                // The answer to a returned lease lists no limit: it says
+                // nothing of them, and must not erase what was learned.
                 let granted = Granted::from_proto(&r);
-                if let (Some(local), Granted::Lease { limits, .. } | Granted::Empty(_, _, limits)) =
-                    (&self.inner.local, &granted)
+                if let (Some(local), Granted::Lease { limits, .. } | Granted::Empty(_, _, limits), false) =
+                    (&self.inner.local, &granted, release)
                 {
                     local.learn(local::key(req), req.resource(), Verdict::Allowed, limits, 0);
                 }
