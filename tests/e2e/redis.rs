@@ -472,6 +472,19 @@ async fn rules_applied_on_one_replica_reach_the_others_and_later_ones() {
     let c = replica(&dir, &["--redis", &url]);
     let got = c.admin().await.get_rules(pb::GetRulesRequest {}).await.unwrap().into_inner();
     assert_eq!((got.yaml.as_str(), got.source.as_str()), (new_rules, "redis"), "a replica started later loads them");
+    // A revert on A is shared like an apply: every replica has the file back.
+    let reverted = a.admin().await.revert_rules(pb::RevertRulesRequest::default()).await.unwrap().into_inner();
+    assert_eq!(reverted.resources.first().map(String::as_str), Some("strict"), "the file's rules");
+    for (name, fg) in [("B", &b), ("C", &c)] {
+        let mut admin = fg.admin().await;
+        eventually(&format!("{name} to take the reverted rules"), Duration::from_secs(5), || {
+            let mut admin = admin.clone();
+            async move { (admin.get_rules(pb::GetRulesRequest {}).await.unwrap().into_inner().yaml == RULES).then_some(()) }
+        })
+        .await;
+        let got = admin.get_rules(pb::GetRulesRequest {}).await.unwrap().into_inner();
+        assert_eq!(got.source, "redis");
+    }
 }
 
 #[test]

@@ -321,3 +321,90 @@ async fn a_rules_file_that_was_a_fifo_for_a_while_is_read_again_when_it_comes_ba
     })
     .await;
 }
+
+/// Runs `floodgate rules ARGS --server` against `fg`: (success, stdout, stderr).
+fn rules_cli(fg: &Floodgate, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(BIN).arg("rules").args(["--server", &fg.grpc]).args(args).output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+#[tokio::test]
+async fn a_change_is_reverted_with_one_command_and_every_step_is_audited() {
+    let dir = TempDir::new();
+    let file = dir.write("rules.yaml", &rules_with_limit(3));
+    let fg = floodgate().args(["--config", path_str(&file)]).start();
+
+    // Nothing to revert yet: said so, nothing changes.
+    let (ok, _, err) = rules_cli(&fg, &["revert"]);
+    assert!(!ok && err.contains("no earlier rules are kept"), "{err}");
+    assert_eq!(limit_of(&fg).await, Some(3));
+
+    let raised = dir.write("raised.yaml", &rules_with_limit(50));
+    let (ok, out, err) = rules_cli(&fg, &["apply", path_str(&raised)]);
+    assert!(ok, "{out}{err}");
+    assert_eq!(limit_of(&fg).await, Some(50));
+    let (ok, history, _) = rules_cli(&fg, &["history"]);
+    assert!(ok && history.contains("version 2 in force, from admin"), "{history}");
+    let file_shown = format!("version 1 from {}", file.display());
+    assert!(history.contains(&file_shown) && history.contains("1 resources (orders)"), "{history}");
+
+    // One command puts the file's rules back, as a new version; a second
+    // one undoes the first.
+    let (ok, out, err) = rules_cli(&fg, &["revert"]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("reverted to the rules of version 1; version 3 in force"), "{out}");
+    assert_eq!(limit_of(&fg).await, Some(3));
+    let mut admin = fg.admin().await;
+    let got = admin.get_rules(pb::GetRulesRequest {}).await.unwrap().into_inner();
+    assert_eq!((got.yaml, got.version), (rules_with_limit(3), 3));
+    let kept: Vec<u64> = got.earlier.iter().map(|e| e.version).collect();
+    assert_eq!(kept, [2, 1], "newest first");
+    let (ok, out, _) = rules_cli(&fg, &["revert"]);
+    assert!(ok && out.contains("reverted to the rules of version 2; version 4 in force"), "{out}");
+    assert_eq!(limit_of(&fg).await, Some(50));
+    // Or any version kept, by number.
+    let (ok, out, _) = rules_cli(&fg, &["revert", "--to", "1"]);
+    assert!(ok && out.contains("reverted to the rules of version 1; version 5 in force"), "{out}");
+    assert_eq!(limit_of(&fg).await, Some(3));
+
+    // A version not kept is refused by name, and nothing changes.
+    let err = admin.revert_rules(pb::RevertRulesRequest { to_version: 99 }).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound);
+    assert!(
+        err.message().starts_with("to_version: 99 is not kept; the versions kept are 4, 3, 2, 1"),
+        "{}",
+        err.message()
+    );
+    assert_eq!(admin.get_rules(pb::GetRulesRequest {}).await.unwrap().into_inner().version, 5);
+    let (ok, _, err) = rules_cli(&fg, &["revert", "--to", "0"]);
+    assert!(!ok && err.contains("--to"), "{err}");
+
+    let logs = eventually("three audit lines", Duration::from_secs(5), || async {
+        let logs = fg.logs();
+        (logs.matches("change=\"RevertRules\"").count() == 3).then_some(logs)
+    })
+    .await;
+    let line = logs.lines().find(|l| l.contains("change=\"RevertRules\"")).unwrap();
+    for part in ["reverted_to=1", "version_before=2", "version_after=3", "admin change"] {
+        assert!(line.contains(part), "{part} missing from the audit line: {line}");
+    }
+}
+
+#[tokio::test]
+async fn only_the_last_ten_rules_files_are_kept() {
+    let fg = floodgate().start();
+    let mut admin = fg.admin().await;
+    for limit in 1..=15 {
+        let apply = pb::ApplyRulesRequest { yaml: rules_with_limit(limit), ..Default::default() };
+        admin.apply_rules(apply).await.unwrap();
+    }
+    let got = admin.get_rules(pb::GetRulesRequest {}).await.unwrap().into_inner();
+    let kept: Vec<u64> = got.earlier.iter().map(|e| e.version).collect();
+    assert_eq!(kept, (6..=15).rev().collect::<Vec<u64>>(), "the embedded rules (1) and versions 2-5 are forgotten");
+    // The same file applied again is not a new entry.
+    let apply = pb::ApplyRulesRequest { yaml: rules_with_limit(15), ..Default::default() };
+    admin.apply_rules(apply).await.unwrap();
+    let got = admin.get_rules(pb::GetRulesRequest {}).await.unwrap().into_inner();
+    assert_eq!(got.earlier.first().map(|e| e.version), Some(15));
+    assert_eq!(got.earlier.len(), 10);
+}

@@ -133,6 +133,28 @@ pub(crate) struct RulesSlot {
     ids: Mutex<Ids>,
     /// The series of upstream's per-descriptor stats.
     upstream: Arc<Registry>,
+    /// The rules files in force before the one in force now, newest last,
+    /// so that a change can be reverted.
+    earlier: Mutex<std::collections::VecDeque<Earlier>>,
+}
+
+/// How many earlier rules files are kept. Each is at most the 1 MiB an
+/// upload may be, so the history costs at most this many MiB.
+pub const EARLIER_KEPT: usize = 10;
+
+/// A rules file that was in force before.
+#[derive(Clone, Debug)]
+pub struct Earlier {
+    /// The last version it was in force as.
+    pub version: u64,
+    pub yaml: String,
+    pub source: String,
+    /// When that version was installed.
+    pub loaded_at: SystemTime,
+    /// When it stopped being in force.
+    pub replaced_at: SystemTime,
+    /// Its rule patterns, in file order.
+    pub resources: Vec<String>,
 }
 
 /// (rule, limit, algorithm): a limit's identity.
@@ -266,7 +288,13 @@ impl RulesSlot {
             current: ArcSwap::from_pointee(Installed::empty()),
             ids: Mutex::new(Ids::default()),
             upstream: Arc::new(Registry::new(crate::metrics::upstream::MAX_SERIES)),
+            earlier: Mutex::default(),
         }
+    }
+
+    /// The rules files in force before the one in force now, newest first.
+    pub fn earlier(&self) -> Vec<Earlier> {
+        self.earlier.lock().unwrap_or_else(|e| e.into_inner()).iter().rev().cloned().collect()
     }
 
     /// The series of upstream's per-descriptor stats.
@@ -289,6 +317,22 @@ impl RulesSlot {
     pub fn install(&self, rules: RuleSet, yaml: String, source: String) -> u64 {
         let mut ids = self.ids.lock().unwrap_or_else(|e| e.into_inner());
         let current = self.current.load_full();
+        // Version 0 is the empty set the server starts with: nothing to
+        // keep; nor is the same file installed again.
+        if current.version > 0 && current.yaml != yaml {
+            let mut earlier = self.earlier.lock().unwrap_or_else(|e| e.into_inner());
+            if earlier.len() == EARLIER_KEPT {
+                earlier.pop_front();
+            }
+            earlier.push_back(Earlier {
+                version: current.version,
+                yaml: current.yaml.clone(),
+                source: current.source.clone(),
+                loaded_at: current.loaded_at,
+                replaced_at: SystemTime::now(),
+                resources: current.file.rules().iter().map(|r| r.name.clone()).collect(),
+            });
+        }
         let parts = Parts {
             yaml,
             source,

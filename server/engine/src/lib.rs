@@ -56,7 +56,7 @@ pub mod what_if;
 pub use counters::Tally;
 pub use decide::{Answer, LimitReport, Pending, Prepared, Remote, Step, Verdict};
 pub use guards::{DEFAULT_PERMIT_TTL, Denial, PermitId};
-pub use installed::{EnvoyInstalled, Installed};
+pub use installed::{EARLIER_KEPT, Earlier, EnvoyInstalled, Installed};
 pub use report::{LevelTarget, Report, Reported, Snapshot};
 pub use request::{Descriptors, ErrorKind, Request, RequestError};
 pub use rls::{RlsDescriptor, Target};
@@ -185,6 +185,12 @@ impl Engine {
     /// The rules in force, to hold across awaits.
     pub fn rules_full(&self) -> Arc<Installed> {
         self.rules.load_full()
+    }
+
+    /// The rules files in force before the one in force now, newest first
+    /// (at most [`EARLIER_KEPT`]).
+    pub fn earlier_rules(&self) -> Vec<Earlier> {
+        self.rules.earlier()
     }
 
     pub fn buckets(&self) -> &Buckets {

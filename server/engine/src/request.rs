@@ -153,6 +153,10 @@ pub enum RequestError {
     WhatIfLength(String),
     #[error("no what-if was started (ApplyRules with what_if starts one)")]
     NoWhatIf,
+    #[error("no earlier rules are kept: the rules in force are the first this server installed")]
+    NothingToRevert,
+    #[error("to_version: {version} is not kept; the versions kept are {kept}")]
+    NotKept { version: u64, kept: String },
     #[error("validate_only: cannot go with what_if (a what-if installs nothing either): send one of them")]
     ValidateWithWhatIf,
     #[error("rule: no rule in force is named '{}'", .0.escape_debug())]
@@ -237,7 +241,13 @@ impl RequestError {
     pub fn kind(&self) -> ErrorKind {
         use RequestError::*;
         match self {
-            NoBreaker(_) | NoConcurrency(_) | NoSuchLimit { .. } | NoWhatIf | NoSuchRule(_) => ErrorKind::NotFound,
+            NoBreaker(_)
+            | NoConcurrency(_)
+            | NoSuchLimit { .. }
+            | NoWhatIf
+            | NoSuchRule(_)
+            | NothingToRevert
+            | NotKept { .. } => ErrorKind::NotFound,
             TooManyOverrides { .. } | TooManyInstances { .. } | BalancesFull => ErrorKind::TooMany,
             OverridesNotKept(_) | BalanceUnavailable => ErrorKind::Unavailable,
             InBatch { source, .. } => source.kind(),

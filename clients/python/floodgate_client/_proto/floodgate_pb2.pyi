@@ -389,7 +389,7 @@ class GetRulesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetRulesResponse(_message.Message):
-    __slots__ = ("yaml", "version", "source", "loaded_at", "resources", "envoy", "sentinel")
+    __slots__ = ("yaml", "version", "source", "loaded_at", "resources", "envoy", "sentinel", "earlier")
     YAML_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
@@ -397,6 +397,7 @@ class GetRulesResponse(_message.Message):
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     ENVOY_FIELD_NUMBER: _ClassVar[int]
     SENTINEL_FIELD_NUMBER: _ClassVar[int]
+    EARLIER_FIELD_NUMBER: _ClassVar[int]
     yaml: str
     version: int
     source: str
@@ -404,7 +405,38 @@ class GetRulesResponse(_message.Message):
     resources: _containers.RepeatedScalarFieldContainer[str]
     envoy: EnvoyConfigInForce
     sentinel: SentinelRulesInForce
-    def __init__(self, yaml: _Optional[str] = ..., version: _Optional[int] = ..., source: _Optional[str] = ..., loaded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., resources: _Optional[_Iterable[str]] = ..., envoy: _Optional[_Union[EnvoyConfigInForce, _Mapping]] = ..., sentinel: _Optional[_Union[SentinelRulesInForce, _Mapping]] = ...) -> None: ...
+    earlier: _containers.RepeatedCompositeFieldContainer[EarlierRules]
+    def __init__(self, yaml: _Optional[str] = ..., version: _Optional[int] = ..., source: _Optional[str] = ..., loaded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., resources: _Optional[_Iterable[str]] = ..., envoy: _Optional[_Union[EnvoyConfigInForce, _Mapping]] = ..., sentinel: _Optional[_Union[SentinelRulesInForce, _Mapping]] = ..., earlier: _Optional[_Iterable[_Union[EarlierRules, _Mapping]]] = ...) -> None: ...
+
+class EarlierRules(_message.Message):
+    __slots__ = ("version", "source", "loaded_at", "replaced_at", "resources")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    LOADED_AT_FIELD_NUMBER: _ClassVar[int]
+    REPLACED_AT_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    source: str
+    loaded_at: _timestamp_pb2.Timestamp
+    replaced_at: _timestamp_pb2.Timestamp
+    resources: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, version: _Optional[int] = ..., source: _Optional[str] = ..., loaded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., replaced_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., resources: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RevertRulesRequest(_message.Message):
+    __slots__ = ("to_version",)
+    TO_VERSION_FIELD_NUMBER: _ClassVar[int]
+    to_version: int
+    def __init__(self, to_version: _Optional[int] = ...) -> None: ...
+
+class RevertRulesResponse(_message.Message):
+    __slots__ = ("version", "reverted_to", "resources")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REVERTED_TO_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    reverted_to: int
+    resources: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, version: _Optional[int] = ..., reverted_to: _Optional[int] = ..., resources: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SentinelRulesInForce(_message.Message):
     __slots__ = ("source", "resources", "ignored", "left_out", "loaded_at", "json")

@@ -537,6 +537,11 @@ class AdminStub:
                 request_serializer=floodgate_dot_v1_dot_floodgate__pb2.AdjustBalanceRequest.SerializeToString,
                 response_deserializer=floodgate_dot_v1_dot_floodgate__pb2.AdjustBalanceResponse.FromString,
                 _registered_method=True)
+        self.RevertRules = channel.unary_unary(
+                '/floodgate.v1.Admin/RevertRules',
+                request_serializer=floodgate_dot_v1_dot_floodgate__pb2.RevertRulesRequest.SerializeToString,
+                response_deserializer=floodgate_dot_v1_dot_floodgate__pb2.RevertRulesResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -689,6 +694,19 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RevertRules(self, request, context):
+        """Puts back a rules file that was in force before: by default the one the
+        rules in force replaced, so that a second call undoes the first; or the
+        one last in force as `to_version`. It is installed as ApplyRules would
+        install it (validated again, shared with the other replicas) and is a
+        new version. The server keeps the last 10 rules files it replaced, until
+        it stops; GetRules lists them under `earlier`. NOT_FOUND when none is
+        kept, or not the one of `to_version`. Role: admin.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -771,6 +789,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.AdjustBalance,
                     request_deserializer=floodgate_dot_v1_dot_floodgate__pb2.AdjustBalanceRequest.FromString,
                     response_serializer=floodgate_dot_v1_dot_floodgate__pb2.AdjustBalanceResponse.SerializeToString,
+            ),
+            'RevertRules': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevertRules,
+                    request_deserializer=floodgate_dot_v1_dot_floodgate__pb2.RevertRulesRequest.FromString,
+                    response_serializer=floodgate_dot_v1_dot_floodgate__pb2.RevertRulesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1212,6 +1235,33 @@ class Admin:
             '/floodgate.v1.Admin/AdjustBalance',
             floodgate_dot_v1_dot_floodgate__pb2.AdjustBalanceRequest.SerializeToString,
             floodgate_dot_v1_dot_floodgate__pb2.AdjustBalanceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevertRules(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/floodgate.v1.Admin/RevertRules',
+            floodgate_dot_v1_dot_floodgate__pb2.RevertRulesRequest.SerializeToString,
+            floodgate_dot_v1_dot_floodgate__pb2.RevertRulesResponse.FromString,
             options,
             channel_credentials,
             insecure,

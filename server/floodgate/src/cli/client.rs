@@ -89,6 +89,16 @@ enum RulesAction {
     },
     /// Print the report of the last what-if (running or finished).
     WhatIfReport,
+    /// List the rules files in force before the one in force now (the
+    /// server keeps the last 10 until it stops).
+    History,
+    /// Put back the rules file in force before the last change (a second
+    /// revert undoes the first), or the one of --to.
+    Revert {
+        /// The version to put back, as `floodgate rules history` lists it.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        to: Option<u64>,
+    },
 }
 
 pub fn block_on(f: impl std::future::Future<Output = anyhow::Result<ExitCode>>) -> ExitCode {
@@ -215,6 +225,35 @@ pub async fn rules(args: RulesArgs) -> anyhow::Result<ExitCode> {
         RulesAction::WhatIfReport => {
             let r = client.get_what_if(pb::GetWhatIfRequest {}).await.map_err(status_error)?.into_inner();
             out!("{}", render_what_if(&r));
+        }
+        RulesAction::History => {
+            let r = client.get_rules(pb::GetRulesRequest {}).await.map_err(status_error)?.into_inner();
+            let in_force = r.loaded_at.as_ref().map_or_else(|| "-".into(), super::control::ago_or_in_ts);
+            outln!("version {} in force, from {}, installed {in_force}", r.version, r.source.escape_debug());
+            if r.earlier.is_empty() {
+                outln!("no earlier rules are kept");
+            }
+            for e in &r.earlier {
+                let replaced = e.replaced_at.as_ref().map_or_else(|| "-".into(), super::control::ago_or_in_ts);
+                let resources: Vec<String> = e.resources.iter().map(|r| r.escape_debug().to_string()).collect();
+                outln!(
+                    "version {} from {}, replaced {replaced}: {} resources ({})",
+                    e.version,
+                    e.source.escape_debug(),
+                    e.resources.len(),
+                    resources.join(", ")
+                );
+            }
+        }
+        RulesAction::Revert { to } => {
+            let request = pb::RevertRulesRequest { to_version: to.unwrap_or(0) };
+            let r = client.revert_rules(request).await.map_err(status_error)?.into_inner();
+            outln!(
+                "reverted to the rules of version {}; version {} in force ({} resources)",
+                r.reverted_to,
+                r.version,
+                r.resources.len()
+            );
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -42,7 +42,7 @@ enum Command {
     CheckConfig(check_config::CheckConfigArgs),
     /// Ask a server for one decision and print it.
     Acquire(client::AcquireArgs),
-    /// Show the rules a server has, or apply a rules file to it.
+    /// Show the rules a server has, apply a rules file to it, or revert one.
     Rules(client::RulesArgs),
     /// Report how a call admitted with a permit went.
     Report(control::ReportArgs),

@@ -38,7 +38,8 @@ pub use overrides::{
 };
 pub use rls::{HeaderNames, RlsAnswer, RlsHeaders, RlsOptions, RlsRequest, RlsStatus, Shown};
 pub use rules::{
-    Applied, EnvoyInForce, Origin, RulesInForce, SentinelInForce, install, install_envoy, install_sentinel,
+    Applied, EarlierRules, EnvoyInForce, Origin, RevertError, Reverted, RulesInForce, SentinelInForce, install,
+    install_envoy, install_sentinel,
 };
 pub use views::{Figures, ReplicaHealth};
 

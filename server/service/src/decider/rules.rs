@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::engine::what_if::{self, WhatIf};
-use crate::engine::{Engine, Installed};
+use crate::engine::{Engine, Installed, RequestError};
 use crate::rules::envoy::EnvoyConfig;
 use crate::rules::sentinel::SentinelRules;
 use crate::rules::{RuleErrors, RuleSet};
@@ -39,6 +39,31 @@ pub struct Applied {
     pub what_if_until: Option<SystemTime>,
 }
 
+/// The outcome of `RevertRules`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reverted {
+    /// The version in force afterwards.
+    pub version: u64,
+    /// The version whose rules file was put back.
+    pub reverted_to: u64,
+    pub resources: Vec<String>,
+}
+
+/// Why `RevertRules` changed nothing.
+#[derive(Debug)]
+pub enum RevertError {
+    /// No such rules file is kept.
+    Request(RequestError),
+    /// The rules file kept no longer parses.
+    Rules(RuleErrors),
+}
+
+impl From<RequestError> for RevertError {
+    fn from(e: RequestError) -> Self {
+        RevertError::Request(e)
+    }
+}
+
 /// The rules in force, for `GetRules`.
 #[derive(Clone, Debug)]
 pub struct RulesInForce {
@@ -51,6 +76,18 @@ pub struct RulesInForce {
     pub envoy: Option<EnvoyInForce>,
     /// Sentinel's rules in force, if there are.
     pub sentinel: Option<SentinelInForce>,
+    /// The rules files in force before, newest first.
+    pub earlier: Vec<EarlierRules>,
+}
+
+/// A rules file in force before the one in force now, for `GetRules`.
+#[derive(Clone, Debug)]
+pub struct EarlierRules {
+    pub version: u64,
+    pub source: String,
+    pub loaded_at: SystemTime,
+    pub replaced_at: SystemTime,
+    pub resources: Vec<String>,
 }
 
 /// Sentinel's rules in force, for `GetRules`.
@@ -107,6 +144,18 @@ impl Origin {
     }
 }
 
+impl From<crate::engine::Earlier> for EarlierRules {
+    fn from(e: crate::engine::Earlier) -> Self {
+        EarlierRules {
+            version: e.version,
+            source: e.source,
+            loaded_at: e.loaded_at,
+            replaced_at: e.replaced_at,
+            resources: e.resources,
+        }
+    }
+}
+
 // === impl Decider ===
 
 impl Views<'_> {
@@ -130,6 +179,7 @@ impl Views<'_> {
                     yaml: e.text.clone(),
                 }
             }),
+            earlier: self.engine.earlier_rules().into_iter().map(EarlierRules::from).collect(),
             sentinel: (!installed.sentinel.source.is_empty()).then(|| {
                 let s = &installed.sentinel;
                 SentinelInForce {
@@ -220,6 +270,31 @@ impl Control<'_> {
         }
         tracing::info!(version, "rules applied through Admin");
         Ok(Applied { version, resources, applied: true, what_if_until: None })
+    }
+
+    /// Puts back the rules file last in force as version `to` (0: the one
+    /// the rules in force replaced), as `apply_rules` would install it.
+    pub async fn revert_rules(&self, to: u64) -> Result<Reverted, RevertError> {
+        let _one_at_a_time = self.applying.lock().await;
+        let earlier = self.engine.earlier_rules();
+        let chosen = match to {
+            0 => earlier.first().ok_or(RequestError::NothingToRevert)?,
+            to => earlier.iter().find(|e| e.version == to).ok_or_else(|| match earlier.is_empty() {
+                true => RequestError::NothingToRevert,
+                false => RequestError::NotKept {
+                    version: to,
+                    kept: earlier.iter().map(|e| e.version.to_string()).collect::<Vec<_>>().join(", "),
+                },
+            })?,
+        };
+        let rules = parse_off_the_workers(&chosen.yaml).await.map_err(RevertError::Rules)?;
+        let resources = rules.rules().iter().map(|r| r.name.clone()).collect();
+        let version = self.install(rules, chosen.yaml.clone(), Origin::Admin);
+        if let Some(replication) = &self.replication {
+            replication.settings().share_rules(&chosen.yaml).await;
+        }
+        tracing::info!(version, reverted_to = chosen.version, "rules reverted through Admin");
+        Ok(Reverted { version, reverted_to: chosen.version, resources })
     }
 
     /// `ApplyRules` with `what_if`: validates `yaml` and runs it in shadow

@@ -62,6 +62,18 @@ impl Admin for ControlPlane {
         Ok(Response::new(applied.into_wire()))
     }
 
+    async fn revert_rules(
+        &self,
+        request: Request<pb::RevertRulesRequest>,
+    ) -> Result<Response<pb::RevertRulesResponse>, Status> {
+        let before = self.decider.views().rules().version;
+        let reverted = self.decider.control().revert_rules(request.get_ref().to_version).await.or_status()?;
+        let (who, after, to, resources) =
+            (who(&request), reverted.version, reverted.reverted_to, reverted.resources.len());
+        tracing::info!(target: "floodgate::audit", who, change = "RevertRules", reverted_to = to, resources, version_before = before, version_after = after, "admin change");
+        Ok(Response::new(reverted.into_wire()))
+    }
+
     async fn list_breakers(
         &self,
         _request: Request<pb::ListBreakersRequest>,

@@ -54,6 +54,15 @@ impl IntoStatus for RuleErrors {
     }
 }
 
+impl IntoStatus for crate::decider::RevertError {
+    fn into_status(self) -> Status {
+        match self {
+            crate::decider::RevertError::Request(e) => e.into_status(),
+            crate::decider::RevertError::Rules(e) => e.into_status(),
+        }
+    }
+}
+
 /// `result.or_status()?` in a handler that answers a [`Status`].
 pub(crate) trait OrStatus<T> {
     fn or_status(self) -> Result<T, Status>;

@@ -312,7 +312,24 @@ impl FromDomain<RulesInForce> for pb::GetRulesResponse {
                 loaded_at: Some(timestamp(s.loaded_at)),
                 json: s.json,
             }),
+            earlier: r
+                .earlier
+                .into_iter()
+                .map(|e| pb::EarlierRules {
+                    version: e.version,
+                    source: e.source,
+                    loaded_at: Some(timestamp(e.loaded_at)),
+                    replaced_at: Some(timestamp(e.replaced_at)),
+                    resources: e.resources,
+                })
+                .collect(),
         }
+    }
+}
+
+impl FromDomain<crate::decider::Reverted> for pb::RevertRulesResponse {
+    fn from_domain(r: crate::decider::Reverted) -> Self {
+        pb::RevertRulesResponse { version: r.version, reverted_to: r.reverted_to, resources: r.resources }
     }
 }
 
