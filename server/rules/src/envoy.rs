@@ -397,6 +397,7 @@ pub fn window_rule(name: String, requests_per_unit: u32, unit: Unit, shadow: boo
         sync: SyncMode::default(),
         on_redis_error: OnRedisError::default(),
         shadow,
+        fixed: false,
         lease: None,
         when: Vec::new(),
         over_limit: None,

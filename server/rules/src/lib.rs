@@ -162,6 +162,10 @@ pub struct Limit {
     /// Evaluated and counted, never enforced: a denial by this limit leaves
     /// the verdict alone (the answer says it would have denied).
     pub shadow: bool,
+    /// `fixed: true`: its numbers are chosen by people, and tools that
+    /// propose limits from traffic (`floodgate recommend`) leave it alone.
+    /// The server enforces it like any other limit.
+    pub fixed: bool,
     /// Clients may lease a share of it (`lease: 2s`).
     pub lease: Option<Lease>,
     /// It applies only to requests every one of these holds for.

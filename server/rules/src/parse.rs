@@ -31,6 +31,7 @@ const COMMON: &[&str] = &[
     "sync",
     "on_redis_error",
     "shadow",
+    "fixed",
     "lease",
     "lease_share",
     "lease_start",
@@ -534,6 +535,7 @@ fn limit(f: &Fields<'_>) -> Option<Limit> {
         Kind::Balance => balance(f, sync),
     };
     let shadow = f.flag("shadow");
+    let fixed = f.flag("fixed");
     let lease = lease(f, algorithm.as_ref());
     let when = conditions(f);
     let shapes = algorithm.as_ref().is_some_and(Algorithm::shapes);
@@ -570,6 +572,7 @@ fn limit(f: &Fields<'_>) -> Option<Limit> {
         sync: sync.unwrap_or_default(),
         on_redis_error: on_error.unwrap_or_default(),
         shadow,
+        fixed,
         lease,
         when: when?,
         over_limit: over_limit?,

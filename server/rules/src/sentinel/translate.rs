@@ -189,6 +189,7 @@ fn limit(name: String, key: Vec<String>, algorithm: Algorithm, sync: SyncMode, w
         sync,
         on_redis_error: OnRedisError::default(),
         shadow: false,
+        fixed: false,
         lease: None,
         when,
         over_limit: None,
