@@ -133,3 +133,98 @@ fn recommend_refuses_bad_input_by_name() {
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("line 2: the history holds at most 2 pairs of a key and a minute"), "{err}");
 }
+
+const FLOW_RULES: &str = r#"
+resources:
+  - name: api
+    limits:
+      - { name: per-tenant, key: [tenant], algorithm: fixed_window, limit: 60, window: 1m }
+      - { name: ceiling, key: [tenant], algorithm: fixed_window, limit: 5000, window: 1m, fixed: true }
+"#;
+
+/// Runs the binary with `args`: (success, stdout, stderr).
+fn run_bin(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(BIN).args(args).output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+/// The per-tenant limit a tenant meets now, read with Peek.
+async fn per_tenant_limit(fg: &Floodgate, tenant: &str) -> u64 {
+    let mut admin = fg.admin().await;
+    let peek = floodgate_proto::v1::PeekRequest {
+        resource: "api".into(),
+        descriptors: [("tenant".to_string(), tenant.to_string())].into(),
+        limit: "per-tenant".into(),
+    };
+    admin.peek(peek).await.unwrap().into_inner().limits[0].limit
+}
+
+#[tokio::test]
+async fn a_proposal_is_written_tried_in_shadow_applied_and_reverted_through_the_binary() {
+    let dir = TempDir::new();
+    let rules = dir.write("rules.yaml", FLOW_RULES);
+    let calls = dir.write("calls.csv", &trace());
+    let proposed = dir.path("proposed.yaml");
+    let fg = floodgate().args(["--config", path_str(&rules)]).start();
+
+    // The rules of the running server, saved as the docs say.
+    let (ok, saved, err) = run_bin(&["rules", "--server", &fg.grpc, "get"]);
+    assert!(ok, "{err}");
+    let saved = dir.write("saved.yaml", &saved);
+    // A limit marked fixed gets no proposal.
+    let base = ["recommend", "--quantile", "0.9", "--trace", path_str(&calls), "--rules", path_str(&saved)];
+    let (ok, _, err) = run_bin(&[&base[..], &["--limit", "api/ceiling"]].concat());
+    assert!(!ok && err.contains("'api/ceiling' is marked fixed"), "{err}");
+
+    // The proposal, from the limit in force (60 a minute): 76 x 1.5, the
+    // two heavier tenants as overrides, written into a copy of the rules.
+    let args = [&base[..], &["--limit", "api/per-tenant", "--write", path_str(&proposed)]].concat();
+    let (ok, out, err) = run_bin(&args);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("Change to api/per-tenant: 60 -> 114 calls a minute"), "{out}");
+    assert!(out.contains("Replay (fixed-window)"), "the limit's own algorithm: {out}");
+    assert!(out.contains(&format!("floodgate rules what-if {}", proposed.display())), "{out}");
+    let (ok, out, err) = run_bin(&["check-config", path_str(&proposed)]);
+    assert!(ok, "{out}{err}");
+
+    // In shadow first: the live rules still answer.
+    let tenant = [("tenant", "heavy")];
+    let (ok, out, err) =
+        run_bin(&["rules", "--server", &fg.grpc, "what-if", path_str(&proposed), "--for", "2s", "--no-wait"]);
+    assert!(ok, "{out}{err}");
+    let mut client = fg.client().await;
+    let mut allowed = 0;
+    for _ in 0..100 {
+        let r = client.acquire(acquire("api", &tenant, 1)).await.unwrap().into_inner();
+        allowed += u32::from(r.verdict() == floodgate_proto::v1::Verdict::Allowed);
+    }
+    assert_eq!(allowed, 60, "the limit in force decides while the proposal is in shadow");
+    let report = eventually("the what-if to finish", std::time::Duration::from_secs(10), || async {
+        let (_, out, _) = run_bin(&["rules", "--server", &fg.grpc, "what-if-report"]);
+        out.starts_with("what-if finished").then_some(out)
+    })
+    .await;
+    let line = report.lines().find(|l| l.contains("per-tenant")).unwrap_or_default().to_string();
+    let figures: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(figures[2..], ["100", "0", "0"], "the override of 600 would deny none of heavy's 100: {report}");
+
+    // Approved: enforced. Then reverted with one command.
+    let (ok, out, err) = run_bin(&["rules", "--server", &fg.grpc, "apply", path_str(&proposed)]);
+    assert!(ok && out.contains("applied; version 2"), "{out}{err}");
+    assert_eq!((per_tenant_limit(&fg, "heavy").await, per_tenant_limit(&fg, "t01").await), (600, 114));
+    let (ok, out, err) = run_bin(&["rules", "--server", &fg.grpc, "revert"]);
+    assert!(ok && out.contains("reverted to the rules of version 1; version 3 in force"), "{out}{err}");
+    assert_eq!((per_tenant_limit(&fg, "heavy").await, per_tenant_limit(&fg, "t01").await), (60, 60));
+
+    let logs = eventually("the audit lines", std::time::Duration::from_secs(5), || async {
+        let logs = fg.logs();
+        logs.contains("change=\"RevertRules\"").then_some(logs)
+    })
+    .await;
+    let changes: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("admin change"))
+        .filter_map(|l| l.split("change=\"").nth(1)?.split('"').next())
+        .collect();
+    assert_eq!(changes, ["ApplyRules what_if", "ApplyRules", "RevertRules"], "{logs}");
+}

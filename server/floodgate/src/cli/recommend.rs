@@ -26,15 +26,16 @@ pub struct RecommendArgs {
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=366))]
     days: Option<u64>,
     /// The limit in force now, in calls a minute: the proposal goes down
-    /// from it by at most --max-decrease.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
+    /// from it by at most --max-decrease. With --limit, the limit's own.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000), conflicts_with = "limit")]
     current: Option<u64>,
-    /// How far a limit may go down from --current, as a fraction (0 to
+    /// How far a limit may go down from the one in force, as a fraction (0 to
     /// below 1).
     #[arg(long, default_value_t = 0.2)]
     max_decrease: f64,
-    /// The limiter the proposal is replayed with.
-    #[arg(long, value_enum, default_value_t = ShapeArg::TokenBucket)]
+    /// The limiter the proposal is replayed with. With --limit, the limit's
+    /// own.
+    #[arg(long, conflicts_with = "limit", value_enum, default_value_t = ShapeArg::TokenBucket)]
     algorithm: ShapeArg,
     /// Keys listed in the replay, most denied first.
     #[arg(short = 'n', long, default_value_t = 10)]
@@ -42,6 +43,19 @@ pub struct RecommendArgs {
     /// The most (key, minute) pairs read; a larger trace is refused.
     #[arg(long, default_value_t = 20_000_000)]
     max_entries: usize,
+    /// A rules file holding the limit to propose for (`floodgate rules get >
+    /// FILE` saves the rules a server has).
+    #[arg(long, requires = "limit")]
+    rules: Option<PathBuf>,
+    /// The limit in --rules to propose for, as RESOURCE/LIMIT: its numbers
+    /// are --current and its algorithm is --algorithm. A limit marked
+    /// `fixed: true` is refused.
+    #[arg(long, requires = "rules")]
+    limit: Option<String>,
+    /// Write --rules with the proposal in it to this file, to try with
+    /// `floodgate rules what-if`, then apply.
+    #[arg(long, requires = "limit")]
+    write: Option<PathBuf>,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -59,6 +73,19 @@ pub fn run(args: RecommendArgs) -> anyhow::Result<ExitCode> {
         eprintln!("floodgate: {e}");
         return Ok(ExitCode::from(2));
     }
+    let target = match (&args.rules, &args.limit) {
+        (Some(file), Some(name)) => {
+            let (rules, text) = crate::server::load_rules(file).map_err(|e| anyhow::anyhow!("{e}"))?;
+            match super::proposed::find(&rules, name) {
+                Ok(target) => Some((target, text)),
+                Err(why) => {
+                    eprintln!("floodgate: {why}");
+                    return Ok(ExitCode::from(2));
+                }
+            }
+        }
+        _ => None,
+    };
     let mut history = History::new(args.max_entries);
     let read = if args.trace.as_os_str() == "-" {
         history.read(std::io::stdin().lock())
@@ -75,12 +102,27 @@ pub fn run(args: RecommendArgs) -> anyhow::Result<ExitCode> {
         Some(days) => to.saturating_sub(days * DAY).max(first),
         None => first,
     };
-    let current = args.current.map(|n| Proposal { per_minute: n, observed: n, overrides: Default::default(), keys: 0 });
+    let current = args.current.or(target.as_ref().map(|(t, _)| t.per_minute));
+    let current = current.map(|n| Proposal { per_minute: n, observed: n, overrides: Default::default(), keys: 0 });
     let proposal = recommend::propose(&history, from, to, &settings, current.as_ref());
-    let shape = match args.algorithm {
-        ShapeArg::TokenBucket => Shape::TokenBucket,
-        ShapeArg::FixedWindow => Shape::FixedWindow,
+    let shape = match (&target, args.algorithm) {
+        (Some((t, _)), _) => t.shape,
+        (None, ShapeArg::TokenBucket) => Shape::TokenBucket,
+        (None, ShapeArg::FixedWindow) => Shape::FixedWindow,
     };
+    if let (Some((t, text)), Some(out)) = (&target, &args.write) {
+        let written = match super::proposed::write(text, t, &proposal) {
+            Ok(written) => written,
+            Err(why) => {
+                eprintln!(
+                    "floodgate: cannot write the proposal into {}: {why}",
+                    args.rules.as_ref().unwrap().display()
+                );
+                return Ok(ExitCode::from(2));
+            }
+        };
+        std::fs::write(out, written).with_context(|| format!("writing {}", out.display()))?;
+    }
     let replayed = recommend::replay(&history, from, to, &proposal, shape);
     let calls: u64 = replayed.iter().map(|r| r.calls).sum();
     let denied: u64 = replayed.iter().map(|r| r.denied).sum();
@@ -96,8 +138,14 @@ pub fn run(args: RecommendArgs) -> anyhow::Result<ExitCode> {
             "quantile": settings.quantile, "headroom": settings.headroom,
             "per_minute": proposal.per_minute, "observed": proposal.observed,
             "overrides": proposal.overrides,
-            "replay": {"algorithm": args.algorithm.name(), "calls": calls, "denied": denied, "keys": keys},
+            "replay": {"algorithm": shape_name(shape), "calls": calls, "denied": denied, "keys": keys},
         });
+        let mut out = out;
+        if let Some((t, _)) = &target {
+            out["limit"] = format!("{}/{}", t.resource, t.limit).into();
+            out["current"] = t.per_minute.into();
+            out["written"] = args.write.as_ref().map(|w| w.display().to_string()).into();
+        }
         outln!("{out}");
         return Ok(ExitCode::SUCCESS);
     }
@@ -108,11 +156,12 @@ pub fn run(args: RecommendArgs) -> anyhow::Result<ExitCode> {
         settings.quantile,
         settings.headroom
     );
-    if proposal.per_minute != proposal.observed {
+    if let (true, Some(current)) = (proposal.per_minute != proposal.observed, &current) {
         outln!(
-            "  (observed figure {}; the limit goes down by at most {}% from --current)",
+            "  (observed figure {}; the limit goes down by at most {}% from the one in force, {})",
             proposal.observed,
-            settings.max_decrease * 100.0
+            settings.max_decrease * 100.0,
+            current.per_minute
         );
     }
     if !proposal.overrides.is_empty() {
@@ -121,17 +170,31 @@ pub fn run(args: RecommendArgs) -> anyhow::Result<ExitCode> {
             outln!("  {limit:>10}  {}", shown(key));
         }
     }
-    match rules_snippet(&history, &proposal, shape) {
-        Ok(snippet) => outln!("As rules (the limit's name and key are yours to set):\n{snippet}"),
-        Err(why) => outln!("(No rules printed: {why}.)"),
+    match (&target, &args.write) {
+        (Some((t, _)), _) => outln!(
+            "Change to {}/{}: {} -> {} calls a minute",
+            shown(&t.resource),
+            shown(&t.limit),
+            t.per_minute,
+            proposal.per_minute
+        ),
+        (None, _) => match rules_snippet(&history, &proposal, shape) {
+            Ok(snippet) => outln!("As rules (the limit's name and key are yours to set):\n{snippet}"),
+            Err(why) => outln!("(No rules printed: {why}.)"),
+        },
     }
     let share = if calls == 0 { 0.0 } else { denied as f64 * 100.0 / calls as f64 };
-    outln!(
-        "Replay ({}): {denied} of {calls} recorded calls would have been denied ({share:.3}%)",
-        args.algorithm.name()
-    );
+    outln!("Replay ({}): {denied} of {calls} recorded calls would have been denied ({share:.3}%)", shape_name(shape));
     for r in replayed.iter().take(args.top).filter(|r| r.denied > 0) {
         outln!("  {:>10} of {:>10} denied  (limit {})  {}", r.denied, r.calls, r.limit, shown(&r.key));
+    }
+    if let Some(out) = &args.write {
+        let out = shown(&out.display().to_string()).into_owned();
+        outln!("Wrote {out} with the proposal in it. Try it on live traffic, changing nothing:");
+        outln!("  floodgate rules what-if {out} --for 1h");
+        outln!("then apply it, and if it goes wrong put the old rules back:");
+        outln!("  floodgate rules apply {out}");
+        outln!("  floodgate rules revert");
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -206,12 +269,10 @@ fn minute_text(minute: u64) -> String {
         .map_or_else(|_| format!("minute {minute}"), |t| t.strftime("%Y-%m-%dT%H:%MZ").to_string())
 }
 
-impl ShapeArg {
-    /// The name as the flag takes it.
-    fn name(self) -> &'static str {
-        match self {
-            ShapeArg::TokenBucket => "token-bucket",
-            ShapeArg::FixedWindow => "fixed-window",
-        }
+/// A limiter's name as --algorithm takes it.
+fn shape_name(shape: Shape) -> &'static str {
+    match shape {
+        Shape::TokenBucket => "token-bucket",
+        Shape::FixedWindow => "fixed-window",
     }
 }
