@@ -29,6 +29,7 @@ use crate::time::Timestamp;
 pub mod synthetic;
 #[cfg(test)]
 mod tests;
+pub mod traffic;
 
 /// Minutes in a day: a typical peak is taken per day of this many minutes
 /// from the start of the period.
