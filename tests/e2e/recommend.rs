@@ -228,3 +228,114 @@ async fn a_proposal_is_written_tried_in_shadow_applied_and_reverted_through_the_
         .collect();
     assert_eq!(changes, ["ApplyRules what_if", "ApplyRules", "RevertRules"], "{logs}");
 }
+
+const RECORDED_RULES: &str = r#"
+resources:
+  - name: api
+    limits:
+      - { name: per-tenant, key: [tenant], algorithm: fixed_window, limit: 1000, window: 1m, history: true }
+      - { name: per-user, key: [user], algorithm: fixed_window, limit: 1000, window: 1m }
+"#;
+
+#[tokio::test]
+async fn the_server_records_traffic_and_recommend_proposes_from_it() {
+    use floodgate_proto::v1 as pb;
+    let dir = TempDir::new();
+    let rules = dir.write("rules.yaml", RECORDED_RULES);
+    let proposed = dir.path("proposed.yaml");
+    let fg = floodgate().args(["--config", path_str(&rules)]).start();
+    // All of one burst in one minute: not too close to a minute's end.
+    let second = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() % 60;
+    if second > 45 {
+        tokio::time::sleep(std::time::Duration::from_secs(61 - second)).await;
+    }
+    // Tenant ti calls 2 (i + 1) times, heavy 100 times.
+    let mut client = fg.client().await;
+    let mut calls: Vec<(String, u32)> = (0..10).map(|i| (format!("t{i}"), 2 * (i + 1))).collect();
+    calls.push(("heavy".into(), 100));
+    for (tenant, n) in &calls {
+        for _ in 0..*n {
+            let ask = acquire("api", &[("tenant", tenant.as_str()), ("user", "u")], 1);
+            assert_eq!(client.acquire(ask).await.unwrap().into_inner().verdict(), pb::Verdict::Allowed);
+        }
+    }
+
+    // Through Admin: every key with today's peak, page by page.
+    let mut admin = fg.admin().await;
+    let mut seen = std::collections::BTreeMap::new();
+    let mut page_token = String::new();
+    let mut pages = 0;
+    loop {
+        let request = pb::GetTrafficRequest { resource: "api".into(), limit: "per-tenant".into(), page_token };
+        let page = admin.get_traffic(request).await.unwrap().into_inner();
+        assert_eq!((page.keys_recorded, page.calls_not_recorded), (11, 0));
+        for k in page.keys {
+            assert_eq!(k.days.len(), 1, "{k:?}");
+            assert_eq!(k.days[0].day % 86_400, 0, "a day starts at midnight");
+            seen.insert(k.key, k.days[0].calls);
+        }
+        pages += 1;
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
+    assert_eq!(pages, 64);
+    let expected: std::collections::BTreeMap<String, u32> =
+        calls.iter().map(|(t, n)| (format!("tenant={t}"), *n)).collect();
+    assert_eq!(seen, expected);
+    // A limit without history, and a bad page, are refused by name.
+    let request = pb::GetTrafficRequest { resource: "api".into(), limit: "per-user".into(), page_token: String::new() };
+    let err = admin.get_traffic(request).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound);
+    assert!(err.message().contains("'api/per-user' records no traffic (set history: true on it)"), "{}", err.message());
+    let request = pb::GetTrafficRequest { resource: "api".into(), limit: "per-tenant".into(), page_token: "64".into() };
+    let err = admin.get_traffic(request).await.unwrap_err();
+    assert_eq!(
+        (err.code(), err.message()),
+        (tonic::Code::InvalidArgument, "page_token: '64' is not a page of recorded traffic")
+    );
+
+    // recommend reads it with the server's rules. Typical peaks 2, 4, ...,
+    // 20 and 100: the median (12) x 1.5 = 18; the limit in force (1000) may
+    // fall by 99% at once; five keys are heavier than 18 x 1.5.
+    let args = [
+        "recommend",
+        "--recorded",
+        "--server",
+        &fg.grpc,
+        "--limit",
+        "api/per-tenant",
+        "--quantile",
+        "0.5",
+        "--max-decrease",
+        "0.99",
+        "--write",
+        path_str(&proposed),
+    ];
+    let (ok, out, err) = run_bin(&args);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("Traffic: 11 keys"), "{out}");
+    assert!(out.contains("Change to api/per-tenant: 1000 -> 18 calls a minute"), "{out}");
+    assert!(out.contains("Overrides for 5 heavier keys:"), "{out}");
+    assert!(out.contains("Replay (fixed-window) of each key's busiest minute of each day: 0 of 210 calls"), "{out}");
+    let (ok, out, err) = run_bin(&["rules", "--server", &fg.grpc, "apply", path_str(&proposed)]);
+    assert!(ok, "{out}{err}");
+    let limit_of = |tenant: &str| {
+        let mut admin = admin.clone();
+        let peek = pb::PeekRequest {
+            resource: "api".into(),
+            descriptors: [("tenant".to_string(), tenant.to_string()), ("user".to_string(), "u".to_string())].into(),
+            limit: "per-tenant".into(),
+        };
+        async move { admin.peek(peek).await.unwrap().into_inner().limits[0].limit }
+    };
+    assert_eq!((limit_of("heavy").await, limit_of("t0").await, limit_of("t9").await), (150, 18, 30));
+    // The history goes on across the apply: the same limit keeps its record.
+    let request =
+        pb::GetTrafficRequest { resource: "api".into(), limit: "per-tenant".into(), page_token: String::new() };
+    assert_eq!(admin.get_traffic(request).await.unwrap().into_inner().keys_recorded, 11);
+
+    let (ok, _, err) = run_bin(&["recommend", "--recorded", "--server", &fg.grpc, "--limit", "api/per-user"]);
+    assert!(!ok && err.contains("records no traffic"), "{err}");
+}

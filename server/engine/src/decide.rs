@@ -876,8 +876,9 @@ pub(super) fn enforced_denial(l: &Limit, d: &Decision) -> bool {
     !d.admitted && !l.shadow
 }
 
-/// Counts each matched limit's decision among its hottest keys (a global
-/// bucket has no key worth naming).
+/// Counts each matched limit's decision among its hottest keys, and in its
+/// recorded traffic when it has `history` (a global bucket has no key worth
+/// naming).
 #[inline]
 pub(super) fn observe_hitters(handles: &RuleHandles, matched: &Matched<'_>, decisions: &[Decision], now: Timestamp) {
     for ((_, slot, key), d) in matched.iter().zip(decisions) {
@@ -885,6 +886,9 @@ pub(super) fn observe_hitters(handles: &RuleHandles, matched: &Matched<'_>, deci
             && !key.scope.is_empty()
         {
             h.observe(&key.scope, !d.admitted, || now.as_nanos() / 1_000_000_000);
+            if let Some(t) = handles.traffic(*slot) {
+                t.count(&key.scope, 1, now.as_nanos() / 1_000_000_000);
+            }
         }
     }
 }

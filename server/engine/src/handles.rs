@@ -7,6 +7,7 @@ use super::counters::RuleMetrics;
 use crate::degradation::Scope;
 use crate::hitters::Hitters;
 use crate::metrics::upstream::LimitStats;
+use crate::recommend::traffic::Traffic;
 use crate::rules::Rule;
 use crate::store::LimitId;
 
@@ -22,6 +23,9 @@ pub struct RuleHandles {
     /// limits of one rule and name (an override's with the rule's), and kept
     /// across installs.
     pub(super) hitters: Vec<Option<Arc<Hitters>>>,
+    /// Recorded traffic by slot, as `hitters`: for the names whose limit in
+    /// the rule has `history: true`, else `None`.
+    pub(super) traffic: Vec<Option<Arc<Traffic>>>,
     pub(super) metrics: RuleMetrics,
     /// The degradation scope of every resource the rule matches, when one
     /// scope takes them all (an exact rule, or no systems); else `None`, and
@@ -50,6 +54,19 @@ impl RuleHandles {
         self.hitters.get(slot)?.as_deref()
     }
 
+    /// The traffic recorded for the limit of slot `slot`, if it is.
+    #[inline]
+    pub(super) fn traffic(&self, slot: usize) -> Option<&Traffic> {
+        self.traffic.get(slot)?.as_deref()
+    }
+
+    /// The traffic recorded for `rule`'s limit named `limit`, if it has
+    /// `history`.
+    pub fn recorded(&self, rule: &Rule, limit: &str) -> Option<&Arc<Traffic>> {
+        let slot = rule.limits.iter().position(|l| l.name == limit)?;
+        self.traffic.get(slot)?.as_ref()
+    }
+
     /// The series of upstream's stats of an Envoy configuration limit whose
     /// stat key is its path.
     pub fn upstream(&self) -> Option<&LimitStats> {
@@ -63,6 +80,7 @@ impl RuleHandles {
             ids,
             override_ids: Vec::new(),
             hitters: vec![None; slots],
+            traffic: vec![None; slots],
             metrics: RuleMetrics::new(rule),
             scope: None,
             upstream: None,

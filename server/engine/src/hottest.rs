@@ -91,3 +91,55 @@ impl Views<'_> {
         out
     }
 }
+
+/// A page of a limit's recorded traffic (`history: true`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordedPage {
+    /// Keys recorded now, and calls of new keys not recorded because the
+    /// limit's table was full.
+    pub keys: usize,
+    pub refused: u64,
+    /// Each key as `tenant=acme` (after the resource, for a template rule)
+    /// with (Unix day, calls in its busiest minute), oldest first.
+    pub page: Vec<(String, Vec<(u32, u32)>)>,
+    /// The page after this one, if there is one.
+    pub next: Option<usize>,
+}
+
+impl Views<'_> {
+    /// Page `page` of the traffic recorded for limit `limit` of the rule
+    /// named `rule`.
+    pub fn recorded_traffic(
+        &self,
+        rules: &Installed,
+        rule: &str,
+        limit: &str,
+        page: usize,
+    ) -> Result<RecordedPage, crate::request::RequestError> {
+        use crate::recommend::traffic::SHARDS;
+        use crate::request::RequestError;
+        let i = (0..rules.rules.rules().len())
+            .find(|&i| rules.rules.rules()[i].name == rule)
+            .ok_or_else(|| RequestError::NoSuchRule(rule.to_string()))?;
+        let (r, handles) = rules.rule_at(i);
+        let l = r
+            .limits
+            .iter()
+            .find(|l| l.name == limit)
+            .ok_or_else(|| RequestError::NoSuchLimit { resource: rule.to_string(), limit: limit.to_string() })?;
+        let traffic = handles
+            .recorded(r, limit)
+            .ok_or_else(|| RequestError::NotRecorded { resource: rule.to_string(), limit: limit.to_string() })?;
+        if page >= SHARDS {
+            return Err(RequestError::BadPage(page.to_string()));
+        }
+        let now = self.clock.now().as_nanos() / 1_000_000_000;
+        let keys = traffic.page(page, now).into_iter().map(|k| (key_text(r, l, k.key), k.peaks)).collect();
+        Ok(RecordedPage {
+            keys: traffic.keys(),
+            refused: traffic.refused(),
+            page: keys,
+            next: (page + 1 < SHARDS).then_some(page + 1),
+        })
+    }
+}

@@ -24,6 +24,7 @@ use crate::hitters::Hitters;
 use crate::limiter::Algorithm;
 use crate::metrics::upstream::{LimitStats, Registry};
 use crate::overrides::Table;
+use crate::recommend::traffic::Traffic;
 use crate::rules::envoy::{self, EnvoyConfig, Unit};
 use crate::rules::sentinel::SentinelRules;
 use crate::rules::{Limit, Pattern, Rule, RuleSet};
@@ -175,6 +176,9 @@ struct Ids {
     /// rule's limit's, and both outlive installs. Bounded by the names rules
     /// files have used.
     hitters: HashMap<(String, String), Arc<Hitters>>,
+    /// Recorded traffic by (rule, limit name), for limits with `history`.
+    /// Bounded by the names rules files have used, each by its keys.
+    traffic: HashMap<(String, String), Arc<Traffic>>,
 }
 
 impl Default for EnvoyInstalled {
@@ -581,8 +585,24 @@ impl Ids {
         }
         let names =
             rule.limits.iter().map(|l| l.name.as_str()).chain(rule.overrides.extra_names().iter().map(String::as_str));
-        let hitters = names.map(|name| Some(self.hitters("", &rule.name, name))).collect();
-        RuleHandles { ids, override_ids, hitters, metrics: RuleMetrics::new(rule), scope: None, upstream: None }
+        let names: Vec<&str> = names.collect();
+        let hitters = names.iter().map(|name| Some(self.hitters("", &rule.name, name))).collect();
+        let traffic = names
+            .iter()
+            .map(|name| {
+                let recorded = rule.limits.iter().any(|l| l.name == *name && l.history);
+                recorded.then(|| self.traffic(&rule.name, name))
+            })
+            .collect();
+        RuleHandles {
+            ids,
+            override_ids,
+            hitters,
+            traffic,
+            metrics: RuleMetrics::new(rule),
+            scope: None,
+            upstream: None,
+        }
     }
 
     /// An Envoy rule's handles: one limit, no overrides, the series of
@@ -592,7 +612,22 @@ impl Ids {
     fn envoy_handles(&mut self, rule: &Rule, upstream: Option<Arc<LimitStats>>) -> RuleHandles {
         let ids = self.ids_of(ENVOY, &rule.name, &rule.limits);
         let hitters = rule.limits.iter().map(|l| Some(self.hitters(ENVOY, &rule.name, &l.name))).collect();
-        RuleHandles { ids, override_ids: Vec::new(), hitters, metrics: RuleMetrics::envoy(), scope: None, upstream }
+        let traffic = vec![None; rule.limits.len()];
+        RuleHandles {
+            ids,
+            override_ids: Vec::new(),
+            hitters,
+            traffic,
+            metrics: RuleMetrics::envoy(),
+            scope: None,
+            upstream,
+        }
+    }
+
+    /// The recorded traffic of (rule, limit name), kept across installs
+    /// while the rules name it, like the hottest keys.
+    fn traffic(&mut self, rule: &str, limit: &str) -> Arc<Traffic> {
+        self.traffic.entry((rule.to_string(), limit.to_string())).or_default().clone()
     }
 
     fn hitters(&mut self, prefix: &str, rule: &str, limit: &str) -> Arc<Hitters> {

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use arc_swap::Guard;
 
-use floodgate_core::{adaptive, breaker, digest, hitters, limiter, store, time};
+use floodgate_core::{adaptive, breaker, digest, hitters, limiter, recommend, store, time};
 use floodgate_rules as rules;
 
 use crate::events::{Event, Events};
@@ -211,6 +211,15 @@ impl Engine {
         let now = self.clock.now();
         self.expire_estimates(now);
         self.leases.forget(now);
+        let secs = now.as_nanos() / 1_000_000_000;
+        for i in 0..rules.rules.rules().len() {
+            let (rule, handles) = rules.rule_at(i);
+            for limit in rule.limits.iter().filter(|l| l.history) {
+                if let Some(t) = handles.recorded(rule, &limit.name) {
+                    t.sweep(secs);
+                }
+            }
+        }
         self.buckets.sweep(now, |id| rules.algorithm(id))
     }
 }

@@ -153,6 +153,10 @@ pub enum RequestError {
     WhatIfLength(String),
     #[error("no what-if was started (ApplyRules with what_if starts one)")]
     NoWhatIf,
+    #[error("limit: '{resource}/{limit}' records no traffic (set history: true on it)")]
+    NotRecorded { resource: String, limit: String },
+    #[error("page_token: '{}' is not a page of recorded traffic", .0.escape_debug())]
+    BadPage(String),
     #[error("no earlier rules are kept: the rules in force are the first this server installed")]
     NothingToRevert,
     #[error("to_version: {version} is not kept; the versions kept are {kept}")]
@@ -247,11 +251,13 @@ impl RequestError {
             | NoWhatIf
             | NoSuchRule(_)
             | NothingToRevert
-            | NotKept { .. } => ErrorKind::NotFound,
+            | NotKept { .. }
+            | NotRecorded { .. } => ErrorKind::NotFound,
             TooManyOverrides { .. } | TooManyInstances { .. } | BalancesFull => ErrorKind::TooMany,
             OverridesNotKept(_) | BalanceUnavailable => ErrorKind::Unavailable,
             InBatch { source, .. } => source.kind(),
             Empty { .. }
+            | BadPage(_)
             | TooLong { .. }
             | ControlCharacter { .. }
             | TooManyDescriptors(_)

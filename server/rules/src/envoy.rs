@@ -398,6 +398,7 @@ pub fn window_rule(name: String, requests_per_unit: u32, unit: Unit, shadow: boo
         on_redis_error: OnRedisError::default(),
         shadow,
         fixed: false,
+        history: false,
         lease: None,
         when: Vec::new(),
         over_limit: None,

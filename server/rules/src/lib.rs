@@ -166,6 +166,9 @@ pub struct Limit {
     /// propose limits from traffic (`floodgate recommend`) leave it alone.
     /// The server enforces it like any other limit.
     pub fixed: bool,
+    /// `history: true`: the server records each key's busiest minute of
+    /// each day, from which `floodgate recommend --server` proposes limits.
+    pub history: bool,
     /// Clients may lease a share of it (`lease: 2s`).
     pub lease: Option<Lease>,
     /// It applies only to requests every one of these holds for.

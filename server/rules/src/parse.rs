@@ -32,6 +32,7 @@ const COMMON: &[&str] = &[
     "on_redis_error",
     "shadow",
     "fixed",
+    "history",
     "lease",
     "lease_share",
     "lease_start",
@@ -536,6 +537,10 @@ fn limit(f: &Fields<'_>) -> Option<Limit> {
     };
     let shadow = f.flag("shadow");
     let fixed = f.flag("fixed");
+    let history = f.flag("history");
+    if history && key.is_empty() {
+        f.error("history", "records each key's calls, and this limit has no key: give it one, or leave history out");
+    }
     let lease = lease(f, algorithm.as_ref());
     let when = conditions(f);
     let shapes = algorithm.as_ref().is_some_and(Algorithm::shapes);
@@ -573,6 +578,7 @@ fn limit(f: &Fields<'_>) -> Option<Limit> {
         on_redis_error: on_error.unwrap_or_default(),
         shadow,
         fixed,
+        history,
         lease,
         when: when?,
         over_limit: over_limit?,

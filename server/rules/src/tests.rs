@@ -118,7 +118,7 @@ resources:
         "rules.yaml: resource 'orders': limits[2] 'c'.algorithm: must be one of token_bucket, gcra, leaky_bucket, fixed_window, sliding_window_log, sliding_window, warm_up, balance, got 'teleport'",
         "rules.yaml: resource 'users': limits[0] 'd'.limit: must be a whole number between 1 and 10000, got 20000",
         "rules.yaml: resource 'users': limits[0] 'd'.window: duration '5' needs a unit, e.g. 5s or 5ms",
-        "rules.yaml: resource 'users': limits[1] 'd'.capacity: unknown field (expected one of: name, key, algorithm, sync, on_redis_error, shadow, lease, lease_share, lease_start, when, unless, over_limit, cost, rate_per_second, burst)",
+        "rules.yaml: resource 'users': limits[1] 'd'.capacity: unknown field (expected one of: name, key, algorithm, sync, on_redis_error, shadow, fixed, history, lease, lease_share, lease_start, when, unless, over_limit, cost, rate_per_second, burst)",
         "rules.yaml: resource 'users': shed_at_level: must be a whole number between 1 and 3, got 7",
     ];
     for e in expected {
@@ -725,4 +725,29 @@ resources:
     let want = "overrides[0].limits: 'credits' is a balance: it holds what an operator topped up \
                 (floodgate balance), and an override cannot change it";
     assert!(errors[0].ends_with(want), "{errors:#?}");
+}
+
+#[test]
+fn fixed_and_history_are_read_and_history_needs_a_key() {
+    let rules = RuleSet::from_yaml(
+        "resources:\n  - name: api\n    limits:\n      - { name: a, key: [tenant], algorithm: fixed_window, limit: 5, window: 1m, fixed: true, history: true }\n      - { name: b, algorithm: fixed_window, limit: 5, window: 1m }\n",
+        "rules.yaml",
+    )
+    .unwrap();
+    let (a, b) = (&rules.rules()[0].limits[0], &rules.rules()[0].limits[1]);
+    assert_eq!((a.fixed, a.history, b.fixed, b.history), (true, true, false, false));
+    let err = RuleSet::from_yaml(
+        "resources:\n  - name: api\n    limits: [ { name: a, algorithm: fixed_window, limit: 5, window: 1m, history: true } ]\n",
+        "rules.yaml",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("limits[0] 'a'.history: records each key's calls, and this limit has no key"), "{err}");
+    let err = RuleSet::from_yaml(
+        "resources:\n  - name: api\n    limits: [ { name: a, key: [t], algorithm: fixed_window, limit: 5, window: 1m, fixed: 1 } ]\n",
+        "rules.yaml",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("'a'.fixed"), "{err}");
 }

@@ -422,6 +422,44 @@ class EarlierRules(_message.Message):
     resources: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, version: _Optional[int] = ..., source: _Optional[str] = ..., loaded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., replaced_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., resources: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class GetTrafficRequest(_message.Message):
+    __slots__ = ("resource", "limit", "page_token")
+    RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    resource: str
+    limit: str
+    page_token: str
+    def __init__(self, resource: _Optional[str] = ..., limit: _Optional[str] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class GetTrafficResponse(_message.Message):
+    __slots__ = ("keys_recorded", "calls_not_recorded", "keys", "next_page_token")
+    KEYS_RECORDED_FIELD_NUMBER: _ClassVar[int]
+    CALLS_NOT_RECORDED_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    keys_recorded: int
+    calls_not_recorded: int
+    keys: _containers.RepeatedCompositeFieldContainer[KeyTraffic]
+    next_page_token: str
+    def __init__(self, keys_recorded: _Optional[int] = ..., calls_not_recorded: _Optional[int] = ..., keys: _Optional[_Iterable[_Union[KeyTraffic, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class KeyTraffic(_message.Message):
+    __slots__ = ("key", "days")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    DAYS_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    days: _containers.RepeatedCompositeFieldContainer[DayPeak]
+    def __init__(self, key: _Optional[str] = ..., days: _Optional[_Iterable[_Union[DayPeak, _Mapping]]] = ...) -> None: ...
+
+class DayPeak(_message.Message):
+    __slots__ = ("day", "calls")
+    DAY_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    day: int
+    calls: int
+    def __init__(self, day: _Optional[int] = ..., calls: _Optional[int] = ...) -> None: ...
+
 class RevertRulesRequest(_message.Message):
     __slots__ = ("to_version",)
     TO_VERSION_FIELD_NUMBER: _ClassVar[int]

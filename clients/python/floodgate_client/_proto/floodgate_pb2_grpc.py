@@ -542,6 +542,11 @@ class AdminStub:
                 request_serializer=floodgate_dot_v1_dot_floodgate__pb2.RevertRulesRequest.SerializeToString,
                 response_deserializer=floodgate_dot_v1_dot_floodgate__pb2.RevertRulesResponse.FromString,
                 _registered_method=True)
+        self.GetTraffic = channel.unary_unary(
+                '/floodgate.v1.Admin/GetTraffic',
+                request_serializer=floodgate_dot_v1_dot_floodgate__pb2.GetTrafficRequest.SerializeToString,
+                response_deserializer=floodgate_dot_v1_dot_floodgate__pb2.GetTrafficResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -707,6 +712,16 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetTraffic(self, request, context):
+        """The traffic this replica recorded for a limit with `history: true`:
+        each key's busiest minute of each of the last 14 days, one page at a
+        time (64 pages, about 1/64 of the keys each). NOT_FOUND when the rule,
+        the limit or its history is not there. Role: read.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -794,6 +809,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.RevertRules,
                     request_deserializer=floodgate_dot_v1_dot_floodgate__pb2.RevertRulesRequest.FromString,
                     response_serializer=floodgate_dot_v1_dot_floodgate__pb2.RevertRulesResponse.SerializeToString,
+            ),
+            'GetTraffic': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTraffic,
+                    request_deserializer=floodgate_dot_v1_dot_floodgate__pb2.GetTrafficRequest.FromString,
+                    response_serializer=floodgate_dot_v1_dot_floodgate__pb2.GetTrafficResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1262,6 +1282,33 @@ class Admin:
             '/floodgate.v1.Admin/RevertRules',
             floodgate_dot_v1_dot_floodgate__pb2.RevertRulesRequest.SerializeToString,
             floodgate_dot_v1_dot_floodgate__pb2.RevertRulesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTraffic(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/floodgate.v1.Admin/GetTraffic',
+            floodgate_dot_v1_dot_floodgate__pb2.GetTrafficRequest.SerializeToString,
+            floodgate_dot_v1_dot_floodgate__pb2.GetTrafficResponse.FromString,
             options,
             channel_credentials,
             insecure,

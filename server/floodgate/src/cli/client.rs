@@ -101,6 +101,11 @@ enum RulesAction {
     },
 }
 
+/// Runs `f` on a runtime of its own and gives back what it returns.
+pub fn block_on_value<T>(f: impl std::future::Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(f)
+}
+
 pub fn block_on(f: impl std::future::Future<Output = anyhow::Result<ExitCode>>) -> ExitCode {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
     match runtime.block_on(f) {

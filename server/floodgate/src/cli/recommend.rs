@@ -13,8 +13,14 @@ use floodgate_core::recommend::{self, DAY, History, Proposal, Settings, Shape};
 pub struct RecommendArgs {
     /// The recorded calls: lines of `unix_seconds,key,calls` (for example
     /// `1767571200,tenant=acme,42`), `-` for standard input.
-    #[arg(long)]
-    trace: PathBuf,
+    #[arg(long, required_unless_present = "recorded", conflicts_with = "recorded")]
+    trace: Option<PathBuf>,
+    /// Read the traffic a server recorded for --limit (a limit with
+    /// `history: true`) and the rules it has, instead of --trace and --rules.
+    #[arg(long, requires = "limit", conflicts_with = "rules")]
+    recorded: bool,
+    #[command(flatten)]
+    server: super::client::Server,
     /// Which quantile of the keys' typical peaks sets the limit (0 to 1).
     #[arg(long, default_value_t = 0.99)]
     quantile: f64,
@@ -47,10 +53,10 @@ pub struct RecommendArgs {
     /// FILE` saves the rules a server has).
     #[arg(long, requires = "limit")]
     rules: Option<PathBuf>,
-    /// The limit in --rules to propose for, as RESOURCE/LIMIT: its numbers
-    /// are --current and its algorithm is --algorithm. A limit marked
-    /// `fixed: true` is refused.
-    #[arg(long, requires = "rules")]
+    /// The limit in --rules (or the server's rules, with --recorded) to
+    /// propose for, as RESOURCE/LIMIT: its numbers are --current and its
+    /// algorithm is --algorithm. A limit marked `fixed: true` is refused.
+    #[arg(long)]
     limit: Option<String>,
     /// Write --rules with the proposal in it to this file, to try with
     /// `floodgate rules what-if`, then apply.
@@ -73,29 +79,39 @@ pub fn run(args: RecommendArgs) -> anyhow::Result<ExitCode> {
         eprintln!("floodgate: {e}");
         return Ok(ExitCode::from(2));
     }
-    let target = match (&args.rules, &args.limit) {
-        (Some(file), Some(name)) => {
-            let (rules, text) = crate::server::load_rules(file).map_err(|e| anyhow::anyhow!("{e}"))?;
-            match super::proposed::find(&rules, name) {
-                Ok(target) => Some((target, text)),
-                Err(why) => {
-                    eprintln!("floodgate: {why}");
-                    return Ok(ExitCode::from(2));
-                }
+    if args.limit.is_some() && args.rules.is_none() && !args.recorded {
+        eprintln!("floodgate: --limit needs --rules FILE (or --recorded, for the server's rules)");
+        return Ok(ExitCode::from(2));
+    }
+    let read = match &args.trace {
+        Some(trace) => read_trace(trace, args.max_entries).map(|h| (h, None)),
+        None => super::client::block_on_value(recorded(
+            &args.server,
+            args.limit.as_deref().unwrap_or_default(),
+            args.max_entries,
+        )),
+    };
+    let (history, fetched) = read?;
+    let rules_text = match (&args.rules, fetched) {
+        (Some(file), _) => Some(crate::server::load_rules(file).map_err(|e| anyhow::anyhow!("{e}"))?),
+        (None, Some(fetched)) => Some(fetched),
+        (None, None) => None,
+    };
+    let target = match (rules_text, &args.limit) {
+        (Some((rules, text)), Some(name)) => match super::proposed::find(&rules, name) {
+            Ok(target) => Some((target, text)),
+            Err(why) => {
+                eprintln!("floodgate: {why}");
+                return Ok(ExitCode::from(2));
             }
-        }
+        },
         _ => None,
     };
-    let mut history = History::new(args.max_entries);
-    let read = if args.trace.as_os_str() == "-" {
-        history.read(std::io::stdin().lock())
-    } else {
-        let file = std::fs::File::open(&args.trace).with_context(|| format!("opening {}", args.trace.display()))?;
-        history.read(BufReader::new(file))
-    };
-    read.with_context(|| format!("reading {}", args.trace.display()))?;
     let Some((first, last)) = history.span() else {
-        anyhow::bail!("{} holds no calls", args.trace.display());
+        match &args.trace {
+            Some(trace) => anyhow::bail!("{} holds no calls", trace.display()),
+            None => anyhow::bail!("the server has recorded no calls of {} yet", args.limit.unwrap_or_default()),
+        }
     };
     let to = last + 1;
     let from = match args.days {
@@ -184,7 +200,19 @@ pub fn run(args: RecommendArgs) -> anyhow::Result<ExitCode> {
         },
     }
     let share = if calls == 0 { 0.0 } else { denied as f64 * 100.0 / calls as f64 };
-    outln!("Replay ({}): {denied} of {calls} recorded calls would have been denied ({share:.3}%)", shape_name(shape));
+    if args.recorded {
+        // The server keeps each key's busiest minute of each day: the
+        // replay decides those minutes.
+        outln!(
+            "Replay ({}) of each key's busiest minute of each day: {denied} of {calls} calls would have been denied ({share:.3}%)",
+            shape_name(shape)
+        );
+    } else {
+        outln!(
+            "Replay ({}): {denied} of {calls} recorded calls would have been denied ({share:.3}%)",
+            shape_name(shape)
+        );
+    }
     for r in replayed.iter().take(args.top).filter(|r| r.denied > 0) {
         outln!("  {:>10} of {:>10} denied  (limit {})  {}", r.denied, r.calls, r.limit, shown(&r.key));
     }
@@ -197,6 +225,54 @@ pub fn run(args: RecommendArgs) -> anyhow::Result<ExitCode> {
         outln!("  floodgate rules revert");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Reads a trace file (`-`: standard input).
+fn read_trace(trace: &std::path::Path, max_entries: usize) -> anyhow::Result<History> {
+    let mut history = History::new(max_entries);
+    let read = if trace.as_os_str() == "-" {
+        history.read(std::io::stdin().lock())
+    } else {
+        let file = std::fs::File::open(trace).with_context(|| format!("opening {}", trace.display()))?;
+        history.read(BufReader::new(file))
+    };
+    read.with_context(|| format!("reading {}", trace.display()))?;
+    Ok(history)
+}
+
+/// The traffic a server recorded for `name` (RESOURCE/LIMIT), as a history
+/// of each key's busiest minute of each day, and the rules it has.
+async fn recorded(
+    server: &super::client::Server,
+    name: &str,
+    max_entries: usize,
+) -> anyhow::Result<(History, Option<(crate::rules::RuleSet, String)>)> {
+    use floodgate_proto::v1 as pb;
+    let (resource, limit) =
+        name.rsplit_once('/').ok_or_else(|| anyhow::anyhow!("--limit: '{name}' is not written RESOURCE/LIMIT"))?;
+    // A page holds about 1/64 of up to 100,000 keys, each up to a few KiB.
+    let mut admin = pb::admin_client::AdminClient::new(server.connect().await?).max_decoding_message_size(64 << 20);
+    let yaml = admin.get_rules(pb::GetRulesRequest {}).await.map_err(super::client::status_error)?.into_inner().yaml;
+    let rules = crate::rules::RuleSet::from_yaml(&yaml, "the server's rules").map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut keys = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let request = pb::GetTrafficRequest { resource: resource.into(), limit: limit.into(), page_token };
+        let page = admin.get_traffic(request).await.map_err(super::client::status_error)?.into_inner();
+        for k in page.keys {
+            let days = k.days.iter().map(|d| (u32::try_from(d.day / 86_400).unwrap_or(0), d.calls)).collect();
+            keys.push(recommend::traffic::KeyPeaks { key: k.key.into(), peaks: days });
+        }
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
+    let (history, left_out) = recommend::traffic::history(&keys, max_entries)?;
+    if left_out > 0 {
+        eprintln!("note: {left_out} keys longer than {} bytes are left out", recommend::MAX_KEY);
+    }
+    Ok((history, Some((rules, yaml))))
 }
 
 /// A key as text for a terminal: control characters (which could move the

@@ -190,6 +190,7 @@ fn limit(name: String, key: Vec<String>, algorithm: Algorithm, sync: SyncMode, w
         on_redis_error: OnRedisError::default(),
         shadow: false,
         fixed: false,
+        history: false,
         lease: None,
         when,
         over_limit: None,

@@ -88,6 +88,16 @@ impl Views<'_> {
         self.engine.views().top_keys(&self.engine.rules(), rule, n)
     }
 
+    /// Page `page` of the traffic recorded for `rule`'s limit `limit`.
+    pub(crate) fn recorded_traffic(
+        &self,
+        rule: &str,
+        limit: &str,
+        page: usize,
+    ) -> Result<crate::engine::hottest::RecordedPage, crate::engine::RequestError> {
+        self.engine.views().recorded_traffic(&self.engine.rules(), rule, limit, page)
+    }
+
     pub fn figures(&self) -> Figures {
         Figures {
             keys: self.engine.buckets().len(),

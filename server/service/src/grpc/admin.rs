@@ -74,6 +74,36 @@ impl Admin for ControlPlane {
         Ok(Response::new(reverted.into_wire()))
     }
 
+    async fn get_traffic(
+        &self,
+        request: Request<pb::GetTrafficRequest>,
+    ) -> Result<Response<pb::GetTrafficResponse>, Status> {
+        let req = request.get_ref();
+        let page = match req.page_token.as_str() {
+            "" => 0,
+            token => {
+                token.parse().map_err(|_| crate::engine::RequestError::BadPage(token.to_string()).into_status())?
+            }
+        };
+        let got = self.decider.views().recorded_traffic(&req.resource, &req.limit, page).or_status()?;
+        Ok(Response::new(pb::GetTrafficResponse {
+            keys_recorded: got.keys as u64,
+            calls_not_recorded: got.refused,
+            keys: got
+                .page
+                .into_iter()
+                .map(|(key, days)| pb::KeyTraffic {
+                    key,
+                    days: days
+                        .into_iter()
+                        .map(|(day, calls)| pb::DayPeak { day: i64::from(day) * 86_400, calls })
+                        .collect(),
+                })
+                .collect(),
+            next_page_token: got.next.map(|p| p.to_string()).unwrap_or_default(),
+        }))
+    }
+
     async fn list_breakers(
         &self,
         _request: Request<pb::ListBreakersRequest>,
