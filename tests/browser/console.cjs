@@ -83,6 +83,24 @@ const step = (word) => console.log(word);
     await page.locator("#rules-refused").waitFor({ state: "hidden", timeout: 20000 });
     step("BANNER_GONE");
 
+    // The Rust side applies other rules: the ones they replaced are listed,
+    // and one click (with the admin token) puts them back.
+    await nextLine();
+    const earlier = page.locator("#rules-earlier li[data-version] button").first();
+    await earlier.waitFor({ timeout: 20000 });
+    const reverted = page.locator("#message", { hasText: "put back" });
+    for (let attempt = 0; ; attempt++) {
+      await page.locator("#rules-earlier li[data-version] button").first().click();
+      try {
+        await reverted.waitFor({ timeout: 10000 });
+        break;
+      } catch (e) {
+        if (attempt >= 2) throw e;
+      }
+    }
+    await page.locator("#timeline li", { hasText: "from admin" }).first().waitFor({ timeout: 10000 });
+    step("REVERTED");
+
     await page.screenshot({ path: screenshot, fullPage: true });
     if (errors.length) throw new Error("errors in the page: " + errors.join("; "));
     step("DONE");

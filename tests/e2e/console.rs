@@ -148,6 +148,25 @@ async fn the_console_shows_a_breaker_open_live_and_resets_it_only_with_an_admin_
     let (_, _, body) = http(&fg.http, "GET", "/api/v1/console", Some(READER), "");
     let console: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(console["rules_refused"], serde_json::json!([]), "a good file clears the banner");
+    // Other rules applied through the JSON API; the page puts the file's back.
+    let extra = RULES.replace("limit: 100, window: 1h", "limit: 200, window: 1h");
+    let body = serde_json::json!({ "yaml": extra }).to_string();
+    let (status, _, answer) = http(&fg.http, "POST", "/v1/admin/apply-rules", Some(ADMIN), &body);
+    assert_eq!(status, 200, "{answer}");
+    let rules = || {
+        let (status, _, answer) = http(&fg.http, "POST", "/v1/admin/get-rules", Some(READER), "{}");
+        assert_eq!(status, 200, "{answer}");
+        let v: serde_json::Value = serde_json::from_str(&answer).unwrap();
+        (
+            v["yaml"].as_str().unwrap_or_default().to_string(),
+            v["version"].as_str().unwrap_or_default().parse::<u64>().unwrap(),
+        )
+    };
+    let before = rules();
+    assert_eq!(before.0, extra);
+    browser.go_on();
+    expect(&browser, "REVERTED");
+    assert_eq!(rules(), (RULES.to_string(), before.1 + 1), "the file's rules are back");
     expect(&browser, "DONE");
     browser.finish();
     assert_eq!(breaker_state(&fg).await, pb::BreakerState::Closed, "reset for real, through the console");
@@ -160,6 +179,7 @@ async fn the_console_shows_a_breaker_open_live_and_resets_it_only_with_an_admin_
     .await;
     assert!(logs.contains("who=\"token:alice\""), "{logs}");
     assert!(logs.contains("console action refused"), "the read token's attempt is in the audit log");
+    assert!(logs.contains("change=\"RevertRules (console)\""), "{logs}");
 }
 
 /// An HTTP/1.1 exchange with a JSON body: (status, head lower-cased, body).

@@ -179,7 +179,7 @@ impl Views<'_> {
                     yaml: e.text.clone(),
                 }
             }),
-            earlier: self.engine.earlier_rules().into_iter().map(EarlierRules::from).collect(),
+            earlier: self.earlier_rules(),
             sentinel: (!installed.sentinel.source.is_empty()).then(|| {
                 let s = &installed.sentinel;
                 SentinelInForce {
@@ -192,6 +192,11 @@ impl Views<'_> {
                 }
             }),
         }
+    }
+
+    /// The rules files in force before the rules in force, newest first.
+    pub fn earlier_rules(&self) -> Vec<EarlierRules> {
+        self.engine.earlier_rules().into_iter().map(EarlierRules::from).collect()
     }
 
     /// The rules in force, whole.

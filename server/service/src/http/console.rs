@@ -185,6 +185,7 @@ pub fn routes() -> Router<HttpState> {
         .route("/api/v1/series", get(series))
         .route("/api/v1/breakers/{resource}/state", post(set_breaker))
         .route("/api/v1/level", post(set_level))
+        .route("/api/v1/rules/revert", post(revert_rules))
 }
 
 fn asset(content_type: &'static str, body: &'static str) -> Response {
@@ -349,6 +350,10 @@ fn snapshot(decider: &Decider, timeline: Vec<Value>, refused: Vec<Value>, page: 
             "source": installed.source,
             "loaded_at": rfc3339(installed.loaded_at),
             "pattern_count": all.len(),
+            "earlier": decider.views().earlier_rules().iter().map(|e| json!({
+                "version": e.version, "source": e.source, "replaced_at": rfc3339(e.replaced_at),
+                "pattern_count": e.resources.len(),
+            })).collect::<Vec<Value>>(),
         },
         "envoy": (!installed.envoy.source.is_empty()).then(|| json!({
             "source": installed.envoy.source,
@@ -857,6 +862,38 @@ async fn set_level(State(s): State<HttpState>, req: Request) -> Response {
             json_response(StatusCode::OK, answer)
         }
         Err(e) => refused(e),
+    }
+}
+
+const REVERT_KEYS: [&str; 1] = ["to_version"];
+
+/// `POST /api/v1/rules/revert` `{"to_version": N}` (0 or absent: the rules
+/// the ones in force replaced), as `Admin.RevertRules`.
+async fn revert_rules(State(s): State<HttpState>, req: Request) -> Response {
+    let who = match allow_action(&s, &req, "console RevertRules") {
+        Ok(who) => who,
+        Err(refused) => return *refused,
+    };
+    let body = match read_body(req, &REVERT_KEYS).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let to = match body.get("to_version") {
+        None => 0,
+        Some(v) => match v.as_u64() {
+            Some(n) => n,
+            None => return error(StatusCode::BAD_REQUEST, format!("to_version: {v} is not a version")),
+        },
+    };
+    let before = s.decider.views().rules().version;
+    match s.decider.control().revert_rules(to).await {
+        Ok(r) => {
+            let (after, to, resources) = (r.version, r.reverted_to, r.resources.len());
+            tracing::info!(target: "floodgate::audit", who, change = "RevertRules (console)", reverted_to = to, resources, version_before = before, version_after = after, "admin change");
+            json_response(StatusCode::OK, json!({ "version": r.version, "reverted_to": r.reverted_to }))
+        }
+        Err(crate::decider::RevertError::Request(e)) => refused(e),
+        Err(crate::decider::RevertError::Rules(e)) => error(StatusCode::BAD_REQUEST, e.to_string()),
     }
 }
 

@@ -269,6 +269,7 @@ function renderOverview() {
   renderRefused();
   $("rules-version").textContent = "rules v" + s.rules.version;
   $("rules-source").textContent = s.rules.source + " (" + count(s.rules.pattern_count) + (s.rules.pattern_count === 1 ? " pattern" : " patterns") + ", loaded " + when(s.rules.loaded_at) + ")";
+  renderEarlier(s.rules.earlier || []);
   const envoy = s.envoy;
   $("envoy-source").textContent = envoy
     ? envoy.source + (envoy.version ? " version " + envoy.version : "") + " (" + envoy.domains + " domains, loaded " + when(envoy.loaded_at) + ")"
@@ -288,6 +289,30 @@ function renderOverview() {
         : "")
     : "memory only (one replica)";
   $("overrides").textContent = s.overrides;
+}
+
+// The rules files kept from before, each with a button that puts it back
+// (the server asks for an admin token).
+function renderEarlier(earlier) {
+  const list = $("rules-earlier");
+  list.replaceChildren();
+  if (earlier.length === 0) list.append(el("li", "none kept"));
+  for (const e of earlier) {
+    const item = el("li");
+    item.dataset.version = e.version;
+    const button = el("button", "Revert to v" + e.version);
+    button.type = "button";
+    button.addEventListener("click", () => revertRules(e.version));
+    item.append("v" + e.version + " from " + e.source + " (" + count(e.pattern_count) +
+      (e.pattern_count === 1 ? " pattern" : " patterns") + ", replaced " + when(e.replaced_at) + ") ", button);
+    list.append(item);
+  }
+}
+
+async function revertRules(version) {
+  const { ok, status, answer } = await post("/api/v1/rules/revert", { to_version: version });
+  if (ok) say("Rules of v" + answer.reverted_to + " put back: v" + answer.version + " in force", "ok");
+  else say("Refused (" + status + "): " + (answer.error || ""), "error");
 }
 
 function renderSystems() {
