@@ -7,6 +7,8 @@
 //!
 //! Scenarios (every decision admits):
 //! - `hot_key`: one keyed token bucket, one key.
+//! - `hot_key_history`: the same limit with `history: true` (each call is
+//!   also counted in the limit's recorded traffic).
 //! - `three_limits`: a token bucket, a sliding window and a GCRA, one key.
 //! - `guarded`: the three limits, a breaker and a concurrency limit; each
 //!   decision is an Acquire and the ReportOutcome that returns its permit.
@@ -51,11 +53,12 @@ fn rules(scenario: &str) -> String {
     match scenario {
         s if s.starts_with("rpc_") => include_str!("../../../bench/rules.yaml").into(),
         "hot_key" => "resources:\n  - name: api\n    limits:\n      - { name: l, key: [user], algorithm: token_bucket, capacity: 1000000000000, refill_per_second: 1000000000 }\n".into(),
+        "hot_key_history" => "resources:\n  - name: api\n    limits:\n      - { name: l, key: [user], algorithm: token_bucket, capacity: 1000000000000, refill_per_second: 1000000000, history: true }\n".into(),
         "three_limits" => format!("resources:\n  - name: api\n    limits:{THREE}\n"),
         "guarded" => format!(
             "resources:\n  - name: api\n    limits:{THREE}\n    concurrency: {{ max_in_flight: 1000000 }}\n    breaker: {{ window: {{ kind: count, size: 100 }}, minimum_calls: 10 }}\n"
         ),
-        other => panic!("no scenario {other}: hot_key, three_limits or guarded"),
+        other => panic!("no scenario {other}: hot_key, hot_key_history, three_limits or guarded"),
     }
 }
 
@@ -142,7 +145,7 @@ fn main() {
             run(&scenario, decisions, args.iter().any(|a| a == "--in-system"));
         }
         None => {
-            for scenario in ["hot_key", "three_limits", "guarded"] {
+            for scenario in ["hot_key", "hot_key_history", "three_limits", "guarded"] {
                 run(scenario, 1000, false);
                 run(scenario, 1000, true);
             }
