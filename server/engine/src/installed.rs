@@ -176,8 +176,8 @@ struct Ids {
     /// rule's limit's, and both outlive installs. Bounded by the names rules
     /// files have used.
     hitters: HashMap<(String, String), Arc<Hitters>>,
-    /// Recorded traffic by (rule, limit name), for limits with `history`.
-    /// Bounded by the names rules files have used, each by its keys.
+    /// Recorded traffic by (rule, limit name), for the limits in force with
+    /// `history`, each bounded by its keys.
     traffic: HashMap<(String, String), Arc<Traffic>>,
 }
 
@@ -379,9 +379,12 @@ impl RulesSlot {
             Pattern::Exact => Some(systems.scope(rules.membership().system_of(&rule.name)).clone()),
             Pattern::Glob | Pattern::Default => None,
         };
-        let handles = Arc::new(
+        let handles: Arc<Vec<RuleHandles>> = Arc::new(
             rules.rules().iter().map(|rule| RuleHandles { scope: scope_of(rule), ..ids.rule_handles(rule) }).collect(),
         );
+        // A record no limit in force keeps is dropped, so that renamed
+        // limits do not pile up tables of 100,000 keys each.
+        ids.traffic.retain(|_, t| handles.iter().any(|h| h.traffic.iter().flatten().any(|kept| Arc::ptr_eq(kept, t))));
         let envoy_handles = current.handles.envoy.clone();
         let parts = Parts { systems, ..parts };
         self.swap(current, Arc::new(rules), file, Arc::new(problems), handles, envoy_handles, parts)
@@ -676,5 +679,39 @@ mod tests {
         assert_eq!(slot.upstream().len(), 4);
         assert_eq!(slot.load().envoy_rule(0).1.ids[0], kept, "a limit that stays keeps its buckets");
         assert!(Arc::ptr_eq(&stats, &slot.upstream().get("kept.ip_1")), "and its series");
+    }
+
+    fn recorded(slot: &RulesSlot) -> Option<Arc<Traffic>> {
+        let installed = slot.load_full();
+        let (rule, handles) = installed.rule_at(0);
+        handles.recorded(rule, "l").cloned()
+    }
+
+    #[test]
+    fn a_limits_record_stays_while_it_has_history_and_no_longer() {
+        let rules = |limit: u64, history: bool| {
+            let text = format!(
+                "resources:\n  - name: api\n    limits: [ {{ name: l, key: [t], algorithm: fixed_window, limit: {limit}, window: 1m, history: {history} }} ]\n"
+            );
+            (RuleSet::from_yaml(&text, "t").unwrap(), text)
+        };
+        let slot = RulesSlot::new();
+        let (r, t) = rules(5, true);
+        slot.install(r, t, "t".into());
+        let first = recorded(&slot).expect("recorded");
+        first.count(&"k".into(), 1, 0);
+        // Another limit value: the same record.
+        let (r, t) = rules(6, true);
+        slot.install(r, t, "t".into());
+        assert!(Arc::ptr_eq(&first, &recorded(&slot).unwrap()));
+        // Without history: no record, and none kept aside.
+        let (r, t) = rules(6, false);
+        slot.install(r, t, "t".into());
+        assert!(recorded(&slot).is_none());
+        assert!(slot.ids.lock().unwrap().traffic.is_empty());
+        // With history again: a new, empty record.
+        let (r, t) = rules(6, true);
+        slot.install(r, t, "t".into());
+        assert_eq!(recorded(&slot).unwrap().keys(), 0);
     }
 }
