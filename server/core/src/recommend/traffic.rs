@@ -2,8 +2,9 @@
 //! busiest minute of each of the last [`DAYS`] days, which is what a
 //! proposal is made from (see [`super::propose`]).
 //!
-//! A key costs one entry of about 100 bytes (its text, the minute being
-//! counted, and one peak a day), whatever its traffic; at most
+//! A key costs one entry (its text, the minute being counted, and one peak
+//! a day: about 200 bytes for `user=<uuid>`, see the example
+//! `traffic_memory`), whatever its traffic; at most
 //! [`MAX_KEYS`] keys are kept per limit, and a key beyond that is not
 //! recorded (counted in [`Traffic::refused`]). A key with no call for
 //! [`DAYS`] days is forgotten by [`Traffic::sweep`].
