@@ -338,4 +338,73 @@ async fn the_server_records_traffic_and_recommend_proposes_from_it() {
 
     let (ok, _, err) = run_bin(&["recommend", "--recorded", "--server", &fg.grpc, "--limit", "api/per-user"]);
     assert!(!ok && err.contains("records no traffic"), "{err}");
+
+    // A call of cost 7 is 7 units in the record, as the limit counts it.
+    let ask = acquire("api", &[("tenant", "bulk"), ("user", "u")], 7);
+    assert_eq!(client.acquire(ask).await.unwrap().into_inner().verdict(), pb::Verdict::Allowed);
+    let mut bulk = None;
+    for page in 0..64 {
+        let request =
+            pb::GetTrafficRequest { resource: "api".into(), limit: "per-tenant".into(), page_token: page.to_string() };
+        let page = admin.get_traffic(request).await.unwrap().into_inner();
+        bulk = bulk.or(page.keys.into_iter().find(|k| k.key == "tenant=bulk"));
+    }
+    assert_eq!(bulk.map(|k| k.days[0].calls), Some(7));
+}
+
+#[tokio::test]
+async fn recommend_refuses_what_it_cannot_write_and_leaves_the_operators_overrides() {
+    let dir = TempDir::new();
+    let rules = dir.write(
+        "rules.yaml",
+        r#"
+resources:
+  - name: api
+    limits:
+      - { name: per-tenant, key: [tenant], algorithm: fixed_window, limit: 60, window: 1m }
+      - { name: all, algorithm: fixed_window, limit: 6000, window: 1m }
+    overrides:
+      - { when: { tenant: heavy }, tier: big }
+  - name: 'pay.*'
+    limits: [ { name: per-tenant, key: [tenant], algorithm: fixed_window, limit: 60, window: 1m, history: true } ]
+tiers:
+  big: [ { name: per-tenant, key: [tenant], algorithm: fixed_window, limit: 10000, window: 1m } ]
+"#,
+    );
+    let calls = dir.write("calls.csv", &trace());
+    let out = dir.path("out.yaml");
+    let base = ["recommend", "--quantile", "0.9", "--trace", path_str(&calls), "--rules", path_str(&rules)];
+    // A pattern, a limit of no key, and a trace of another key: refused,
+    // nothing written.
+    for (limit, why) in [("pay.*/per-tenant", "is a pattern"), ("api/all", "has no key")] {
+        let (ok, _, err) = run_bin(&[&base[..], &["--limit", limit, "--write", path_str(&out)]].concat());
+        assert!(!ok && err.contains(why), "{limit}: {err}");
+    }
+    let users = dir.write("users.csv", "1767571200,user=ann,5\n");
+    let args = ["recommend", "--trace", path_str(&users), "--rules", path_str(&rules), "--limit", "api/per-tenant"];
+    let (ok, _, err) = run_bin(&[&args[..], &["--write", path_str(&out)]].concat());
+    assert!(!ok && err.contains("does not name the limit's key"), "{err}");
+    assert!(!out.exists());
+    // Never onto the rules file itself: it is unchanged.
+    let (ok, _, err) = run_bin(&[&base[..], &["--limit", "api/per-tenant", "--write", path_str(&rules)]].concat());
+    assert!(!ok && err.contains("is the --rules file"), "{err}");
+    assert!(std::fs::read_to_string(&rules).unwrap().contains("tier: big"));
+    // heavy's calls are decided by the operator's tier: its override stays
+    // the only one for heavy, and the output says so.
+    let (ok, text, err) = run_bin(&[&base[..], &["--limit", "api/per-tenant", "--write", path_str(&out)]].concat());
+    assert!(ok, "{text}{err}");
+    assert!(text.contains("tenant=heavy keeps the override the rules file has for it"), "{text}");
+    let written: serde_yaml_ng::Value = serde_yaml_ng::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let overrides = written["resources"][0]["overrides"].as_sequence().unwrap();
+    let heavy: Vec<_> = overrides.iter().filter(|o| o["when"]["tenant"] == "heavy").collect();
+    assert_eq!((heavy.len(), heavy[0]["tier"].as_str()), (1, Some("big")));
+    assert!(overrides.iter().any(|o| o["when"]["tenant"] == "t19"), "{overrides:?}");
+
+    // --recorded on a pattern rule: refused by name, not a crash.
+    let fg = floodgate().args(["--config", path_str(&rules)]).start();
+    let mut client = fg.client().await;
+    client.acquire(acquire("pay.card", &[("tenant", "a")], 1)).await.unwrap();
+    let args = ["recommend", "--recorded", "--server", &fg.grpc, "--limit", "pay.*/per-tenant", "--write"];
+    let (ok, _, err) = run_bin(&[&args[..], &[path_str(&out)]].concat());
+    assert!(!ok && err.contains("is a pattern"), "{err}");
 }

@@ -172,6 +172,11 @@ impl History {
         Some((u64::from(first), u64::from(last)))
     }
 
+    /// Every key, in byte order.
+    pub fn key_names(&self) -> impl Iterator<Item = &str> {
+        self.keys.keys().map(String::as_str)
+    }
+
     /// The first key, in byte order.
     pub fn first_key(&self) -> Option<&str> {
         self.keys.keys().next().map(String::as_str)

@@ -18,6 +18,9 @@ pub struct Target {
     pub shape: Shape,
     /// The limit in force, in calls a minute.
     pub per_minute: u64,
+    /// A token bucket's capacity (its burst), which the proposal replaces
+    /// with the limit a minute.
+    pub capacity: Option<u64>,
     /// The descriptor names of the limit's key, in the file's order.
     pub key: Vec<String>,
 }
@@ -26,27 +29,48 @@ pub struct Target {
 /// hold one) in `rules`, refused when the limit is marked `fixed` or is not
 /// a limit a minute that recommend can replay.
 pub fn find(rules: &RuleSet, name: &str) -> Result<Target, String> {
-    let (resource, limit) =
-        name.rsplit_once('/').ok_or_else(|| format!("--limit: '{name}' is not written RESOURCE/LIMIT"))?;
-    let rule = rules
-        .rules()
-        .iter()
-        .find(|r| r.name == resource)
-        .ok_or_else(|| format!("--limit: the rules have no resource named '{resource}'"))?;
-    let l = rule
-        .limits
-        .iter()
-        .find(|l| l.name == limit && l.source == 0)
-        .ok_or_else(|| format!("--limit: resource '{resource}' has no limit named '{limit}'"))?;
+    // Both a resource and a limit name may hold a '/': the first split
+    // that names a limit of a resource wins.
+    let splits: Vec<(&str, &str)> = name.match_indices('/').map(|(i, _)| (&name[..i], &name[i + 1..])).collect();
+    if splits.is_empty() {
+        return Err(format!("--limit: '{name}' is not written RESOURCE/LIMIT"));
+    }
+    let found = splits.iter().find_map(|&(resource, limit)| {
+        let rule = rules.rules().iter().find(|r| r.name == resource)?;
+        Some((rule, rule.limits.iter().find(|l| l.name == limit && l.source == 0)?, resource, limit))
+    });
+    let Some((rule, l, resource, limit)) = found else {
+        return match splits.iter().find(|(resource, _)| rules.rules().iter().any(|r| r.name == *resource)) {
+            Some((resource, limit)) => Err(format!("--limit: resource '{resource}' has no limit named '{limit}'")),
+            None => Err(format!("--limit: the rules have no resource named '{}'", splits[0].0)),
+        };
+    };
+    if rule.pattern != crate::rules::Pattern::Exact {
+        return Err(format!(
+            "'{resource}' is a pattern, not one resource: recommend writes the limits of rules that name one resource"
+        ));
+    }
+    if l.key.is_empty() {
+        return Err(format!(
+            "'{resource}/{limit}' has no key: recommend proposes limits for each key (a tenant, a user), and this limit is one bucket for all"
+        ));
+    }
+    if l.cost.is_some() {
+        return Err(format!(
+            "'{resource}/{limit}' takes its cost from a formula: recommend counts calls, and this limit counts units"
+        ));
+    }
     if l.fixed {
         return Err(format!(
             "'{resource}/{limit}' is marked fixed: its numbers are chosen by people, and recommend proposes no change to it"
         ));
     }
-    let (shape, per_minute) = match &l.algorithm {
-        Algorithm::TokenBucket(c) => (Shape::TokenBucket, (c.refill.as_f64() * 60.0).round().max(1.0) as u64),
+    let (shape, per_minute, capacity) = match &l.algorithm {
+        Algorithm::TokenBucket(c) => {
+            (Shape::TokenBucket, (c.refill.as_f64() * 60.0).round().max(1.0) as u64, Some(c.capacity))
+        }
         Algorithm::FixedWindow(c) if c.window == 60_000_000_000 && c.calendar.is_none() => {
-            (Shape::FixedWindow, c.limit.max(1))
+            (Shape::FixedWindow, c.limit.max(1), None)
         }
         Algorithm::FixedWindow(_) => {
             return Err(format!(
@@ -60,15 +84,16 @@ pub fn find(rules: &RuleSet, name: &str) -> Result<Target, String> {
             ));
         }
     };
-    Ok(Target { resource: resource.into(), limit: limit.into(), shape, per_minute, key: l.key.clone() })
+    Ok(Target { resource: resource.into(), limit: limit.into(), shape, per_minute, capacity, key: l.key.clone() })
 }
 
 /// `text` (the rules file `target` was found in) with the proposal written
 /// in: the limit's numbers, and for each heavier key an override of the
-/// limit (an override with the same `when` that sets limits gets this one
-/// added or replaced; otherwise one is appended). Checked like any rules
-/// file before it is returned. Comments of the original are not kept.
-pub fn write(text: &str, target: &Target, proposal: &Proposal) -> Result<String, String> {
+/// limit, appended, unless an override of the file already matches that
+/// key's calls (it is left alone, and the key listed in `kept`). Checked
+/// like any rules file before it is returned. Comments of the original are
+/// not kept.
+pub fn write(text: &str, target: &Target, proposal: &Proposal) -> Result<Written, String> {
     let mut doc: Value = serde_yaml_ng::from_str(text).map_err(|e| format!("the rules file: {e}"))?;
     let resource = doc
         .get_mut("resources")
@@ -92,33 +117,53 @@ pub fn write(text: &str, target: &Target, proposal: &Proposal) -> Result<String,
             limit.insert("limit".into(), n.into());
         }
     }
+    let mut kept = Vec::new();
     if !proposal.overrides.is_empty() {
         let overrides = resource.entry("overrides".into()).or_insert_with(|| Value::Sequence(Vec::new()));
         let overrides = overrides.as_sequence_mut().ok_or("the resource's overrides are not a list")?;
         for (key, value) in &proposal.overrides {
             let when = when_of(key, &target.key)?;
-            let same = overrides.iter_mut().find(|o| {
-                o.get("when").and_then(Value::as_mapping) == Some(&when)
-                    && o.get("limits").is_some_and(Value::is_mapping)
+            // An override the operator wrote that matches this key's calls
+            // decides them first (a block, a tier, a factor, other limits):
+            // it is theirs, and is left as it is.
+            let operators = overrides.iter().any(|o| {
+                o.get("when")
+                    .and_then(Value::as_mapping)
+                    .is_some_and(|w| !w.is_empty() && w.iter().all(|(k, v)| when.get(k) == Some(v)))
             });
-            match same.and_then(|o| o.get_mut("limits")).and_then(Value::as_mapping_mut) {
-                Some(limits) => {
-                    limits.insert(target.limit.clone().into(), (*value).into());
-                }
-                None => {
-                    let mut limits = Mapping::new();
-                    limits.insert(target.limit.clone().into(), (*value).into());
-                    let mut o = Mapping::new();
-                    o.insert("when".into(), Value::Mapping(when));
-                    o.insert("limits".into(), Value::Mapping(limits));
-                    overrides.push(Value::Mapping(o));
-                }
+            if operators {
+                kept.push(key.clone());
+                continue;
             }
+            let mut limits = Mapping::new();
+            limits.insert(target.limit.clone().into(), (*value).into());
+            let mut o = Mapping::new();
+            o.insert("when".into(), Value::Mapping(when));
+            o.insert("limits".into(), Value::Mapping(limits));
+            overrides.push(Value::Mapping(o));
         }
     }
     let out = serde_yaml_ng::to_string(&doc).map_err(|e| format!("writing the rules: {e}"))?;
     RuleSet::from_yaml(&out, "the proposed rules").map_err(|e| e.to_string())?;
-    Ok(out)
+    Ok(Written { text: out, kept })
+}
+
+/// The rules file with a proposal in it.
+#[derive(Debug)]
+pub struct Written {
+    pub text: String,
+    /// Heavier keys left without a new override, because one the rules
+    /// file has already decides their calls.
+    pub kept: Vec<String>,
+}
+
+/// Refuses a trace whose keys do not name the limit's key (every one is
+/// checked, not only those that get overrides).
+pub fn check_keys<'a>(keys: impl Iterator<Item = &'a str>, target: &Target) -> Result<(), String> {
+    for key in keys {
+        when_of(key, &target.key)?;
+    }
+    Ok(())
 }
 
 /// A recorded key (`name=value[,name=value...]`) as an override's `when`,
@@ -127,7 +172,9 @@ fn when_of(key: &str, names: &[String]) -> Result<Mapping, String> {
     let mut when = Mapping::new();
     for pair in key.split(',') {
         let (name, value) = pair.split_once('=').ok_or_else(|| format!("key '{key}' is not written name=value"))?;
-        when.insert(name.into(), value.into());
+        if when.insert(name.into(), value.into()).is_some() {
+            return Err(format!("key '{}' names '{}' twice", key.escape_debug(), name.escape_debug()));
+        }
     }
     let named: std::collections::BTreeSet<&str> = when.keys().filter_map(Value::as_str).collect();
     let wanted: std::collections::BTreeSet<&str> = names.iter().map(String::as_str).collect();
@@ -169,6 +216,15 @@ resources:
         let t = find(&rules, "api/per-tenant").unwrap();
         assert_eq!((t.shape, t.per_minute, t.key.clone()), (Shape::TokenBucket, 120, vec!["tenant".to_string()]));
         assert_eq!(find(&rules, "other/per-tenant").unwrap().per_minute, 60);
+        let slashed = RuleSet::from_yaml(
+            "resources:\n  - name: 'a/b'\n    limits: [ { name: 'c/d', key: [t], algorithm: fixed_window, limit: 5, window: 1m } ]\n  - name: 'x.*'\n    limits: [ { name: l, key: [t], algorithm: fixed_window, limit: 5, window: 1m } ]\n",
+            "t",
+        )
+        .unwrap();
+        let t = find(&slashed, "a/b/c/d").unwrap();
+        assert_eq!((t.resource.as_str(), t.limit.as_str()), ("a/b", "c/d"));
+        assert!(find(&slashed, "x.*/l").unwrap_err().contains("is a pattern"));
+        assert!(find(&slashed, "a/b/nope").unwrap_err().contains("resource 'a/b' has no limit named 'nope'"));
         for (name, why) in [
             ("api/hard", "is marked fixed"),
             ("api/hourly", "another length than 1m"),
@@ -185,7 +241,9 @@ resources:
     fn the_proposal_is_written_into_the_file_and_the_rest_is_kept() {
         let rules = RuleSet::from_yaml(RULES, "t").unwrap();
         let t = find(&rules, "api/per-tenant").unwrap();
-        let out = write(RULES, &t, &proposal(90, &[("tenant=acme", 700), ("tenant=0x10", 400)])).unwrap();
+        let written = write(RULES, &t, &proposal(90, &[("tenant=acme", 700), ("tenant=0x10", 400)])).unwrap();
+        assert_eq!(written.kept, ["tenant=acme"], "acme has an override of the operator's");
+        let out = written.text;
         let new = RuleSet::from_yaml(&out, "out").unwrap();
         let api = &new.rules()[0];
         let Algorithm::TokenBucket(c) = &api.limits[0].algorithm else { panic!("{out}") };
@@ -194,25 +252,27 @@ resources:
         assert!(api.limits[1].fixed);
         assert_eq!(api.limits[2], rules.rules()[0].limits[2]);
         assert_eq!(new.rules()[1], rules.rules()[1]);
-        // acme's override gains the limit beside the one it had; the key
+        // acme's override is the operator's and stays as it was; the key
         // that reads like a number stays text.
         let doc: Value = serde_yaml_ng::from_str(&out).unwrap();
         let overrides = doc["resources"][0]["overrides"].as_sequence().unwrap();
         assert_eq!(overrides.len(), 2, "{out}");
         assert_eq!(overrides[0]["limits"]["hard"], Value::from(5000));
-        assert_eq!(overrides[0]["limits"]["per-tenant"], Value::from(700));
+        assert_eq!(overrides[0]["limits"].as_mapping().unwrap().len(), 1);
         assert_eq!(overrides[1]["when"]["tenant"], Value::from("0x10"));
         assert_eq!(overrides[1]["limits"]["per-tenant"], Value::from(400));
-        // Written again with the same proposal: the same file.
+        // Written again with the same proposal: the same file, 0x10's
+        // override now the file's own.
         let t = find(&new, "api/per-tenant").unwrap();
-        assert_eq!(write(&out, &t, &proposal(90, &[("tenant=acme", 700), ("tenant=0x10", 400)])).unwrap(), out);
+        let again = write(&out, &t, &proposal(90, &[("tenant=acme", 700), ("tenant=0x10", 400)])).unwrap();
+        assert_eq!((again.text, again.kept.len()), (out, 2));
     }
 
     #[test]
     fn keys_that_do_not_name_the_limits_key_are_refused() {
         let rules = RuleSet::from_yaml(RULES, "t").unwrap();
         let t = find(&rules, "api/per-tenant").unwrap();
-        for key in ["user=ann", "tenant=a,user=b", "tenant"] {
+        for key in ["user=ann", "tenant=a,user=b", "tenant", "tenant=a,tenant=b"] {
             let err = write(RULES, &t, &proposal(90, &[(key, 700)])).unwrap_err();
             assert!(err.contains(key), "{key}: {err}");
         }

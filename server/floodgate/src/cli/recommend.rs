@@ -113,7 +113,9 @@ pub fn run(args: RecommendArgs) -> anyhow::Result<ExitCode> {
             None => anyhow::bail!("the server has recorded no calls of {} yet", args.limit.unwrap_or_default()),
         }
     };
-    let to = last + 1;
+    // A recorded day is kept as its first minute: the period runs to the
+    // end of the last day.
+    let to = if args.recorded { last + DAY } else { last + 1 };
     let from = match args.days {
         Some(days) => to.saturating_sub(days * DAY).max(first),
         None => first,
@@ -126,18 +128,32 @@ pub fn run(args: RecommendArgs) -> anyhow::Result<ExitCode> {
         (None, ShapeArg::TokenBucket) => Shape::TokenBucket,
         (None, ShapeArg::FixedWindow) => Shape::FixedWindow,
     };
+    if let Some((t, _)) = &target
+        && let Err(why) = super::proposed::check_keys(history.key_names(), t)
+    {
+        eprintln!("floodgate: the traffic does not fit '{}/{}': {why}", t.resource, t.limit);
+        return Ok(ExitCode::from(2));
+    }
+    let mut kept = Vec::new();
     if let (Some((t, text)), Some(out)) = (&target, &args.write) {
         let written = match super::proposed::write(text, t, &proposal) {
             Ok(written) => written,
             Err(why) => {
-                eprintln!(
-                    "floodgate: cannot write the proposal into {}: {why}",
-                    args.rules.as_ref().unwrap().display()
-                );
+                eprintln!("floodgate: cannot write the proposal into the rules: {why}");
                 return Ok(ExitCode::from(2));
             }
         };
-        std::fs::write(out, written).with_context(|| format!("writing {}", out.display()))?;
+        if let Some(rules) = &args.rules
+            && same_file(rules, out)
+        {
+            eprintln!(
+                "floodgate: --write {} is the --rules file: write the proposal to another file, try it, then apply it",
+                out.display()
+            );
+            return Ok(ExitCode::from(2));
+        }
+        write_whole(out, &written.text).with_context(|| format!("writing {}", out.display()))?;
+        kept = written.kept;
     }
     let replayed = recommend::replay(&history, from, to, &proposal, shape);
     let calls: u64 = replayed.iter().map(|r| r.calls).sum();
@@ -187,13 +203,21 @@ pub fn run(args: RecommendArgs) -> anyhow::Result<ExitCode> {
         }
     }
     match (&target, &args.write) {
-        (Some((t, _)), _) => outln!(
-            "Change to {}/{}: {} -> {} calls a minute",
-            shown(&t.resource),
-            shown(&t.limit),
-            t.per_minute,
-            proposal.per_minute
-        ),
+        (Some((t, _)), _) => {
+            outln!(
+                "Change to {}/{}: {} -> {} calls a minute",
+                shown(&t.resource),
+                shown(&t.limit),
+                t.per_minute,
+                proposal.per_minute
+            );
+            if let Some(capacity) = t.capacity.filter(|&c| c != proposal.per_minute) {
+                outln!("  (its capacity, the burst it allows, goes from {capacity} to {})", proposal.per_minute);
+            }
+            for key in &kept {
+                outln!("  {} keeps the override the rules file has for it", shown(key));
+            }
+        }
         (None, _) => match rules_snippet(&history, &proposal, shape) {
             Ok(snippet) => outln!("As rules (the limit's name and key are yours to set):\n{snippet}"),
             Err(why) => outln!("(No rules printed: {why}.)"),
@@ -225,6 +249,41 @@ pub fn run(args: RecommendArgs) -> anyhow::Result<ExitCode> {
         outln!("  floodgate rules revert");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Whether `a` and `b` name the same file (`b` may not exist yet).
+fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
+/// Writes `text` to `path` whole or not at all: into a file beside it,
+/// then renamed over it, so that a full disk or a crash never leaves half
+/// a rules file (which a server watching it would refuse, or worse).
+fn write_whole(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    // Renaming over a device or a FIFO would replace it: only a regular
+    // file (or none yet) is written.
+    if let Ok(meta) = std::fs::metadata(path)
+        && !meta.is_file()
+    {
+        return Err(std::io::Error::other("is not a regular file"));
+    }
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    let name = path.file_name().ok_or_else(|| std::io::Error::other("not a file name"))?;
+    let tmp = dir.join(format!(".{}.{}.tmp", name.to_string_lossy(), std::process::id()));
+    let written = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 /// Reads a trace file (`-`: standard input).
@@ -285,7 +344,14 @@ fn shown(key: &str) -> std::borrow::Cow<'_, str> {
 fn pairs(key: &str) -> Result<Vec<(&str, &str)>, String> {
     let pairs: Option<Vec<(&str, &str)>> = key.split(',').map(|p| p.split_once('=')).collect();
     match pairs {
-        Some(pairs) if pairs.iter().all(|(k, _)| !k.is_empty()) => Ok(pairs),
+        Some(pairs) if pairs.iter().all(|(k, _)| !k.is_empty()) => {
+            let mut names: Vec<&str> = pairs.iter().map(|&(k, _)| k).collect();
+            names.sort_unstable();
+            match names.windows(2).find(|w| w[0] == w[1]) {
+                Some(twice) => Err(format!("key '{}' names '{}' twice", shown(key), shown(twice[0]))),
+                None => Ok(pairs),
+            }
+        }
         _ => Err(format!("key '{}' is not written name=value[,name=value...]", shown(key))),
     }
 }
