@@ -407,4 +407,17 @@ async fn only_the_last_ten_rules_files_are_kept() {
     let got = admin.get_rules(pb::GetRulesRequest {}).await.unwrap().into_inner();
     assert_eq!(got.earlier.first().map(|e| e.version), Some(15));
     assert_eq!(got.earlier.len(), 10);
+    // A large file is listed by its first 20 patterns and its count, so
+    // that ten large files keep GetRules small.
+    let mut many = String::from("resources:\n");
+    for i in 0..30 {
+        many += &format!(
+            "  - {{ name: r{i:02}, limits: [ {{ name: l, algorithm: fixed_window, limit: 5, window: 1m }} ] }}\n"
+        );
+    }
+    admin.apply_rules(pb::ApplyRulesRequest { yaml: many, ..Default::default() }).await.unwrap();
+    admin.apply_rules(pb::ApplyRulesRequest { yaml: rules_with_limit(1), ..Default::default() }).await.unwrap();
+    let got = admin.get_rules(pb::GetRulesRequest {}).await.unwrap().into_inner();
+    let e = &got.earlier[0];
+    assert_eq!((e.resources.len(), e.resource_count, e.resources[19].as_str()), (20, 30, "r19"));
 }

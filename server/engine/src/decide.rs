@@ -554,7 +554,7 @@ impl Engine {
         }
         fill_limits(answer, matched, &decisions);
         if !dry_run {
-            observe_hitters(handles, matched, &decisions, now);
+            observe_hitters(handles, matched, &decisions, costs, now);
         }
     }
 
@@ -880,14 +880,21 @@ pub(super) fn enforced_denial(l: &Limit, d: &Decision) -> bool {
 /// recorded traffic when it has `history` (a global bucket has no key worth
 /// naming).
 #[inline]
-pub(super) fn observe_hitters(handles: &RuleHandles, matched: &Matched<'_>, decisions: &[Decision], now: Timestamp) {
+pub(super) fn observe_hitters(
+    handles: &RuleHandles,
+    matched: &Matched<'_>,
+    decisions: &[Decision],
+    costs: &Costs,
+    now: Timestamp,
+) {
     for ((_, slot, key), d) in matched.iter().zip(decisions) {
         if let Some(h) = handles.hitters(*slot)
             && !key.scope.is_empty()
         {
             h.observe(&key.scope, !d.admitted, || now.as_nanos() / 1_000_000_000);
             if let Some(t) = handles.traffic(*slot) {
-                t.count(&key.scope, 1, now.as_nanos() / 1_000_000_000);
+                // Units, as the limit counts them: a call of cost 10 is 10.
+                t.count(&key.scope, costs.of(*slot), now.as_nanos() / 1_000_000_000);
             }
         }
     }

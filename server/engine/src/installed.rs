@@ -154,9 +154,15 @@ pub struct Earlier {
     pub loaded_at: SystemTime,
     /// When it stopped being in force.
     pub replaced_at: SystemTime,
-    /// Its rule patterns, in file order.
+    /// Its first [`EARLIER_NAMES`] rule patterns, in file order, and how
+    /// many it has.
     pub resources: Vec<String>,
+    pub resource_count: usize,
 }
+
+/// Patterns listed for an earlier rules file: enough to recognise it, few
+/// enough that ten files of thousands of rules keep `GetRules` small.
+pub const EARLIER_NAMES: usize = 20;
 
 /// (rule, limit, algorithm): a limit's identity.
 type Identity = (String, String, &'static str);
@@ -176,8 +182,8 @@ struct Ids {
     /// rule's limit's, and both outlive installs. Bounded by the names rules
     /// files have used.
     hitters: HashMap<(String, String), Arc<Hitters>>,
-    /// Recorded traffic by (rule, limit name), for the limits in force with
-    /// `history`, each bounded by its keys.
+    /// Recorded traffic by (rule, limit name and key names), for the limits
+    /// in force with `history`, each bounded by its keys.
     traffic: HashMap<(String, String), Arc<Traffic>>,
 }
 
@@ -334,7 +340,8 @@ impl RulesSlot {
                 source: current.source.clone(),
                 loaded_at: current.loaded_at,
                 replaced_at: SystemTime::now(),
-                resources: current.file.rules().iter().map(|r| r.name.clone()).collect(),
+                resources: current.file.rules().iter().take(EARLIER_NAMES).map(|r| r.name.clone()).collect(),
+                resource_count: current.file.rules().len(),
             });
         }
         let parts = Parts {
@@ -593,8 +600,8 @@ impl Ids {
         let traffic = names
             .iter()
             .map(|name| {
-                let recorded = rule.limits.iter().any(|l| l.name == *name && l.history);
-                recorded.then(|| self.traffic(&rule.name, name))
+                let limit = rule.limits.iter().find(|l| l.name == *name && l.history)?;
+                Some(self.traffic(&rule.name, name, &limit.key))
             })
             .collect();
         RuleHandles {
@@ -627,10 +634,12 @@ impl Ids {
         }
     }
 
-    /// The recorded traffic of (rule, limit name), kept across installs
-    /// while the rules name it, like the hottest keys.
-    fn traffic(&mut self, rule: &str, limit: &str) -> Arc<Traffic> {
-        self.traffic.entry((rule.to_string(), limit.to_string())).or_default().clone()
+    /// The recorded traffic of (rule, limit name, key), kept across
+    /// installs while the rules have it. A limit whose key changes starts a
+    /// new record: the values recorded were of other descriptors.
+    fn traffic(&mut self, rule: &str, limit: &str, key: &[String]) -> Arc<Traffic> {
+        let limit = format!("{limit}\0{}", key.join("\0"));
+        self.traffic.entry((rule.to_string(), limit)).or_default().clone()
     }
 
     fn hitters(&mut self, prefix: &str, rule: &str, limit: &str) -> Arc<Hitters> {
@@ -704,6 +713,13 @@ mod tests {
         let (r, t) = rules(6, true);
         slot.install(r, t, "t".into());
         assert!(Arc::ptr_eq(&first, &recorded(&slot).unwrap()));
+        // Another key: another record (the values were of another name).
+        let (_, t) = rules(6, true);
+        let t = t.replace("key: [t]", "key: [u]");
+        slot.install(RuleSet::from_yaml(&t, "t").unwrap(), t, "t".into());
+        let other = recorded(&slot).unwrap();
+        assert!(!Arc::ptr_eq(&first, &other) && other.keys() == 0);
+        assert_eq!(slot.ids.lock().unwrap().traffic.len(), 1, "the old one is dropped");
         // Without history: no record, and none kept aside.
         let (r, t) = rules(6, false);
         slot.install(r, t, "t".into());

@@ -155,7 +155,7 @@ pub enum RequestError {
     NoWhatIf,
     #[error("limit: '{resource}/{limit}' records no traffic (set history: true on it)")]
     NotRecorded { resource: String, limit: String },
-    #[error("page_token: '{}' is not a page of recorded traffic", .0.escape_debug())]
+    #[error("page_token: '{}' is not a page of recorded traffic", .0.chars().take(32).collect::<String>().escape_debug())]
     BadPage(String),
     #[error("no earlier rules are kept: the rules in force are the first this server installed")]
     NothingToRevert,

@@ -409,18 +409,20 @@ class GetRulesResponse(_message.Message):
     def __init__(self, yaml: _Optional[str] = ..., version: _Optional[int] = ..., source: _Optional[str] = ..., loaded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., resources: _Optional[_Iterable[str]] = ..., envoy: _Optional[_Union[EnvoyConfigInForce, _Mapping]] = ..., sentinel: _Optional[_Union[SentinelRulesInForce, _Mapping]] = ..., earlier: _Optional[_Iterable[_Union[EarlierRules, _Mapping]]] = ...) -> None: ...
 
 class EarlierRules(_message.Message):
-    __slots__ = ("version", "source", "loaded_at", "replaced_at", "resources")
+    __slots__ = ("version", "source", "loaded_at", "replaced_at", "resources", "resource_count")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     LOADED_AT_FIELD_NUMBER: _ClassVar[int]
     REPLACED_AT_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_COUNT_FIELD_NUMBER: _ClassVar[int]
     version: int
     source: str
     loaded_at: _timestamp_pb2.Timestamp
     replaced_at: _timestamp_pb2.Timestamp
     resources: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, version: _Optional[int] = ..., source: _Optional[str] = ..., loaded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., replaced_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., resources: _Optional[_Iterable[str]] = ...) -> None: ...
+    resource_count: int
+    def __init__(self, version: _Optional[int] = ..., source: _Optional[str] = ..., loaded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., replaced_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., resources: _Optional[_Iterable[str]] = ..., resource_count: _Optional[int] = ...) -> None: ...
 
 class GetTrafficRequest(_message.Message):
     __slots__ = ("resource", "limit", "page_token")

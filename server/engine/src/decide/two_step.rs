@@ -291,7 +291,7 @@ impl Engine {
         let matched: Matched<'r> = p.limits.iter().map(|(l, i, k, _)| (*l, *i, k.clone())).collect();
         fill_limits(&mut p.answer, &matched, &decisions);
         if !p.dry_run {
-            super::observe_hitters(p.handles, &matched, &decisions, p.now);
+            super::observe_hitters(p.handles, &matched, &decisions, &p.costs, p.now);
         }
         self.conclude(p)
     }

@@ -241,11 +241,12 @@ pub async fn rules(args: RulesArgs) -> anyhow::Result<ExitCode> {
             for e in &r.earlier {
                 let replaced = e.replaced_at.as_ref().map_or_else(|| "-".into(), super::control::ago_or_in_ts);
                 let resources: Vec<String> = e.resources.iter().map(|r| r.escape_debug().to_string()).collect();
+                let more = if e.resource_count as usize > e.resources.len() { ", ..." } else { "" };
                 outln!(
-                    "version {} from {}, replaced {replaced}: {} resources ({})",
+                    "version {} from {}, replaced {replaced}: {} resources ({}{more})",
                     e.version,
                     e.source.escape_debug(),
-                    e.resources.len(),
+                    e.resource_count,
                     resources.join(", ")
                 );
             }

@@ -87,7 +87,9 @@ pub struct EarlierRules {
     pub source: String,
     pub loaded_at: SystemTime,
     pub replaced_at: SystemTime,
+    /// The first 20 patterns, and how many there are.
     pub resources: Vec<String>,
+    pub resource_count: usize,
 }
 
 /// Sentinel's rules in force, for `GetRules`.
@@ -152,6 +154,7 @@ impl From<crate::engine::Earlier> for EarlierRules {
             loaded_at: e.loaded_at,
             replaced_at: e.replaced_at,
             resources: e.resources,
+            resource_count: e.resource_count,
         }
     }
 }

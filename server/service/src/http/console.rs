@@ -352,7 +352,7 @@ fn snapshot(decider: &Decider, timeline: Vec<Value>, refused: Vec<Value>, page: 
             "pattern_count": all.len(),
             "earlier": decider.views().earlier_rules().iter().map(|e| json!({
                 "version": e.version, "source": e.source, "replaced_at": rfc3339(e.replaced_at),
-                "pattern_count": e.resources.len(),
+                "pattern_count": e.resource_count,
             })).collect::<Vec<Value>>(),
         },
         "envoy": (!installed.envoy.source.is_empty()).then(|| json!({

@@ -321,6 +321,7 @@ impl FromDomain<RulesInForce> for pb::GetRulesResponse {
                     loaded_at: Some(timestamp(e.loaded_at)),
                     replaced_at: Some(timestamp(e.replaced_at)),
                     resources: e.resources,
+                    resource_count: e.resource_count as u64,
                 })
                 .collect(),
         }
