@@ -233,13 +233,13 @@ pub async fn rules(args: RulesArgs) -> anyhow::Result<ExitCode> {
         }
         RulesAction::History => {
             let r = client.get_rules(pb::GetRulesRequest {}).await.map_err(status_error)?.into_inner();
-            let in_force = r.loaded_at.as_ref().map_or_else(|| "-".into(), super::control::ago_or_in_ts);
+            let in_force = r.loaded_at.as_ref().map_or_else(|| "-".into(), super::ago_or_in_ts);
             outln!("version {} in force, from {}, installed {in_force}", r.version, r.source.escape_debug());
             if r.earlier.is_empty() {
                 outln!("no earlier rules are kept");
             }
             for e in &r.earlier {
-                let replaced = e.replaced_at.as_ref().map_or_else(|| "-".into(), super::control::ago_or_in_ts);
+                let replaced = e.replaced_at.as_ref().map_or_else(|| "-".into(), super::ago_or_in_ts);
                 let resources: Vec<String> = e.resources.iter().map(|r| r.escape_debug().to_string()).collect();
                 let more = if e.resource_count as usize > e.resources.len() { ", ..." } else { "" };
                 outln!(

@@ -107,17 +107,8 @@ pub struct WatchArgs {
 
 fn ago_or_in(t: &Option<prost_types::Timestamp>) -> String {
     match t {
-        Some(t) => ago_or_in_ts(t),
+        Some(t) => super::ago_or_in_ts(t),
         None => "-".into(),
-    }
-}
-
-/// "in 5m" or "3s ago".
-pub(super) fn ago_or_in_ts(t: &prost_types::Timestamp) -> String {
-    let at = std::time::UNIX_EPOCH + Duration::new(t.seconds.max(0) as u64, t.nanos.max(0) as u32);
-    match at.duration_since(std::time::SystemTime::now()) {
-        Ok(d) => format!("in {}", crate::rules::duration::human(d)),
-        Err(e) => format!("{} ago", crate::rules::duration::human(e.duration())),
     }
 }
 

@@ -245,3 +245,12 @@ pub fn write_out(args: std::fmt::Arguments) {
         std::process::exit(1);
     }
 }
+
+/// "in 5m" or "3s ago".
+fn ago_or_in_ts(t: &prost_types::Timestamp) -> String {
+    let at = std::time::UNIX_EPOCH + std::time::Duration::new(t.seconds.max(0) as u64, t.nanos.max(0) as u32);
+    match at.duration_since(std::time::SystemTime::now()) {
+        Ok(d) => format!("in {}", crate::rules::duration::human(d)),
+        Err(e) => format!("{} ago", crate::rules::duration::human(e.duration())),
+    }
+}

@@ -119,7 +119,7 @@ async fn list(admin: &mut Admin, rule: String) -> anyhow::Result<()> {
                 o.rule,
                 when_text(o),
                 action_text(o),
-                o.expires_at.as_ref().map(super::control::ago_or_in_ts).unwrap_or_else(|| "never".into()),
+                o.expires_at.as_ref().map(super::ago_or_in_ts).unwrap_or_else(|| "never".into()),
                 if o.active { "yes".to_string() } else { format!("no: {}", o.problem) }
             );
         }
