@@ -25,9 +25,10 @@ pub struct Target {
     pub key: Vec<String>,
 }
 
-/// Finds `RESOURCE/LIMIT` (split at the last `/`, since a resource name may
-/// hold one) in `rules`, refused when the limit is marked `fixed` or is not
-/// a limit a minute that recommend can replay.
+/// Finds `RESOURCE/LIMIT` in `rules` (both names may hold a `/`: the first
+/// split that names a limit of a resource wins), refused when recommend
+/// cannot propose for it: a pattern rule, no key, a cost formula, `fixed`,
+/// or not a limit a minute that recommend can replay.
 pub fn find(rules: &RuleSet, name: &str) -> Result<Target, String> {
     // Both a resource and a limit name may hold a '/': the first split
     // that names a limit of a resource wins.
