@@ -170,13 +170,9 @@ pub fn check_keys<'a>(keys: impl Iterator<Item = &'a str>, target: &Target) -> R
 /// A recorded key (`name=value[,name=value...]`) as an override's `when`,
 /// refused unless it names exactly the limit's key.
 fn when_of(key: &str, names: &[String]) -> Result<Mapping, String> {
-    let mut when = Mapping::new();
-    for pair in key.split(',') {
-        let (name, value) = pair.split_once('=').ok_or_else(|| format!("key '{key}' is not written name=value"))?;
-        if when.insert(name.into(), value.into()).is_some() {
-            return Err(format!("key '{}' names '{}' twice", key.escape_debug(), name.escape_debug()));
-        }
-    }
+    // Parsed as the printed rules snippet parses it: name=value pairs, each
+    // name once.
+    let when: Mapping = super::recommend::pairs(key)?.into_iter().map(|(k, v)| (k.into(), v.into())).collect();
     let named: std::collections::BTreeSet<&str> = when.keys().filter_map(Value::as_str).collect();
     let wanted: std::collections::BTreeSet<&str> = names.iter().map(String::as_str).collect();
     if named != wanted || when.len() != names.len() {

@@ -341,7 +341,7 @@ fn shown(key: &str) -> std::borrow::Cow<'_, str> {
 }
 
 /// A key written `name=value[,name=value...]` as its pairs.
-fn pairs(key: &str) -> Result<Vec<(&str, &str)>, String> {
+pub(super) fn pairs(key: &str) -> Result<Vec<(&str, &str)>, String> {
     let pairs: Option<Vec<(&str, &str)>> = key.split(',').map(|p| p.split_once('=')).collect();
     match pairs {
         Some(pairs) if pairs.iter().all(|(k, _)| !k.is_empty()) => {
