@@ -172,13 +172,35 @@ pub fn check_keys<'a>(keys: impl Iterator<Item = &'a str>, target: &Target) -> R
 fn when_of(key: &str, names: &[String]) -> Result<Mapping, String> {
     // Parsed as the printed rules snippet parses it: name=value pairs, each
     // name once.
-    let when: Mapping = super::recommend::pairs(key)?.into_iter().map(|(k, v)| (k.into(), v.into())).collect();
+    let when: Mapping = pairs(key)?.into_iter().map(|(k, v)| (k.into(), v.into())).collect();
     let named: std::collections::BTreeSet<&str> = when.keys().filter_map(Value::as_str).collect();
     let wanted: std::collections::BTreeSet<&str> = names.iter().map(String::as_str).collect();
     if named != wanted || when.len() != names.len() {
         return Err(format!("key '{}' does not name the limit's key [{}]", key.escape_debug(), names.join(", ")));
     }
     Ok(when)
+}
+
+/// A key as text for a terminal: control characters (which could move the
+/// cursor or change colours) escaped.
+pub fn shown(key: &str) -> std::borrow::Cow<'_, str> {
+    if key.chars().any(char::is_control) { key.escape_debug().to_string().into() } else { key.into() }
+}
+
+/// A key written `name=value[,name=value...]` as its pairs.
+pub fn pairs(key: &str) -> Result<Vec<(&str, &str)>, String> {
+    let pairs: Option<Vec<(&str, &str)>> = key.split(',').map(|p| p.split_once('=')).collect();
+    match pairs {
+        Some(pairs) if pairs.iter().all(|(k, _)| !k.is_empty()) => {
+            let mut names: Vec<&str> = pairs.iter().map(|&(k, _)| k).collect();
+            names.sort_unstable();
+            match names.windows(2).find(|w| w[0] == w[1]) {
+                Some(twice) => Err(format!("key '{}' names '{}' twice", shown(key), shown(twice[0]))),
+                None => Ok(pairs),
+            }
+        }
+        _ => Err(format!("key '{}' is not written name=value[,name=value...]", shown(key))),
+    }
 }
 
 #[cfg(test)]

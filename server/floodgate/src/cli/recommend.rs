@@ -9,6 +9,8 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use floodgate_core::recommend::{self, DAY, History, Proposal, Settings, Shape};
 
+use super::proposed::{pairs, shown};
+
 #[derive(Args, Debug)]
 pub struct RecommendArgs {
     /// The recorded calls: lines of `unix_seconds,key,calls` (for example
@@ -332,28 +334,6 @@ async fn recorded(
         eprintln!("note: {left_out} keys longer than {} bytes are left out", recommend::MAX_KEY);
     }
     Ok((history, Some((rules, yaml))))
-}
-
-/// A key as text for a terminal: control characters (which could move the
-/// cursor or change colours) escaped.
-fn shown(key: &str) -> std::borrow::Cow<'_, str> {
-    if key.chars().any(char::is_control) { key.escape_debug().to_string().into() } else { key.into() }
-}
-
-/// A key written `name=value[,name=value...]` as its pairs.
-pub(super) fn pairs(key: &str) -> Result<Vec<(&str, &str)>, String> {
-    let pairs: Option<Vec<(&str, &str)>> = key.split(',').map(|p| p.split_once('=')).collect();
-    match pairs {
-        Some(pairs) if pairs.iter().all(|(k, _)| !k.is_empty()) => {
-            let mut names: Vec<&str> = pairs.iter().map(|&(k, _)| k).collect();
-            names.sort_unstable();
-            match names.windows(2).find(|w| w[0] == w[1]) {
-                Some(twice) => Err(format!("key '{}' names '{}' twice", shown(key), shown(twice[0]))),
-                None => Ok(pairs),
-            }
-        }
-        _ => Err(format!("key '{}' is not written name=value[,name=value...]", shown(key))),
-    }
 }
 
 /// The proposal as a limit and overrides of a rules file: the keys must be
