@@ -11,6 +11,11 @@
 //!
 //! Days are UTC days (86,400 seconds from the Unix epoch), minutes are
 //! Unix minutes; the caller gives the time, so that tests use a fake clock.
+//!
+//! With Redis, every replica sends what it counted and Redis sums the
+//! replicas' calls of one minute (see [`Traffic::unsent`]): the record kept
+//! there is the fleet's, and it outlives a restart. The record here is this
+//! replica's alone.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -34,6 +39,9 @@ type Map = hashbrown::HashMap<CompactString, Days, ahash::RandomState>;
 
 /// One limit's recorded traffic.
 pub struct Traffic {
+    /// What tells this record apart from every other one (its rule, limit
+    /// and key names): the name of its record in Redis.
+    name: String,
     shards: Box<[Mutex<Map>]>,
     hasher: ahash::RandomState,
     keys: AtomicUsize,
@@ -50,6 +58,19 @@ struct Days {
     /// The last day with a peak (a Unix day); `peaks[day % DAYS]` is its.
     day: u32,
     peaks: [u32; DAYS],
+    /// Units of `minute` already sent to Redis.
+    sent: u32,
+    /// An earlier minute's units not sent yet (0: none).
+    unsent_minute: u32,
+    unsent: u32,
+}
+
+/// Units of one key in one minute, not yet in the shared record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unsent {
+    pub key: CompactString,
+    pub minute: u32,
+    pub units: u32,
 }
 
 /// A key's peaks, as read.
@@ -67,6 +88,17 @@ impl Default for Traffic {
     }
 }
 
+/// Which of [`SHARDS`] parts a key's shared record is kept in: the same in
+/// every replica and every run (FNV-1a, 64 bits).
+pub fn shared_shard(key: &str) -> usize {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in key.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    (hash % SHARDS as u64) as usize
+}
+
 impl std::fmt::Debug for Traffic {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Traffic").field("keys", &self.keys()).finish()
@@ -74,16 +106,32 @@ impl std::fmt::Debug for Traffic {
 }
 
 impl Traffic {
-    /// A table of at most `max_keys` keys.
+    /// A table of at most `max_keys` keys, with no name.
     pub fn new(max_keys: usize) -> Self {
+        Traffic::named(String::new(), max_keys)
+    }
+
+    /// A table of at most `max_keys` keys, named `name` in Redis.
+    pub fn named(name: String, max_keys: usize) -> Self {
         let shards = (0..SHARDS).map(|_| Mutex::new(Map::with_hasher(ahash::RandomState::new()))).collect();
         Traffic {
+            name,
             shards,
             hasher: ahash::RandomState::new(),
             keys: AtomicUsize::new(0),
             refused: AtomicU64::new(0),
             max_keys,
         }
+    }
+
+    /// The name of this record (its rule, limit and key names).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Counts `calls` calls not recorded (the shared record was full).
+    pub fn refuse(&self, calls: u64) {
+        self.refused.fetch_add(calls, Ordering::Relaxed);
     }
 
     /// Keys kept now.
@@ -139,6 +187,40 @@ impl Traffic {
         out
     }
 
+    /// The units of part `page` (0 to [`SHARDS`] - 1) not sent to Redis
+    /// yet: of each key, those of the minute being counted since the last
+    /// send, and those of the minute before it if they were not sent.
+    /// Nothing is marked: [`Traffic::sent`] does that once Redis has them,
+    /// so that a send that fails is made again.
+    pub fn unsent(&self, page: usize) -> Vec<Unsent> {
+        let Some(shard) = self.shards.get(page) else { return Vec::new() };
+        let map = shard.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = Vec::new();
+        for (key, d) in map.iter() {
+            if d.unsent > 0 {
+                out.push(Unsent { key: key.clone(), minute: d.unsent_minute, units: d.unsent });
+            }
+            if d.units > d.sent {
+                out.push(Unsent { key: key.clone(), minute: d.minute, units: d.units - d.sent });
+            }
+        }
+        out
+    }
+
+    /// Marks `sent` (read from part `page` by [`Traffic::unsent`]) as in Redis.
+    pub fn sent(&self, page: usize, sent: &[Unsent]) {
+        let Some(shard) = self.shards.get(page) else { return };
+        let mut map = shard.lock().unwrap_or_else(|e| e.into_inner());
+        for u in sent {
+            let Some(d) = map.get_mut(u.key.as_str()) else { continue };
+            if d.minute == u.minute {
+                d.sent = d.sent.saturating_add(u.units).min(d.units);
+            } else if d.unsent_minute == u.minute {
+                d.unsent = d.unsent.saturating_sub(u.units);
+            }
+        }
+    }
+
     /// Forgets the keys with no call in the [`DAYS`] days up to `now_secs`.
     pub fn sweep(&self, now_secs: u64) {
         let today = u32::try_from(now_secs / SECS_A_DAY).unwrap_or(u32::MAX);
@@ -157,8 +239,16 @@ impl Days {
             // A reading of an older clock by another thread: counted in the
             // minute being counted, which is as close as it gets.
         } else if minute != self.minute {
+            // What was not sent of the minute that ends waits for the next
+            // send (an older minute still waiting is lost to the shared
+            // record: Redis has been away for a minute).
+            if self.units > self.sent {
+                self.unsent_minute = self.minute;
+                self.unsent = self.units - self.sent;
+            }
             self.minute = minute;
             self.units = 0;
+            self.sent = 0;
         }
         self.units = self.units.saturating_add(units);
         let day = self.minute / MINUTES_A_DAY;
@@ -275,6 +365,55 @@ mod tests {
         t.count(&key("k0"), 1, 1);
         let kept: usize = (0..SHARDS).map(|p| t.page(p, 1).len()).sum();
         assert_eq!(kept, 3);
+    }
+
+    fn unsent_of(t: &Traffic) -> Vec<(usize, Unsent)> {
+        let mut out: Vec<(usize, Unsent)> =
+            (0..SHARDS).flat_map(|p| t.unsent(p).into_iter().map(move |u| (p, u))).collect();
+        out.sort_by_key(|(_, u)| (u.key.clone(), u.minute));
+        out
+    }
+
+    #[test]
+    fn units_are_sent_once_and_a_send_that_fails_is_made_again() {
+        let t = Traffic::new(10);
+        let m = 28_800_000u64; // a minute's first second / 60
+        t.count(&key("a"), 3, m * 60);
+        t.count(&key("b"), 1, m * 60 + 5);
+        let first = unsent_of(&t);
+        let got: Vec<(&str, u32, u32)> = first.iter().map(|(_, u)| (u.key.as_str(), u.minute, u.units)).collect();
+        assert_eq!(got, [("a", m as u32, 3), ("b", m as u32, 1)]);
+        // A send that failed marks nothing: the same units go again.
+        assert_eq!(unsent_of(&t), first);
+        // Sent; then 2 more of a in the same minute, and the minute ends
+        // before they are sent, and 4 in the next.
+        for (p, u) in &first {
+            t.sent(*p, std::slice::from_ref(u));
+        }
+        assert!(unsent_of(&t).is_empty(), "nothing is sent twice");
+        t.count(&key("a"), 2, m * 60 + 30);
+        t.count(&key("a"), 4, m * 60 + 61);
+        let got: Vec<(u32, u32)> = unsent_of(&t).iter().map(|(_, u)| (u.minute, u.units)).collect();
+        assert_eq!(got, [(m as u32, 2), (m as u32 + 1, 4)], "the ended minute's rest, then the new one's");
+        // Read, then 1 more before the mark: only what was read is marked.
+        let read = unsent_of(&t);
+        t.count(&key("a"), 1, m * 60 + 62);
+        for (p, u) in &read {
+            t.sent(*p, std::slice::from_ref(u));
+        }
+        let got: Vec<(u32, u32)> = unsent_of(&t).iter().map(|(_, u)| (u.minute, u.units)).collect();
+        assert_eq!(got, [(m as u32 + 1, 1)]);
+        // The local peaks are what they were without any send.
+        assert_eq!(all(&t, m * 60 + 62)[0].peaks, [((m / 1440) as u32, 5)]);
+    }
+
+    #[test]
+    fn a_keys_shared_part_is_the_same_everywhere() {
+        // FNV-1a of "tenant=acme", fixed: another hash would put the keys
+        // recorded before an upgrade in other parts.
+        assert_eq!(shared_shard("tenant=acme"), 62);
+        let parts: std::collections::HashSet<usize> = (0..1000).map(|i| shared_shard(&format!("user={i}"))).collect();
+        assert_eq!(parts.len(), SHARDS, "keys spread over every part");
     }
 
     #[test]
