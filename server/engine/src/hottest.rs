@@ -6,8 +6,10 @@ use compact_str::CompactString;
 use super::Installed;
 use super::installed::RuleHandles;
 use crate::hitters::{Hitters, TOP};
+use crate::recommend::traffic::{KeyPeaks, Traffic};
 use crate::rules::{Limit, Rule};
 use crate::store::{BucketKey, LimitId};
+use std::sync::Arc;
 
 /// One limit's hottest keys, as text: (key, count, error), most first.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -95,10 +97,13 @@ impl Views<'_> {
 /// A page of a limit's recorded traffic (`history: true`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RecordedPage {
-    /// Keys recorded now, and calls of new keys not recorded because the
-    /// limit's table was full.
+    /// Keys recorded now by this replica, and calls of new keys not
+    /// recorded because the limit's table (here or in Redis) was full.
     pub keys: usize,
     pub refused: u64,
+    /// The page is the fleet's record, read from Redis (else this
+    /// replica's own).
+    pub shared: bool,
     /// Each key as `tenant=acme` (after the resource, for a template rule)
     /// with (Unix day, calls in its busiest minute), oldest first.
     pub page: Vec<(String, Vec<(u32, u32)>)>,
@@ -107,15 +112,25 @@ pub struct RecordedPage {
 }
 
 impl Views<'_> {
-    /// Page `page` of the traffic recorded for limit `limit` of the rule
-    /// named `rule`.
-    pub fn recorded_traffic(
+    /// The traffic recorded for limit `limit` of the rule named `rule`,
+    /// when `page` is one of its pages.
+    pub fn record_of(
         &self,
         rules: &Installed,
         rule: &str,
         limit: &str,
         page: usize,
-    ) -> Result<RecordedPage, crate::request::RequestError> {
+    ) -> Result<Arc<Traffic>, crate::request::RequestError> {
+        self.locate(rules, rule, limit, page).map(|(_, _, t)| t)
+    }
+
+    fn locate<'i>(
+        &self,
+        rules: &'i Installed,
+        rule: &str,
+        limit: &str,
+        page: usize,
+    ) -> Result<(&'i Rule, &'i Limit, Arc<Traffic>), crate::request::RequestError> {
         use crate::recommend::traffic::SHARDS;
         use crate::request::RequestError;
         let i = (0..rules.rules.rules().len())
@@ -133,11 +148,30 @@ impl Views<'_> {
         if page >= SHARDS {
             return Err(RequestError::BadPage(page.to_string()));
         }
+        Ok((r, l, traffic.clone()))
+    }
+
+    /// Page `page` of the traffic recorded for limit `limit` of the rule
+    /// named `rule`: `shared` (the fleet's, read from Redis) when given,
+    /// else this replica's.
+    pub fn recorded_traffic(
+        &self,
+        rules: &Installed,
+        rule: &str,
+        limit: &str,
+        page: usize,
+        shared: Option<Vec<KeyPeaks>>,
+    ) -> Result<RecordedPage, crate::request::RequestError> {
+        use crate::recommend::traffic::SHARDS;
+        let (r, l, traffic) = self.locate(rules, rule, limit, page)?;
         let now = self.clock.now().as_nanos() / 1_000_000_000;
-        let keys = traffic.page(page, now).into_iter().map(|k| (key_text(r, l, k.key), k.peaks)).collect();
+        let is_shared = shared.is_some();
+        let peaks = shared.unwrap_or_else(|| traffic.page(page, now));
+        let keys = peaks.into_iter().map(|k| (key_text(r, l, k.key), k.peaks)).collect();
         Ok(RecordedPage {
             keys: traffic.keys(),
             refused: traffic.refused(),
+            shared: is_shared,
             page: keys,
             next: (page + 1 < SHARDS).then_some(page + 1),
         })

@@ -242,6 +242,11 @@ impl Installed {
         (&self.rules.rules()[i], &self.handles.rules[i])
     }
 
+    /// Every traffic record of the limits in force (`history: true`).
+    pub fn records(&self) -> Vec<Arc<Traffic>> {
+        self.handles.rules.iter().flat_map(|h| h.traffic.iter().flatten().cloned()).collect()
+    }
+
     /// The `i`th rule of the Envoy configuration with its handles.
     pub fn envoy_rule(&self, i: usize) -> (&Rule, &RuleHandles) {
         (&self.envoy.config.rules()[i], &self.handles.envoy[i])
@@ -639,7 +644,11 @@ impl Ids {
     /// new record: the values recorded were of other descriptors.
     fn traffic(&mut self, rule: &str, limit: &str, key: &[String]) -> Arc<Traffic> {
         let limit = format!("{limit}\0{}", key.join("\0"));
-        self.traffic.entry((rule.to_string(), limit)).or_default().clone()
+        let name = format!("{rule}\0{limit}");
+        self.traffic
+            .entry((rule.to_string(), limit))
+            .or_insert_with(|| Arc::new(Traffic::named(name, crate::recommend::traffic::MAX_KEYS)))
+            .clone()
     }
 
     fn hitters(&mut self, prefix: &str, rule: &str, limit: &str) -> Arc<Hitters> {
