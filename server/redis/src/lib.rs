@@ -40,6 +40,7 @@ mod overrides;
 mod rules;
 mod scripts;
 mod slots;
+mod traffic;
 mod wire;
 
 /// What the conformance test (tests/conformance.rs) needs to run the
@@ -66,6 +67,11 @@ pub mod testing {
     /// argument (us).
     pub fn sync_lua() -> String {
         super::scripts::lua_with_test_clock(include_str!("lua/sync.lua"))
+    }
+
+    /// traffic.lua (a replica's counts added to a traffic record).
+    pub fn traffic_lua() -> &'static str {
+        include_str!("lua/traffic.lua")
     }
 }
 
@@ -127,6 +133,11 @@ job!(
     /// Shared breakers, and adaptive limits' windows.
     Breakers,
     breakers
+);
+job!(
+    /// The traffic records of limits with `history: true`, for the fleet.
+    Records,
+    records
 );
 job!(
     /// What operators set, shared by every replica (rules, overrides,
@@ -272,6 +283,7 @@ impl Replication {
         r.settings().load_levels().await;
         tokio::spawn(sync_loop(Arc::downgrade(&r)));
         tokio::spawn(levels::send_loop(Arc::downgrade(&r)));
+        tokio::spawn(traffic::send_loop(Arc::downgrade(&r)));
         tokio::spawn(rules::listen(Arc::downgrade(&r)));
         Ok(r)
     }
@@ -525,7 +537,13 @@ impl Replication {
     /// The last sync of a replica shutting down: what it took and what it
     /// owes reach Redis rather than die with it. Bounded by `within`.
     pub async fn last_sync(&self, within: Duration) {
-        match tokio::time::timeout(within, self.sync_once()).await {
+        // What the traffic records counted since their last send goes too.
+        let last = async {
+            let synced = self.sync_once().await;
+            self.records().send().await;
+            synced
+        };
+        match tokio::time::timeout(within, last).await {
             Ok(true) => tracing::info!("last sync done: what this replica took and owes is in Redis"),
             Ok(false) => tracing::warn!("last sync failed: what this replica took since its last sync is lost"),
             Err(_) => {

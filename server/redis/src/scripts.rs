@@ -130,6 +130,8 @@ pub enum ScriptName {
     Levels,
     /// An adaptive concurrency limit's windows and state, for the fleet.
     Adaptive,
+    /// Units a replica counted, added to the fleet's traffic record.
+    Traffic,
 }
 
 pub struct Scripts {
@@ -147,6 +149,7 @@ pub struct Scripts {
     slot_lease: Script,
     levels: Script,
     adaptive: Script,
+    traffic: Script,
 }
 
 /// What a breaker script is asked to do, with its own arguments.
@@ -180,6 +183,7 @@ impl ScriptName {
             ScriptName::SlotLease => "slot_lease",
             ScriptName::Levels => "levels",
             ScriptName::Adaptive => "adaptive",
+            ScriptName::Traffic => "traffic",
         }
     }
 }
@@ -201,6 +205,7 @@ impl Scripts {
             ScriptName::SlotLease => &self.slot_lease,
             ScriptName::Levels => &self.levels,
             ScriptName::Adaptive => &self.adaptive,
+            ScriptName::Traffic => &self.traffic,
         }
     }
 }
@@ -256,6 +261,7 @@ impl Default for Scripts {
             slot_lease: Script::new(include_str!("lua/slot_lease.lua")),
             levels: Script::new(include_str!("lua/levels.lua")),
             adaptive: Script::new(include_str!("lua/adaptive.lua")),
+            traffic: Script::new(include_str!("lua/traffic.lua")),
         }
     }
 }

@@ -435,16 +435,18 @@ class GetTrafficRequest(_message.Message):
     def __init__(self, resource: _Optional[str] = ..., limit: _Optional[str] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class GetTrafficResponse(_message.Message):
-    __slots__ = ("keys_recorded", "calls_not_recorded", "keys", "next_page_token")
+    __slots__ = ("keys_recorded", "calls_not_recorded", "keys", "next_page_token", "shared")
     KEYS_RECORDED_FIELD_NUMBER: _ClassVar[int]
     CALLS_NOT_RECORDED_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
     keys_recorded: int
     calls_not_recorded: int
     keys: _containers.RepeatedCompositeFieldContainer[KeyTraffic]
     next_page_token: str
-    def __init__(self, keys_recorded: _Optional[int] = ..., calls_not_recorded: _Optional[int] = ..., keys: _Optional[_Iterable[_Union[KeyTraffic, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+    shared: bool
+    def __init__(self, keys_recorded: _Optional[int] = ..., calls_not_recorded: _Optional[int] = ..., keys: _Optional[_Iterable[_Union[KeyTraffic, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., shared: _Optional[bool] = ...) -> None: ...
 
 class KeyTraffic(_message.Message):
     __slots__ = ("key", "days")

@@ -713,10 +713,13 @@ class AdminServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetTraffic(self, request, context):
-        """The traffic this replica recorded for a limit with `history: true`:
-        each key's busiest minute of each of the last 14 days, one page at a
-        time (64 pages, about 1/64 of the keys each). NOT_FOUND when the rule,
-        the limit or its history is not there. Role: read.
+        """The traffic recorded for a limit with `history: true`: each key's
+        busiest minute of each of the last 14 days, one page at a time (64
+        pages, about 1/64 of the keys each). With Redis it is the record every
+        replica adds to (the calls of one minute summed over the replicas),
+        which outlives restarts; without Redis, or while Redis does not
+        answer, it is this replica's own (`shared` says which). NOT_FOUND when
+        the rule, the limit or its history is not there. Role: read.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -88,14 +88,25 @@ impl Views<'_> {
         self.engine.views().top_keys(&self.engine.rules(), rule, n)
     }
 
-    /// Page `page` of the traffic recorded for `rule`'s limit `limit`.
-    pub(crate) fn recorded_traffic(
+    /// Page `page` of the traffic recorded for `rule`'s limit `limit`:
+    /// the fleet's, from Redis, when this server replicates and Redis
+    /// answers; else this replica's own.
+    pub(crate) async fn recorded_traffic(
         &self,
         rule: &str,
         limit: &str,
         page: usize,
     ) -> Result<crate::engine::hottest::RecordedPage, crate::engine::RequestError> {
-        self.engine.views().recorded_traffic(&self.engine.rules(), rule, limit, page)
+        let rules = self.engine.rules_full();
+        let record = self.engine.views().record_of(&rules, rule, limit, page)?;
+        let shared = match &self.replication {
+            Some(r) => {
+                let now = self.engine.clock().now().as_nanos() / 1_000_000_000;
+                r.records().page(&record, page, now).await
+            }
+            None => None,
+        };
+        self.engine.views().recorded_traffic(&rules, rule, limit, page, shared)
     }
 
     pub fn figures(&self) -> Figures {

@@ -85,10 +85,11 @@ impl Admin for ControlPlane {
                 token.parse().map_err(|_| crate::engine::RequestError::BadPage(token.to_string()).into_status())?
             }
         };
-        let got = self.decider.views().recorded_traffic(&req.resource, &req.limit, page).or_status()?;
+        let got = self.decider.views().recorded_traffic(&req.resource, &req.limit, page).await.or_status()?;
         Ok(Response::new(pb::GetTrafficResponse {
             keys_recorded: got.keys as u64,
             calls_not_recorded: got.refused,
+            shared: got.shared,
             keys: got
                 .page
                 .into_iter()
