@@ -408,3 +408,137 @@ tiers:
     let (ok, _, err) = run_bin(&[&args[..], &[path_str(&out)]].concat());
     assert!(!ok && err.contains("is a pattern"), "{err}");
 }
+
+/// `n` calls of `tenant` to api through `fg`, each admitted.
+async fn send(fg: &Floodgate, tenant: &str, n: u32) {
+    use floodgate_proto::v1 as pb;
+    let mut client = fg.client().await;
+    for _ in 0..n {
+        let ask = acquire("api", &[("tenant", tenant), ("user", "u")], 1);
+        let answer = client.acquire(ask).await.unwrap().into_inner();
+        assert_eq!(answer.verdict(), pb::Verdict::Allowed, "{answer:?}");
+    }
+}
+
+/// Every key of `fg`'s record of api/per-tenant, through Admin: (key,
+/// calls in its busiest minute today) and whether every page was the
+/// fleet's (read from Redis).
+async fn recorded_today(fg: &Floodgate) -> (std::collections::BTreeMap<String, u32>, bool) {
+    use floodgate_proto::v1 as pb;
+    let mut admin = fg.admin().await;
+    let (mut seen, mut shared) = (std::collections::BTreeMap::new(), true);
+    let mut page_token = String::new();
+    loop {
+        let request = pb::GetTrafficRequest { resource: "api".into(), limit: "per-tenant".into(), page_token };
+        let page = admin.get_traffic(request).await.unwrap().into_inner();
+        shared &= page.shared;
+        for k in page.keys {
+            seen.insert(k.key, k.days.last().map_or(0, |d| d.calls));
+        }
+        if page.next_page_token.is_empty() {
+            return (seen, shared);
+        }
+        page_token = page.next_page_token;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_record_one_traffic_in_redis_and_a_new_replica_reads_it() {
+    let redis = support::redis::RedisServer::start();
+    let url = redis.url();
+    one_record_of_two_replicas(&["--redis", &url], redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_record_one_traffic_in_a_redis_cluster() {
+    let cluster = support::redis::RedisCluster::start();
+    let seeds = cluster.seeds();
+    one_record_of_two_replicas(&["--redis-cluster", &seeds], cluster).await;
+}
+
+/// Two replicas on `redis` (started with `backend`, dropped to stop it) add
+/// to one record; a third started later reads it.
+async fn one_record_of_two_replicas(backend: &[&str], redis: impl Sized) {
+    use floodgate_proto::v1 as pb;
+    use std::collections::BTreeMap;
+    use std::time::{Duration, Instant};
+    let dir = TempDir::new();
+    let rules = dir.write("rules.yaml", RECORDED_RULES);
+    let replica = || {
+        let mut args = vec!["--config", path_str(&rules), "--sync-interval", "100ms"];
+        args.extend_from_slice(backend);
+        floodgate().args(args).start()
+    };
+    let (mut a, b) = (replica(), replica());
+    // Each sees the other before the calls: a replica alone leases all of
+    // a replicated limit, and the other's first calls would wait for it.
+    tokio::task::block_in_place(|| {
+        wait_live(&a, 2);
+        wait_live(&b, 2);
+    });
+    // All calls in one minute: not too close to a minute's end.
+    let second = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() % 60;
+    if second > 40 {
+        tokio::time::sleep(Duration::from_secs(61 - second)).await;
+    }
+    // One tenant calls both replicas (30 + 20), another only B (5).
+    send(&a, "t1", 30).await;
+    send(&b, "t1", 20).await;
+    send(&b, "t2", 5).await;
+    // Each replica's own record holds its own calls only.
+    let (own, shared) = {
+        let mut admin = a.admin().await;
+        let mut all = BTreeMap::new();
+        let mut shared = false;
+        for page in 0..64 {
+            let request = pb::GetTrafficRequest {
+                resource: "api".into(),
+                limit: "per-tenant".into(),
+                page_token: page.to_string(),
+            };
+            let got = admin.get_traffic(request).await.unwrap().into_inner();
+            assert_eq!(got.keys_recorded, 1, "A recorded t1 only");
+            shared |= got.shared;
+            all.extend(got.keys.into_iter().map(|k| (k.key, k.days[0].calls)));
+        }
+        (all, shared)
+    };
+    assert!(shared, "with Redis the pages are the fleet's");
+    // Redis sums the two replicas' calls of the minute, within a few sends.
+    let expected: BTreeMap<String, u32> = [("tenant=t1".to_string(), 50), ("tenant=t2".to_string(), 5)].into();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (seen, shared) = recorded_today(&a).await;
+        if seen == expected && shared {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "A reads {seen:?} (shared: {shared}), not the fleet's {expected:?}; own {own:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // Calls just before a replica stops are sent as it stops.
+    send(&a, "t3", 3).await;
+    a.terminate();
+    drop(b);
+    // A replica that starts afterwards reads what both recorded.
+    let c = replica();
+    let (seen, shared) = recorded_today(&c).await;
+    let mut expected = expected;
+    expected.insert("tenant=t3".into(), 3);
+    assert_eq!((seen, shared), (expected, true));
+    // recommend proposes from it: 3 keys, and no note of a partial record.
+    let args = ["recommend", "--recorded", "--server", &c.grpc, "--limit", "api/per-tenant"];
+    let (ok, out, err) = run_bin(&args);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("Traffic: 3 keys"), "{out}");
+    assert!(!err.contains("the server's own"), "{err}");
+    // Without Redis a replica answers with its own record (empty here), not
+    // an error, and recommend says whose record it read.
+    drop(redis);
+    let (seen, shared) = recorded_today(&c).await;
+    assert_eq!((seen.len(), shared), (0, false));
+    let (_, _, err) = run_bin(&args);
+    assert!(err.contains("note: the record is the server's own: it has no Redis, or Redis did not answer"), "{err}");
+}

@@ -317,9 +317,16 @@ async fn recorded(
     let rules = crate::rules::RuleSet::from_yaml(&yaml, "the server's rules").map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut keys = Vec::new();
     let mut page_token = String::new();
+    // Which pages were the fleet's record (from Redis): all or none.
+    let mut shared = (0, 0);
     loop {
         let request = pb::GetTrafficRequest { resource: resource.into(), limit: limit.into(), page_token };
         let page = admin.get_traffic(request).await.map_err(super::client::status_error)?.into_inner();
+        if page.shared {
+            shared.0 += 1;
+        } else {
+            shared.1 += 1;
+        }
         for k in page.keys {
             let days = k.days.iter().map(|d| (u32::try_from(d.day / 86_400).unwrap_or(0), d.calls)).collect();
             keys.push(recommend::traffic::KeyPeaks { key: k.key.into(), peaks: days });
@@ -328,6 +335,17 @@ async fn recorded(
             break;
         }
         page_token = page.next_page_token;
+    }
+    match shared {
+        (0, _) => eprintln!(
+            "note: the record is the server's own: it has no Redis, or Redis did not answer (other replicas' calls \
+             are not in it)"
+        ),
+        (_, 0) => {}
+        (fleet, own) => anyhow::bail!(
+            "Redis stopped or started answering while the record was read ({fleet} pages from Redis, {own} from the \
+             server's own record): run recommend again"
+        ),
     }
     let (history, left_out) = recommend::traffic::history(&keys, max_entries)?;
     if left_out > 0 {
