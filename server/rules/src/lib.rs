@@ -28,6 +28,7 @@ pub mod files;
 mod glob;
 pub mod overrides;
 mod parse;
+pub mod proposed;
 pub mod sentinel;
 pub mod systems;
 

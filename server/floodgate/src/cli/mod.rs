@@ -8,7 +8,6 @@ mod check_config;
 mod client;
 mod control;
 mod overrides;
-mod proposed;
 mod recommend;
 mod serve;
 mod top;

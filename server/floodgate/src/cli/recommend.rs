@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use floodgate_core::recommend::{self, DAY, History, Proposal, Settings, Shape};
 
-use super::proposed::{pairs, shown};
+use crate::rules::proposed::{pairs, shown};
 
 #[derive(Args, Debug)]
 pub struct RecommendArgs {
@@ -100,7 +100,7 @@ pub fn run(args: RecommendArgs) -> anyhow::Result<ExitCode> {
         (None, None) => None,
     };
     let target = match (rules_text, &args.limit) {
-        (Some((rules, text)), Some(name)) => match super::proposed::find(&rules, name) {
+        (Some((rules, text)), Some(name)) => match crate::rules::proposed::find(&rules, name) {
             Ok(target) => Some((target, text)),
             Err(why) => {
                 eprintln!("floodgate: {why}");
@@ -131,14 +131,14 @@ pub fn run(args: RecommendArgs) -> anyhow::Result<ExitCode> {
         (None, ShapeArg::FixedWindow) => Shape::FixedWindow,
     };
     if let Some((t, _)) = &target
-        && let Err(why) = super::proposed::check_keys(history.key_names(), t)
+        && let Err(why) = crate::rules::proposed::check_keys(history.key_names(), t)
     {
         eprintln!("floodgate: the traffic does not fit '{}/{}': {why}", t.resource, t.limit);
         return Ok(ExitCode::from(2));
     }
     let mut kept = Vec::new();
     if let (Some((t, text)), Some(out)) = (&target, &args.write) {
-        let written = match super::proposed::write(text, t, &proposal) {
+        let written = match crate::rules::proposed::write(text, t, &proposal) {
             Ok(written) => written,
             Err(why) => {
                 eprintln!("floodgate: cannot write the proposal into the rules: {why}");

@@ -1,13 +1,13 @@
-//! `floodgate recommend --rules FILE --limit RESOURCE/LIMIT`: the limit a
-//! proposal is for, read from a rules file, and the rules file with the
-//! proposal written into it (`--write`), ready to try in shadow
-//! (`floodgate rules what-if`), apply and revert.
+//! A proposal for one limit of a rules file (`floodgate recommend --limit
+//! RESOURCE/LIMIT`, and the Admin call `ProposeLimit`): the limit it is
+//! for, read from the rules, and the rules file with the proposal written
+//! into it, ready to try in shadow (what-if), apply and revert.
 
 use floodgate_core::limiter::Algorithm;
-use floodgate_core::recommend::{self, Proposal, Shape};
+use floodgate_core::recommend::{self, History, KeyReplay, Proposal, Settings, Shape};
 use serde_yaml_ng::{Mapping, Value};
 
-use crate::rules::RuleSet;
+use crate::RuleSet;
 
 /// The limit a proposal is for, as the rules file has it.
 #[derive(Clone, Debug, PartialEq)]
@@ -46,7 +46,7 @@ pub fn find(rules: &RuleSet, name: &str) -> Result<Target, String> {
             None => Err(format!("--limit: the rules have no resource named '{}'", splits[0].0)),
         };
     };
-    if rule.pattern != crate::rules::Pattern::Exact {
+    if rule.pattern != crate::Pattern::Exact {
         return Err(format!(
             "'{resource}' is a pattern, not one resource: recommend writes the limits of rules that name one resource"
         ));
@@ -147,6 +147,60 @@ pub fn write(text: &str, target: &Target, proposal: &Proposal) -> Result<Written
     let out = serde_yaml_ng::to_string(&doc).map_err(|e| format!("writing the rules: {e}"))?;
     RuleSet::from_yaml(&out, "the proposed rules").map_err(|e| e.to_string())?;
     Ok(Written { text: out, kept })
+}
+
+/// A proposal for a limit of the rules in force, from the traffic a server
+/// recorded for it.
+#[derive(Debug)]
+pub struct FromRecord {
+    pub target: Target,
+    pub proposal: Proposal,
+    /// The minutes the record spans (Unix minutes, `to` excluded): from its
+    /// first day to the end of its last.
+    pub from: u64,
+    pub to: u64,
+    /// The replay of each key's busiest minute of each day against the
+    /// proposal, heaviest keys first.
+    pub replayed: Vec<KeyReplay>,
+    /// The rules file with the proposal in it.
+    pub written: Written,
+}
+
+/// Why a proposal from a record could not be made.
+#[derive(Debug, PartialEq, Eq)]
+pub enum NoProposal {
+    /// The limit is not one recommend proposes for, or the settings are
+    /// out of range.
+    Refused(String),
+    /// The record holds no call yet.
+    Empty,
+    /// The record or the rules do not fit the limit.
+    Unfit(String),
+}
+
+/// Proposes new numbers for `name` (RESOURCE/LIMIT) of `rules` (read from
+/// `yaml`), from `history`: each key's busiest minute of each day, as
+/// [`crate::proposed`]'s callers read it from a server's record. The limit
+/// in force is the guard rail's starting point.
+pub fn from_record(
+    rules: &RuleSet,
+    yaml: &str,
+    name: &str,
+    history: &History,
+    settings: &Settings,
+) -> Result<FromRecord, NoProposal> {
+    settings.validate().map_err(NoProposal::Refused)?;
+    let target = find(rules, name).map_err(NoProposal::Refused)?;
+    let (first, last) = history.span().ok_or(NoProposal::Empty)?;
+    check_keys(history.key_names(), &target).map_err(NoProposal::Unfit)?;
+    // A recorded day is kept as its first minute.
+    let (from, to) = (first, last + recommend::DAY);
+    let current =
+        Proposal { per_minute: target.per_minute, observed: target.per_minute, overrides: Default::default(), keys: 0 };
+    let proposal = recommend::propose(history, from, to, settings, Some(&current));
+    let written = write(yaml, &target, &proposal).map_err(NoProposal::Unfit)?;
+    let replayed = recommend::replay(history, from, to, &proposal, target.shape);
+    Ok(FromRecord { target, proposal, from, to, replayed, written })
 }
 
 /// The rules file with a proposal in it.
