@@ -244,6 +244,13 @@ async fn the_server_records_traffic_and_recommend_proposes_from_it() {
     let rules = dir.write("rules.yaml", RECORDED_RULES);
     let proposed = dir.path("proposed.yaml");
     let fg = floodgate().args(["--config", path_str(&rules)]).start();
+    // Nothing recorded yet: no proposal.
+    let ask = pb::ProposeLimitRequest { resource: "api".into(), limit: "per-tenant".into(), ..Default::default() };
+    let err = fg.admin().await.propose_limit(ask).await.unwrap_err();
+    assert_eq!(
+        (err.code(), err.message()),
+        (tonic::Code::FailedPrecondition, "'api/per-tenant' has recorded no calls yet")
+    );
     // All of one burst in one minute: not too close to a minute's end.
     let second = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() % 60;
     if second > 45 {
@@ -319,6 +326,72 @@ async fn the_server_records_traffic_and_recommend_proposes_from_it() {
     assert!(out.contains("Change to api/per-tenant: 1000 -> 18 calls a minute"), "{out}");
     assert!(out.contains("Overrides for 5 heavier keys:"), "{out}");
     assert!(out.contains("Replay (fixed-window) of each key's busiest minute of each day: 0 of 210 calls"), "{out}");
+
+    // Admin.ProposeLimit makes the same proposal on the server, and writes
+    // the same rules file.
+    let ask = |quantile: Option<f64>, max_decrease: Option<f64>, limit: &str| pb::ProposeLimitRequest {
+        resource: "api".into(),
+        limit: limit.into(),
+        quantile,
+        headroom: None,
+        max_decrease,
+    };
+    let got = admin.propose_limit(ask(Some(0.5), Some(0.99), "per-tenant")).await.unwrap().into_inner();
+    assert_eq!((got.current_per_minute, got.per_minute, got.observed_per_minute), (1000, 18, 18));
+    assert_eq!((got.keys, got.replayed_calls, got.replayed_denied, got.shared), (11, 210, 0, false));
+    assert_eq!(got.algorithm, "fixed_window");
+    let overrides: Vec<(&str, u64)> = got.overrides.iter().map(|o| (o.key.as_str(), o.per_minute)).collect();
+    assert_eq!(
+        overrides,
+        [("tenant=heavy", 150), ("tenant=t6", 21), ("tenant=t7", 24), ("tenant=t8", 27), ("tenant=t9", 30)]
+    );
+    assert_eq!(got.rules_yaml, std::fs::read_to_string(&proposed).unwrap());
+    assert_eq!((got.to - got.from) % 86_400, 0, "whole days");
+    // The guard rail: by default the limit falls by at most 20% at once,
+    // and the replay shows what that limit would deny.
+    let got = admin.propose_limit(ask(Some(0.5), None, "per-tenant")).await.unwrap().into_inner();
+    assert_eq!((got.per_minute, got.observed_per_minute), (800, 18));
+    // Bad settings and limits are refused by name.
+    let err = admin.propose_limit(ask(Some(2.0), None, "per-tenant")).await.unwrap_err();
+    assert_eq!((err.code(), err.message()), (tonic::Code::InvalidArgument, "quantile 2 is not between 0 and 1"));
+    let err = admin.propose_limit(ask(None, Some(1.0), "per-tenant")).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{}", err.message());
+    let err = admin.propose_limit(ask(None, None, "per-user")).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound, "{}", err.message());
+
+    // The console shows the same proposal, and tries it in shadow only
+    // while it is still the one shown.
+    let shown =
+        fg.request("GET", "/api/v1/propose?resource=api&limit=per-tenant&quantile=0.5&max_decrease=0.99").send();
+    assert_eq!(shown.status, 200, "{}", shown.text());
+    let shown = shown.json();
+    assert_eq!((shown["current"].as_u64(), shown["per_minute"].as_u64()), (Some(1000), Some(18)));
+    assert_eq!(shown["overrides"].as_array().map(Vec::len), Some(5));
+    assert_eq!(shown["rules_yaml"].as_str(), Some(std::fs::read_to_string(&proposed).unwrap().as_str()));
+    let bad = fg.request("GET", "/api/v1/propose?resource=api&limit=per-tenant&quantile=abc").send();
+    assert_eq!((bad.status, bad.json()["error"].as_str()), (400, Some("quantile: 'abc' is not a number")));
+    let apply = |body: &str| {
+        web::post(web::url(&fg.http, "/api/v1/propose/apply"), body.to_string())
+            .header("Content-Type", "application/json")
+            .send()
+    };
+    let body = r#"{"resource":"api","limit":"per-tenant","quantile":0.5,"max_decrease":0.99,"per_minute":17,"what_if_seconds":60}"#;
+    let stale = apply(body);
+    assert_eq!(
+        (stale.status, stale.json()["error"].as_str()),
+        (409, Some("the proposal is now 18 calls a minute, not 17: look at it again"))
+    );
+    let tried = apply(&body.replace(":17,", ":18,"));
+    assert_eq!(tried.status, 200, "{}", tried.text());
+    assert!(tried.json()["what_if_until"].as_u64().is_some());
+    let logs = fg.logs();
+    assert!(
+        logs.contains(
+            "change=\"ApplyRules what_if (console proposal)\" resource=\"api\" limit=\"per-tenant\" per_minute=18"
+        ),
+        "{logs}"
+    );
+
     let (ok, out, err) = run_bin(&["rules", "--server", &fg.grpc, "apply", path_str(&proposed)]);
     assert!(ok, "{out}{err}");
     let limit_of = |tenant: &str| {

@@ -434,6 +434,71 @@ class GetTrafficRequest(_message.Message):
     page_token: str
     def __init__(self, resource: _Optional[str] = ..., limit: _Optional[str] = ..., page_token: _Optional[str] = ...) -> None: ...
 
+class ProposeLimitRequest(_message.Message):
+    __slots__ = ("resource", "limit", "quantile", "headroom", "max_decrease")
+    RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    QUANTILE_FIELD_NUMBER: _ClassVar[int]
+    HEADROOM_FIELD_NUMBER: _ClassVar[int]
+    MAX_DECREASE_FIELD_NUMBER: _ClassVar[int]
+    resource: str
+    limit: str
+    quantile: float
+    headroom: float
+    max_decrease: float
+    def __init__(self, resource: _Optional[str] = ..., limit: _Optional[str] = ..., quantile: _Optional[float] = ..., headroom: _Optional[float] = ..., max_decrease: _Optional[float] = ...) -> None: ...
+
+class ProposeLimitResponse(_message.Message):
+    __slots__ = ("current_per_minute", "per_minute", "observed_per_minute", "overrides", "kept", "keys", "to", "replayed_calls", "replayed_denied", "most_denied", "rules_yaml", "shared", "algorithm")
+    CURRENT_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    OBSERVED_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    OVERRIDES_FIELD_NUMBER: _ClassVar[int]
+    KEPT_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    FROM_FIELD_NUMBER: _ClassVar[int]
+    TO_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_CALLS_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_DENIED_FIELD_NUMBER: _ClassVar[int]
+    MOST_DENIED_FIELD_NUMBER: _ClassVar[int]
+    RULES_YAML_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
+    ALGORITHM_FIELD_NUMBER: _ClassVar[int]
+    current_per_minute: int
+    per_minute: int
+    observed_per_minute: int
+    overrides: _containers.RepeatedCompositeFieldContainer[KeyLimit]
+    kept: _containers.RepeatedScalarFieldContainer[str]
+    keys: int
+    to: int
+    replayed_calls: int
+    replayed_denied: int
+    most_denied: _containers.RepeatedCompositeFieldContainer[KeyReplay]
+    rules_yaml: str
+    shared: bool
+    algorithm: str
+    def __init__(self, current_per_minute: _Optional[int] = ..., per_minute: _Optional[int] = ..., observed_per_minute: _Optional[int] = ..., overrides: _Optional[_Iterable[_Union[KeyLimit, _Mapping]]] = ..., kept: _Optional[_Iterable[str]] = ..., keys: _Optional[int] = ..., to: _Optional[int] = ..., replayed_calls: _Optional[int] = ..., replayed_denied: _Optional[int] = ..., most_denied: _Optional[_Iterable[_Union[KeyReplay, _Mapping]]] = ..., rules_yaml: _Optional[str] = ..., shared: _Optional[bool] = ..., algorithm: _Optional[str] = ..., **kwargs) -> None: ...
+
+class KeyLimit(_message.Message):
+    __slots__ = ("key", "per_minute")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    per_minute: int
+    def __init__(self, key: _Optional[str] = ..., per_minute: _Optional[int] = ...) -> None: ...
+
+class KeyReplay(_message.Message):
+    __slots__ = ("key", "per_minute", "calls", "denied")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    DENIED_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    per_minute: int
+    calls: int
+    denied: int
+    def __init__(self, key: _Optional[str] = ..., per_minute: _Optional[int] = ..., calls: _Optional[int] = ..., denied: _Optional[int] = ...) -> None: ...
+
 class GetTrafficResponse(_message.Message):
     __slots__ = ("keys_recorded", "calls_not_recorded", "keys", "next_page_token", "shared")
     KEYS_RECORDED_FIELD_NUMBER: _ClassVar[int]

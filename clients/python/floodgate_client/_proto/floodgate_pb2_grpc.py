@@ -547,6 +547,11 @@ class AdminStub:
                 request_serializer=floodgate_dot_v1_dot_floodgate__pb2.GetTrafficRequest.SerializeToString,
                 response_deserializer=floodgate_dot_v1_dot_floodgate__pb2.GetTrafficResponse.FromString,
                 _registered_method=True)
+        self.ProposeLimit = channel.unary_unary(
+                '/floodgate.v1.Admin/ProposeLimit',
+                request_serializer=floodgate_dot_v1_dot_floodgate__pb2.ProposeLimitRequest.SerializeToString,
+                response_deserializer=floodgate_dot_v1_dot_floodgate__pb2.ProposeLimitResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -725,6 +730,26 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ProposeLimit(self, request, context):
+        """Proposes new numbers for a limit with `history: true` from its
+        recorded traffic (as GetTraffic reads it): the limit a minute (a
+        quantile of the keys' typical daily peaks, times a headroom, lowered
+        by at most max_decrease from the limit in force), an override for each
+        key legitimately heavier, and what the proposal would have denied of
+        each key's busiest minute of each day, by the same limiter code that
+        decides. The answer holds the rules in force with the proposal written
+        in, ready for ApplyRules with what_if, then without. Changes nothing.
+        INVALID_ARGUMENT for settings out of range or a limit recommend cannot
+        propose for (fixed, keyless, a cost formula, a pattern rule, not a
+        token bucket or a one-minute fixed window); NOT_FOUND as GetTraffic;
+        FAILED_PRECONDITION when nothing is recorded yet;
+        RESOURCE_EXHAUSTED while another proposal is being made, or when the
+        record holds more calls than a replay here may take. Role: read.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -817,6 +842,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.GetTraffic,
                     request_deserializer=floodgate_dot_v1_dot_floodgate__pb2.GetTrafficRequest.FromString,
                     response_serializer=floodgate_dot_v1_dot_floodgate__pb2.GetTrafficResponse.SerializeToString,
+            ),
+            'ProposeLimit': grpc.unary_unary_rpc_method_handler(
+                    servicer.ProposeLimit,
+                    request_deserializer=floodgate_dot_v1_dot_floodgate__pb2.ProposeLimitRequest.FromString,
+                    response_serializer=floodgate_dot_v1_dot_floodgate__pb2.ProposeLimitResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1312,6 +1342,33 @@ class Admin:
             '/floodgate.v1.Admin/GetTraffic',
             floodgate_dot_v1_dot_floodgate__pb2.GetTrafficRequest.SerializeToString,
             floodgate_dot_v1_dot_floodgate__pb2.GetTrafficResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProposeLimit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/floodgate.v1.Admin/ProposeLimit',
+            floodgate_dot_v1_dot_floodgate__pb2.ProposeLimitRequest.SerializeToString,
+            floodgate_dot_v1_dot_floodgate__pb2.ProposeLimitResponse.FromString,
             options,
             channel_credentials,
             insecure,

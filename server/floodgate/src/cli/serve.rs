@@ -249,8 +249,9 @@ struct AdminArgs {
     admin_identities: Vec<(String, crate::access::Role)>,
     /// Let anyone make the read-only Admin calls: those of the read role
     /// (GetRules, ListBreakers, GetBreaker, GetConcurrency, Peek, GetWhatIf,
-    /// ListOverrides, GetTopKeys, GetDecisions, GetTraffic). GetTopKeys,
-    /// GetDecisions and GetTraffic show callers' descriptor values.
+    /// ListOverrides, GetTopKeys, GetDecisions, GetTraffic, ProposeLimit).
+    /// GetTopKeys, GetDecisions, GetTraffic and ProposeLimit show callers'
+    /// descriptor values.
     #[arg(long)]
     admin_read_open: bool,
 }

@@ -41,7 +41,7 @@ pub use rules::{
     Applied, EarlierRules, EnvoyInForce, Origin, RevertError, Reverted, RulesInForce, SentinelInForce, install,
     install_envoy, install_sentinel,
 };
-pub use views::{Figures, ReplicaHealth};
+pub use views::{Figures, MAX_REPLAYED, ProposeError, Proposed, ReplicaHealth};
 
 /// Turns an answer that borrows the rules in force into the caller's own
 /// type while the rules are held (the gRPC layer builds its message from

@@ -119,3 +119,97 @@ impl Views<'_> {
         }
     }
 }
+
+/// A proposal from `Admin.ProposeLimit`.
+#[derive(Debug)]
+pub struct Proposed {
+    pub made: crate::rules::proposed::FromRecord,
+    /// The record was the fleet's (read from Redis).
+    pub shared: bool,
+}
+
+/// Why `Admin.ProposeLimit` made no proposal.
+#[derive(Debug, thiserror::Error)]
+pub enum ProposeError {
+    #[error(transparent)]
+    Request(#[from] crate::engine::RequestError),
+    /// Settings out of range, or a limit recommend cannot propose for.
+    #[error("{0}")]
+    Invalid(String),
+    #[error("'{0}' has recorded no calls yet")]
+    Empty(String),
+    /// The record does not fit the limit (or the rules its override).
+    #[error("{0}")]
+    Unfit(String),
+    #[error("another proposal is being made on this server; retry when it is done")]
+    Busy,
+    #[error(
+        "the record holds {0} calls, more than the {MAX_REPLAYED} a replay on the server may take: run floodgate \
+         recommend --recorded, which replays on the machine it runs on"
+    )]
+    TooLarge(u64),
+    #[error("Redis stopped or started answering while the record was read; retry")]
+    Mixed,
+}
+
+/// The most calls (summed over the record's keys and days) that a proposal
+/// on the server replays: about 5 seconds of one blocking thread.
+pub const MAX_REPLAYED: u64 = 200_000_000;
+
+/// One proposal at a time on a server: each takes a blocking thread for
+/// up to a few seconds and memory for the whole record.
+static PROPOSING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+
+impl Views<'_> {
+    /// A proposal for `rule`'s limit `limit` from its recorded traffic (the
+    /// fleet's with Redis), with the rules in force written with it.
+    pub(crate) async fn propose_limit(
+        &self,
+        rule: &str,
+        limit: &str,
+        settings: floodgate_core::recommend::Settings,
+    ) -> Result<Proposed, ProposeError> {
+        use floodgate_core::recommend::traffic::{self, KeyPeaks, SHARDS};
+        settings.validate().map_err(ProposeError::Invalid)?;
+        let _one = PROPOSING.try_acquire().map_err(|_| ProposeError::Busy)?;
+        let mut keys: Vec<KeyPeaks> = Vec::new();
+        let (mut from_redis, mut own) = (0, 0);
+        let mut calls: u64 = 0;
+        for page in 0..SHARDS {
+            let got = self.recorded_traffic(rule, limit, page).await?;
+            if got.shared {
+                from_redis += 1;
+            } else {
+                own += 1;
+            }
+            for (key, peaks) in got.page {
+                calls = calls.saturating_add(peaks.iter().map(|&(_, p)| u64::from(p)).sum::<u64>());
+                keys.push(KeyPeaks { key: key.into(), peaks });
+            }
+        }
+        if from_redis > 0 && own > 0 {
+            return Err(ProposeError::Mixed);
+        }
+        if calls > MAX_REPLAYED {
+            return Err(ProposeError::TooLarge(calls));
+        }
+        let rules = self.engine.rules_full();
+        let name = format!("{rule}/{limit}");
+        let made = crate::runtime::off_workers(move || {
+            // Held until the replay ends, even when the caller goes away.
+            let _one = _one;
+            let (history, _) = traffic::history(&keys, 2 * traffic::MAX_KEYS * traffic::DAYS)
+                .map_err(|e| ProposeError::Unfit(e.to_string()))?;
+            crate::rules::proposed::from_record(&rules.file, &rules.yaml, &name, &history, &settings).map_err(|e| {
+                use crate::rules::proposed::NoProposal;
+                match e {
+                    NoProposal::Refused(why) => ProposeError::Invalid(format!("limit: {why}")),
+                    NoProposal::Empty => ProposeError::Empty(name.clone()),
+                    NoProposal::Unfit(why) => ProposeError::Unfit(why),
+                }
+            })
+        })
+        .await?;
+        Ok(Proposed { made, shared: from_redis > 0 })
+    }
+}

@@ -105,6 +105,66 @@ impl Admin for ControlPlane {
         }))
     }
 
+    async fn propose_limit(
+        &self,
+        request: Request<pb::ProposeLimitRequest>,
+    ) -> Result<Response<pb::ProposeLimitResponse>, Status> {
+        use crate::decider::ProposeError;
+        use floodgate_core::recommend::Settings;
+        let req = request.get_ref();
+        let defaults = Settings::default();
+        let settings = Settings {
+            quantile: req.quantile.unwrap_or(defaults.quantile),
+            headroom: req.headroom.unwrap_or(defaults.headroom),
+            max_decrease: req.max_decrease.unwrap_or(defaults.max_decrease),
+        };
+        let proposed = match self.decider.views().propose_limit(&req.resource, &req.limit, settings).await {
+            Ok(p) => p,
+            Err(ProposeError::Request(e)) => return Err(e.into_status()),
+            Err(e @ ProposeError::Invalid(_)) => return Err(Status::invalid_argument(e.to_string())),
+            Err(e @ (ProposeError::Empty(_) | ProposeError::Unfit(_))) => {
+                return Err(Status::failed_precondition(e.to_string()));
+            }
+            Err(e @ (ProposeError::Busy | ProposeError::TooLarge(_))) => {
+                return Err(Status::resource_exhausted(e.to_string()));
+            }
+            Err(e @ ProposeError::Mixed) => return Err(Status::unavailable(e.to_string())),
+        };
+        let made = proposed.made;
+        let minute = |m: u64| i64::try_from(m * 60).unwrap_or(i64::MAX);
+        Ok(Response::new(pb::ProposeLimitResponse {
+            current_per_minute: made.target.per_minute,
+            per_minute: made.proposal.per_minute,
+            observed_per_minute: made.proposal.observed,
+            overrides: made
+                .proposal
+                .overrides
+                .iter()
+                .map(|(key, &per_minute)| pb::KeyLimit { key: key.clone(), per_minute })
+                .collect(),
+            kept: made.written.kept,
+            keys: made.proposal.keys as u64,
+            from: minute(made.from),
+            to: minute(made.to),
+            replayed_calls: made.replayed.iter().map(|r| r.calls).sum(),
+            replayed_denied: made.replayed.iter().map(|r| r.denied).sum(),
+            most_denied: made
+                .replayed
+                .iter()
+                .filter(|r| r.denied > 0)
+                .take(20)
+                .map(|r| pb::KeyReplay { key: r.key.clone(), per_minute: r.limit, calls: r.calls, denied: r.denied })
+                .collect(),
+            rules_yaml: made.written.text,
+            shared: proposed.shared,
+            algorithm: match made.target.shape {
+                floodgate_core::recommend::Shape::TokenBucket => "token_bucket",
+                floodgate_core::recommend::Shape::FixedWindow => "fixed_window",
+            }
+            .to_string(),
+        }))
+    }
+
     async fn list_breakers(
         &self,
         _request: Request<pb::ListBreakersRequest>,

@@ -104,6 +104,7 @@ rpcs! {
     AdjustBalance: "/floodgate.v1.Admin/AdjustBalance", "Admin/AdjustBalance", SMALL, Admin(Change);
     RevertRules: "/floodgate.v1.Admin/RevertRules", "Admin/RevertRules", SMALL, Admin(Change);
     GetTraffic: "/floodgate.v1.Admin/GetTraffic", "Admin/GetTraffic", SMALL, Admin(Read);
+    ProposeLimit: "/floodgate.v1.Admin/ProposeLimit", "Admin/ProposeLimit", SMALL, Admin(Read);
     HealthCheck: "/grpc.health.v1.Health/Check", "Health/Check", SMALL, Anyone;
     HealthWatch: "/grpc.health.v1.Health/Watch", "Health/Watch", SMALL, Anyone;
     Reflection: "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", "ServerReflection/ServerReflectionInfo", SMALL, Anyone;
