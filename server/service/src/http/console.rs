@@ -44,6 +44,7 @@ use crate::listen::Peer;
 use crate::lock;
 use crate::rules::Rule;
 
+mod propose;
 mod series;
 use series::{BreakerNow, Reading, Series};
 
@@ -186,6 +187,8 @@ pub fn routes() -> Router<HttpState> {
         .route("/api/v1/breakers/{resource}/state", post(set_breaker))
         .route("/api/v1/level", post(set_level))
         .route("/api/v1/rules/revert", post(revert_rules))
+        .route("/api/v1/propose", get(propose::show))
+        .route("/api/v1/propose/apply", post(propose::apply))
 }
 
 fn asset(content_type: &'static str, body: &'static str) -> Response {
@@ -500,7 +503,7 @@ fn resource_json(decider: &Decider, installed: &Installed, rule: &Rule, top: &[T
             let global = used.iter().find(|u| u.name == l.name).map(|u| {
                 json!({ "limit": u.limit, "remaining": u.remaining, "from_redis": u.from_redis })
             });
-            json!({ "name": l.name, "algorithm": l.algorithm.summary(), "key": l.key, "shadow": l.shadow, "global": global })
+            json!({ "name": l.name, "algorithm": l.algorithm.summary(), "key": l.key, "shadow": l.shadow, "history": l.history, "global": global })
         })
         .collect();
     let keys = |k: &[(String, u64, u64)]| -> Vec<Value> {

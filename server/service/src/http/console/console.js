@@ -460,6 +460,13 @@ function renderResources() {
       tr.append(el("td", l.name + (l.shadow ? " (shadow)" : "")), el("td", l.algorithm, "muted"),
         el("td", l.key.length ? "per " + l.key.join(", ") : "global"));
       const use = el("td");
+      if (l.history) {
+        // A limit whose traffic the server records: a proposal from it.
+        const propose = el("button", "Propose a limit", "propose");
+        propose.type = "button";
+        propose.addEventListener("click", () => showProposal(r.rule, l.name));
+        use.append(propose);
+      }
       if (l.global && l.global.remaining === null) {
         // A limit Redis decides, not asked through this replica yet.
         use.append(el("span", "decided by Redis; not asked through this replica yet", "muted"));
@@ -640,6 +647,73 @@ async function post(path, body) {
   const r = await fetch(path, { method: "POST", headers: headers({ "Content-Type": "application/json" }), body: JSON.stringify(body) });
   const answer = await r.json().catch(() => ({}));
   return { ok: r.ok, status: r.status, answer };
+}
+
+// A proposal for a limit with history, made by the server from what it
+// recorded, and what it would have denied; with buttons that try it in
+// shadow for ten minutes or put it in force (an admin token is needed).
+async function showProposal(resource, limit) {
+  const box = $("proposal");
+  box.hidden = false;
+  const q = new URLSearchParams({ resource, limit });
+  const r = await fetch("/api/v1/propose?" + q, { headers: headers(), cache: "no-store" });
+  const p = await r.json().catch(() => ({}));
+  const body = $("proposal-body");
+  body.replaceChildren();
+  $("proposal-title").textContent = "Proposal for " + resource + "/" + limit;
+  if (!r.ok) {
+    body.append(el("p", "No proposal (" + r.status + "): " + (p.error || ""), "error"));
+    return;
+  }
+  const day = (s) => new Date(s * 1000).toISOString().slice(0, 10);
+  const list = el("dl");
+  const row = (name, value) => list.append(el("dt", name), el("dd", value));
+  row("Limit", p.current + " -> " + p.per_minute + " calls a minute (" + p.algorithm + ")" +
+    (p.observed !== p.per_minute ? "; observed figure " + p.observed + ", held by the guard rail (at most " +
+      Math.round(p.settings.max_decrease * 100) + "% down at once)" : ""));
+  row("From", p.keys + " keys, " + day(p.from) + " to " + day(p.to - 1) +
+    (p.shared ? " (every replica's calls, from Redis)" : " (this replica's own record)"));
+  row("Settings", "quantile " + p.settings.quantile + ", headroom " + p.settings.headroom);
+  row("Replay", p.replayed_denied + " of " + p.replayed_calls + " calls denied (each key's busiest minute of each day)");
+  body.append(list);
+  if (p.overrides.length) {
+    const t = el("table");
+    t.append(el("caption", "Overrides for heavier keys"));
+    for (const o of p.overrides) {
+      const tr = el("tr");
+      tr.append(el("td", o.key), el("td", o.per_minute + " a minute"));
+      t.append(tr);
+    }
+    body.append(t);
+  }
+  if (p.kept.length) body.append(el("p", "Left to the overrides the rules have: " + p.kept.join(", "), "muted"));
+  if (p.most_denied.length) {
+    const t = el("table");
+    t.append(el("caption", "Keys the proposal would deny most"));
+    for (const k of p.most_denied) {
+      const tr = el("tr");
+      tr.append(el("td", k.key), el("td", k.denied + " of " + k.calls + " denied at " + k.per_minute + " a minute"));
+      t.append(tr);
+    }
+    body.append(t);
+  }
+  const shadow = el("button", "Try in shadow for 10 minutes");
+  shadow.type = "button";
+  shadow.addEventListener("click", () => applyProposal(resource, limit, p.per_minute, 600));
+  const enforce = el("button", "Apply");
+  enforce.type = "button";
+  enforce.addEventListener("click", () => applyProposal(resource, limit, p.per_minute, null));
+  body.append(el("p", "", "controls"));
+  body.lastChild.append(shadow, " ", enforce);
+}
+
+async function applyProposal(resource, limit, perMinute, whatIfSeconds) {
+  const ask = { resource, limit, per_minute: perMinute };
+  if (whatIfSeconds) ask.what_if_seconds = whatIfSeconds;
+  const { ok, status, answer } = await post("/api/v1/propose/apply", ask);
+  if (!ok) say("Refused (" + status + "): " + (answer.error || ""), "error");
+  else if (whatIfSeconds) say("Proposal of " + perMinute + " a minute runs in shadow until " + when(answer.what_if_until * 1000), "ok");
+  else say("Proposal of " + perMinute + " a minute in force: rules v" + answer.version + " (revert it under Earlier rules)", "ok");
 }
 
 async function setBreaker(resource, to) {
