@@ -540,3 +540,26 @@ fn two_processes_given_the_same_replica_id_count_as_two_live_replicas() {
     assert_eq!(members.lines().filter(|l| l.starts_with("api-0#")).count(), 2, "{members}");
     drop((a, b));
 }
+
+/// A key no replica has seen, first asked while Redis is away: each replica
+/// starts it from its share of the limit (here half of 50), not from a
+/// full bucket, so the two together admit the limit, not twice it.
+#[test]
+fn a_key_first_seen_while_redis_is_away_starts_from_each_replicas_share() {
+    let _serial = one_at_a_time();
+    let mut redis = RedisServer::start();
+    let dir = TempDir::new();
+    let url = redis.url();
+    let (a, b) = two_replicas(&dir, &["--redis", &url]);
+    redis.kill();
+    for fg in [&a, &b] {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !fg.http_get("/api/v1/console").1.contains("\"redis_up\":false") {
+            assert!(Instant::now() < deadline, "the replica never saw Redis go");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let args = ["--resource", "hourly", "--key-descriptor", "user", "-n", "50", "-c", "1"];
+    let admitted: Vec<u64> = [&a, &b].iter().map(|fg| verdict(&bench(&fg.grpc, &args), "ALLOWED")).collect();
+    assert_eq!(admitted, [25, 25], "each replica its share of the hourly window of 50");
+}

@@ -203,8 +203,9 @@ fn a_master_name_no_sentinel_knows_is_said_and_the_server_serves() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(fg.logs().contains("does not know a master named"), "{}", fg.logs());
-    // A replicated limit decides from memory meanwhile.
-    assert_eq!(admit(&[&fg], "replicated-window", 10), 10);
+    // A replicated bucket it never pulled: it holds no lease of it, so a
+    // window admits nothing until Redis answers (it still answers each call).
+    assert_eq!(admit(&[&fg], "replicated-window", 10), 0);
 }
 
 /// A Sentinel flag without the other is refused before the server starts.

@@ -21,8 +21,16 @@ impl Replication {
     where
         F: Fn(usize) -> Option<Prepared<'r>>,
     {
-        if self.sync().up() {
+        // A replica that has not reached Redis yet (it just started) pulls
+        // too: Redis may well answer, and it knows no bucket.
+        let never_connected = !self.connected.load(std::sync::atomic::Ordering::Acquire);
+        if self.sync().up() || never_connected {
             self.pull_missing(&prepared).await;
+        }
+        // What is still not held (Redis did not answer, or is away) is not
+        // decided from a full bucket: this replica holds no lease of it.
+        self.hold_unpulled(&prepared);
+        if self.sync().up() {
             self.ask_probes(&mut prepared).await;
             self.limits().ask_slots(&mut prepared).await;
             self.limits().ensure_leases(&prepared).await;
@@ -113,6 +121,28 @@ impl Replication {
         }
         if !missing.is_empty() {
             self.limits().lease_now(missing, 0).await;
+        }
+    }
+
+    /// The replicated buckets of these items that this process still does
+    /// not hold (their pull failed, or Redis is away): this replica holds
+    /// no lease of them, and deciding from a full bucket would admit the
+    /// whole limit again, beside what the other replicas hold and what was
+    /// used. A replica that has reached Redis before knows how many replicas
+    /// share a limit, and starts such a bucket from its share of the whole
+    /// limit, as strict limits do under `on_redis_error: local`; one that
+    /// never reached Redis (it started while Redis was away) knows nothing
+    /// of them, and starts it empty. The next sync that reaches Redis
+    /// brings its lease.
+    fn hold_unpulled(&self, prepared: &[Prepared<'_>]) {
+        let connected = self.connected.load(std::sync::atomic::Ordering::Acquire);
+        let share = if connected { self.sync().share() } else { 0.0 };
+        for p in prepared {
+            for (limit, key) in p.replicated_keys() {
+                if !self.engine.buckets().contains_key(key) {
+                    self.sync().on(&self.engine).hold_share(&limit.algorithm, key, share);
+                }
+            }
         }
     }
 

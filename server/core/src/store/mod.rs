@@ -175,6 +175,12 @@ impl Buckets {
         });
     }
 
+    /// Creates the bucket at `key` with `new`'s state unless one is held
+    /// there already (which is left as it is).
+    pub fn put_if_absent(&self, key: BucketKey, new: impl FnOnce() -> Bucket, now: Timestamp) {
+        self.upsert(&key, now, new, |_| ());
+    }
+
     /// Forgets one bucket.
     pub fn remove(&self, key: &BucketKey) {
         let hash = self.hash(key);

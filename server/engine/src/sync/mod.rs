@@ -685,6 +685,21 @@ impl OnEngine<'_> {
         self.replica.dirty.synced(key, &item.resource, shared.available, now);
     }
 
+    /// A replicated bucket this replica does not hold and could not pull
+    /// (Redis did not answer, or is away): it holds no lease of it, so it
+    /// does not start from a full bucket, which would admit the whole limit
+    /// again beside what the other replicas hold. It starts from `share` of
+    /// the whole limit (0: nothing; until a sync brings its lease it admits
+    /// only what its local refill gives, nothing from a window). A bucket
+    /// held meanwhile (a sync landed) is left as it is.
+    pub fn hold_share(&self, alg: &crate::limiter::Algorithm, key: &BucketKey, share: f64) {
+        let now = self.engine.clock.now();
+        let whole = alg.capacity() as f64;
+        let share = share.clamp(0.0, 1.0);
+        let held = Shared { available: whole, lease: whole * share, window_start: now, prev: 0, cur: 0, seq: 0 };
+        self.engine.buckets.put_if_absent(key.clone(), || Bucket::adopt(alg, now, &held, share), now);
+    }
+
     /// Redis is back: the buckets strict limits used during the outage go, so
     /// the next outage starts again from what Redis last said.
     pub fn end_outage(&self) {
