@@ -24,12 +24,13 @@ impl Replication {
         // A replica that has not reached Redis yet (it just started) pulls
         // too: Redis may well answer, and it knows no bucket.
         let never_connected = !self.connected.load(std::sync::atomic::Ordering::Acquire);
-        if self.sync().up() || never_connected {
-            self.pull_missing(&prepared).await;
-        }
+        let all_held = (self.sync().up() || never_connected) && self.pull_missing(&prepared).await;
         // What is still not held (Redis did not answer, or is away) is not
         // decided from a full bucket: this replica holds no lease of it.
-        self.hold_unpulled(&prepared);
+        // (When every bucket was held already, nothing is looked up again.)
+        if !all_held {
+            self.hold_unpulled(&prepared);
+        }
         if self.sync().up() {
             self.ask_probes(&mut prepared).await;
             self.limits().ask_slots(&mut prepared).await;
@@ -107,7 +108,8 @@ impl Replication {
 
     /// Pulls every replicated bucket this process does not hold yet, all
     /// items' at once, so a restarted replica resumes where the replicas are.
-    async fn pull_missing(&self, prepared: &[Prepared<'_>]) {
+    /// True when every bucket was held already (nothing was pulled).
+    async fn pull_missing(&self, prepared: &[Prepared<'_>]) -> bool {
         let mut seen = HashSet::new();
         let mut missing: Vec<(&str, BucketKey)> = Vec::new();
         // A dry run too: it must be decided from the figure a real call
@@ -119,9 +121,11 @@ impl Replication {
                 }
             }
         }
-        if !missing.is_empty() {
-            self.limits().lease_now(missing, 0).await;
+        if missing.is_empty() {
+            return true;
         }
+        self.limits().lease_now(missing, 0).await;
+        false
     }
 
     /// The replicated buckets of these items that this process still does
