@@ -101,6 +101,25 @@ const step = (word) => console.log(word);
     await page.locator("#timeline li", { hasText: "from admin" }).first().waitFor({ timeout: 10000 });
     step("REVERTED");
 
+    // The Rust side sends calls to a limit with history: its proposal, then
+    // a shadow run of it (with the admin token).
+    await nextLine();
+    const shown = page.locator("#proposal-body dd", { hasText: " -> " });
+    for (let attempt = 0; ; attempt++) {
+      await page.locator("#resources button.propose").first().click();
+      try {
+        await shown.first().waitFor({ timeout: 10000 });
+        break;
+      } catch (e) {
+        if (attempt >= 2) throw e;
+      }
+    }
+    await page.locator("#proposal-body dd", { hasText: "3 keys" }).waitFor({ timeout: 10000 });
+    step("PROPOSED");
+    await page.locator("#proposal-body button", { hasText: "Try in shadow" }).click();
+    await page.locator("#message", { hasText: "runs in shadow" }).waitFor({ timeout: 10000 });
+    step("SHADOWED");
+
     await page.screenshot({ path: screenshot, fullPage: true });
     if (errors.length) throw new Error("errors in the page: " + errors.join("; "));
     step("DONE");

@@ -29,6 +29,9 @@ resources:
   - name: db
     concurrency:
       adaptive: { algorithm: aimd, min: 1, max: 100, initial: 10, window: 100ms, min_samples: 1, probe: off }
+  - name: api
+    limits:
+      - { name: per-tenant, key: [tenant], algorithm: fixed_window, limit: 1000, window: 1m, history: true }
 systems:
   - { name: shop, resources: [orders] }
 "#;
@@ -167,6 +170,16 @@ async fn the_console_shows_a_breaker_open_live_and_resets_it_only_with_an_admin_
     browser.go_on();
     expect(&browser, "REVERTED");
     assert_eq!(rules(), (RULES.to_string(), before.1 + 1), "the file's rules are back");
+    // Traffic on a limit with history: the page proposes a limit from it
+    // and tries the proposal in shadow.
+    for (tenant, n) in [("a", 4), ("b", 6), ("c", 8)] {
+        for _ in 0..n {
+            c.acquire(acquire("api", &[("tenant", tenant)], 1)).await.unwrap();
+        }
+    }
+    browser.go_on();
+    expect(&browser, "PROPOSED");
+    expect(&browser, "SHADOWED");
     expect(&browser, "DONE");
     browser.finish();
     assert_eq!(breaker_state(&fg).await, pb::BreakerState::Closed, "reset for real, through the console");
@@ -178,6 +191,7 @@ async fn the_console_shows_a_breaker_open_live_and_resets_it_only_with_an_admin_
     })
     .await;
     assert!(logs.contains("who=\"token:alice\""), "{logs}");
+    assert!(logs.contains("change=\"ApplyRules what_if (console proposal)\" resource=\"api\""), "{logs}");
     assert!(logs.contains("console action refused"), "the read token's attempt is in the audit log");
     assert!(logs.contains("change=\"RevertRules (console)\""), "{logs}");
 }

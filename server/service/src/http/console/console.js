@@ -712,7 +712,7 @@ async function applyProposal(resource, limit, perMinute, whatIfSeconds) {
   if (whatIfSeconds) ask.what_if_seconds = whatIfSeconds;
   const { ok, status, answer } = await post("/api/v1/propose/apply", ask);
   if (!ok) say("Refused (" + status + "): " + (answer.error || ""), "error");
-  else if (whatIfSeconds) say("Proposal of " + perMinute + " a minute runs in shadow until " + when(answer.what_if_until * 1000), "ok");
+  else if (whatIfSeconds) say("Proposal of " + perMinute + " a minute runs in shadow, ending " + when(answer.what_if_until * 1000), "ok");
   else say("Proposal of " + perMinute + " a minute in force: rules v" + answer.version + " (revert it under Earlier rules)", "ok");
 }
 
