@@ -514,6 +514,17 @@ impl World {
         redis.signal("STOP");
         std::thread::sleep(d);
         redis.signal("CONT");
+        if matches!(*backend, Backend::Cluster(_)) {
+            // A stall longer than the node timeout gets the master marked
+            // failed, and the cluster refuses commands until every node
+            // sees it again (seconds after SIGCONT): the outage lasts until
+            // then, and the exceptions are counted to that point.
+            let ok = |n: &RedisServer| n.cli(&["CLUSTER", "INFO"]).is_some_and(|i| i.contains("cluster_state:ok"));
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !nodes.iter().all(ok) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
         self.mark(Mark::Back);
     }
 
