@@ -131,8 +131,13 @@ impl super::Records<'_> {
 
     /// Part `page` of the fleet's record `record`: its keys, sorted, each
     /// with its peaks of the [`DAYS`] days up to `now_secs` (days with
-    /// calls only). `None` when Redis did not answer.
+    /// calls only). `None` when Redis did not answer, or is known to be away.
     pub async fn page(&self, record: &Traffic, page: usize, now_secs: u64) -> Option<Vec<KeyPeaks>> {
+        // Known to be away: the replica's own record answers at once, rather
+        // than each of 64 pages waiting for Redis.
+        if !self.sync().up() {
+            return None;
+        }
         let prefix = prefix(record.name());
         let today = now_secs / SECS_A_DAY;
         let days: Vec<u64> = (today.saturating_sub(DAYS as u64 - 1)..=today).collect();
