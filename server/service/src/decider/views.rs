@@ -203,7 +203,10 @@ impl Views<'_> {
             crate::rules::proposed::from_record(&rules.file, &rules.yaml, &name, &history, &settings).map_err(|e| {
                 use crate::rules::proposed::NoProposal;
                 match e {
-                    NoProposal::Refused(why) => ProposeError::Invalid(format!("limit: {why}")),
+                    NoProposal::Refused(why) => {
+                        // The reasons name the CLI's flag; here the field is `limit`.
+                        ProposeError::Invalid(format!("limit: {}", why.strip_prefix("--limit: ").unwrap_or(&why)))
+                    }
                     NoProposal::Empty => ProposeError::Empty(name.clone()),
                     NoProposal::Unfit(why) => ProposeError::Unfit(why),
                 }
