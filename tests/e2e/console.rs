@@ -187,7 +187,8 @@ async fn the_console_shows_a_breaker_open_live_and_resets_it_only_with_an_admin_
     assert!(png.starts_with(b"\x89PNG"), "a screenshot");
     let logs = eventually("the audit line", Duration::from_secs(5), || async {
         let logs = fg.logs();
-        logs.contains("SetBreakerState (console)").then_some(logs)
+        let both = logs.contains("SetBreakerState (console)") && logs.contains("ApplyRules what_if (console proposal)");
+        both.then_some(logs)
     })
     .await;
     assert!(logs.contains("who=\"token:alice\""), "{logs}");

@@ -346,7 +346,7 @@ async fn the_server_records_traffic_and_recommend_proposes_from_it() {
         [("tenant=heavy", 150), ("tenant=t6", 21), ("tenant=t7", 24), ("tenant=t8", 27), ("tenant=t9", 30)]
     );
     assert_eq!(got.rules_yaml, std::fs::read_to_string(&proposed).unwrap());
-    assert_eq!((got.to - got.from) % 86_400, 0, "whole days");
+    assert_eq!((got.recorded_to - got.recorded_from) % 86_400, 0, "whole days");
     // The guard rail: by default the limit falls by at most 20% at once,
     // and the replay shows what that limit would deny.
     let got = admin.propose_limit(ask(Some(0.5), None, "per-tenant")).await.unwrap().into_inner();
@@ -384,13 +384,12 @@ async fn the_server_records_traffic_and_recommend_proposes_from_it() {
     let tried = apply(&body.replace(":17,", ":18,"));
     assert_eq!(tried.status, 200, "{}", tried.text());
     assert!(tried.json()["what_if_until"].as_u64().is_some());
-    let logs = fg.logs();
-    assert!(
-        logs.contains(
-            "change=\"ApplyRules what_if (console proposal)\" resource=\"api\" limit=\"per-tenant\" per_minute=18"
-        ),
-        "{logs}"
-    );
+    // The audit line reaches the log a moment after the answer.
+    let line = "change=\"ApplyRules what_if (console proposal)\" resource=\"api\" limit=\"per-tenant\" per_minute=18";
+    eventually("the audit line of the console's proposal", std::time::Duration::from_secs(5), || async {
+        fg.logs().contains(line).then_some(())
+    })
+    .await;
 
     let (ok, out, err) = run_bin(&["rules", "--server", &fg.grpc, "apply", path_str(&proposed)]);
     assert!(ok, "{out}{err}");

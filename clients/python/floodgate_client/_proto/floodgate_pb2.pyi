@@ -449,15 +449,15 @@ class ProposeLimitRequest(_message.Message):
     def __init__(self, resource: _Optional[str] = ..., limit: _Optional[str] = ..., quantile: _Optional[float] = ..., headroom: _Optional[float] = ..., max_decrease: _Optional[float] = ...) -> None: ...
 
 class ProposeLimitResponse(_message.Message):
-    __slots__ = ("current_per_minute", "per_minute", "observed_per_minute", "overrides", "kept", "keys", "to", "replayed_calls", "replayed_denied", "most_denied", "rules_yaml", "shared", "algorithm")
+    __slots__ = ("current_per_minute", "per_minute", "observed_per_minute", "overrides", "kept", "keys", "recorded_from", "recorded_to", "replayed_calls", "replayed_denied", "most_denied", "rules_yaml", "shared", "algorithm")
     CURRENT_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
     PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
     OBSERVED_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
     OVERRIDES_FIELD_NUMBER: _ClassVar[int]
     KEPT_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
-    FROM_FIELD_NUMBER: _ClassVar[int]
-    TO_FIELD_NUMBER: _ClassVar[int]
+    RECORDED_FROM_FIELD_NUMBER: _ClassVar[int]
+    RECORDED_TO_FIELD_NUMBER: _ClassVar[int]
     REPLAYED_CALLS_FIELD_NUMBER: _ClassVar[int]
     REPLAYED_DENIED_FIELD_NUMBER: _ClassVar[int]
     MOST_DENIED_FIELD_NUMBER: _ClassVar[int]
@@ -470,14 +470,15 @@ class ProposeLimitResponse(_message.Message):
     overrides: _containers.RepeatedCompositeFieldContainer[KeyLimit]
     kept: _containers.RepeatedScalarFieldContainer[str]
     keys: int
-    to: int
+    recorded_from: int
+    recorded_to: int
     replayed_calls: int
     replayed_denied: int
     most_denied: _containers.RepeatedCompositeFieldContainer[KeyReplay]
     rules_yaml: str
     shared: bool
     algorithm: str
-    def __init__(self, current_per_minute: _Optional[int] = ..., per_minute: _Optional[int] = ..., observed_per_minute: _Optional[int] = ..., overrides: _Optional[_Iterable[_Union[KeyLimit, _Mapping]]] = ..., kept: _Optional[_Iterable[str]] = ..., keys: _Optional[int] = ..., to: _Optional[int] = ..., replayed_calls: _Optional[int] = ..., replayed_denied: _Optional[int] = ..., most_denied: _Optional[_Iterable[_Union[KeyReplay, _Mapping]]] = ..., rules_yaml: _Optional[str] = ..., shared: _Optional[bool] = ..., algorithm: _Optional[str] = ..., **kwargs) -> None: ...
+    def __init__(self, current_per_minute: _Optional[int] = ..., per_minute: _Optional[int] = ..., observed_per_minute: _Optional[int] = ..., overrides: _Optional[_Iterable[_Union[KeyLimit, _Mapping]]] = ..., kept: _Optional[_Iterable[str]] = ..., keys: _Optional[int] = ..., recorded_from: _Optional[int] = ..., recorded_to: _Optional[int] = ..., replayed_calls: _Optional[int] = ..., replayed_denied: _Optional[int] = ..., most_denied: _Optional[_Iterable[_Union[KeyReplay, _Mapping]]] = ..., rules_yaml: _Optional[str] = ..., shared: _Optional[bool] = ..., algorithm: _Optional[str] = ...) -> None: ...
 
 class KeyLimit(_message.Message):
     __slots__ = ("key", "per_minute")

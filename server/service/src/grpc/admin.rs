@@ -144,8 +144,8 @@ impl Admin for ControlPlane {
                 .collect(),
             kept: made.written.kept,
             keys: made.proposal.keys as u64,
-            from: minute(made.from),
-            to: minute(made.to),
+            recorded_from: minute(made.from),
+            recorded_to: minute(made.to),
             replayed_calls: made.replayed.iter().map(|r| r.calls).sum(),
             replayed_denied: made.replayed.iter().map(|r| r.denied).sum(),
             most_denied: made
