@@ -242,18 +242,38 @@ pub fn shown(key: &str) -> std::borrow::Cow<'_, str> {
 }
 
 /// A key written `name=value[,name=value...]` as its pairs.
-pub fn pairs(key: &str) -> Result<Vec<(&str, &str)>, String> {
-    let pairs: Option<Vec<(&str, &str)>> = key.split(',').map(|p| p.split_once('=')).collect();
-    match pairs {
-        Some(pairs) if pairs.iter().all(|(k, _)| !k.is_empty()) => {
-            let mut names: Vec<&str> = pairs.iter().map(|&(k, _)| k).collect();
-            names.sort_unstable();
-            match names.windows(2).find(|w| w[0] == w[1]) {
-                Some(twice) => Err(format!("key '{}' names '{}' twice", shown(key), shown(twice[0]))),
-                None => Ok(pairs),
+pub fn pairs(key: &str) -> Result<Vec<(String, String)>, String> {
+    let bad = || format!("key '{}' is not written name=value[,name=value...]", shown(key));
+    let mut pairs: Vec<(String, String)> = Vec::new();
+    let (mut name, mut part, mut in_value) = (String::new(), String::new(), false);
+    let mut chars = key.chars();
+    loop {
+        match chars.next() {
+            // The server writes ',', '=' and '\' of a name or value with a
+            // backslash before them (`tenant=a\,b`); the value is `a,b`.
+            Some('\\') => part.push(chars.next().ok_or_else(bad)?),
+            Some('=') if !in_value => {
+                name = std::mem::take(&mut part);
+                in_value = true;
             }
+            c @ (Some(',') | None) => {
+                if !in_value || name.is_empty() {
+                    return Err(bad());
+                }
+                pairs.push((std::mem::take(&mut name), std::mem::take(&mut part)));
+                in_value = false;
+                if c.is_none() {
+                    break;
+                }
+            }
+            Some(c) => part.push(c),
         }
-        _ => Err(format!("key '{}' is not written name=value[,name=value...]", shown(key))),
+    }
+    let mut names: Vec<&str> = pairs.iter().map(|(k, _)| k.as_str()).collect();
+    names.sort_unstable();
+    match names.windows(2).find(|w| w[0] == w[1]) {
+        Some(twice) => Err(format!("key '{}' names '{}' twice", shown(key), shown(twice[0]))),
+        None => Ok(pairs),
     }
 }
 
@@ -339,6 +359,21 @@ resources:
         let t = find(&new, "api/per-tenant").unwrap();
         let again = write(&out, &t, &proposal(90, &[("tenant=acme", 700), ("tenant=0x10", 400)])).unwrap();
         assert_eq!((again.text, again.kept.len()), (out, 2));
+    }
+
+    #[test]
+    fn a_recorded_keys_escaped_commas_and_equals_signs_are_its_values() {
+        // As the server records them: ',', '=' and '\\' escaped.
+        let got = pairs(r"tenant=x\=y heavy,user=a\,b\\c").unwrap();
+        assert_eq!(got, [("tenant".to_string(), "x=y heavy".to_string()), ("user".into(), r"a,b\c".into())]);
+        assert!(pairs(r"tenant=a\").is_err(), "a lone backslash at the end");
+        // The override written for such a key matches the value the caller sent.
+        let rules = RuleSet::from_yaml(RULES, "t").unwrap();
+        let t = find(&rules, "api/per-tenant").unwrap();
+        let written = write(RULES, &t, &proposal(90, &[(r"tenant=x\=y\,z", 400)])).unwrap();
+        let doc: Value = serde_yaml_ng::from_str(&written.text).unwrap();
+        let overrides = doc["resources"][0]["overrides"].as_sequence().unwrap();
+        assert_eq!(overrides[1]["when"]["tenant"], Value::from("x=y,z"), "{}", written.text);
     }
 
     #[test]

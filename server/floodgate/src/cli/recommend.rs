@@ -361,14 +361,14 @@ async fn recorded(
 fn rules_snippet(history: &History, proposal: &Proposal, shape: Shape) -> Result<String, String> {
     // A key's pairs, refused when it holds a control character (YAML's
     // single quotes cannot hold one).
-    fn checked(key: &str) -> Result<Vec<(&str, &str)>, String> {
+    fn checked(key: &str) -> Result<Vec<(String, String)>, String> {
         let pairs = pairs(key)?;
         if key.chars().any(char::is_control) {
             return Err(format!("key '{}' holds a control character", shown(key)));
         }
         Ok(pairs)
     }
-    let names = |pairs: &[(&str, &str)]| pairs.iter().map(|&(k, _)| k.to_string()).collect::<Vec<_>>();
+    let names = |pairs: &[(String, String)]| pairs.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>();
     let first = history.first_key().ok_or("the trace has no key")?;
     let expected = names(&checked(first)?);
     let mut overrides = String::new();
