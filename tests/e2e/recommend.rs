@@ -375,13 +375,21 @@ async fn the_server_records_traffic_and_recommend_proposes_from_it() {
             .header("Content-Type", "application/json")
             .send()
     };
-    let body = r#"{"resource":"api","limit":"per-tenant","quantile":0.5,"max_decrease":0.99,"per_minute":17,"what_if_seconds":60}"#;
-    let stale = apply(body);
+    let shown_print = shown["fingerprint"].as_str().unwrap().to_string();
+    let body = |print: &str| {
+        format!(
+            r#"{{"resource":"api","limit":"per-tenant","quantile":0.5,"max_decrease":0.99,"fingerprint":"{print}","what_if_seconds":60}}"#
+        )
+    };
+    let stale = apply(&body("0000000000000000"));
     assert_eq!(
         (stale.status, stale.json()["error"].as_str()),
-        (409, Some("the proposal is now 18 calls a minute, not 17: look at it again"))
+        (
+            409,
+            Some("the proposal changed since it was shown (now 18 calls a minute and 5 overrides): look at it again")
+        )
     );
-    let tried = apply(&body.replace(":17,", ":18,"));
+    let tried = apply(&body(&shown_print));
     assert_eq!(tried.status, 200, "{}", tried.text());
     assert!(tried.json()["what_if_until"].as_u64().is_some());
     // The audit line reaches the log a moment after the answer.

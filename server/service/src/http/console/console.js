@@ -699,18 +699,19 @@ async function showProposal(resource, limit) {
   }
   const shadow = el("button", "Try in shadow for 10 minutes");
   shadow.type = "button";
-  shadow.addEventListener("click", () => applyProposal(resource, limit, p.per_minute, 600));
+  shadow.addEventListener("click", () => applyProposal(resource, limit, p, 600));
   const enforce = el("button", "Apply");
   enforce.type = "button";
-  enforce.addEventListener("click", () => applyProposal(resource, limit, p.per_minute, null));
+  enforce.addEventListener("click", () => applyProposal(resource, limit, p, null));
   body.append(el("p", "", "controls"));
   body.lastChild.append(shadow, " ", enforce);
 }
 
-async function applyProposal(resource, limit, perMinute, whatIfSeconds) {
-  const ask = { resource, limit, per_minute: perMinute };
+async function applyProposal(resource, limit, p, whatIfSeconds) {
+  const ask = { resource, limit, fingerprint: p.fingerprint };
   if (whatIfSeconds) ask.what_if_seconds = whatIfSeconds;
   const { ok, status, answer } = await post("/api/v1/propose/apply", ask);
+  const perMinute = p.per_minute;
   if (!ok) say("Refused (" + status + "): " + (answer.error || ""), "error");
   else if (whatIfSeconds) say("Proposal of " + perMinute + " a minute runs in shadow, ending " + when(answer.what_if_until * 1000), "ok");
   else say("Proposal of " + perMinute + " a minute in force: rules v" + answer.version + " (revert it under Earlier rules)", "ok");

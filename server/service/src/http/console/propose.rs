@@ -2,7 +2,7 @@
 //! `Admin.ProposeLimit` makes them: `GET /api/v1/propose` shows one (read
 //! role), and `POST /api/v1/propose/apply` makes it again and tries it in
 //! shadow or puts it in force (admin role), when it is still the one the
-//! operator saw.
+//! operator saw (the same rules written, told by their fingerprint).
 
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
@@ -110,7 +110,19 @@ fn proposal_json(asked: &Asked, p: &Proposed) -> Value {
         "most_denied": most_denied,
         "shared": p.shared,
         "rules_yaml": made.written.text,
+        "fingerprint": fingerprint(&made.written.text),
     })
+}
+
+/// The fingerprint of a proposal's rules (FNV-1a, 64 bits): the apply
+/// acts only on the proposal that was shown, limit and overrides alike.
+fn fingerprint(text: &str) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in text.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{hash:016x}")
 }
 
 /// `GET /api/v1/propose?resource=R&limit=L[&quantile=Q&headroom=H&max_decrease=D]`.
@@ -152,13 +164,13 @@ pub(super) async fn show(State(s): State<HttpState>, req: Request) -> Response {
 }
 
 const APPLY_KEYS: [&str; 7] =
-    ["resource", "limit", "quantile", "headroom", "max_decrease", "per_minute", "what_if_seconds"];
+    ["resource", "limit", "quantile", "headroom", "max_decrease", "fingerprint", "what_if_seconds"];
 
-/// `POST /api/v1/propose/apply` `{"resource", "limit", "per_minute": the
-/// figure shown, ["what_if_seconds": N], [settings]}`: the proposal made
-/// again, refused when its limit is no longer `per_minute` (the traffic
-/// moved on), then tried in shadow for N seconds or put in force, as
-/// `ApplyRules` would, with an audit line.
+/// `POST /api/v1/propose/apply` `{"resource", "limit", "fingerprint": the
+/// one shown, ["what_if_seconds": N], [settings]}`: the proposal made
+/// again, refused when it is no longer the one shown (the traffic moved
+/// on: another limit or other overrides), then tried in shadow for N
+/// seconds or put in force, as `ApplyRules` would, with an audit line.
 pub(super) async fn apply(State(s): State<HttpState>, req: Request) -> Response {
     let who = match allow_action(&s, &req, "console ProposeLimit apply") {
         Ok(who) => who,
@@ -173,9 +185,9 @@ pub(super) async fn apply(State(s): State<HttpState>, req: Request) -> Response 
     for (key, value) in body.as_object().into_iter().flatten() {
         let text = value.as_str().map(str::to_string).unwrap_or_else(|| value.to_string());
         match key.as_str() {
-            "per_minute" => match value.as_u64() {
-                Some(n) => expected = Some(n),
-                None => return error(StatusCode::BAD_REQUEST, format!("per_minute: {value} is not a whole number")),
+            "fingerprint" => match value.as_str() {
+                Some(f) => expected = Some(f.to_string()),
+                None => return error(StatusCode::BAD_REQUEST, format!("fingerprint: {value} is not text")),
             },
             "what_if_seconds" => match value.as_u64().filter(|n| (1..=86_400).contains(n)) {
                 Some(n) => what_if = Some(std::time::Duration::from_secs(n)),
@@ -197,15 +209,18 @@ pub(super) async fn apply(State(s): State<HttpState>, req: Request) -> Response 
         return *refused;
     }
     let Some(expected) = expected else {
-        return error(StatusCode::BAD_REQUEST, "per_minute: required (the proposal's limit, as shown)".to_string());
+        return error(StatusCode::BAD_REQUEST, "fingerprint: required (the proposal's, as shown)".to_string());
     };
     let proposed = match s.decider.views().propose_limit(&asked.resource, &asked.limit, asked.settings).await {
         Ok(p) => p,
         Err(e) => return not_made(e),
     };
     let now = proposed.made.proposal.per_minute;
-    if now != expected {
-        let why = format!("the proposal is now {now} calls a minute, not {expected}: look at it again");
+    if fingerprint(&proposed.made.written.text) != expected {
+        let overrides = proposed.made.proposal.overrides.len();
+        let why = format!(
+            "the proposal changed since it was shown (now {now} calls a minute and {overrides} overrides): look at it again"
+        );
         return error(StatusCode::CONFLICT, why);
     }
     let yaml = &proposed.made.written.text;
