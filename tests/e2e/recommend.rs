@@ -622,3 +622,44 @@ async fn one_record_of_two_replicas(backend: &[&str], redis: impl Sized) {
     let (_, _, err) = run_bin(&args);
     assert!(err.contains("note: the record is the server's own: it has no Redis, or Redis did not answer"), "{err}");
 }
+
+/// A call denied by a replica's lease and decided again after a sync (a
+/// larger lease) is one call in the record, not two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_decided_again_after_a_sync_is_recorded_once() {
+    use std::time::{Duration, Instant};
+    let redis = support::redis::RedisServer::start();
+    let url = redis.url();
+    let dir = TempDir::new();
+    let rules = dir.write("rules.yaml", RECORDED_RULES);
+    let replica =
+        || floodgate().args(["--config", path_str(&rules), "--redis", &url, "--sync-interval", "100ms"]).start();
+    let (a, b) = (replica(), replica());
+    tokio::task::block_in_place(|| {
+        wait_live(&a, 2);
+        wait_live(&b, 2);
+    });
+    let second = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() % 60;
+    if second > 40 {
+        tokio::time::sleep(Duration::from_secs(61 - second)).await;
+    }
+    // 1,500 calls of one tenant to A, 50 at a time: A's lease (half of
+    // 1000) runs out and calls are decided again after a sync.
+    let args =
+        ["bench", "--server", &a.grpc, "--resource", "api", "--key-descriptor", "tenant", "-n", "1500", "-c", "50"];
+    let (ok, out, err) = tokio::task::block_in_place(|| run_bin(&args));
+    assert!(ok, "{out}{err}");
+    let escalated = a.metrics().series("floodgate_redis_escalations_total").unwrap_or(0.0);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (seen, _) = recorded_today(&a).await;
+        let got = seen.get("tenant=k0").copied().unwrap_or(0);
+        if got == 1500 {
+            break;
+        }
+        assert!(got <= 1500, "{got} calls recorded of 1500 ({escalated} escalations)");
+        assert!(Instant::now() < deadline, "the record never reached 1500 (at {got})");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(escalated > 0.0, "no call was decided again: the test shows nothing");
+}

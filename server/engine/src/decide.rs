@@ -145,6 +145,10 @@ pub struct Prepared<'r> {
     /// A charge's try at a waterfall source: no guard, shedding or block
     /// applies (the call happened), and nothing is counted as a decision.
     pub(super) charge: bool,
+    /// A second decision of the same call (after a sync brought a larger
+    /// lease): its keys were counted among the hottest and in the traffic
+    /// record by the first one, and are not counted again.
+    pub(super) retried: bool,
 }
 
 impl<'r> Prepared<'r> {
@@ -156,6 +160,13 @@ impl<'r> Prepared<'r> {
     /// Decides a strict concurrency limit as Redis answered.
     pub fn set_remote_slot(&mut self, answer: RemoteSlot) {
         self.remote_slot = Some(answer);
+    }
+
+    /// The same call decided a second time: its keys are not counted again
+    /// among the hottest or in the traffic record.
+    pub fn retried(mut self) -> Self {
+        self.retried = true;
+        self
     }
 
     /// The matched rule's concurrency limit, when the call is decided (not
@@ -521,6 +532,7 @@ impl Engine {
             source,
             more: rule.is_some_and(|(r, _)| source < r.waterfall_len()),
             charge: false,
+            retried: false,
         })
     }
 
@@ -544,7 +556,7 @@ impl Engine {
         resource: &str,
         now: Timestamp,
         costs: &Costs,
-        dry_run: bool,
+        (dry_run, retried): (bool, bool),
     ) {
         let mut decisions = self.take_or_check(matched, resource, now, costs, dry_run);
         if matched.iter().zip(&decisions).any(|((l, ..), d)| enforced_denial(l, d)) {
@@ -553,7 +565,7 @@ impl Engine {
             }
         }
         fill_limits(answer, matched, &decisions);
-        if !dry_run {
+        if !dry_run && !retried {
             observe_hitters(handles, matched, &decisions, costs, now);
         }
     }

@@ -159,6 +159,7 @@ impl Engine {
             source: 0,
             more: false,
             charge: false,
+            retried: false,
         })
     }
 }

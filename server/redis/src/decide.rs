@@ -226,7 +226,8 @@ impl Replication {
             if !short_lease(answer) {
                 continue;
             }
-            let Some(p) = again_for(i) else { continue };
+            // The first decision counted the call's keys; this one does not.
+            let Some(p) = again_for(i).map(Prepared::retried) else { continue };
             if self.sync().on(&self.engine).worth_escalating(&p) {
                 want = want.max(p.cost());
                 again.push((i, p));

@@ -54,6 +54,8 @@ pub struct Pending<'r> {
     limits: SmallVec<[Decided<'r>; 4]>,
     costs: crate::request::Costs,
     dry_run: bool,
+    /// A second decision of the call: its keys are not counted again.
+    retried: bool,
     gate: bool,
     /// The call's priority (the concurrency limit's partitions).
     priority: crate::rules::Priority,
@@ -162,7 +164,8 @@ impl Engine {
         if !p.guarded && !redis_limits {
             // The common case, without the machinery for guards and Redis.
             let mut answer = Answer::of_rule(rule, level);
-            self.decide_limits(&mut answer, handles, &p.matched, &p.request_resource, now, &p.costs, p.dry_run);
+            let mode = (p.dry_run, p.retried);
+            self.decide_limits(&mut answer, handles, &p.matched, &p.request_resource, now, &p.costs, mode);
             if let Some(resource) = p.resource.filter(|_| p.settle && answer.verdict == Verdict::Allowed) {
                 let taken = p.matched.iter().map(|(l, slot, k)| (*l, k, p.costs.of(*slot)));
                 self.hold_estimate(&mut answer, rule, resource, taken, (p.costs.base(), now, None));
@@ -204,14 +207,15 @@ impl Engine {
             redis_at: None,
             more: p.more,
             charge: p.charge,
+            retried: p.retried,
         };
         if let Some(denied) = self.guard(&mut pending, p.remote_breaker, p.remote_slot) {
             return Step::Done(self.done(pending, denied));
         }
         if !redis_limits {
-            let (now, dry_run) = (pending.now, pending.dry_run);
+            let (now, mode) = (pending.now, (pending.dry_run, pending.retried));
             let resource = std::mem::take(&mut pending.request_resource);
-            self.decide_limits(&mut pending.answer, handles, &p.matched, &resource, now, &pending.costs, dry_run);
+            self.decide_limits(&mut pending.answer, handles, &p.matched, &resource, now, &pending.costs, mode);
             pending.limits.extend(p.matched.into_iter().map(|(l, i, k)| (l, i, k, None)));
             return Step::Done(self.conclude(pending));
         }
@@ -290,7 +294,7 @@ impl Engine {
             .collect();
         let matched: Matched<'r> = p.limits.iter().map(|(l, i, k, _)| (*l, *i, k.clone())).collect();
         fill_limits(&mut p.answer, &matched, &decisions);
-        if !p.dry_run {
+        if !p.dry_run && !p.retried {
             super::observe_hitters(p.handles, &matched, &decisions, &p.costs, p.now);
         }
         self.conclude(p)
