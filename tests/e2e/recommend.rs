@@ -358,6 +358,8 @@ async fn the_server_records_traffic_and_recommend_proposes_from_it() {
     assert_eq!(err.code(), tonic::Code::InvalidArgument, "{}", err.message());
     let err = admin.propose_limit(ask(None, None, "per-user")).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::NotFound, "{}", err.message());
+    let err = admin.propose_limit(ask(None, None, "")).await.unwrap_err();
+    assert_eq!((err.code(), err.message()), (tonic::Code::InvalidArgument, "limit: required"));
 
     // The console shows the same proposal, and tries it in shadow only
     // while it is still the one shown.

@@ -112,6 +112,11 @@ impl Admin for ControlPlane {
         use crate::decider::ProposeError;
         use floodgate_core::recommend::Settings;
         let req = request.get_ref();
+        for (field, value) in [("resource", &req.resource), ("limit", &req.limit)] {
+            if value.is_empty() {
+                return Err(Status::invalid_argument(format!("{field}: required")));
+            }
+        }
         let defaults = Settings::default();
         let settings = Settings {
             quantile: req.quantile.unwrap_or(defaults.quantile),
