@@ -202,8 +202,9 @@ mod tests {
         for rpc in Rpc::ALL {
             let admin = rpc.path().starts_with("/floodgate.v1.Admin/");
             assert_eq!(admin, matches!(rpc.caller(), Caller::Admin(_)), "{rpc:?}");
-            // A call named like a read must not change anything, and the reverse.
-            let reads = ["/Get", "/List", "/Peek"].iter().any(|p| rpc.path().contains(p));
+            // A call named like a read must not change anything, and the
+            // reverse (a proposal changes nothing: it is read).
+            let reads = ["/Get", "/List", "/Peek", "/Propose"].iter().any(|p| rpc.path().contains(p));
             if admin {
                 assert_eq!(reads, rpc.caller() == Caller::Admin(Role::Read), "{rpc:?}");
             }
