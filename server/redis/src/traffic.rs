@@ -134,8 +134,11 @@ impl super::Records<'_> {
     /// calls only). `None` when Redis did not answer, or is known to be away.
     pub async fn page(&self, record: &Traffic, page: usize, now_secs: u64) -> Option<Vec<KeyPeaks>> {
         // Known to be away: the replica's own record answers at once, rather
-        // than each of 64 pages waiting for Redis.
-        if !self.sync().up() {
+        // than each of 64 pages waiting for Redis. A replica that has not
+        // reached Redis since it started (its first sync is still to come)
+        // asks: Redis may well answer, and its own record is empty.
+        let connected = self.connected.load(std::sync::atomic::Ordering::Acquire);
+        if !self.sync().up() && connected {
             return None;
         }
         let prefix = prefix(record.name());
