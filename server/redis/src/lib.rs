@@ -231,13 +231,9 @@ pub struct Replication {
 /// shared through Redis and left out. FNV-1a, 64 bits: it tells two sets of
 /// rules apart, it does not keep a secret.
 fn digest_of(rules: &floodgate_engine::Installed) -> String {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in [rules.yaml.as_str(), rules.sentinel.text.as_str(), rules.envoy.text.as_str()] {
-        for byte in part.bytes().chain([0xff]) {
-            hash ^= u64::from(byte);
-            hash = hash.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
+    use floodgate_core::digest::{FNV_START, fnv1a};
+    let parts = [rules.yaml.as_str(), rules.sentinel.text.as_str(), rules.envoy.text.as_str()];
+    let hash = parts.iter().fold(FNV_START, |hash, part| fnv1a(hash, part.bytes().chain([0xff])));
     format!("{hash:016x}")
 }
 

@@ -39,11 +39,8 @@ const SECS_A_DAY: u64 = 86_400;
 /// The prefix of the keys of the record named `name` (its rule, limit and
 /// key names): FNV-1a of the name, so that any name makes one hash tag.
 fn prefix(name: &str) -> String {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in name.bytes() {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
+    use floodgate_core::digest::{FNV_START, fnv1a};
+    let hash = fnv1a(FNV_START, name.bytes());
     format!("fg:t:{{{hash:016x}}}")
 }
 

@@ -91,11 +91,7 @@ impl Default for Traffic {
 /// Which of [`SHARDS`] parts a key's shared record is kept in: the same in
 /// every replica and every run (FNV-1a, 64 bits).
 pub fn shared_shard(key: &str) -> usize {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in key.bytes() {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
+    let hash = crate::digest::fnv1a(crate::digest::FNV_START, key.bytes());
     (hash % SHARDS as u64) as usize
 }
 

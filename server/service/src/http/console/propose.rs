@@ -117,11 +117,8 @@ fn proposal_json(asked: &Asked, p: &Proposed) -> Value {
 /// The fingerprint of a proposal's rules (FNV-1a, 64 bits): the apply
 /// acts only on the proposal that was shown, limit and overrides alike.
 fn fingerprint(text: &str) -> String {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in text.bytes() {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
+    use floodgate_core::digest::{FNV_START, fnv1a};
+    let hash = fnv1a(FNV_START, text.bytes());
     format!("{hash:016x}")
 }
 
